@@ -1,0 +1,119 @@
+"""The ``packtool`` command: a thin click layer over the library.
+
+Each command parses options, calls one library function and prints its summary; every
+:class:`PacktoolError` becomes ``Error: <message>`` and exit code 1. Ctrl-C and SIGTERM
+exit 130/143 after the library has removed its temporary files.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import click
+
+from . import __version__
+from .errors import PacktoolError
+
+
+def _run(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except PacktoolError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _emit(result, as_json: bool, quiet: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=1))
+    elif not quiet:
+        click.echo(result.summary(), err=True)
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="packtool")
+def cli():
+    """Turn raw text corpora into packed, padding-free LLM training data.
+
+    \b
+    Example:
+        packtool tokenize data/ --tokenizer model/ --eos '<|eos|>' --out out/corpus
+        packtool pack out/corpus --seq-len 4096 --algo bfd --out out/packed
+        packtool verify out/packed --source out/corpus
+        packtool stats out/corpus --algos all
+    """
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--tokenizer", "-t", required=True, help="A tokenizer.json, or a model folder holding one.")
+@click.option("--out", "-o", required=True, help="Output prefix: writes PREFIX.bin, .boundaries, .json.")
+@click.option("--text-field", default="text", show_default=True,
+              help="JSON key / Parquet column with the text; dots reach nested keys (meta.body).")
+@click.option("--txt-split", type=click.Choice(["file", "line", "blank-line"]), default="file",
+              show_default=True, help="How .txt files divide into documents.")
+@click.option("--bos", default=None, help="Special token to prepend to every document, e.g. '<s>'.")
+@click.option("--eos", default=None, help="Special token to append to every document, e.g. '</s>'.")
+@click.option("--special-tokens", is_flag=True,
+              help="Apply the tokenizer's own post-processor template (off by default).")
+@click.option("--skip-bad-records", is_flag=True,
+              help="Skip (and count) records with invalid JSON/UTF-8 or a missing text field.")
+@click.option("--workers", "-j", type=click.IntRange(0), default=0, show_default=True,
+              help="Tokenizer threads (0 = all cores). Output is identical for any value.")
+@click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
+              help="Documents per tokenizer batch.")
+@click.option("--overwrite", is_flag=True, help="Replace existing output files.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
+             skip_bad_records, workers, batch_size, overwrite, quiet, as_json):
+    """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet and .txt INPUTS into token files.
+
+    INPUTS are files, directories (every supported file inside, sorted) or globs. Every
+    record becomes one document, in input order, with its full token sequence.
+
+    \b
+    Example:
+        packtool tokenize corpus/*.jsonl.zst --tokenizer gpt2/tokenizer.json \\
+            --eos '<|endoftext|>' --out out/corpus
+    """
+    from .tokenize import TokenizeOptions, tokenize_files
+
+    opts = TokenizeOptions(text_field=text_field, txt_split=txt_split, skip_bad_records=skip_bad_records,
+                           bos=bos, eos=eos, special_tokens=special_tokens, workers=workers,
+                           batch_size=batch_size, overwrite=overwrite)
+    result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet)
+    _emit(result, as_json, quiet)
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        cli.main(prog_name="packtool", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted: no output was written.", err=True)
+        sys.exit(130)
+    except _Terminated:
+        click.echo("Terminated: no output was written.", err=True)
+        sys.exit(143)
+    except KeyboardInterrupt:
+        click.echo("Interrupted: no output was written.", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""Input corpora: find the files, stream their documents as ``str`` with record numbers.
+
+Supported kinds (by file name):
+
+==================  =========================================================
+``.jsonl/.json``    one JSON object per line; blank lines are not records
+``.jsonl.gz``       the same, gzip-compressed (also ``.json.gz``)
+``.jsonl.zst``      the same, zstd-compressed (also ``.json.zst``, ``.jsonl.zstd``)
+``.parquet``        read in record batches (never whole into memory)
+``.txt``            one document per file, or per line / blank-line paragraph
+==================  =========================================================
+
+Every record-level problem raises :class:`PacktoolError` naming the file, the record and the
+fix, unless ``skip_bad_records`` is set, in which case it is counted per input file.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .errors import PacktoolError
+
+KINDS = {
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".jsonl.gz": "jsonl.gz",
+    ".json.gz": "jsonl.gz",
+    ".jsonl.zst": "jsonl.zst",
+    ".json.zst": "jsonl.zst",
+    ".jsonl.zstd": "jsonl.zst",
+    ".parquet": "parquet",
+    ".txt": "txt",
+}
+TXT_SPLITS = ("file", "line", "blank-line")
+_SUPPORTED = ", ".join(KINDS)
+
+
+def file_kind(path: Path) -> str | None:
+    name = path.name.lower()
+    for suffix in sorted(KINDS, key=len, reverse=True):
+        if name.endswith(suffix):
+            return KINDS[suffix]
+    return None
+
+
+def expand_inputs(inputs: list[str]) -> list[Path]:
+    """Files as given; directories as all supported files inside (recursive, sorted); globs."""
+    if not inputs:
+        raise PacktoolError("no input given; pass files, directories or globs")
+    out: list[Path] = []
+    for arg in inputs:
+        p = Path(arg)
+        if p.is_dir():
+            found = sorted(
+                f for f in p.rglob("*") if f.is_file() and file_kind(f) and not f.name.startswith(".")
+            )
+            if not found:
+                raise PacktoolError(f"directory {p} holds no supported files ({_SUPPORTED})")
+            out.extend(found)
+        elif p.exists():
+            if file_kind(p) is None:
+                raise PacktoolError(
+                    f"{p}: unsupported file type; supported: {_SUPPORTED} "
+                    "(rename the file or convert it)"
+                )
+            out.append(p)
+        elif glob.has_magic(arg):
+            found = sorted(Path(f) for f in glob.glob(arg, recursive=True) if Path(f).is_file())
+            found = [f for f in found if file_kind(f)]
+            if not found:
+                raise PacktoolError(f"pattern {arg!r} matches no supported files ({_SUPPORTED})")
+            out.extend(found)
+        else:
+            raise PacktoolError(f"{p}: no such file or directory")
+    for p in out:
+        try:
+            with open(p, "rb"):
+                pass
+        except OSError as e:
+            raise PacktoolError(f"{p}: cannot open ({e.strerror}); check the path and permissions")
+    return out
+
+
+@dataclass
+class InputStats:
+    """What one input file contributed; goes into the manifest."""
+
+    path: str
+    kind: str
+    n_docs: int = 0
+    blank_lines: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    skipped_records: list[int] = field(default_factory=list)
+
+    def skip(self, record: int, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.skipped_records.append(record)
+
+    def to_json(self) -> dict:
+        d = {"path": self.path, "kind": self.kind, "n_docs": self.n_docs}
+        if self.blank_lines:
+            d["blank_lines"] = self.blank_lines
+        if self.skipped:
+            d["skipped"] = self.skipped
+            d["skipped_records"] = self.skipped_records
+        return d
+
+
+@dataclass
+class ReadOptions:
+    text_field: str = "text"
+    txt_split: str = "file"
+    skip_bad_records: bool = False
+    parquet_batch_rows: int = 8192
+
+
+class _BadRecord(Exception):
+    def __init__(self, reason: str, message: str):
+        self.reason, self.message = reason, message
+
+
+def _get_field(obj, key: str):
+    """``obj[key]``, or with dots a nested lookup (``meta.body``); a literal dotted key wins."""
+    if not isinstance(obj, dict):
+        raise _BadRecord("not_an_object", f"record is a JSON {type(obj).__name__}, not an object")
+    if key in obj:
+        return obj[key]
+    cur, walked = obj, []
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            where = ".".join(walked) or "the record"
+            keys = ", ".join(repr(k) for k in cur) if isinstance(cur, dict) else type(cur).__name__
+            raise _BadRecord(
+                "missing_field",
+                f"no field {key!r} (keys in {where}: {keys or 'none'}); "
+                "pass --text-field NAME to read another key",
+            )
+        walked.append(part)
+        cur = cur[part]
+    return cur
+
+
+def _check_text(value, key: str) -> str:
+    if isinstance(value, str):
+        return value
+    kind = "null" if value is None else type(value).__name__
+    raise _BadRecord("not_a_string", f"field {key!r} is {kind}, expected a string")
+
+
+def _open_jsonl(path: Path, kind: str):
+    raw = open(path, "rb")
+    if kind == "jsonl.gz":
+        return raw, gzip.GzipFile(fileobj=raw, mode="rb")
+    if kind == "jsonl.zst":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        return raw, io.BufferedReader(reader, buffer_size=1 << 20)
+    return raw, raw
+
+
+def _corrupt(path: Path, kind: str, e: Exception) -> PacktoolError:
+    return PacktoolError(
+        f"{path}: corrupt or truncated {kind} file ({type(e).__name__}: {e}); "
+        "re-download or re-compress it"
+    )
+
+
+def _decompress_errors():
+    import zstandard
+
+    return (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
+
+
+def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+    raw, f = _open_jsonl(path, kind)
+    key = opts.text_field
+    errors = _decompress_errors()
+    lineno = 0
+    last_pos = 0
+    try:
+        with raw:
+            it = iter(f)
+            while True:
+                try:
+                    line = next(it)
+                except StopIteration:
+                    break
+                except errors as e:
+                    raise _corrupt(path, kind, e) from None
+                lineno += 1
+                if not line.strip():
+                    stats.blank_lines += 1
+                    continue
+                try:
+                    try:
+                        obj = json.loads(line)
+                    except UnicodeDecodeError as e:
+                        raise _BadRecord("invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})")
+                    except ValueError as e:
+                        raise _BadRecord("invalid_json", f"invalid JSON ({e})")
+                    text = _check_text(_get_field(obj, key), key)
+                except _BadRecord as bad:
+                    if opts.skip_bad_records:
+                        stats.skip(lineno, bad.reason)
+                        continue
+                    hint = "" if bad.reason in ("missing_field",) else "; fix the record or pass --skip-bad-records"
+                    raise PacktoolError(f"{path} line {lineno}: {bad.message}{hint}") from None
+                stats.n_docs += 1
+                if lineno & 1023 == 0:
+                    pos = raw.tell()
+                    progress(pos - last_pos)
+                    last_pos = pos
+                yield text
+            progress(raw.tell() - last_pos)
+    except OSError as e:
+        raise PacktoolError(f"{path}: read error ({e})") from None
+
+
+def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise _corrupt(path, "parquet", e) from None
+    key = opts.text_field
+    names = pf.schema_arrow.names
+    top, _, rest = key.partition(".")
+    if key in names:
+        top, rest = key, ""
+    if top not in names:
+        raise PacktoolError(
+            f"{path}: no column {key!r} (columns: {', '.join(names)}); "
+            "pass --text-field NAME to read another column"
+        )
+    size = path.stat().st_size
+    row = 0
+    try:
+        for batch in pf.iter_batches(batch_size=opts.parquet_batch_rows, columns=[top]):
+            col = batch.column(0)
+            if rest:
+                for part in rest.split("."):
+                    if not pa.types.is_struct(col.type) or col.type.get_field_index(part) < 0:
+                        raise PacktoolError(
+                            f"{path}: column {top!r} has no nested field {key!r} "
+                            f"(type {col.type}); pass --text-field NAME"
+                        )
+                    col = pc.struct_field(col, part)
+            if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+                if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+                    col = _binary_to_text(col, path, row, opts, stats)
+                else:
+                    raise PacktoolError(
+                        f"{path}: column {key!r} has type {col.type}, expected a string; "
+                        "pass --text-field NAME to read another column"
+                    )
+            texts = col.to_pylist()
+            for i, text in enumerate(texts):
+                if text is None:
+                    if opts.skip_bad_records:
+                        stats.skip(row + i + 1, "null")
+                        continue
+                    raise PacktoolError(
+                        f"{path} row {row + i + 1}: {key!r} is null, expected a string; "
+                        "fix the record or pass --skip-bad-records"
+                    )
+                stats.n_docs += 1
+                yield text
+            row += len(texts)
+            progress(size * batch.num_rows / max(pf.metadata.num_rows, 1))
+    except (pa.ArrowException, OSError) as e:
+        raise _corrupt(path, "parquet", e) from None
+
+
+def _binary_to_text(col, path, row0, opts, stats):
+    import pyarrow as pa
+
+    out = []
+    for i, b in enumerate(col.to_pylist()):
+        if b is None:
+            out.append(None)
+            continue
+        try:
+            out.append(b.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            if not opts.skip_bad_records:
+                raise PacktoolError(
+                    f"{path} row {row0 + i + 1}: invalid UTF-8 ({e.reason} at byte {e.start}); "
+                    "fix the record or pass --skip-bad-records"
+                ) from None
+            out.append(None)
+    return pa.array(out, type=pa.string())
+
+
+def _decode_txt(data: bytes, path: Path, first_line: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + data.count(b"\n", 0, e.start)
+        raise _BadRecord("invalid_utf8", f"{path} line {line}: invalid UTF-8 ({e.reason})") from None
+
+
+def iter_txt(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+    split = opts.txt_split
+    if split not in TXT_SPLITS:
+        raise PacktoolError(f"--txt-split {split!r}: choose one of {', '.join(TXT_SPLITS)}")
+
+    def emit(data: bytes, first_line: int):
+        try:
+            text = _decode_txt(data, path, first_line)
+        except _BadRecord as bad:
+            if opts.skip_bad_records:
+                stats.skip(first_line, bad.reason)
+                return None
+            raise PacktoolError(f"{bad.message}; fix the file or pass --skip-bad-records") from None
+        stats.n_docs += 1
+        return text
+
+    try:
+        if split == "file":
+            data = path.read_bytes()
+            progress(len(data))
+            text = emit(data, 1)
+            if text is not None:
+                yield text
+            return
+        with open(path, "rb") as f:
+            para: list[bytes] = []
+            para_line = 0
+            lineno = 0
+            for line in f:
+                lineno += 1
+                progress(len(line))
+                if split == "line":
+                    text = emit(line.rstrip(b"\r\n") if line.endswith(b"\n") else line, lineno)
+                    if text is not None:
+                        yield text
+                    continue
+                if line.strip():
+                    if not para:
+                        para_line = lineno
+                    para.append(line)
+                elif para:
+                    text = emit(b"".join(para).rstrip(b"\r\n"), para_line)
+                    para = []
+                    if text is not None:
+                        yield text
+            if para:
+                text = emit(b"".join(para).rstrip(b"\r\n"), para_line)
+                if text is not None:
+                    yield text
+    except OSError as e:
+        raise PacktoolError(f"{path}: read error ({e})") from None
+
+
+def iter_documents(path: Path, opts: ReadOptions, stats: InputStats, progress=lambda n: None):
+    """Yield the text of every record of ``path`` in order, counting into ``stats``."""
+    kind = file_kind(path)
+    if kind in ("jsonl", "jsonl.gz", "jsonl.zst"):
+        return iter_jsonl(path, kind, opts, stats, progress)
+    if kind == "parquet":
+        return iter_parquet(path, opts, stats, progress)
+    if kind == "txt":
+        return iter_txt(path, opts, stats, progress)
+    raise PacktoolError(f"{path}: unsupported file type; supported: {_SUPPORTED}")

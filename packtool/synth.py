@@ -1,0 +1,56 @@
+"""Deterministic synthetic text: the bundled demo corpus, test inputs and benchmark corpora.
+
+No text is copied from anywhere: words are random syllable strings drawn with a Zipf law
+(like real word frequencies), with some accented, CJK and emoji words so tokenizers see
+multi-byte UTF-8. Document lengths are lognormal (median ``median_words``), like web text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_SYLLABLES = (
+    "ka ri to na mi so lu ve de ran tor pel gis fa mo ne sul tri bak chen war pi "
+    "qua zel ost und ber lin ha gen dro mas tik por ev al um ex ion ism ly ing ed er "
+    "ca se ro te la vi na co mu sa fe ge ta".split()
+)
+_EXOTIC = ["café", "naïve", "Straße", "señor", "日本語", "数据", "東京", "λόγος", "привет", "🙂", "🚀", "Ωmega"]
+
+
+def make_vocabulary(n_words: int = 20_000, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    words = set()
+    while len(words) < n_words:
+        k = int(rng.integers(1, 5))
+        words.add("".join(rng.choice(_SYLLABLES, size=k)))
+    words = sorted(words)
+    rng.shuffle(words)
+    words[50:50 + len(_EXOTIC)] = _EXOTIC  # exotic words are moderately frequent
+    return np.array(words, dtype=object)
+
+
+def iter_documents(n_docs: int, *, seed: int = 0, median_words: int = 120, sigma: float = 1.0,
+                   max_words: int = 6000, vocab: np.ndarray | None = None):
+    """Yield ``n_docs`` synthetic documents (str), deterministic for ``seed``."""
+    rng = np.random.default_rng(seed)
+    vocab = make_vocabulary(seed=seed) if vocab is None else vocab
+    n_words = np.clip(rng.lognormal(np.log(median_words), sigma, n_docs), 1, max_words).astype(int)
+    chunk = 4096
+    for start in range(0, n_docs, chunk):
+        counts = n_words[start:start + chunk]
+        idx = np.minimum(rng.zipf(1.15, int(counts.sum())) - 1, len(vocab) - 1)
+        words = vocab[idx]
+        # sentence ends and numbers sprinkled in
+        ends = rng.random(len(words)) < 0.07
+        nums = rng.random(len(words)) < 0.01
+        words = np.where(nums, rng.integers(0, 10_000, len(words)).astype(str).astype(object), words)
+        words = np.where(ends, words + ".", words)
+        pos = 0
+        for c in counts:
+            doc = " ".join(words[pos:pos + c])
+            pos += c
+            yield doc[:1].upper() + doc[1:]
+
+
+def make_documents(n_docs: int, **kw) -> list[str]:
+    return list(iter_documents(n_docs, **kw))

@@ -1,0 +1,331 @@
+"""Stage 1: raw corpora -> token files (``PREFIX.bin``, ``PREFIX.boundaries``, ``PREFIX.json``).
+
+The pipeline keeps every core busy on tokenizing and memory flat::
+
+    reader thread                 worker threads (--workers)            calling thread
+    files -> records -> batches   tokenizers encode_batch_fast (GIL     in-order: write .bin and
+    (bounded queue)          ->   released) + ids -> numpy          ->  .boundaries, hash both
+
+Batches are cut by count and by bytes, and at most ``2 * workers`` are in flight, so peak
+memory depends on the batch size, not on the corpus. Results are written in input order,
+so the output is byte-identical whatever the worker count or batch size. Each worker runs
+the tokenizer's own batch call with the Rust-side thread pool switched off
+(``TOKENIZERS_PARALLELISM=false`` during the run): the worker threads are the parallelism.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from ._atomic import atomic_files
+from .errors import PacktoolError
+from .sources import InputStats, ReadOptions, expand_inputs, file_kind, iter_documents
+from .tokenfile import FORMAT, VERSION, HashingWriter, prefix_paths, token_dtype
+
+
+@dataclass
+class TokenizeOptions:
+    text_field: str = "text"
+    txt_split: str = "file"
+    skip_bad_records: bool = False
+    bos: str | None = None
+    eos: str | None = None
+    special_tokens: bool = False
+    workers: int = 0            # 0 = all cores
+    batch_size: int = 1024      # documents per batch
+    batch_bytes: int = 8 << 20  # ... or this many bytes of text, whichever comes first
+    overwrite: bool = False
+
+
+@dataclass
+class TokenizeResult:
+    prefix: str
+    n_docs: int
+    n_tokens: int
+    n_empty: int
+    n_skipped: int
+    dtype: str
+    seconds: float
+    inputs: list[dict] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_tokens / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> str:
+        skipped = f", {self.n_skipped:,} bad records skipped" if self.n_skipped else ""
+        return (
+            f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens ({self.dtype}), "
+            f"{self.n_empty:,} empty{skipped} in {self.seconds:.1f}s "
+            f"({self.n_docs / max(self.seconds, 1e-9):,.0f} docs/s, "
+            f"{self.tokens_per_second / 1e6:.2f}M tokens/s)"
+        )
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["tokens_per_second"] = self.tokens_per_second
+        return d
+
+
+def resolve_tokenizer_path(tok: str | Path) -> Path:
+    p = Path(tok)
+    if p.is_dir():
+        if (p / "tokenizer.json").is_file():
+            return p / "tokenizer.json"
+        raise PacktoolError(
+            f"{p} holds no tokenizer.json; packtool needs a Hugging Face fast tokenizer file "
+            "(save one with tokenizer.save_pretrained(DIR) or Tokenizer.save(PATH))"
+        )
+    if not p.exists():
+        raise PacktoolError(f"tokenizer {p}: no such file or directory")
+    return p
+
+
+def load_tokenizer(tok: str | Path):
+    """Load a ``tokenizer.json`` (or a model folder holding one) with padding and truncation
+    switched off: packtool always stores every document's full token sequence."""
+    from tokenizers import Tokenizer
+
+    path = resolve_tokenizer_path(tok)
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as e:  # the Rust side raises plain Exception subclasses
+        raise PacktoolError(
+            f"cannot read tokenizer {path} ({str(e).splitlines()[0][:200]}); "
+            "pass a Hugging Face tokenizer.json"
+        ) from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer, path
+
+
+def special_token_id(tokenizer, token: str, flag: str) -> int:
+    tid = tokenizer.token_to_id(token)
+    if tid is None:
+        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+        have = ", ".join(repr(t) for t in added[:40]) or "none"
+        raise PacktoolError(
+            f"{flag} {token!r} is not in the tokenizer's vocabulary; its special/added tokens "
+            f"are: {have}"
+        )
+    return tid
+
+
+def id_space(tokenizer) -> int:
+    """Ids run 0..id_space-1: the dtype must hold the largest id, not just the count."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return max(max(vocab.values(), default=-1) + 1, tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+_DONE = object()
+
+
+class _Reader(threading.Thread):
+    """Reads every input in order and queues batches of texts, cut by count and bytes."""
+
+    def __init__(self, paths, read_opts, batch_size, batch_bytes, maxsize):
+        super().__init__(daemon=True, name="packtool-reader")
+        self.paths, self.read_opts = paths, read_opts
+        self.batch_size, self.batch_bytes = batch_size, batch_bytes
+        self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
+        self.stats: list[InputStats] = []
+        self.bytes_read = 0
+        self.stop = threading.Event()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _progress(self, n: int) -> None:
+        self.bytes_read += n
+
+    def run(self) -> None:
+        try:
+            batch, nbytes = [], 0
+            for path in self.paths:
+                stats = InputStats(path=str(path), kind=file_kind(path))
+                self.stats.append(stats)
+                for text in iter_documents(path, self.read_opts, stats, self._progress):
+                    batch.append(text)
+                    nbytes += len(text)
+                    if len(batch) >= self.batch_size or nbytes >= self.batch_bytes:
+                        if not self._put((batch, self.bytes_read)):
+                            return
+                        batch, nbytes = [], 0
+            if batch and not self._put((batch, self.bytes_read)):
+                return
+            self._put(_DONE)
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            self._put(e)
+
+
+@contextlib.contextmanager
+def _rust_parallelism_off():
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old
+
+
+def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id):
+    """Return ``encode(texts) -> (lengths int64, tokens dtype)`` for one batch."""
+    n_extra = (bos_id is not None) + (eos_id is not None)
+
+    def encode(texts: list[str]):
+        encs = tokenizer.encode_batch_fast(texts, add_special_tokens=add_special)
+        lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+        total = int(lengths.sum())
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype, count=total)
+        if not n_extra:
+            return lengths, ids
+        lengths = lengths + n_extra
+        ends = np.cumsum(lengths)
+        out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+        keep = np.ones(len(out), dtype=bool)
+        if bos_id is not None:
+            out[ends - lengths] = bos_id
+            keep[ends - lengths] = False
+        if eos_id is not None:
+            out[ends - 1] = eos_id
+            keep[ends - 1] = False
+        out[keep] = ids
+        return lengths, out
+
+    return encode
+
+
+def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
+                   options: TokenizeOptions | None = None, progress: bool = False) -> TokenizeResult:
+    """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``."""
+    opts = options or TokenizeOptions()
+    t0 = time.perf_counter()
+    paths = expand_inputs(inputs)
+    tok, tok_path = load_tokenizer(tokenizer)
+    bos_id = special_token_id(tok, opts.bos, "--bos") if opts.bos else None
+    eos_id = special_token_id(tok, opts.eos, "--eos") if opts.eos else None
+    vocab_size = id_space(tok)
+    dtype = token_dtype(vocab_size)
+    workers = opts.workers or os.cpu_count() or 1
+    if opts.batch_size < 1 or workers < 1:
+        raise PacktoolError("--batch-size and --workers must be at least 1")
+    read_opts = ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records)
+    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id)
+    prefix = Path(out)
+    files = prefix_paths(prefix)
+    total_bytes = sum(p.stat().st_size for p in paths)
+
+    with atomic_files([files["bin"], files["boundaries"], files["json"]], opts.overwrite) as tmp:
+        bin_w, bnd_w = HashingWriter(tmp[0]), HashingWriter(tmp[1])
+        reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers)
+        bar = _progress_bar(total_bytes, progress)
+        n_docs = n_tokens = n_empty = 0
+        try:
+            with _rust_parallelism_off(), ThreadPoolExecutor(workers, "packtool-tok") as pool:
+                reader.start()
+                pending: deque = deque()
+                done = False
+                while not done or pending:
+                    while not done and len(pending) < 2 * workers:
+                        item = reader.queue.get()
+                        if item is _DONE:
+                            done = True
+                        elif isinstance(item, BaseException):
+                            raise item
+                        else:
+                            texts, bytes_read = item
+                            pending.append((pool.submit(encode, texts), bytes_read))
+                    if not pending:
+                        break
+                    future, bytes_read = pending.popleft()
+                    lengths, ids = future.result()
+                    ends = np.cumsum(lengths) + n_tokens
+                    bin_w.write(ids)
+                    bnd_w.write(ends.astype("<i8", copy=False))
+                    n_docs += len(lengths)
+                    n_tokens += int(ids.size)
+                    n_empty += int(np.count_nonzero(lengths == 0))
+                    if bar is not None:
+                        bar.update(bytes_read - bar.n)
+                        el = max(time.perf_counter() - t0, 1e-9)
+                        bar.set_postfix_str(
+                            f"{n_docs / el:,.0f} docs/s, {n_tokens / el / 1e6:.2f}M tok/s", refresh=False
+                        )
+        except BaseException:
+            reader.stop.set()
+            bin_w.abort()
+            bnd_w.abort()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        reader.join()
+        checksums = {"bin": bin_w.close(), "boundaries": bnd_w.close()}
+        seconds = time.perf_counter() - t0
+        inputs_meta = [s.to_json() for s in reader.stats]
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dtype": dtype.name,
+            "vocab_size": vocab_size,
+            "n_docs": n_docs,
+            "n_tokens": n_tokens,
+            "n_empty": n_empty,
+            "tokenizer": {"path": str(tok_path), "sha256": _sha256(tok_path)},
+            "bos_id": bos_id,
+            "eos_id": eos_id,
+            "inputs": inputs_meta,
+            "options": {
+                "text_field": opts.text_field,
+                "txt_split": opts.txt_split,
+                "skip_bad_records": opts.skip_bad_records,
+                "bos": opts.bos,
+                "eos": opts.eos,
+                "special_tokens": opts.special_tokens,
+            },
+            "checksums": checksums,
+            "created_by": f"packtool {__version__}",
+        }
+        Path(tmp[2]).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+
+    n_skipped = sum(sum(s.skipped.values()) for s in reader.stats)
+    return TokenizeResult(
+        prefix=str(prefix), n_docs=n_docs, n_tokens=n_tokens, n_empty=n_empty,
+        n_skipped=n_skipped, dtype=dtype.name, seconds=seconds, inputs=inputs_meta,
+    )
+
+
+def _progress_bar(total_bytes: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024,
+                desc="tokenize", dynamic_ncols=True, mininterval=0.5)
