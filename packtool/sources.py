@@ -159,11 +159,43 @@ def _open_jsonl(path: Path, kind: str):
     if kind == "jsonl.gz":
         return raw, gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "jsonl.zst":
+        return raw, io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20)
+    return raw, raw
+
+
+class _ZstdFrames(io.RawIOBase):
+    """Decompress a (possibly multi-frame) zstd stream and fail on a truncated last frame,
+    which ``zstandard``'s stream_reader silently treats as the end of the data."""
+
+    def __init__(self, raw, chunk: int = 1 << 20):
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-        return raw, io.BufferedReader(reader, buffer_size=1 << 20)
-    return raw, raw
+        self._raw, self._chunk = raw, chunk
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj = None
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._buf:
+            data = self._raw.read(self._chunk)
+            if not data:
+                if self._obj is not None and not self._obj.eof:
+                    raise EOFError("zstd stream ends in the middle of a frame")
+                return 0
+            out = []
+            while data:
+                if self._obj is None or self._obj.eof:
+                    self._obj = self._dctx.decompressobj()
+                out.append(self._obj.decompress(data))
+                data = self._obj.unused_data if self._obj.eof else b""
+            self._buf = b"".join(out)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
 
 
 def _corrupt(path: Path, kind: str, e: Exception) -> PacktoolError:

@@ -1,0 +1,50 @@
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.json"
+CORPUS = FIXTURES / "corpus"
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(TOKENIZER))
+
+
+@pytest.fixture(scope="session")
+def docs():
+    from packtool.synth import make_documents
+
+    d = make_documents(60, seed=3, median_words=40, max_words=400)
+    d[5] = ""  # an empty record stays a (zero-length) document
+    d[9] = "  café 日本語 🚀 naïve\n\nsecond paragraph  "
+    return d
+
+
+def write_jsonl(path: Path, records, compress=None) -> Path:
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    if compress == "gz":
+        data = gzip.compress(data)
+    elif compress == "zst":
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def encode_all(tokenizer, texts, add_special_tokens=False):
+    return [tokenizer.encode(t, add_special_tokens=add_special_tokens).ids for t in texts]
+
+
+def corpus_docs(prefix):
+    import packtool
+
+    c = packtool.open_tokens(prefix)
+    return [c[i].tolist() for i in range(len(c))]

@@ -1,0 +1,237 @@
+"""Every bad input: a clear message naming file/record/fix, non-zero exit, no files at PREFIX."""
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import TOKENIZER, write_jsonl
+
+import packtool
+from packtool.cli import cli
+from packtool.tokenize import TokenizeOptions, tokenize_files
+
+
+def cli_tokenize(tmp_path, *args):
+    result = CliRunner().invoke(
+        cli, ["tokenize", *map(str, args), "-t", str(TOKENIZER), "--out", str(tmp_path / "out"), "-q"]
+    )
+    return result
+
+
+def assert_fails(tmp_path, match, *args):
+    result = cli_tokenize(tmp_path, *args)
+    assert result.exit_code != 0, result.output
+    assert match in result.output, result.output
+    assert not list(tmp_path.glob("out*")), "nothing may be written at PREFIX"
+    assert not list(tmp_path.glob(".out*")), "temporary files must be removed"
+    return result.output
+
+
+def test_missing_file(tmp_path):
+    assert_fails(tmp_path, "no such file or directory", tmp_path / "nope.jsonl")
+
+
+def test_unsupported_extension(tmp_path):
+    (tmp_path / "a.csv").write_text("text\nhello\n")
+    assert_fails(tmp_path, "unsupported file type", tmp_path / "a.csv")
+
+
+def test_unreadable_file(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads everything")
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    p.chmod(0)
+    assert_fails(tmp_path, "cannot open", p)
+
+
+def test_corrupt_gzip(tmp_path):
+    data = gzip.compress(b'{"text": "hello"}\n' * 1000)
+    (tmp_path / "a.jsonl.gz").write_bytes(data[: len(data) // 2])
+    assert_fails(tmp_path, "a.jsonl.gz: corrupt or truncated jsonl.gz", tmp_path / "a.jsonl.gz")
+    (tmp_path / "b.jsonl.gz").write_bytes(b"not gzip at all")
+    assert_fails(tmp_path, "b.jsonl.gz: corrupt", tmp_path / "b.jsonl.gz")
+
+
+def test_corrupt_zstd(tmp_path):
+    import zstandard
+
+    data = zstandard.ZstdCompressor().compress(b'{"text": "hello"}\n' * 1000)
+    (tmp_path / "a.jsonl.zst").write_bytes(data[:-10])
+    assert_fails(tmp_path, "a.jsonl.zst: corrupt or truncated", tmp_path / "a.jsonl.zst")
+
+
+def test_corrupt_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a"] * 100}), tmp_path / "a.parquet")
+    data = (tmp_path / "a.parquet").read_bytes()
+    (tmp_path / "a.parquet").write_bytes(data[:40] + data[-100:])
+    assert_fails(tmp_path, "a.parquet: corrupt", tmp_path / "a.parquet")
+
+
+def test_invalid_json_names_file_and_line(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_text('{"text": "ok"}\n\n{"text": "fine"}\n{"text": broken}\n{"text": "after"}\n')
+    out = assert_fails(tmp_path, "a.jsonl line 4: invalid JSON", p)
+    assert "--skip-bad-records" in out
+
+
+def test_skip_bad_records_counts_them(tmp_path, tokenizer):
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(
+        b'{"text": "ok"}\n{"text": broken}\n{"body": "x"}\n{"text": 3}\n{"text": "\xff\xfe"}\n'
+        b'\xff{"text": "bad utf8"}\n{"text": "last"}\n'
+    )
+    res = tokenize_files([str(p)], TOKENIZER, tmp_path / "out", TokenizeOptions(skip_bad_records=True))
+    assert res.n_docs == 2 and res.n_skipped == 5
+    meta = json.loads((tmp_path / "out.json").read_text())["inputs"][0]
+    assert meta["skipped_records"] == [2, 3, 4, 5, 6]
+    assert meta["skipped"] == {"invalid_json": 1, "missing_field": 1, "not_a_string": 1, "invalid_utf8": 2}
+    c = packtool.open_tokens(tmp_path / "out")
+    assert c[1].tolist() == tokenizer.encode("last", add_special_tokens=False).ids
+
+
+def test_missing_field_lists_keys(tmp_path):
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "ok"}, {"content": "x", "id": 1}])
+    assert_fails(tmp_path, "a.jsonl line 2: no field 'text' (keys in the record: 'content', 'id')", p)
+    assert_fails(tmp_path, "keys in meta: 'title'", "--text-field", "meta.body",
+                 write_jsonl(tmp_path / "b.jsonl", [{"meta": {"title": "t"}}]))
+
+
+def test_non_string_field(tmp_path):
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": ["a", "b"]}])
+    assert_fails(tmp_path, "a.jsonl line 1: field 'text' is list, expected a string", p)
+    p = write_jsonl(tmp_path / "b.jsonl", [{"text": None}])
+    assert_fails(tmp_path, "b.jsonl line 1: field 'text' is null", p)
+
+
+def test_parquet_missing_column_and_null(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a"]}), tmp_path / "a.parquet")
+    assert_fails(tmp_path, "no column 'text' (columns: body)", tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "b.parquet")
+    assert_fails(tmp_path, "b.parquet row 2: 'text' is null", tmp_path / "b.parquet")
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "c.parquet")
+    assert_fails(tmp_path, "has type int64, expected a string", tmp_path / "c.parquet")
+
+
+def test_invalid_utf8(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    assert_fails(tmp_path, "a.jsonl line 2: invalid UTF-8", p)
+    (tmp_path / "b.txt").write_bytes(b"line one\nline two \xc3\x28 here\n")
+    assert_fails(tmp_path, "b.txt line 2: invalid UTF-8", tmp_path / "b.txt")
+
+
+def test_unreadable_tokenizer(tmp_path):
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    (tmp_path / "tok.json").write_text('{"not": "a tokenizer"}')
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(tmp_path / "tok.json"), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 1 and "cannot read tokenizer" in r.output
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(tmp_path), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 1 and "holds no tokenizer.json" in r.output
+    assert not list(tmp_path.glob("out*"))
+
+
+def test_existing_output_refused_unless_overwrite(tmp_path):
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    assert cli_tokenize(tmp_path, p).exit_code == 0
+    before = (tmp_path / "out.bin").read_bytes()
+    r = cli_tokenize(tmp_path, p)
+    assert r.exit_code == 1 and "already exists" in r.output and "--overwrite" in r.output
+    write_jsonl(p, [{"text": "y z w"}])
+    assert (tmp_path / "out.bin").read_bytes() == before
+    assert cli_tokenize(tmp_path, p, "--overwrite").exit_code == 0
+    assert (tmp_path / "out.bin").read_bytes() != before
+
+
+def test_interruption_in_process_leaves_nothing(tmp_path, monkeypatch, docs):
+    import packtool.tokenize as tk
+
+    real = tk.iter_documents
+
+    def interrupted(*a, **kw):
+        for i, text in enumerate(real(*a, **kw)):
+            if i == 30:
+                raise KeyboardInterrupt
+            yield text
+
+    monkeypatch.setattr(tk, "iter_documents", interrupted)
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": d} for d in docs])
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_files([str(p)], TOKENIZER, tmp_path / "out", TokenizeOptions(batch_size=4))
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a.jsonl"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_run_leaves_nothing(tmp_path, sig):
+    from packtool.synth import iter_documents
+
+    p = tmp_path / "big.jsonl"
+    with open(p, "w") as f:
+        for d in iter_documents(20_000, seed=1):
+            f.write(json.dumps({"text": d}) + "\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packtool.cli", "tokenize", str(p), "-t", str(TOKENIZER),
+         "-o", str(tmp_path / "out"), "--batch-size", "64", "-q"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.bin.tmp-*")) and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode in (130, 143), err
+    assert "no output was written" in err
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["big.jsonl"]
+
+
+def test_reader_detects_truncation_and_mismatch(tmp_path, docs):
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": d} for d in docs])
+    tokenize_files([str(p)], TOKENIZER, tmp_path / "out", TokenizeOptions())
+    c = packtool.open_tokens(tmp_path / "out.json")  # any of the three names works
+    assert len(c) == len(docs)
+    data = (tmp_path / "out.bin").read_bytes()
+    (tmp_path / "out.bin").write_bytes(data[:-2])
+    with pytest.raises(packtool.FormatError, match=r"out.bin has .* bytes but the manifest says"):
+        packtool.open_tokens(tmp_path / "out")
+    (tmp_path / "out.bin").write_bytes(data[:-2] + b"\x01\x00")
+    with pytest.raises(packtool.FormatError, match="sha256"):
+        packtool.open_tokens(tmp_path / "out").verify_checksums()
+    (tmp_path / "out.bin").write_bytes(data)
+    ends = np.fromfile(tmp_path / "out.boundaries", dtype="<i8")
+    ends[-1] -= 1
+    ends.tofile(tmp_path / "out.boundaries")
+    with pytest.raises(packtool.FormatError, match="last end offset"):
+        packtool.open_tokens(tmp_path / "out")
+    meta = json.loads((tmp_path / "out.json").read_text())
+    meta["version"] = 99
+    (tmp_path / "out.json").write_text(json.dumps(meta))
+    with pytest.raises(packtool.FormatError, match="version 99 is not supported"):
+        packtool.open_tokens(tmp_path / "out")
+
+
+def test_cli_help_version_json(tmp_path):
+    runner = CliRunner()
+    assert "tokenize" in runner.invoke(cli, ["--help"]).output
+    assert packtool.__version__ in runner.invoke(cli, ["--version"]).output
+    for name, command in cli.commands.items():
+        help_text = runner.invoke(cli, [name, "--help"]).output
+        assert "Example:" in help_text, f"{name} --help needs an Example: block"
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world"}, {"text": ""}])
+    r = runner.invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "o"), "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["n_docs"] == 2 and summary["n_empty"] == 1 and summary["dtype"] == "uint16"
