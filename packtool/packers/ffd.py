@@ -1,0 +1,56 @@
+"""First-fit decreasing: longest documents first, each into the first pack it fits.
+
+Global over the whole corpus in O(n log P): a counting sort by length (O(n + L)) and a max
+segment tree over the packs' remaining capacities that finds the first pack with room in
+O(log P) (P <= min(n, 2 * ceil(tokens / L) + 1): a fit algorithm never leaves two packs at
+most half full). Not the O(n * P) scan.
+
+Trade-off (scripts/bench_pack.py, 2-core machine): 10M lognormal lengths at L=4096 in
+~1.2 s, within 0.001% of the L1 lower bound; on squad11-384 it leaves ~2.4% more packs than
+the L2 bound (long documents that pair badly); ``bfd`` is equal or slightly better and
+faster; ``optimal`` closes the gap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._numba import njit
+from ._common import counting_order, tree_size
+
+
+@njit
+def _ffd(lengths, capacity, max_packs):
+    n = lengths.shape[0]
+    order = counting_order(lengths, capacity, True)
+    size = tree_size(max(max_packs, 1))
+    # tree[i] = max remaining capacity in the subtree; unopened packs have full capacity
+    tree = np.full(2 * size, capacity, np.int64)
+    packs = np.full(n, -1, np.int64)
+    n_packs = 0
+    for k in range(n):
+        i = order[k]
+        l = lengths[i]
+        if l == 0:
+            break  # sorted decreasing: only empty documents remain
+        node = 1
+        while node < size:
+            node = 2 * node if tree[2 * node] >= l else 2 * node + 1
+        p = node - size
+        packs[i] = p
+        if p >= n_packs:
+            n_packs = p + 1
+        tree[node] -= l
+        node //= 2
+        while node >= 1:
+            a, b = tree[2 * node], tree[2 * node + 1]
+            tree[node] = a if a > b else b
+            node //= 2
+    return packs
+
+
+def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
+    """First-fit decreasing; deterministic (``seed`` unused)."""
+    total = int(lengths.sum())
+    max_packs = min(len(lengths), 2 * (-(-total // capacity)) + 1)
+    return _ffd(lengths, capacity, max_packs)

@@ -1,0 +1,125 @@
+"""Non-negative least-squares histogram packing (NNLSHP), Krell et al. (Graphcore), 2021.
+
+Enumerates every *strategy*: a multiset of at most ``max_depth`` lengths that sums exactly
+to the capacity (a strategy slot with no document of its length left becomes padding). With
+``A[l, s]`` = how often length l appears in strategy s and ``h`` the length histogram, it
+solves ``min ||w (A x - h)||, x >= 0`` (scipy's NNLS; short lengths get weight 0.09 as in the
+paper), rounds x, and adds a two-slot strategy ``[l, L - l]`` for every document left over.
+
+Tractability. The strategy space grows like L^(depth-1) (22,102 strategies at L=512, depth
+3; 1.4M at L=4096) and NNLS time grows faster than linearly in it (~30 s at 22k columns here,
+~24 s in the paper). packtool therefore caps the columns (``max_strategies``, 25,000): when the
+exact grid would exceed it, lengths are rounded *up* to a grid step ``s`` (the smallest that
+fits the cap) and strategies are built in units of s over floor(L / s) units, so every pack
+still fits in L. The price is at most ``depth * (s - 1)`` tokens of padding per pack (L=4096,
+depth 3: s = 8, <0.5%). If even a coarse grid (s > L / 64) cannot fit the cap, it refuses and
+names the alternatives (``bfd``, ``spfhp``, ``optimal`` or a lower ``--max-depth``).
+
+Trade-off (scripts/bench_pack.py): wikipedia-512 at depth 3: ~99.7% efficiency in ~30 s
+(paper: 99.75%, ~24 s). Slow and not better than ``bfd`` on most data; kept for comparison
+with the paper and for its bounded pack depth. ``optimal`` solves the same histogram problem
+as a proper LP and is both faster and near-exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import PacktoolError
+from ._common import expand_groups
+
+DEFAULT_MAX_DEPTH = 3
+MAX_STRATEGIES = 25_000
+SHORT_WEIGHT, SHORT_CUTOFF = 0.09, 8  # the paper's down-weighting of lengths <= 8
+
+
+def count_strategies(units: int, depth: int) -> int:
+    """Partitions of ``units`` into at most ``depth`` parts (= strategies that fill a pack)."""
+    ways = np.zeros(units + 1, dtype=object)  # exact big ints
+    ways[0] = 1
+    for part in range(1, depth + 1):  # conjugate: partitions with parts <= depth
+        for v in range(part, units + 1):
+            ways[v] += ways[v - part]
+    return int(ways[units])
+
+
+def choose_step(capacity: int, depth: int, max_strategies: int = MAX_STRATEGIES) -> int:
+    step = 1
+    while count_strategies(capacity // step, depth) > max_strategies:
+        step += 1
+        if step > max(1, capacity // 64):
+            raise PacktoolError(
+                f"nnlshp: {count_strategies(capacity // step, depth):,}+ strategies for "
+                f"--seq-len {capacity} at --max-depth {depth} even on a coarse length grid; "
+                "lower --max-depth (the paper uses 3) or use --algo bfd, spfhp or optimal"
+            )
+    return step
+
+
+def strategies(units: int, depth: int) -> list[tuple[int, ...]]:
+    """All non-decreasing tuples of <= depth positive parts summing to ``units``."""
+    out: list[tuple[int, ...]] = []
+
+    def rec(prefix: tuple[int, ...], lo: int, left: int, d: int) -> None:
+        if left == 0:
+            out.append(prefix)
+            return
+        if d == 1:
+            if left >= lo:
+                out.append(prefix + (left,))
+            return
+        for part in range(lo, left // 2 + 1 if d >= 2 else left + 1):
+            rec(prefix + (part,), part, left - part, d - 1)
+        if left >= lo:
+            out.append(prefix + (left,))
+
+    rec((), 1, units, depth)
+    return out
+
+
+def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0, max_depth: int | None = None,
+         max_strategies: int = MAX_STRATEGIES) -> np.ndarray:
+    """NNLSHP with at most ``max_depth`` documents per pack (default 3); deterministic."""
+    from scipy.optimize import nnls
+
+    depth = DEFAULT_MAX_DEPTH if max_depth is None else int(max_depth)
+    if depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {depth}")
+    step = choose_step(capacity, depth, max_strategies)
+    units = capacity // step
+    doc_units = -(-lengths // step)  # ceil: a document never outgrows its slot
+    hist = np.bincount(doc_units, minlength=units + 1)[1:].astype(np.float64)
+    strats = strategies(units, depth)
+    index = {s: j for j, s in enumerate(strats)}
+    rows, cols = [], []
+    for j, s in enumerate(strats):
+        rows.extend(u - 1 for u in s)
+        cols.extend([j] * len(s))
+    A = np.zeros((units, len(strats)))
+    np.add.at(A, (np.array(rows), np.array(cols)), 1.0)
+    w = np.ones(units)
+    w[: max(1, SHORT_CUTOFF // step)] = SHORT_WEIGHT
+    if hist.any():
+        x, _ = nnls(w[:, None] * A, w * hist, maxiter=max(50 * len(strats), 1000))
+    else:
+        x = np.zeros(len(strats))
+    repeat = np.rint(x).astype(np.int64)
+    residual = hist.astype(np.int64) - (A @ repeat).astype(np.int64)
+    for u in np.flatnonzero(residual > 0) + 1:
+        pair = (int(u),) if u == units else tuple(sorted((int(u), units - int(u))))
+        repeat[index[pair]] += residual[u - 1]
+    # groups: one chain of nodes per used strategy
+    g_count, g_parent, g_len = [], [], []
+    for j in np.flatnonzero(repeat > 0):
+        parent = -1
+        for u in strats[j]:
+            g_count.append(0)
+            g_parent.append(parent)
+            g_len.append(u)
+            parent = len(g_len) - 1
+        g_count[-1] = repeat[j]
+    packs, _ = expand_groups(
+        doc_units.astype(np.int64), units, np.array(g_count, np.int64),
+        np.array(g_parent, np.int64), np.array(g_len, np.int64),
+    )
+    return packs

@@ -1,0 +1,32 @@
+"""Baselines that keep an order and close a pack as soon as the next document does not fit
+(next fit), O(n):
+
+- ``sequential``: input order. Keeps neighbouring documents together (useful when order
+  carries meaning, e.g. curriculum or chunks of one long text); efficiency depends on luck.
+- ``random``: a seeded shuffle, then next fit: what naive "concatenate and cut" pipelines
+  do, without cutting documents. ~90% efficient on lognormal lengths at L=4096.
+- ``sorted``: longest first, then next fit. Fast and simple, but packs of long documents
+  pair badly (~80-95% depending on the distribution); use ``bfd`` instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import counting_order, next_fit
+
+
+def sequential(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
+    """Input order, next fit."""
+    return next_fit(lengths, np.arange(len(lengths), dtype=np.int64), capacity)
+
+
+def random(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
+    """Shuffled with ``seed``, next fit."""
+    order = np.random.default_rng(seed).permutation(len(lengths)).astype(np.int64)
+    return next_fit(lengths, order, capacity)
+
+
+def sorted_(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
+    """Longest first (stable), next fit."""
+    return next_fit(lengths, counting_order(lengths, capacity, True), capacity)

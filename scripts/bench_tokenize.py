@@ -1,0 +1,111 @@
+"""Benchmark `packtool tokenize` end to end against the raw `tokenizers` batch call.
+
+    python scripts/bench_tokenize.py [--size-mb 300] [--workdir bench-out]
+
+Generates a synthetic JSONL corpus of --size-mb (cached in --workdir), then measures on the
+same machine in the same run:
+  packtool   `packtool tokenize` in a subprocess: read, parse, tokenize, write, hash (peak RSS)
+  raw        Tokenizer.encode_batch_fast on the same texts already in memory, same threads
+and prints packtool's throughput as a ratio to raw (target >= 0.85) and its peak RSS
+(target < 1 GB). A second, 3x larger corpus shows memory stays flat (--flat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / "fixtures" / "tokenizer" / "tokenizer.json"
+
+
+def make_corpus(path: Path, size_mb: int, seed: int = 0) -> Path:
+    if path.exists():
+        return path
+    from packtool.synth import iter_documents
+
+    tmp = path.with_suffix(".tmp")
+    target = size_mb * 1_000_000
+    written = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        while written < target:
+            for d in iter_documents(20_000, seed=seed):
+                line = json.dumps({"text": d}, ensure_ascii=False) + "\n"
+                f.write(line)
+                written += len(line)
+                if written >= target:
+                    break
+            seed += 1
+    tmp.rename(path)
+    return path
+
+
+def run_packtool(corpus: Path, out: Path, workers: int) -> tuple[float, int, int]:
+    """Seconds, tokens and peak RSS (bytes) of the CLI in a fresh process."""
+    cmd = [sys.executable, "-c",
+           "import resource, sys, json; from packtool.cli import main; sys.argv=sys.argv[1:];"
+           "\ntry: main()\nexcept SystemExit: pass\n"
+           "print(json.dumps({'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), file=sys.stderr)",
+           "packtool", "tokenize", str(corpus), "-t", str(TOKENIZER), "-o", str(out), "--overwrite",
+           "-q", "--json", "-j", str(workers)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - t0
+    summary = json.loads(p.stdout)
+    rss_kb = json.loads(p.stderr.strip().splitlines()[-1])["rss"]
+    return seconds, summary["n_tokens"], rss_kb * 1024
+
+
+def run_raw(corpus: Path, workers: int, batch: int = 1024) -> tuple[float, int]:
+    """encode_batch_fast on in-memory texts with `workers` Rust threads (fresh process)."""
+    code = f"""
+import json, time, os
+os.environ["RAYON_NUM_THREADS"] = "{workers}"
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file({str(TOKENIZER)!r})
+texts = [json.loads(l)["text"] for l in open({str(corpus)!r}, encoding="utf-8")]
+t0 = time.perf_counter(); n = 0
+for i in range(0, len(texts), {batch}):
+    n += sum(len(e) for e in tok.encode_batch_fast(texts[i:i + {batch}], add_special_tokens=False))
+print(json.dumps({{"seconds": time.perf_counter() - t0, "tokens": n}}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    r = json.loads(p.stdout)
+    return r["seconds"], r["tokens"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=int, default=300)
+    ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out")
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--flat", action="store_true", help="also run a 3x corpus to show flat memory")
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    corpus = make_corpus(args.workdir / f"corpus-{args.size_mb}mb.jsonl", args.size_mb)
+    size = corpus.stat().st_size
+
+    raw_s, raw_tokens = run_raw(corpus, args.workers)
+    pt_s, pt_tokens, rss = run_packtool(corpus, args.workdir / "tok", args.workers)
+    if pt_tokens != raw_tokens:
+        sys.exit(f"token counts differ: packtool {pt_tokens:,} vs raw {raw_tokens:,}")
+    raw_tps, pt_tps = raw_tokens / raw_s, pt_tokens / pt_s
+    print(f"corpus            {size / 1e6:,.0f} MB JSONL, {raw_tokens:,} tokens, {args.workers} threads")
+    print(f"raw encode_batch_fast (texts in memory)   {raw_s:7.1f} s  {raw_tps / 1e6:6.2f} M tok/s")
+    print(f"packtool tokenize (end to end)            {pt_s:7.1f} s  {pt_tps / 1e6:6.2f} M tok/s")
+    print(f"ratio packtool / raw                      {pt_tps / raw_tps:7.3f}   (target >= 0.85)")
+    print(f"packtool peak RSS                         {rss / 2**20:7.0f} MiB (target < 1024)")
+    if args.flat:
+        big = make_corpus(args.workdir / f"corpus-{3 * args.size_mb}mb.jsonl", 3 * args.size_mb, seed=1000)
+        s, n, rss3 = run_packtool(big, args.workdir / "tok3", args.workers)
+        print(f"3x corpus ({big.stat().st_size / 1e6:,.0f} MB): {s:.1f} s, peak RSS {rss3 / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
