@@ -95,6 +95,85 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
     _emit(result, as_json, quiet)
 
 
+def _algo_choices():
+    from .packers import PACKERS
+
+    return list(PACKERS)
+
+
+@cli.command()
+@click.argument("prefixes", nargs=-1, required=True)
+@click.option("--seq-len", "-L", type=click.IntRange(1), required=True, help="Tokens per pack.")
+@click.option("--algo", "-a", type=click.Choice(_algo_choices()), default="bfd", show_default=True,
+              help="Packing algorithm.")
+@click.option("--out", "-o", required=True, help="Output directory (must not exist or be empty).")
+@click.option("--overflow", type=click.Choice(["split", "truncate", "drop"]), default="split",
+              show_default=True, help="What to do with documents longer than --seq-len.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for shuffling and random packers.")
+@click.option("--no-shuffle", is_flag=True, help="Keep the algorithm's pack order (FFD/BFD: longest first).")
+@click.option("--shard-size", type=click.IntRange(1), default=1 << 27, show_default=True,
+              help="Tokens per shard (about).")
+@click.option("--max-depth", type=click.IntRange(1), default=None,
+              help="Documents per pack for spfhp (default 12) and nnlshp (default 3).")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, max_depth,
+         overwrite, quiet, as_json):
+    """Pack tokenized PREFIXES (packed together as one corpus) into packs of --seq-len tokens.
+
+    Writes shards of .npy arrays (tokens, position_ids, doc_ids, cu_seqlens, source
+    documents and offsets) and an index.json; see docs/FORMAT.md.
+
+    \b
+    Example:
+        packtool pack out/corpus --seq-len 4096 --algo bfd --out out/packed
+    """
+    from .pack import pack_corpus
+
+    result = _run(pack_corpus, list(prefixes), out, seq_len, algo, seed=seed, overflow=overflow,
+                  shuffle=not no_shuffle, shard_size=shard_size, max_depth=max_depth,
+                  overwrite=overwrite, progress=not quiet)
+    _emit(result, as_json, quiet)
+
+
+@cli.command()
+@click.argument("directory")
+@click.option("--source", "-s", "sources", multiple=True,
+              help="Token-file prefix the dataset was packed from (repeat, in order): also check "
+                   "that every source token appears exactly once, in order.")
+def verify(directory, sources):
+    """Check a packed DIRECTORY: checksums, shapes, every invariant, optionally the sources.
+
+    Exit 0 with one OK line, or 1 naming the first violation.
+
+    \b
+    Example:
+        packtool verify out/packed --source out/corpus
+    """
+    from .verify import verify_packed
+
+    click.echo(_run(verify_packed, directory, list(sources)))
+
+
+@cli.command()
+@click.option("--fixtures", type=click.Path(file_okay=False), default=None,
+              help="Folder with tokenizer/ and corpus/ (default: the repository's fixtures/).")
+@click.option("--out", "-o", default="demo-out", show_default=True, help="Where to write.")
+@click.option("--seq-len", "-L", type=click.IntRange(1), default=512, show_default=True)
+@click.option("--algo", "-a", type=click.Choice(_algo_choices()), default="bfd", show_default=True)
+def demo(fixtures, out, seq_len, algo):
+    """Run the whole job on the bundled corpus: tokenize, pack, verify, report.
+
+    \b
+    Example:
+        packtool demo --out demo-out
+    """
+    from .demo import run_demo
+
+    _run(run_demo, fixtures, out, seq_len, algo, echo=click.echo)
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:

@@ -1,0 +1,233 @@
+"""The packed format (``packtool.packed``, version 1): what ``pack`` writes and
+``open_packed`` reads. See docs/FORMAT.md.
+
+One pack of seq_len 16 holding three segments (documents or pieces of one)::
+
+    input_ids     a0 a1 a2 a3 a4 | b0 b1 b2 | c0 c1 c2 c3 c4 c5 c6 c7
+    position_ids   0  1  2  3  4 |  0  1  2 |  0  1  2  3  4  5  6  7
+    doc_ids        0  0  0  0  0 |  1  1  1 |  2  2  2  2  2  2  2  2
+    labels       -100 a1 a2 a3 a4|-100 b1 b2|-100 c1 c2 c3 c4 c5 c6 c7
+    cu_seqlens    [0, 5, 8, 16]           max_seqlen 8
+
+Attention must stay inside a segment (block-diagonal causal mask): flash-attention's varlen
+kernels take ``cu_seqlens``; Hugging Face models derive it from ``position_ids`` restarting
+at 0. ``labels`` hide each segment's first token, so no token is trained to predict across a
+boundary (the ``DataCollatorWithFlattening`` convention).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import FormatError, PacktoolError
+from .tokenfile import HashingWriter, read_manifest
+
+FORMAT = "packtool.packed"
+VERSION = 1
+INDEX = "index.json"
+PER_TOKEN = ("tokens", "position_ids", "doc_ids")
+PER_PACK = ("pack_offsets", "seg_offsets", "cu_seqlens")
+PER_SEGMENT = ("source_docs", "source_offsets")
+ARRAYS = PER_TOKEN + PER_PACK + PER_SEGMENT
+IGNORE_INDEX = -100
+
+
+def position_dtype(seq_len: int) -> np.dtype:
+    """Positions and in-pack segment ids are < seq_len: uint16 up to 65,536, else uint32."""
+    return np.dtype("<u2") if seq_len <= 65_536 else np.dtype("<u4")
+
+
+def array_dtypes(seq_len: int, token_dtype: np.dtype) -> dict[str, np.dtype]:
+    small = position_dtype(seq_len)
+    return {
+        "tokens": np.dtype(token_dtype).newbyteorder("<"),
+        "position_ids": small,
+        "doc_ids": small,
+        "pack_offsets": np.dtype("<i8"),
+        "seg_offsets": np.dtype("<i8"),
+        "cu_seqlens": np.dtype("<i4"),
+        "source_docs": np.dtype("<i8"),
+        "source_offsets": np.dtype("<i8"),
+    }
+
+
+def npy_header(dtype: np.dtype, n: int) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)}
+    )
+    return buf.getvalue()
+
+
+class NpyWriter(HashingWriter):
+    """Stream a 1-D .npy of known length in chunks, hashing as it goes."""
+
+    def __init__(self, path: Path, dtype: np.dtype, n: int):
+        super().__init__(path)
+        self.dtype, self.n, self.written = dtype, n, 0
+        header = np.frombuffer(npy_header(dtype, n), dtype=np.uint8)
+        super().write(header)
+
+    def write(self, array: np.ndarray) -> None:
+        array = np.asarray(array)
+        if array.dtype != self.dtype:
+            array = array.astype(self.dtype)
+        self.written += array.size
+        super().write(array)
+
+    def close(self) -> dict:
+        if self.written != self.n:
+            raise RuntimeError(f"{self.n} elements announced, {self.written} written")
+        return super().close()
+
+
+def index_digest(index: dict) -> str:
+    """sha256 of the index without its own digest: a flipped byte in index.json is caught."""
+    import hashlib
+
+    body = {k: v for k, v in index.items() if k != "index_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def read_index(directory: Path) -> dict:
+    path = Path(directory) / INDEX
+    if not Path(directory).is_dir():
+        raise FormatError(f"{directory} is not a directory; pass the --out of packtool pack")
+    index = read_manifest(path, FORMAT, VERSION)
+    if index.get("index_sha256") != index_digest(index):
+        raise FormatError(f"{path}: content does not match its index_sha256; the file was modified")
+    return index
+
+
+@dataclass
+class _Shard:
+    arrays: dict
+    n_packs: int
+
+
+class PackedDataset:
+    """A packed dataset on disk: ``len(ds)`` packs; ``ds[i]`` a dict of numpy arrays.
+
+    >>> ds = open_packed("out/packed")         # doctest: +SKIP
+    >>> ex = ds[0]; ex["input_ids"], ex["cu_seqlens"], ex["max_seqlen"]
+    >>> batch = collate([ds[0], ds[1]])         # one [1, N] row for flash-attention varlen
+    """
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.index = read_index(self.directory)
+        self.seq_len = int(self.index["seq_len"])
+        self._shards: list[_Shard | None] = [None] * len(self.index["shards"])
+        counts = [s["n_packs"] for s in self.index["shards"]]
+        self._pack_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._pack_starts[-1])
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        return np.dtype(self.index["token_dtype"])
+
+    def shard(self, k: int) -> _Shard:
+        if self._shards[k] is None:
+            info = self.index["shards"][k]
+            arrays = {}
+            for name in ARRAYS:
+                path = self.directory / info["files"][name]["name"]
+                try:
+                    arrays[name] = np.load(path, mmap_mode="r") if path.stat().st_size else None
+                except (OSError, ValueError) as e:
+                    raise FormatError(f"{path}: unreadable ({e}); run packtool verify") from None
+            self._shards[k] = _Shard(arrays, info["n_packs"])
+        return self._shards[k]
+
+    def _locate(self, i: int) -> tuple[_Shard, int]:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"pack {i} out of range for a dataset of {n:,} packs")
+        i %= n
+        k = int(np.searchsorted(self._pack_starts, i, side="right") - 1)
+        return self.shard(k), i - int(self._pack_starts[k])
+
+    def __getitem__(self, i: int) -> dict:
+        sh, j = self._locate(i)
+        a = sh.arrays
+        t0, t1 = int(a["pack_offsets"][j]), int(a["pack_offsets"][j + 1])
+        s0, s1 = int(a["seg_offsets"][j]), int(a["seg_offsets"][j + 1])
+        input_ids = np.asarray(a["tokens"][t0:t1], dtype=np.int64)
+        cu = np.asarray(a["cu_seqlens"][s0 + j : s1 + j + 1], dtype=np.int32)
+        labels = input_ids.copy()
+        labels[cu[:-1]] = IGNORE_INDEX
+        return {
+            "input_ids": input_ids,
+            "labels": labels,
+            "position_ids": np.asarray(a["position_ids"][t0:t1], dtype=np.int64),
+            "doc_ids": np.asarray(a["doc_ids"][t0:t1], dtype=np.int32),
+            "cu_seqlens": cu,
+            "max_seqlen": int(np.diff(cu).max()) if len(cu) > 1 else 0,
+            "source_docs": np.asarray(a["source_docs"][s0:s1], dtype=np.int64),
+            "source_offsets": np.asarray(a["source_offsets"][s0:s1], dtype=np.int64),
+        }
+
+    def get(self, i: int, pad_to: int | None = None, pad_id: int = 0) -> dict:
+        """``ds[i]``, padded to ``pad_to`` tokens (default: seq_len) for fixed shapes.
+
+        Pads get ``pad_id``, labels -100, doc_ids -1, and positions 0, 1, 2, ... as a segment
+        of their own (the last entry of ``cu_seqlens`` becomes ``pad_to``), so neither a
+        position-id nor a cu_seqlens based kernel lets a pad attend to, or be attended from,
+        a real token.
+        """
+        ex = self[i]
+        pad_to = self.seq_len if pad_to is None else int(pad_to)
+        n = len(ex["input_ids"])
+        if pad_to < n:
+            raise PacktoolError(f"pad_to {pad_to} < pack {i}'s length {n}; use pad_to >= seq_len")
+        k = pad_to - n
+        if k == 0:
+            return ex
+        ex["input_ids"] = np.concatenate([ex["input_ids"], np.full(k, pad_id, np.int64)])
+        ex["labels"] = np.concatenate([ex["labels"], np.full(k, IGNORE_INDEX, np.int64)])
+        ex["position_ids"] = np.concatenate([ex["position_ids"], np.arange(k, dtype=np.int64)])
+        ex["doc_ids"] = np.concatenate([ex["doc_ids"], np.full(k, -1, np.int32)])
+        ex["cu_seqlens"] = np.append(ex["cu_seqlens"], np.int32(pad_to))
+        return ex
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+def open_packed(directory: str | Path) -> PackedDataset:
+    """Open a directory written by ``packtool pack`` (refuses unknown format versions)."""
+    return PackedDataset(directory)
+
+
+def collate(examples: list[dict]) -> dict:
+    """Flatten packs into one ``[1, N]`` row with the keys Hugging Face models and
+    ``flash_attn_varlen_func`` take: input_ids, labels, position_ids (int64),
+    cu_seq_lens_q/k (int32, [S+1]), max_length_q/k (int) and seq_idx (int32, segment of every
+    token across the row). Padded examples (``ds.get(i, pad_to=...)``) keep their pad segment.
+    """
+    if not examples:
+        raise PacktoolError("collate needs at least one example")
+    cus, offset = [np.zeros(1, np.int32)], 0
+    for ex in examples:
+        cu = np.asarray(ex["cu_seqlens"], dtype=np.int64)
+        cus.append((cu[1:] + offset).astype(np.int32))
+        offset += int(cu[-1])
+    cu = np.concatenate(cus)
+    lens = np.diff(cu)
+    max_len = int(lens.max()) if len(lens) else 0
+    row = {k: np.concatenate([ex[k] for ex in examples])[None, :].astype(np.int64)
+           for k in ("input_ids", "labels", "position_ids")}
+    row.update(
+        cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len, max_length_k=max_len,
+        seq_idx=np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None, :],
+    )
+    return row
