@@ -87,7 +87,9 @@ def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0, max_depth: int | 
         raise ValueError(f"max_depth must be >= 1, got {depth}")
     step = choose_step(capacity, depth, max_strategies)
     units = capacity // step
-    doc_units = -(-lengths // step)  # ceil: a document never outgrows its slot
+    # ceil: a document never outgrows its slot; the few longer than units * step fill a
+    # whole pack alone (a one-slot strategy), so they are clamped to `units`
+    doc_units = np.minimum(-(-lengths // step), units)
     hist = np.bincount(doc_units, minlength=units + 1)[1:].astype(np.float64)
     strats = strategies(units, depth)
     index = {s: j for j, s in enumerate(strats)}

@@ -1,0 +1,52 @@
+"""Document lengths from elsewhere: ``.npy`` arrays and ``length,count`` histogram CSVs.
+
+The reference histograms of the Graphcore packing paper ship in ``packtool/data/``
+(``wikipedia-512``, ``squad11-384``); a histogram is a full description of a dataset for a
+packer that only looks at lengths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PacktoolError
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def reference_histogram(name: str) -> Path:
+    path = DATA / f"{name}.histogram.csv"
+    if not path.is_file():
+        have = ", ".join(p.name.split(".")[0] for p in DATA.glob("*.histogram.csv"))
+        raise PacktoolError(f"no reference histogram {name!r}; bundled: {have}")
+    return path
+
+
+def load_histogram_csv(path: str | Path) -> np.ndarray:
+    """Expand a ``length,count`` CSV into one length per document (numpy.repeat)."""
+    path = Path(path)
+    try:
+        rows = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+    except (OSError, ValueError) as e:
+        raise PacktoolError(f"{path}: not a 'length,count' CSV with a header line ({e})") from None
+    if rows.size == 0:
+        return np.empty(0, np.int64)
+    if rows.shape[1] != 2 or (rows < 0).any():
+        raise PacktoolError(f"{path}: expected two non-negative integer columns length,count")
+    return np.repeat(rows[:, 0], rows[:, 1])
+
+
+def load_lengths(path: str | Path) -> np.ndarray:
+    """Lengths from a ``.npy`` (1-D integers) or a ``length,count`` histogram ``.csv``."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        return load_histogram_csv(path)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise PacktoolError(f"{path}: not a readable .npy of lengths ({e})") from None
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or (arr < 0).any():
+        raise PacktoolError(f"{path}: expected a 1-D array of non-negative integer lengths")
+    return arr.astype(np.int64)

@@ -1,0 +1,71 @@
+"""Slow, obviously-correct plain-Python references for the packers (O(n * packs))."""
+
+
+def first_fit_decreasing(lengths, capacity):
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable
+    room, packs = [], [-1] * len(lengths)
+    for i in order:
+        if lengths[i] == 0:
+            continue
+        for p, r in enumerate(room):
+            if r >= lengths[i]:
+                break
+        else:
+            p = len(room)
+            room.append(capacity)
+        room[p] -= lengths[i]
+        packs[i] = p
+    return packs
+
+
+def best_fit_decreasing_sizes(lengths, capacity):
+    """Sorted pack fills of BFD (which pack among equal-room ones is taken may differ)."""
+    room = []
+    for l in sorted((l for l in lengths if l), reverse=True):
+        fits = [r for r in room if r >= l]
+        if fits:
+            room.remove(min(fits))
+            room.append(min(fits) - l)
+        else:
+            room.append(capacity - l)
+    return sorted(capacity - r for r in room)
+
+
+def next_fit(lengths, order, capacity):
+    packs, p, used = [-1] * len(lengths), -1, capacity
+    for i in order:
+        if lengths[i] == 0:
+            continue
+        if used + lengths[i] > capacity:
+            p, used = p + 1, 0
+        packs[i] = p
+        used += lengths[i]
+    return packs
+
+
+def spfhp_sizes(lengths, capacity, max_depth):
+    """SPFHP as in the paper, one document at a time: lengths longest first; each document
+    goes to the open pack with the most room (ties: the one changed last); documents of a
+    length that fit nowhere open one new pack each *after* that length is done (the paper
+    creates them in bulk); packs close when full or at max_depth documents."""
+    from collections import Counter
+
+    open_packs, closed, stamp = [], [], 0  # pack: [room, depth, stamp]
+    for l, count in sorted(Counter(l for l in lengths if l).items(), reverse=True):
+        unplaced = 0
+        for _ in range(count):
+            fits = [pk for pk in open_packs if pk[0] >= l]
+            if not fits:
+                unplaced += 1
+                continue
+            pk = max(fits, key=lambda q: (q[0], q[2]))
+            stamp += 1
+            pk[0], pk[1], pk[2] = pk[0] - l, pk[1] + 1, stamp
+            if pk[0] == 0 or pk[1] >= max_depth:
+                open_packs.remove(pk)
+                closed.append(pk)
+        stamp += 1
+        for _ in range(unplaced):
+            pk = [capacity - l, 1, stamp]
+            (closed if pk[0] == 0 or max_depth == 1 else open_packs).append(pk)
+    return sorted(capacity - pk[0] for pk in open_packs + closed)
