@@ -273,7 +273,6 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
                 "n_packs": n_packs,
                 **segs.counts,
                 **stats,
-                "assign_seconds": assign_seconds,
                 "sources": [_source_entry(c) for c in corpora],
                 "shards": shards,
                 "created_by": f"packtool {__version__}",

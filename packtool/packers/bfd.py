@@ -7,7 +7,7 @@ pack moves to bucket ``remaining - length`` in O(1). Independent of the number o
 Trade-off (scripts/bench_pack.py, 2-core machine): 10M lognormal lengths at L=4096 in
 ~0.6 s, within 0.001% of the L1 bound; wikipedia-512: 99.85% efficient (0.15% above the
 proven bound); squad11-384: ~1.3% above the L2 bound. The default packer: the best
-speed/quality of the greedy ones. ``optimal`` is near-exact when it matters.
+speed/quality of the greedy ones.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ most half full). Not the O(n * P) scan.
 Trade-off (scripts/bench_pack.py, 2-core machine): 10M lognormal lengths at L=4096 in
 ~1.2 s, within 0.001% of the L1 lower bound; on squad11-384 it leaves ~2.4% more packs than
 the L2 bound (long documents that pair badly); ``bfd`` is equal or slightly better and
-faster; ``optimal`` closes the gap.
+faster.
 """
 
 from __future__ import annotations

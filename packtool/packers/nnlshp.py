@@ -12,13 +12,13 @@ Tractability. The strategy space grows like L^(depth-1) (22,102 strategies at L=
 exact grid would exceed it, lengths are rounded *up* to a grid step ``s`` (the smallest that
 fits the cap) and strategies are built in units of s over floor(L / s) units, so every pack
 still fits in L. The price is at most ``depth * (s - 1)`` tokens of padding per pack (L=4096,
-depth 3: s = 8, <0.5%). If even a coarse grid (s > L / 64) cannot fit the cap, it refuses and
-names the alternatives (``bfd``, ``spfhp``, ``optimal`` or a lower ``--max-depth``).
+depth 3: s = 8, <0.5%). If the grid that fits the cap could waste more than 5% of a pack
+(depth * (s - 1) > 0.05 L), it refuses and
+names the alternatives (``bfd``, ``spfhp`` or a lower ``--max-depth``).
 
 Trade-off (scripts/bench_pack.py): wikipedia-512 at depth 3: ~99.7% efficiency in ~30 s
 (paper: 99.75%, ~24 s). Slow and not better than ``bfd`` on most data; kept for comparison
-with the paper and for its bounded pack depth. ``optimal`` solves the same histogram problem
-as a proper LP and is both faster and near-exact.
+with the paper and for its bounded pack depth.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ._common import expand_groups
 
 DEFAULT_MAX_DEPTH = 3
 MAX_STRATEGIES = 25_000
+MAX_ROUNDING = 0.05  # refuse a grid whose rounding could waste > 5% of a pack
 SHORT_WEIGHT, SHORT_CUTOFF = 0.09, 8  # the paper's down-weighting of lengths <= 8
 
 
@@ -47,11 +48,12 @@ def choose_step(capacity: int, depth: int, max_strategies: int = MAX_STRATEGIES)
     step = 1
     while count_strategies(capacity // step, depth) > max_strategies:
         step += 1
-        if step > max(1, capacity // 64):
+        if depth * (step - 1) > MAX_ROUNDING * capacity:
             raise PacktoolError(
-                f"nnlshp: {count_strategies(capacity // step, depth):,}+ strategies for "
-                f"--seq-len {capacity} at --max-depth {depth} even on a coarse length grid; "
-                "lower --max-depth (the paper uses 3) or use --algo bfd, spfhp or optimal"
+                f"nnlshp: too many strategies for --seq-len {capacity} at --max-depth {depth} "
+                f"(over {max_strategies:,} even with lengths rounded up to multiples of "
+                f"{step}, which would waste up to {depth * (step - 1):,} tokens per pack); "
+                "lower --max-depth (the paper uses 3) or use --algo bfd or spfhp"
             )
     return step
 

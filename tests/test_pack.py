@@ -1,0 +1,225 @@
+"""tokenize -> pack -> verify --source for every packer and overflow policy; reader; collate."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import TOKENIZER, write_jsonl
+
+import packtool
+from packtool.cli import cli
+from packtool.pack import make_segments, pack_corpus
+from packtool.packed import collate, open_packed
+from packtool.packers import PACKERS
+from packtool.tokenize import TokenizeOptions, tokenize_files
+from packtool.verify import VerifyError, verify_packed
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A corpus with empty documents and documents far longer than the seq-lens used."""
+    from packtool.synth import make_documents
+
+    d = tmp_path_factory.mktemp("corpus")
+    docs = make_documents(150, seed=11, median_words=30, max_words=700)
+    docs[4] = ""
+    docs[20] = ""
+    write_jsonl(d / "a.jsonl", [{"text": t} for t in docs[:100]])
+    write_jsonl(d / "b.jsonl", [{"text": t} for t in docs[100:]])
+    tokenize_files([str(d / "a.jsonl")], TOKENIZER, d / "a", TokenizeOptions())
+    tokenize_files([str(d / "b.jsonl")], TOKENIZER, d / "b", TokenizeOptions(eos="<|eos|>"))
+    return d
+
+
+def sources(corpus):
+    return [corpus / "a", corpus / "b"]
+
+
+def lengths_of(corpus):
+    return np.concatenate([packtool.open_tokens(p).lengths for p in sources(corpus)])
+
+
+@pytest.mark.parametrize("algo", list(PACKERS))
+@pytest.mark.parametrize("overflow", ["split", "truncate", "drop"])
+def test_pack_then_verify_every_algo_and_policy(tmp_path, corpus, algo, overflow):
+    lengths = lengths_of(corpus)
+    L = 128
+    assert (lengths > L).sum() > 5 and (lengths == 0).sum() == 2
+    res = pack_corpus(sources(corpus), tmp_path / "p", L, algo, overflow=overflow,
+                      shard_size=3000, max_depth=None)
+    assert verify_packed(tmp_path / "p", sources(corpus)).startswith("OK")
+    c = res.counts
+    over = lengths > L
+    assert c["n_empty"] == 2 and c["n_overlong"] == int(over.sum())
+    kept = {"split": lengths.sum(), "truncate": np.minimum(lengths, L).sum(),
+            "drop": lengths[~over].sum()}[overflow]
+    assert res.n_tokens == kept
+    if overflow == "truncate":
+        assert c["n_truncated_tokens"] == int((lengths[over] - L).sum())
+    if overflow == "drop":
+        assert c["n_dropped_tokens"] == int(lengths[over].sum())
+    if overflow == "split":
+        assert c["n_split_pieces"] == int((-(-lengths[over] // L)).sum())
+    assert res.n_shards > 1
+    ds = open_packed(tmp_path / "p")
+    assert len(ds) == res.n_packs
+    assert sum(len(ds[i]["input_ids"]) for i in range(len(ds))) == res.n_tokens
+
+
+def test_reader_matches_sources(tmp_path, corpus):
+    pack_corpus(sources(corpus), tmp_path / "p", 96, "bfd", shard_size=2000)
+    ds = open_packed(tmp_path / "p")
+    docs = [packtool.open_tokens(p) for p in sources(corpus)]
+    flat = [d[i] for d in docs for i in range(len(d))]
+    seen = 0
+    for i in range(len(ds)):
+        ex = ds[i]
+        cu = ex["cu_seqlens"]
+        assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == len(ex["input_ids"]) <= 96
+        assert ex["max_seqlen"] == np.diff(cu).max()
+        for k, (d, o) in enumerate(zip(ex["source_docs"], ex["source_offsets"])):
+            a, b = cu[k], cu[k + 1]
+            assert np.array_equal(ex["input_ids"][a:b], flat[d][o:o + b - a])
+            assert np.array_equal(ex["position_ids"][a:b], np.arange(b - a))
+            assert (ex["doc_ids"][a:b] == k).all()
+            assert ex["labels"][a] == -100 and np.array_equal(ex["labels"][a + 1:b], ex["input_ids"][a + 1:b])
+            seen += 1
+    assert seen == ds.index["n_segments"]
+
+
+def test_shuffle_and_no_shuffle(tmp_path, corpus):
+    a = pack_corpus(sources(corpus), tmp_path / "a", 128, "ffd", shuffle=False)
+    pack_corpus(sources(corpus), tmp_path / "b", 128, "ffd", seed=1)
+    pack_corpus(sources(corpus), tmp_path / "c", 128, "ffd", seed=1)
+    ia, ib = open_packed(tmp_path / "a"), open_packed(tmp_path / "b")
+    fills = [len(ia[i]["input_ids"]) for i in range(len(ia))]
+    assert fills[0] == 128 and a.n_packs == len(ib)
+    order_b = [tuple(ib[i]["source_docs"]) for i in range(len(ib))]
+    order_a = [tuple(ia[i]["source_docs"]) for i in range(len(ia))]
+    assert order_a != order_b and sorted(order_a) == sorted(order_b)
+    for name in ("shard-00000.tokens.npy", "index.json"):
+        assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "c" / name).read_bytes()
+
+
+def test_get_padded_and_collate(tmp_path, corpus):
+    pack_corpus(sources(corpus), tmp_path / "p", 128, "bfd")
+    ds = open_packed(tmp_path / "p")
+    i = min(range(len(ds)), key=lambda j: len(ds[j]["input_ids"]))
+    ex, n = ds.get(i, pad_id=7), len(ds[i]["input_ids"])
+    assert n < 128 and all(len(ex[k]) == 128 for k in ("input_ids", "labels", "position_ids", "doc_ids"))
+    assert (ex["input_ids"][n:] == 7).all() and (ex["labels"][n:] == -100).all()
+    assert (ex["doc_ids"][n:] == -1).all() and np.array_equal(ex["position_ids"][n:], np.arange(128 - n))
+    assert ex["cu_seqlens"][-2:].tolist() == [n, 128]
+    with pytest.raises(packtool.PacktoolError, match="pad_to"):
+        ds.get(i, pad_to=n - 1)
+    row = collate([ds[0], ds[1], ds[2]])
+    n_tok = sum(len(ds[j]["input_ids"]) for j in range(3))
+    for k in ("input_ids", "labels", "position_ids", "seq_idx"):
+        assert row[k].shape == (1, n_tok)
+    cu = row["cu_seq_lens_q"]
+    assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == n_tok
+    assert np.array_equal(cu, row["cu_seq_lens_k"])
+    assert row["max_length_q"] == row["max_length_k"] == np.diff(cu).max()
+    # positions restart exactly at the cu_seqlens boundaries
+    assert set(np.flatnonzero(row["position_ids"][0] == 0)) == set(cu[:-1].tolist())
+    assert np.array_equal(np.bincount(row["seq_idx"][0]), np.diff(cu))
+
+
+def test_refuses_existing_output_and_unknown_version(tmp_path, corpus):
+    pack_corpus(sources(corpus), tmp_path / "p", 128)
+    with pytest.raises(packtool.PacktoolError, match="not empty.*--overwrite"):
+        pack_corpus(sources(corpus), tmp_path / "p", 128)
+    pack_corpus(sources(corpus), tmp_path / "p", 64, overwrite=True)
+    assert open_packed(tmp_path / "p").seq_len == 64
+    idx = json.loads((tmp_path / "p" / "index.json").read_text())
+    idx["version"] = 2
+    (tmp_path / "p" / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(packtool.FormatError, match="packtool.packed version 2 is not supported"):
+        open_packed(tmp_path / "p")
+
+
+def test_verify_catches_a_flipped_byte_anywhere(tmp_path, corpus):
+    pack_corpus(sources(corpus), tmp_path / "p", 128, shard_size=4000)
+    files = sorted((tmp_path / "p").iterdir())
+    rng = np.random.default_rng(0)
+    for f in files:
+        data = bytearray(f.read_bytes())
+        for pos in {0, len(data) // 2, len(data) - 2, int(rng.integers(len(data)))}:
+            flipped = bytearray(data)
+            flipped[pos] ^= 0x01
+            f.write_bytes(bytes(flipped))
+            with pytest.raises(packtool.PacktoolError):
+                verify_packed(tmp_path / "p", sources(corpus))
+        f.write_bytes(bytes(data))
+    assert verify_packed(tmp_path / "p", sources(corpus)).startswith("OK")
+
+
+def test_verify_catches_inconsistent_content_with_valid_checksums(tmp_path, corpus):
+    """Even with checksums recomputed, broken invariants and lost tokens are found."""
+    from packtool.packed import index_digest
+    from packtool.tokenfile import sha256_file
+
+    pack_corpus(sources(corpus), tmp_path / "p", 128)
+
+    def tamper(array_name, fn, match, with_sources=False):
+        d = tmp_path / "p"
+        index_text = (d / "index.json").read_text()
+        idx = json.loads(index_text)
+        f = d / idx["shards"][0]["files"][array_name]["name"]
+        original = f.read_bytes()
+        arr = np.load(f).copy()
+        fn(arr)
+        np.save(f, arr)
+        idx["shards"][0]["files"][array_name]["sha256"] = sha256_file(f)
+        idx["index_sha256"] = index_digest(idx)
+        (d / "index.json").write_text(json.dumps(idx))
+        with pytest.raises(VerifyError, match=match):
+            verify_packed(d, sources(corpus) if with_sources else None)
+        f.write_bytes(original)
+        (d / "index.json").write_text(index_text)
+
+    def swap(a):
+        a[[3, 4]] = a[[4, 3]]
+
+    tamper("position_ids", lambda a: a.__setitem__(5, a[5] + 1), "position_ids do not restart")
+    tamper("doc_ids", lambda a: a.__setitem__(len(a) - 1, 9), "doc_ids")
+    tamper("tokens", swap, "differs from source document", with_sources=True)
+    tamper("source_offsets", lambda a: a.__setitem__(0, a[0] + 1), "mismatch", with_sources=True)
+
+
+def test_verify_wrong_source(tmp_path, corpus):
+    pack_corpus([corpus / "a"], tmp_path / "p", 128)
+    with pytest.raises(VerifyError, match="not the corpus that was packed"):
+        verify_packed(tmp_path / "p", [corpus / "b"])
+    with pytest.raises(VerifyError, match="prefixes given"):
+        verify_packed(tmp_path / "p", sources(corpus))
+
+
+def test_make_segments_accounting():
+    segs = make_segments(np.array([0, 5, 10, 11, 25]), 10, "split")
+    assert segs.doc.tolist() == [1, 2, 3, 3, 4, 4, 4]
+    assert segs.offset.tolist() == [0, 0, 0, 10, 0, 10, 20]
+    assert segs.length.tolist() == [5, 10, 10, 1, 10, 10, 5]
+    assert segs.counts["n_split"] == 2 and segs.counts["n_split_pieces"] == 5
+    t = make_segments(np.array([0, 5, 11, 25]), 10, "truncate")
+    assert t.length.tolist() == [5, 10, 10] and t.counts["n_truncated_tokens"] == 16
+    d = make_segments(np.array([0, 5, 11, 25]), 10, "drop")
+    assert d.doc.tolist() == [1] and d.counts["n_dropped_tokens"] == 36
+
+
+def test_cli_pack_verify_demo(tmp_path, corpus):
+    runner = CliRunner()
+    r = runner.invoke(cli, ["pack", str(corpus / "a"), str(corpus / "b"), "-L", "128", "-a", "spfhp",
+                            "--max-depth", "4", "-o", str(tmp_path / "p"), "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["algo"] == "spfhp" and summary["n_packs"] > 0
+    assert 0 < summary["efficiency"] <= 1 and summary["lower_bound_packs"] <= summary["n_packs"]
+    r = runner.invoke(cli, ["verify", str(tmp_path / "p"), "-s", str(corpus / "a"), "-s", str(corpus / "b")])
+    assert r.exit_code == 0 and r.output.startswith("OK"), r.output
+    r = runner.invoke(cli, ["verify", str(tmp_path / "nope")])
+    assert r.exit_code == 1 and "not a directory" in r.output
+    r = runner.invoke(cli, ["demo", "--out", str(tmp_path / "demo")])
+    assert r.exit_code == 0, r.output
+    assert "OK" in r.output and "every source token accounted for" in r.output
