@@ -1,6 +1,11 @@
 """packtool: raw text corpora to packed, padding-free LLM training data.
 
-    tokens = packtool.open_tokens("out/corpus")          # after `packtool tokenize`
+    corpus = packtool.open_tokens("out/corpus")            # after `packtool tokenize`
+    packs = packtool.assign_packs(corpus.lengths, 4096)     # pack id per document
+    ds = packtool.open_packed("out/packed")                 # after `packtool pack`
+    row = packtool.collate([ds[0], ds[1]])                  # one [1, N] varlen row
+
+Heavy modules (numba kernels) load on first use, so ``packtool --help`` starts fast.
 """
 
 __version__ = "0.1.0"
@@ -8,4 +13,23 @@ __version__ = "0.1.0"
 from .errors import FormatError, PacktoolError
 from .tokenfile import TokenCorpus, open_tokens
 
-__all__ = ["FormatError", "PacktoolError", "TokenCorpus", "open_tokens", "__version__"]
+_LAZY = {
+    "assign_packs": "packers",
+    "PACKERS": "packers",
+    "open_packed": "packed",
+    "PackedDataset": "packed",
+    "collate": "packed",
+    "pack_corpus": "pack",
+    "tokenize_files": "tokenize",
+    "verify_packed": "verify",
+}
+
+__all__ = ["FormatError", "PacktoolError", "TokenCorpus", "open_tokens", "__version__", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'packtool' has no attribute {name!r}")
