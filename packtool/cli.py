@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from pathlib import Path
 
 import click
 
@@ -154,6 +155,69 @@ def verify(directory, sources):
     from .verify import verify_packed
 
     click.echo(_run(verify_packed, directory, list(sources)))
+
+
+@cli.command()
+@click.argument("paths", nargs=-1)
+@click.option("--lengths", "lengths_file", type=click.Path(dir_okay=False),
+              help="Report on lengths alone: a .npy of document lengths or a length,count CSV.")
+@click.option("--seq-len", "-L", "seq_lens", type=click.IntRange(1), multiple=True,
+              help="Sequence length to evaluate (repeat; default 512 1024 2048 4096 8192).")
+@click.option("--batch-size", "-b", type=click.IntRange(1), default=8, show_default=True,
+              help="Batch size for the dynamic-padding figures.")
+@click.option("--algos", default=None, help="'all' or a comma list of packers to compare.")
+@click.option("--max-depth", type=click.IntRange(1), default=None, help="For spfhp/nnlshp.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a PNG: length histogram and padding waste per seq_len.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def stats(paths, lengths_file, seq_lens, batch_size, algos, max_depth, seed, plot_path, as_json):
+    """Padding waste, what packing saves and how each packer does.
+
+    PATHS are token-file prefixes (one corpus), or one packed directory; or pass
+    --lengths FILE instead.
+
+    \b
+    Example:
+        packtool stats out/corpus --seq-len 2048 --algos all
+        packtool stats --lengths lengths.csv -L 512 --algos bfd,spfhp --json
+        packtool stats out/packed
+    """
+    from . import stats as st
+
+    def run():
+        import numpy as np
+
+        if paths and lengths_file:
+            raise PacktoolError("give token-file prefixes / a packed directory, or --lengths, not both")
+        if len(paths) == 1 and (Path(paths[0]) / "index.json").is_file():
+            rep = st.packed_report(paths[0])
+            return rep, None, st.render_packed(rep)
+        if lengths_file:
+            from .lengths import load_lengths
+
+            lengths, source = load_lengths(lengths_file), lengths_file
+        elif paths:
+            from .pack import open_sources
+
+            corpora = open_sources(list(paths))
+            lengths = np.concatenate([c.lengths for c in corpora])
+            source = ", ".join(paths)
+        else:
+            raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory or --lengths FILE")
+        rep = st.corpus_report(lengths, seq_lens or st.DEFAULT_SEQ_LENS, batch_size,
+                               st.parse_algos(algos), seed, {"max_depth": max_depth}, source)
+        return rep, lengths, st.render_corpus(rep)
+
+    rep, lengths, text = _run(run)
+    if plot_path:
+        if lengths is None:
+            raise click.ClickException("--plot draws a corpus report; pass token files or --lengths")
+        _run(st.plot_corpus, rep, lengths, plot_path)
+    if as_json:
+        click.echo(json.dumps(rep, indent=1))
+    else:
+        click.echo(text)
 
 
 @cli.command()

@@ -38,3 +38,15 @@ def run_demo(fixtures, out, seq_len: int = 512, algo: str = "bfd", echo=print) -
     echo(pack_corpus([prefix], packed, seq_len, algo, overwrite=True).summary())
     echo(f"$ packtool verify {packed} --source {prefix}")
     echo(verify_packed(packed, [prefix]))
+    from . import open_tokens
+    from .packers import PACKERS
+    from .stats import corpus_report, packed_report, render_corpus, render_packed
+
+    fast = [a for a in PACKERS if a != "nnlshp"]  # nnlshp's NNLS takes ~30 s: not for a demo
+    echo(f"$ packtool stats {prefix} --seq-len {seq_len} --seq-len {2 * seq_len} "
+         f"--algos {','.join(fast)}")
+    rep = corpus_report(open_tokens(prefix).lengths, [seq_len, 2 * seq_len], algos=fast,
+                        source=str(prefix))
+    echo(render_corpus(rep))
+    echo(f"$ packtool stats {packed}")
+    echo(render_packed(packed_report(packed)))

@@ -1,0 +1,298 @@
+"""``packtool stats``: what padding costs on a corpus, what packing saves, which packer to use.
+
+For a token corpus (or bare lengths), per sequence length L, with documents counted up to L
+tokens (what a padded pipeline would keep):
+
+    padding_waste        1 - sum(min(l, L)) / (n * L)      every document padded to L
+    batch_padding_waste  the same for batches of B padded to their longest document, in
+                         random order (``_grouped``: sorted by length, the best case)
+    max_speedup          n * L / sum(min(l, L))            padded steps / perfectly packed steps
+    lower_bound_packs    ceil(sum(min(l, L)) / L)          no packing can use fewer packs
+
+``algos`` runs each registered packer on ``min(l, L)`` (nothing is written) and ranks them by
+packs, then time. The packing factor p (segments per pack) drives the advice: a packed batch
+holds p times as many sequences, so divide the batch size (or accumulation steps) by p to keep
+sequences per optimizer step, or keep the batch and use beta := beta ** p for Adam/LAMB
+(Krell et al., 2021).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PacktoolError
+
+DEFAULT_SEQ_LENS = (512, 1024, 2048, 4096, 8192)
+BARS = " ▏▎▍▌▋▊▉█"
+
+
+def length_summary(lengths: np.ndarray) -> dict:
+    if lengths.size == 0:
+        return {"min": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0}
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    return {"min": int(lengths.min()), "mean": float(lengths.mean()), "p50": float(p50),
+            "p90": float(p90), "p99": float(p99), "max": int(lengths.max())}
+
+
+def log_histogram(lengths: np.ndarray, n_bins: int = 16) -> list[dict]:
+    """Counts in log-spaced bins [lo, hi) over 0..max (0 gets a bin of its own)."""
+    if lengths.size == 0:
+        return []
+    top = int(lengths.max()) + 1
+    edges = np.unique(np.round(np.logspace(0, math.log10(max(top, 2)), n_bins + 1)).astype(np.int64))
+    edges = np.concatenate([[0], edges[edges < top], [top]])
+    edges = np.unique(edges)
+    counts = np.histogram(lengths, bins=edges)[0]
+    nz = np.flatnonzero(counts)
+    keep = slice(nz[0], nz[-1] + 1) if nz.size else slice(0, 0)  # trim empty ends
+    return [{"lo": int(a), "hi": int(b), "count": int(c)}
+            for a, b, c in zip(edges[:-1][keep], edges[1:][keep], counts[keep])]
+
+
+def batch_padding_waste(clipped: np.ndarray, seq_len: int, batch_size: int, order: np.ndarray) -> float:
+    """1 - real / computed tokens when batches of ``batch_size`` (in ``order``) are padded to
+    their longest document (the last batch holds the remainder)."""
+    n = clipped.size
+    if n == 0:
+        return 0.0
+    x = clipped[order]
+    pad = (-n) % batch_size
+    x = np.concatenate([x, np.full(pad, -1, np.int64)]).reshape(-1, batch_size)
+    rows = (x >= 0).sum(axis=1)
+    computed = int((x.max(axis=1) * rows).sum())
+    return 1.0 - int(clipped.sum()) / computed if computed else 0.0
+
+
+def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed: int = 0,
+                   algos: list[str] | None = None, algo_options: dict | None = None) -> dict:
+    n = lengths.size
+    clipped = np.minimum(lengths, seq_len)
+    kept = int(clipped.sum())
+    rng = np.random.default_rng(seed)
+    rep = {
+        "seq_len": seq_len,
+        "n_overlong": int((lengths > seq_len).sum()),
+        "padding_waste": 1.0 - kept / (n * seq_len) if n else 0.0,
+        "batch_padding_waste": batch_padding_waste(clipped, seq_len, batch_size, rng.permutation(n)),
+        "batch_padding_waste_grouped": batch_padding_waste(
+            clipped, seq_len, batch_size, np.argsort(clipped, kind="stable")),
+        "max_speedup": n * seq_len / kept if kept else 1.0,
+        "lower_bound_packs": -(-kept // seq_len),
+        "tokens": kept,
+    }
+    if algos:
+        rep["algos"] = compare_algos(clipped, seq_len, algos, seed, algo_options or {})
+    return rep
+
+
+def compare_algos(clipped: np.ndarray, seq_len: int, algos: list[str], seed: int = 0,
+                  algo_options: dict | None = None) -> list[dict]:
+    from .packers import assign_packs, packer_options
+
+    kept = int(clipped.sum())
+    lb = -(-kept // seq_len)
+    n_seg = int((clipped > 0).sum())
+    rows = []
+    for algo in algos:
+        opts = {k: v for k, v in (algo_options or {}).items()
+                if k in packer_options(algo) and v is not None}
+        t0 = time.perf_counter()
+        packs = assign_packs(clipped, seq_len, algo, seed, **opts)
+        seconds = time.perf_counter() - t0
+        n_packs = int(packs.max()) + 1 if packs.size and packs.max() >= 0 else 0
+        rows.append({
+            "algo": algo, "packs": n_packs,
+            "efficiency": kept / (n_packs * seq_len) if n_packs else 1.0,
+            "gap": 100.0 * (n_packs - lb) / lb if lb else 0.0,
+            "packing_factor": n_seg / n_packs if n_packs else 0.0,
+            "seconds": seconds,
+        })
+    rows.sort(key=lambda r: (r["packs"], r["seconds"]))
+    return rows
+
+
+def parse_algos(spec: str | None) -> list[str]:
+    from .packers import PACKERS
+
+    if not spec:
+        return []
+    if spec == "all":
+        return list(PACKERS)
+    names = [a.strip() for a in spec.split(",") if a.strip()]
+    unknown = [a for a in names if a not in PACKERS]
+    if unknown:
+        raise PacktoolError(f"unknown packer(s) {', '.join(unknown)}; choose from {', '.join(PACKERS)} or 'all'")
+    return names
+
+
+def corpus_report(lengths: np.ndarray, seq_lens=DEFAULT_SEQ_LENS, batch_size: int = 8,
+                  algos: list[str] | None = None, seed: int = 0,
+                  algo_options: dict | None = None, source: str = "") -> dict:
+    """The full report for a corpus given its document lengths (JSON-ready dict)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if batch_size < 1:
+        raise PacktoolError(f"--batch-size must be >= 1, got {batch_size}")
+    if not seq_lens or min(seq_lens) < 1:
+        raise PacktoolError("--seq-len values must be positive")
+    return {
+        "kind": "corpus",
+        "source": source,
+        "n_docs": int(lengths.size),
+        "n_tokens": int(lengths.sum()),
+        "n_empty": int((lengths == 0).sum()),
+        "length": length_summary(lengths),
+        "histogram": log_histogram(lengths),
+        "batch_size": batch_size,
+        "seq_lens": [seq_len_report(lengths, int(L), batch_size, seed, algos, algo_options)
+                     for L in seq_lens],
+    }
+
+
+def packed_report(directory: str | Path) -> dict:
+    """Report for a packed dataset from index.json and the small per-pack arrays only."""
+    from .packed import open_packed
+
+    ds = open_packed(directory)
+    idx = ds.index
+    seg_per_pack, fill = [], []
+    for k in range(len(idx["shards"])):
+        a = ds.shard(k).arrays
+        if a["pack_offsets"] is not None:
+            seg_per_pack.append(np.diff(np.asarray(a["seg_offsets"])))
+            fill.append(np.diff(np.asarray(a["pack_offsets"])))
+    seg_per_pack = np.concatenate(seg_per_pack) if seg_per_pack else np.empty(0, np.int64)
+    fill = np.concatenate(fill) / idx["seq_len"] if fill else np.empty(0)
+    keys = ("n_packs", "n_tokens", "n_segments", "efficiency", "lower_bound_packs", "gap_percent",
+            "packing_factor", "seq_len", "algo", "overflow", "n_docs", "n_empty", "n_overlong",
+            "n_split", "n_split_pieces", "n_truncated", "n_truncated_tokens", "n_dropped",
+            "n_dropped_tokens")
+    rep = {"kind": "packed", "source": str(directory), **{k: idx[k] for k in keys}}
+    rep["segments_per_pack"] = {**_dist(seg_per_pack), "counts": {
+        str(int(v)): int(c) for v, c in zip(*np.unique(seg_per_pack, return_counts=True))}}
+    rep["pack_fill"] = _dist(fill)
+    return rep
+
+
+def _dist(x: np.ndarray) -> dict:
+    if x.size == 0:
+        return {"min": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "max": 0}
+    p10, p50, p90 = np.percentile(x, [10, 50, 90])
+    return {"min": float(x.min()), "p10": float(p10), "mean": float(x.mean()), "p50": float(p50),
+            "p90": float(p90), "max": float(x.max())}
+
+
+def advice(packing_factor: float, batch_size: int) -> str:
+    p = packing_factor
+    if p <= 0:
+        return ""
+    return (f"packing factor {p:.2f}: a packed batch holds {p:.2f}x the sequences. To keep "
+            f"sequences per optimizer step, divide the batch size or accumulation steps by "
+            f"{p:.2f} (batch {batch_size} -> {batch_size / p:.1f}); or keep the batch and set "
+            f"beta1 := 0.9^p = {0.9 ** p:.4f}, beta2 := 0.999^p = {0.999 ** p:.5f} (Adam/LAMB).")
+
+
+# ---------------------------------------------------------------- text rendering
+
+
+def _bar(value: float, width: int) -> str:
+    full = value * width
+    n = int(full)
+    frac = int((full - n) * 8)
+    return ("█" * n + (BARS[frac] if frac and n < width else "")).ljust(width)
+
+
+def render_corpus(rep: dict) -> str:
+    L = rep["length"]
+    out = [
+        f"{rep['source'] or 'lengths'}: {rep['n_docs']:,} documents, {rep['n_tokens']:,} tokens, "
+        f"{rep['n_empty']:,} empty",
+        f"length: min {L['min']:,}  mean {L['mean']:,.1f}  p50 {L['p50']:,.0f}  p90 {L['p90']:,.0f}  "
+        f"p99 {L['p99']:,.0f}  max {L['max']:,}",
+        "",
+        "length histogram (log-spaced bins)",
+    ]
+    top = max((b["count"] for b in rep["histogram"]), default=0) or 1
+    for b in rep["histogram"]:
+        out.append(f"  {b['lo']:>8,}-{b['hi'] - 1:<8,} {_bar(b['count'] / top, 40)} {b['count']:,}")
+    B = rep["batch_size"]
+    out += ["", f"{'seq_len':>8} {'overlong':>10} {'pad waste':>10} {'batch' + str(B):>9} "
+                f"{'grouped':>8} {'max speedup':>12} {'min packs':>12}"]
+    for s in rep["seq_lens"]:
+        out.append(f"{s['seq_len']:>8,} {s['n_overlong']:>10,} {100 * s['padding_waste']:>9.2f}% "
+                   f"{100 * s['batch_padding_waste']:>8.2f}% {100 * s['batch_padding_waste_grouped']:>7.2f}% "
+                   f"{s['max_speedup']:>11.3f}x {s['lower_bound_packs']:>12,}")
+    for s in rep["seq_lens"]:
+        if "algos" not in s:
+            continue
+        out += ["", f"packers at seq_len {s['seq_len']:,} (best first; lower bound "
+                    f"{s['lower_bound_packs']:,} packs)",
+                f"  {'algo':<11} {'packs':>12} {'efficiency':>11} {'gap':>9} {'factor':>7} {'seconds':>8}"]
+        for a in s["algos"]:
+            out.append(f"  {a['algo']:<11} {a['packs']:>12,} {100 * a['efficiency']:>10.3f}% "
+                       f"{a['gap']:>8.3f}% {a['packing_factor']:>7.2f} {a['seconds']:>8.3f}")
+        best = s["algos"][0]
+        out.append(f"  advice: {advice(best['packing_factor'], B)}")
+    return "\n".join(out)
+
+
+def render_packed(rep: dict) -> str:
+    sp, f = rep["segments_per_pack"], rep["pack_fill"]
+    lines = [
+        f"{rep['source']}: {rep['n_packs']:,} packs of {rep['seq_len']:,} ({rep['algo']}), "
+        f"{rep['n_tokens']:,} tokens in {rep['n_segments']:,} segments",
+        f"efficiency {100 * rep['efficiency']:.3f}%, lower bound {rep['lower_bound_packs']:,} packs "
+        f"(gap {rep['gap_percent']:.3f}%), packing factor {rep['packing_factor']:.2f}",
+        f"segments per pack: min {sp['min']:.0f}  p50 {sp['p50']:.0f}  mean {sp['mean']:.2f}  "
+        f"p90 {sp['p90']:.0f}  max {sp['max']:.0f}",
+        f"pack fill: min {100 * f['min']:.1f}%  p10 {100 * f.get('p10', 0):.1f}%  "
+        f"p50 {100 * f['p50']:.1f}%  mean {100 * f['mean']:.2f}%",
+        f"overflow ({rep['overflow']}): {rep['n_overlong']:,} over-long documents; split "
+        f"{rep['n_split']:,} into {rep['n_split_pieces']:,} pieces, truncated {rep['n_truncated']:,} "
+        f"(-{rep['n_truncated_tokens']:,} tokens), dropped {rep['n_dropped']:,} "
+        f"({rep['n_dropped_tokens']:,} tokens); {rep['n_empty']:,} empty documents skipped",
+    ]
+    return "\n".join(lines)
+
+
+def plot_corpus(rep: dict, lengths: np.ndarray, path: str | Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PacktoolError("--plot needs matplotlib: pip install 'packtool[plot]'") from None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    pos = lengths[lengths > 0]
+    if pos.size:
+        bins = np.unique(np.round(np.logspace(0, math.log10(pos.max() + 1), 60)))
+        ax1.hist(pos, bins=bins, color="#4c72b0")
+    ax1.set_xscale("log")
+    if pos.size:
+        ax1.set_xlim(max(pos.min() / 1.5, 0.8),
+                     1.3 * max(int(pos.max()), max(s["seq_len"] for s in rep["seq_lens"])))
+    ax1.set_xlabel("document length (tokens)")
+    ax1.set_ylabel("documents")
+    ax1.set_title(f"{rep['n_docs']:,} documents, {rep['n_tokens']:,} tokens")
+    for k, s in enumerate(rep["seq_lens"]):
+        ax1.axvline(s["seq_len"], color="#c44e52", ls="--", lw=1)
+        ax1.text(s["seq_len"], ax1.get_ylim()[1] * (0.97 - 0.06 * (k % 2)), f" L={s['seq_len']}",
+                 color="#c44e52", fontsize=8, va="top")
+    x = np.arange(len(rep["seq_lens"]))
+    w = 0.27
+    for k, (key, label) in enumerate([("padding_waste", "pad to seq_len"),
+                                      ("batch_padding_waste", f"batch {rep['batch_size']}, random"),
+                                      ("batch_padding_waste_grouped", f"batch {rep['batch_size']}, grouped")]):
+        ax2.bar(x + (k - 1) * w, [100 * s[key] for s in rep["seq_lens"]], w, label=label)
+    ax2.set_xticks(x, [str(s["seq_len"]) for s in rep["seq_lens"]])
+    ax2.set_xlabel("seq_len")
+    ax2.set_ylabel("padding waste (% of computed tokens)")
+    ax2.set_title("what padding wastes (packing: ~0%)")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
