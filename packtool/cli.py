@@ -116,11 +116,13 @@ def _algo_choices():
               help="Tokens per shard (about).")
 @click.option("--max-depth", type=click.IntRange(1), default=None,
               help="Documents per pack for spfhp (default 12) and nnlshp (default 3).")
+@click.option("--time-limit", type=click.FloatRange(0), default=None,
+              help="Seconds for the optimal packer's LP (default 5); then the best so far.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, max_depth,
-         overwrite, quiet, as_json):
+         time_limit, overwrite, quiet, as_json):
     """Pack tokenized PREFIXES (packed together as one corpus) into packs of --seq-len tokens.
 
     Writes shards of .npy arrays (tokens, position_ids, doc_ids, cu_seqlens, source
@@ -134,7 +136,7 @@ def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, m
 
     result = _run(pack_corpus, list(prefixes), out, seq_len, algo, seed=seed, overflow=overflow,
                   shuffle=not no_shuffle, shard_size=shard_size, max_depth=max_depth,
-                  overwrite=overwrite, progress=not quiet)
+                  time_limit=time_limit, overwrite=overwrite, progress=not quiet)
     _emit(result, as_json, quiet)
 
 

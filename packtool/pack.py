@@ -154,6 +154,7 @@ class PackResult:
     seconds: float
     assign_seconds: float
     n_shards: int
+    bounds: dict = field(default_factory=dict)
 
     def summary(self) -> str:
         c = self.counts
@@ -170,6 +171,9 @@ class PackResult:
             f"{self.out}: {self.n_packs:,} packs of {self.seq_len:,} ({self.algo}), "
             f"{self.n_tokens:,} tokens, efficiency {100 * self.efficiency:.3f}%, "
             f"lower bound {self.lower_bound_packs:,} packs (gap {self.gap_percent:.3f}%), "
+            f"L2 bound {self.bounds['l2_bound_packs']:,}"
+            + (f", LP bound {self.bounds['lp_bound_packs']:,}" if self.bounds.get('lp_bound_packs') else "")
+            + f" (gap to best {self.bounds['gap_to_best_bound_percent']:.3f}%), "
             f"packing factor {self.packing_factor:.2f}"
             + ("; " + "; ".join(over) if over else "")
             + f"; {self.n_shards} shard(s) in {self.seconds:.1f}s (assignment {self.assign_seconds:.2f}s)"
@@ -179,12 +183,22 @@ class PackResult:
         return asdict(self)
 
 
-def pack_stats(n_tokens: int, n_packs: int, n_segments: int, seq_len: int) -> dict:
+def pack_stats(n_tokens: int, n_packs: int, n_segments: int, seq_len: int,
+               seg_lengths: np.ndarray, lp_bound: int | None = None) -> dict:
+    """Efficiency, the bounds (L1, Martello-Toth L2, LP when known) and the gap to the best."""
+    from .bounds import l2_bound
+
     lb = -(-n_tokens // seq_len)
+    l2 = l2_bound(seg_lengths, seq_len)
+    best = max(lb, l2, lp_bound or 0)
     return {
         "efficiency": n_tokens / (n_packs * seq_len) if n_packs else 1.0,
         "lower_bound_packs": lb,
         "gap_percent": 100.0 * (n_packs - lb) / lb if lb else 0.0,
+        "l2_bound_packs": l2,
+        "lp_bound_packs": lp_bound,
+        "best_bound_packs": best,
+        "gap_to_best_bound_percent": 100.0 * (n_packs - best) / best if best else 0.0,
         "packing_factor": n_segments / n_packs if n_packs else 0.0,
     }
 
@@ -192,6 +206,7 @@ def pack_stats(n_tokens: int, n_packs: int, n_segments: int, seq_len: int) -> di
 def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo: str = "bfd", *,
                 seed: int = 0, overflow: str = "split", shuffle: bool = True,
                 shard_size: int = 1 << 27, max_depth: int | None = None,
+                time_limit: float | None = None,
                 overwrite: bool = False, progress: bool = False) -> PackResult:
     """Pack token files into a packed dataset directory ``out``."""
     t0 = time.perf_counter()
@@ -205,9 +220,14 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
     doc_base = np.cumsum([0] + [len(c) for c in corpora]).astype(np.int64)
     lengths = np.concatenate([c.lengths for c in corpora]) if corpora else np.empty(0, np.int64)
     segs = make_segments(lengths, seq_len, overflow)
-    options = {"max_depth": max_depth} if "max_depth" in packer_options(algo) else {}
+    accepted = packer_options(algo)
+    options = {"max_depth": max_depth} if "max_depth" in accepted else {}
+    if "time_limit" in accepted and time_limit is not None:
+        options["time_limit"] = time_limit
     t_assign = time.perf_counter()
-    packs = assign_packs(segs.length, seq_len, algo, seed, **options)
+    solver_info: dict = {}
+    packs = assign_packs(segs.length, seq_len, algo, seed, **options,
+                         **({"info": solver_info} if "info" in accepted else {}))
     assign_seconds = time.perf_counter() - t_assign
     n_packs = int(packs.max()) + 1 if packs.size else 0
     rank = (np.random.default_rng(seed).permutation(n_packs) if shuffle
@@ -258,7 +278,8 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
                     tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, doc_base,
                     starts, pack_nseg, corpora, dtypes, bar))
             n_tokens = segs.counts["n_tokens"]
-            stats = pack_stats(n_tokens, n_packs, segs.counts["n_segments"], seq_len)
+            stats = pack_stats(n_tokens, n_packs, segs.counts["n_segments"], seq_len,
+                               segs.length, solver_info.get("lp_bound"))
             index = {
                 "format": FORMAT,
                 "version": VERSION,
@@ -273,6 +294,7 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
                 "n_packs": n_packs,
                 **segs.counts,
                 **stats,
+                "solver": {k: v for k, v in solver_info.items() if k != "packs"},
                 "sources": [_source_entry(c) for c in corpora],
                 "shards": shards,
                 "created_by": f"packtool {__version__}",
@@ -287,6 +309,8 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
         n_segments=segs.counts["n_segments"], efficiency=stats["efficiency"],
         lower_bound_packs=stats["lower_bound_packs"], gap_percent=stats["gap_percent"],
         packing_factor=stats["packing_factor"], counts=segs.counts,
+        bounds={k: stats[k] for k in ("l2_bound_packs", "lp_bound_packs", "best_bound_packs",
+                                       "gap_to_best_bound_percent")},
         seconds=time.perf_counter() - t0, assign_seconds=assign_seconds, n_shards=len(shards),
     )
 

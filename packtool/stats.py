@@ -7,6 +7,7 @@ tokens (what a padded pipeline would keep):
     batch_padding_waste  the same for batches of B padded to their longest document, in
                          random order (``_grouped``: sorted by length, the best case)
     max_speedup          n * L / sum(min(l, L))            padded steps / perfectly packed steps
+    l2_bound_packs       Martello-Toth L2 (see bounds.py); lp_bound_packs when ``optimal`` ran
     lower_bound_packs    ceil(sum(min(l, L)) / L)          no packing can use fewer packs
 
 ``algos`` runs each registered packer on ``min(l, L)`` (nothing is written) and ranks them by
@@ -84,8 +85,18 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
         "lower_bound_packs": -(-kept // seq_len),
         "tokens": kept,
     }
+    from .bounds import l2_bound
+
+    rep["l2_bound_packs"] = l2_bound(clipped, seq_len)
     if algos:
         rep["algos"] = compare_algos(clipped, seq_len, algos, seed, algo_options or {})
+        lp = [a["lp_bound"] for a in rep["algos"] if a.get("lp_bound")]
+        if lp:
+            rep["lp_bound_packs"] = max(lp)
+        best = max(rep["lower_bound_packs"], rep["l2_bound_packs"], rep.get("lp_bound_packs") or 0)
+        rep["best_bound_packs"] = best
+        for a in rep["algos"]:
+            a["gap_to_best_bound"] = 100.0 * (a["packs"] - best) / best if best else 0.0
     return rep
 
 
@@ -100,6 +111,9 @@ def compare_algos(clipped: np.ndarray, seq_len: int, algos: list[str], seed: int
     for algo in algos:
         opts = {k: v for k, v in (algo_options or {}).items()
                 if k in packer_options(algo) and v is not None}
+        info: dict = {}
+        if "info" in packer_options(algo):
+            opts["info"] = info
         t0 = time.perf_counter()
         packs = assign_packs(clipped, seq_len, algo, seed, **opts)
         seconds = time.perf_counter() - t0
@@ -110,6 +124,7 @@ def compare_algos(clipped: np.ndarray, seq_len: int, algos: list[str], seed: int
             "gap": 100.0 * (n_packs - lb) / lb if lb else 0.0,
             "packing_factor": n_seg / n_packs if n_packs else 0.0,
             "seconds": seconds,
+            **({"lp_bound": info["lp_bound"]} if info.get("lp_bound") else {}),
         })
     rows.sort(key=lambda r: (r["packs"], r["seconds"]))
     return rows
@@ -228,12 +243,15 @@ def render_corpus(rep: dict) -> str:
     for s in rep["seq_lens"]:
         if "algos" not in s:
             continue
-        out += ["", f"packers at seq_len {s['seq_len']:,} (best first; lower bound "
-                    f"{s['lower_bound_packs']:,} packs)",
-                f"  {'algo':<11} {'packs':>12} {'efficiency':>11} {'gap':>9} {'factor':>7} {'seconds':>8}"]
+        lp = f", LP {s['lp_bound_packs']:,}" if s.get("lp_bound_packs") else ""
+        out += ["", f"packers at seq_len {s['seq_len']:,} (best first; lower bounds: L1 "
+                    f"{s['lower_bound_packs']:,}, L2 {s['l2_bound_packs']:,}{lp} packs)",
+                f"  {'algo':<11} {'packs':>12} {'efficiency':>11} {'gap L1':>9} {'gap best':>9} "
+                f"{'factor':>7} {'seconds':>8}"]
         for a in s["algos"]:
             out.append(f"  {a['algo']:<11} {a['packs']:>12,} {100 * a['efficiency']:>10.3f}% "
-                       f"{a['gap']:>8.3f}% {a['packing_factor']:>7.2f} {a['seconds']:>8.3f}")
+                       f"{a['gap']:>8.3f}% {a['gap_to_best_bound']:>8.3f}% "
+                       f"{a['packing_factor']:>7.2f} {a['seconds']:>8.3f}")
         best = s["algos"][0]
         out.append(f"  advice: {advice(best['packing_factor'], B)}")
     return "\n".join(out)

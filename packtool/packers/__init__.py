@@ -13,10 +13,11 @@ import inspect
 import numpy as np
 
 from ..errors import PacktoolError
-from . import bfd, ffd, nnlshp, simple, spfhp
+from . import bfd, ffd, nnlshp, optimal, simple, spfhp
 
 PACKERS = {
     "bfd": bfd.pack,
+    "optimal": optimal.pack,
     "ffd": ffd.pack,
     "spfhp": spfhp.pack,
     "nnlshp": nnlshp.pack,
