@@ -68,6 +68,14 @@ def cli():
               help="Apply the tokenizer's own post-processor template (off by default).")
 @click.option("--skip-bad-records", is_flag=True,
               help="Skip (and count) records with invalid JSON/UTF-8 or a missing text field.")
+@click.option("--prompt-field", default=None, help="SFT: key of the prompt (loss is not taken on it).")
+@click.option("--completion-field", default=None, help="SFT: key of the completion (loss on it).")
+@click.option("--messages-field", default=None,
+              help="Chat: key of a [{role, content}, ...] list, rendered with the chat template.")
+@click.option("--chat-template", type=click.Path(dir_okay=False), default=None,
+              help="Jinja chat template file (default: tokenizer_config.json's, else built-in).")
+@click.option("--train-on", type=click.Choice(["assistant", "all"]), default="assistant",
+              show_default=True, help="Chat: which tokens the loss mask keeps.")
 @click.option("--workers", "-j", type=click.IntRange(0), default=0, show_default=True,
               help="Tokenizer threads (0 = all cores). Output is identical for any value.")
 @click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
@@ -76,22 +84,28 @@ def cli():
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
-             skip_bad_records, workers, batch_size, overwrite, quiet, as_json):
+             skip_bad_records, prompt_field, completion_field, messages_field, chat_template,
+             train_on, workers, batch_size, overwrite, quiet, as_json):
     """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet and .txt INPUTS into token files.
 
     INPUTS are files, directories (every supported file inside, sorted) or globs. Every
-    record becomes one document, in input order, with its full token sequence.
+    record becomes one document, in input order, with its full token sequence. With
+    --prompt-field/--completion-field or --messages-field it also writes PREFIX.mask (1 =
+    trained on) for supervised fine-tuning.
 
     \b
     Example:
         packtool tokenize corpus/*.jsonl.zst --tokenizer gpt2/tokenizer.json \\
             --eos '<|endoftext|>' --out out/corpus
+        packtool tokenize chats.jsonl --messages-field messages --tokenizer model/ --out out/sft
     """
     from .tokenize import TokenizeOptions, tokenize_files
 
     opts = TokenizeOptions(text_field=text_field, txt_split=txt_split, skip_bad_records=skip_bad_records,
                            bos=bos, eos=eos, special_tokens=special_tokens, workers=workers,
-                           batch_size=batch_size, overwrite=overwrite)
+                           batch_size=batch_size, overwrite=overwrite, prompt_field=prompt_field,
+                           completion_field=completion_field, messages_field=messages_field,
+                           chat_template=chat_template, train_on=train_on)
     result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet)
     _emit(result, as_json, quiet)
 

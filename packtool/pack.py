@@ -23,7 +23,7 @@ from . import __version__
 from ._atomic import atomic_dir
 from ._numba import njit
 from .errors import PacktoolError
-from .packed import ARRAYS, FORMAT, INDEX, VERSION, NpyWriter, array_dtypes, index_digest
+from .packed import ARRAYS, FORMAT, INDEX, MASK, VERSION, NpyWriter, array_dtypes, index_digest
 from .packers import PACKERS, assign_packs, packer_options
 from .tokenfile import TokenCorpus, open_tokens, prefix_paths
 
@@ -258,6 +258,7 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
     shard_starts.append(n_packs)
 
     tok_dtype = max((c.dtype for c in corpora), key=lambda d: d.itemsize)
+    has_mask = any(c.mask is not None for c in corpora)
     dtypes = array_dtypes(seq_len, tok_dtype)
     # map each global document to its corpus and its token start there
     which = np.searchsorted(doc_base, seg_doc, side="right") - 1
@@ -276,7 +277,7 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
                 p0, p1 = shard_starts[k], shard_starts[k + 1]
                 shards.append(_write_shard(
                     tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, doc_base,
-                    starts, pack_nseg, corpora, dtypes, bar))
+                    starts, pack_nseg, corpora, dtypes, bar, has_mask))
             n_tokens = segs.counts["n_tokens"]
             stats = pack_stats(n_tokens, n_packs, segs.counts["n_segments"], seq_len,
                                segs.length, solver_info.get("lp_bound"))
@@ -290,6 +291,7 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
                 "shuffle": shuffle,
                 "overflow": overflow,
                 "token_dtype": dtypes["tokens"].name,
+                "loss_mask": has_mask,
                 "dtypes": {k: v.str for k, v in dtypes.items()},
                 "n_packs": n_packs,
                 **segs.counts,
@@ -329,7 +331,7 @@ def _source_entry(c: TokenCorpus) -> dict:
 
 
 def _write_shard(tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, doc_base,
-                 starts, pack_nseg, corpora, dtypes, bar) -> dict:
+                 starts, pack_nseg, corpora, dtypes, bar, has_mask=False) -> dict:
     s0, s1 = int(seg_first[p0]), int(seg_first[p1])
     lens = seg_len[s0:s1]
     n_tok = int(lens.sum())
@@ -346,8 +348,9 @@ def _write_shard(tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, do
     files = {}
     sizes = {"tokens": n_tok, "position_ids": n_tok, "doc_ids": n_tok,
              "pack_offsets": p1 - p0 + 1, "seg_offsets": p1 - p0 + 1, "cu_seqlens": cu.size,
-             "source_docs": s1 - s0, "source_offsets": s1 - s0}
-    writers = {a: NpyWriter(tmp / f"{name}.{a}.npy", dtypes[a], sizes[a]) for a in ARRAYS}
+             "source_docs": s1 - s0, "source_offsets": s1 - s0, MASK: n_tok}
+    names = ARRAYS + ((MASK,) if has_mask else ())
+    writers = {a: NpyWriter(tmp / f"{name}.{a}.npy", dtypes[a], sizes[a]) for a in names}
     try:
         writers["pack_offsets"].write(pack_offsets)
         writers["seg_offsets"].write(seg_in_shard)
@@ -365,6 +368,7 @@ def _write_shard(tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, do
             chunk_lens = lens[a:b]
             dst_start = tok_ends[a:b] - t_a
             toks = np.empty(t_b - t_a, dtypes["tokens"])
+            mask = np.ones(t_b - t_a, np.uint8) if has_mask else None
             for c, corpus in enumerate(corpora):
                 m = which[s0 + a:s0 + b] == c
                 if not m.any():
@@ -372,12 +376,16 @@ def _write_shard(tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, do
                 docs = seg_doc[s0 + a:s0 + b][m] - doc_base[c]
                 src = starts[c][docs] + seg_off[s0 + a:s0 + b][m]
                 _gather(corpus.tokens, src, chunk_lens[m], toks, dst_start[m])
+                if mask is not None and corpus.mask is not None:
+                    _gather(corpus.mask, src, chunk_lens[m], mask, dst_start[m])
             pos = np.empty(t_b - t_a, dtypes["position_ids"])
             doc_ids = np.empty(t_b - t_a, dtypes["doc_ids"])
             _fill_sidecars(chunk_lens, nseg[j:j1], pos, doc_ids)
             writers["tokens"].write(toks)
             writers["position_ids"].write(pos)
             writers["doc_ids"].write(doc_ids)
+            if mask is not None:
+                writers[MASK].write(mask)
             if bar is not None:
                 bar.update(t_b - t_a)
             j = j1

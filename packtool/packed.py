@@ -12,7 +12,8 @@ One pack of seq_len 16 holding three segments (documents or pieces of one)::
 Attention must stay inside a segment (block-diagonal causal mask): flash-attention's varlen
 kernels take ``cu_seqlens``; Hugging Face models derive it from ``position_ids`` restarting
 at 0. ``labels`` hide each segment's first token, so no token is trained to predict across a
-boundary (the ``DataCollatorWithFlattening`` convention).
+boundary (the ``DataCollatorWithFlattening`` convention); with SFT/chat sources they are also
+-100 wherever the loss mask is 0 (prompts, user turns).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ PER_TOKEN = ("tokens", "position_ids", "doc_ids")
 PER_PACK = ("pack_offsets", "seg_offsets", "cu_seqlens")
 PER_SEGMENT = ("source_docs", "source_offsets")
 ARRAYS = PER_TOKEN + PER_PACK + PER_SEGMENT
+MASK = "loss_mask"  # optional per-token uint8 (SFT/chat sources): 1 = trained on
+
+
+def shard_arrays(index: dict) -> tuple[str, ...]:
+    return ARRAYS + ((MASK,) if index.get("loss_mask") else ())
 IGNORE_INDEX = -100
 
 
@@ -52,6 +58,7 @@ def array_dtypes(seq_len: int, token_dtype: np.dtype) -> dict[str, np.dtype]:
         "cu_seqlens": np.dtype("<i4"),
         "source_docs": np.dtype("<i8"),
         "source_offsets": np.dtype("<i8"),
+        MASK: np.dtype("u1"),
     }
 
 
@@ -138,7 +145,7 @@ class PackedDataset:
         if self._shards[k] is None:
             info = self.index["shards"][k]
             arrays = {}
-            for name in ARRAYS:
+            for name in shard_arrays(self.index):
                 path = self.directory / info["files"][name]["name"]
                 try:
                     arrays[name] = np.load(path, mmap_mode="r") if path.stat().st_size else None
@@ -163,6 +170,8 @@ class PackedDataset:
         input_ids = np.asarray(a["tokens"][t0:t1], dtype=np.int64)
         cu = np.asarray(a["cu_seqlens"][s0 + j : s1 + j + 1], dtype=np.int32)
         labels = input_ids.copy()
+        if MASK in a:
+            labels[np.asarray(a[MASK][t0:t1]) == 0] = IGNORE_INDEX
         labels[cu[:-1]] = IGNORE_INDEX
         return {
             "input_ids": input_ids,

@@ -119,6 +119,26 @@ class ReadOptions:
     txt_split: str = "file"
     skip_bad_records: bool = False
     parquet_batch_rows: int = 8192
+    prompt_field: str | None = None       # with completion_field: SFT prompt/completion pairs
+    completion_field: str | None = None
+    messages_field: str | None = None     # chat conversations: [{"role", "content"}, ...]
+
+    @property
+    def mode(self) -> str:
+        if self.messages_field:
+            return "messages"
+        if self.prompt_field or self.completion_field:
+            return "prompt_completion"
+        return "text"
+
+    def extract(self, obj):
+        """The record's document: a str, a (prompt, completion) pair, or a message list."""
+        if self.mode == "text":
+            return _check_text(_get_field(obj, self.text_field), self.text_field)
+        if self.mode == "prompt_completion":
+            return (_check_text(_get_field(obj, self.prompt_field), self.prompt_field),
+                    _check_text(_get_field(obj, self.completion_field), self.completion_field))
+        return _check_messages(_get_field(obj, self.messages_field), self.messages_field)
 
 
 class _BadRecord(Exception):
@@ -140,7 +160,8 @@ def _get_field(obj, key: str):
             raise _BadRecord(
                 "missing_field",
                 f"no field {key!r} (keys in {where}: {keys or 'none'}); "
-                "pass --text-field NAME to read another key",
+                "name the right key with --text-field (or --prompt-field, --completion-field, "
+                "--messages-field)",
             )
         walked.append(part)
         cur = cur[part]
@@ -152,6 +173,24 @@ def _check_text(value, key: str) -> str:
         return value
     kind = "null" if value is None else type(value).__name__
     raise _BadRecord("not_a_string", f"field {key!r} is {kind}, expected a string")
+
+
+def _check_messages(value, key: str) -> list[dict]:
+    if not isinstance(value, list):
+        kind = "null" if value is None else type(value).__name__
+        raise _BadRecord("bad_messages", f"field {key!r} is {kind}, expected a list of messages")
+    if not value:
+        raise _BadRecord("bad_messages", f"field {key!r} is an empty conversation")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise _BadRecord("bad_messages", f"message {i} is a {type(m).__name__}, expected an object")
+        for k in ("role", "content"):
+            if k not in m:
+                raise _BadRecord("bad_messages", f"message {i} has no {k!r} (keys: {', '.join(map(repr, m))})")
+            if not isinstance(m[k], str):
+                kind = "null" if m[k] is None else type(m[k]).__name__
+                raise _BadRecord("bad_messages", f"message {i} {k!r} is {kind}, expected a string")
+    return value
 
 
 def _open_jsonl(path: Path, kind: str):
@@ -213,7 +252,6 @@ def _decompress_errors():
 
 def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
     raw, f = _open_jsonl(path, kind)
-    key = opts.text_field
     errors = _decompress_errors()
     lineno = 0
     last_pos = 0
@@ -238,7 +276,7 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats, prog
                         raise _BadRecord("invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})")
                     except ValueError as e:
                         raise _BadRecord("invalid_json", f"invalid JSON ({e})")
-                    text = _check_text(_get_field(obj, key), key)
+                    text = opts.extract(obj)
                 except _BadRecord as bad:
                     if opts.skip_bad_records:
                         stats.skip(lineno, bad.reason)
@@ -265,6 +303,9 @@ def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> 
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
         raise _corrupt(path, "parquet", e) from None
+    if opts.mode != "text":
+        yield from _iter_parquet_rows(pf, path, opts, stats, progress)
+        return
     key = opts.text_field
     names = pf.schema_arrow.names
     top, _, rest = key.partition(".")
@@ -309,6 +350,35 @@ def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> 
                 stats.n_docs += 1
                 yield text
             row += len(texts)
+            progress(size * batch.num_rows / max(pf.metadata.num_rows, 1))
+    except (pa.ArrowException, OSError) as e:
+        raise _corrupt(path, "parquet", e) from None
+
+
+def _iter_parquet_rows(pf, path, opts, stats, progress):
+    import pyarrow as pa
+
+    fields = [f for f in (opts.prompt_field, opts.completion_field, opts.messages_field) if f]
+    names = pf.schema_arrow.names
+    tops = sorted({f.split(".")[0] if f not in names else f for f in fields})
+    missing = [t for t in tops if t not in names]
+    if missing:
+        raise PacktoolError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+    size, row = path.stat().st_size, 0
+    try:
+        for batch in pf.iter_batches(batch_size=opts.parquet_batch_rows, columns=tops):
+            for i, obj in enumerate(batch.to_pylist()):
+                try:
+                    doc = opts.extract(obj)
+                except _BadRecord as bad:
+                    if opts.skip_bad_records:
+                        stats.skip(row + i + 1, bad.reason)
+                        continue
+                    raise PacktoolError(f"{path} row {row + i + 1}: {bad.message}; fix the record "
+                                        "or pass --skip-bad-records") from None
+                stats.n_docs += 1
+                yield doc
+            row += batch.num_rows
             progress(size * batch.num_rows / max(pf.metadata.num_rows, 1))
     except (pa.ArrowException, OSError) as e:
         raise _corrupt(path, "parquet", e) from None
@@ -403,5 +473,8 @@ def iter_documents(path: Path, opts: ReadOptions, stats: InputStats, progress=la
     if kind == "parquet":
         return iter_parquet(path, opts, stats, progress)
     if kind == "txt":
+        if opts.mode != "text":
+            raise PacktoolError(f"{path}: .txt files hold plain text; prompt/completion and "
+                                "messages need JSONL or Parquet records")
         return iter_txt(path, opts, stats, progress)
     raise PacktoolError(f"{path}: unsupported file type; supported: {_SUPPORTED}")

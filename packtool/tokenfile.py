@@ -25,7 +25,7 @@ from .errors import FormatError
 
 FORMAT = "packtool.tokens"
 VERSION = 1
-SUFFIXES = (".bin", ".boundaries", ".json")
+SUFFIXES = (".bin", ".boundaries", ".mask", ".json")
 UINT16_MAX_VOCAB = 65_536
 
 
@@ -97,6 +97,7 @@ class TokenCorpus:
     meta: dict
     tokens: np.ndarray
     ends: np.ndarray
+    mask: np.ndarray | None = None  # uint8 per token, 1 = trained on (SFT/chat corpora only)
     _lengths: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -128,10 +129,18 @@ class TokenCorpus:
         start = int(self.ends[i - 1]) if i else 0
         return self.tokens[start : int(self.ends[i])]
 
+    def doc_mask(self, i: int) -> np.ndarray:
+        """Loss mask of document i (all ones for a corpus without one)."""
+        toks = self[i]
+        if self.mask is None:
+            return np.ones(len(toks), np.uint8)
+        start = int(self.ends[i - 1]) if i % len(self) else 0
+        return self.mask[start:start + len(toks)]
+
     def verify_checksums(self) -> None:
-        """Re-hash both data files and compare with the manifest (a full read of the data)."""
+        """Re-hash the data files and compare with the manifest (a full read of the data)."""
         paths = prefix_paths(self.prefix)
-        for key in ("bin", "boundaries"):
+        for key in self.meta["checksums"]:
             want = self.meta["checksums"][key]["sha256"]
             got = sha256_file(paths[key])
             if got != want:
@@ -170,7 +179,10 @@ def open_tokens(prefix: str | Path) -> TokenCorpus:
     meta = read_manifest(paths["json"], FORMAT, VERSION)
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")
     n_docs, n_tokens = int(meta["n_docs"]), int(meta["n_tokens"])
-    for key, want in (("bin", n_tokens * dtype.itemsize), ("boundaries", n_docs * 8)):
+    sizes = [("bin", n_tokens * dtype.itemsize), ("boundaries", n_docs * 8)]
+    if meta.get("mask"):
+        sizes.append(("mask", n_tokens))
+    for key, want in sizes:
         try:
             got = paths[key].stat().st_size
         except FileNotFoundError:
@@ -186,4 +198,5 @@ def open_tokens(prefix: str | Path) -> TokenCorpus:
         raise FormatError(
             f"{paths['boundaries']}: last end offset {int(ends[-1]):,} != n_tokens {n_tokens:,}"
         )
-    return TokenCorpus(prefix=prefix, meta=meta, tokens=tokens, ends=ends)
+    mask = _memmap(paths["mask"], np.dtype("u1"), n_tokens) if meta.get("mask") else None
+    return TokenCorpus(prefix=prefix, meta=meta, tokens=tokens, ends=ends, mask=mask)

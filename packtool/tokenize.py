@@ -49,6 +49,11 @@ class TokenizeOptions:
     batch_size: int = 1024      # documents per batch
     batch_bytes: int = 8 << 20  # ... or this many bytes of text, whichever comes first
     overwrite: bool = False
+    prompt_field: str | None = None      # SFT: document = prompt + completion, loss on completion
+    completion_field: str | None = None
+    messages_field: str | None = None    # chat: rendered with a chat template, loss on assistant
+    chat_template: str | None = None     # a Jinja file overriding tokenizer_config.json's
+    train_on: str = "assistant"          # or "all"
 
 
 @dataclass
@@ -195,29 +200,73 @@ def _rust_parallelism_off():
             os.environ["TOKENIZERS_PARALLELISM"] = old
 
 
-def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id):
-    """Return ``encode(texts) -> (lengths int64, tokens dtype)`` for one batch."""
-    n_extra = (bos_id is not None) + (eos_id is not None)
+def _flatten(encs, dtype):
+    lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype, count=int(lengths.sum()))
+    return lengths, ids
 
-    def encode(texts: list[str]):
-        encs = tokenizer.encode_batch_fast(texts, add_special_tokens=add_special)
-        lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-        total = int(lengths.sum())
-        ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype, count=total)
-        if not n_extra:
-            return lengths, ids
-        lengths = lengths + n_extra
-        ends = np.cumsum(lengths)
-        out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
-        keep = np.ones(len(out), dtype=bool)
-        if bos_id is not None:
-            out[ends - lengths] = bos_id
-            keep[ends - lengths] = False
-        if eos_id is not None:
-            out[ends - 1] = eos_id
-            keep[ends - 1] = False
-        out[keep] = ids
-        return lengths, out
+
+def _add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id):
+    """Insert BOS (mask 0) / EOS (mask 1: the model must learn to stop) around each document."""
+    n_extra = (bos_id is not None) + (eos_id is not None)
+    if not n_extra:
+        return lengths, ids, mask
+    lengths = lengths + n_extra
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+    out_mask = None if mask is None else np.empty(len(out), np.uint8)
+    keep = np.ones(len(out), dtype=bool)
+    for tid, where, m in ((bos_id, ends - lengths, 0), (eos_id, ends - 1, 1)):
+        if tid is not None:
+            out[where] = tid
+            keep[where] = False
+            if out_mask is not None:
+                out_mask[where] = m
+    out[keep] = ids
+    if out_mask is not None:
+        out_mask[keep] = mask
+    return lengths, out, out_mask
+
+
+def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
+                 mode: str = "text", renderer=None):
+    """Return ``encode(records) -> (lengths int64, tokens dtype, loss mask uint8 or None)``.
+
+    text: the tokens of each string. prompt_completion: prompt tokens then completion tokens,
+    each encoded on its own (exactly what the model is trained on), mask 1 on the completion.
+    messages: the conversation rendered by ``renderer``, encoded with offsets; mask 1 on the
+    tokens whose first character lies in a trained span.
+    """
+
+    def encode(records):
+        if mode == "text":
+            lengths, ids = _flatten(tokenizer.encode_batch_fast(records, add_special_tokens=add_special), dtype)
+            mask = None
+        elif mode == "prompt_completion":
+            lp, ip = _flatten(tokenizer.encode_batch_fast([r[0] for r in records], add_special_tokens=False), dtype)
+            lc, ic = _flatten(tokenizer.encode_batch_fast([r[1] for r in records], add_special_tokens=False), dtype)
+            lengths = lp + lc
+            owner = np.repeat(np.arange(2 * len(records)), np.stack([lp, lc], 1).ravel())
+            ids = np.empty(int(lengths.sum()), dtype)
+            mask = np.empty(ids.size, np.uint8)
+            is_c = (owner % 2).astype(bool)
+            ids[~is_c], ids[is_c] = ip, ic
+            mask[:] = is_c
+        else:
+            rendered = [renderer(r) for r in records]
+            encs = tokenizer.encode_batch([t for t, _ in rendered], add_special_tokens=False)
+            lengths, ids = _flatten(encs, dtype)
+            mask = np.zeros(ids.size, np.uint8)
+            pos = 0
+            for (_, spans), e in zip(rendered, encs):
+                if spans and len(e):
+                    starts = np.fromiter((o[0] for o in e.offsets), np.int64, len(e))
+                    m = np.zeros(len(e), bool)
+                    for a, b in spans:
+                        m |= (starts >= a) & (starts < b)
+                    mask[pos:pos + len(e)] = m
+                pos += len(e)
+        return _add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id)
 
     return encode
 
@@ -236,17 +285,33 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     workers = opts.workers or os.cpu_count() or 1
     if opts.batch_size < 1 or workers < 1:
         raise PacktoolError("--batch-size and --workers must be at least 1")
-    read_opts = ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records)
-    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id)
+    read_opts = ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
+                            prompt_field=opts.prompt_field, completion_field=opts.completion_field,
+                            messages_field=opts.messages_field)
+    mode = read_opts.mode
+    if mode == "prompt_completion" and not (opts.prompt_field and opts.completion_field):
+        raise PacktoolError("--prompt-field and --completion-field go together; pass both")
+    if mode == "messages" and (opts.prompt_field or opts.completion_field):
+        raise PacktoolError("--messages-field cannot be combined with --prompt-field/--completion-field")
+    renderer, template_from = None, None
+    if mode == "messages":
+        from .chat import ChatRenderer, load_template
+
+        source, template_from, variables = load_template(tok_path, opts.chat_template)
+        renderer = ChatRenderer(source, variables, opts.train_on)
+    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode, renderer)
     prefix = Path(out)
     files = prefix_paths(prefix)
+    with_mask = mode != "text"
     total_bytes = sum(p.stat().st_size for p in paths)
 
-    with atomic_files([files["bin"], files["boundaries"], files["json"]], opts.overwrite) as tmp:
+    outputs = [files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else []) + [files["json"]]
+    with atomic_files(outputs, opts.overwrite) as tmp:
         bin_w, bnd_w = HashingWriter(tmp[0]), HashingWriter(tmp[1])
+        mask_w = HashingWriter(tmp[2]) if with_mask else None
         reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers)
         bar = _progress_bar(total_bytes, progress)
-        n_docs = n_tokens = n_empty = 0
+        n_docs = n_tokens = n_empty = n_trained = 0
         try:
             with _rust_parallelism_off(), ThreadPoolExecutor(workers, "packtool-tok") as pool:
                 reader.start()
@@ -265,9 +330,12 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                     if not pending:
                         break
                     future, bytes_read = pending.popleft()
-                    lengths, ids = future.result()
+                    lengths, ids, mask = future.result()
                     ends = np.cumsum(lengths) + n_tokens
                     bin_w.write(ids)
+                    if mask_w is not None:
+                        mask_w.write(mask)
+                        n_trained += int(mask.sum())
                     bnd_w.write(ends.astype("<i8", copy=False))
                     n_docs += len(lengths)
                     n_tokens += int(ids.size)
@@ -280,14 +348,17 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                         )
         except BaseException:
             reader.stop.set()
-            bin_w.abort()
-            bnd_w.abort()
+            for w in (bin_w, bnd_w, mask_w):
+                if w is not None:
+                    w.abort()
             raise
         finally:
             if bar is not None:
                 bar.close()
         reader.join()
         checksums = {"bin": bin_w.close(), "boundaries": bnd_w.close()}
+        if mask_w is not None:
+            checksums["mask"] = mask_w.close()
         seconds = time.perf_counter() - t0
         inputs_meta = [s.to_json() for s in reader.stats]
         manifest = {
@@ -302,6 +373,8 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
             "bos_id": bos_id,
             "eos_id": eos_id,
             "inputs": inputs_meta,
+            "mask": with_mask,
+            "n_trained_tokens": n_trained if with_mask else n_tokens,
             "options": {
                 "text_field": opts.text_field,
                 "txt_split": opts.txt_split,
@@ -309,11 +382,17 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                 "bos": opts.bos,
                 "eos": opts.eos,
                 "special_tokens": opts.special_tokens,
+                "mode": mode,
+                "prompt_field": opts.prompt_field,
+                "completion_field": opts.completion_field,
+                "messages_field": opts.messages_field,
+                "chat_template": template_from,
+                "train_on": opts.train_on if mode == "messages" else None,
             },
             "checksums": checksums,
             "created_by": f"packtool {__version__}",
         }
-        Path(tmp[2]).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        Path(tmp[-1]).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
 
     n_skipped = sum(sum(s.skipped.values()) for s in reader.stats)
     return TokenizeResult(

@@ -23,7 +23,7 @@ import numpy as np
 from ._numba import njit
 from .errors import PacktoolError
 from .pack import _gather, make_segments, open_sources
-from .packed import ARRAYS, INDEX, array_dtypes, read_index
+from .packed import INDEX, MASK, array_dtypes, read_index, shard_arrays
 from .tokenfile import prefix_paths, sha256_file
 
 
@@ -97,7 +97,10 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
     totals = {"n_packs": 0, "n_tokens": 0, "n_segments": 0}
     shards = []
     for sh in index["shards"]:
-        for name in ARRAYS:
+        names = shard_arrays(index)
+        if set(sh["files"]) != set(names):
+            raise VerifyError(f"{sh['name']}: files {sorted(sh['files'])} do not match the format's {sorted(names)}")
+        for name in names:
             f = sh["files"][name]
             path = directory / f["name"]
             if not path.is_file():
@@ -109,8 +112,8 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
         n_p, n_t, n_s = sh["n_packs"], sh["n_tokens"], sh["n_segments"]
         sizes = {"tokens": n_t, "position_ids": n_t, "doc_ids": n_t, "pack_offsets": n_p + 1,
                  "seg_offsets": n_p + 1, "cu_seqlens": n_s + n_p, "source_docs": n_s,
-                 "source_offsets": n_s}
-        arrays = {a: _load(directory / sh["files"][a]["name"], dtypes[a], sizes[a]) for a in ARRAYS}
+                 "source_offsets": n_s, MASK: n_t}
+        arrays = {a: _load(directory / sh["files"][a]["name"], dtypes[a], sizes[a]) for a in names}
         code, p, t = _check_shard(arrays["pack_offsets"], arrays["seg_offsets"], arrays["cu_seqlens"],
                                   arrays["position_ids"], arrays["doc_ids"], seq_len)
         if code:
@@ -167,12 +170,20 @@ def _verify_sources(index: dict, shards: list[dict], sources, seq_len: int) -> N
         dst = np.concatenate([[0], np.cumsum(seg_len)[:-1]]).astype(np.int64)
         sdoc, soff = np.asarray(s["source_docs"]), np.asarray(s["source_offsets"])
         expect = np.empty(int(seg_len.sum()), s["tokens"].dtype)
+        expect_mask = np.ones(expect.size, np.uint8) if MASK in s else None
         which = np.searchsorted(doc_base, sdoc, side="right") - 1
         for c, corpus in enumerate(corpora):
             m = which == c
             if m.any():
-                _gather(corpus.tokens, starts[c][sdoc[m] - doc_base[c]] + soff[m], seg_len[m],
-                        expect, dst[m])
+                src = starts[c][sdoc[m] - doc_base[c]] + soff[m]
+                _gather(corpus.tokens, src, seg_len[m], expect, dst[m])
+                if expect_mask is not None and corpus.mask is not None:
+                    _gather(corpus.mask, src, seg_len[m], expect_mask, dst[m])
+        if expect_mask is not None:
+            bad = np.flatnonzero(expect_mask != np.asarray(s[MASK]))
+            if bad.size:
+                raise VerifyError(f"{index['shards'][k]['name']} token {int(bad[0]):,}: loss_mask "
+                                  "differs from the source's mask")
         bad = np.flatnonzero(expect != np.asarray(s["tokens"]))
         if bad.size:
             t = int(bad[0])

@@ -1,0 +1,73 @@
+"""PyTorch / Hugging Face integration (``pip install 'packtool[torch]'``).
+
+    from packtool.torch import PackedDataset, collate
+    ds = PackedDataset("out/packed")
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate)
+    for batch in loader:                 # one [1, N] row: no padding, no cross-attention
+        loss = model(**model_inputs(batch), use_cache=False).loss
+
+    Trainer(model=model, train_dataset=ds, data_collator=collate, args=...)   # the same
+
+What must hold for packed rows to equal the documents alone (tested in
+tests/test_equivalence.py for Llama and GPT-2, eager and sdpa attention):
+
+- pass ``position_ids`` (restarting at 0 per segment) and **no** ``attention_mask``:
+  transformers then derives the block-diagonal causal mask from the position restarts;
+- ``use_cache=False`` (a cache would carry keys across segments);
+- flash-attention kernels (``flash_attn_varlen_func``) and models that ignore position ids take
+  ``cu_seq_lens_q/k`` and ``max_length_q/k`` instead, which :func:`collate` also returns;
+- the loss is the mean over labels != -100: each segment's first token is -100, so no token
+  learns to predict across a boundary.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError("packtool.torch needs PyTorch: pip install 'packtool[torch]'") from e
+
+from .packed import collate as _collate_numpy
+from .packed import open_packed
+
+MODEL_KEYS = ("input_ids", "labels", "position_ids")
+
+
+class PackedDataset(torch.utils.data.Dataset):
+    """``torch.utils.data.Dataset`` over ``open_packed(directory)``.
+
+    Items are dicts of tensors (input_ids, labels, position_ids int64; doc_ids, cu_seqlens
+    int32; max_seqlen int). With ``pad_to`` every item has that length (see
+    ``PackedDataset.get`` in packtool.packed for the pad conventions).
+    """
+
+    def __init__(self, directory, pad_to: int | None = None, pad_id: int = 0):
+        self.packed = open_packed(directory)
+        self.pad_to, self.pad_id = pad_to, pad_id
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __getitem__(self, i: int) -> dict:
+        ex = (self.packed.get(i, pad_to=self.pad_to, pad_id=self.pad_id) if self.pad_to
+              else self.packed[i])
+        return {k: (torch.from_numpy(v) if hasattr(v, "dtype") else v) for k, v in ex.items()}
+
+
+def collate(examples: list[dict]) -> dict:
+    """Flatten packs into one ``[1, N]`` row of tensors: input_ids, labels, position_ids
+    (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32)."""
+    import numpy as np
+
+    as_np = [{k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)) for k, v in ex.items()}
+             for ex in examples]
+    row = _collate_numpy(as_np)
+    return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
+
+
+def model_inputs(batch: dict, flash_attention: bool = False) -> dict:
+    """The keys to pass to a Hugging Face causal LM: position ids (and, for flash-attention
+    varlen kernels, the cu_seq_lens/max_length keys), never an attention mask."""
+    keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+                         if flash_attention else ())
+    return {k: batch[k] for k in keys}
