@@ -237,6 +237,24 @@ def stats(paths, lengths_file, seq_lens, batch_size, algos, max_depth, seed, plo
 
 
 @cli.command()
+@click.argument("directory")
+@click.option("--format", "fmt", type=click.Choice(["parquet"]), default="parquet", show_default=True)
+@click.option("--out", "-o", required=True, help="A .parquet file, or a directory (one file per shard).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+def export(directory, fmt, out, overwrite):
+    """Export a packed DIRECTORY for other tools (Parquet: input_ids, labels, position_ids,
+    seq_lengths per pack; datasets.load_dataset("parquet", ...) reads it).
+
+    \b
+    Example:
+        packtool export out/packed --format parquet --out out/packed.parquet
+    """
+    from .export import export_parquet
+
+    click.echo(_run(export_parquet, directory, out, overwrite))
+
+
+@cli.command()
 @click.option("--fixtures", type=click.Path(file_okay=False), default=None,
               help="Folder with tokenizer/ and corpus/ (default: the repository's fixtures/).")
 @click.option("--out", "-o", default="demo-out", show_default=True, help="Where to write.")
