@@ -167,21 +167,21 @@ class PackedDataset:
         a = sh.arrays
         t0, t1 = int(a["pack_offsets"][j]), int(a["pack_offsets"][j + 1])
         s0, s1 = int(a["seg_offsets"][j]), int(a["seg_offsets"][j + 1])
-        input_ids = np.asarray(a["tokens"][t0:t1], dtype=np.int64)
-        cu = np.asarray(a["cu_seqlens"][s0 + j : s1 + j + 1], dtype=np.int32)
+        input_ids = np.array(a["tokens"][t0:t1], dtype=np.int64)
+        cu = np.array(a["cu_seqlens"][s0 + j : s1 + j + 1], dtype=np.int32)
         labels = input_ids.copy()
         if MASK in a:
-            labels[np.asarray(a[MASK][t0:t1]) == 0] = IGNORE_INDEX
+            labels[np.array(a[MASK][t0:t1]) == 0] = IGNORE_INDEX
         labels[cu[:-1]] = IGNORE_INDEX
         return {
             "input_ids": input_ids,
             "labels": labels,
-            "position_ids": np.asarray(a["position_ids"][t0:t1], dtype=np.int64),
-            "doc_ids": np.asarray(a["doc_ids"][t0:t1], dtype=np.int32),
+            "position_ids": np.array(a["position_ids"][t0:t1], dtype=np.int64),
+            "doc_ids": np.array(a["doc_ids"][t0:t1], dtype=np.int32),
             "cu_seqlens": cu,
             "max_seqlen": int(np.diff(cu).max()) if len(cu) > 1 else 0,
-            "source_docs": np.asarray(a["source_docs"][s0:s1], dtype=np.int64),
-            "source_offsets": np.asarray(a["source_offsets"][s0:s1], dtype=np.int64),
+            "source_docs": np.array(a["source_docs"][s0:s1], dtype=np.int64),
+            "source_offsets": np.array(a["source_offsets"][s0:s1], dtype=np.int64),
         }
 
     def get(self, i: int, pad_to: int | None = None, pad_id: int = 0) -> dict:

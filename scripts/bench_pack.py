@@ -11,19 +11,20 @@ Prints measurements and ratios only (it never asserts on wall-clock time). Secti
   2 trl         Hugging Face TRL pack_dataset(strategy="bfd") on the same lengths, in its own venv
                 (<workdir>/trl-venv, no torch), with its default 1,000-row map batches. Target:
                 packtool bfd >= 50x faster with fewer packs. Also a multipack_sampler-style numba
-                FFD (sort, then an O(n * bins) first-fit scan), on a subset if needed.
+                FFD (sort, then an O(n * bins) first-fit scan), on subsets if needed.
   3 histograms  wikipedia-512 and squad11-384 (packtool/data) beside the Graphcore paper's numbers.
   4 e2e         synthetic JSONL (~500M tokens, cached in --workdir) -> packtool tokenize -> timed
                 packtool pack --seq-len 4096 --algo bfd; bytes written per second as a ratio to a
                 plain copy of the token .bin on the same disk (target >= 0.5).
---quick uses 1M lengths, a 1M-doc TRL run, squad11-384 only and a ~10M-token corpus.
+--quick: 1M lengths, a 1M-doc TRL run, squad11-384 only, a ~10M-token corpus. Every section
+title shows the load average: above 2 on a 2-core machine, timings include contention.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT))  # benchmark this work tree, whatever else is inst
 
 from packtool.lengths import load_histogram_csv, reference_histogram  # noqa: E402
 from packtool.packers import PACKERS, assign_packs  # noqa: E402
+
 TOKENIZER = ROOT / "fixtures" / "tokenizer" / "tokenizer.json"
 TARGETS = {"bfd": (3.0, 0.01), "ffd": (3.0, 0.01), "spfhp": (1.0, None)}  # (max s, max gap %)
 PAPER = {  # Krell et al. (Graphcore), "Efficient sequence packing without cross-contamination"
@@ -50,57 +52,48 @@ PAPER = {  # Krell et al. (Graphcore), "Efficient sequence packing without cross
 }
 
 
-def lognormal_lengths(n: int, seq_len: int = 4096) -> np.ndarray:
-    rng = np.random.default_rng(0)
-    return np.clip(rng.lognormal(np.log(300), 1.0, n), 1, seq_len).astype(np.int64)
+def banner(title: str) -> None:
+    print(f"\n== {title}  [load average {os.getloadavg()[0]:.1f}]", flush=True)
 
 
-def warm_up(algos) -> None:
-    """Compile (or load from numba's disk cache) every kernel outside the timed region."""
-    tiny = np.array([5, 3, 8, 1, 7, 2], np.int64)
-    for algo in algos:
-        assign_packs(tiny, 8, algo)
-
-
-def run_packer(lengths, seq_len: int, algo: str, max_repeat: int = 3) -> dict:
-    """Best-of-k seconds (up to 3 runs within ~10 s), packs, efficiency, gap to L1, validity."""
-    times = []
-    while True:
-        t0 = time.perf_counter()
-        packs = assign_packs(lengths, seq_len, algo)
-        times.append(time.perf_counter() - t0)
-        if len(times) >= max_repeat or sum(times) > 10.0:
-            break
-    n_packs = int(packs.max()) + 1
+def stats(lengths, seq_len: int, n_packs: int, seconds: float, k: int, valid: bool = True) -> dict:
     total = int(lengths.sum())
     lb = -(-total // seq_len)
-    fill = np.bincount(packs, weights=lengths, minlength=n_packs)
-    valid = bool(packs.min() >= 0 and fill.max() <= seq_len and (fill > 0).all())
-    return {"seconds": min(times), "k": len(times), "packs": n_packs, "lb": lb, "valid": valid,
+    return {"seconds": seconds, "k": k, "packs": n_packs, "valid": valid,
             "eff": total / (n_packs * seq_len), "gap": 100.0 * (n_packs - lb) / lb}
 
 
+def run_packer(lengths, seq_len: int, algo: str) -> dict:
+    """Best of up to 3 runs (while under ~10 s in total); checks every pack fits."""
+    times = []
+    while len(times) < 3 and sum(times) < 10.0:
+        t0 = time.perf_counter()
+        packs = assign_packs(lengths, seq_len, algo)
+        times.append(time.perf_counter() - t0)
+    n_packs = int(packs.max()) + 1
+    fill = np.bincount(packs, weights=lengths, minlength=n_packs)
+    valid = bool(packs.min() >= 0 and fill.max() <= seq_len and (fill > 0).all())
+    return stats(lengths, seq_len, n_packs, min(times), len(times), valid)
+
+
 def try_packer(lengths, seq_len: int, algo: str) -> dict | None:
-    """run_packer, or None after printing the error (a packer may refuse an input)."""
-    try:
+    try:  # a packer may refuse an input: report it and go on with the others
         return run_packer(lengths, seq_len, algo)
-    except Exception as e:  # noqa: BLE001 - report and go on with the other packers
+    except Exception as e:  # noqa: BLE001
         print(f"  {algo:<11}error: {type(e).__name__}: {str(e)[:300]}")
-        return None
-
-
-def row(name: str, r: dict, note: str = "") -> str:
-    bad = "" if r["valid"] else "  INVALID PACKING"
-    secs = f"{r['seconds']:9.3f} s (best of {r['k']})" if r["k"] else f"{'-':>22}"
-    return (f"  {name:<11}{secs} {r['packs']:>12,} "
-            f"{100 * r['eff']:9.3f}% {r['gap']:+9.4f}%   {note}{bad}")
 
 
 def header(first: str = "packer") -> str:
     return f"  {first:<11}{'seconds':>11}{'':>11}{'packs':>13}{'efficiency':>11}{'gap L1':>10}"
 
 
-def fresh(cmd: list[str]) -> list[str]:
+def row(name: str, r: dict, note: str = "") -> str:
+    secs = f"{r['seconds']:9.3f} s (best of {r['k']})" if r["k"] else f"{'-':>22}"
+    return (f"  {name:<11}{secs} {r['packs']:>12,} {100 * r['eff']:9.3f}% {r['gap']:+9.4f}%   "
+            f"{note}{'' if r['valid'] else '  INVALID PACKING'}")
+
+
+def fresh(cmd: list) -> list[str]:
     """Run ``cmd`` as a child forked by a small shell: Linux carries ru_maxrss over fork/exec,
     so a child spawned straight from this (large) process would report our peak, not its own."""
     return ["/bin/sh", "-c", '"$@"; exit $?', "sh", *map(str, cmd)]
@@ -115,25 +108,23 @@ def peak_rss_bfd(lengths_file: Path, seq_len: int) -> tuple[int, int]:
             "print(json.dumps([r0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))")
     p = subprocess.run(fresh([sys.executable, "-c", code, lengths_file, seq_len]), cwd=ROOT,
                        capture_output=True, text=True, check=True)
-    r0, r1 = json.loads(p.stdout)
-    return r0 * 1024, r1 * 1024
+    return tuple(kb * 1024 for kb in json.loads(p.stdout))
 
 
 def section_synthetic(lengths, lengths_file: Path, algos, results: dict) -> None:
-    n, total = len(lengths), int(lengths.sum())
-    print(f"\n== 1. synthetic: {n:,} lognormal lengths (median 300, sigma 1, clip [1, 4096]), "
-          f"L=4096, {total:,} tokens, L1 bound {-(-total // 4096):,} packs")
+    total = int(lengths.sum())
+    banner(f"1. synthetic: {len(lengths):,} lognormal lengths (median 300, sigma 1, clip [1, 4096]),"
+           f" L=4096, {total:,} tokens, L1 bound {-(-total // 4096):,} packs")
     print(header())
     for algo in algos:
         r = results[algo] = try_packer(lengths, 4096, algo)
         if r is None:
             continue
-        t = TARGETS.get(algo)
         note = ""
-        if t:
-            ok = r["seconds"] <= t[0] and (t[1] is None or r["gap"] <= t[1])
-            note = f"target <= {t[0]:g} s" + (f", gap <= {t[1]}%" if t[1] else "")
-            note += ": met" if ok else ": NOT MET"
+        if algo in TARGETS:
+            secs, gap = TARGETS[algo]
+            ok = r["seconds"] <= secs and (gap is None or r["gap"] <= gap)
+            note = f"target <= {secs:g} s{f', gap <= {gap}%' if gap else ''}: {'met' if ok else 'NOT MET'}"
         print(row(algo, r, note))
     r0, r1 = peak_rss_bfd(lengths_file, 4096)
     print(f"  bfd peak RSS in a fresh process: {r1 / 2**20:,.0f} MiB (before the assignment "
@@ -151,10 +142,9 @@ with pa.OSFile(tmp + "/input.arrow", "wb") as f, pa.ipc.new_stream(f, schema) as
         col = pa.ListArray.from_arrays(pa.array(off), pa.array(np.zeros(off[-1], np.uint8)))
         w.write_batch(pa.record_batch([col], schema=schema))
 import datasets
-from datasets import Dataset
 from trl.data_utils import pack_dataset
 datasets.disable_progress_bars()
-ds = Dataset.from_file(tmp + "/input.arrow")  # memory-mapped; map() writes its cache beside it
+ds = datasets.Dataset.from_file(tmp + "/input.arrow")  # memory-mapped; map() caches beside it
 t0 = time.perf_counter()
 packed = pack_dataset(ds, seq_length=seq_len, strategy="bfd")
 secs = time.perf_counter() - t0
@@ -164,15 +154,15 @@ print(json.dumps({"seconds": secs, "packs": len(packed), "rss": rss}))
 
 
 def ensure_trl_venv(workdir: Path) -> Path:
+    """A venv of its own for TRL (no torch: trl.data_utils needs none), made on first use."""
     venv = workdir / "trl-venv"
-    py = venv / "bin" / "python"
-    if subprocess.run([str(py), "-c", "import trl.data_utils, datasets"], capture_output=True).returncode:
-        print(f"  creating {venv} (datasets, transformers, numpy, pyarrow; trl --no-deps; no torch)")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "pip"), "install", "-q"]
+    if subprocess.run([venv / "bin" / "python", "-c", "import trl.data_utils"], capture_output=True).returncode:
+        print(f"  creating {venv}: datasets transformers numpy pyarrow, then trl --no-deps")
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        pip = [venv / "bin" / "pip", "install", "-q"]
         subprocess.run(pip + ["datasets", "transformers", "numpy", "pyarrow"], check=True)
         subprocess.run(pip + ["--no-deps", "trl"], check=True)
-    return py
+    return venv / "bin" / "python"
 
 
 def run_trl(py: Path, lengths_file: Path, n: int, workdir: Path) -> dict:
@@ -182,9 +172,12 @@ def run_trl(py: Path, lengths_file: Path, n: int, workdir: Path) -> dict:
                            capture_output=True, text=True)
         if p.returncode:
             raise RuntimeError(f"TRL run failed:\n{p.stderr[-3000:]}")
-        return json.loads(p.stdout.strip().splitlines()[-1])
+        r = json.loads(p.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print(f"  TRL on {n:,} docs: {r['seconds']:.1f} s, {r['packs']:,} packs, "
+          f"peak RSS {r['rss'] / 2**20:,.0f} MiB (input memory-mapped)")
+    return r
 
 
 @numba.njit(cache=False)
@@ -211,22 +204,15 @@ def multipack_style_ffd(lengths, capacity):
 def section_trl(lengths, lengths_file: Path, workdir: Path, results: dict, budget_s: float,
                 ffd_cap: int) -> None:
     n = len(lengths)
-    print(f"\n== 2. TRL pack_dataset(strategy='bfd', default 1,000-row map batches), L=4096")
+    banner("2. TRL pack_dataset(strategy='bfd', default 1,000-row map batches), L=4096")
     py = ensure_trl_venv(workdir)
-    probe_n = min(n, 1_000_000)
-    trl = run_trl(py, lengths_file, probe_n, workdir)
-    print(f"  TRL on {probe_n:,} docs: {trl['seconds']:.1f} s, {trl['packs']:,} packs, "
-          f"peak RSS {trl['rss'] / 2**20:,.0f} MiB")
-    trl_n, how = probe_n, "measured"
-    if n > probe_n:
-        if trl["seconds"] * n / probe_n <= budget_s:
-            trl = run_trl(py, lengths_file, n, workdir)
-            trl_n = n
-            print(f"  TRL on {n:,} docs: {trl['seconds']:.1f} s, {trl['packs']:,} packs, "
-                  f"peak RSS {trl['rss'] / 2**20:,.0f} MiB")
-        else:
-            how = f"EXTRAPOLATED linearly from the {probe_n:,}-doc run (> {budget_s:.0f} s budget)"
-            trl = {"seconds": trl["seconds"] * n / probe_n, "packs": round(trl["packs"] * n / probe_n)}
+    probe = min(n, 1_000_000)
+    trl, how = run_trl(py, lengths_file, probe, workdir), "measured"
+    if n > probe and trl["seconds"] * n / probe <= budget_s:
+        trl = run_trl(py, lengths_file, n, workdir)
+    elif n > probe:
+        how = f"EXTRAPOLATED linearly from {probe:,} docs: the full run would exceed {budget_s:.0f} s"
+        trl = {"seconds": trl["seconds"] * n / probe, "packs": round(trl["packs"] * n / probe)}
     bfd = results.get("bfd") or run_packer(lengths, 4096, "bfd")  # section 1 skipped or failed
     speed, packs = trl["seconds"] / bfd["seconds"], bfd["packs"] / trl["packs"]
     print(f"  {n:,} docs  TRL: {trl['seconds']:.1f} s, {trl['packs']:,} packs ({how})")
@@ -234,22 +220,19 @@ def section_trl(lengths, lengths_file: Path, workdir: Path, results: dict, budge
     print(f"  packtool bfd is {speed:,.0f}x faster (target >= 50x: {'met' if speed >= 50 else 'NOT MET'})"
           f", packs ratio packtool/TRL {packs:.4f} ({bfd['packs'] - trl['packs']:+,} packs; "
           f"target < 1: {'met' if packs < 1 else 'NOT MET'})")
-    print("  note: TRL also materialises the packed token lists (uint8 zeros here); packtool's time is"
-          " the assignment only")
+    print("  note: TRL also materialises the packed lists (uint8 zeros here); packtool's time is the"
+          " assignment only (section 4 times packtool's whole write)")
 
     multipack_style_ffd(np.array([5, 3, 8], np.int64), 8)  # compile
-    print(f"  multipack_sampler-style numba FFD, O(n * bins) scan (subsets; capped at {ffd_cap:,}):")
+    print(f"  multipack_sampler-style numba FFD, O(n * bins) scan, on prefixes (cap {ffd_cap:,} docs):")
     print(header("docs"))
     m = min(n, 100_000)
     while True:
         sub = lengths[:m]
         t0 = time.perf_counter()
-        mp = multipack_style_ffd(sub, 4096)
+        bins = multipack_style_ffd(sub, 4096)
         secs = time.perf_counter() - t0
-        mp_r = {"seconds": secs, "k": 1, "packs": int(mp.max()) + 1, "valid": True}
-        mp_r["lb"] = -(-int(sub.sum()) // 4096)
-        mp_r["eff"], mp_r["gap"] = sub.sum() / (mp_r["packs"] * 4096), 100 * (mp_r["packs"] / mp_r["lb"] - 1)
-        print(row(f"{m:,}", mp_r, "multipack-style FFD"))
+        print(row(f"{m:,}", stats(sub, 4096, int(bins.max()) + 1, secs, 1), "multipack-style FFD"))
         for algo in ("ffd", "bfd"):
             r = run_packer(sub, 4096, algo)
             print(row("", r, f"packtool {algo}: {secs / r['seconds']:,.0f}x faster"))
@@ -258,32 +241,29 @@ def section_trl(lengths, lengths_file: Path, workdir: Path, results: dict, budge
         m = min(10 * m, n, ffd_cap)
     if m < n:
         est = secs * (n / m) ** 2
-        print(f"  multipack-style FFD not run on all {n:,} docs; O(n * bins) extrapolation: "
-              f"~{est:,.0f} s (~{est / (results.get('ffd') or bfd)['seconds']:,.0f}x packtool)")
+        print(f"  not run on all {n:,} docs: O(n * bins) extrapolation ~{est:,.0f} s "
+              f"(~{est / (results.get('ffd') or bfd)['seconds']:,.0f}x packtool ffd)")
 
 
 def section_histograms(algos, quick: bool) -> None:
-    print("\n== 3. reference histograms beside Krell et al. (Graphcore) published numbers")
+    banner("3. reference histograms beside Krell et al. (Graphcore) published numbers")
     for name, paper in PAPER.items():
         if quick and paper["docs"] > 1_000_000:
             print(f"  {name}: skipped in --quick mode ({paper['docs']:,} docs)")
             continue
         seq_len = int(name.rsplit("-", 1)[1])
         lengths = np.random.default_rng(0).permutation(load_histogram_csv(reference_histogram(name)))
-        total = int(lengths.sum())
-        lb = -(-total // seq_len)
+        lb = -(-int(lengths.sum()) // seq_len)
         print(f"  {name}: {len(lengths):,} docs (paper {paper['docs']:,}), L={seq_len}, L1 bound "
-              f"{lb:,} (paper {paper['l1']:,}), paper L2 bound {paper['l2']:,}")
+              f"{lb:,} (paper {paper['l1']:,}), paper L2 bound {paper['l2']:,}; input shuffled")
         print(header() + f"{'vs L2':>10}   paper")
-        none = {"seconds": 0.0, "k": 0, "packs": len(lengths), "eff": total / (len(lengths) * seq_len),
-                "gap": 100 * (len(lengths) / lb - 1), "valid": True}
-        print(row("none", none, f"{'':>9}   paper: {paper['rows']['none']}" if "none" in paper["rows"] else ""))
+        none = paper["rows"].get("none")
+        print(row("none", stats(lengths, seq_len, len(lengths), 0.0, 0),
+                  f"{'':>9}   paper: {none}" if none else ""))
         for algo in algos:
-            r = try_packer(lengths, seq_len, algo)
-            if r is None:
-                continue
-            pub = paper["rows"].get(algo)
-            print(row(algo, r, f"{r['packs'] - paper['l2']:+9,}" + (f"   paper: {pub}" if pub else "")))
+            if (r := try_packer(lengths, seq_len, algo)) is not None:
+                pub = paper["rows"].get(algo)
+                print(row(algo, r, f"{r['packs'] - paper['l2']:+9,}" + (f"   paper: {pub}" if pub else "")))
         for k, v in paper["rows"].items():
             if k != "none" and k.split()[0] not in algos:
                 print(f"  {k:<11}{'':>54}   paper: {v}")
@@ -292,19 +272,20 @@ def section_histograms(algos, quick: bool) -> None:
 def make_corpus(path: Path, target_mb: float) -> None:
     from packtool.synth import iter_documents, make_vocabulary
 
-    vocab, tmp, written, seed, t0 = make_vocabulary(seed=0), path.with_suffix(".tmp"), 0, 0, time.perf_counter()
+    vocab, tmp, seed, t0 = make_vocabulary(seed=0), path.with_suffix(".tmp"), 0, time.perf_counter()
     with open(tmp, "w", encoding="utf-8") as f:
-        while written < target_mb * 1e6:
+        while f.tell() < target_mb * 1e6:
             f.write("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n"
                             for d in iter_documents(10_000, seed=seed, vocab=vocab)))
-            written, seed = f.tell(), seed + 1
+            seed += 1
             if seed == 1:
-                print(f"  generating {path.name}: estimated {(time.perf_counter() - t0) * target_mb * 1e6 / written:.0f} s")
+                est = (time.perf_counter() - t0) * target_mb * 1e6 / f.tell()
+                print(f"  generating {path.name}: estimated {est:.0f} s", flush=True)
+                if est > 600:
+                    target_mb /= 2
+                    print(f"  > 10 min: generating half of it (~{target_mb:,.0f} MB) instead")
+    print(f"  generated {tmp.stat().st_size / 1e6:,.0f} MB in {time.perf_counter() - t0:.0f} s")
     tmp.rename(path)
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def timed_copy(src: Path, dst: Path) -> float:
@@ -316,43 +297,41 @@ def timed_copy(src: Path, dst: Path) -> float:
 
 
 def section_e2e(workdir: Path, corpus_mb: float) -> None:
-    print(f"\n== 4. end to end: packtool pack --seq-len 4096 --algo bfd vs a plain copy of the .bin")
-    corpus = workdir / f"e2e-corpus-{corpus_mb:g}mb.jsonl"
+    banner("4. end to end: packtool pack --seq-len 4096 --algo bfd vs a plain copy of the .bin")
+    corpus, prefix = workdir / f"e2e-corpus-{corpus_mb:g}mb.jsonl", workdir / f"e2e-tok-{corpus_mb:g}mb"
     if not corpus.exists():
         make_corpus(corpus, corpus_mb)
-    prefix = workdir / f"e2e-tok-{corpus_mb:g}mb"
+    cli = [sys.executable, "-m", "packtool.cli"]
     if not prefix.with_suffix(".json").exists():
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "packtool.cli", "tokenize", str(corpus), "--tokenizer",
-                        str(TOKENIZER), "--out", str(prefix), "-q", "--overwrite"], check=True, cwd=ROOT)
+        subprocess.run(cli + ["tokenize", corpus, "--tokenizer", TOKENIZER, "--out", prefix, "-q",
+                              "--overwrite"], check=True, cwd=ROOT)
         print(f"  tokenized in {time.perf_counter() - t0:.0f} s")
-    meta = json.loads(prefix.with_suffix(".json").read_text())
-    src = prefix.with_suffix(".bin")
+    meta, src = json.loads(prefix.with_suffix(".json").read_text()), prefix.with_suffix(".bin")
     print(f"  corpus {corpus.stat().st_size / 1e6:,.0f} MB JSONL -> {meta['n_docs']:,} docs, "
           f"{meta['n_tokens']:,} tokens, .bin {src.stat().st_size / 1e6:,.0f} MB")
     out = workdir / "e2e-packed"
     shutil.rmtree(out, ignore_errors=True)
-    cli = subprocess.run([sys.executable, "-m", "packtool.cli", "pack", "--help"], capture_output=True, cwd=ROOT)
-    if cli.returncode == 0:
-        cmd, how = [sys.executable, "-m", "packtool.cli", "pack", str(prefix), "--seq-len", "4096",
-                    "--algo", "bfd", "--out", str(out), "-q", "--json"], "packtool pack (CLI)"
+    if subprocess.run(cli + ["pack", "--help"], capture_output=True, cwd=ROOT).returncode == 0:
+        cmd = cli + ["pack", prefix, "--seq-len", "4096", "--algo", "bfd", "--out", out, "-q", "--json"]
+        how = "packtool pack (CLI)"
     else:
         cmd = [sys.executable, "-c", "import sys, json; from packtool.pack import pack_corpus; "
                "print(json.dumps(pack_corpus([sys.argv[1]], sys.argv[2], 4096, 'bfd', "
-               "overwrite=True).to_json()))", str(prefix), str(out)]
+               "overwrite=True).to_json()))", prefix, out]
         how = "pack_corpus() in a subprocess (no `packtool pack` command yet)"
     copy1 = timed_copy(src, workdir / "e2e-copy.bin")
     t0 = time.perf_counter()
     res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
     wall = time.perf_counter() - t0
     copy2 = timed_copy(src, workdir / "e2e-copy.bin")
-    written, copy = dir_bytes(out), min(copy1, copy2)
-    pack_bps, copy_bps = written / wall, src.stat().st_size / copy
+    written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    pack_bps, copy_bps = written / wall, src.stat().st_size / min(copy1, copy2)
     print(f"  {how}: {wall:.1f} s wall incl. process start ({res['seconds']:.1f} s inside, assignment "
           f"{res.get('assign_seconds', float('nan')):.2f} s), {res['n_packs']:,} packs, efficiency "
           f"{100 * res['efficiency']:.3f}%, wrote {written / 1e6:,.0f} MB: {pack_bps / 1e6:,.0f} MB/s")
-    print(f"  shutil.copyfile of the .bin: {copy1:.2f} s / {copy2:.2f} s (before / after), best "
-          f"{copy_bps / 1e6:,.0f} MB/s")
+    print(f"  shutil.copyfile of the .bin: {copy1:.2f} s / {copy2:.2f} s (before / after the pack), "
+          f"best {copy_bps / 1e6:,.0f} MB/s")
     ratio = pack_bps / copy_bps
     print(f"  ratio pack / copy bytes per second: {ratio:.3f} (target >= 0.5: "
           f"{'met' if ratio >= 0.5 else 'NOT MET'})")
@@ -361,7 +340,7 @@ def section_e2e(workdir: Path, corpus_mb: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1M lengths, 1M-doc TRL run, ~10M-token corpus")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes everywhere (see above)")
     for s in ("synthetic", "trl", "histograms", "e2e"):
         ap.add_argument(f"--skip-{s}", action="store_true")
     ap.add_argument("--algos", default=None, help="comma-separated packers (default: all in PACKERS)")
@@ -375,11 +354,13 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     algos = args.algos.split(",") if args.algos else list(PACKERS)
     n = args.n or (1_000_000 if args.quick else 10_000_000)
-    print(f"packtool packers: {', '.join(algos)}; numba {numba.__version__}, numpy {np.__version__}")
-    warm_up(algos)
+    print(f"packtool packers: {', '.join(algos)}; numba {numba.__version__}, numpy {np.__version__}, "
+          f"{os.cpu_count()} cores")
+    for algo in algos:  # compile (or load from numba's disk cache) every kernel before timing
+        assign_packs(np.array([5, 3, 8, 1, 7, 2], np.int64), 8, algo)
     results: dict = {}
     if not (args.skip_synthetic and args.skip_trl):
-        lengths = lognormal_lengths(n)
+        lengths = np.clip(np.random.default_rng(0).lognormal(np.log(300), 1.0, n), 1, 4096).astype(np.int64)
         lengths_file = args.workdir / f"lengths-{n}.npy"
         np.save(lengths_file, lengths)
         if not args.skip_synthetic:
