@@ -44,7 +44,7 @@ def atomic_files(paths: list[Path], overwrite: bool = False):
     The last path is renamed last: make it the manifest, so a reader that finds the manifest
     finds complete data files beside it.
     """
-    paths = [Path(p) for p in paths]
+    paths = [Path(os.path.abspath(p)) for p in paths]
     refuse_existing_files(paths, overwrite)
     for p in paths:
         if not p.parent.is_dir():
@@ -61,20 +61,28 @@ def atomic_files(paths: list[Path], overwrite: bool = False):
 
 
 @contextlib.contextmanager
-def atomic_dir(path: Path, overwrite: bool = False):
+def atomic_dir(path: Path, overwrite: bool = False, owned_marker: str | None = None):
     """Yield a fresh temporary directory that becomes ``path`` on success.
 
-    An existing non-empty ``path`` is refused unless ``overwrite``; an empty one is replaced.
+    An existing non-empty ``path`` is refused unless ``overwrite``, and even then only if it
+    is one of our own outputs (it holds ``owned_marker``, e.g. index.json): --overwrite never
+    deletes a directory of the user's other files.
     """
-    path = Path(path)
+    path = Path(os.path.abspath(path))
     if path.exists():
         if not path.is_dir():
             raise PacktoolError(f"output {path} exists and is not a directory; choose another --out")
-        if any(path.iterdir()) and not overwrite:
-            raise PacktoolError(
-                f"output directory {path} is not empty; pass --overwrite to replace it "
-                "or choose another --out"
-            )
+        if any(path.iterdir()):
+            if not overwrite:
+                raise PacktoolError(
+                    f"output directory {path} is not empty; pass --overwrite to replace it "
+                    "or choose another --out"
+                )
+            if owned_marker and not (path / owned_marker).is_file():
+                raise PacktoolError(
+                    f"output directory {path} holds other files (no {owned_marker}): "
+                    "--overwrite only replaces a previous packtool output; choose another --out"
+                )
     if not path.parent.is_dir():
         raise PacktoolError(f"parent directory {path.parent} does not exist; create it first")
     tmp = _temp_name(path)

@@ -23,6 +23,9 @@ def _run(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except PacktoolError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # disk full, permissions, read-only file systems...
+        where = f" {e.filename}" if e.filename else ""
+        raise click.ClickException(f"cannot read or write{where}: {e.strerror or e}") from None
 
 
 def _emit(result, as_json: bool, quiet: bool) -> None:
@@ -36,7 +39,11 @@ class _Terminated(KeyboardInterrupt):
     pass
 
 
+_TERMINATED = []
+
+
 def _on_sigterm(signum, frame):
+    _TERMINATED.append(signum)  # click turns the exception into Abort: remember why
     raise _Terminated()
 
 
@@ -276,13 +283,10 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         cli.main(prog_name="packtool", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("Aborted: no output was written.", err=True)
-        sys.exit(130)
-    except _Terminated:
-        click.echo("Terminated: no output was written.", err=True)
-        sys.exit(143)
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        if _TERMINATED:
+            click.echo("Terminated: no output was written.", err=True)
+            sys.exit(143)
         click.echo("Interrupted: no output was written.", err=True)
         sys.exit(130)
     except click.ClickException as e:

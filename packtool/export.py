@@ -72,7 +72,7 @@ def export_parquet(directory: str | Path, out: str | Path, overwrite: bool = Fal
                     _write_shard(ds, k, w)
         files = 1
     else:
-        with atomic_dir(out, overwrite) as tmp:
+        with atomic_dir(out, overwrite, owned_marker="shard-00000.parquet") as tmp:
             for k, sh in enumerate(ds.index["shards"]):
                 with pq.ParquetWriter(tmp / f"{sh['name']}.parquet", schema) as w:
                     _write_shard(ds, k, w)

@@ -128,6 +128,12 @@ def open_sources(prefixes: list[str | Path]) -> list[TokenCorpus]:
     if not prefixes:
         raise PacktoolError("no token files given; pass the --out PREFIX of packtool tokenize")
     corpora = [open_tokens(p) for p in prefixes]
+    seen = set()
+    for c in corpora:
+        key = c.prefix.resolve()
+        if key in seen:
+            raise PacktoolError(f"token files {c.prefix} given twice; each corpus is packed once")
+        seen.add(key)
     shas = {c.meta["tokenizer"]["sha256"] for c in corpora}
     if len(shas) > 1:
         raise PacktoolError(
@@ -217,6 +223,11 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
     if shard_size < 1:
         raise PacktoolError(f"--shard-size must be positive, got {shard_size}")
     corpora = open_sources(prefixes)
+    out_dir = Path(out).resolve()
+    for c in corpora:
+        if out_dir == c.prefix.resolve().parent or out_dir in c.prefix.resolve().parents:
+            raise PacktoolError(f"--out {out} contains the source {c.prefix}; write the packed "
+                                "dataset to a directory of its own")
     doc_base = np.cumsum([0] + [len(c) for c in corpora]).astype(np.int64)
     lengths = np.concatenate([c.lengths for c in corpora]) if corpora else np.empty(0, np.int64)
     segs = make_segments(lengths, seq_len, overflow)
@@ -272,7 +283,7 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
                    dynamic_ncols=True, mininterval=0.5)
     shards = []
     try:
-        with atomic_dir(Path(out), overwrite) as tmp:
+        with atomic_dir(Path(out), overwrite, owned_marker=INDEX) as tmp:
             for k in range(len(shard_starts) - 1):
                 p0, p1 = shard_starts[k], shard_starts[k + 1]
                 shards.append(_write_shard(

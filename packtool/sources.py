@@ -60,6 +60,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
         if p.is_dir():
             found = sorted(
                 f for f in p.rglob("*") if f.is_file() and file_kind(f) and not f.name.startswith(".")
+                and not _is_packtool_manifest(f)
             )
             if not found:
                 raise PacktoolError(f"directory {p} holds no supported files ({_SUPPORTED})")
@@ -79,13 +80,30 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
             out.extend(found)
         else:
             raise PacktoolError(f"{p}: no such file or directory")
+    seen: dict = {}
     for p in out:
+        key = p.resolve()
+        if key in seen:
+            raise PacktoolError(f"{p} is given twice (also as {seen[key]}); each input is read once")
+        seen[key] = p
         try:
             with open(p, "rb"):
                 pass
         except OSError as e:
             raise PacktoolError(f"{p}: cannot open ({e.strerror}); check the path and permissions")
     return out
+
+
+def _is_packtool_manifest(path: Path) -> bool:
+    """packtool's own .json outputs (token manifests, index.json) sitting in an input folder."""
+    if not path.name.endswith(".json"):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return b'"format": "packtool.' in head
 
 
 @dataclass
@@ -141,6 +159,9 @@ class ReadOptions:
         return _check_messages(_get_field(obj, self.messages_field), self.messages_field)
 
 
+_SKIPPED = object()  # a record already counted as skipped
+
+
 class _BadRecord(Exception):
     def __init__(self, reason: str, message: str):
         self.reason, self.message = reason, message
@@ -149,7 +170,7 @@ class _BadRecord(Exception):
 def _get_field(obj, key: str):
     """``obj[key]``, or with dots a nested lookup (``meta.body``); a literal dotted key wins."""
     if not isinstance(obj, dict):
-        raise _BadRecord("not_an_object", f"record is a JSON {type(obj).__name__}, not an object")
+        raise _BadRecord("not_an_object", f"record is a JSON {_json_type(obj)}, not an object")
     if key in obj:
         return obj[key]
     cur, walked = obj, []
@@ -168,28 +189,39 @@ def _get_field(obj, key: str):
     return cur
 
 
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
+               bool: "boolean", type(None): "null"}
+
+
+def _json_type(v) -> str:
+    return _JSON_TYPES.get(type(v), type(v).__name__)
+
+
 def _check_text(value, key: str) -> str:
     if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON "\ud800" escapes decode to lone surrogates
+            raise _BadRecord("invalid_unicode", f"field {key!r} holds a lone surrogate "
+                             f"(U+{ord(value[e.start]):04X} at character {e.start})") from None
         return value
-    kind = "null" if value is None else type(value).__name__
-    raise _BadRecord("not_a_string", f"field {key!r} is {kind}, expected a string")
+    raise _BadRecord("not_a_string", f"field {key!r} is {_json_type(value)}, expected a string")
 
 
 def _check_messages(value, key: str) -> list[dict]:
     if not isinstance(value, list):
-        kind = "null" if value is None else type(value).__name__
-        raise _BadRecord("bad_messages", f"field {key!r} is {kind}, expected a list of messages")
+        raise _BadRecord("bad_messages", f"field {key!r} is {_json_type(value)}, expected an array of messages")
     if not value:
         raise _BadRecord("bad_messages", f"field {key!r} is an empty conversation")
     for i, m in enumerate(value):
         if not isinstance(m, dict):
-            raise _BadRecord("bad_messages", f"message {i} is a {type(m).__name__}, expected an object")
+            raise _BadRecord("bad_messages", f"message {i} is a {_json_type(m)}, expected an object")
         for k in ("role", "content"):
             if k not in m:
                 raise _BadRecord("bad_messages", f"message {i} has no {k!r} (keys: {', '.join(map(repr, m))})")
             if not isinstance(m[k], str):
-                kind = "null" if m[k] is None else type(m[k]).__name__
-                raise _BadRecord("bad_messages", f"message {i} {k!r} is {kind}, expected a string")
+                raise _BadRecord("bad_messages", f"message {i} {k!r} is {_json_type(m[k])}, expected a string")
+            _check_text(m[k], f"message {i} {k}")
     return value
 
 
@@ -269,6 +301,10 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats, prog
                 if not line.strip():
                     stats.blank_lines += 1
                     continue
+                if stats.n_docs == 0 and not stats.skipped and line.lstrip(b"\xef\xbb\xbf \t").startswith(b"["):
+                    raise PacktoolError(
+                        f"{path} line {lineno}: the file is a JSON array, not JSON Lines (one "
+                        "object per line); convert it, e.g. jq -c '.[]' in.json > in.jsonl")
                 try:
                     try:
                         obj = json.loads(line)
@@ -329,16 +365,18 @@ def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> 
                             f"(type {col.type}); pass --text-field NAME"
                         )
                     col = pc.struct_field(col, part)
-            if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-                if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-                    col = _binary_to_text(col, path, row, opts, stats)
-                else:
-                    raise PacktoolError(
-                        f"{path}: column {key!r} has type {col.type}, expected a string; "
-                        "pass --text-field NAME to read another column"
-                    )
-            texts = col.to_pylist()
+            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+                texts = col.to_pylist()
+            elif pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+                texts = _binary_to_text(col, path, row, opts, stats)
+            else:
+                raise PacktoolError(
+                    f"{path}: column {key!r} has type {col.type}, expected a string; "
+                    "pass --text-field NAME to read another column"
+                )
             for i, text in enumerate(texts):
+                if text is _SKIPPED:
+                    continue
                 if text is None:
                     if opts.skip_bad_records:
                         stats.skip(row + i + 1, "null")
@@ -400,11 +438,14 @@ def _binary_to_text(col, path, row0, opts, stats):
                     f"{path} row {row0 + i + 1}: invalid UTF-8 ({e.reason} at byte {e.start}); "
                     "fix the record or pass --skip-bad-records"
                 ) from None
-            out.append(None)
-    return pa.array(out, type=pa.string())
+            stats.skip(row0 + i + 1, "invalid_utf8")
+            out.append(_SKIPPED)
+    return out
 
 
 def _decode_txt(data: bytes, path: Path, first_line: int) -> str:
+    if first_line == 1 and data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # a UTF-8 byte-order mark marks the encoding; it is not text
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

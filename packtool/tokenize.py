@@ -301,8 +301,14 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
         renderer = ChatRenderer(source, variables, opts.train_on)
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode, renderer)
     prefix = Path(out)
+    if str(out).endswith(("/", "\\")) or prefix.is_dir():
+        raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. {prefix / 'corpus'}")
     files = prefix_paths(prefix)
     with_mask = mode != "text"
+    outputs_resolved = {p.resolve() for p in files.values()}
+    for p in paths:
+        if p.resolve() in outputs_resolved:
+            raise PacktoolError(f"input {p} is also an output of --out {out}; choose another --out")
     total_bytes = sum(p.stat().st_size for p in paths)
 
     outputs = [files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else []) + [files["json"]]

@@ -8,7 +8,8 @@ Checks, in order, stopping at the first violation (named with shard, pack and to
 3. Invariants: packs non-empty and <= seq_len; ``cu_seqlens`` start at 0, strictly increase
    and end at the pack's length; ``doc_ids`` number the segments of each pack 0, 1, ...;
    ``position_ids`` restart at 0 in every segment; totals match the index.
-4. With sources (``--source PREFIX...``): the source manifests are the ones packed; the
+4. With sources (``--source PREFIX...``): the source manifests are the ones packed and the
+   source files match their own checksums; the
    segments are exactly what the overflow policy makes of the source documents (every
    document, piece and token once; truncated/dropped ones as counted); every segment's tokens
    equal the source tokens at its document and offset.
@@ -144,6 +145,7 @@ def _verify_sources(index: dict, shards: list[dict], sources, seq_len: int) -> N
         if sha256_file(prefix_paths(c.prefix)["json"]) != rec["manifest_sha256"]:
             raise VerifyError(f"--source {c.prefix} is not the corpus that was packed "
                               f"(manifest sha256 differs from {rec['prefix']}'s)")
+        c.verify_checksums()  # a corrupt source must not vouch for the packs
     lengths = np.concatenate([c.lengths for c in corpora])
     want = make_segments(lengths, seq_len, index["overflow"])
     doc = np.concatenate([np.asarray(s["source_docs"]) for s in shards]) if shards else np.empty(0, np.int64)

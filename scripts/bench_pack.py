@@ -15,7 +15,8 @@ Prints measurements and ratios only (it never asserts on wall-clock time). Secti
   3 histograms  wikipedia-512 and squad11-384 (packtool/data) beside the Graphcore paper's numbers.
   4 e2e         synthetic JSONL (~500M tokens, cached in --workdir) -> packtool tokenize -> timed
                 packtool pack --seq-len 4096 --algo bfd; bytes written per second as a ratio to a
-                plain copy of the token .bin on the same disk (target >= 0.5).
+                plain copy of the token .bin on the same disk (target >= 0.5); no fsync in
+                either, so both mostly measure writes into the page cache.
 --quick: 1M lengths, a 1M-doc TRL run, squad11-384 only, a ~10M-token corpus. Every section
 title shows the load average: above 2 on a 2-core machine, timings include contention.
 """
@@ -289,6 +290,7 @@ def make_corpus(path: Path, target_mb: float) -> None:
 
 
 def timed_copy(src: Path, dst: Path) -> float:
+    os.sync()  # every timed step starts with no dirty pages queued for writeback
     t0 = time.perf_counter()
     shutil.copyfile(src, dst)
     secs = time.perf_counter() - t0
@@ -321,6 +323,7 @@ def section_e2e(workdir: Path, corpus_mb: float) -> None:
                "overwrite=True).to_json()))", prefix, out]
         how = "pack_corpus() in a subprocess (no `packtool pack` command yet)"
     copy1 = timed_copy(src, workdir / "e2e-copy.bin")
+    os.sync()
     t0 = time.perf_counter()
     res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
     wall = time.perf_counter() - t0

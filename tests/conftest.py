@@ -27,8 +27,17 @@ def docs():
     return d
 
 
+def _line(r) -> str:
+    line = json.dumps(r, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: keep them as JSON \ud800 escapes
+        line = json.dumps(r)
+    return line + "\n"
+
+
 def write_jsonl(path: Path, records, compress=None) -> Path:
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    data = "".join(_line(r) for r in records).encode()
     if compress == "gz":
         data = gzip.compress(data)
     elif compress == "zst":

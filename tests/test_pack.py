@@ -223,3 +223,34 @@ def test_cli_pack_verify_demo(tmp_path, corpus):
     r = runner.invoke(cli, ["demo", "--out", str(tmp_path / "demo")])
     assert r.exit_code == 0, r.output
     assert "OK" in r.output and "every source token accounted for" in r.output
+
+
+def test_overwrite_never_deletes_foreign_directories(tmp_path, corpus):
+    import shutil
+
+    d = tmp_path / "data"
+    d.mkdir()
+    for suffix in (".bin", ".boundaries", ".json"):
+        shutil.copy(corpus / f"a{suffix}", d / f"corpus{suffix}")
+    with pytest.raises(packtool.PacktoolError, match="contains the source"):
+        pack_corpus([d / "corpus"], d, 128, overwrite=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(packtool.PacktoolError, match="only replaces a previous packtool output"):
+        pack_corpus([corpus / "a"], tmp_path / "other", 128, overwrite=True)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    with pytest.raises(packtool.PacktoolError, match="given twice"):
+        pack_corpus([corpus / "a", corpus / "." / "a"], tmp_path / "p2", 128)
+
+
+def test_verify_source_checksums(tmp_path, corpus):
+    import shutil
+
+    for suffix in (".bin", ".boundaries", ".json"):
+        shutil.copy(corpus / f"a{suffix}", tmp_path / f"a{suffix}")
+    pack_corpus([tmp_path / "a"], tmp_path / "p", 128)
+    data = bytearray((tmp_path / "a.bin").read_bytes())
+    data[10] ^= 1
+    (tmp_path / "a.bin").write_bytes(bytes(data))
+    with pytest.raises(packtool.PacktoolError, match="sha256"):
+        verify_packed(tmp_path / "p", [tmp_path / "a"])

@@ -105,6 +105,12 @@ def test_nnlshp_depth_and_quality():
     assert eff > 0.8 * min(1.0, 3 * lengths.mean() / 128)
 
 
+def test_nnlshp_depth_one():
+    lengths = np.array([3, 5, 8, 1, 0])
+    packs = assign_packs(lengths, 8, "nnlshp", max_depth=1)
+    assert check_assignment(lengths, packs, 8) == 4
+
+
 def test_nnlshp_coarse_grid_and_refusal():
     from packtool.packers.nnlshp import choose_step, count_strategies
 

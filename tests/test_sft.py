@@ -119,8 +119,9 @@ def test_prompt_completion_round_trip_to_labels(tmp_path, tokenizer):
 @pytest.mark.parametrize("record,match", [
     ({"messages": [{"content": "x"}]}, "message 0 has no 'role'"),
     ({"messages": []}, "empty conversation"),
-    ({"messages": [{"role": "user", "content": 3}]}, "message 0 'content' is int"),
-    ({"messages": "hi"}, "is str, expected a list of messages"),
+    ({"messages": [{"role": "user", "content": 3}]}, "message 0 'content' is number"),
+    ({"messages": "hi"}, "is string, expected an array of messages"),
+    ({"messages": [{"role": "user", "content": "a\ud800"}]}, "lone surrogate"),
 ])
 def test_bad_chat_records(tmp_path, record, match):
     p = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVERSATIONS[1]}, record])

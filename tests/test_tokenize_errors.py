@@ -108,7 +108,7 @@ def test_missing_field_lists_keys(tmp_path):
 
 def test_non_string_field(tmp_path):
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": ["a", "b"]}])
-    assert_fails(tmp_path, "a.jsonl line 1: field 'text' is list, expected a string", p)
+    assert_fails(tmp_path, "a.jsonl line 1: field 'text' is array, expected a string", p)
     p = write_jsonl(tmp_path / "b.jsonl", [{"text": None}])
     assert_fails(tmp_path, "b.jsonl line 1: field 'text' is null", p)
 
@@ -193,7 +193,7 @@ def test_signal_mid_run_leaves_nothing(tmp_path, sig):
     time.sleep(0.3)
     proc.send_signal(sig)
     err = proc.communicate(timeout=60)[1]
-    assert proc.returncode in (130, 143), err
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
     assert "no output was written" in err
     assert sorted(x.name for x in tmp_path.iterdir()) == ["big.jsonl"]
 
@@ -235,3 +235,45 @@ def test_cli_help_version_json(tmp_path):
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout)
     assert summary["n_docs"] == 2 and summary["n_empty"] == 1 and summary["dtype"] == "uint16"
+
+
+def test_outputs_never_clobber_inputs(tmp_path):
+    """--overwrite must not turn an input into an output, nor read packtool's own files."""
+    p = write_jsonl(tmp_path / "keep.json", [{"text": "precious"}])
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "keep"),
+                                 "--overwrite", "-q"])
+    assert r.exit_code == 1 and "also an output" in r.output
+    assert json.loads(p.read_text()) == {"text": "precious"}
+    d = tmp_path / "data"
+    d.mkdir()
+    write_jsonl(d / "a.jsonl", [{"text": "x"}])
+    for _ in range(2):  # the second run finds corpus.json in data/ and must skip it
+        r = CliRunner().invoke(cli, ["tokenize", str(d), "-t", str(TOKENIZER), "-o", str(d / "corpus"),
+                                     "--overwrite", "-q", "--json"])
+        assert r.exit_code == 0, r.output
+        assert [i["path"].rsplit("/", 1)[1] for i in json.loads(r.stdout)["inputs"]] == ["a.jsonl"]
+    r = CliRunner().invoke(cli, ["tokenize", str(d / "a.jsonl"), str(d / "." / "a.jsonl"), "-t", str(TOKENIZER),
+                                 "-o", str(tmp_path / "o")])
+    assert r.exit_code == 1 and "given twice" in r.output
+    r = CliRunner().invoke(cli, ["tokenize", str(d / "a.jsonl"), "-t", str(TOKENIZER), "-o", str(d) + "/"])
+    assert r.exit_code == 1 and "is a directory" in r.output
+
+
+def test_json_array_file_and_lone_surrogate(tmp_path):
+    (tmp_path / "a.json").write_text('[\n {"text": "a"},\n {"text": "b"}\n]\n')
+    out = assert_fails(tmp_path, "a.json line 1: the file is a JSON array, not JSON Lines", tmp_path / "a.json")
+    assert "jq -c" in out
+    (tmp_path / "b.jsonl").write_text('{"text": "ok"}\n{"text": "a\\ud800b"}\n')
+    assert_fails(tmp_path, "b.jsonl line 2: field 'text' holds a lone surrogate", tmp_path / "b.jsonl")
+
+
+def test_write_errors_are_clean(tmp_path):
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(ro / "c"), "-q"])
+    ro.chmod(0o700)
+    if os.geteuid() == 0:
+        return  # root writes anywhere
+    assert r.exit_code == 1 and "Error:" in r.output and "Traceback" not in r.output

@@ -109,9 +109,17 @@ def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0, max_depth: int | 
         x = np.zeros(len(strats))
     repeat = np.rint(x).astype(np.int64)
     residual = hist.astype(np.int64) - (A @ repeat).astype(np.int64)
+    repeat = list(repeat)
     for u in np.flatnonzero(residual > 0) + 1:
-        pair = (int(u),) if u == units else tuple(sorted((int(u), units - int(u))))
-        repeat[index[pair]] += residual[u - 1]
+        # leftovers: one document and the rest of the pack empty ([u, L - u], or [u] alone
+        # when depth 1 leaves no pair in the strategy set)
+        pair = (int(u),) if u == units or depth == 1 else tuple(sorted((int(u), units - int(u))))
+        if pair not in index:
+            index[pair] = len(strats)
+            strats.append(pair)
+            repeat.append(0)
+        repeat[index[pair]] += int(residual[u - 1])
+    repeat = np.array(repeat, dtype=np.int64)
     # groups: one chain of nodes per used strategy
     g_count, g_parent, g_len = [], [], []
     for j in np.flatnonzero(repeat > 0):
