@@ -43,11 +43,11 @@ def next_fit(lengths, order, capacity):
     return packs
 
 
-def spfhp_sizes(lengths, capacity, max_depth):
-    """SPFHP as in the paper, one document at a time: lengths longest first; each document
-    goes to the open pack with the most room (ties: the one changed last); documents of a
-    length that fit nowhere open one new pack each *after* that length is done (the paper
-    creates them in bulk); packs close when full or at max_depth documents."""
+def spfhp_sizes(lengths, capacity, max_depth, strict=False):
+    """SPFHP one document at a time: lengths longest first; each document goes to the open
+    pack with the most room (ties: the one changed last); documents of a length that fit
+    nowhere open new packs of k = min(max_depth, L // l) documents *after* that length is
+    done (as the kernel does in bulk); packs close when full or at max_depth documents."""
     from collections import Counter
 
     open_packs, closed, stamp = [], [], 0  # pack: [room, depth, stamp]
@@ -64,8 +64,23 @@ def spfhp_sizes(lengths, capacity, max_depth):
             if pk[0] == 0 or pk[1] >= max_depth:
                 open_packs.remove(pk)
                 closed.append(pk)
-        stamp += 1
-        for _ in range(unplaced):
-            pk = [capacity - l, 1, stamp]
-            (closed if pk[0] == 0 or max_depth == 1 else open_packs).append(pk)
+        while unplaced:
+            stamp += 1
+            k = 1 if strict else min(max_depth, capacity // l, unplaced)
+            for _ in range(unplaced // k):
+                pk = [capacity - k * l, k, stamp]
+                (closed if pk[0] == 0 or k >= max_depth else open_packs).append(pk)
+            unplaced %= k
+            # the remainder first tries the packs just opened (the kernel loops again)
+            while unplaced:
+                fits = [pk for pk in open_packs if pk[0] >= l]
+                if not fits:
+                    break
+                pk = max(fits, key=lambda q: (q[0], q[2]))
+                stamp += 1
+                pk[0], pk[1], pk[2] = pk[0] - l, pk[1] + 1, stamp
+                unplaced -= 1
+                if pk[0] == 0 or pk[1] >= max_depth:
+                    open_packs.remove(pk)
+                    closed.append(pk)
     return sorted(capacity - pk[0] for pk in open_packs + closed)
