@@ -89,7 +89,7 @@ def header(first: str = "packer") -> str:
 
 
 def row(name: str, r: dict, note: str = "") -> str:
-    secs = f"{r['seconds']:9.3f} s (best of {r['k']})" if r["k"] else f"{'-':>22}"
+    secs = f"{r['seconds']:9.3f} s (best of {r['k']})" if r["k"] else f"{'-':>23}"
     return (f"  {name:<11}{secs} {r['packs']:>12,} {100 * r['eff']:9.3f}% {r['gap']:+9.4f}%   "
             f"{note}{'' if r['valid'] else '  INVALID PACKING'}")
 
@@ -267,7 +267,7 @@ def section_histograms(algos, quick: bool) -> None:
                 print(row(algo, r, f"{r['packs'] - paper['l2']:+9,}" + (f"   paper: {pub}" if pub else "")))
         for k, v in paper["rows"].items():
             if k != "none" and k.split()[0] not in algos:
-                print(f"  {k:<11}{'':>54}   paper: {v}")
+                print(f"  {k:<84}paper: {v}")
 
 
 def make_corpus(path: Path, target_mb: float) -> None:
