@@ -343,6 +343,13 @@ def _source_entry(c: TokenCorpus) -> dict:
 
 def _write_shard(tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, doc_base,
                  starts, pack_nseg, corpora, dtypes, bar, has_mask=False) -> dict:
+    """Write one shard. Per-token arrays are filled in place through memory maps, a chunk of
+    whole packs at a time, by two threads (numba kernels and crc32 release the GIL): one
+    gathers tokens (and the loss mask), the other writes positions and segment ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .packed import NpyMap
+
     s0, s1 = int(seg_first[p0]), int(seg_first[p1])
     lens = seg_len[s0:s1]
     n_tok = int(lens.sum())
@@ -356,55 +363,64 @@ def _write_shard(tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, do
     cu[idx] = tok_ends[1:] - np.repeat(pack_offsets[:-1], nseg)
     cu[seg_in_shard[:-1] + np.arange(p1 - p0)] = 0
     name = f"shard-{k:05d}"
+    small = {"pack_offsets": pack_offsets, "seg_offsets": seg_in_shard, "cu_seqlens": cu,
+             "source_docs": seg_doc[s0:s1], "source_offsets": seg_off[s0:s1]}
     files = {}
-    sizes = {"tokens": n_tok, "position_ids": n_tok, "doc_ids": n_tok,
-             "pack_offsets": p1 - p0 + 1, "seg_offsets": p1 - p0 + 1, "cu_seqlens": cu.size,
-             "source_docs": s1 - s0, "source_offsets": s1 - s0, MASK: n_tok}
-    names = ARRAYS + ((MASK,) if has_mask else ())
-    writers = {a: NpyWriter(tmp / f"{name}.{a}.npy", dtypes[a], sizes[a]) for a in names}
+    for a, arr in small.items():
+        w = NpyWriter(tmp / f"{name}.{a}.npy", dtypes[a], arr.size)
+        w.write(arr)
+        files[a] = {"name": f"{name}.{a}.npy", **w.close()}
+    per_token = ("tokens", "position_ids", "doc_ids") + ((MASK,) if has_mask else ())
+    maps = {a: NpyMap(tmp / f"{name}.{a}.npy", dtypes[a], n_tok) for a in per_token}
+    sdoc, soff, swhich = seg_doc[s0:s1], seg_off[s0:s1], which[s0:s1]
+
+    def tokens_part(a, b, t_a, t_b):
+        toks = maps["tokens"].array
+        mask = maps[MASK].array if has_mask else None
+        if mask is not None:
+            mask[t_a:t_b] = 1
+        for c, corpus in enumerate(corpora):
+            m = swhich[a:b] == c
+            if not m.any():
+                continue
+            src = starts[c][sdoc[a:b][m] - doc_base[c]] + soff[a:b][m]
+            dst = tok_ends[a:b][m]
+            _gather(corpus.tokens, src, lens[a:b][m], toks, dst)
+            if mask is not None and corpus.mask is not None:
+                _gather(corpus.mask, src, lens[a:b][m], mask, dst)
+        maps["tokens"].hash_upto(t_b)
+        if mask is not None:
+            maps[MASK].hash_upto(t_b)
+
+    def sidecars_part(j, j1, a, b, t_a, t_b):
+        _fill_sidecars(lens[a:b], nseg[j:j1], maps["position_ids"].array[t_a:t_b],
+                       maps["doc_ids"].array[t_a:t_b])
+        maps["position_ids"].hash_upto(t_b)
+        maps["doc_ids"].hash_upto(t_b)
+
     try:
-        writers["pack_offsets"].write(pack_offsets)
-        writers["seg_offsets"].write(seg_in_shard)
-        writers["cu_seqlens"].write(cu)
-        writers["source_docs"].write(seg_doc[s0:s1])
-        writers["source_offsets"].write(seg_off[s0:s1])
-        # per-token arrays, a chunk of whole packs at a time
-        j = 0
-        n_packs = p1 - p0
-        while j < n_packs:
-            j1 = int(np.searchsorted(pack_offsets, pack_offsets[j] + CHUNK_TOKENS, side="right")) - 1
-            j1 = min(max(j1, j + 1), n_packs)
-            a, b = int(seg_in_shard[j]), int(seg_in_shard[j1])
-            t_a, t_b = int(pack_offsets[j]), int(pack_offsets[j1])
-            chunk_lens = lens[a:b]
-            dst_start = tok_ends[a:b] - t_a
-            toks = np.empty(t_b - t_a, dtypes["tokens"])
-            mask = np.ones(t_b - t_a, np.uint8) if has_mask else None
-            for c, corpus in enumerate(corpora):
-                m = which[s0 + a:s0 + b] == c
-                if not m.any():
-                    continue
-                docs = seg_doc[s0 + a:s0 + b][m] - doc_base[c]
-                src = starts[c][docs] + seg_off[s0 + a:s0 + b][m]
-                _gather(corpus.tokens, src, chunk_lens[m], toks, dst_start[m])
-                if mask is not None and corpus.mask is not None:
-                    _gather(corpus.mask, src, chunk_lens[m], mask, dst_start[m])
-            pos = np.empty(t_b - t_a, dtypes["position_ids"])
-            doc_ids = np.empty(t_b - t_a, dtypes["doc_ids"])
-            _fill_sidecars(chunk_lens, nseg[j:j1], pos, doc_ids)
-            writers["tokens"].write(toks)
-            writers["position_ids"].write(pos)
-            writers["doc_ids"].write(doc_ids)
-            if mask is not None:
-                writers[MASK].write(mask)
-            if bar is not None:
-                bar.update(t_b - t_a)
-            j = j1
-        for a, w in writers.items():
-            files[a] = {"name": f"{name}.{a}.npy", **w.close()}
+        with ThreadPoolExecutor(2, "packtool-shard") as pool:
+            j, n_packs = 0, p1 - p0
+            while j < n_packs:
+                j1 = int(np.searchsorted(pack_offsets, pack_offsets[j] + CHUNK_TOKENS, side="right")) - 1
+                j1 = min(max(j1, j + 1), n_packs)
+                a, b = int(seg_in_shard[j]), int(seg_in_shard[j1])
+                t_a, t_b = int(pack_offsets[j]), int(pack_offsets[j1])
+                jobs = [pool.submit(tokens_part, a, b, t_a, t_b),
+                        pool.submit(sidecars_part, j, j1, a, b, t_a, t_b)]
+                for f in jobs:
+                    f.result()
+                if bar is not None:
+                    bar.update(t_b - t_a)
+                j = j1
+        for a, m in maps.items():
+            files[a] = {"name": f"{name}.{a}.npy", **m.close()}
     except BaseException:
-        for w in writers.values():
-            w.abort()
+        for m in maps.values():
+            m.abort()
         raise
     return {"name": name, "n_packs": p1 - p0, "n_tokens": n_tok, "n_segments": s1 - s0,
-            "files": files}
+            "files": {a: files[a] for a in sorted(files, key=ARRAYS_ORDER.index)}}
+
+
+ARRAYS_ORDER = list(ARRAYS) + [MASK]

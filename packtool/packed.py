@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError, PacktoolError
-from .tokenfile import HashingWriter, read_manifest
+from .tokenfile import Crc32, HashingWriter, read_manifest
 
 FORMAT = "packtool.packed"
 VERSION = 1
@@ -73,10 +73,10 @@ def npy_header(dtype: np.dtype, n: int) -> bytes:
 
 
 class NpyWriter(HashingWriter):
-    """Stream a 1-D .npy of known length in chunks, hashing as it goes."""
+    """Stream a 1-D .npy of known length in chunks, hashing (crc32) as it goes."""
 
     def __init__(self, path: Path, dtype: np.dtype, n: int):
-        super().__init__(path)
+        super().__init__(path, "crc32")
         self.dtype, self.n, self.written = dtype, n, 0
         header = np.frombuffer(npy_header(dtype, n), dtype=np.uint8)
         super().write(header)
@@ -92,6 +92,35 @@ class NpyWriter(HashingWriter):
         if self.written != self.n:
             raise RuntimeError(f"{self.n} elements announced, {self.written} written")
         return super().close()
+
+
+class NpyMap:
+    """A 1-D .npy of known length filled in place through a memory map (no write copies),
+    hashed (crc32) chunk by chunk in order as the chunks are completed."""
+
+    def __init__(self, path: Path, dtype: np.dtype, n: int):
+        self.path, self.n = path, n
+        self.array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(n,))
+        self._h = Crc32()
+        with open(path, "rb") as f:
+            self._h.update(f.read(self.array.offset))
+        self.nbytes = self.array.offset + self.array.nbytes
+        self.hashed = 0
+
+    def hash_upto(self, end: int) -> None:
+        """Hash elements [hashed, end): call in order once they are written."""
+        self._h.update(memoryview(self.array[self.hashed:end]).cast("B"))
+        self.hashed = end
+
+    def close(self) -> dict:
+        if self.hashed != self.n:
+            raise RuntimeError(f"{self.path}: {self.hashed} of {self.n} elements hashed")
+        self.array.flush()
+        del self.array
+        return {"crc32": self._h.hexdigest(), "bytes": self.nbytes}
+
+    def abort(self) -> None:
+        self.array = None
 
 
 def index_digest(index: dict) -> str:

@@ -3,7 +3,7 @@
 Checks, in order, stopping at the first violation (named with shard, pack and token):
 
 1. ``index.json``: known format/version, its own sha256 (``index_sha256``).
-2. Every shard file: present, sha256 and size as recorded (a flipped byte anywhere fails
+2. Every shard file: present, crc32 and size as recorded (a flipped byte anywhere fails
    here), ``.npy`` dtype and shape as documented.
 3. Invariants: packs non-empty and <= seq_len; ``cu_seqlens`` start at 0, strictly increase
    and end at the pack's length; ``doc_ids`` number the segments of each pack 0, 1, ...;
@@ -25,7 +25,7 @@ from ._numba import njit
 from .errors import PacktoolError
 from .pack import _gather, make_segments, open_sources
 from .packed import INDEX, MASK, array_dtypes, read_index, shard_arrays
-from .tokenfile import prefix_paths, sha256_file
+from .tokenfile import crc32_file, prefix_paths, sha256_file
 
 
 class VerifyError(PacktoolError):
@@ -108,8 +108,8 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
                 raise VerifyError(f"{path} is missing (listed in {INDEX})")
             if path.stat().st_size != f["bytes"]:
                 raise VerifyError(f"{path}: {path.stat().st_size:,} bytes, index says {f['bytes']:,}")
-            if sha256_file(path) != f["sha256"]:
-                raise VerifyError(f"{path}: sha256 does not match {INDEX}; the file is corrupt")
+            if crc32_file(path) != f["crc32"]:
+                raise VerifyError(f"{path}: crc32 does not match {INDEX}; the file is corrupt")
         n_p, n_t, n_s = sh["n_packs"], sh["n_tokens"], sh["n_segments"]
         sizes = {"tokens": n_t, "position_ids": n_t, "doc_ids": n_t, "pack_offsets": n_p + 1,
                  "seg_offsets": n_p + 1, "cu_seqlens": n_s + n_p, "source_docs": n_s,

@@ -158,7 +158,7 @@ def test_verify_catches_a_flipped_byte_anywhere(tmp_path, corpus):
 def test_verify_catches_inconsistent_content_with_valid_checksums(tmp_path, corpus):
     """Even with checksums recomputed, broken invariants and lost tokens are found."""
     from packtool.packed import index_digest
-    from packtool.tokenfile import sha256_file
+    from packtool.tokenfile import crc32_file
 
     pack_corpus(sources(corpus), tmp_path / "p", 128)
 
@@ -171,7 +171,7 @@ def test_verify_catches_inconsistent_content_with_valid_checksums(tmp_path, corp
         arr = np.load(f).copy()
         fn(arr)
         np.save(f, arr)
-        idx["shards"][0]["files"][array_name]["sha256"] = sha256_file(f)
+        idx["shards"][0]["files"][array_name]["crc32"] = crc32_file(f)
         idx["index_sha256"] = index_digest(idx)
         (d / "index.json").write_text(json.dumps(idx))
         with pytest.raises(VerifyError, match=match):
