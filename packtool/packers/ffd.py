@@ -5,10 +5,10 @@ segment tree over the packs' remaining capacities that finds the first pack with
 O(log P) (P <= min(n, 2 * ceil(tokens / L) + 1): a fit algorithm never leaves two packs at
 most half full). Not the O(n * P) scan.
 
-Trade-off (scripts/bench_pack.py, 2-core machine): 10M lognormal lengths at L=4096 in
-~1.2 s, within 0.001% of the L1 lower bound; on squad11-384 it leaves ~2.4% more packs than
-the L2 bound (long documents that pair badly); ``bfd`` is equal or slightly better and
-faster.
+Trade-off (scripts/bench_pack.py, 2-core machine): 10M lognormal lengths at L=4096 in ~3.0 s
+(the tree over 1.2M packs is deep and cache-unfriendly), 1,186,029 packs = L1 bound + 0.003%;
+wikipedia-512 99.949% in 4.7 s; squad11-384 40,631 packs, 1.1% above the LP bound. ``bfd``
+gives the same packs on all three, faster: prefer it.
 """
 
 from __future__ import annotations

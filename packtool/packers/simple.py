@@ -4,9 +4,10 @@
 - ``sequential``: input order. Keeps neighbouring documents together (useful when order
   carries meaning, e.g. curriculum or chunks of one long text); efficiency depends on luck.
 - ``random``: a seeded shuffle, then next fit: what naive "concatenate and cut" pipelines
-  do, without cutting documents. ~90% efficient on lognormal lengths at L=4096.
-- ``sorted``: longest first, then next fit. Fast and simple, but packs of long documents
-  pair badly (~80-95% depending on the distribution); use ``bfd`` instead.
+  do, without cutting documents. 86.9% on 10M lognormal lengths at L=4096, 78.2% on
+  wikipedia-512.
+- ``sorted``: longest first, then next fit. 86.8% / 87.2% on the same: long documents pair
+  badly. All three take 0.1-1.3 s for 10-16M documents; use ``bfd`` unless order matters.
 """
 
 from __future__ import annotations
