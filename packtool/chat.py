@@ -34,7 +34,7 @@ DEFAULT_TEMPLATE = (  # newlines inside expressions: trim_blocks eats those afte
 
 
 class TemplateError(PacktoolError):
-    pass
+    """A chat template that fails to render a conversation."""
 
 
 def load_template(tokenizer_path: Path, template_file: str | Path | None) -> tuple[str, str, dict]:

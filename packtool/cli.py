@@ -36,7 +36,7 @@ def _emit(result, as_json: bool, quiet: bool) -> None:
 
 
 class _Terminated(KeyboardInterrupt):
-    pass
+    """SIGTERM, raised like Ctrl-C so that temporary files are removed on the way out."""
 
 
 _TERMINATED = []

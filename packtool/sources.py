@@ -87,8 +87,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
             raise PacktoolError(f"{p} is given twice (also as {seen[key]}); each input is read once")
         seen[key] = p
         try:
-            with open(p, "rb"):
-                pass
+            open(p, "rb").close()
         except OSError as e:
             raise PacktoolError(f"{p}: cannot open ({e.strerror}); check the path and permissions")
     return out
