@@ -36,6 +36,9 @@ def packer_options(algo: str) -> set[str]:
 def check_lengths(lengths, capacity: int) -> np.ndarray:
     if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
         raise PacktoolError(f"seq_len must be a positive integer, got {capacity!r}")
+    if capacity >= 2**31:
+        raise PacktoolError(f"seq_len {capacity:,} is too large: cu_seqlens are int32, so "
+                            "packs hold at most 2,147,483,647 tokens")
     arr = np.asarray(lengths)
     if arr.ndim != 1:
         raise PacktoolError(f"lengths must be one-dimensional, got shape {arr.shape}")

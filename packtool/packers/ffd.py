@@ -25,7 +25,8 @@ def _ffd(lengths, capacity, max_packs):
     order = counting_order(lengths, capacity, True)
     size = tree_size(max(max_packs, 1))
     # tree[i] = max remaining capacity in the subtree; unopened packs have full capacity
-    tree = np.full(2 * size, capacity, np.int64)
+    # int32 halves the memory traffic of the descent (capacities are < 2**31)
+    tree = np.full(2 * size, capacity, np.int32)
     packs = np.full(n, -1, np.int64)
     n_packs = 0
     for k in range(n):
@@ -40,7 +41,7 @@ def _ffd(lengths, capacity, max_packs):
         packs[i] = p
         if p >= n_packs:
             n_packs = p + 1
-        tree[node] -= l
+        tree[node] -= np.int32(l)
         node //= 2
         while node >= 1:
             a, b = tree[2 * node], tree[2 * node + 1]
