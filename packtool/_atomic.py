@@ -2,7 +2,7 @@
 
 Ctrl-C, SIGTERM or an error mid-run therefore never leaves a half-written file under the
 name the user asked for: either the old state or the complete new output is visible. A
-SIGKILL can leave a dot-prefixed ``.NAME.tmp-PID-XXXX`` behind; it never shadows a real output.
+SIGKILL can leave a dot-prefixed ``.NAME.tmp-PID-RANDOM`` behind; it never shadows a real output.
 """
 
 from __future__ import annotations
