@@ -13,10 +13,13 @@ rendered as Hugging Face ``apply_chat_template`` does: sandboxed, ``trim_blocks`
 Which characters are trained on (``--train-on assistant``): for every assistant message, from
 the start of its content to the end of its turn as the template renders it (so the
 end-of-turn marker the template writes after the content, e.g. ``<|eot_id|>`` or the EOS, is
-learned; the role header before it is not). The end of a turn is where the rendering of the
-conversation up to that message stops, when that rendering is a prefix of the whole;
+learned; the role header before it is not). The content is located exactly by rendering the
+conversation again with it replaced by a marker (so trimming templates and contents that
+also occur in headers or other turns are handled). The end of a turn is where the rendering
+of the conversation up to that message stops, when that rendering is a prefix of the whole;
 otherwise the content's end. Tokens are then marked by their offsets: a token is trained on
-when its first character lies in a trained span.
+when it overlaps a trained span (so ``ĠFine``/``▁Fine``, whose offsets begin at the space the
+template puts before the answer, are trained).
 """
 
 from __future__ import annotations
@@ -120,25 +123,33 @@ class ChatRenderer:
         text = self.render(messages)
         if self.train_on == "all":
             return text, [(0, len(text))]
-        spans, cursor = [], 0
+        spans = []
         for k, m in enumerate(messages):
-            content = m["content"]
-            pos = text.find(content, cursor) if content else -1
-            if pos < 0 and content.strip():
-                content = content.strip()
-                pos = text.find(content, cursor)
-            if pos < 0:
-                if m["role"] == "assistant" and m["content"].strip():
-                    raise TemplateError(
-                        f"message {k}: the chat template does not reproduce the assistant's "
-                        "content verbatim, so its tokens cannot be located; use --train-on all "
-                        "or another --chat-template")
+            if m["role"] != "assistant":
                 continue
-            end = pos + len(content)
-            if m["role"] == "assistant":
-                prefix = self.render(messages[: k + 1])
-                if text.startswith(prefix) and len(prefix) >= end:
-                    end = len(prefix)
-                spans.append((pos, end))
-            cursor = pos + len(content)
+            start, end = self._locate(messages, k, text)
+            prefix = self.render(messages[: k + 1])
+            if text.startswith(prefix) and len(prefix) >= end:
+                end = len(prefix)  # through the end-of-turn marker the template writes
+            spans.append((start, end))
         return text, spans
+
+    def _locate(self, messages: list[dict], k: int, text: str) -> tuple[int, int]:
+        """Where message k's content sits in ``text``: render the conversation again with
+        that content replaced by a marker; everything before and after it is unchanged, so
+        the marker's position is exact whatever the template adds or trims around it."""
+        marker = f"\ue000packtool{k}\ue001"
+        probe = [dict(m, content=marker) if i == k else m for i, m in enumerate(messages)]
+        rendered = self.render(probe)
+        at = rendered.find(marker)
+        if at < 0 or rendered.find(marker, at + 1) >= 0:
+            raise TemplateError(
+                f"message {k}: the chat template transforms the content, so the assistant's "
+                "tokens cannot be located; use --train-on all or another --chat-template")
+        suffix = len(rendered) - at - len(marker)
+        start, end = at, len(text) - suffix
+        if not (text[:start] == rendered[:at] and end >= start):
+            raise TemplateError(
+                f"message {k}: the chat template renders other messages differently depending "
+                "on this one's content; use --train-on all or another --chat-template")
+        return start, end

@@ -233,6 +233,7 @@ class PackedDataset:
         ex["position_ids"] = np.concatenate([ex["position_ids"], np.arange(k, dtype=np.int64)])
         ex["doc_ids"] = np.concatenate([ex["doc_ids"], np.full(k, -1, np.int32)])
         ex["cu_seqlens"] = np.append(ex["cu_seqlens"], np.int32(pad_to))
+        ex["max_seqlen"] = max(ex["max_seqlen"], k)  # the pad segment counts for varlen kernels
         return ex
 
     def __iter__(self):

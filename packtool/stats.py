@@ -182,6 +182,7 @@ def packed_report(directory: str | Path) -> dict:
     seg_per_pack = np.concatenate(seg_per_pack) if seg_per_pack else np.empty(0, np.int64)
     fill = np.concatenate(fill) / idx["seq_len"] if fill else np.empty(0)
     keys = ("n_packs", "n_tokens", "n_segments", "efficiency", "lower_bound_packs", "gap_percent",
+            "l2_bound_packs", "lp_bound_packs", "best_bound_packs", "gap_to_best_bound_percent",
             "packing_factor", "seq_len", "algo", "overflow", "n_docs", "n_empty", "n_overlong",
             "n_split", "n_split_pieces", "n_truncated", "n_truncated_tokens", "n_dropped",
             "n_dropped_tokens")
@@ -263,7 +264,10 @@ def render_packed(rep: dict) -> str:
         f"{rep['source']}: {rep['n_packs']:,} packs of {rep['seq_len']:,} ({rep['algo']}), "
         f"{rep['n_tokens']:,} tokens in {rep['n_segments']:,} segments",
         f"efficiency {100 * rep['efficiency']:.3f}%, lower bound {rep['lower_bound_packs']:,} packs "
-        f"(gap {rep['gap_percent']:.3f}%), packing factor {rep['packing_factor']:.2f}",
+        f"(gap {rep['gap_percent']:.3f}%), L2 bound {rep['l2_bound_packs']:,}"
+        + (f", LP bound {rep['lp_bound_packs']:,}" if rep.get("lp_bound_packs") else "")
+        + f" (gap to best {rep['gap_to_best_bound_percent']:.3f}%), packing factor "
+        f"{rep['packing_factor']:.2f}",
         f"segments per pack: min {sp['min']:.0f}  p50 {sp['p50']:.0f}  mean {sp['mean']:.2f}  "
         f"p90 {sp['p90']:.0f}  max {sp['max']:.0f}",
         f"pack fill: min {100 * f['min']:.1f}%  p10 {100 * f.get('p10', 0):.1f}%  "

@@ -143,6 +143,15 @@ def _sha256(path: Path) -> str:
 _DONE = object()
 
 
+def _record_size(record) -> int:
+    """Characters in a record: a text, a (prompt, completion) pair or a message list."""
+    if isinstance(record, str):
+        return len(record)
+    if isinstance(record, tuple):
+        return sum(len(x) for x in record)
+    return sum(len(m["content"]) + len(m["role"]) for m in record)
+
+
 class _Reader(threading.Thread):
     """Reads every input in order and queues batches of texts, cut by count and bytes."""
 
@@ -175,7 +184,7 @@ class _Reader(threading.Thread):
                 self.stats.append(stats)
                 for text in iter_documents(path, self.read_opts, stats, self._progress):
                     batch.append(text)
-                    nbytes += len(text)
+                    nbytes += _record_size(text)
                     if len(batch) >= self.batch_size or nbytes >= self.batch_bytes:
                         if not self._put((batch, self.bytes_read)):
                             return
@@ -260,10 +269,11 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
             pos = 0
             for (_, spans), e in zip(rendered, encs):
                 if spans and len(e):
-                    starts = np.fromiter((o[0] for o in e.offsets), np.int64, len(e))
+                    offs = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
                     m = np.zeros(len(e), bool)
                     for a, b in spans:
-                        m |= (starts >= a) & (starts < b)
+                        m |= (offs[:, 1] > a) & (offs[:, 0] < b)
+                        m |= (offs[:, 0] == offs[:, 1]) & (offs[:, 0] >= a) & (offs[:, 0] < b)
                     mask[pos:pos + len(e)] = m
                 pos += len(e)
         return _add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id)
@@ -293,6 +303,12 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
         raise PacktoolError("--prompt-field and --completion-field go together; pass both")
     if mode == "messages" and (opts.prompt_field or opts.completion_field):
         raise PacktoolError("--messages-field cannot be combined with --prompt-field/--completion-field")
+    if mode == "messages" and (opts.bos or opts.eos):
+        raise PacktoolError("with --messages-field the chat template writes the special tokens; "
+                            "drop --bos/--eos (or put them in the template)")
+    if mode != "text" and opts.special_tokens:
+        raise PacktoolError("--special-tokens applies to plain text; with prompt/completion use "
+                            "--bos/--eos, with messages the chat template")
     renderer, template_from = None, None
     if mode == "messages":
         from .chat import ChatRenderer, load_template

@@ -6,7 +6,8 @@
     for batch in loader:                 # one [1, N] row: no padding, no cross-attention
         loss = model(**model_inputs(batch), use_cache=False).loss
 
-    Trainer(model=model, train_dataset=ds, data_collator=collate, args=...)   # the same
+    Trainer(model=model, train_dataset=ds, data_collator=collate,
+            args=TrainingArguments(..., remove_unused_columns=False))    # the same
 
 What must hold for packed rows to equal the documents alone (tested in
 tests/test_equivalence.py for Llama and GPT-2, eager and sdpa attention):

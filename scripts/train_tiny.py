@@ -6,7 +6,9 @@ Tokenizes fixtures/corpus, packs it (seq-len 256, bfd), then trains a randomly i
 2-layer Llama with AdamW on flattened [1, N] rows from packtool.torch.collate: position ids
 restart per document, no attention mask, no padding. Prints the loss, which must go down.
 With Hugging Face's Trainer the same pieces plug in as
-``Trainer(model, args, train_dataset=PackedDataset(dir), data_collator=collate)``.
+``Trainer(model, TrainingArguments(..., remove_unused_columns=False),
+train_dataset=PackedDataset(dir), data_collator=collate)`` (the collate needs cu_seqlens,
+which the default column pruning would drop).
 """
 
 from __future__ import annotations

@@ -111,6 +111,7 @@ def test_get_padded_and_collate(tmp_path, corpus):
     assert (ex["input_ids"][n:] == 7).all() and (ex["labels"][n:] == -100).all()
     assert (ex["doc_ids"][n:] == -1).all() and np.array_equal(ex["position_ids"][n:], np.arange(128 - n))
     assert ex["cu_seqlens"][-2:].tolist() == [n, 128]
+    assert ex["max_seqlen"] == np.diff(ex["cu_seqlens"]).max()
     with pytest.raises(packtool.PacktoolError, match="pad_to"):
         ds.get(i, pad_to=n - 1)
     row = collate([ds[0], ds[1], ds[2]])

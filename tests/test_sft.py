@@ -162,3 +162,52 @@ def test_export_parquet_reads_back(tmp_path, tokenizer):
     datasets = pytest.importorskip("datasets")
     hf = datasets.load_dataset("parquet", data_files=str(tmp_path / "x.parquet"), split="train")
     assert hf[0]["input_ids"] == ds[0]["input_ids"].tolist()
+
+
+LLAMA3 = ("{{ '<|bos|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
+          "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}")
+
+
+@pytest.mark.parametrize("template,conv,want", [
+    # a trimming template; contents that also occur inside headers and special tokens
+    (LLAMA3, [{"role": "user", "content": "x"}, {"role": "assistant", "content": " d "}],
+     ["d<|eot_id|>"]),
+    # an assistant answer that reappears in a later user turn
+    (LLAMA3, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Yes"},
+              {"role": "user", "content": "Yes really?"}, {"role": "assistant", "content": "ok"}],
+     ["Yes<|eot_id|>", "ok<|eot_id|>"]),
+    # ChatML: the answer "a" occurs in the word "assistant" before it
+    (CHATML, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}],
+     ["a<|im_end|>\n"]),
+    # an empty answer still learns to end the turn
+    (CHATML, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],
+     ["<|im_end|>\n"]),
+])
+def test_chat_spans_are_located_exactly(tmp_path, chatml_model, template, conv, want):
+    model, tok = chatml_model
+    tok.add_special_tokens(["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])
+    tok.save(str(model / "tokenizer.json"))
+    (tmp_path / "t.jinja").write_text(template)
+    p = write_jsonl(tmp_path / "c.jsonl", [{"messages": conv}])
+    tokenize_files([str(p)], model, tmp_path / "c",
+                   TokenizeOptions(messages_field="messages", chat_template=str(tmp_path / "t.jinja")))
+    c = packtool.open_tokens(tmp_path / "c")
+    ids, mask = c[0].tolist(), c.doc_mask(0).tolist()
+    # the trained tokens, grouped into runs, decode to exactly the assistant turns
+    runs, cur = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    assert [tok.decode(r, skip_special_tokens=False) for r in runs] == want
+
+
+def test_chat_options_refused(tmp_path):
+    p = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVERSATIONS[1]}])
+    for opts, match in [(dict(eos="<|eos|>"), "drop --bos/--eos"), (dict(special_tokens=True), "--special-tokens")]:
+        with pytest.raises(packtool.PacktoolError, match=match):
+            tokenize_files([str(p)], TOKENIZER, tmp_path / "o", TokenizeOptions(messages_field="messages", **opts))
