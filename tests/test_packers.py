@@ -70,6 +70,16 @@ def test_bfd_equals_reference(lengths, capacity):
     assert sizes == naive.best_fit_decreasing_sizes(lengths.tolist(), capacity)
 
 
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 100), max_size=150), capacity=st.integers(100, 160))
+def test_bfd_count_from_histogram(lengths, capacity):
+    from packtool.packers.bfd import bfd_count
+
+    packs = assign_packs(lengths, capacity, "bfd")
+    n = int(packs.max()) + 1 if len(lengths) and packs.max() >= 0 else 0
+    assert bfd_count(np.bincount(np.array(lengths, np.int64), minlength=capacity + 1), capacity) == n
+
+
 @settings(max_examples=80, deadline=None)
 @given(lengths=st.lists(st.integers(0, 60), max_size=150), capacity=st.integers(60, 120),
        depth=st.integers(1, 6), strict=st.booleans())

@@ -53,6 +53,31 @@ def _bfd(lengths, capacity):
     return packs
 
 
+@njit
+def bfd_count(hist, capacity):
+    """Packs BFD uses for a length histogram (``hist[l]`` documents of length l): the same
+    pack-room buckets as :func:`_bfd`, walked over the histogram with no per-document array."""
+    size = tree_size(capacity + 1)
+    tree = np.zeros(2 * size, np.int64)
+    count = np.zeros(capacity + 1, np.int64)  # packs per room
+    n_packs = 0
+    for l in range(capacity, 0, -1):
+        for _ in range(hist[l]):
+            r = tree_first_at_least(tree, size, l)
+            if r < 0:
+                n_packs += 1
+                r_new = capacity - l
+            else:
+                count[r] -= 1
+                if count[r] == 0:
+                    tree_set(tree, size, r, 0)
+                r_new = r - l
+            count[r_new] += 1
+            if r_new > 0:
+                tree_set(tree, size, r_new, 1)
+    return n_packs
+
+
 def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
     """Best-fit decreasing; deterministic (``seed`` unused)."""
     return _bfd(lengths, capacity)
