@@ -25,10 +25,10 @@ If the LP did not converge in time, the reported bound is Farley's: LP >= z_mast
 pricing value, still a valid lower bound.
 
 Measured (scripts/bench_pack.py, 2 cores, default 5 s limit): wikipedia-512 8,135,728 packs
-(LP bound 8,135,727 = the L2 bound: at most one pack from optimal; BFD 8,138,483) in ~4.2 s;
-squad11-384 40,195 packs = ceil(LP), proven optimal (BFD 40,631) in 0.25 s; 10M lognormal
+(LP bound 8,135,727 = the L2 bound: at most one pack from optimal; BFD 8,138,483) in 3.4 s;
+squad11-384 40,195 packs = ceil(LP), proven optimal (BFD 40,631) in 0.2 s; 10M lognormal
 lengths at L=4096: the LP does not converge in time, BFD's 1,186,029 packs (L1 + 0.003%) are
-kept, ~7 s in all.
+kept, 9.3 s in all (the LP attempt plus BFD's per-document pass).
 """
 
 from __future__ import annotations
