@@ -11,9 +11,9 @@ bounded write chunk; tokens are gathered from the memory-mapped sources chunk by
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,9 +23,10 @@ from . import __version__
 from ._atomic import atomic_dir
 from ._numba import njit
 from .errors import PacktoolError
-from .packed import ARRAYS, FORMAT, INDEX, MASK, VERSION, NpyWriter, array_dtypes, index_digest
+from .packed import (ARRAYS, FORMAT, INDEX, MASK, VERSION, NpyMap, NpyWriter, array_dtypes,
+                     index_digest)
 from .packers import PACKERS, assign_packs, packer_options
-from .tokenfile import TokenCorpus, open_tokens, prefix_paths
+from .tokenfile import TokenCorpus, open_tokens, prefix_paths, sha256_file
 
 OVERFLOW = ("split", "truncate", "drop")
 CHUNK_TOKENS = 1 << 23  # per-token arrays are built and written this many tokens at a time
@@ -118,10 +119,6 @@ def _gather(src, src_start, length, dst, dst_start):
         a, b = src_start[s], dst_start[s]
         for j in range(length[s]):
             dst[b + j] = src[a + j]
-
-
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def open_sources(prefixes: list[str | Path]) -> list[TokenCorpus]:
@@ -332,7 +329,7 @@ def _source_entry(c: TokenCorpus) -> dict:
     manifest = prefix_paths(c.prefix)["json"]
     return {
         "prefix": str(c.prefix),
-        "manifest_sha256": _file_sha256(manifest),
+        "manifest_sha256": sha256_file(manifest),
         "n_docs": len(c),
         "n_tokens": c.n_tokens,
         "dtype": c.dtype.name,
@@ -346,10 +343,6 @@ def _write_shard(tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, do
     """Write one shard. Per-token arrays are filled in place through memory maps, a chunk of
     whole packs at a time, by two threads (numba kernels and crc32 release the GIL): one
     gathers tokens (and the loss mask), the other writes positions and segment ids."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .packed import NpyMap
-
     s0, s1 = int(seg_first[p0]), int(seg_first[p1])
     lens = seg_len[s0:s1]
     n_tok = int(lens.sum())
@@ -420,7 +413,4 @@ def _write_shard(tmp, k, p0, p1, seg_first, seg_len, seg_doc, seg_off, which, do
             m.abort()
         raise
     return {"name": name, "n_packs": p1 - p0, "n_tokens": n_tok, "n_segments": s1 - s0,
-            "files": {a: files[a] for a in sorted(files, key=ARRAYS_ORDER.index)}}
-
-
-ARRAYS_ORDER = list(ARRAYS) + [MASK]
+            "files": {a: files[a] for a in (*ARRAYS, MASK) if a in files}}

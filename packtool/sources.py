@@ -422,7 +422,6 @@ def _iter_parquet_rows(pf, path, opts, stats, progress):
 
 
 def _binary_to_text(col, path, row0, opts, stats):
-    import pyarrow as pa
 
     out = []
     for i, b in enumerate(col.to_pylist()):

@@ -16,7 +16,6 @@ the tokenizer's own batch call with the Rust-side thread pool switched off
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import queue
@@ -34,7 +33,7 @@ from . import __version__
 from ._atomic import atomic_files
 from .errors import PacktoolError
 from .sources import InputStats, ReadOptions, expand_inputs, file_kind, iter_documents
-from .tokenfile import FORMAT, VERSION, HashingWriter, prefix_paths, token_dtype
+from .tokenfile import FORMAT, VERSION, HashingWriter, prefix_paths, sha256_file, token_dtype
 
 
 @dataclass
@@ -134,10 +133,6 @@ def id_space(tokenizer) -> int:
     """Ids run 0..id_space-1: the dtype must hold the largest id, not just the count."""
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     return max(max(vocab.values(), default=-1) + 1, tokenizer.get_vocab_size(with_added_tokens=True))
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 _DONE = object()
@@ -391,7 +386,7 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
             "n_docs": n_docs,
             "n_tokens": n_tokens,
             "n_empty": n_empty,
-            "tokenizer": {"path": str(tok_path), "sha256": _sha256(tok_path)},
+            "tokenizer": {"path": str(tok_path), "sha256": sha256_file(tok_path)},
             "bos_id": bos_id,
             "eos_id": eos_id,
             "inputs": inputs_meta,

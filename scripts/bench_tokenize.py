@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -113,7 +112,7 @@ def main() -> None:
     print(f"corpus            {size / 1e6:,.0f} MB JSONL, {raw_tokens:,} tokens, {args.workers} threads")
     print(f"raw encode_batch_fast, rayon threads      {rayon_s:7.1f} s  {raw_tokens / rayon_s / 1e6:6.2f} M tok/s")
     print(f"raw encode_batch_fast, Python threads     {threads_s:7.1f} s  {raw_tokens / threads_s / 1e6:6.2f} M tok/s")
-    print(f"  (texts already in memory; the faster of the two is the reference)")
+    print("  (texts already in memory; the faster of the two is the reference)")
     print(f"packtool tokenize (end to end)            {pt_s:7.1f} s  {pt_tps / 1e6:6.2f} M tok/s")
     print(f"ratio packtool / raw                      {pt_tps / raw_tps:7.3f}   (target >= 0.85)")
     print(f"packtool peak RSS                         {rss / 2**20:7.0f} MiB (target < 1024)")

@@ -1,6 +1,5 @@
 """The optimal packer and the lower bounds, against brute force on tiny inputs."""
 
-import itertools
 
 import numpy as np
 import pytest
