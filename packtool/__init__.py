@@ -3,7 +3,7 @@
     corpus = packtool.open_tokens("out/corpus")            # after `packtool tokenize`
     packs = packtool.assign_packs(corpus.lengths, 4096)     # pack id per document
     ds = packtool.open_packed("out/packed")                 # after `packtool pack`
-    row = packtool.collate([ds[0], ds[1]])                  # one [1, N] varlen row
+    row = packtool.collate_numpy([ds[0], ds[1]])                  # one [1, N] varlen row
 
 Heavy modules (numba kernels) load on first use, so ``packtool --help`` starts fast.
 """
@@ -11,14 +11,14 @@ Heavy modules (numba kernels) load on first use, so ``packtool --help`` starts f
 __version__ = "0.1.0"
 
 from .errors import FormatError, PacktoolError
-from .tokenfile import TokenCorpus, open_tokens
+from .formats.tokens import TokenCorpus, open_tokens
 
 _LAZY = {
     "assign_packs": "packers",
     "PACKERS": "packers",
-    "open_packed": "packed",
-    "PackedDataset": "packed",
-    "collate": "packed",
+    "open_packed": "formats.packed",
+    "PackedReader": "formats.packed",
+    "collate_numpy": "batching",
     "pack_corpus": "pack",
     "tokenize_files": "tokenize",
     "verify_packed": "verify",

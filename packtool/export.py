@@ -15,7 +15,7 @@ import numpy as np
 
 from ._atomic import atomic_dir, atomic_files
 from .errors import PacktoolError
-from .packed import IGNORE_INDEX, MASK, open_packed
+from .formats.packed import IGNORE_INDEX, MASK, open_packed
 
 ROWS_PER_GROUP = 1024
 

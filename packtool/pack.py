@@ -23,10 +23,10 @@ from . import __version__
 from ._atomic import atomic_dir
 from ._numba import njit
 from .errors import PacktoolError
-from .packed import (ARRAYS, FORMAT, INDEX, MASK, VERSION, NpyMap, NpyWriter, array_dtypes,
-                     index_digest)
+from ._io import NpyMap, NpyWriter, sha256_file
+from .formats.packed import ARRAYS, FORMAT, INDEX, MASK, VERSION, array_dtypes, index_digest
 from .packers import PACKERS, assign_packs, packer_options
-from .tokenfile import TokenCorpus, open_tokens, prefix_paths, sha256_file
+from .formats.tokens import TokenCorpus, open_tokens, prefix_paths
 
 OVERFLOW = ("split", "truncate", "drop")
 CHUNK_TOKENS = 1 << 23  # per-token arrays are built and written this many tokens at a time

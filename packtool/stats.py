@@ -169,7 +169,7 @@ def corpus_report(lengths: np.ndarray, seq_lens=DEFAULT_SEQ_LENS, batch_size: in
 
 def packed_report(directory: str | Path) -> dict:
     """Report for a packed dataset from index.json and the small per-pack arrays only."""
-    from .packed import open_packed
+    from .formats.packed import open_packed
 
     ds = open_packed(directory)
     idx = ds.index

@@ -33,7 +33,8 @@ from . import __version__
 from ._atomic import atomic_files
 from .errors import PacktoolError
 from .sources import InputStats, ReadOptions, expand_inputs, file_kind, iter_documents
-from .tokenfile import FORMAT, VERSION, HashingWriter, prefix_paths, sha256_file, token_dtype
+from ._io import HashingWriter, sha256_file
+from .formats.tokens import FORMAT, VERSION, prefix_paths, token_dtype
 
 
 @dataclass

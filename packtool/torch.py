@@ -1,12 +1,12 @@
 """PyTorch / Hugging Face integration (``pip install 'packtool[torch]'``).
 
-    from packtool.torch import PackedDataset, collate
-    ds = PackedDataset("out/packed")
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate)
+    from packtool.torch import TorchPackedDataset, collate_tensors
+    ds = TorchPackedDataset("out/packed")
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate_tensors)
     for batch in loader:                 # one [1, N] row: no padding, no cross-attention
         loss = model(**model_inputs(batch), use_cache=False).loss
 
-    Trainer(model=model, train_dataset=ds, data_collator=collate,
+    Trainer(model=model, train_dataset=ds, data_collator=collate_tensors,
             args=TrainingArguments(..., remove_unused_columns=False))    # the same
 
 What must hold for packed rows to equal the documents alone (tested in
@@ -16,7 +16,7 @@ tests/test_equivalence.py for Llama and GPT-2, eager and sdpa attention):
   transformers then derives the block-diagonal causal mask from the position restarts;
 - ``use_cache=False`` (a cache would carry keys across segments);
 - flash-attention kernels (``flash_attn_varlen_func``) and models that ignore position ids take
-  ``cu_seq_lens_q/k`` and ``max_length_q/k`` instead, which :func:`collate` also returns;
+  ``cu_seq_lens_q/k`` and ``max_length_q/k`` instead, which :func:`collate_tensors` also returns;
 - the loss is the mean over labels != -100: each segment's first token is -100, so no token
   learns to predict across a boundary.
 """
@@ -28,18 +28,18 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("packtool.torch needs PyTorch: pip install 'packtool[torch]'") from e
 
-from .packed import collate as _collate_numpy
-from .packed import open_packed
+from .batching import collate_numpy
+from .formats.packed import open_packed
 
 MODEL_KEYS = ("input_ids", "labels", "position_ids")
 
 
-class PackedDataset(torch.utils.data.Dataset):
+class TorchPackedDataset(torch.utils.data.Dataset):
     """``torch.utils.data.Dataset`` over ``open_packed(directory)``.
 
     Items are dicts of tensors (input_ids, labels, position_ids int64; doc_ids, cu_seqlens
     int32; max_seqlen int). With ``pad_to`` every item has that length (see
-    ``PackedDataset.get`` in packtool.packed for the pad conventions).
+    ``PackedReader.get`` in packtool.formats.packed for the pad conventions).
     """
 
     def __init__(self, directory, pad_to: int | None = None, pad_id: int = 0):
@@ -55,14 +55,14 @@ class PackedDataset(torch.utils.data.Dataset):
         return {k: (torch.from_numpy(v) if hasattr(v, "dtype") else v) for k, v in ex.items()}
 
 
-def collate(examples: list[dict]) -> dict:
+def collate_tensors(examples: list[dict]) -> dict:
     """Flatten packs into one ``[1, N]`` row of tensors: input_ids, labels, position_ids
     (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32)."""
     import numpy as np
 
     as_np = [{k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)) for k, v in ex.items()}
              for ex in examples]
-    row = _collate_numpy(as_np)
+    row = collate_numpy(as_np)
     return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
 
 

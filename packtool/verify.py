@@ -24,8 +24,9 @@ import numpy as np
 from ._numba import njit
 from .errors import PacktoolError
 from .pack import _gather, make_segments, open_sources
-from .packed import INDEX, MASK, array_dtypes, read_index, shard_arrays
-from .tokenfile import crc32_file, prefix_paths, sha256_file
+from ._io import crc32_file, sha256_file
+from .formats.packed import INDEX, MASK, array_dtypes, read_index, shard_arrays
+from .formats.tokens import prefix_paths
 
 
 class VerifyError(PacktoolError):

@@ -3,11 +3,11 @@
     pip install '.[torch]' transformers && python scripts/train_tiny.py [--steps 60]
 
 Tokenizes fixtures/corpus, packs it (seq-len 256, bfd), then trains a randomly initialised
-2-layer Llama with AdamW on flattened [1, N] rows from packtool.torch.collate: position ids
+2-layer Llama with AdamW on flattened [1, N] rows from packtool.torch.collate_tensors: position ids
 restart per document, no attention mask, no padding. Prints the loss, which must go down.
 With Hugging Face's Trainer the same pieces plug in as
 ``Trainer(model, TrainingArguments(..., remove_unused_columns=False),
-train_dataset=PackedDataset(dir), data_collator=collate)`` (the collate needs cu_seqlens,
+train_dataset=TorchPackedDataset(dir), data_collator=collate_tensors)`` (the collate needs cu_seqlens,
 which the default column pruning would drop).
 """
 
@@ -21,7 +21,7 @@ import torch
 import transformers
 
 import packtool
-from packtool.torch import PackedDataset, collate, model_inputs
+from packtool.torch import TorchPackedDataset, collate_tensors, model_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ def main() -> None:
                                 packtool.tokenize.TokenizeOptions(eos="<|eos|>"))
         res = packtool.pack_corpus([tmp / "corpus"], tmp / "packed", args.seq_len, "bfd")
         print(res.summary())
-        ds = PackedDataset(tmp / "packed")
+        ds = TorchPackedDataset(tmp / "packed")
         vocab = packtool.open_tokens(tmp / "corpus").meta["vocab_size"]
         cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256,
                                        num_hidden_layers=2, num_attention_heads=4,
@@ -49,7 +49,7 @@ def main() -> None:
         model.set_attn_implementation("sdpa")
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         loader = torch.utils.data.DataLoader(ds, batch_size=args.packs_per_step, shuffle=True,
-                                             collate_fn=collate, drop_last=True)
+                                             collate_fn=collate_tensors, drop_last=True)
         step, first, last = 0, None, None
         model.train()
         while step < args.steps:

@@ -4,7 +4,7 @@ Tiny randomly initialised models from configs (no downloads), float32 on CPU. Fo
 packtool produced from a fixture corpus: per-token logits of each pack run as one [1, T] row
 (packtool's position_ids, attention_mask=None, use_cache=False) equal those of each document
 alone, and packtool's labels give the same summed loss. Negative control: positions 0..T-1
-without restarts must differ. The same through packtool.collate with several packs per row.
+without restarts must differ. The same through packtool.collate_numpy with several packs per row.
 """
 
 import numpy as np
@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import TOKENIZER, write_jsonl  # noqa: E402
 
 from packtool.pack import pack_corpus  # noqa: E402
-from packtool.packed import open_packed  # noqa: E402
+from packtool.formats.packed import open_packed  # noqa: E402
 from packtool.tokenize import TokenizeOptions, tokenize_files  # noqa: E402
 
 TOL = 1e-4
@@ -106,12 +106,12 @@ def test_packed_rows_equal_documents_alone(packed, kind, attn):
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_collate_flattened_row(packed, kind):
-    from packtool.torch import PackedDataset, collate, model_inputs
+    from packtool.torch import TorchPackedDataset, collate_tensors, model_inputs
 
     ds, corpus = packed
-    tds = PackedDataset(ds.directory)
+    tds = TorchPackedDataset(ds.directory)
     model = tiny_model(kind, "sdpa", vocab=2048)
-    batch = collate([tds[0], tds[1], tds[2]])
+    batch = collate_tensors([tds[0], tds[1], tds[2]])
     assert batch["input_ids"].shape[0] == 1 and batch["cu_seq_lens_q"].dtype == torch.int32
     with torch.no_grad():
         out = model(**model_inputs(batch), use_cache=False)
@@ -127,12 +127,12 @@ def test_collate_flattened_row(packed, kind):
 
 
 def test_padded_items_and_dataloader(packed):
-    from packtool.torch import PackedDataset, collate
+    from packtool.torch import TorchPackedDataset, collate_tensors
 
     ds, _ = packed
-    tds = PackedDataset(ds.directory, pad_to=256, pad_id=0)
+    tds = TorchPackedDataset(ds.directory, pad_to=256, pad_id=0)
     item = tds[0]
     assert item["input_ids"].shape == (256,) and item["labels"].dtype == torch.int64
-    loader = torch.utils.data.DataLoader(PackedDataset(ds.directory), batch_size=3, collate_fn=collate)
+    loader = torch.utils.data.DataLoader(TorchPackedDataset(ds.directory), batch_size=3, collate_fn=collate_tensors)
     batch = next(iter(loader))
     assert batch["input_ids"].shape[1] == int(batch["cu_seq_lens_q"][-1])

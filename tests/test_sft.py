@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 import packtool
 from packtool.cli import cli
 from packtool.pack import pack_corpus
-from packtool.packed import open_packed
+from packtool.formats.packed import open_packed
 from packtool.tokenize import TokenizeOptions, tokenize_files
 from packtool.verify import verify_packed
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import FormatError, PacktoolError
-from .tokenfile import Crc32, HashingWriter, read_manifest
+from ..errors import FormatError, PacktoolError
+from .tokens import read_manifest
 
 FORMAT = "packtool.packed"
 VERSION = 1
@@ -62,66 +62,6 @@ def array_dtypes(seq_len: int, token_dtype: np.dtype) -> dict[str, np.dtype]:
     }
 
 
-def npy_header(dtype: np.dtype, n: int) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)}
-    )
-    return buf.getvalue()
-
-
-class NpyWriter(HashingWriter):
-    """Stream a 1-D .npy of known length in chunks, hashing (crc32) as it goes."""
-
-    def __init__(self, path: Path, dtype: np.dtype, n: int):
-        super().__init__(path, "crc32")
-        self.dtype, self.n, self.written = dtype, n, 0
-        header = np.frombuffer(npy_header(dtype, n), dtype=np.uint8)
-        super().write(header)
-
-    def write(self, array: np.ndarray) -> None:
-        array = np.asarray(array)
-        if array.dtype != self.dtype:
-            array = array.astype(self.dtype)
-        self.written += array.size
-        super().write(array)
-
-    def close(self) -> dict:
-        if self.written != self.n:
-            raise RuntimeError(f"{self.n} elements announced, {self.written} written")
-        return super().close()
-
-
-class NpyMap:
-    """A 1-D .npy of known length filled in place through a memory map (no write copies),
-    hashed (crc32) chunk by chunk in order as the chunks are completed."""
-
-    def __init__(self, path: Path, dtype: np.dtype, n: int):
-        self.path, self.n = path, n
-        self.array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(n,))
-        self._h = Crc32()
-        with open(path, "rb") as f:
-            self._h.update(f.read(self.array.offset))
-        self.nbytes = self.array.offset + self.array.nbytes
-        self.hashed = 0
-
-    def hash_upto(self, end: int) -> None:
-        """Hash elements [hashed, end): call in order once they are written."""
-        self._h.update(memoryview(self.array[self.hashed:end]).cast("B"))
-        self.hashed = end
-
-    def close(self) -> dict:
-        if self.hashed != self.n:
-            raise RuntimeError(f"{self.path}: {self.hashed} of {self.n} elements hashed")
-        del self.array  # no msync: the kernel writes the pages back lazily, as for write()
-        return {"crc32": self._h.hexdigest(), "bytes": self.nbytes}
-
-    def abort(self) -> None:
-        self.array = None
-
-
 def index_digest(index: dict) -> str:
     """sha256 of the index without its own digest: a flipped byte in index.json is caught."""
     import hashlib
@@ -146,12 +86,12 @@ class _Shard:
     n_packs: int
 
 
-class PackedDataset:
+class PackedReader:
     """A packed dataset on disk: ``len(ds)`` packs; ``ds[i]`` a dict of numpy arrays.
 
     >>> ds = open_packed("out/packed")         # doctest: +SKIP
     >>> ex = ds[0]; ex["input_ids"], ex["cu_seqlens"], ex["max_seqlen"]
-    >>> batch = collate([ds[0], ds[1]])         # one [1, N] row for flash-attention varlen
+    >>> batch = collate_numpy([ds[0], ds[1]])         # one [1, N] row for flash-attention varlen
     """
 
     def __init__(self, directory: str | Path):
@@ -241,31 +181,6 @@ class PackedDataset:
             yield self[i]
 
 
-def open_packed(directory: str | Path) -> PackedDataset:
+def open_packed(directory: str | Path) -> PackedReader:
     """Open a directory written by ``packtool pack`` (refuses unknown format versions)."""
-    return PackedDataset(directory)
-
-
-def collate(examples: list[dict]) -> dict:
-    """Flatten packs into one ``[1, N]`` row with the keys Hugging Face models and
-    ``flash_attn_varlen_func`` take: input_ids, labels, position_ids (int64),
-    cu_seq_lens_q/k (int32, [S+1]), max_length_q/k (int) and seq_idx (int32, segment of every
-    token across the row). Padded examples (``ds.get(i, pad_to=...)``) keep their pad segment.
-    """
-    if not examples:
-        raise PacktoolError("collate needs at least one example")
-    cus, offset = [np.zeros(1, np.int32)], 0
-    for ex in examples:
-        cu = np.asarray(ex["cu_seqlens"], dtype=np.int64)
-        cus.append((cu[1:] + offset).astype(np.int32))
-        offset += int(cu[-1])
-    cu = np.concatenate(cus)
-    lens = np.diff(cu)
-    max_len = int(lens.max()) if len(lens) else 0
-    row = {k: np.concatenate([ex[k] for ex in examples])[None, :].astype(np.int64)
-           for k in ("input_ids", "labels", "position_ids")}
-    row.update(
-        cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len, max_length_k=max_len,
-        seq_idx=np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None, :],
-    )
-    return row
+    return PackedReader(directory)

@@ -1,0 +1,129 @@
+"""Generic file utilities: running checksums, writers that hash what they write, streamed
+``.npy`` files. Format modules (``packtool.formats``) build on these; nothing here knows a
+packtool format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+
+class Crc32:
+    """hashlib-style running CRC-32 (zlib): ~3.3 GB/s here against sha256's ~1.4 GB/s, and it
+    catches every flipped byte (any error burst up to 32 bits)."""
+
+    name = "crc32"
+
+    def __init__(self):
+        self._crc = 0
+
+    def update(self, data) -> None:
+        self._crc = zlib.crc32(data, self._crc)
+
+    def hexdigest(self) -> str:
+        return f"{self._crc:08x}"
+
+
+def crc32_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = Crc32()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class HashingWriter:
+    """A binary file writer that hashes what it writes (no second pass over the data)."""
+
+    def __init__(self, path: Path, algorithm: str = "sha256"):
+        self._f = open(path, "wb")
+        self._h = Crc32() if algorithm == "crc32" else hashlib.new(algorithm)
+        self.nbytes = 0
+
+    def write(self, array: np.ndarray) -> None:
+        buf = memoryview(np.ascontiguousarray(array)).cast("B")
+        self._h.update(buf)
+        self._f.write(buf)
+        self.nbytes += buf.nbytes
+
+    def close(self) -> dict:
+        self._f.flush()
+        self._f.close()
+        return {self._h.name: self._h.hexdigest(), "bytes": self.nbytes}
+
+    def abort(self) -> None:
+        self._f.close()
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def npy_header(dtype: np.dtype, n: int) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)}
+    )
+    return buf.getvalue()
+
+
+class NpyWriter(HashingWriter):
+    """Stream a 1-D .npy of known length in chunks, hashing (crc32) as it goes."""
+
+    def __init__(self, path: Path, dtype: np.dtype, n: int):
+        super().__init__(path, "crc32")
+        self.dtype, self.n, self.written = dtype, n, 0
+        header = np.frombuffer(npy_header(dtype, n), dtype=np.uint8)
+        super().write(header)
+
+    def write(self, array: np.ndarray) -> None:
+        array = np.asarray(array)
+        if array.dtype != self.dtype:
+            array = array.astype(self.dtype)
+        self.written += array.size
+        super().write(array)
+
+    def close(self) -> dict:
+        if self.written != self.n:
+            raise RuntimeError(f"{self.n} elements announced, {self.written} written")
+        return super().close()
+
+
+class NpyMap:
+    """A 1-D .npy of known length filled in place through a memory map (no write copies),
+    hashed (crc32) chunk by chunk in order as the chunks are completed."""
+
+    def __init__(self, path: Path, dtype: np.dtype, n: int):
+        self.path, self.n = path, n
+        self.array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(n,))
+        self._h = Crc32()
+        with open(path, "rb") as f:
+            self._h.update(f.read(self.array.offset))
+        self.nbytes = self.array.offset + self.array.nbytes
+        self.hashed = 0
+
+    def hash_upto(self, end: int) -> None:
+        """Hash elements [hashed, end): call in order once they are written."""
+        self._h.update(memoryview(self.array[self.hashed:end]).cast("B"))
+        self.hashed = end
+
+    def close(self) -> dict:
+        if self.hashed != self.n:
+            raise RuntimeError(f"{self.path}: {self.hashed} of {self.n} elements hashed")
+        del self.array  # no msync: the kernel writes the pages back lazily, as for write()
+        return {"crc32": self._h.hexdigest(), "bytes": self.nbytes}
+
+    def abort(self) -> None:
+        self.array = None
+
+
