@@ -3,28 +3,36 @@
     corpus = packtool.open_tokens("out/corpus")            # after `packtool tokenize`
     packs = packtool.assign_packs(corpus.lengths, 4096)     # pack id per document
     ds = packtool.open_packed("out/packed")                 # after `packtool pack`
-    row = packtool.collate_numpy([ds[0], ds[1]])                  # one [1, N] varlen row
+    row = packtool.collate_numpy([ds[0], ds[1]])            # one [1, N] varlen row
 
-Heavy modules (numba kernels) load on first use, so ``packtool --help`` starts fast.
+Everything loads on first use, so ``packtool --help`` starts without numba, scipy, pyarrow.
 """
 
 __version__ = "0.1.0"
 
 from .errors import FormatError, PacktoolError
-from .formats.tokens import TokenCorpus, open_tokens
 
 _LAZY = {
-    "assign_packs": "packers",
-    "PACKERS": "packers",
+    "open_tokens": "formats.tokens",
+    "TokenCorpus": "formats.tokens",
     "open_packed": "formats.packed",
     "PackedReader": "formats.packed",
     "collate_numpy": "batching",
+    "assign_packs": "packers",
+    "run_packer": "packers",
+    "PackerOptions": "packers",
+    "PACKERS": "packers",
+    "PackOptions": "plan",
+    "plan_pack": "plan",
+    "pack": "pack",
     "pack_corpus": "pack",
+    "TokenizeOptions": "tokenize",
     "tokenize_files": "tokenize",
+    "verify": "verify",
     "verify_packed": "verify",
 }
 
-__all__ = ["FormatError", "PacktoolError", "TokenCorpus", "open_tokens", "__version__", *_LAZY]
+__all__ = ["FormatError", "PacktoolError", "__version__", *_LAZY]
 
 
 def __getattr__(name):

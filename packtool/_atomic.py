@@ -13,6 +13,7 @@ import secrets
 import shutil
 from pathlib import Path
 
+from . import _signals
 from .errors import PacktoolError
 
 
@@ -56,7 +57,13 @@ def atomic_files(paths: list[Path], overwrite: bool = False):
         for t in temps:
             _remove(t)
         raise
-    for t, p in zip(temps, paths):
+    try:
+        _signals.check()  # a signal swallowed by a library still cancels the commit
+    except BaseException:
+        for t in temps:
+            _remove(t)
+        raise
+    for t, p in zip(temps, paths, strict=True):
         os.replace(t, p)
 
 
@@ -89,6 +96,11 @@ def atomic_dir(path: Path, overwrite: bool = False, owned_marker: str | None = N
     tmp.mkdir()
     try:
         yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+    try:
+        _signals.check()  # a signal swallowed by a library still cancels the commit
     except BaseException:
         _remove(tmp)
         raise

@@ -5,7 +5,10 @@ packtool format.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
+import shutil
 import zlib
 from pathlib import Path
 
@@ -99,17 +102,43 @@ class NpyWriter(HashingWriter):
         return super().close()
 
 
+class NoSpaceError(OSError):
+    """Not enough disk space for an output; ``str()`` names it, the bytes needed and free."""
+
+
+def reserve(path: Path, nbytes: int, label: str | Path | None = None) -> None:
+    """Allocate ``nbytes`` for ``path`` now (``posix_fallocate``), so that writing through a
+    memory map can never hit ENOSPC, which arrives as SIGBUS, not as an error."""
+    with open(path, "r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, nbytes)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate here: best effort
+                    return
+                raise
+            free = shutil.disk_usage(path.parent).free
+            raise NoSpaceError(errno.ENOSPC, f"no space left for {label or path}: it needs "
+                               f"{nbytes:,} bytes, {free:,} are free on its file system; free "
+                               "space or write elsewhere") from None
+
+
 class NpyMap:
     """A 1-D .npy of known length filled in place through a memory map (no write copies),
-    hashed (crc32) chunk by chunk in order as the chunks are completed."""
+    hashed (crc32) chunk by chunk in order as the chunks are completed. Its space is reserved
+    before the map is made (see :func:`reserve`)."""
 
-    def __init__(self, path: Path, dtype: np.dtype, n: int):
+    def __init__(self, path: Path, dtype: np.dtype, n: int, label: str | Path | None = None):
         self.path, self.n = path, n
-        self.array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(n,))
+        header = npy_header(np.dtype(dtype), n)
+        with open(path, "wb") as f:
+            f.write(header)
+        reserve(path, len(header) + n * np.dtype(dtype).itemsize, label)
+        self.array = (np.lib.format.open_memmap(path, mode="r+") if n
+                      else np.empty(0, np.dtype(dtype)))
         self._h = Crc32()
-        with open(path, "rb") as f:
-            self._h.update(f.read(self.array.offset))
-        self.nbytes = self.array.offset + self.array.nbytes
+        self._h.update(header)
+        self.nbytes = len(header) + n * np.dtype(dtype).itemsize
         self.hashed = 0
 
     def hash_upto(self, end: int) -> None:

@@ -8,7 +8,6 @@ exit 130/143 after the library has removed its temporary files.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -24,27 +23,69 @@ def _run(fn, *args, **kwargs):
     except PacktoolError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:  # disk full, permissions, read-only file systems...
+        if e.filename is None and e.strerror and "no space left" in e.strerror:
+            raise click.ClickException(e.strerror) from None
         where = f" {e.filename}" if e.filename else ""
         raise click.ClickException(f"cannot read or write{where}: {e.strerror or e}") from None
 
 
-def _emit(result, as_json: bool, quiet: bool) -> None:
+def _emit(result, as_json: bool, quiet: bool, out=None) -> None:
+    """Every command's result: JSON on stdout with --json, else its summary (on ``out``:
+    stdout for verify/stats, whose summary is the answer; stderr for the others)."""
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1))
     elif not quiet:
-        click.echo(result.summary(), err=True)
+        click.echo(result.summary(), err=out != "stdout")
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that temporary files are removed on the way out."""
+# options every command spells the same way
+overwrite_option = click.option("--overwrite", is_flag=True,
+                                help="Replace an existing output (only a packtool output).")
+quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print the result as JSON on stdout.")
+seed_option = click.option("--seed", type=int, default=0, show_default=True,
+                           help="Seed for shuffling and random packers.")
+overflow_option = click.option(
+    "--overflow", type=click.Choice(["split", "truncate", "drop"]), default="split",
+    show_default=True, help="Documents longer than --seq-len: split into pieces, keep the first "
+    "seq_len tokens, or drop them (always counted).")
 
 
-_TERMINATED = []
+def seq_len_option(multiple: bool = False, **kw):
+    if multiple:
+        return click.option("--seq-len", "-L", "seq_lens", type=click.IntRange(1, 2**31 - 1),
+                            multiple=True, help="Sequence length to evaluate (repeat; default "
+                            "512 1024 2048 4096 8192).")
+    return click.option("--seq-len", "-L", type=click.IntRange(1, 2**31 - 1),
+                        required="default" not in kw, help="Tokens per pack.", **kw)
 
 
-def _on_sigterm(signum, frame):
-    _TERMINATED.append(signum)  # click turns the exception into Abort: remember why
-    raise _Terminated()
+def _algo_names() -> list[str]:
+    from .packers import PACKERS  # names only: the kernels load when a packer runs
+
+    return list(PACKERS)
+
+
+def algo_option(**kw):
+    return click.option("--algo", "-a", type=click.Choice(_algo_names()), default="bfd",
+                        show_default=True, help="Packing algorithm.", **kw)
+
+
+def packer_options(fn):
+    """The options some packers read; one a packer does not read is refused, not ignored."""
+    for opt in reversed((
+        click.option("--max-depth", type=click.IntRange(1), default=None,
+                     help="spfhp (default 12), nnlshp (default 3): documents per pack at most."),
+        click.option("--work-limit", type=click.IntRange(0), default=None,
+                     help="optimal: pricing work budget in DP cells (default 4e9, ~4 s at "
+                          "L=4096); the result is reproducible."),
+        click.option("--time-limit", type=click.FloatRange(0), default=None,
+                     help="optimal: also stop after this many seconds (the result may then "
+                          "differ between runs; the index records that)."),
+    )):
+        fn = opt(fn)
+    return fn
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -87,9 +128,9 @@ def cli():
               help="Tokenizer threads (0 = all cores). Output is identical for any value.")
 @click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
               help="Documents per tokenizer batch.")
-@click.option("--overwrite", is_flag=True, help="Replace existing output files.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@overwrite_option
+@quiet_option
+@json_option
 def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
              skip_bad_records, prompt_field, completion_field, messages_field, chat_template,
              train_on, workers, batch_size, overwrite, quiet, as_json):
@@ -117,88 +158,85 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
     _emit(result, as_json, quiet)
 
 
-def _algo_choices():
-    from .packers import PACKERS
-
-    return list(PACKERS)
-
-
 @cli.command()
 @click.argument("prefixes", nargs=-1, required=True)
-@click.option("--seq-len", "-L", type=click.IntRange(1), required=True, help="Tokens per pack.")
-@click.option("--algo", "-a", type=click.Choice(_algo_choices()), default="bfd", show_default=True,
-              help="Packing algorithm.")
+@seq_len_option()
+@algo_option()
 @click.option("--out", "-o", required=True, help="Output directory (must not exist or be empty).")
-@click.option("--overflow", type=click.Choice(["split", "truncate", "drop"]), default="split",
-              show_default=True, help="What to do with documents longer than --seq-len.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for shuffling and random packers.")
-@click.option("--no-shuffle", is_flag=True, help="Keep the algorithm's pack order (FFD/BFD: longest first).")
+@overflow_option
+@seed_option
+@click.option("--no-shuffle", is_flag=True,
+              help="Keep the algorithm's pack order (FFD/BFD: longest first).")
 @click.option("--shard-size", type=click.IntRange(1), default=1 << 27, show_default=True,
               help="Tokens per shard (about).")
-@click.option("--max-depth", type=click.IntRange(1), default=None,
-              help="Documents per pack for spfhp (default 12) and nnlshp (default 3).")
-@click.option("--time-limit", type=click.FloatRange(0), default=None,
-              help="Seconds for the optimal packer's LP (default 5); then the best so far.")
-@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@packer_options
+@overwrite_option
+@quiet_option
+@json_option
 def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, max_depth,
-         time_limit, overwrite, quiet, as_json):
+         work_limit, time_limit, overwrite, quiet, as_json):
     """Pack tokenized PREFIXES (packed together as one corpus) into packs of --seq-len tokens.
 
     Writes shards of .npy arrays (tokens, position_ids, doc_ids, cu_seqlens, source
-    documents and offsets) and an index.json; see docs/FORMAT.md.
+    documents and offsets) and an index.json; see docs/FORMAT.md. The sources' checksums
+    are verified before anything is written.
 
     \b
     Example:
         packtool pack out/corpus --seq-len 4096 --algo bfd --out out/packed
     """
-    from .pack import pack_corpus
+    from .pack import pack as run_pack
+    from .plan import PackOptions
 
-    result = _run(pack_corpus, list(prefixes), out, seq_len, algo, seed=seed, overflow=overflow,
-                  shuffle=not no_shuffle, shard_size=shard_size, max_depth=max_depth,
-                  time_limit=time_limit, overwrite=overwrite, progress=not quiet)
-    _emit(result, as_json, quiet)
+    opts = PackOptions(seq_len, algo, overflow, seed, not no_shuffle, shard_size,
+                       max_depth=max_depth, work_limit=work_limit, time_limit=time_limit)
+    _emit(_run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet),
+          as_json, quiet)
 
 
 @cli.command()
-@click.argument("directory")
+@click.argument("path")
 @click.option("--source", "-s", "sources", multiple=True,
               help="Token-file prefix the dataset was packed from (repeat, in order): also check "
-                   "that every source token appears exactly once, in order.")
-def verify(directory, sources):
-    """Check a packed DIRECTORY: checksums, shapes, every invariant, optionally the sources.
+                   "that every source token appears exactly as the overflow policy says.")
+@json_option
+def verify(path, sources, as_json):
+    """Check a packed directory (checksums, shapes, every invariant, optionally the sources)
+    or a token-corpus PREFIX (manifest, sizes, boundaries, checksums).
 
     Exit 0 with one OK line, or 1 naming the first violation.
 
     \b
     Example:
         packtool verify out/packed --source out/corpus
+        packtool verify out/corpus
     """
-    from .verify import verify_packed
+    from .verify import verify as run_verify
 
-    click.echo(_run(verify_packed, directory, list(sources)))
+    _emit(_run(run_verify, path, list(sources)), as_json, False, out="stdout")
 
 
 @cli.command()
 @click.argument("paths", nargs=-1)
 @click.option("--lengths", "lengths_file", type=click.Path(dir_okay=False),
               help="Report on lengths alone: a .npy of document lengths or a length,count CSV.")
-@click.option("--seq-len", "-L", "seq_lens", type=click.IntRange(1), multiple=True,
-              help="Sequence length to evaluate (repeat; default 512 1024 2048 4096 8192).")
+@seq_len_option(multiple=True)
 @click.option("--batch-size", "-b", type=click.IntRange(1), default=8, show_default=True,
               help="Batch size for the dynamic-padding figures.")
 @click.option("--algos", default=None, help="'all' or a comma list of packers to compare.")
-@click.option("--max-depth", type=click.IntRange(1), default=None, help="For spfhp/nnlshp.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@overflow_option
+@packer_options
+@seed_option
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG: length histogram and padding waste per seq_len.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def stats(paths, lengths_file, seq_lens, batch_size, algos, max_depth, seed, plot_path, as_json):
+@json_option
+def stats(paths, lengths_file, seq_lens, batch_size, algos, overflow, max_depth, work_limit,
+          time_limit, seed, plot_path, as_json):
     """Padding waste, what packing saves and how each packer does.
 
     PATHS are token-file prefixes (one corpus), or one packed directory; or pass
-    --lengths FILE instead.
+    --lengths FILE instead. Documents longer than a seq_len are counted as --overflow
+    makes them, the same as pack, so predicted packs are the packs pack writes.
 
     \b
     Example:
@@ -208,39 +246,15 @@ def stats(paths, lengths_file, seq_lens, batch_size, algos, max_depth, seed, plo
     """
     from . import stats as st
 
-    def run():
-        import numpy as np
-
-        if paths and lengths_file:
-            raise PacktoolError("give token-file prefixes / a packed directory, or --lengths, not both")
-        if len(paths) == 1 and (Path(paths[0]) / "index.json").is_file():
-            rep = st.packed_report(paths[0])
-            return rep, None, st.render_packed(rep)
-        if lengths_file:
-            from .lengths import load_lengths
-
-            lengths, source = load_lengths(lengths_file), lengths_file
-        elif paths:
-            from .pack import open_sources
-
-            corpora = open_sources(list(paths))
-            lengths = np.concatenate([c.lengths for c in corpora])
-            source = ", ".join(paths)
-        else:
-            raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory or --lengths FILE")
-        rep = st.corpus_report(lengths, seq_lens or st.DEFAULT_SEQ_LENS, batch_size,
-                               st.parse_algos(algos), seed, {"max_depth": max_depth}, source)
-        return rep, lengths, st.render_corpus(rep)
-
-    rep, lengths, text = _run(run)
+    result = _run(st.stats, list(paths), lengths_file, seq_lens, batch_size, algos, seed=seed,
+                  overflow=overflow, max_depth=max_depth, work_limit=work_limit,
+                  time_limit=time_limit)
     if plot_path:
-        if lengths is None:
-            raise click.ClickException("--plot draws a corpus report; pass token files or --lengths")
-        _run(st.plot_corpus, rep, lengths, plot_path)
-    if as_json:
-        click.echo(json.dumps(rep, indent=1))
-    else:
-        click.echo(text)
+        if result.lengths is None:
+            raise click.ClickException("--plot draws a corpus report; pass token files or "
+                                       "--lengths")
+        _run(st.plot_corpus, result.report, result.lengths, plot_path)
+    _emit(result, as_json, False, out="stdout")
 
 
 @cli.command()
@@ -265,8 +279,8 @@ def export(directory, fmt, out, overwrite):
 @click.option("--fixtures", type=click.Path(file_okay=False), default=None,
               help="Folder with tokenizer/ and corpus/ (default: the repository's fixtures/).")
 @click.option("--out", "-o", default="demo-out", show_default=True, help="Where to write.")
-@click.option("--seq-len", "-L", type=click.IntRange(1), default=512, show_default=True)
-@click.option("--algo", "-a", type=click.Choice(_algo_choices()), default="bfd", show_default=True)
+@seq_len_option(default=512, show_default=True)
+@algo_option()
 def demo(fixtures, out, seq_len, algo):
     """Run the whole job on the bundled corpus: tokenize, pack, verify, report.
 
@@ -280,11 +294,16 @@ def demo(fixtures, out, seq_len, algo):
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    import signal
+
+    from . import _signals
+
+    _signals.install()  # before any heavy import: a signal during one is never lost
     try:
         cli.main(prog_name="packtool", standalone_mode=False)
+        _signals.check()
     except (click.exceptions.Abort, KeyboardInterrupt):
-        if _TERMINATED:
+        if _signals.received and _signals.received[-1] == signal.SIGTERM:
             click.echo("Terminated: no output was written.", err=True)
             sys.exit(143)
         click.echo("Interrupted: no output was written.", err=True)

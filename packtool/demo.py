@@ -37,7 +37,7 @@ def run_demo(fixtures, out, seq_len: int = 512, algo: str = "bfd", echo=print) -
     echo(f"$ packtool pack {prefix} --seq-len {seq_len} --algo {algo} --out {packed}")
     echo(pack_corpus([prefix], packed, seq_len, algo, overwrite=True).summary())
     echo(f"$ packtool verify {packed} --source {prefix}")
-    echo(verify_packed(packed, [prefix]))
+    echo(verify_packed(packed, [prefix]).summary())
     from . import open_tokens
     from .packers import PACKERS
     from .stats import corpus_report, packed_report, render_corpus, render_packed

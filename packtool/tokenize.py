@@ -29,12 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
 from ._atomic import atomic_files
 from .errors import PacktoolError
 from .sources import InputStats, ReadOptions, expand_inputs, file_kind, iter_documents
-from ._io import HashingWriter, sha256_file
-from .formats.tokens import FORMAT, VERSION, prefix_paths, token_dtype
+from ._io import sha256_file
+from .formats.tokens import TokenWriter, prefix_paths, token_dtype
 
 
 @dataclass
@@ -325,11 +324,10 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
 
     outputs = [files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else []) + [files["json"]]
     with atomic_files(outputs, opts.overwrite) as tmp:
-        bin_w, bnd_w = HashingWriter(tmp[0]), HashingWriter(tmp[1])
-        mask_w = HashingWriter(tmp[2]) if with_mask else None
+        keys = ["bin", "boundaries"] + (["mask"] if with_mask else []) + ["json"]
+        writer = TokenWriter(dict(zip(keys, tmp)), with_mask)
         reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers)
         bar = _progress_bar(total_bytes, progress)
-        n_docs = n_tokens = n_empty = n_trained = 0
         try:
             with _rust_parallelism_off(), ThreadPoolExecutor(workers, "packtool-tok") as pool:
                 reader.start()
@@ -348,51 +346,30 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                     if not pending:
                         break
                     future, bytes_read = pending.popleft()
-                    lengths, ids, mask = future.result()
-                    ends = np.cumsum(lengths) + n_tokens
-                    bin_w.write(ids)
-                    if mask_w is not None:
-                        mask_w.write(mask)
-                        n_trained += int(mask.sum())
-                    bnd_w.write(ends.astype("<i8", copy=False))
-                    n_docs += len(lengths)
-                    n_tokens += int(ids.size)
-                    n_empty += int(np.count_nonzero(lengths == 0))
+                    writer.write(*future.result())
                     if bar is not None:
                         bar.update(bytes_read - bar.n)
                         el = max(time.perf_counter() - t0, 1e-9)
-                        bar.set_postfix_str(
-                            f"{n_docs / el:,.0f} docs/s, {n_tokens / el / 1e6:.2f}M tok/s", refresh=False
-                        )
+                        bar.set_postfix_str(f"{writer.n_docs / el:,.0f} docs/s, "
+                                            f"{writer.n_tokens / el / 1e6:.2f}M tok/s",
+                                            refresh=False)
         except BaseException:
             reader.stop.set()
-            for w in (bin_w, bnd_w, mask_w):
-                if w is not None:
-                    w.abort()
+            writer.abort()
             raise
         finally:
             if bar is not None:
                 bar.close()
         reader.join()
-        checksums = {"bin": bin_w.close(), "boundaries": bnd_w.close()}
-        if mask_w is not None:
-            checksums["mask"] = mask_w.close()
         seconds = time.perf_counter() - t0
         inputs_meta = [s.to_json() for s in reader.stats]
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
+        manifest = writer.finish({
             "dtype": dtype.name,
             "vocab_size": vocab_size,
-            "n_docs": n_docs,
-            "n_tokens": n_tokens,
-            "n_empty": n_empty,
             "tokenizer": {"path": str(tok_path), "sha256": sha256_file(tok_path)},
             "bos_id": bos_id,
             "eos_id": eos_id,
             "inputs": inputs_meta,
-            "mask": with_mask,
-            "n_trained_tokens": n_trained if with_mask else n_tokens,
             "options": {
                 "text_field": opts.text_field,
                 "txt_split": opts.txt_split,
@@ -407,14 +384,12 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                 "chat_template": template_from,
                 "train_on": opts.train_on if mode == "messages" else None,
             },
-            "checksums": checksums,
-            "created_by": f"packtool {__version__}",
-        }
-        Path(tmp[-1]).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        })
 
     n_skipped = sum(sum(s.skipped.values()) for s in reader.stats)
     return TokenizeResult(
-        prefix=str(prefix), n_docs=n_docs, n_tokens=n_tokens, n_empty=n_empty,
+        prefix=str(prefix), n_docs=manifest["n_docs"], n_tokens=manifest["n_tokens"],
+        n_empty=manifest["n_empty"],
         n_skipped=n_skipped, dtype=dtype.name, seconds=seconds, inputs=inputs_meta,
     )
 

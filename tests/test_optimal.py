@@ -77,27 +77,46 @@ def test_reference_bounds_match_published():
 def test_squad_reaches_the_lp_bound():
     """BFD leaves ~1.1% above the LP bound on squad11-384; optimal must be within 2 packs."""
     lengths = load_histogram_csv(reference_histogram("squad11-384"))
-    packs, info = solve(lengths, 384, time_limit=30)
+    packs, info = solve(lengths, 384)
     n = check_assignment(lengths, packs, 384)
     assert info["converged"] and info["used"] == "lp"
     assert n <= info["lp_bound"] + 2 < info["bfd_packs"]
-    assert np.array_equal(packs, solve(lengths, 384, time_limit=30)[0])  # deterministic
+    assert np.array_equal(packs, solve(lengths, 384)[0])  # deterministic
 
 
-def test_never_worse_than_bfd_and_time_limit_zero():
+def test_never_worse_than_bfd_and_work_limit_zero():
     rng = np.random.default_rng(4)
     lengths = rng.integers(100, 700, 3000)
-    packs, info = solve(lengths, 1000, time_limit=0.0)
+    packs, info = solve(lengths, 1000, work_limit=0)
     n = check_assignment(lengths, packs, 1000)
-    assert n <= info["bfd_packs"]
-    packs, info = solve(lengths, 1000, time_limit=2)
+    assert n <= info["bfd_packs"] and not info["converged"]
+    packs, info = solve(lengths, 1000)
     assert check_assignment(lengths, packs, 1000) <= info["bfd_packs"]
+
+
+def test_work_limit_makes_a_cut_short_solve_reproducible():
+    """A solve stopped by its work budget stops at the same column every run (issue 10.9:
+    a wall-clock limit gave 4 different outputs in 4 runs)."""
+    rng = np.random.default_rng(8)
+    lengths = np.clip(rng.lognormal(np.log(300), 1.0, 50_000), 1, 4096).astype(np.int64)
+    runs = [solve(lengths, 4096, work_limit=300_000_000) for _ in range(2)]
+    assert runs[0][1]["converged"] is False
+    assert runs[0][1]["work"] == runs[1][1]["work"] >= 300_000_000
+    assert runs[0][1]["lp_bound"] == runs[1][1]["lp_bound"]
+    assert np.array_equal(runs[0][0], runs[1][0])
 
 
 @pytest.mark.parametrize("capacity", [8192, 131_072])
 def test_large_capacity_stays_tractable(capacity):
+    """Past MAX_DP_CELLS the pricing runs on a coarser grid and still packs, within budget."""
+    from packtool.packers.optimal import MAX_DP_CELLS, _histogram_problem
+
     rng = np.random.default_rng(5)
     lengths = np.clip(rng.lognormal(np.log(capacity / 3), 0.8, 2000), 1, capacity).astype(np.int64)
-    packs, info = solve(lengths, capacity, time_limit=3)
-    check_assignment(lengths, packs, capacity)
-    assert info["grid_step"] >= 1
+    packs, info = solve(lengths, capacity, work_limit=2_000_000_000)
+    n = check_assignment(lengths, packs, capacity)
+    assert n <= info["bfd_packs"]
+    step = _histogram_problem(lengths, capacity, MAX_DP_CELLS)[0]
+    assert info["grid_step"] == step
+    # the budget is checked between pricing calls: at most one call (<= cells) beyond it
+    assert info["work"] <= 2_000_000_000 + MAX_DP_CELLS

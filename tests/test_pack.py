@@ -9,7 +9,8 @@ from conftest import TOKENIZER, write_jsonl
 
 import packtool
 from packtool.cli import cli
-from packtool.pack import make_segments, pack_corpus
+from packtool.pack import pack_corpus
+from packtool.plan import make_segments
 from packtool.batching import collate_numpy as collate
 from packtool.formats.packed import open_packed
 from packtool.packers import PACKERS
@@ -49,7 +50,7 @@ def test_pack_then_verify_every_algo_and_policy(tmp_path, corpus, algo, overflow
     assert (lengths > L).sum() > 5 and (lengths == 0).sum() == 2
     res = pack_corpus(sources(corpus), tmp_path / "p", L, algo, overflow=overflow,
                       shard_size=3000, max_depth=None)
-    assert verify_packed(tmp_path / "p", sources(corpus)).startswith("OK")
+    assert verify_packed(tmp_path / "p", sources(corpus)).summary().startswith("OK")
     c = res.counts
     over = lengths > L
     assert c["n_empty"] == 2 and c["n_overlong"] == int(over.sum())
@@ -154,7 +155,7 @@ def test_verify_catches_a_flipped_byte_anywhere(tmp_path, corpus):
             with pytest.raises(packtool.PacktoolError):
                 verify_packed(tmp_path / "p", sources(corpus))
         f.write_bytes(bytes(data))
-    assert verify_packed(tmp_path / "p", sources(corpus)).startswith("OK")
+    assert verify_packed(tmp_path / "p", sources(corpus)).summary().startswith("OK")
 
 
 def test_verify_catches_inconsistent_content_with_valid_checksums(tmp_path, corpus):

@@ -160,5 +160,36 @@ def test_wrapper_errors():
         assign_packs([1, 9], 8)
     with pytest.raises(PacktoolError, match="negative"):
         assign_packs([1, -1], 8)
-    with pytest.raises(PacktoolError, match="no option"):
+    with pytest.raises(PacktoolError, match="--algo bfd takes no --max-depth"):
         assign_packs([1], 8, "bfd", max_depth=3)
+    with pytest.raises(PacktoolError, match="takes no --max-depth, --time-limit"):
+        assign_packs([1], 8, "ffd", max_depth=3, time_limit=1.0)
+    with pytest.raises(PacktoolError, match="unknown packer option"):
+        assign_packs([1], 8, "bfd", depth=3)
+    for algo, opts in (("spfhp", {"max_depth": 0}), ("nnlshp", {"max_depth": 0})):
+        with pytest.raises(PacktoolError, match="--max-depth must be >= 1"):  # not ValueError
+            assign_packs([1, 2], 8, algo, **opts)
+
+
+def test_every_packer_returns_a_report():
+    from packtool.packers import PackerOptions, run_packer
+
+    lengths = np.array([3, 5, 2, 6, 0, 8], np.int64)
+    for algo in ALGOS:
+        packing = run_packer(lengths, 8, algo, PackerOptions(seed=1, **FAST.get(algo, {})))
+        rep = packing.report
+        assert rep.algo == algo and rep.n_packs == packing.packs.max() + 1
+        assert rep.options["seed"] == 1 and rep.to_json()["n_packs"] == rep.n_packs
+
+
+def test_depth_capped_packers_warn_on_short_documents():
+    """Prose-like lengths (mean ~90) at L=2048: depth 12 cannot fill a pack; say so."""
+    from packtool.packers import PackerOptions, run_packer
+
+    lengths = np.clip(np.random.default_rng(0).lognormal(np.log(80), 0.5, 4000), 1, 2048)
+    packing = run_packer(lengths.astype(np.int64), 2048, "spfhp")
+    (warning,) = packing.report.warnings
+    assert "raise --max-depth to" in warning and "bfd or optimal" in warning
+    assert not run_packer(lengths.astype(np.int64), 2048, "spfhp",
+                          PackerOptions(max_depth=64)).report.warnings
+    assert not run_packer(lengths.astype(np.int64), 2048, "bfd").report.warnings

@@ -100,7 +100,7 @@ def test_prompt_completion_round_trip_to_labels(tmp_path, tokenizer):
         assert c[i].tolist() == [bos, *pi, *ci, eos]
         assert c.doc_mask(i).tolist() == [0] * (1 + len(pi)) + [1] * (len(ci) + 1)
     pack_corpus([tmp_path / "pc"], tmp_path / "p", 64, "bfd")
-    assert verify_packed(tmp_path / "p", [tmp_path / "pc"]).startswith("OK")
+    assert verify_packed(tmp_path / "p", [tmp_path / "pc"]).summary().startswith("OK")
     ds = open_packed(tmp_path / "p")
     seen = 0
     for j in range(len(ds)):

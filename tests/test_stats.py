@@ -20,20 +20,34 @@ PACKED_KEYS = {"n_packs", "n_tokens", "n_segments", "efficiency", "lower_bound_p
                "packing_factor", "seq_len", "algo"}
 
 
-def expected(lengths, L, B, seed=0):
+def segments(lengths, L, overflow):
+    """What pack makes of each document, the obvious way: empty ones vanish; longer ones are
+    cut into L-token pieces, cut to L, or dropped."""
+    out = []
+    for x in map(int, lengths):
+        if x == 0 or (overflow == "drop" and x > L):
+            continue
+        if overflow == "split":
+            out += [L] * (x // L) + ([x % L] if x % L else [])
+        else:
+            out.append(min(x, L))
+    return out
+
+
+def expected(lengths, L, B, overflow="split", seed=0):
     """The report's figures, computed the obvious (slow) way."""
-    n = len(lengths)
-    clipped = [min(int(x), L) for x in lengths]
-    kept = sum(clipped)
+    seg = segments(lengths, L, overflow)
+    n, kept = len(seg), sum(seg)
     order = np.random.default_rng(seed).permutation(n)
     computed = 0
     for i in range(0, n, B):
-        batch = [clipped[j] for j in order[i:i + B]]
+        batch = [seg[j] for j in order[i:i + B]]
         computed += max(batch) * len(batch)
-    grouped = sorted(clipped)
+    grouped = sorted(seg)
     computed_g = sum(max(grouped[i:i + B]) * len(grouped[i:i + B]) for i in range(0, n, B))
     return {
         "n_overlong": sum(int(x) > L for x in lengths),
+        "n_segments": n,
         "padding_waste": 1 - kept / (n * L),
         "batch_padding_waste": 1 - kept / computed,
         "batch_padding_waste_grouped": 1 - kept / computed_g,
@@ -42,19 +56,104 @@ def expected(lengths, L, B, seed=0):
     }
 
 
-def test_figures_match_plain_computation():
+@pytest.mark.parametrize("overflow", ["split", "truncate", "drop"])
+def test_figures_match_plain_computation(overflow):
     rng = np.random.default_rng(1)
     lengths = np.clip(rng.lognormal(5, 1.2, 5001), 0, 5000).astype(np.int64)
     lengths[:7] = 0
-    rep = corpus_report(lengths, [64, 300, 4096], batch_size=5)
+    rep = corpus_report(lengths, [64, 300, 4096], batch_size=5, overflow=overflow)
     assert rep["n_docs"] == 5001 and rep["n_empty"] == 7 and rep["n_tokens"] == lengths.sum()
     L = rep["length"]
     assert (L["min"], L["max"]) == (0, lengths.max()) and L["mean"] == pytest.approx(lengths.mean())
     assert L["p90"] == pytest.approx(np.percentile(lengths, 90))
     assert sum(b["count"] for b in rep["histogram"]) == 5001
     for s in rep["seq_lens"]:
-        for k, v in expected(lengths, s["seq_len"], 5).items():
+        for k, v in expected(lengths, s["seq_len"], 5, overflow).items():
             assert s[k] == pytest.approx(v, rel=1e-12), (s["seq_len"], k)
+
+
+@pytest.fixture(scope="module")
+def long_corpus(tmp_path_factory):
+    """Documents from a few tokens to many times seq_len, and empty ones."""
+    from packtool.synth import make_documents
+
+    d = tmp_path_factory.mktemp("long")
+    docs = make_documents(120, seed=4, median_words=60, max_words=900)
+    docs[3] = ""
+    p = write_jsonl(d / "a.jsonl", [{"text": t} for t in docs])
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(d / "c"),
+                                 "-q"])
+    assert r.exit_code == 0, r.output
+    return d / "c"
+
+
+@pytest.mark.parametrize("overflow", ["split", "truncate", "drop"])
+def test_stats_predicts_the_packs_pack_writes(tmp_path, long_corpus, overflow):
+    """Issue 11.1: stats counted documents only up to L while pack split them (demo: 394
+    predicted, 469 written). Same options and seed: same packs, for every packer."""
+    from packtool.packers import PACKERS
+    from packtool.pack import pack_corpus
+
+    import packtool
+
+    L = 96
+    assert (packtool.open_tokens(long_corpus).lengths > 3 * L).sum() >= 5
+    runner = CliRunner()
+    r = runner.invoke(cli, ["stats", str(long_corpus), "-L", str(L), "--algos", "all",
+                            "--overflow", overflow, "--seed", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {a["algo"]: a for a in json.loads(r.stdout)["seq_lens"][0]["algos"]}
+    assert set(rows) == set(PACKERS)
+    for algo, row in rows.items():
+        if row["packs"] is None:  # a hopeless depth-capped run is skipped, with the reason
+            assert "max-depth" in row["skipped"]
+            continue
+        res = pack_corpus([long_corpus], tmp_path / algo, L, algo, overflow=overflow, seed=3)
+        assert row["packs"] == res.n_packs, algo
+        assert row["efficiency"] == pytest.approx(res.efficiency)
+
+
+def test_bounds_and_advice_stay_sane():
+    """Issue 11.2/11.3: an unconverged LP's Farley bound (below L1) is marked and never the
+    best bound; at packing factor 45.5 no 'batch 8 -> 0.2' and no beta1 = 0.0083."""
+    from packtool.stats import advice, seq_len_report
+
+    rng = np.random.default_rng(8)
+    lengths = np.clip(rng.lognormal(np.log(300), 1.0, 50_000), 1, 4096).astype(np.int64)
+    s = seq_len_report(lengths, 4096, algos=["optimal"], algo_options={"work_limit": 10**8})
+    opt = s["algos"][0]
+    assert opt["lp_converged"] is False and s["lp_converged"] is False
+    assert s["best_bound_packs"] == max(s["lower_bound_packs"], s["l2_bound_packs"])
+    assert s["best_bound_packs"] >= s["lp_bound_packs"]
+    text = advice(45.5, 8)
+    assert "less than one pack" in text and "0.2" not in text and "beta1" not in text
+    assert "beta1 := 0.9^p = 0.8100" in advice(2.0, 8) and "batch 8 -> 4 packs" in advice(2.0, 8)
+    assert "beta1" not in advice(6.0, 64)
+
+
+def test_stats_timings_exclude_compilation():
+    """Issue 11.4: the timed run never includes loading or compiling kernels."""
+    from packtool.stats import compare_algos
+
+    rows = compare_algos(np.array([5, 3, 9, 1] * 50, np.int64), 16, ["spfhp", "bfd"])
+    assert all(r["compile_seconds"] >= 0 and r["seconds"] >= 0 for r in rows)
+    assert all(r["seconds"] < r["compile_seconds"] + 1 for r in rows)
+
+
+def test_hopeless_nnlshp_is_skipped_and_spfhp_warns(tmp_path):
+    """Issue 11.5: short documents at L=2048: nnlshp at depth 3 is skipped with the reason,
+    spfhp's depth cap is named with the way out."""
+    from packtool.stats import compare_algos
+
+    lengths = np.clip(np.random.default_rng(0).lognormal(np.log(80), 0.5, 3000), 1, 2048)
+    rows = {r["algo"]: r for r in compare_algos(lengths.astype(np.int64), 2048,
+                                                 ["nnlshp", "spfhp", "bfd"])}
+    assert rows["nnlshp"]["packs"] is None and "--max-depth 3" in rows["nnlshp"]["skipped"]
+    assert "raise --max-depth" in rows["spfhp"]["warnings"][0]
+    (tmp_path / "h.csv").write_text("length,count\n3,4\n")
+    r = CliRunner().invoke(cli, ["stats", "--lengths", str(tmp_path / "h.csv"), "-L", "8",
+                                 "--work-limit", "5", "--algos", "bfd"])
+    assert r.exit_code == 1 and "none of the packers compared reads --work-limit" in r.output
 
 
 @pytest.mark.parametrize("name,L", [("squad11-384", 384), ("wikipedia-512", 512)])
@@ -94,7 +193,7 @@ def test_json_schema_for_corpus_and_lengths_files(tmp_path):
     for s in rep["seq_lens"]:
         assert SEQ_KEYS <= s.keys()
         assert {a["algo"] for a in s["algos"]} == set(PACKERS)
-        assert all(ALGO_KEYS <= a.keys() for a in s["algos"])
+        assert all(ALGO_KEYS <= a.keys() for a in s["algos"] if a["packs"] is not None)
         assert [a["packs"] for a in s["algos"]] == sorted(a["packs"] for a in s["algos"])
     lengths = np.array([0, 3, 9, 20, 7], np.int64)
     np.save(tmp_path / "l.npy", lengths)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba import njit
+from . import Packing, PackerOptions, report
 from ._common import counting_order, tree_size
 
 
@@ -50,8 +51,9 @@ def _ffd(lengths, capacity, max_packs):
     return packs
 
 
-def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
+def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """First-fit decreasing; deterministic (``seed`` unused)."""
     total = int(lengths.sum())
     max_packs = min(len(lengths), 2 * (-(-total // capacity)) + 1)
-    return _ffd(lengths, capacity, max_packs)
+    packs = _ffd(lengths, capacity, max_packs)
+    return Packing(packs, report("ffd", packs, options))

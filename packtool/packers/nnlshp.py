@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PacktoolError
+from . import Packing, PackerOptions, depth_warning, report
 from ._common import expand_groups
 
 DEFAULT_MAX_DEPTH = 3
@@ -80,14 +81,15 @@ def strategies(units: int, depth: int) -> list[tuple[int, ...]]:
     return out
 
 
-def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0, max_depth: int | None = None,
-         max_strategies: int = MAX_STRATEGIES) -> np.ndarray:
-    """NNLSHP with at most ``max_depth`` documents per pack (default 3); deterministic."""
+def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
+    """NNLSHP with at most ``options.max_depth`` documents per pack (default 3);
+    deterministic. Warns when the depth cap, not the lengths, limits how full packs get."""
     from scipy.optimize import nnls
 
-    depth = DEFAULT_MAX_DEPTH if max_depth is None else int(max_depth)
+    depth = DEFAULT_MAX_DEPTH if options.max_depth is None else int(options.max_depth)
     if depth < 1:
-        raise ValueError(f"max_depth must be >= 1, got {depth}")
+        raise PacktoolError(f"--max-depth must be >= 1, got {depth}")
+    max_strategies = options.max_strategies or MAX_STRATEGIES
     step = choose_step(capacity, depth, max_strategies)
     units = capacity // step
     # ceil: a document never outgrows its slot; the few longer than units * step fill a
@@ -135,4 +137,7 @@ def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0, max_depth: int | 
         doc_units.astype(np.int64), units, np.array(g_count, np.int64),
         np.array(g_parent, np.int64), np.array(g_len, np.int64),
     )
-    return packs
+    rep = report("nnlshp", packs, options, grid_step=step)
+    rep.options.update(max_depth=depth, max_strategies=max_strategies)
+    rep.warnings = depth_warning("nnlshp", lengths, capacity, depth, rep.n_packs)
+    return Packing(packs, rep)

@@ -38,12 +38,29 @@ import time
 import numpy as np
 
 from .._numba import njit
-from . import bfd
+from ..errors import PacktoolError
+from . import Packing, PackerOptions, bfd, report
 from ._common import expand_groups
 
-DEFAULT_TIME_LIMIT = 5.0
+DEFAULT_WORK_LIMIT = 4_000_000_000  # pricing DP cells: ~4 s at L=4096 here; same result anywhere
 MAX_COLUMNS = 20_000
 MAX_DP_CELLS = 400_000_000
+
+
+class _Budget:
+    """Pricing work (DP cells) and, only when asked for, wall-clock time. Work makes a stop
+    reproducible: the same input stops at the same column on any machine."""
+
+    def __init__(self, work_limit: int, deadline: float | None = None):
+        self.limit, self.deadline, self.spent = work_limit, deadline, 0
+
+    def spend(self, bounds: np.ndarray, capacity: int) -> None:
+        pieces = sum(int(b).bit_length() for b in bounds[bounds > 0])  # binary splitting
+        self.spent += pieces * (capacity + 1)
+
+    def exhausted(self) -> bool:
+        return self.spent >= self.limit or (
+            self.deadline is not None and time.perf_counter() > self.deadline)
 
 
 @njit
@@ -133,7 +150,7 @@ class _Master:
                 np.asarray(sol.row_dual))
 
 
-def _column_generation(master, weights, demand, capacity, deadline, max_columns):
+def _column_generation(master, weights, demand, capacity, budget, max_columns):
     """Solve the LP for ``demand``; returns (z, x, converged, pricing value)."""
     bounds = np.minimum(demand, capacity // weights)
     while True:
@@ -141,10 +158,12 @@ def _column_generation(master, weights, demand, capacity, deadline, max_columns)
         y = np.maximum(y, 0.0)
         active = (y > 1e-9) & (bounds > 0)
         vals = np.where(active, y, 0.0)
-        value, pattern = _price(weights, vals, np.where(active, bounds, 0), capacity)
+        item_bounds = np.where(active, bounds, 0)
+        budget.spend(item_bounds, capacity)
+        value, pattern = _price(weights, vals, item_bounds, capacity)
         if value <= 1.0 + 1e-9:
             return z, x, True, value
-        if time.perf_counter() > deadline or len(master.columns) >= max_columns:
+        if budget.exhausted() or len(master.columns) >= max_columns:
             return z, x, False, value
         if not master.add(pattern):
             return z, x, True, value  # numerical tie: nothing new to add
@@ -203,7 +222,7 @@ def _warm_up() -> None:
     if _WARM:
         return
     tiny = np.array([1, 2, 3], np.int64)
-    bfd.pack(tiny, 4)
+    bfd._bfd(tiny, 4)
     bfd.bfd_count(np.array([0, 1, 1, 1, 0], np.int64), 4)
     _price(tiny, np.ones(3), np.ones(3, np.int64), 4)
     _greedy_patterns(tiny, np.ones(3, np.int64), 4, 4)
@@ -227,7 +246,7 @@ def _histogram_problem(lengths, capacity, max_dp_cells):
         step *= 2
 
 
-def lp_bound(lengths, capacity: int, time_limit: float = 60.0) -> tuple[int, bool]:
+def lp_bound(lengths, capacity: int, work_limit: int = 10 * DEFAULT_WORK_LIMIT) -> tuple[int, bool]:
     """ceil of the cutting-stock LP optimum (a lower bound on packs) and whether it converged
     (if not, Farley's bound is returned, still valid)."""
     lengths = np.asarray(lengths, np.int64)
@@ -236,42 +255,48 @@ def lp_bound(lengths, capacity: int, time_limit: float = 60.0) -> tuple[int, boo
         return 0, True
     step, cap, _, weights, demand = _histogram_problem(lengths, capacity, MAX_DP_CELLS)
     if step != 1:
-        raise ValueError("lp_bound needs the exact grid; the problem is too large for it")
+        raise PacktoolError(f"lp_bound needs the exact length grid; at seq_len {capacity:,} "
+                            "the pricing problem is too large for it")
     master = _Master(demand)
     for p in _initial_patterns(weights, demand, cap):
         master.add(p)
     z, _, converged, value = _column_generation(master, weights, demand, cap,
-                                                time.perf_counter() + time_limit, MAX_COLUMNS)
+                                                _Budget(work_limit), MAX_COLUMNS)
     lp = z if converged else z / max(value, 1.0)
     return int(np.ceil(lp - 1e-6)), converged
 
 
-def solve(lengths: np.ndarray, capacity: int, time_limit: float = DEFAULT_TIME_LIMIT,
-          max_columns: int = MAX_COLUMNS, max_dp_cells: int = MAX_DP_CELLS):
-    """Pack ids plus a report: ``lp_value``, ``lp_bound``, ``converged``, ``bfd_packs``."""
+def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIMIT,
+          time_limit: float | None = None, max_columns: int = MAX_COLUMNS,
+          max_dp_cells: int = MAX_DP_CELLS) -> tuple[np.ndarray, dict]:
+    """Pack ids plus a report: ``lp_value``, ``lp_bound``, ``converged``, ``bfd_packs``,
+    ``used``, ``grid_step``, ``columns``, ``work``. Bounded by ``work_limit`` pricing cells
+    (reproducible); ``time_limit`` adds a wall-clock limit (then the result may vary)."""
     from ..bounds import l1_bound, l2_bound
 
-    _warm_up()  # compiled-kernel loading must not eat into the time limit
+    _warm_up()  # compiled-kernel loading must not count against a time limit
     t0 = time.perf_counter()
     lengths = np.asarray(lengths, np.int64)
     # BFD's pack count depends only on the lengths' multiset: count it on the histogram
     # (no per-document pass) to know the bar the LP must beat
     hist = np.bincount(lengths, minlength=capacity + 1).astype(np.int64)
     bfd_packs = int(bfd.bfd_count(hist, capacity))
-    # the time limit covers everything: keep back what the per-document passes will cost
-    reserve = 2 * (time.perf_counter() - t0)
-    deadline = t0 + max(time_limit - reserve, 0.1 * time_limit)
-    info = {"bfd_packs": bfd_packs, "lp_value": None, "lp_bound": None, "converged": False,
-            "grid_step": 1, "columns": 0, "used": "bfd"}
+    deadline = None
+    if time_limit is not None:  # keep back what the per-document passes will cost
+        reserve = 2 * (time.perf_counter() - t0)
+        deadline = t0 + max(time_limit - reserve, 0.1 * time_limit)
+    budget = _Budget(work_limit, deadline)
+    info = {"bfd_packs": bfd_packs, "lp_value": None, "lp_bound": None, "converged": None,
+            "grid_step": 1, "columns": 0, "work": 0, "used": "bfd"}
     info["l2_bound"] = l2_bound(lengths, capacity)
     if bfd_packs <= max(l1_bound(lengths, capacity), info["l2_bound"]):
-        return bfd.pack(lengths, capacity), info  # BFD meets a lower bound: it is optimal
+        return bfd._bfd(lengths, capacity), info  # BFD meets a lower bound: it is optimal
     step, units_cap, u, weights, demand = _histogram_problem(lengths, capacity, max_dp_cells)
     info["grid_step"] = step
     master = _Master(demand)
     for p in _initial_patterns(weights, demand, units_cap):
         master.add(p)
-    z, x, converged, value = _column_generation(master, weights, demand, units_cap, deadline,
+    z, x, converged, value = _column_generation(master, weights, demand, units_cap, budget,
                                                 max_columns)
     lp = z if converged else z / max(value, 1.0)   # Farley's bound when not converged
     info.update(lp_value=float(z), converged=bool(converged),
@@ -280,7 +305,7 @@ def solve(lengths: np.ndarray, capacity: int, time_limit: float = DEFAULT_TIME_L
     # rounding: floors of the LP, re-solved on what is left
     chosen: dict[int, int] = {}
     left = demand.copy()
-    while left.sum() > 0 and time.perf_counter() < deadline:
+    while left.sum() > 0 and not budget.exhausted():
         fl = np.floor(x + 1e-9).astype(np.int64)
         if fl.sum() == 0:
             j = int(np.argmax(x))
@@ -294,8 +319,9 @@ def solve(lengths: np.ndarray, capacity: int, time_limit: float = DEFAULT_TIME_L
         if left.sum() == 0:
             break
         master.set_demand(left)
-        z, x, _, _ = _column_generation(master, weights, left, units_cap, deadline, max_columns)
+        z, x, _, _ = _column_generation(master, weights, left, units_cap, budget, max_columns)
     info["columns"] = len(master.columns)
+    info["work"] = budget.spent
 
     # patterns -> groups -> documents; the rest by best fit
     g_count, g_parent, g_len = [], [], []
@@ -312,13 +338,13 @@ def solve(lengths: np.ndarray, capacity: int, time_limit: float = DEFAULT_TIME_L
                                    np.array(g_parent, np.int64), np.array(g_len, np.int64))
     rest = np.flatnonzero((packs < 0) & (lengths > 0))
     if rest.size:
-        sub = bfd.pack(lengths[rest], capacity)
+        sub = bfd._bfd(lengths[rest], capacity)
         packs[rest] = sub + n_packs
         n_packs += int(sub.max()) + 1
     packs, n_packs = _repack_emptiest(lengths, packs, n_packs, capacity)
     info["packs"] = n_packs
     if n_packs >= bfd_packs:
-        return bfd.pack(lengths, capacity), info
+        return bfd._bfd(lengths, capacity), info
     info["used"] = "lp"
     return packs, info
 
@@ -376,7 +402,7 @@ def _repack_emptiest(lengths, packs, n_packs, capacity, rounds: int = 8):
         worst = np.argpartition(fill, kk - 1)[:kk]
         pool = np.concatenate([members[p] if p in members else docs[start[p]:start[p + 1]]
                                for p in worst])
-        sub = bfd.pack(lengths[pool], capacity)
+        sub = bfd._bfd(lengths[pool], capacity)
         n_sub = int(sub.max()) + 1
         if n_sub >= kk:
             k *= 4
@@ -394,15 +420,17 @@ def _repack_emptiest(lengths, packs, n_packs, capacity, rounds: int = 8):
     return packs, _dense(packs, n_packs)
 
 
-def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0,
-         time_limit: float | None = None, info: dict | None = None) -> np.ndarray:
-    """Near-optimal packing (LP + rounding + BFD), never worse than ``bfd``; deterministic.
-
-    Pass ``info={}`` to receive the LP value and bound, whether the LP converged, and BFD's
-    pack count for comparison.
-    """
-    packs, report = solve(lengths, capacity,
-                          DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit))
-    if info is not None:
-        info.update(report)
-    return packs
+def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
+    """Near-optimal packing (LP + rounding + BFD), never worse than ``bfd``; deterministic
+    unless ``options.time_limit`` is given (then the report says it is not reproducible)."""
+    work = DEFAULT_WORK_LIMIT if options.work_limit is None else int(options.work_limit)
+    if work < 0 or (options.time_limit is not None and options.time_limit < 0):
+        raise PacktoolError("--work-limit and --time-limit must be >= 0")
+    packs, info = solve(lengths, capacity, work, options.time_limit)
+    rep = report("optimal", packs, options, grid_step=info["grid_step"],
+                 lp_value=info["lp_value"], lp_bound=info["lp_bound"],
+                 lp_converged=info["converged"], columns=info["columns"], work=info["work"],
+                 baseline_packs=info["bfd_packs"], used=info["used"],
+                 reproducible=options.time_limit is None)
+    rep.options["work_limit"] = work
+    return Packing(packs, rep)

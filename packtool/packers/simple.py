@@ -14,20 +14,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import Packing, PackerOptions, report
 from ._common import counting_order, next_fit
 
 
-def sequential(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
+def sequential(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """Input order, next fit."""
-    return next_fit(lengths, np.arange(len(lengths), dtype=np.int64), capacity)
+    packs = next_fit(lengths, np.arange(len(lengths), dtype=np.int64), capacity)
+    return Packing(packs, report("sequential", packs, options))
 
 
-def random(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
-    """Shuffled with ``seed``, next fit."""
-    order = np.random.default_rng(seed).permutation(len(lengths)).astype(np.int64)
-    return next_fit(lengths, order, capacity)
+def random(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
+    """Shuffled with ``options.seed``, next fit."""
+    order = np.random.default_rng(options.seed).permutation(len(lengths)).astype(np.int64)
+    packs = next_fit(lengths, order, capacity)
+    return Packing(packs, report("random", packs, options))
 
 
-def sorted_(lengths: np.ndarray, capacity: int, *, seed: int = 0) -> np.ndarray:
+def sorted_(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """Longest first (stable), next fit."""
-    return next_fit(lengths, counting_order(lengths, capacity, True), capacity)
+    packs = next_fit(lengths, counting_order(lengths, capacity, True), capacity)
+    return Packing(packs, report("sorted", packs, options))

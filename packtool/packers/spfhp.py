@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba import njit
+from ..errors import PacktoolError
+from . import Packing, PackerOptions, depth_warning, report
 from ._common import expand_groups, tree_last, tree_set, tree_size
 
 DEFAULT_MAX_DEPTH = 12  # the paper's setting for wikipedia
@@ -111,13 +113,17 @@ def _grow(a, n, fill):
     return out
 
 
-def pack(lengths: np.ndarray, capacity: int, *, seed: int = 0,
-         max_depth: int | None = None, strict: bool = False) -> np.ndarray:
-    """SPFHP with at most ``max_depth`` documents per pack (default 12); deterministic.
-    ``strict``: the paper's exact rule for new packs (one document each)."""
-    depth = DEFAULT_MAX_DEPTH if max_depth is None else int(max_depth)
+def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
+    """SPFHP with at most ``options.max_depth`` documents per pack (default 12);
+    deterministic. ``options.strict``: the paper's exact rule for new packs (one document each).
+    Warns when the depth cap, not the lengths, limits how full packs get."""
+    depth = DEFAULT_MAX_DEPTH if options.max_depth is None else int(options.max_depth)
     if depth < 1:
-        raise ValueError(f"max_depth must be >= 1, got {depth}")
-    counts, parents, lens = _spfhp(histogram(lengths, capacity), capacity, depth, bool(strict))
-    packs, _ = expand_groups(lengths, capacity, counts, parents, lens)
-    return packs
+        raise PacktoolError(f"--max-depth must be >= 1, got {depth}")
+    counts, parents, lens = _spfhp(histogram(lengths, capacity), capacity, depth,
+                                   bool(options.strict))
+    packs, n_packs = expand_groups(lengths, capacity, counts, parents, lens)
+    rep = report("spfhp", packs, options)
+    rep.options["max_depth"] = depth
+    rep.warnings = depth_warning("spfhp", lengths, capacity, depth, rep.n_packs)
+    return Packing(packs, rep)
