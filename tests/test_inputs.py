@@ -126,7 +126,7 @@ def test_parquet_dictionary_and_string_view_columns(tmp_path, tokenizer):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    texts = ["one", "two", "one", None and "", "three"]
+    texts = ["one", "two", "one", "", "three"]
     dict_col = pa.array(texts).dictionary_encode()
     pq.write_table(pa.table({"text": dict_col}), tmp_path / "d.parquet", use_dictionary=True)
     assert pq.read_schema(tmp_path / "d.parquet").field("text").type == dict_col.type
