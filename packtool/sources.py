@@ -32,9 +32,9 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from .errors import PacktoolError
 
@@ -97,12 +97,14 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
     for p in out:
         key = p.resolve()
         if key in seen:
-            raise PacktoolError(f"{p} is given twice (also as {seen[key]}); each input is read once")
+            raise PacktoolError(
+                f"{p} is given twice (also as {seen[key]}); each input is read once")
         seen[key] = p
         try:
             open(p, "rb").close()
         except OSError as e:
-            raise PacktoolError(f"{p}: cannot open ({e.strerror}); check the path and permissions")
+            raise PacktoolError(
+                f"{p}: cannot open ({e.strerror}); check the path and permissions") from None
     return out
 
 
@@ -336,7 +338,7 @@ def _check_messages(value, key: str) -> list[dict]:
 
 
 def _open_jsonl(path: Path, kind: str):
-    raw = open(path, "rb")
+    raw = open(path, "rb")  # noqa: SIM115 (closed by the caller's `with raw`)
     if kind == "jsonl.gz":
         return raw, gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "jsonl.zst":
@@ -392,7 +394,8 @@ def _decompress_errors():
     return (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
 
 
-def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
+               progress) -> Iterator[str]:
     if kind != "jsonl" and path.stat().st_size == 0:
         raise PacktoolError(
             f"{path}: 0 bytes, not a valid {kind.split('.')[1]} stream (even an empty corpus "
@@ -428,9 +431,10 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats, prog
                     try:
                         obj = json.loads(line)
                     except UnicodeDecodeError as e:
-                        raise _BadRecord("invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})")
+                        raise _BadRecord("invalid_utf8",
+                                         f"invalid UTF-8 ({e.reason} at byte {e.start})") from None
                     except ValueError as e:
-                        raise _BadRecord("invalid_json", f"invalid JSON ({e})")
+                        raise _BadRecord("invalid_json", f"invalid JSON ({e})") from None
                     except RecursionError:
                         raise _BadRecord(
                             "too_deep", "JSON nested deeper than Python can parse "

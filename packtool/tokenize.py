@@ -32,7 +32,9 @@ import numpy as np
 
 from . import __version__
 from ._atomic import atomic_files
+from ._io import HashingWriter, sha256_file
 from .errors import PacktoolError
+from .formats.tokens import FORMAT, VERSION, prefix_paths, token_dtype
 from .sources import (
     DEFAULT_MAX_RECORD_BYTES,
     InputStats,
@@ -41,9 +43,6 @@ from .sources import (
     file_kind,
     iter_documents,
 )
-from ._io import HashingWriter, sha256_file
-from .formats.tokens import FORMAT, VERSION, prefix_paths, token_dtype
-
 
 # Tokenizing one record takes about 120x its size in memory (the tokenizers library's
 # per-token structures): a 20.4 MB JSONL line peaked at 2.48 GB RSS. The reader warns once per

@@ -22,8 +22,8 @@ from packtool.tokenize import TokenizeOptions, tokenize_files
 
 def run_tokenize(tmp_path, *args):
     return CliRunner().invoke(
-        cli, ["tokenize", *map(str, args), "-t", str(TOKENIZER), "--out", str(tmp_path / "out"), "-q"]
-    )
+        cli, ["tokenize", *map(str, args), "-t", str(TOKENIZER), "--out", str(tmp_path / "out"),
+              "-q"])
 
 
 def assert_fails(tmp_path, match, *args):
@@ -168,10 +168,9 @@ def test_arrow_file_format_and_stream(tmp_path, tokenizer):
     pa = pytest.importorskip("pyarrow")
     texts = ["alpha", "beta gamma", "", "delta"]
     table = pa.table({"text": texts})
-    with pa.OSFile(str(tmp_path / "f.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table, max_chunksize=2)
-    with pa.OSFile(str(tmp_path / "s.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table, max_chunksize=3)
+    for name, new, chunk in (("f.arrow", pa.ipc.new_file, 2), ("s.arrow", pa.ipc.new_stream, 3)):
+        with pa.OSFile(str(tmp_path / name), "wb") as sink, new(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=chunk)
     assert read_all(tmp_path / "f.arrow")[0] == texts
     assert read_all(tmp_path / "s.arrow")[0] == texts
     (tmp_path / "bad.arrow").write_bytes(b"not arrow at all")
@@ -280,7 +279,7 @@ def test_progress_advances_per_record_and_sums_to_file_size(tmp_path):
         steps = []
         stats = InputStats(path=str(path), kind="")
         seen = []
-        for doc in iter_documents(path, ReadOptions(), stats, steps.append):
+        for _ in iter_documents(path, ReadOptions(), stats, steps.append):
             seen.append(len(steps))
         assert len(set(seen)) == len(texts), f"{name}: progress must move with every record"
         assert sum(steps) == pytest.approx(path.stat().st_size)
@@ -307,4 +306,31 @@ def test_long_record_warns_with_the_memory_figure(tmp_path, tokenizer, capsys):
                    TokenizeOptions(long_record_warn_bytes=1 << 20))
     err = capsys.readouterr().err
     assert "a.jsonl line 1" in err and "1.5 MB" in err and "memory" in err
-    assert np.array_equal(corpus_docs(tmp_path / "out")[0], encode_all(tokenizer, ["word " * 300_000])[0])
+    expect = encode_all(tokenizer, ["word " * 300_000])[0]
+    assert np.array_equal(corpus_docs(tmp_path / "out")[0], expect)
+
+
+def test_tokenize_bar_moves_with_each_batch(tmp_path, monkeypatch):
+    import packtool.tokenize as tk
+
+    seen = []
+
+    class Bar:
+        n = 0
+
+        def update(self, k):
+            self.n += k
+            seen.append(self.n)
+
+        def set_postfix_str(self, *a, **k):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tk, "_progress_bar", lambda total, enabled: Bar())
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "word " * (200 * (i + 1))} for i in range(30)])
+    tokenize_files([str(p)], TOKENIZER, tmp_path / "out", TokenizeOptions(batch_size=1, workers=1),
+                   progress=True)
+    assert len(set(seen)) == 30, "the bar must advance with every batch written"
+    assert seen == sorted(seen) and seen[-1] == p.stat().st_size
