@@ -87,7 +87,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
             out.append(p)
         elif glob.has_magic(arg):
             found = sorted(Path(f) for f in glob.glob(arg, recursive=True) if Path(f).is_file())
-            found = [f for f in found if file_kind(f)]
+            found = [f for f in found if file_kind(f) and not _is_dataset_metadata(f)]
             if not found:
                 raise PacktoolError(f"pattern {arg!r} matches no supported files ({_SUPPORTED})")
             out.extend(found)
@@ -145,6 +145,14 @@ def _walk(folder: Path, seen: set) -> list[Path]:
             continue
         out.append(f)
     return out
+
+
+def _is_dataset_metadata(path: Path) -> bool:
+    """A save_to_disk folder's state.json / dataset_info.json (matched by a glob)."""
+    if path.name == "dataset_dict.json":
+        return True
+    return (path.name in _HF_METADATA
+            and _save_to_disk_files(path.parent, set(os.listdir(path.parent))) is not None)
 
 
 def _save_to_disk_files(folder: Path, names: set) -> set | None:

@@ -162,6 +162,7 @@ def test_datasets_save_to_disk_folder(tmp_path, tokenizer):
     result = run_tokenize(tmp_path, d)
     assert result.exit_code == 0, result.output
     assert corpus_docs(tmp_path / "out") == encode_all(tokenizer, texts)
+    assert expand_inputs([str(d / "*")]) == paths  # a glob skips the metadata too
 
 
 def test_arrow_file_format_and_stream(tmp_path, tokenizer):
