@@ -116,6 +116,9 @@ def cli():
               help="Apply the tokenizer's own post-processor template (off by default).")
 @click.option("--skip-bad-records", is_flag=True,
               help="Skip (and count) records with invalid JSON/UTF-8 or a missing text field.")
+@click.option("--max-record-bytes", type=click.IntRange(1), default=None,
+              help="Largest record in bytes (default 64 MiB); a larger one is a bad record. "
+                   "Tokenizing a record takes ~120x its size in memory.")
 @click.option("--prompt-field", default=None, help="SFT: key of the prompt (loss is not taken on it).")
 @click.option("--completion-field", default=None, help="SFT: key of the completion (loss on it).")
 @click.option("--messages-field", default=None,
@@ -132,9 +135,9 @@ def cli():
 @quiet_option
 @json_option
 def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
-             skip_bad_records, prompt_field, completion_field, messages_field, chat_template,
-             train_on, workers, batch_size, overwrite, quiet, as_json):
-    """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet and .txt INPUTS into token files.
+             skip_bad_records, max_record_bytes, prompt_field, completion_field, messages_field,
+             chat_template, train_on, workers, batch_size, overwrite, quiet, as_json):
+    """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow and .txt INPUTS.
 
     INPUTS are files, directories (every supported file inside, sorted) or globs. Every
     record becomes one document, in input order, with its full token sequence. With
@@ -154,6 +157,8 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
                            batch_size=batch_size, overwrite=overwrite, prompt_field=prompt_field,
                            completion_field=completion_field, messages_field=messages_field,
                            chat_template=chat_template, train_on=train_on)
+    if max_record_bytes is not None:
+        opts.max_record_bytes = max_record_bytes
     result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet)
     _emit(result, as_json, quiet)
 

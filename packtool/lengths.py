@@ -24,17 +24,34 @@ def reference_histogram(name: str) -> Path:
     return path
 
 
-def load_histogram_csv(path: str | Path) -> np.ndarray:
-    """Expand a ``length,count`` CSV into one length per document (numpy.repeat)."""
+MAX_HISTOGRAM_DOCS = 1 << 30  # 8 GiB of int64 lengths once expanded
+
+
+def load_histogram_csv(path: str | Path, max_docs: int = MAX_HISTOGRAM_DOCS) -> np.ndarray:
+    """Expand a ``length,count`` CSV into one length per document (numpy.repeat).
+
+    The header line is optional: a first line of two integers is data, not a header (skipping
+    it unread dropped a row). The total count is checked before expanding: a count of 1e12
+    once tried to allocate 7 TiB."""
     path = Path(path)
     try:
-        rows = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+        with open(path, "rb") as f:
+            first = f.readline().split(b",")
+        header = len(first) != 2 or not all(x.strip().isdigit() for x in first)
+        rows = np.loadtxt(path, delimiter=",", skiprows=int(header), dtype=np.int64, ndmin=2)
     except (OSError, ValueError) as e:
-        raise PacktoolError(f"{path}: not a 'length,count' CSV with a header line ({e})") from None
+        raise PacktoolError(f"{path}: not a 'length,count' CSV ({e})") from None
     if rows.size == 0:
         return np.empty(0, np.int64)
     if rows.shape[1] != 2 or (rows < 0).any():
         raise PacktoolError(f"{path}: expected two non-negative integer columns length,count")
+    total = sum(int(c) for c in rows[:, 1])
+    if total > max_docs:
+        raise PacktoolError(
+            f"{path}: the counts add up to {total:,} documents, over the limit of {max_docs:,} "
+            f"({8 * total / 2**30:,.0f} GiB as lengths); scale the counts down (the packers' "
+            "ratios depend on the shape of the histogram, not its scale)"
+        )
     return np.repeat(rows[:, 0], rows[:, 1])
 
 

@@ -6,12 +6,21 @@ Supported kinds (by file name):
 ``.jsonl/.json``    one JSON object per line; blank lines are not records
 ``.jsonl.gz``       the same, gzip-compressed (also ``.json.gz``)
 ``.jsonl.zst``      the same, zstd-compressed (also ``.json.zst``, ``.jsonl.zstd``)
-``.parquet``        read in record batches (never whole into memory)
+``.parquet``        read in record batches of at most ~64 MiB (never whole into memory)
+``.arrow``          Arrow IPC, stream or file format (what ``datasets.save_to_disk`` writes)
 ``.txt``            one document per file, or per line / blank-line paragraph
 ==================  =========================================================
 
+A directory is read recursively; a folder it cannot list is an error, and the metadata files of a
+``datasets.save_to_disk`` folder (``state.json``, ``dataset_info.json``, ``dataset_dict.json``)
+are not corpus files: its ``state.json`` names the ``.arrow`` files to read.
+
 Every record-level problem raises :class:`PacktoolError` naming the file, the record and the
-fix, unless ``skip_bad_records`` is set, in which case it is counted per input file.
+fix, unless ``skip_bad_records`` is set, in which case it is counted per input file. A record over
+``max_record_bytes`` (default 64 MiB) is such a problem: tokenizing one record takes about 120x
+its size in memory (a 20 MB JSONL line peaked at 2.5 GB RSS), so the limit is what keeps a stray
+giant record from taking the machine down. JSONL and text lines over the limit are skipped in
+1 MiB pieces, never held whole.
 """
 
 from __future__ import annotations
@@ -20,10 +29,12 @@ import glob
 import gzip
 import io
 import json
+import os
+import sys
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from .errors import PacktoolError
 
@@ -36,8 +47,13 @@ KINDS = {
     ".json.zst": "jsonl.zst",
     ".jsonl.zstd": "jsonl.zst",
     ".parquet": "parquet",
+    ".arrow": "arrow",
     ".txt": "txt",
 }
+DEFAULT_MAX_RECORD_BYTES = 64 << 20
+PARQUET_BATCH_BYTES = 64 << 20  # rows per Parquet batch: about this much decoded text
+# a datasets.save_to_disk folder's metadata, beside its .arrow files
+_HF_METADATA = ("state.json", "dataset_info.json", "dataset_dict.json")
 TXT_SPLITS = ("file", "line", "blank-line")
 _SUPPORTED = ", ".join(KINDS)
 
@@ -58,10 +74,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
     for arg in inputs:
         p = Path(arg)
         if p.is_dir():
-            found = sorted(
-                f for f in p.rglob("*") if f.is_file() and file_kind(f) and not f.name.startswith(".")
-                and not _is_packtool_manifest(f)
-            )
+            found = sorted(_walk(p, set()))
             if not found:
                 raise PacktoolError(f"directory {p} holds no supported files ({_SUPPORTED})")
             out.extend(found)
@@ -74,7 +87,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
             out.append(p)
         elif glob.has_magic(arg):
             found = sorted(Path(f) for f in glob.glob(arg, recursive=True) if Path(f).is_file())
-            found = [f for f in found if file_kind(f)]
+            found = [f for f in found if file_kind(f) and not _is_dataset_metadata(f)]
             if not found:
                 raise PacktoolError(f"pattern {arg!r} matches no supported files ({_SUPPORTED})")
             out.extend(found)
@@ -84,13 +97,77 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
     for p in out:
         key = p.resolve()
         if key in seen:
-            raise PacktoolError(f"{p} is given twice (also as {seen[key]}); each input is read once")
+            raise PacktoolError(
+                f"{p} is given twice (also as {seen[key]}); each input is read once")
         seen[key] = p
         try:
             open(p, "rb").close()
         except OSError as e:
-            raise PacktoolError(f"{p}: cannot open ({e.strerror}); check the path and permissions")
+            raise PacktoolError(
+                f"{p}: cannot open ({e.strerror}); check the path and permissions") from None
     return out
+
+
+def _walk(folder: Path, seen: set) -> list[Path]:
+    """Supported files under ``folder``, recursively; a folder that cannot be listed is an error
+    (``Path.rglob`` skips it silently: 100 of 350 documents went missing that way)."""
+    key = folder.resolve()
+    if key in seen:  # a symlink loop
+        return []
+    seen.add(key)
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as e:
+        raise PacktoolError(
+            f"{folder}: cannot read this folder ({e.strerror}); fix its permissions, or pass "
+            "the files you want instead of the parent folder"
+        ) from None
+    names = {e.name for e in entries}
+    data_files = _save_to_disk_files(folder, names)
+    out: list[Path] = []
+    for e in entries:
+        f = folder / e.name
+        try:
+            is_dir = e.is_dir()
+        except OSError:
+            is_dir = False
+        if is_dir:
+            out.extend(_walk(f, seen))
+            continue
+        if e.name.startswith(".") or not file_kind(f) or not f.is_file():
+            continue
+        if data_files is not None and (e.name in _HF_METADATA or file_kind(f) == "arrow"):
+            if e.name in data_files:
+                out.append(f)
+            continue
+        if e.name == "dataset_dict.json" or _is_packtool_manifest(f):
+            continue
+        out.append(f)
+    return out
+
+
+def _is_dataset_metadata(path: Path) -> bool:
+    """A save_to_disk folder's state.json / dataset_info.json (matched by a glob)."""
+    if path.name == "dataset_dict.json":
+        return True
+    return (path.name in _HF_METADATA
+            and _save_to_disk_files(path.parent, set(os.listdir(path.parent))) is not None)
+
+
+def _save_to_disk_files(folder: Path, names: set) -> set | None:
+    """The ``.arrow`` files a ``datasets.save_to_disk`` folder's ``state.json`` lists, or None
+    when ``folder`` is not one (other ``.arrow`` files there, e.g. map caches, are not data)."""
+    if "state.json" not in names or not any(n.endswith(".arrow") for n in names):
+        return None
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        return {d["filename"] for d in state["_data_files"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PacktoolError(
+            f"{folder / 'state.json'}: not a readable datasets save_to_disk state ({e}); "
+            "pass the .arrow files themselves"
+        ) from None
 
 
 def _is_packtool_manifest(path: Path) -> bool:
@@ -112,6 +189,7 @@ class InputStats:
     path: str
     kind: str
     n_docs: int = 0
+    record: int = 0  # number (line or row) of the record last yielded, for messages
     blank_lines: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     skipped_records: list[int] = field(default_factory=list)
@@ -135,7 +213,8 @@ class ReadOptions:
     text_field: str = "text"
     txt_split: str = "file"
     skip_bad_records: bool = False
-    parquet_batch_rows: int = 8192
+    parquet_batch_rows: int = 8192       # at most; fewer when rows are long (PARQUET_BATCH_BYTES)
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     prompt_field: str | None = None       # with completion_field: SFT prompt/completion pairs
     completion_field: str | None = None
     messages_field: str | None = None     # chat conversations: [{"role", "content"}, ...]
@@ -164,6 +243,48 @@ _SKIPPED = object()  # a record already counted as skipped
 class _BadRecord(Exception):
     def __init__(self, reason: str, message: str):
         self.reason, self.message = reason, message
+
+    def hint(self) -> str:
+        """The fix, unless the message already names it."""
+        if self.reason in ("missing_field", "too_large"):
+            return ""
+        return "; fix the record or pass --skip-bad-records"
+
+
+def _too_large(size: int, limit: int) -> _BadRecord:
+    return _BadRecord(
+        "too_large",
+        f"record is {size:,} bytes, over --max-record-bytes {limit:,} (tokenizing takes about "
+        f"120x a record's size in memory); raise --max-record-bytes if the machine has the "
+        "memory, split the record, or pass --skip-bad-records",
+    )
+
+
+def _utf8_size(doc) -> int:
+    if isinstance(doc, str):
+        return len(doc) if doc.isascii() else len(doc.encode("utf-8", "surrogatepass"))
+    if isinstance(doc, tuple):
+        return sum(map(_utf8_size, doc))
+    return sum(_utf8_size(m["content"]) + _utf8_size(m["role"]) for m in doc)
+
+
+def _lines(f, limit: int):
+    """``(line, size)`` for each line of ``f``; ``line`` is None when the line (without its
+    newline) is over ``limit`` bytes: the rest of it is read and dropped in 1 MiB pieces."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, len(line)
+            continue
+        size = len(line)
+        while True:
+            piece = f.readline(1 << 20)
+            size += len(piece)
+            if not piece or piece.endswith(b"\n"):
+                break
+        yield None, size - piece.endswith(b"\n")
 
 
 def _get_field(obj, key: str):
@@ -225,7 +346,7 @@ def _check_messages(value, key: str) -> list[dict]:
 
 
 def _open_jsonl(path: Path, kind: str):
-    raw = open(path, "rb")
+    raw = open(path, "rb")  # noqa: SIM115 (closed by the caller's `with raw`)
     if kind == "jsonl.gz":
         return raw, gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "jsonl.zst":
@@ -281,48 +402,63 @@ def _decompress_errors():
     return (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
 
 
-def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
+               progress) -> Iterator[str]:
+    if kind != "jsonl" and path.stat().st_size == 0:
+        raise PacktoolError(
+            f"{path}: 0 bytes, not a valid {kind.split('.')[1]} stream (even an empty corpus "
+            "compresses to a few bytes); remove the file or re-compress it"
+        )
     raw, f = _open_jsonl(path, kind)
     errors = _decompress_errors()
+    limit = opts.max_record_bytes
     lineno = 0
     last_pos = 0
     try:
         with raw:
-            it = iter(f)
+            it = _lines(f, limit)
             while True:
                 try:
-                    line = next(it)
+                    line, size = next(it)
                 except StopIteration:
                     break
                 except errors as e:
                     raise _corrupt(path, kind, e) from None
                 lineno += 1
-                if not line.strip():
+                if line is not None and not line.strip():
                     stats.blank_lines += 1
                     continue
-                if stats.n_docs == 0 and not stats.skipped and line.lstrip(b"\xef\xbb\xbf \t").startswith(b"["):
+                if (line is not None and stats.n_docs == 0 and not stats.skipped
+                        and line.lstrip(b"\xef\xbb\xbf \t").startswith(b"[")):
                     raise PacktoolError(
                         f"{path} line {lineno}: the file is a JSON array, not JSON Lines (one "
                         "object per line); convert it, e.g. jq -c '.[]' in.json > in.jsonl")
                 try:
+                    if line is None:
+                        raise _too_large(size, limit)
                     try:
                         obj = json.loads(line)
                     except UnicodeDecodeError as e:
-                        raise _BadRecord("invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})")
+                        raise _BadRecord("invalid_utf8",
+                                         f"invalid UTF-8 ({e.reason} at byte {e.start})") from None
                     except ValueError as e:
-                        raise _BadRecord("invalid_json", f"invalid JSON ({e})")
+                        raise _BadRecord("invalid_json", f"invalid JSON ({e})") from None
+                    except RecursionError:
+                        raise _BadRecord(
+                            "too_deep", "JSON nested deeper than Python can parse "
+                            f"(over {sys.getrecursionlimit():,} levels)") from None
                     text = opts.extract(obj)
                 except _BadRecord as bad:
                     if opts.skip_bad_records:
                         stats.skip(lineno, bad.reason)
                         continue
-                    hint = "" if bad.reason in ("missing_field",) else "; fix the record or pass --skip-bad-records"
-                    raise PacktoolError(f"{path} line {lineno}: {bad.message}{hint}") from None
+                    raise PacktoolError(
+                        f"{path} line {lineno}: {bad.message}{bad.hint()}") from None
                 stats.n_docs += 1
-                if lineno & 1023 == 0:
-                    pos = raw.tell()
-                    progress(pos - last_pos)
-                    last_pos = pos
+                stats.record = lineno
+                pos = raw.tell()
+                progress(pos - last_pos)
+                last_pos = pos
                 yield text
             progress(raw.tell() - last_pos)
     except OSError as e:
@@ -331,114 +467,207 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats, prog
 
 def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(path)
+        md = pf.metadata
     except (pa.ArrowException, OSError) as e:
         raise _corrupt(path, "parquet", e) from None
-    if opts.mode != "text":
-        yield from _iter_parquet_rows(pf, path, opts, stats, progress)
-        return
-    key = opts.text_field
-    names = pf.schema_arrow.names
-    top, _, rest = key.partition(".")
-    if key in names:
-        top, rest = key, ""
-    if top not in names:
-        raise PacktoolError(
-            f"{path}: no column {key!r} (columns: {', '.join(names)}); "
-            "pass --text-field NAME to read another column"
-        )
+    columns = _columns(path, pf.schema_arrow.names, opts)
+    n_rows = max(md.num_rows, 1)
+    # rows per batch: about PARQUET_BATCH_BYTES of decoded data, so that 8,192 rows of 20 MB
+    # documents are not decoded at once (and progress moves within a row group)
+    row_bytes = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) / n_rows
+    rows = max(1, min(opts.parquet_batch_rows, int(PARQUET_BATCH_BYTES // max(row_bytes, 1.0))))
     size = path.stat().st_size
-    row = 0
-    try:
-        for batch in pf.iter_batches(batch_size=opts.parquet_batch_rows, columns=[top]):
-            col = batch.column(0)
-            if rest:
-                for part in rest.split("."):
-                    if not pa.types.is_struct(col.type) or col.type.get_field_index(part) < 0:
-                        raise PacktoolError(
-                            f"{path}: column {top!r} has no nested field {key!r} "
-                            f"(type {col.type}); pass --text-field NAME"
-                        )
-                    col = pc.struct_field(col, part)
-            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-                texts = col.to_pylist()
-            elif pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-                texts = _binary_to_text(col, path, row, opts, stats)
-            else:
-                raise PacktoolError(
-                    f"{path}: column {key!r} has type {col.type}, expected a string; "
-                    "pass --text-field NAME to read another column"
-                )
-            for i, text in enumerate(texts):
-                if text is _SKIPPED:
-                    continue
-                if text is None:
-                    if opts.skip_bad_records:
-                        stats.skip(row + i + 1, "null")
-                        continue
-                    raise PacktoolError(
-                        f"{path} row {row + i + 1}: {key!r} is null, expected a string; "
-                        "fix the record or pass --skip-bad-records"
-                    )
-                stats.n_docs += 1
-                yield text
-            row += len(texts)
-            progress(size * batch.num_rows / max(pf.metadata.num_rows, 1))
-    except (pa.ArrowException, OSError) as e:
-        raise _corrupt(path, "parquet", e) from None
+
+    def batches():
+        for batch in pf.iter_batches(batch_size=rows, columns=columns):
+            yield batch, size * batch.num_rows / n_rows
+
+    yield from _iter_batches(path, "parquet", batches(), size, opts, stats, progress)
 
 
-def _iter_parquet_rows(pf, path, opts, stats, progress):
+def iter_arrow(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+    """Arrow IPC: the file format (starts with ``ARROW1``) or the stream format (what
+    ``datasets.save_to_disk`` writes), read one record batch at a time from a memory map."""
     import pyarrow as pa
 
-    fields = [f for f in (opts.prompt_field, opts.completion_field, opts.messages_field) if f]
-    names = pf.schema_arrow.names
-    tops = sorted({f.split(".")[0] if f not in names else f for f in fields})
-    missing = [t for t in tops if t not in names]
-    if missing:
-        raise PacktoolError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
-    size, row = path.stat().st_size, 0
     try:
-        for batch in pf.iter_batches(batch_size=opts.parquet_batch_rows, columns=tops):
-            for i, obj in enumerate(batch.to_pylist()):
-                try:
-                    doc = opts.extract(obj)
-                except _BadRecord as bad:
-                    if opts.skip_bad_records:
-                        stats.skip(row + i + 1, bad.reason)
-                        continue
-                    raise PacktoolError(f"{path} row {row + i + 1}: {bad.message}; fix the record "
-                                        "or pass --skip-bad-records") from None
+        src = pa.memory_map(str(path))
+        is_file = src.read(6) == b"ARROW1"
+        src.seek(0)
+        reader = pa.ipc.open_file(src) if is_file else pa.ipc.open_stream(src)
+    except (pa.ArrowException, OSError) as e:
+        raise _corrupt(path, "arrow", e) from None
+    columns = _columns(path, reader.schema.names, opts)
+    size = path.stat().st_size
+
+    def batches():
+        if is_file:
+            n = reader.num_record_batches
+            for i in range(n):
+                yield reader.get_batch(i).select(columns), size / n
+            return
+        last = 0
+        for batch in reader:
+            pos = src.tell()
+            yield batch.select(columns), pos - last
+            last = pos
+
+    with src:
+        yield from _iter_batches(path, "arrow", batches(), size, opts, stats, progress)
+
+
+def _columns(path: Path, names: list[str], opts: ReadOptions) -> list[str]:
+    """The top-level columns to read for ``opts``' fields (``a.b`` reads column ``a``)."""
+    fields = ([opts.text_field] if opts.mode == "text" else
+              [f for f in (opts.prompt_field, opts.completion_field, opts.messages_field) if f])
+    tops = []
+    for f in fields:
+        top = f if f in names else f.split(".")[0]
+        if top not in names:
+            fix = "; pass --text-field NAME to read another column" if opts.mode == "text" else ""
+            raise PacktoolError(f"{path}: no column {f!r} (columns: {', '.join(names)}){fix}")
+        tops.append(top)
+    return sorted(set(tops))
+
+
+class _Skip:
+    """A row to count as skipped (with ``--skip-bad-records``) instead of yielding."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _iter_batches(path, kind, batches, size, opts, stats, progress):
+    """Yield the documents of Arrow record batches, advancing ``progress`` by each batch's share
+    of the file's bytes, spread over its rows by text length, so that the total is the file size."""
+    import pyarrow as pa
+
+    row, reported = 0, 0.0
+    try:
+        for batch, share in batches:
+            if opts.mode == "text":
+                docs, weights = _text_column(batch.column(0), batch.schema.names[0], path,
+                                             row, opts)
+            else:
+                docs = _row_docs(batch, path, row, opts)
+                weights = None
+            total_w = sum(weights) if weights is not None else len(docs)
+            for i, doc in enumerate(docs):
+                step = share * (weights[i] if weights is not None else 1) / max(total_w, 1)
+                progress(step)
+                reported += step
+                if isinstance(doc, _Skip):
+                    stats.skip(row + i + 1, doc.reason)
+                    continue
                 stats.n_docs += 1
+                stats.record = row + i + 1
                 yield doc
             row += batch.num_rows
-            progress(size * batch.num_rows / max(pf.metadata.num_rows, 1))
     except (pa.ArrowException, OSError) as e:
-        raise _corrupt(path, "parquet", e) from None
+        raise _corrupt(path, kind, e) from None
+    progress(size - reported)
 
 
-def _binary_to_text(col, path, row0, opts, stats):
+def _bad(path, row: int, bad: _BadRecord, opts: ReadOptions):
+    if opts.skip_bad_records:
+        return _Skip(bad.reason)
+    raise PacktoolError(f"{path} row {row}: {bad.message}{bad.hint()}")
 
-    out = []
-    for i, b in enumerate(col.to_pylist()):
-        if b is None:
-            out.append(None)
+
+def _text_column(col, name: str, path, row0: int, opts: ReadOptions):
+    """The texts of one batch's column (str, or _Skip) and their sizes in bytes.
+
+    Reads string, large_string, string_view, binary (UTF-8 checked), and dictionaries of
+    those. Invalid UTF-8 in a *string* column (Arrow does not check it on read) is found per
+    row, like in a binary column."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    key = opts.text_field
+    if key != name:  # a nested field: column.a.b
+        for part in key[len(name) + 1:].split("."):
+            if not pa.types.is_struct(col.type) or col.type.get_field_index(part) < 0:
+                raise PacktoolError(
+                    f"{path}: column {name!r} has no nested field {key!r} "
+                    f"(type {col.type}); pass --text-field NAME"
+                )
+            col = pc.struct_field(col, part)
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pa.types.is_string_view(col.type) or pa.types.is_binary_view(col.type):
+        col = col.cast(pa.large_binary())
+    t = col.type
+    is_str = pa.types.is_string(t) or pa.types.is_large_string(t)
+    if not (is_str or pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        raise PacktoolError(
+            f"{path}: column {key!r} has type {t}, expected text (string, large_string, "
+            "string_view, binary, or a dictionary of these); convert the column to strings, "
+            f"e.g. pyarrow.compute.cast(table[{key!r}], pyarrow.string())"
+        )
+    sizes = pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+    big = sizes > opts.max_record_bytes
+    if big.any():
+        first = int(np.flatnonzero(big)[0])
+        if not opts.skip_bad_records:
+            _bad(path, row0 + first + 1, _too_large(int(sizes[first]), opts.max_record_bytes), opts)
+        col = pc.if_else(pa.array(big), pa.scalar(None, t), col)  # never decode the giants
+    texts = None
+    if is_str:
+        try:
+            texts = col.to_pylist()
+        except UnicodeDecodeError:
+            col = col.cast(pa.large_binary())
+    if texts is None:
+        texts = [None if b is None else _decode_row(b, path, row0 + i + 1, opts)
+                 for i, b in enumerate(col.to_pylist())]
+    for i, text in enumerate(texts):
+        if big[i]:
+            texts[i] = _Skip("too_large")
+        elif text is None:
+            texts[i] = _bad(path, row0 + i + 1, _BadRecord(
+                "null", f"{key!r} is null, expected a string"), opts)
+    return texts, (sizes + 1).tolist()
+
+
+def _decode_row(b: bytes, path, row: int, opts):
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _bad(path, row, _BadRecord(
+            "invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})"), opts)
+
+
+def _row_docs(batch, path, row0: int, opts: ReadOptions) -> list:
+    """prompt/completion or messages documents of one batch (or _Skip)."""
+    try:
+        objs = batch.to_pylist()
+    except UnicodeDecodeError:  # find the row: decode one at a time
+        objs = []
+        for i in range(batch.num_rows):
+            try:
+                objs.append(batch.slice(i, 1).to_pylist()[0])
+            except UnicodeDecodeError as e:
+                objs.append(_bad(path, row0 + i + 1, _BadRecord(
+                    "invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})"), opts))
+    docs = []
+    for i, obj in enumerate(objs):
+        if isinstance(obj, _Skip):
+            docs.append(obj)
             continue
         try:
-            out.append(b.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            if not opts.skip_bad_records:
-                raise PacktoolError(
-                    f"{path} row {row0 + i + 1}: invalid UTF-8 ({e.reason} at byte {e.start}); "
-                    "fix the record or pass --skip-bad-records"
-                ) from None
-            stats.skip(row0 + i + 1, "invalid_utf8")
-            out.append(_SKIPPED)
-    return out
+            doc = opts.extract(obj)
+            size = _utf8_size(doc)
+            if size > opts.max_record_bytes:
+                raise _too_large(size, opts.max_record_bytes)
+        except _BadRecord as bad:
+            doc = _bad(path, row0 + i + 1, bad, opts)
+        docs.append(doc)
+    return docs
 
 
 def _decode_txt(data: bytes, path: Path, first_line: int) -> str:
@@ -448,56 +677,72 @@ def _decode_txt(data: bytes, path: Path, first_line: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = first_line + data.count(b"\n", 0, e.start)
-        raise _BadRecord("invalid_utf8", f"{path} line {line}: invalid UTF-8 ({e.reason})") from None
+        raise _BadRecord("invalid_utf8",
+                         f"{path} line {line}: invalid UTF-8 ({e.reason})") from None
 
 
 def iter_txt(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
     split = opts.txt_split
     if split not in TXT_SPLITS:
         raise PacktoolError(f"--txt-split {split!r}: choose one of {', '.join(TXT_SPLITS)}")
+    limit = opts.max_record_bytes
 
-    def emit(data: bytes, first_line: int):
+    def emit(data: bytes | None, first_line: int, size: int):
         try:
+            if data is None or len(data) > limit:
+                raise _too_large(size if data is None else len(data), limit)
             text = _decode_txt(data, path, first_line)
         except _BadRecord as bad:
             if opts.skip_bad_records:
                 stats.skip(first_line, bad.reason)
                 return None
-            raise PacktoolError(f"{bad.message}; fix the file or pass --skip-bad-records") from None
+            where = "" if bad.reason == "invalid_utf8" else f"{path} line {first_line}: "
+            fix = bad.hint().replace("record", "file") if bad.hint() else ""
+            raise PacktoolError(f"{where}{bad.message}{fix}") from None
         stats.n_docs += 1
+        stats.record = first_line
         return text
 
     try:
         if split == "file":
-            data = path.read_bytes()
-            progress(len(data))
-            text = emit(data, 1)
+            size = path.stat().st_size
+            data = path.read_bytes() if size <= limit else None
+            progress(size)
+            text = emit(data, 1, size)
             if text is not None:
                 yield text
             return
         with open(path, "rb") as f:
-            para: list[bytes] = []
-            para_line = 0
+            para: list[bytes] | None = []
+            para_line = para_size = 0
             lineno = 0
-            for line in f:
+            for line, size in _lines(f, limit):
                 lineno += 1
-                progress(len(line))
+                progress(size)
                 if split == "line":
-                    text = emit(line.rstrip(b"\r\n") if line.endswith(b"\n") else line, lineno)
+                    if line is not None and line.endswith(b"\n"):
+                        line = line.rstrip(b"\r\n")
+                    text = emit(line, lineno, size)
                     if text is not None:
                         yield text
                     continue
-                if line.strip():
-                    if not para:
-                        para_line = lineno
-                    para.append(line)
-                elif para:
-                    text = emit(b"".join(para).rstrip(b"\r\n"), para_line)
-                    para = []
+                if line is None or line.strip():
+                    if not para_size:
+                        para_line, para = lineno, []
+                    para_size += size
+                    # an over-long paragraph is counted, not held
+                    para = None if line is None or para is None or para_size > limit + 2 else para
+                    if para is not None:
+                        para.append(line)
+                elif para_size:
+                    text = emit(None if para is None else b"".join(para).rstrip(b"\r\n"),
+                                para_line, para_size)
+                    para, para_size = [], 0
                     if text is not None:
                         yield text
-            if para:
-                text = emit(b"".join(para).rstrip(b"\r\n"), para_line)
+            if para_size:
+                text = emit(None if para is None else b"".join(para).rstrip(b"\r\n"),
+                            para_line, para_size)
                 if text is not None:
                     yield text
     except OSError as e:
@@ -511,6 +756,8 @@ def iter_documents(path: Path, opts: ReadOptions, stats: InputStats, progress=la
         return iter_jsonl(path, kind, opts, stats, progress)
     if kind == "parquet":
         return iter_parquet(path, opts, stats, progress)
+    if kind == "arrow":
+        return iter_arrow(path, opts, stats, progress)
     if kind == "txt":
         if opts.mode != "text":
             raise PacktoolError(f"{path}: .txt files hold plain text; prompt/completion and "

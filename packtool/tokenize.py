@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -30,10 +31,23 @@ from pathlib import Path
 import numpy as np
 
 from ._atomic import atomic_files
-from .errors import PacktoolError
-from .sources import InputStats, ReadOptions, expand_inputs, file_kind, iter_documents
 from ._io import sha256_file
+from .errors import PacktoolError
 from .formats.tokens import TokenWriter, prefix_paths, token_dtype
+from .sources import (
+    DEFAULT_MAX_RECORD_BYTES,
+    InputStats,
+    ReadOptions,
+    expand_inputs,
+    file_kind,
+    iter_documents,
+)
+
+# Tokenizing one record takes about 120x its size in memory (the tokenizers library's
+# per-token structures): a 20.4 MB JSONL line peaked at 2.48 GB RSS. The reader warns once per
+# run about a record past this size, with the figure, before the memory is spent.
+MEMORY_PER_RECORD_BYTE = 120
+LONG_RECORD_WARN_BYTES = 8 << 20
 
 
 @dataclass
@@ -53,6 +67,8 @@ class TokenizeOptions:
     messages_field: str | None = None    # chat: rendered with a chat template, loss on assistant
     chat_template: str | None = None     # a Jinja file overriding tokenizer_config.json's
     train_on: str = "assistant"          # or "all"
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # a larger record is a bad record
+    long_record_warn_bytes: int = LONG_RECORD_WARN_BYTES
 
 
 @dataclass
@@ -90,13 +106,31 @@ def resolve_tokenizer_path(tok: str | Path) -> Path:
     if p.is_dir():
         if (p / "tokenizer.json").is_file():
             return p / "tokenizer.json"
+        if (p / "tokenizer.model").is_file():
+            raise _sentencepiece_refusal(p / "tokenizer.model")
         raise PacktoolError(
             f"{p} holds no tokenizer.json; packtool needs a Hugging Face fast tokenizer file "
             "(save one with tokenizer.save_pretrained(DIR) or Tokenizer.save(PATH))"
         )
     if not p.exists():
         raise PacktoolError(f"tokenizer {p}: no such file or directory")
+    if p.suffix == ".model":
+        raise _sentencepiece_refusal(p)
     return p
+
+
+def _sentencepiece_refusal(model: Path) -> PacktoolError:
+    """Llama-1/2, Mistral-v1 and T5 folders ship only a SentencePiece ``tokenizer.model``.
+    Converting it needs ``transformers`` with ``sentencepiece`` and ``protobuf`` (its slow-to-fast
+    converters), which packtool does not depend on; the conversion is one command, once."""
+    folder = model.parent
+    return PacktoolError(
+        f"{model} is a SentencePiece model and {folder} has no tokenizer.json; packtool reads "
+        "Hugging Face fast tokenizers. Convert it once (pip install transformers sentencepiece "
+        "protobuf), then: python -c \"from transformers import AutoTokenizer; "
+        f"AutoTokenizer.from_pretrained('{folder}').save_pretrained('{folder}')\" "
+        "writes tokenizer.json beside it"
+    )
 
 
 def load_tokenizer(tok: str | Path):
@@ -150,8 +184,9 @@ def _record_size(record) -> int:
 class _Reader(threading.Thread):
     """Reads every input in order and queues batches of texts, cut by count and bytes."""
 
-    def __init__(self, paths, read_opts, batch_size, batch_bytes, maxsize):
+    def __init__(self, paths, read_opts, batch_size, batch_bytes, maxsize, warn_bytes=None):
         super().__init__(daemon=True, name="packtool-reader")
+        self.warn_bytes = warn_bytes
         self.paths, self.read_opts = paths, read_opts
         self.batch_size, self.batch_bytes = batch_size, batch_bytes
         self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
@@ -177,9 +212,19 @@ class _Reader(threading.Thread):
             for path in self.paths:
                 stats = InputStats(path=str(path), kind=file_kind(path))
                 self.stats.append(stats)
+                unit = "row" if stats.kind in ("parquet", "arrow") else "line"
                 for text in iter_documents(path, self.read_opts, stats, self._progress):
                     batch.append(text)
-                    nbytes += _record_size(text)
+                    size = _record_size(text)
+                    nbytes += size
+                    if self.warn_bytes is not None and size >= self.warn_bytes:
+                        self.warn_bytes = None  # once per run
+                        print(
+                            f"packtool: warning: {path} {unit} {stats.record}: a "
+                            f"{size / 1e6:.1f} MB record; tokenizing it takes about "
+                            f"{MEMORY_PER_RECORD_BYTE}x its size in memory "
+                            f"(~{size * MEMORY_PER_RECORD_BYTE / 1e9:.1f} GB); lower "
+                            "--max-record-bytes to refuse such records", file=sys.stderr)
                     if len(batch) >= self.batch_size or nbytes >= self.batch_bytes:
                         if not self._put((batch, self.bytes_read)):
                             return
@@ -281,6 +326,9 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``."""
     opts = options or TokenizeOptions()
     t0 = time.perf_counter()
+    if opts.max_record_bytes < 1:
+        raise PacktoolError(f"--max-record-bytes {opts.max_record_bytes}: must be at least 1 "
+                            f"(default {DEFAULT_MAX_RECORD_BYTES:,})")
     paths = expand_inputs(inputs)
     tok, tok_path = load_tokenizer(tokenizer)
     bos_id = special_token_id(tok, opts.bos, "--bos") if opts.bos else None
@@ -292,7 +340,8 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
         raise PacktoolError("--batch-size and --workers must be at least 1")
     read_opts = ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
                             prompt_field=opts.prompt_field, completion_field=opts.completion_field,
-                            messages_field=opts.messages_field)
+                            messages_field=opts.messages_field,
+                            max_record_bytes=opts.max_record_bytes)
     mode = read_opts.mode
     if mode == "prompt_completion" and not (opts.prompt_field and opts.completion_field):
         raise PacktoolError("--prompt-field and --completion-field go together; pass both")
@@ -325,8 +374,9 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     outputs = [files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else []) + [files["json"]]
     with atomic_files(outputs, opts.overwrite) as tmp:
         keys = ["bin", "boundaries"] + (["mask"] if with_mask else []) + ["json"]
-        writer = TokenWriter(dict(zip(keys, tmp)), with_mask)
-        reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers)
+        writer = TokenWriter(dict(zip(keys, tmp, strict=True)), with_mask)
+        reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers,
+                         warn_bytes=opts.long_record_warn_bytes)
         bar = _progress_bar(total_bytes, progress)
         try:
             with _rust_parallelism_off(), ThreadPoolExecutor(workers, "packtool-tok") as pool:
@@ -374,6 +424,7 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                 "text_field": opts.text_field,
                 "txt_split": opts.txt_split,
                 "skip_bad_records": opts.skip_bad_records,
+                "max_record_bytes": opts.max_record_bytes,
                 "bos": opts.bos,
                 "eos": opts.eos,
                 "special_tokens": opts.special_tokens,

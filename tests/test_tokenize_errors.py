@@ -122,7 +122,7 @@ def test_parquet_missing_column_and_null(tmp_path):
     pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "b.parquet")
     assert_fails(tmp_path, "b.parquet row 2: 'text' is null", tmp_path / "b.parquet")
     pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "c.parquet")
-    assert_fails(tmp_path, "has type int64, expected a string", tmp_path / "c.parquet")
+    assert_fails(tmp_path, "has type int64, expected text", tmp_path / "c.parquet")
 
 
 def test_invalid_utf8(tmp_path):
