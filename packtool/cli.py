@@ -83,6 +83,10 @@ def cli():
               help="Jinja chat template file (default: tokenizer_config.json's, else built-in).")
 @click.option("--train-on", type=click.Choice(["assistant", "all"]), default="assistant",
               show_default=True, help="Chat: which tokens the loss mask keeps.")
+@click.option("--max-render-chars", type=click.IntRange(1), default=1 << 25, show_default=True,
+              help="Chat: refuse a conversation whose template rendering exceeds this size.")
+@click.option("--render-timeout", type=click.FloatRange(0, min_open=True), default=10.0,
+              show_default=True, help="Chat: seconds one template rendering may take.")
 @click.option("--workers", "-j", type=click.IntRange(0), default=0, show_default=True,
               help="Tokenizer threads (0 = all cores). Output is identical for any value.")
 @click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
@@ -92,7 +96,8 @@ def cli():
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
              skip_bad_records, prompt_field, completion_field, messages_field, chat_template,
-             train_on, workers, batch_size, overwrite, quiet, as_json):
+             train_on, max_render_chars, render_timeout, workers, batch_size, overwrite, quiet,
+             as_json):
     """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet and .txt INPUTS into token files.
 
     INPUTS are files, directories (every supported file inside, sorted) or globs. Every
@@ -112,9 +117,13 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
                            bos=bos, eos=eos, special_tokens=special_tokens, workers=workers,
                            batch_size=batch_size, overwrite=overwrite, prompt_field=prompt_field,
                            completion_field=completion_field, messages_field=messages_field,
-                           chat_template=chat_template, train_on=train_on)
+                           chat_template=chat_template, train_on=train_on,
+                           max_render_chars=max_render_chars, render_timeout=render_timeout)
     result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet)
     _emit(result, as_json, quiet)
+    if quiet or as_json:  # the summary, when printed, carries them
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
 
 
 def _algo_choices():
