@@ -158,7 +158,8 @@ def _hf(tok):
 def test_generation_blocks_define_trained_spans(tmp_path, model):
     d, tok = model
     tpl = with_template(tmp_path, GENERATION)
-    convs = [CONV, CONV[:1], [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]]
+    convs = [CONV, CONV[:1],
+             [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]]
     p = write_jsonl(tmp_path / "c.jsonl", [{"messages": c} for c in convs])
     tokenize_files([str(p)], d, tmp_path / "o",
                    TokenizeOptions(messages_field="messages", chat_template=str(tpl)))
@@ -170,7 +171,7 @@ def test_generation_blocks_define_trained_spans(tmp_path, model):
         assert c[i].tolist() == list(out["input_ids"])
         assert c.doc_mask(i).tolist() == list(out["assistant_masks"])
     want = "Hello! café<|im_end|>Sure, 日本語 🚀.<|im_end|>"
-    assert tok.decode([t for t, m in zip(c[0].tolist(), c.doc_mask(0).tolist()) if m],
+    assert tok.decode([t for t, m in zip(c[0].tolist(), c.doc_mask(0).tolist(), strict=True) if m],
                       skip_special_tokens=False) == want
     assert not c.doc_mask(1).any()
 
@@ -204,7 +205,8 @@ def test_text_parts_render_as_hf_does(tmp_path, model, template):
         assert "[Hel][lo! café]" in text
     else:  # a template written for strings gets the text parts joined
         assert c[0].tolist() == c[1].tolist()
-    trained = tok.decode([t for t, m in zip(c[0].tolist(), c.doc_mask(0).tolist()) if m],
+    ids, mask = c[0].tolist(), c.doc_mask(0).tolist()
+    trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m],
                          skip_special_tokens=False)
     assert "Hel" in trained and "lo! café" in trained and "Hi" not in trained
 
