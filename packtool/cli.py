@@ -127,6 +127,10 @@ def cli():
               help="Jinja chat template file (default: tokenizer_config.json's, else built-in).")
 @click.option("--train-on", type=click.Choice(["assistant", "all"]), default="assistant",
               show_default=True, help="Chat: which tokens the loss mask keeps.")
+@click.option("--max-render-chars", type=click.IntRange(1), default=1 << 25, show_default=True,
+              help="Chat: refuse a conversation whose template rendering exceeds this size.")
+@click.option("--render-timeout", type=click.FloatRange(0, min_open=True), default=10.0,
+              show_default=True, help="Chat: seconds one template rendering may take.")
 @click.option("--workers", "-j", type=click.IntRange(0), default=0, show_default=True,
               help="Tokenizer threads (0 = all cores). Output is identical for any value.")
 @click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
@@ -136,7 +140,8 @@ def cli():
 @json_option
 def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
              skip_bad_records, max_record_bytes, prompt_field, completion_field, messages_field,
-             chat_template, train_on, workers, batch_size, overwrite, quiet, as_json):
+             chat_template, train_on, max_render_chars, render_timeout, workers, batch_size,
+             overwrite, quiet, as_json):
     """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow and .txt INPUTS.
 
     INPUTS are files, directories (every supported file inside, sorted) or globs. Every
@@ -156,11 +161,15 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
                            bos=bos, eos=eos, special_tokens=special_tokens, workers=workers,
                            batch_size=batch_size, overwrite=overwrite, prompt_field=prompt_field,
                            completion_field=completion_field, messages_field=messages_field,
-                           chat_template=chat_template, train_on=train_on)
+                           chat_template=chat_template, train_on=train_on,
+                           max_render_chars=max_render_chars, render_timeout=render_timeout)
     if max_record_bytes is not None:
         opts.max_record_bytes = max_record_bytes
     result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet)
     _emit(result, as_json, quiet)
+    if quiet or as_json:  # the summary, when printed, carries them
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
 
 
 @cli.command()

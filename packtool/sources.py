@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -218,6 +218,8 @@ class ReadOptions:
     prompt_field: str | None = None       # with completion_field: SFT prompt/completion pairs
     completion_field: str | None = None
     messages_field: str | None = None     # chat conversations: [{"role", "content"}, ...]
+    render: Callable | None = None        # renders a conversation here, in the reader, so a
+    #                                       failure is a bad record of a known file and line
 
     @property
     def mode(self) -> str:
@@ -234,7 +236,13 @@ class ReadOptions:
         if self.mode == "prompt_completion":
             return (_check_text(_get_field(obj, self.prompt_field), self.prompt_field),
                     _check_text(_get_field(obj, self.completion_field), self.completion_field))
-        return _check_messages(_get_field(obj, self.messages_field), self.messages_field)
+        messages = _check_messages(_get_field(obj, self.messages_field), self.messages_field)
+        if self.render is None:
+            return messages
+        try:
+            return self.render(messages)
+        except PacktoolError as e:  # the template refused this conversation
+            raise _BadRecord(getattr(e, "reason", "chat_template"), str(e)) from None
 
 
 _SKIPPED = object()  # a record already counted as skipped
@@ -330,19 +338,48 @@ def _check_text(value, key: str) -> str:
 
 def _check_messages(value, key: str) -> list[dict]:
     if not isinstance(value, list):
-        raise _BadRecord("bad_messages", f"field {key!r} is {_json_type(value)}, expected an array of messages")
+        raise _BadRecord("bad_messages",
+                         f"field {key!r} is {_json_type(value)}, expected an array of messages")
     if not value:
         raise _BadRecord("bad_messages", f"field {key!r} is an empty conversation")
     for i, m in enumerate(value):
         if not isinstance(m, dict):
-            raise _BadRecord("bad_messages", f"message {i} is a {_json_type(m)}, expected an object")
+            raise _BadRecord("bad_messages",
+                             f"message {i} is a {_json_type(m)}, expected an object")
         for k in ("role", "content"):
             if k not in m:
-                raise _BadRecord("bad_messages", f"message {i} has no {k!r} (keys: {', '.join(map(repr, m))})")
-            if not isinstance(m[k], str):
-                raise _BadRecord("bad_messages", f"message {i} {k!r} is {_json_type(m[k])}, expected a string")
-            _check_text(m[k], f"message {i} {k}")
+                keys = ", ".join(map(repr, m))
+                raise _BadRecord("bad_messages", f"message {i} has no {k!r} (keys: {keys})")
+        if not isinstance(m["role"], str):
+            raise _BadRecord("bad_messages",
+                             f"message {i} 'role' is {_json_type(m['role'])}, expected a string")
+        _check_text(m["role"], f"message {i} role")
+        content = m["content"]
+        if isinstance(content, str):
+            _check_text(content, f"message {i} content")
+        elif isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            for j, part in enumerate(content):
+                _check_part(part, f"message {i} content part {j}")
+        else:
+            raise _BadRecord("bad_messages", f"message {i} 'content' is {_json_type(content)}, "
+                             "expected a string or a list of text parts")
     return value
+
+
+def _check_part(part, where: str) -> None:
+    if not isinstance(part, dict):
+        raise _BadRecord("bad_messages", f"{where} is a {_json_type(part)}, expected an object "
+                         '{"type": "text", "text": ...}')
+    if "type" not in part:
+        keys = ", ".join(map(repr, part)) or "none"
+        raise _BadRecord("bad_messages", f"{where} has no 'type' (keys: {keys})")
+    if part["type"] != "text":
+        raise _BadRecord("bad_parts", f"{where} has type {part['type']!r}; only text parts can "
+                         "be tokenized (drop the other parts, or describe them in text)")
+    if not isinstance(part.get("text"), str):
+        raise _BadRecord("bad_messages", f"{where} 'text' is {_json_type(part.get('text'))}, "
+                         "expected a string")
+    _check_text(part["text"], f"{where} text")
 
 
 def _open_jsonl(path: Path, kind: str):

@@ -69,6 +69,8 @@ class TokenizeOptions:
     train_on: str = "assistant"          # or "all"
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # a larger record is a bad record
     long_record_warn_bytes: int = LONG_RECORD_WARN_BYTES
+    max_render_chars: int = 1 << 25      # chat: a rendered conversation's limit (packtool.chat)
+    render_timeout: float = 10.0         # chat: seconds one rendering may take
 
 
 @dataclass
@@ -81,6 +83,7 @@ class TokenizeResult:
     dtype: str
     seconds: float
     inputs: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -93,7 +96,7 @@ class TokenizeResult:
             f"{self.n_empty:,} empty{skipped} in {self.seconds:.1f}s "
             f"({self.n_docs / max(self.seconds, 1e-9):,.0f} docs/s, "
             f"{self.tokens_per_second / 1e6:.2f}M tokens/s)"
-        )
+        ) + "".join(f"\nwarning: {w}" for w in self.warnings)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -283,8 +286,9 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
 
     text: the tokens of each string. prompt_completion: prompt tokens then completion tokens,
     each encoded on its own (exactly what the model is trained on), mask 1 on the completion.
-    messages: the conversation rendered by ``renderer``, encoded with offsets; mask 1 on the
-    tokens whose first character lies in a trained span.
+    messages: (text, trained character spans) pairs, as the reader renders them (or as
+    ``renderer`` renders message lists here), encoded with offsets; mask 1 on the tokens that
+    overlap a trained span.
     """
 
     def encode(records):
@@ -302,7 +306,7 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
             ids[~is_c], ids[is_c] = ip, ic
             mask[:] = is_c
         else:
-            rendered = [renderer(r) for r in records]
+            rendered = records if renderer is None else [renderer(r) for r in records]
             encs = tokenizer.encode_batch([t for t, _ in rendered], add_special_tokens=False)
             lengths, ids = _flatten(encs, dtype)
             mask = np.zeros(ids.size, np.uint8)
@@ -353,13 +357,21 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     if mode != "text" and opts.special_tokens:
         raise PacktoolError("--special-tokens applies to plain text; with prompt/completion use "
                             "--bos/--eos, with messages the chat template")
-    renderer, template_from = None, None
-    if mode == "messages":
-        from .chat import ChatRenderer, load_template
+    if opts.special_tokens and (bos_id is not None or eos_id is not None):
+        _refuse_doubled_specials(tok, opts, bos_id, eos_id)
+    template_from, warnings = None, []
+    if mode == "messages":  # rendered by the reader: a failure is a record of a file and line
+        from .chat import BUILTIN, ChatRenderer, load_template
 
         source, template_from, variables = load_template(tok_path, opts.chat_template)
-        renderer = ChatRenderer(source, variables, opts.train_on)
-    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode, renderer)
+        read_opts.render = ChatRenderer(source, variables, opts.train_on, template_from,
+                                        opts.max_render_chars, opts.render_timeout)
+        if template_from == BUILTIN:
+            warnings.append(
+                f"{tok_path.parent} has no chat template (no chat_template in "
+                "tokenizer_config.json): used packtool's built-in chat template (<|role|> "
+                "headers, EOS after assistant turns); pass --chat-template FILE to choose one")
+    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode)
     prefix = Path(out)
     if str(out).endswith(("/", "\\")) or prefix.is_dir():
         raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. {prefix / 'corpus'}")
@@ -442,7 +454,23 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
         prefix=str(prefix), n_docs=manifest["n_docs"], n_tokens=manifest["n_tokens"],
         n_empty=manifest["n_empty"],
         n_skipped=n_skipped, dtype=dtype.name, seconds=seconds, inputs=inputs_meta,
+        warnings=warnings,
     )
+
+
+def _refuse_doubled_specials(tok, opts: TokenizeOptions, bos_id, eos_id) -> None:
+    """--special-tokens with a --bos/--eos the post-processor already writes would give every
+    document that token twice (BERT: ``[SEP] [SEP]``): refused, rather than silently adding
+    one of the two, so the output is what the flags say."""
+    enc = tok.encode("a", add_special_tokens=True)
+    ids, added = enc.ids, enc.special_tokens_mask
+    for flag, token, tid, at in (("--bos", opts.bos, bos_id, 0), ("--eos", opts.eos, eos_id, -1)):
+        if tid is not None and ids and added[at] and ids[at] == tid:
+            where = "starts" if at == 0 else "ends"
+            raise PacktoolError(
+                f"{flag} {token!r}: the tokenizer's post-processor already {where} every "
+                f"document with {token!r} (id {tid}) under --special-tokens, so it would appear "
+                f"twice; drop {flag} or --special-tokens")
 
 
 def _progress_bar(total_bytes: int, enabled: bool):
