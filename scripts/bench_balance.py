@@ -8,8 +8,8 @@ is the sum of its squared document lengths (what packtool.sampler.attention_cost
 packed dataset's cu_seqlens). For each per-rank batch size (packs per rank per step) it prints
 the mean and the 99th percentile over the epoch's steps of max-rank cost / mean-rank cost, for
 the plain shuffled sampler and for balance="attention", and the seconds one epoch's balanced
-schedule takes, and the mean of a per-step lower bound (the rank with the
-costliest pack also holds the batch_size - 1 cheapest). Goal: mean <= 1.05 balanced. Prints measurements only, asserts nothing.
+schedule takes, and the mean of a per-step lower bound (the rank with the costliest pack also
+holds the batch_size - 1 cheapest). Goal: mean <= 1.05 balanced. Prints measurements only.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this work tree
 
-from packtool.packers import assign_packs  # noqa: E402
-from packtool.sampler import PackSampler  # noqa: E402
+from packtool.packers import assign_packs
+from packtool.sampler import PackSampler
 
 SEQ_LEN = 4096
 
@@ -61,7 +61,8 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s; pack cost = sum of squared document lengths: "
           f"median {np.median(costs):.3g}, max/median {costs.max() / np.median(costs):.1f}")
     print(f"world size {args.world_size}; mean (p99) over steps of max-rank / mean-rank cost")
-    print(f"{'batch/rank':>10} {'steps':>8} {'random':>16} {'balanced':>16} {'bound':>8} {'balance s':>10}")
+    print(f"{'batch/rank':>10} {'steps':>8} {'random':>16} {'balanced':>16} {'bound':>8} "
+          f"{'balance s':>10}")
     for b in (int(x) for x in args.batch_sizes.split(",")):
         plain = PackSampler(n_packs, rank=0, world_size=args.world_size, batch_size=b)
         bal = PackSampler(n_packs, rank=0, world_size=args.world_size, batch_size=b,
