@@ -131,7 +131,7 @@ def test_balance_optimal_on_two_by_two_and_better_than_shuffled():
     rng = np.random.default_rng(0)
     costs = rng.lognormal(0, 1.5, (300, 4))
     slots = balance_steps(costs, world_size=2, batch_size=2)
-    for c, sl in zip(costs, slots):
+    for c, sl in zip(costs, slots, strict=True):
         assert sorted(sl.ravel()) == [0, 1, 2, 3]
         best = min(max(c[list(p)].sum(), c.sum() - c[list(p)].sum())
                    for p in itertools.combinations(range(4), 2))
@@ -192,12 +192,13 @@ def test_resume_through_dataloader(packed, kind, workers):
     tail, _ = loader_batches(ds, resumed, workers[1])
     assert len(full) == make().n_steps and len(head) == k
     assert len(tail) == len(full) - k
-    assert all(a.equal(b) for a, b in zip(head + tail, full))
+    assert all(a.equal(b) for a, b in zip(head + tail, full, strict=True))
 
 
 def test_pad_example_row_and_segments():
     ex = {"input_ids": np.arange(1, 8), "labels": np.array([-100, 2, 3, -100, 5, 6, 7]),
-          "position_ids": np.array([0, 1, 2, 0, 1, 2, 3]), "doc_ids": np.array([0, 0, 0, 1, 1, 1, 1]),
+          "position_ids": np.array([0, 1, 2, 0, 1, 2, 3]),
+          "doc_ids": np.array([0, 0, 0, 1, 1, 1, 1]),
           "cu_seqlens": np.array([0, 3, 7], np.int32), "max_seqlen": 4}
     row = pad_example(ex, multiple=4, pad_id=9)
     assert row["cu_seqlens"].tolist() == [0, 3, 7, 8] and row["input_ids"].tolist()[-1] == 9
