@@ -1,8 +1,10 @@
 """PyTorch / Hugging Face integration (``pip install 'packtool[torch]'``).
 
-    from packtool.torch import TorchPackedDataset, collate_tensors
+    from packtool.torch import PackBatchSampler, TorchPackedDataset, collate_tensors
     ds = TorchPackedDataset("out/packed")
-    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate_tensors)
+    sampler = PackBatchSampler(ds.packed, rank=rank, world_size=world, batch_size=4,
+                               balance="attention")          # see packtool.sampler
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=collate_tensors)
     for batch in loader:                 # one [1, N] row: no padding, no cross-attention
         loss = model(**model_inputs(batch), use_cache=False).loss
 
@@ -28,6 +30,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("packtool.torch needs PyTorch: pip install 'packtool[torch]'") from e
 
+from . import sampler as _sampler
 from .batching import collate_numpy
 from .formats.packed import open_packed
 
@@ -42,33 +45,63 @@ class TorchPackedDataset(torch.utils.data.Dataset):
     ``PackedReader.get`` in packtool.formats.packed for the pad conventions).
     """
 
-    def __init__(self, directory, pad_to: int | None = None, pad_id: int = 0):
+    def __init__(self, directory, pad_to: int | None = None, pad_id: int = 0,
+                 pad_multiple: int | None = None, per_segment: bool = False):
         self.packed = open_packed(directory)
         self.pad_to, self.pad_id = pad_to, pad_id
+        self.pad_multiple, self.per_segment = pad_multiple, per_segment
 
     def __len__(self) -> int:
         return len(self.packed)
 
     def __getitem__(self, i: int) -> dict:
-        ex = (self.packed.get(i, pad_to=self.pad_to, pad_id=self.pad_id) if self.pad_to
-              else self.packed[i])
+        ex = (self.packed.get(i, pad_to=self.pad_to, pad_id=self.pad_id,
+                              pad_multiple=self.pad_multiple, per_segment=self.per_segment)
+              if self.pad_to or self.pad_multiple else self.packed[i])
         return {k: (torch.from_numpy(v) if hasattr(v, "dtype") else v) for k, v in ex.items()}
 
 
-def collate_tensors(examples: list[dict]) -> dict:
+def collate_tensors(examples: list[dict], pad_multiple: int | None = None,
+                    per_segment: bool = False, pad_id: int = 0) -> dict:
     """Flatten packs into one ``[1, N]`` row of tensors: input_ids, labels, position_ids
-    (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32)."""
+    (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32). ``pad_multiple``,
+    ``per_segment``: see ``packtool.batching.pad_example`` (bind them with functools.partial)."""
     import numpy as np
 
-    as_np = [{k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)) for k, v in ex.items()}
-             for ex in examples]
-    row = collate_numpy(as_np)
+    as_np = [{k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+              for k, v in ex.items()} for ex in examples]
+    row = collate_numpy(as_np, pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id)
     return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
 
 
-def model_inputs(batch: dict, flash_attention: bool = False) -> dict:
-    """The keys to pass to a Hugging Face causal LM: position ids (and, for flash-attention
-    varlen kernels, the cu_seq_lens/max_length keys), never an attention mask."""
+def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) -> dict:
+    """The keys to pass to a Hugging Face causal LM, never an attention mask: input_ids,
+    labels, position_ids and (``varlen=True``, the default) cu_seq_lens_q/k and
+    max_length_q/k, which the transformers padding-free docs recommend over inferring segments
+    from position ids (that inference breaks under ``torch.compile`` and for linear-attention
+    models; eager and sdpa attention ignore the keys). ``position_ids_start``: added to every
+    position (RoBERTa-family models count from 2, padding_idx + 1)."""
     keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-                         if flash_attention else ())
-    return {k: batch[k] for k in keys}
+                         if varlen else ())
+    out = {k: batch[k] for k in keys}
+    if position_ids_start:
+        out["position_ids"] = out["position_ids"] + position_ids_start
+    return out
+
+
+class PackSampler(_sampler.PackSampler, torch.utils.data.Sampler):
+    """``DataLoader(ds, sampler=PackSampler(...), batch_size=<its batch_size>)``: this rank's
+    pack indices, one at a time (the numpy core, :class:`packtool.sampler.PackSampler`:
+    rank-sharded, ``set_epoch``, ``state_dict(step)`` / ``load_state_dict``, balance). Give the
+    DataLoader the sampler's ``batch_size`` so its batches are the sampler's steps."""
+
+
+class PackBatchSampler(_sampler.PackSampler, torch.utils.data.Sampler):
+    """``DataLoader(ds, batch_sampler=PackBatchSampler(...))``: this rank's steps, each a list
+    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as :class:`PackSampler`."""
+
+    def __iter__(self):
+        return self.steps()
+
+    def __len__(self) -> int:
+        return self.n_steps - self.start_step

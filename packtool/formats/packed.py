@@ -510,29 +510,26 @@ class PackedReader:
             "source_offsets": np.array(a["source_offsets"][s0:s1], dtype=np.int64),
         }
 
-    def get(self, i: int, pad_to: int | None = None, pad_id: int = 0) -> dict:
-        """``ds[i]``, padded to ``pad_to`` tokens (default: seq_len) for fixed shapes.
+    def get(self, i: int, pad_to: int | None = None, pad_id: int = 0,
+            pad_multiple: int | None = None, per_segment: bool = False) -> dict:
+        """``ds[i]``, padded to ``pad_to`` tokens (default: seq_len, or with ``pad_multiple=k``
+        the next multiple of k) for fixed shapes; ``per_segment=True`` first pads every segment
+        to a multiple of k (context parallelism).
 
-        Pads get ``pad_id``, labels -100, doc_ids -1, and positions 0, 1, 2, ... as a segment
-        of their own (the last entry of ``cu_seqlens`` becomes ``pad_to``), so neither a
-        position-id nor a cu_seqlens based kernel lets a pad attend to, or be attended from,
-        a real token.
+        Pads get ``pad_id``, labels -100, doc_ids -1; a row pad is a segment of its own with
+        positions 0, 1, 2, ... (the last entry of ``cu_seqlens`` becomes ``pad_to``), so neither
+        a position-id nor a cu_seqlens based kernel lets a pad attend to, or be attended from,
+        a real token. See ``packtool.batching.pad_example``.
         """
-        ex = self[i]
-        pad_to = self.seq_len if pad_to is None else int(pad_to)
-        n = len(ex["input_ids"])
-        if pad_to < n:
-            raise PacktoolError(f"pad_to {pad_to} < pack {i}'s length {n}; use pad_to >= seq_len")
-        k = pad_to - n
-        if k == 0:
-            return ex
-        ex["input_ids"] = np.concatenate([ex["input_ids"], np.full(k, pad_id, np.int64)])
-        ex["labels"] = np.concatenate([ex["labels"], np.full(k, IGNORE_INDEX, np.int64)])
-        ex["position_ids"] = np.concatenate([ex["position_ids"], np.arange(k, dtype=np.int64)])
-        ex["doc_ids"] = np.concatenate([ex["doc_ids"], np.full(k, -1, np.int32)])
-        ex["cu_seqlens"] = np.append(ex["cu_seqlens"], np.int32(pad_to))
-        ex["max_seqlen"] = max(ex["max_seqlen"], k)  # the pad segment counts for varlen kernels
-        return ex
+        from ..batching import pad_example
+
+        if pad_to is None and pad_multiple is None:
+            pad_to = self.seq_len
+        try:
+            return pad_example(self[i], pad_to=pad_to, multiple=pad_multiple,
+                               per_segment=per_segment, pad_id=pad_id)
+        except PacktoolError as e:
+            raise PacktoolError(f"pack {i}: {e}") from None
 
     def __iter__(self):
         for i in range(len(self)):
