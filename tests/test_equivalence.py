@@ -20,7 +20,6 @@ from packtool.formats.packed import open_packed  # noqa: E402
 from packtool.tokenize import TokenizeOptions, tokenize_files  # noqa: E402
 
 TOL = 1e-4
-RESULTS = {}
 
 
 def tiny_model(kind: str, attn: str, vocab: int):
@@ -100,7 +99,6 @@ def test_packed_rows_equal_documents_alone(packed, kind, attn):
         assert out.loss.item() * n_trained == pytest.approx(ref_loss.item(), rel=1e-5)
         # negative control: without restarts the model sees across documents
         assert (naive - ref).abs().max().item() > 1e-2
-    RESULTS[(kind, attn)] = worst
     print(f"\n{kind}/{attn}: max |logit diff| packed vs alone = {worst:.2e}")
 
 
