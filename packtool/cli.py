@@ -87,12 +87,20 @@ def cli():
               help="Tokenizer threads (0 = all cores). Output is identical for any value.")
 @click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
               help="Documents per tokenizer batch.")
+@click.option("--engine", type=click.Choice(["auto", "hf", "fastokens", "tokie"]), default="auto",
+              show_default=True,
+              help="Tokenizer engine: hf = the tokenizers library (the reference); auto = the "
+                   "fastest installed engine that matches it (pip install 'packtool[fast]').")
+@click.option("--engine-check", type=click.Choice(["sample", "full", "off"]), default="sample",
+              show_default=True,
+              help="Compare a fast engine with the reference on a sample of documents, on all "
+                   "of them, or not at all (a load-time probe always runs).")
 @click.option("--overwrite", is_flag=True, help="Replace existing output files.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
              skip_bad_records, prompt_field, completion_field, messages_field, chat_template,
-             train_on, workers, batch_size, overwrite, quiet, as_json):
+             train_on, workers, batch_size, engine, engine_check, overwrite, quiet, as_json):
     """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet and .txt INPUTS into token files.
 
     INPUTS are files, directories (every supported file inside, sorted) or globs. Every
@@ -112,7 +120,8 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
                            bos=bos, eos=eos, special_tokens=special_tokens, workers=workers,
                            batch_size=batch_size, overwrite=overwrite, prompt_field=prompt_field,
                            completion_field=completion_field, messages_field=messages_field,
-                           chat_template=chat_template, train_on=train_on)
+                           chat_template=chat_template, train_on=train_on, engine=engine,
+                           engine_check=engine_check)
     result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet)
     _emit(result, as_json, quiet)
 

@@ -21,16 +21,17 @@ import os
 import queue
 import threading
 import time
+import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__
 from ._atomic import atomic_files
+from .engines import EngineMismatch, engine_manifest, flatten, mismatch_warning, select_engine
 from .errors import PacktoolError
 from .sources import InputStats, ReadOptions, expand_inputs, file_kind, iter_documents
 from ._io import HashingWriter, sha256_file
@@ -54,6 +55,8 @@ class TokenizeOptions:
     messages_field: str | None = None    # chat: rendered with a chat template, loss on assistant
     chat_template: str | None = None     # a Jinja file overriding tokenizer_config.json's
     train_on: str = "assistant"          # or "all"
+    engine: str = "auto"                 # see packtool.engines
+    engine_check: str = "sample"         # or "full", "off"
 
 
 @dataclass
@@ -205,10 +208,7 @@ def _rust_parallelism_off():
             os.environ["TOKENIZERS_PARALLELISM"] = old
 
 
-def _flatten(encs, dtype):
-    lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype, count=int(lengths.sum()))
-    return lengths, ids
+_flatten = flatten
 
 
 def _add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id):
@@ -234,22 +234,28 @@ def _add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id):
 
 
 def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
-                 mode: str = "text", renderer=None):
+                 mode: str = "text", renderer=None, engine=None):
     """Return ``encode(records) -> (lengths int64, tokens dtype, loss mask uint8 or None)``.
 
     text: the tokens of each string. prompt_completion: prompt tokens then completion tokens,
     each encoded on its own (exactly what the model is trained on), mask 1 on the completion.
     messages: the conversation rendered by ``renderer``, encoded with offsets; mask 1 on the
-    tokens whose first character lies in a trained span.
+    tokens whose first character lies in a trained span. ``engine``: a
+    ``packtool.engines.Selection`` for text and prompt/completion (default: ``tokenizer``).
     """
+    if engine is None:
+        def batch(texts, special, dt):
+            return _flatten(tokenizer.encode_batch_fast(texts, add_special_tokens=special), dt)
+    else:
+        batch = engine.encode
 
     def encode(records):
         if mode == "text":
-            lengths, ids = _flatten(tokenizer.encode_batch_fast(records, add_special_tokens=add_special), dtype)
+            lengths, ids = batch(records, add_special, dtype)
             mask = None
         elif mode == "prompt_completion":
-            lp, ip = _flatten(tokenizer.encode_batch_fast([r[0] for r in records], add_special_tokens=False), dtype)
-            lc, ic = _flatten(tokenizer.encode_batch_fast([r[1] for r in records], add_special_tokens=False), dtype)
+            lp, ip = batch([r[0] for r in records], False, dtype)
+            lc, ic = batch([r[1] for r in records], False, dtype)
             lengths = lp + lc
             owner = np.repeat(np.arange(2 * len(records)), np.stack([lp, lc], 1).ravel())
             ids = np.empty(int(lengths.sum()), dtype)
@@ -279,8 +285,23 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                    options: TokenizeOptions | None = None, progress: bool = False) -> TokenizeResult:
-    """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``."""
+    """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``.
+
+    A fast engine that differs from the reference on a checked document fails the run; its
+    partial output is discarded and, with ``--engine auto``, the run starts again with the
+    reference (the manifest's ``engine.fallback`` says why)."""
     opts = options or TokenizeOptions()
+    try:
+        return _tokenize_files(inputs, tokenizer, out, opts, progress)
+    except EngineMismatch as e:
+        if opts.engine != "auto":
+            raise PacktoolError(f"--engine {opts.engine}: {e}; use --engine auto or hf") from None
+        warnings.warn(mismatch_warning(e), stacklevel=2)
+        return _tokenize_files(inputs, tokenizer, out, opts, progress, fallback=str(e))
+
+
+def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: bool,
+                    fallback: str | None = None) -> TokenizeResult:
     t0 = time.perf_counter()
     paths = expand_inputs(inputs)
     tok, tok_path = load_tokenizer(tokenizer)
@@ -311,7 +332,9 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
 
         source, template_from, variables = load_template(tok_path, opts.chat_template)
         renderer = ChatRenderer(source, variables, opts.train_on)
-    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode, renderer)
+    engine = select_engine(opts.engine, opts.engine_check, tok_path, tok, opts.special_tokens,
+                           need_offsets=mode == "messages", fallback=fallback)
+    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode, renderer, engine)
     prefix = Path(out)
     if str(out).endswith(("/", "\\")) or prefix.is_dir():
         raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. {prefix / 'corpus'}")
@@ -408,6 +431,7 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                 "train_on": opts.train_on if mode == "messages" else None,
             },
             "checksums": checksums,
+            "engine": engine_manifest(engine),
             "created_by": f"packtool {__version__}",
         }
         Path(tmp[-1]).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
