@@ -65,7 +65,8 @@ class EngineMismatch(Exception):
 def flatten(encs, dtype) -> tuple[np.ndarray, np.ndarray]:
     """Encodings (objects with ``.ids`` lists) -> (lengths int64, concatenated ids)."""
     lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype, count=int(lengths.sum()))
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype,
+                      count=int(lengths.sum()))
     return lengths, ids
 
 
@@ -194,7 +195,8 @@ def load_engine(name: str, path: Path, reference, add_special: bool,
     except Exception as e:
         diff = f"it failed on the probe ({type(e).__name__}: {str(e)[:200]})"
     if diff:
-        raise EngineRefused(f"{name} {engine.version} differs from tokenizers on the load probe: {diff}")
+        raise EngineRefused(f"{name} {engine.version} differs from tokenizers on the load probe: "
+                            f"{diff}")
     return engine
 
 
