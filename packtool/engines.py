@@ -41,7 +41,7 @@ from .errors import PacktoolError
 FASTEST_FIRST = ("fastokens", "tokie")  # by measured speed, see the module docstring
 ENGINE_NAMES = ("auto", "hf", *FASTEST_FIRST)
 CHECKS = ("sample", "full", "off")
-FIRST_DOCS = 1000        # documents checked at the start of the corpus
+FIRST_DOCS = 200         # documents checked at the start of the corpus
 RANDOM_RATE = 1 / 1000   # then this fraction of documents, seeded
 SEED = 0
 

@@ -374,6 +374,6 @@ def test_the_check_sample_is_what_the_manifest_says(tmp_path):
     out, meta = _run(tmp_path, "s", [tmp_path / "in.jsonl"], "auto", workers=1)
     c = open_tokens(out)
     e = meta["engine"]
-    # the first 1,000, about 1 in 1,000 of the other 4,000, and the running longest
+    # the first FIRST_DOCS, about 1 in 1,000 of the rest, and the running longest
     assert engines.FIRST_DOCS + 1 <= e["checked_docs"] <= engines.FIRST_DOCS + 40
     assert e["checked_tokens"] >= int(c.lengths[:engines.FIRST_DOCS].sum())
