@@ -157,8 +157,8 @@ def main() -> None:
     for name in args.engines.split(","):
         engine, _, check = name.partition("/")
         check = "off" if check == "check-off" else "sample"
-        runs[name] = run_packtool(corpus, args.workdir / f"tok-{engine}", args.workers, engine,
-                                  check)
+        out = args.workdir / f"tok-{name.replace('/', '-')}"
+        runs[name] = run_packtool(corpus, out, args.workers, engine, check)
         if runs[name][1] != raw_tokens:
             sys.exit(f"token counts differ: packtool {name} {runs[name][1]:,} "
                      f"vs raw {raw_tokens:,}")
