@@ -135,13 +135,21 @@ def cli():
               help="Tokenizer threads (0 = all cores). Output is identical for any value.")
 @click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
               help="Documents per tokenizer batch.")
+@click.option("--engine", type=click.Choice(["auto", "hf", "fastokens", "tokie"]), default="auto",
+              show_default=True,
+              help="Tokenizer engine: hf = the tokenizers library (the reference); auto = the "
+                   "fastest installed engine that matches it (pip install 'packtool[fast]').")
+@click.option("--engine-check", type=click.Choice(["sample", "full", "off"]), default="sample",
+              show_default=True,
+              help="Compare a fast engine with the reference on a sample of documents, on all "
+                   "of them, or not at all (a load-time probe always runs).")
 @overwrite_option
 @quiet_option
 @json_option
 def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
              skip_bad_records, max_record_bytes, prompt_field, completion_field, messages_field,
              chat_template, train_on, max_render_chars, render_timeout, workers, batch_size,
-             overwrite, quiet, as_json):
+             engine, engine_check, overwrite, quiet, as_json):
     """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow and .txt INPUTS.
 
     INPUTS are files, directories (every supported file inside, sorted) or globs. Every
@@ -162,7 +170,8 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
                            batch_size=batch_size, overwrite=overwrite, prompt_field=prompt_field,
                            completion_field=completion_field, messages_field=messages_field,
                            chat_template=chat_template, train_on=train_on,
-                           max_render_chars=max_render_chars, render_timeout=render_timeout)
+                           max_render_chars=max_render_chars, render_timeout=render_timeout,
+                           engine=engine, engine_check=engine_check)
     if max_record_bytes is not None:
         opts.max_record_bytes = max_record_bytes
     result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet)

@@ -25,13 +25,13 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
 from ._atomic import atomic_files
 from ._io import sha256_file
+from .engines import EngineMismatch, engine_manifest, flatten, mismatch_warning, select_engine
 from .errors import PacktoolError
 from .formats.tokens import TokenWriter, prefix_paths, token_dtype
 from .sources import (
@@ -71,6 +71,8 @@ class TokenizeOptions:
     long_record_warn_bytes: int = LONG_RECORD_WARN_BYTES
     max_render_chars: int = 1 << 25      # chat: a rendered conversation's limit (packtool.chat)
     render_timeout: float = 10.0         # chat: seconds one rendering may take
+    engine: str = "auto"                 # see packtool.engines
+    engine_check: str = "sample"         # or "full", "off"
 
 
 @dataclass
@@ -252,10 +254,7 @@ def _rust_parallelism_off():
             os.environ["TOKENIZERS_PARALLELISM"] = old
 
 
-def _flatten(encs, dtype):
-    lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype, count=int(lengths.sum()))
-    return lengths, ids
+_flatten = flatten
 
 
 def _add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id):
@@ -281,23 +280,29 @@ def _add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id):
 
 
 def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
-                 mode: str = "text", renderer=None):
+                 mode: str = "text", renderer=None, engine=None):
     """Return ``encode(records) -> (lengths int64, tokens dtype, loss mask uint8 or None)``.
 
     text: the tokens of each string. prompt_completion: prompt tokens then completion tokens,
     each encoded on its own (exactly what the model is trained on), mask 1 on the completion.
     messages: (text, trained character spans) pairs, as the reader renders them (or as
     ``renderer`` renders message lists here), encoded with offsets; mask 1 on the tokens that
-    overlap a trained span.
+    overlap a trained span. ``engine``: a ``packtool.engines.Selection`` for text and
+    prompt/completion (default: ``tokenizer``).
     """
+    if engine is None:
+        def batch(texts, special, dt):
+            return _flatten(tokenizer.encode_batch_fast(texts, add_special_tokens=special), dt)
+    else:
+        batch = engine.encode
 
     def encode(records):
         if mode == "text":
-            lengths, ids = _flatten(tokenizer.encode_batch_fast(records, add_special_tokens=add_special), dtype)
+            lengths, ids = batch(records, add_special, dtype)
             mask = None
         elif mode == "prompt_completion":
-            lp, ip = _flatten(tokenizer.encode_batch_fast([r[0] for r in records], add_special_tokens=False), dtype)
-            lc, ic = _flatten(tokenizer.encode_batch_fast([r[1] for r in records], add_special_tokens=False), dtype)
+            lp, ip = batch([r[0] for r in records], False, dtype)
+            lc, ic = batch([r[1] for r in records], False, dtype)
             lengths = lp + lc
             owner = np.repeat(np.arange(2 * len(records)), np.stack([lp, lc], 1).ravel())
             ids = np.empty(int(lengths.sum()), dtype)
@@ -327,8 +332,24 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                    options: TokenizeOptions | None = None, progress: bool = False) -> TokenizeResult:
-    """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``."""
+    """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``.
+
+    A fast engine that differs from the reference on a checked document fails the run; its
+    partial output is discarded and, with ``--engine auto``, the run starts again with the
+    reference (the manifest's ``engine.fallback`` says why)."""
     opts = options or TokenizeOptions()
+    try:
+        return _tokenize_files(inputs, tokenizer, out, opts, progress)
+    except EngineMismatch as e:
+        if opts.engine != "auto":
+            raise PacktoolError(f"--engine {opts.engine}: {e}; use --engine auto or hf") from None
+        result = _tokenize_files(inputs, tokenizer, out, opts, progress, fallback=str(e))
+        result.warnings.insert(0, mismatch_warning(e))  # printed with the summary
+        return result
+
+
+def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: bool,
+                    fallback: str | None = None) -> TokenizeResult:
     t0 = time.perf_counter()
     if opts.max_record_bytes < 1:
         raise PacktoolError(f"--max-record-bytes {opts.max_record_bytes}: must be at least 1 "
@@ -371,7 +392,9 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                 f"{tok_path.parent} has no chat template (no chat_template in "
                 "tokenizer_config.json): used packtool's built-in chat template (<|role|> "
                 "headers, EOS after assistant turns); pass --chat-template FILE to choose one")
-    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode)
+    engine = select_engine(opts.engine, opts.engine_check, tok_path, tok, opts.special_tokens,
+                           need_offsets=mode == "messages", fallback=fallback)
+    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode, engine=engine)
     prefix = Path(out)
     if str(out).endswith(("/", "\\")) or prefix.is_dir():
         raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. {prefix / 'corpus'}")
@@ -447,6 +470,7 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                 "chat_template": template_from,
                 "train_on": opts.train_on if mode == "messages" else None,
             },
+            "engine": engine_manifest(engine),
         })
 
     n_skipped = sum(sum(s.skipped.values()) for s in reader.stats)

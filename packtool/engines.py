@@ -1,0 +1,321 @@
+"""Tokenizer engines: the `tokenizers` library as the reference, faster Rust engines verified
+against it.
+
+Every engine reads the same ``tokenizer.json`` and must give the same ids, token for token.
+Measured on 2 cores, fixture byte-level BPE, 33M characters of packtool.synth text, batches of
+1,024: `tokenizers` ``encode_batch_fast`` ~1.9M tokens/s per core; fastokens 0.3.5
+``encode_batch_flat`` ~22M; tokie 0.1.4 ``encode_batch`` ~14M. Both fast engines are young, so
+speed is taken only with the promise kept:
+
+1. **At load**, an engine refuses what it declares it cannot do (fastokens: BertNormalizer;
+   neither gives the character offsets that chat masks need), then encodes a fixed probe (all
+   scripts, whitespace runs, control characters, every added token in context) and must match
+   the reference on every probe text, else it is refused with the first difference.
+2. **During the run** (``check="sample"``), each batch's output is compared with the reference
+   on a sample: the first ``FIRST_DOCS`` documents, a seeded random ``RANDOM_RATE`` of the rest
+   (drawn per batch from a generator seeded by ``seed`` and the batch's size and characters, so
+   the same corpus draws the same sample), and every document longer than all checked before
+   (the longest seen, where rare paths hide). ``check="full"`` re-encodes everything.
+3. **On any difference** ``auto`` raises :class:`EngineMismatch`; ``tokenize_files`` discards
+   the partial output and runs again with the reference, saying why. Output files are
+   byte-identical whichever engine ran.
+
+``auto`` tries ``FASTEST_FIRST`` in order and takes the first that loads and passes the probe.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PacktoolError
+
+FASTEST_FIRST = ("fastokens", "tokie")  # by measured speed, see the module docstring
+ENGINE_NAMES = ("auto", "hf", *FASTEST_FIRST)
+CHECKS = ("sample", "full", "off")
+FIRST_DOCS = 200         # documents checked at the start of the corpus
+RANDOM_RATE = 1 / 1000   # then this fraction of documents, seeded
+SEED = 0
+
+# component types an engine declares it cannot reproduce (found by tests/test_engines.py or
+# stated by the engine's own documentation); the probe catches the rest at load
+_UNSUPPORTED = {
+    "fastokens": {"normalizer": {"BertNormalizer"}},
+    "tokie": {},
+}
+_PIP_NAMES = {"fastokens": "fastokens", "tokie": "tokie", "hf": "tokenizers"}
+
+
+class EngineRefused(Exception):
+    """An engine cannot (or will not be trusted to) encode this tokenizer; the reason says why."""
+
+
+class EngineMismatch(Exception):
+    """A fast engine's ids differ from the reference's on a checked document."""
+
+
+def flatten(encs, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Encodings (objects with ``.ids`` lists) -> (lengths int64, concatenated ids)."""
+    lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype,
+                      count=int(lengths.sum()))
+    return lengths, ids
+
+
+@dataclass
+class Engine:
+    """``encode(texts, add_special, dtype) -> (lengths int64, ids dtype)``, no truncation or
+    padding; ``offsets``: whether it can give the character offsets chat masks need."""
+
+    name: str
+    version: str
+    encode: Callable
+    offsets: bool
+
+
+def _version(name: str) -> str:
+    return metadata.version(_PIP_NAMES[name])
+
+
+def _hf(path: Path, reference) -> Engine:
+    def encode(texts, add_special, dtype):
+        return flatten(reference.encode_batch_fast(texts, add_special_tokens=add_special), dtype)
+
+    return Engine("hf", _version("hf"), encode, offsets=True)
+
+
+def _narrow(ids: np.ndarray, dtype) -> np.ndarray:
+    """uint32 ids -> the corpus dtype, refusing ids it cannot hold rather than wrapping them."""
+    if np.dtype(dtype) == ids.dtype:
+        return ids
+    if ids.size and int(ids.max()) > np.iinfo(dtype).max:
+        raise EngineMismatch(f"the engine gave id {int(ids.max())}, beyond the vocabulary")
+    return ids.astype(dtype)
+
+
+def _fastokens(path: Path, reference) -> Engine:
+    import fastokens
+
+    tok = fastokens.Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    tok.no_padding()
+
+    def encode(texts, add_special, dtype):
+        # one flat little-endian buffer per batch: no Python object per token
+        ids, offsets = tok.encode_batch_flat(texts, add_special_tokens=add_special)
+        lengths = np.diff(np.frombuffer(offsets, "<u8")).astype(np.int64)
+        return lengths, _narrow(np.frombuffer(ids, "<u4"), dtype)
+
+    return Engine("fastokens", _version("fastokens"), encode, offsets=False)
+
+
+def _tokie(path: Path, reference) -> Engine:
+    import tokie
+
+    tok = tokie.Tokenizer.from_json(str(path))
+    tok.no_truncation()
+    tok.no_padding()
+
+    def encode(texts, add_special, dtype):
+        return flatten(tok.encode_batch(texts, add_special_tokens=add_special), dtype)
+
+    # tokie's offsets are byte offsets into the normalized text, not the reference's
+    # character offsets into the input: not used for masks
+    return Engine("tokie", _version("tokie"), encode, offsets=False)
+
+
+LOADERS = {"hf": _hf, "fastokens": _fastokens, "tokie": _tokie}
+
+_PROBE = [
+    "", " ", "a", "Hello, world!", "  leading and trailing  ", "tabs\tand\nnewlines\r\n\n\n",
+    "x" * 3000, "supercalifragilistic" * 40, "12345 678.9 0x1F -3e10", "don't I'll we're",
+    "café naïve Straße señor", "日本語の文章です。数据 東京", "λόγος привет Ωmega",
+    "مرحبا بالعالم שלום עולם", "🙂🚀👨‍👩‍👧 🏳️‍🌈", "e\u0301 a\u0308\u0323 \u0915\u094d\u0937",
+    "\x00\x01\x07\x1b[0m\x7f", "\u200b\u200d\ufeff\u00a0\u3000", "\U00010348\U0001d11e\U000e0041",
+    "   \n   \t  \u2028 \u2029", "<html><body>x &amp; y</body></html>", "snake_case camelCase",
+]
+
+
+def _probe_texts(reference) -> list[str]:
+    added = [t.content for t in reference.get_added_tokens_decoder().values()]
+    return _PROBE + [f"a{t}b {t} x{t}{t}\n{t}" for t in added] + [" ".join(added)]
+
+
+def _declared_refusal(name: str, path: Path) -> str | None:
+    try:
+        spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the reference already read it; let the engine's own loader judge
+
+    def types(node):
+        if not isinstance(node, dict):
+            return set()
+        found = {node.get("type")}
+        for child in node.get("normalizers") or node.get("pretokenizers") or []:
+            found |= types(child)
+        return found
+
+    for part, bad in _UNSUPPORTED[name].items():
+        hit = types(spec.get(part)) & bad
+        if hit:
+            return f"{name} does not support the {part} {', '.join(sorted(hit))}"
+    return None
+
+
+def load_engine(name: str, path: Path, reference, add_special: bool,
+                need_offsets: bool = False) -> Engine:
+    """Load engine ``name`` for the tokenizer at ``path`` (already loaded as ``reference``, a
+    `tokenizers.Tokenizer` with truncation and padding off), or raise :class:`EngineRefused`."""
+    if name == "hf":
+        return _hf(path, reference)
+    if need_offsets:
+        raise EngineRefused(f"{name} gives no character offsets, which chat masks need")
+    reason = _declared_refusal(name, path)
+    if reason:
+        raise EngineRefused(reason)
+    try:
+        engine = LOADERS[name](path, reference)
+    except ImportError:
+        raise EngineRefused(f"{name} is not installed (pip install 'packtool[fast]')") from None
+    except Exception as e:  # the Rust side raises its own exception types
+        raise EngineRefused(f"{name} cannot load it ({str(e).splitlines()[0][:200]})") from None
+    texts = _probe_texts(reference)
+    try:
+        diff = first_difference(engine, _hf(path, reference), texts, add_special)
+    except EngineMismatch as e:
+        diff = str(e)
+    except Exception as e:
+        diff = f"it failed on the probe ({type(e).__name__}: {str(e)[:200]})"
+    if diff:
+        raise EngineRefused(f"{name} {engine.version} differs from tokenizers on the load probe: "
+                            f"{diff}")
+    return engine
+
+
+def first_difference(engine: Engine, reference: Engine, texts: list[str],
+                     add_special: bool) -> str | None:
+    """None if ``engine`` gives exactly the reference's ids on every text, else the first
+    difference, worded for a user."""
+    la, ia = engine.encode(texts, add_special, np.uint32)
+    lb, ib = reference.encode(texts, add_special, np.uint32)
+    if np.array_equal(la, lb) and np.array_equal(ia, ib):
+        return None
+    ends_a, ends_b = np.cumsum(la), np.cumsum(lb)
+    for i, text in enumerate(texts):
+        a = ia[ends_a[i] - la[i]:ends_a[i]]
+        b = ib[ends_b[i] - lb[i]:ends_b[i]]
+        if not np.array_equal(a, b):
+            at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+            return (f"a {len(text):,}-character text beginning {text[:40]!r} gives {len(a):,} "
+                    f"tokens instead of {len(b):,}, first difference at token {at:,} "
+                    f"({a[at:at + 3].tolist()} vs {b[at:at + 3].tolist()})")
+    return "the batch's total differs"
+
+
+@dataclass
+class Selection:
+    """The engine a run uses, how it is checked, and what the check found."""
+
+    engine: Engine
+    requested: str
+    check: str
+    reference: Engine | None = None
+    reasons: dict = field(default_factory=dict)   # engine name -> why it was not used
+    fallback: str | None = None                    # why a run fell back to the reference
+    checked_docs: int = 0
+    checked_tokens: int = 0
+    check_seconds: float = 0.0
+    _first_left: int = FIRST_DOCS
+    _longest: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def encode(self, texts, add_special, dtype):
+        """The engine's encode, compared with the reference on the sampled documents."""
+        lengths, ids = self.engine.encode(texts, add_special, dtype)
+        if self.reference is None or not len(texts):
+            return lengths, ids
+        t0 = time.perf_counter()
+        pick = self._pick(texts)
+        if pick.size:
+            sub = [texts[i] for i in pick]
+            ends = np.cumsum(lengths)
+            got = [ids[ends[i] - lengths[i]:ends[i]] for i in pick]
+            sl, si = self.reference.encode(sub, add_special, dtype)
+            if not (np.array_equal(sl, lengths[pick]) and np.array_equal(si, np.concatenate(got))):
+                diff = first_difference(self.engine, self.reference, sub, add_special)
+                raise EngineMismatch(f"{self.engine.name} {self.engine.version} differs from "
+                                     f"tokenizers on the corpus: {diff}")
+        with self._lock:
+            self.checked_docs += int(pick.size)
+            self.checked_tokens += int(lengths[pick].sum())
+            self.check_seconds += time.perf_counter() - t0
+        return lengths, ids
+
+    def _pick(self, texts) -> np.ndarray:
+        n = len(texts)
+        if self.check == "full":
+            return np.arange(n)
+        sizes = np.fromiter(map(len, texts), np.int64, count=n)
+        rng = np.random.default_rng([SEED, n, int(sizes.sum())])
+        chosen = rng.random(n) < RANDOM_RATE
+        with self._lock:
+            k = min(self._first_left, n)
+            self._first_left -= k
+            chosen[:k] = True
+            longest = int(np.argmax(sizes))
+            if sizes[longest] > self._longest:
+                self._longest = int(sizes[longest])
+                chosen[longest] = True
+        return np.flatnonzero(chosen)
+
+
+def select_engine(requested: str, check: str, path: Path, reference, add_special: bool,
+                  need_offsets: bool = False, fallback: str | None = None) -> Selection:
+    """The engine for a run: ``requested`` by name, or with ``auto`` the fastest that loads
+    and passes the probe, else the reference. ``fallback`` (a reason) forces the reference."""
+    if requested not in ENGINE_NAMES:
+        raise PacktoolError(f"--engine {requested!r} is not one of {', '.join(ENGINE_NAMES)}")
+    if check not in CHECKS:
+        raise PacktoolError(f"--engine-check {check!r} is not one of {', '.join(CHECKS)}")
+    hf = _hf(path, reference)
+    if fallback is not None or requested == "hf":
+        return Selection(hf, requested, "none (the reference)", fallback=fallback)
+    reasons = {}
+    for name in FASTEST_FIRST if requested == "auto" else (requested,):
+        try:
+            engine = load_engine(name, path, reference, add_special, need_offsets)
+        except EngineRefused as e:
+            reasons[name] = str(e)
+            continue
+        return Selection(engine, requested, check, None if check == "off" else hf, reasons)
+    if requested != "auto":
+        raise PacktoolError(f"--engine {requested}: {reasons[requested]}; use --engine auto "
+                            "(falls back to tokenizers) or --engine hf")
+    return Selection(hf, requested, "none (the reference)", reasons=reasons)
+
+
+def engine_manifest(sel: Selection) -> dict:
+    """The manifest's ``engine`` entry: what ran, what was checked and what it found."""
+    entry = {"name": sel.engine.name, "version": sel.engine.version, "requested": sel.requested,
+             "check": sel.check}
+    if sel.reference is not None:
+        entry["checked_docs"] = sel.checked_docs
+        entry["checked_tokens"] = sel.checked_tokens
+        entry["result"] = "identical"
+    if sel.reasons:
+        entry["not_used"] = sel.reasons
+    if sel.fallback:
+        entry["fallback"] = sel.fallback
+    return entry
+
+
+def mismatch_warning(e: EngineMismatch) -> str:
+    return f"{e}; tokenizing again with the reference tokenizers library"

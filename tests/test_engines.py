@@ -1,0 +1,379 @@
+"""Fast tokenizer engines against the `tokenizers` reference, token for token.
+
+Tokenizer families are built in-process with `tokenizers` (no downloads). Every engine that
+loads a family (that is, passes its own load probe) must give the reference's ids on every
+generated text, with and without the post-processor; an engine may instead refuse at load.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import CORPUS, TOKENIZER, write_jsonl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+from packtool import engines, open_tokens
+from packtool.engines import EngineRefused, load_engine
+from packtool.synth import make_documents
+from packtool.tokenize import TokenizeOptions, tokenize_files
+
+pytest.importorskip("fastokens")
+pytest.importorskip("tokie")
+
+FAST = engines.FASTEST_FIRST
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+MULTILINGUAL = ["café naïve Straße", "日本語の文章です。東京", "مرحبا بالعالم", "שלום עולם",
+                "привет мир", "🙂🚀 emoji", "e\u0301 a\u0308", "  spaces\t\ttabs\n\nlines"]
+
+
+def _training_text():
+    return make_documents(300, seed=11, median_words=30, max_words=200) + MULTILINGUAL * 20
+
+
+def _byte_level(split_regex: str | None):
+    tok = Tokenizer(models.BPE())
+    if split_regex:  # Llama-3 / Qwen: a split regex, then bytes without GPT-2's regex
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split_regex), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>", "<|bos|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_training_text(), trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A", special_tokens=[("<|bos|>", tok.token_to_id("<|bos|>"))])
+    return tok
+
+
+def _metaspace_bpe(nfkc: bool = True):
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    if nfkc:
+        tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"],
+                                  show_progress=False)
+    tok.train_from_iterator(_training_text(), trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    return tok
+
+
+def _unigram(nfkc: bool = True):
+    tok = Tokenizer(models.Unigram())
+    if nfkc:
+        tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=500, special_tokens=["<unk>", "<s>"],
+                                      unk_token="<unk>", show_progress=False)
+    tok.train_from_iterator(_training_text(), trainer)
+    return tok
+
+
+def _llama2_style():
+    """SentencePiece converted as Llama-2's: ▁ written by the normalizer, no pre-tokenizer."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"],
+                                  show_progress=False)
+    tok.train_from_iterator(_training_text(), trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)])
+    return tok
+
+
+def _wordpiece():
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=600, special_tokens=["[UNK]", "[CLS]", "[SEP]"],
+                                        show_progress=False)
+    tok.train_from_iterator(_training_text(), trainer)
+    tok.post_processor = processors.BertProcessing(("[SEP]", 2), ("[CLS]", 1))
+    return tok
+
+
+FAMILIES = {
+    "gpt2_byte_bpe": lambda: _byte_level(None),
+    "llama3_split_regex": lambda: _byte_level(LLAMA3_SPLIT),
+    "metaspace_bpe_nfkc": _metaspace_bpe,
+    "metaspace_bpe": lambda: _metaspace_bpe(nfkc=False),
+    "llama2_sentencepiece_bpe": _llama2_style,
+    "unigram_nfkc": _unigram,
+    "unigram": lambda: _unigram(nfkc=False),
+    "wordpiece_bert": _wordpiece,
+}
+ADDED = ["<tool_call>", "hello world", "<|im_start|>"]
+
+
+def _with_added(tok: Tokenizer) -> Tokenizer:
+    tok.add_special_tokens([AddedToken("<|im_start|>", special=True)])
+    tok.add_tokens([AddedToken("<tool_call>", lstrip=True, rstrip=True), "hello world"])
+    return tok
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """name -> (path, reference Tokenizer) for every family, added tokens included."""
+    out = {}
+    d = tmp_path_factory.mktemp("families")
+    for name, build in FAMILIES.items():
+        path = d / f"{name}.json"
+        _with_added(build()).save(str(path))
+        ref = Tokenizer.from_file(str(path))
+        out[name] = (path, ref)
+    return out
+
+
+def _loaded(path, ref, add_special):
+    """Engines that accept the family (a refusal is allowed; it must come at load)."""
+    got = {}
+    for name in FAST:
+        try:
+            got[name] = load_engine(name, path, ref, add_special)
+        except EngineRefused:
+            continue
+    return got
+
+
+def _plane_char():
+    # every plane, surrogates excluded (sources.py rejects them before any engine)
+    return st.characters(blacklist_categories=("Cs",))
+
+
+PIECES = st.one_of(
+    st.text(_plane_char(), max_size=20),
+    st.text(st.sampled_from(" \t\n\r\u00a0\u3000\u2028\u200b"), min_size=1, max_size=12),
+    st.text(st.characters(whitelist_categories=("Mn", "Me", "Mc")), min_size=1, max_size=4),
+    st.text(st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF), min_size=1, max_size=4),
+    st.text(st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF), min_size=1, max_size=8),
+    st.text(st.characters(min_codepoint=0x0590, max_codepoint=0x06FF), min_size=1, max_size=8),
+    st.text(st.characters(whitelist_categories=("Cc", "Cf")), min_size=1, max_size=4),
+    st.builds(lambda c, n: c * n, st.sampled_from("aé日x0_-"), st.integers(100, 3000)),
+    st.sampled_from(ADDED + ["<|bos|>", "<s>", "[CLS]", "<|endoftext|>", "don't", "  I'll"]),
+    st.sampled_from(MULTILINGUAL),
+)
+TEXTS = st.lists(st.lists(PIECES, max_size=8).map("".join), min_size=1, max_size=6)
+
+
+def _assert_same(engine, ref, texts, add_special):
+    expect = [e.ids for e in ref.encode_batch_fast(texts, add_special_tokens=add_special)]
+    lengths, ids = engine.encode(texts, add_special, np.uint32)
+    got = np.split(ids, np.cumsum(lengths)[:-1]) if len(texts) else []
+    assert len(got) == len(expect)
+    for text, g, want in zip(texts, got, expect, strict=True):
+        assert g.tolist() == want, (engine.name, text)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("add_special", [False, True])
+def test_engines_match_reference(families, family, add_special):
+    path, ref = families[family]
+    loaded = _loaded(path, ref, add_special)
+
+    @settings(max_examples=60, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(TEXTS)
+    def check(texts):
+        for engine in loaded.values():
+            _assert_same(engine, ref, texts, add_special)
+
+    check()
+
+
+def test_which_engines_claim_which_family(families):
+    """Pins the measured support: a change in an engine's claims shows here first."""
+    claims = {f: sorted(_loaded(p, r, False)) for f, (p, r) in families.items()}
+    assert claims["gpt2_byte_bpe"] == claims["llama3_split_regex"] == ["fastokens", "tokie"]
+    assert "fastokens" in claims["llama2_sentencepiece_bpe"]
+    assert "fastokens" not in claims["wordpiece_bert"]
+    with pytest.raises(EngineRefused, match="BertNormalizer"):
+        load_engine("fastokens", *families["wordpiece_bert"], False)
+
+
+def test_lone_surrogates_never_encode_silently(families):
+    """Readers reject lone surrogates before tokenizing; no engine may encode one either."""
+    for path, ref in families.values():
+        with pytest.raises(Exception):  # noqa: B017 - the reference's own exception type
+            ref.encode_batch_fast(["a\ud800b"])
+        for engine in _loaded(path, ref, False).values():
+            with pytest.raises(Exception):  # noqa: B017
+                engine.encode(["a\ud800b"], False, np.uint32)
+
+
+def test_truncation_and_padding_in_the_file_are_ignored(tmp_path, families):
+    path, ref = families["gpt2_byte_bpe"]
+    tok = Tokenizer.from_file(str(path))
+    tok.enable_truncation(8)
+    tok.enable_padding(length=64)
+    tok.save(str(tmp_path / "t.json"))
+    ref2 = Tokenizer.from_file(str(tmp_path / "t.json"))
+    ref2.no_truncation()
+    ref2.no_padding()
+    long = ["word " * 200, "short"]
+    for engine in _loaded(tmp_path / "t.json", ref2, False).values():
+        _assert_same(engine, ref2, long, False)
+
+
+# -- the pipeline: --engine auto is byte-identical to --engine hf ------------------------------
+
+def _outputs(prefix):
+    files = [prefix.parent / f"{prefix.name}{s}" for s in (".bin", ".boundaries", ".mask")]
+    return {f.suffix: f.read_bytes() for f in files if f.exists()}
+
+
+def _run(tmp_path, name, inputs, engine, tokenizer=TOKENIZER, **kw):
+    out = tmp_path / name
+    res = tokenize_files([str(i) for i in inputs], tokenizer, out,
+                         TokenizeOptions(engine=engine, **kw))
+    meta = json.loads(out.with_suffix(".json").read_text())
+    meta["_warnings"] = res.warnings
+    return out, meta
+
+
+CASES = {
+    "fixture corpus": dict(),
+    "eos": dict(eos="<|eos|>"),
+    "bos and eos, small batches": dict(bos="<|bos|>", eos="<|eos|>", batch_size=7, workers=2),
+    "post-processor": dict(special_tokens=True),
+    "full check": dict(engine_check="full"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_auto_is_byte_identical_to_hf_on_fixtures(tmp_path, case):
+    kw = CASES[case]
+    hf, _ = _run(tmp_path, "hf", [CORPUS], "hf", **kw)
+    auto, meta = _run(tmp_path, "auto", [CORPUS], "auto", **kw)
+    assert _outputs(auto) == _outputs(hf)
+    assert meta["engine"]["name"] == "fastokens" and meta["engine"]["result"] == "identical"
+    n_docs = meta["n_docs"]
+    checked = meta["engine"]["checked_docs"]
+    assert checked == n_docs if kw.get("engine_check") == "full" else 0 < checked <= n_docs
+
+
+def test_every_engine_on_every_family_corpus(tmp_path, families):
+    docs = make_documents(200, seed=5, median_words=50) + MULTILINGUAL + ["", "<tool_call>x"]
+    write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
+    for family, (path, _) in families.items():
+        hf, _ = _run(tmp_path, f"{family}-hf", [tmp_path / "in.jsonl"], "hf", tokenizer=path)
+        for name in ("auto", *FAST):
+            try:
+                out, meta = _run(tmp_path, f"{family}-{name}", [tmp_path / "in.jsonl"], name,
+                                 tokenizer=path, engine_check="full")
+            except packtool_error() as e:  # an engine may refuse a family at load, by name
+                why = ("load probe", "does not support", "cannot load")
+                assert any(w in str(e) for w in why), e
+                continue
+            assert _outputs(out) == _outputs(hf), (family, name)
+            assert meta["engine"]["name"] in ("hf", *FAST)
+
+
+def packtool_error():
+    from packtool.errors import PacktoolError
+
+    return PacktoolError
+
+
+def test_prompt_completion_through_a_fast_engine(tmp_path):
+    recs = [{"q": d, "a": d[::-1]} for d in make_documents(80, seed=2)]
+    write_jsonl(tmp_path / "pc.jsonl", recs)
+    kw = dict(prompt_field="q", completion_field="a", bos="<|bos|>", eos="<|eos|>")
+    hf, _ = _run(tmp_path, "hf", [tmp_path / "pc.jsonl"], "hf", **kw)
+    auto, meta = _run(tmp_path, "auto", [tmp_path / "pc.jsonl"], "auto", **kw)
+    assert _outputs(auto) == _outputs(hf) and meta["engine"]["name"] == "fastokens"
+
+
+def test_chat_needs_offsets_so_auto_uses_the_reference(tmp_path):
+    write_jsonl(tmp_path / "c.jsonl", [{"m": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "hello"}]}])
+    _, meta = _run(tmp_path, "c", [tmp_path / "c.jsonl"], "auto", messages_field="m")
+    assert meta["engine"]["name"] == "hf"
+    assert "offsets" in meta["engine"]["not_used"]["fastokens"]
+    with pytest.raises(packtool_error(), match="offsets"):
+        _run(tmp_path, "c2", [tmp_path / "c.jsonl"], "fastokens", messages_field="m")
+
+
+def _corrupting(monkeypatch, marker):
+    """Fault injection over the real fastokens engine: the ids of documents holding ``marker``
+    come back with one id changed, as an engine bug would."""
+    real = engines.LOADERS["fastokens"]
+
+    def load(path, reference):
+        eng = real(path, reference)
+        inner = eng.encode
+
+        def encode(texts, add_special, dtype):
+            lengths, ids = inner(texts, add_special, dtype)
+            ids = ids.copy()
+            ends = np.cumsum(lengths)
+            for i, t in enumerate(texts):
+                if marker in t and lengths[i]:
+                    ids[ends[i] - 1] = (int(ids[ends[i] - 1]) + 1) % 100
+            return lengths, ids
+
+        eng.encode = encode
+        return eng
+
+    monkeypatch.setitem(engines.LOADERS, "fastokens", load)
+
+
+def test_a_difference_mid_run_falls_back_to_the_reference(tmp_path, monkeypatch):
+    docs = make_documents(3000, seed=4, median_words=10, max_words=40)
+    docs[2500] = "MARKER " + "the longest document " * 200  # past the first 1,000, longest
+    write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
+    hf, _ = _run(tmp_path, "hf", [tmp_path / "in.jsonl"], "hf")
+    _corrupting(monkeypatch, "MARKER")
+    auto, meta = _run(tmp_path, "auto", [tmp_path / "in.jsonl"], "auto")
+    assert _outputs(auto) == _outputs(hf)
+    assert meta["engine"]["name"] == "hf" and "MARKER" in meta["engine"]["fallback"]
+    assert any("tokenizing again with the reference" in w for w in meta["_warnings"])
+    with pytest.raises(packtool_error(), match="differs from tokenizers on the corpus"):
+        _run(tmp_path, "explicit", [tmp_path / "in.jsonl"], "fastokens")
+    assert not list(tmp_path.glob("explicit*"))
+
+
+def test_probe_refuses_an_engine_that_differs(monkeypatch, families):
+    _corrupting(monkeypatch, "a")
+    path, ref = families["gpt2_byte_bpe"]
+    with pytest.raises(EngineRefused, match="load probe"):
+        load_engine("fastokens", path, ref, False)
+    sel = engines.select_engine("auto", "sample", path, ref, False)
+    assert sel.engine.name == "tokie" and "load probe" in sel.reasons["fastokens"]
+
+
+def test_cli_engine_choices_match_the_layer():
+    from packtool.cli import tokenize
+
+    opts = {o.name: o for o in tokenize.params}
+    assert tuple(opts["engine"].type.choices) == engines.ENGINE_NAMES
+    assert tuple(opts["engine_check"].type.choices) == engines.CHECKS
+
+
+def test_the_check_sample_is_what_the_manifest_says(tmp_path):
+    docs = make_documents(5000, seed=8, median_words=8, max_words=30)
+    write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
+    out, meta = _run(tmp_path, "s", [tmp_path / "in.jsonl"], "auto", workers=1)
+    c = open_tokens(out)
+    e = meta["engine"]
+    # the first FIRST_DOCS, about 1 in 1,000 of the rest, and the running longest
+    assert engines.FIRST_DOCS + 1 <= e["checked_docs"] <= engines.FIRST_DOCS + 40
+    assert e["checked_tokens"] >= int(c.lengths[:engines.FIRST_DOCS].sum())
