@@ -9,8 +9,13 @@ read-only ``$HOME``, as for an unprivileged user of a system-wide install), it r
 """
 
 import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
 
 import numba
+from numba.core import event as _event
 
 CACHE = os.environ.get("PACKTOOL_NUMBA_CACHE", "1") != "0"
 
@@ -32,3 +37,40 @@ def njit(fn=None, **kw):
     if fn is None:
         return lambda f: _jit(f, opts)
     return _jit(fn, opts)
+
+
+class _CompileWatch(_event.Listener):
+    """Says once per process, on stderr, that kernels are being compiled (the first run after
+    an install compiles for seconds with no other sign of life), and adds up compile time
+    (outermost compilations only: a kernel compiles the kernels it calls inside its own)."""
+
+    def __init__(self):
+        self.depth, self.started, self.total, self.told = 0, 0.0, 0.0, False
+        self.lock = threading.Lock()
+
+    def on_start(self, event):
+        with self.lock:
+            if self.depth == 0:
+                self.started = time.perf_counter()
+                if not self.told and os.environ.get("PACKTOOL_QUIET_COMPILE") != "1":
+                    self.told = True
+                    print("packtool: compiling numba kernels on first use (cached for later "
+                          "runs)...", file=sys.stderr, flush=True)
+            self.depth += 1
+
+    def on_end(self, event):
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0:
+                self.total += time.perf_counter() - self.started
+
+
+_WATCH = _CompileWatch()
+_event.register("numba:compile", _WATCH)
+
+
+@contextmanager
+def compile_seconds():
+    """``with compile_seconds() as spent: ...``; ``spent()`` is the compile time inside."""
+    start = _WATCH.total
+    yield lambda: _WATCH.total - start

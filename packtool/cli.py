@@ -192,27 +192,36 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
               help="Keep the algorithm's pack order (FFD/BFD: longest first).")
 @click.option("--shard-size", type=click.IntRange(1), default=1 << 27, show_default=True,
               help="Tokens per shard (about).")
+@click.option("--valid-docs", type=click.IntRange(1), default=None,
+              help="Hold out this many whole documents (seeded, per source in proportion) and "
+                   "pack them into OUT/valid.")
+@click.option("--valid-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, help="Hold out this fraction of each source's documents instead.")
 @packer_options
 @overwrite_option
 @quiet_option
 @json_option
-def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, max_depth,
-         work_limit, time_limit, overwrite, quiet, as_json):
+def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, valid_docs,
+         valid_fraction, max_depth, work_limit, time_limit, overwrite, quiet, as_json):
     """Pack tokenized PREFIXES (packed together as one corpus) into packs of --seq-len tokens.
 
-    Writes shards of .npy arrays (tokens, position_ids, doc_ids, cu_seqlens, source
-    documents and offsets) and an index.json; see docs/FORMAT.md. The sources' checksums
-    are verified before anything is written.
+    A prefix may carry a repeat factor, PREFIX:FACTOR: 2.0 uses every document twice, 0.5 a
+    seeded half; copies of a document never share a pack. Writes shards of .npy arrays
+    (tokens, position_ids, doc_ids, cu_seqlens, source documents and offsets) and an
+    index.json; see docs/FORMAT.md. The sources' checksums are verified before anything is
+    written.
 
     \b
     Example:
         packtool pack out/corpus --seq-len 4096 --algo bfd --out out/packed
+        packtool pack out/web:2.0 out/books:0.5 out/code -L 4096 --valid-docs 1000 -o out/mix
     """
     from .pack import pack as run_pack
     from .plan import PackOptions
 
     opts = PackOptions(seq_len, algo, overflow, seed, not no_shuffle, shard_size,
-                       max_depth=max_depth, work_limit=work_limit, time_limit=time_limit)
+                       max_depth=max_depth, work_limit=work_limit, time_limit=time_limit,
+                       valid_docs=valid_docs, valid_fraction=valid_fraction)
     _emit(_run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet),
           as_json, quiet)
 

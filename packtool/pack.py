@@ -20,7 +20,7 @@ from .errors import PacktoolError
 from .formats.packed import INDEX, PackedWriter
 from .formats.tokens import TokenCorpus, gather_segments, open_tokens, prefix_paths
 from .metrics import bounds_text, pack_metrics
-from .plan import PackLayout, PackOptions, plan_pack
+from .plan import PackLayout, PackOptions, mixture_plan, parse_source, plan_pack
 
 
 def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list[TokenCorpus]:
@@ -33,7 +33,8 @@ def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list[To
     for c in corpora:
         key = c.prefix.resolve()
         if key in seen:
-            raise PacktoolError(f"token files {c.prefix} given twice; each corpus is packed once")
+            raise PacktoolError(f"token files {c.prefix} given twice; to use a corpus more than "
+                                f"once give it a repeat factor ({c.prefix}:2.0) instead")
         seen.add(key)
     shas = {c.meta["tokenizer"]["sha256"] for c in corpora}
     if len(shas) > 1:
@@ -63,6 +64,8 @@ class PackResult:
     assign_seconds: float
     n_shards: int
     sources_verified: bool
+    sources: list[dict] = field(default_factory=list)   # per source: factor, used, share
+    valid: dict | None = None                           # the held-out split's counts
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -94,6 +97,15 @@ class PackResult:
             + f"; {self.n_shards} shard(s) in {self.seconds:.1f}s "
             f"(assignment {self.assign_seconds:.2f}s)"
             + ("; source checksums verified" if self.sources_verified else "")]
+        if len(self.sources) > 1 or any(src["factor"] != 1 for src in self.sources):
+            lines += [f"  {src['prefix']}: x{src['factor']:g}: {src['docs_used']:,} of "
+                      f"{src['n_docs']:,} documents, {src['tokens_used']:,} tokens = "
+                      f"{100 * src['token_share']:.2f}% of the packed tokens"
+                      for src in self.sources]
+        if self.valid:
+            v = self.valid
+            lines.append(f"  held out: {v['n_docs_held_out']:,} documents -> {v['path']}: "
+                         f"{v['n_packs']:,} packs, {v['n_tokens']:,} tokens")
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -117,11 +129,15 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
 def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
          overwrite: bool = False, progress: bool = False, verify_sources: bool = True
          ) -> PackResult:
-    """Plan, then write. Sources' checksums are verified before anything is written (a full
-    read of the sources, ~1.4 GB/s; ``verify_sources=False`` skips it and says so)."""
+    """Plan, then write. ``prefixes`` may carry repeat factors (``web:2.0``); held-out
+    documents (``options.valid_docs``/``valid_fraction``) are packed into ``out/valid``.
+    Sources' checksums are verified before anything is written (a full read of the sources,
+    ~1.4 GB/s; ``verify_sources=False`` skips it and says so)."""
     t0 = time.perf_counter()
     options.check()
-    corpora = open_sources(prefixes)
+    specs = [parse_source(p) for p in prefixes]
+    corpora = open_sources([prefix for prefix, _ in specs])
+    factors = [factor for _, factor in specs]
     out_dir = Path(out).resolve()
     for c in corpora:
         if out_dir == c.prefix.resolve().parent or out_dir in c.prefix.resolve().parents:
@@ -129,19 +145,23 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
                                 "dataset to a directory of its own")
     lengths = np.concatenate([c.lengths for c in corpora])
     t_assign = time.perf_counter()
-    layout = plan_pack(lengths, options)
+    repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options)
+    layout = plan_pack(lengths, options, repeats)
+    valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
     assign_seconds = time.perf_counter() - t_assign
     if verify_sources:
         for c in corpora:
             c.verify_checksums()
-    index = write_packed(layout, corpora, out, overwrite=overwrite, progress=progress)
+    index = write_packed(layout, corpora, out, overwrite=overwrite, progress=progress,
+                         factors=factors, valid=valid)
     return PackResult(
         out=str(out), algo=options.algo, seq_len=options.seq_len, n_packs=layout.n_packs,
         n_tokens=layout.counts["n_tokens"], n_segments=layout.counts["n_segments"],
         counts=layout.counts, metrics={k: index[k] for k in _METRIC_KEYS},
         solver=index["solver"], seconds=time.perf_counter() - t0,
         assign_seconds=assign_seconds, n_shards=layout.n_shards,
-        sources_verified=verify_sources, warnings=layout.report.warnings)
+        sources_verified=verify_sources, sources=index["sources"], valid=index["held_out"],
+        warnings=layout.report.warnings)
 
 
 _METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
@@ -150,30 +170,64 @@ _METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_pack
 
 
 def write_packed(layout: PackLayout, corpora: list[TokenCorpus], out: str | Path, *,
-                 overwrite: bool = False, progress: bool = False) -> dict:
-    """Write ``layout``'s shards from ``corpora`` into ``out`` (atomically); the index."""
-    opts = layout.options
-    tok_dtype = max((c.dtype for c in corpora), key=lambda d: d.itemsize)
-    has_mask = any(c.mask is not None for c in corpora)
-    bar = _progress_bar(layout.counts["n_tokens"], progress)
+                 overwrite: bool = False, progress: bool = False,
+                 factors: list[float] | None = None, valid: PackLayout | None = None) -> dict:
+    """Write ``layout``'s shards from ``corpora`` into ``out`` (atomically), and ``valid``'s
+    into ``out/valid``; returns the index."""
+    total = layout.counts["n_tokens"] + (valid.counts["n_tokens"] if valid else 0)
+    bar = _progress_bar(total, progress)
     try:
         with atomic_dir(Path(out), overwrite, owned_marker=INDEX) as tmp:
-            writer = PackedWriter(tmp, opts.seq_len, tok_dtype, has_mask)
-            for k in range(layout.n_shards):
-                packs, segs = layout.shard(k)
-                _write_shard(writer, layout, packs, segs, corpora, bar)
-            rep = layout.report
-            metrics = pack_metrics(layout.seg_length, opts.seq_len, layout.n_packs,
-                                   rep.lp_bound, rep.lp_converged)
-            index = writer.finish({
-                "algo": opts.algo, "algo_options": rep.options, "seed": opts.seed,
-                "shuffle": opts.shuffle, "overflow": opts.overflow, "n_packs": layout.n_packs,
-                **layout.counts, **metrics, "solver": rep.to_json(),
-                "sources": [_source_entry(c) for c in corpora]})
+            held_out = None
+            if valid is not None:
+                (tmp / VALID).mkdir()
+                v = _write_layout(valid, corpora, tmp / VALID, bar, factors, "valid", None)
+                opts = layout.options
+                held_out = {"path": VALID, "valid_docs": opts.valid_docs,
+                            "valid_fraction": opts.valid_fraction,
+                            "n_docs_held_out": int(sum(s["docs_used"] for s in v["sources"])),
+                            "n_packs": v["n_packs"], "n_tokens": v["n_tokens"]}
+            index = _write_layout(layout, corpora, tmp, bar, factors, "train", held_out)
     finally:
         if bar is not None:
             bar.close()
     return index
+
+
+VALID = "valid"
+
+
+def _write_layout(layout: PackLayout, corpora: list[TokenCorpus], directory: Path, bar,
+                  factors: list[float] | None, split: str, held_out: dict | None) -> dict:
+    opts = layout.options
+    tok_dtype = max((c.dtype for c in corpora), key=lambda d: d.itemsize)
+    writer = PackedWriter(directory, opts.seq_len, tok_dtype,
+                          any(c.mask is not None for c in corpora))
+    for k in range(layout.n_shards):
+        packs, segs = layout.shard(k)
+        _write_shard(writer, layout, packs, segs, corpora, bar)
+    rep = layout.report
+    metrics = pack_metrics(layout.seg_length, opts.seq_len, layout.n_packs, rep.lp_bound,
+                           rep.lp_converged)
+    return writer.finish({
+        "algo": opts.algo, "algo_options": rep.options, "seed": opts.seed,
+        "shuffle": opts.shuffle, "overflow": opts.overflow, "n_packs": layout.n_packs,
+        **layout.counts, **metrics, "solver": rep.to_json(), "split": split,
+        "held_out": held_out, "sources": _source_entries(layout, corpora, factors)})
+
+
+def _source_entries(layout: PackLayout, corpora: list[TokenCorpus],
+                    factors: list[float] | None) -> list[dict]:
+    """Per source: what it had, its repeat factor, and what the packs use of it (document
+    copies and tokens, and the share of all packed tokens)."""
+    base = np.cumsum([0] + [len(c) for c in corpora]).astype(np.int64)
+    which = np.searchsorted(base, layout.seg_doc, side="right") - 1
+    tokens = np.bincount(which, weights=layout.seg_length, minlength=len(corpora))
+    docs = np.bincount(which[layout.seg_offset == 0], minlength=len(corpora))
+    total = max(int(layout.seg_length.sum()), 1)
+    return [{**_source_entry(c), "factor": (factors or [1.0] * len(corpora))[k],
+             "docs_used": int(docs[k]), "tokens_used": int(tokens[k]),
+             "token_share": float(tokens[k]) / total} for k, c in enumerate(corpora)]
 
 
 def _write_shard(writer: PackedWriter, layout: PackLayout, packs: slice, segs: slice,

@@ -37,6 +37,8 @@ class PackOptions:
     max_strategies: int | None = None
     work_limit: int | None = None
     time_limit: float | None = None
+    valid_docs: int | None = None       # hold out this many documents (seeded, per source) ...
+    valid_fraction: float | None = None  # ... or this fraction of each source, packed apart
 
     def packer_options(self) -> PackerOptions:
         names = {f.name for f in fields(PackerOptions)}
@@ -161,23 +163,65 @@ class PackLayout:
         return slice(p0, p1), slice(int(first[p0]), int(first[p1]))
 
 
-def plan_pack(lengths: np.ndarray, options: PackOptions) -> PackLayout:
-    """The whole layout of a packed dataset from document lengths alone."""
+def plan_pack(lengths: np.ndarray, options: PackOptions,
+              repeats: np.ndarray | None = None) -> PackLayout:
+    """The whole layout of a packed dataset from document lengths alone. ``repeats`` (copies
+    per document, from :func:`doc_repeats`) packs copy rounds apart (see :func:`make_rounds`);
+    ``None`` means every document once."""
     options.check()
-    segs = make_segments(lengths, options.seq_len, options.overflow)
-    packing = run_packer(segs.length, options.seq_len, options.algo, options.packer_options())
-    packs, n_packs = packing.packs, packing.report.n_packs
+    lengths = np.asarray(lengths, np.int64)
+    if repeats is None:
+        rounds = [make_segments(lengths, options.seq_len, options.overflow)]
+    else:
+        rounds = make_rounds(lengths, repeats, options.seq_len, options.overflow)
+    parts, n_packs, report = [], 0, None
+    for segs in rounds:
+        packing = run_packer(segs.length, options.seq_len, options.algo,
+                             options.packer_options())
+        parts.append(np.where(packing.packs >= 0, packing.packs + n_packs, -1))
+        n_packs += packing.report.n_packs
+        report = _merge_reports(report, packing.report)
+    if report is None:  # nothing to pack at all
+        report = run_packer(np.empty(0, np.int64), options.seq_len, options.algo,
+                            options.packer_options()).report
+    cat = (lambda f: np.concatenate([f(r) for r in rounds])) if rounds else (
+        lambda f: np.empty(0, np.int64))
+    seg_doc, seg_off, seg_len = cat(lambda r: r.doc), cat(lambda r: r.offset), cat(lambda r: r.length)
+    packs = np.concatenate(parts) if parts else np.empty(0, np.int64)
     rank = (np.random.default_rng(options.seed).permutation(n_packs) if options.shuffle
             else np.arange(n_packs)).astype(np.int64)
     order, pack_nseg = _order_segments(packs, rank, n_packs)
-    layout = PackLayout(options, segs.counts, segs.doc[order], segs.offset[order],
-                        segs.length[order], pack_nseg, np.zeros(1, np.int64), packing.report)
+    counts = rounds[0].counts if repeats is None else _merge_counts(rounds, lengths)
+    layout = PackLayout(options, counts, seg_doc[order], seg_off[order],
+                        seg_len[order], pack_nseg, np.zeros(1, np.int64), report)
     pack_len = layout.pack_lengths()
     if n_packs and int(pack_len.max()) > options.seq_len:  # a packer bug never reaches disk
         raise RuntimeError(f"packer {options.algo} made a pack of {int(pack_len.max())} "
                            f"> {options.seq_len} tokens")
     layout.shard_starts = shard_starts(pack_len, options.shard_size)
     return layout
+
+
+def _merge_reports(a: PackerReport | None, b: PackerReport) -> PackerReport:
+    """One report for packs made in several rounds: counts add up; an LP bound of one round
+    is no bound of the whole, so LP figures are kept only for a single round."""
+    if a is None:
+        return b
+    from dataclasses import replace
+
+    return replace(a, n_packs=a.n_packs + b.n_packs, lp_value=None, lp_bound=None,
+                   lp_converged=None, warnings=list(dict.fromkeys(a.warnings + b.warnings)))
+
+
+_SUMMED = ("n_overlong", "n_split", "n_split_pieces", "n_truncated", "n_truncated_tokens",
+           "n_dropped", "n_dropped_tokens", "n_segments", "n_tokens")
+
+
+def _merge_counts(rounds: list[Segments], lengths: np.ndarray) -> dict:
+    """Counts over copy rounds: overflow figures and segments add up (per copy); documents
+    and empty documents are those of the sources."""
+    counts = {k: sum(r.counts[k] for r in rounds) for k in _SUMMED}
+    return {"n_docs": int(lengths.size), "n_empty": int((lengths == 0).sum()), **counts}
 
 
 def shard_starts(pack_len: np.ndarray, shard_size: int) -> np.ndarray:
@@ -195,3 +239,107 @@ def shard_starts(pack_len: np.ndarray, shard_size: int) -> np.ndarray:
             starts.append(p1)
     starts.append(n_packs)
     return np.array(starts, np.int64)
+
+
+# ------------------------------------------------------------------ mixtures and held-out docs
+
+
+def parse_source(spec: str) -> tuple[str, float]:
+    """``PREFIX`` or ``PREFIX:FACTOR`` (``web:2.0``, ``books:0.5``) -> (prefix, factor)."""
+    head, sep, tail = str(spec).rpartition(":")
+    if sep and head:
+        try:
+            factor = float(tail)
+        except ValueError:
+            return str(spec), 1.0
+        if not (0 <= factor < 1e6) or factor != factor:
+            raise PacktoolError(f"{spec}: repeat factor {tail} must be a number from 0 to "
+                                "999,999 (2.0 = every document twice, 0.5 = a seeded half)")
+        return head, factor
+    return str(spec), 1.0
+
+
+def _sub_seed(seed: int, *keys: int) -> np.random.Generator:
+    return np.random.default_rng([seed, *keys])
+
+
+def held_out(lengths: np.ndarray, sizes: list[int], seed: int, valid_docs: int | None = None,
+             valid_fraction: float | None = None) -> np.ndarray:
+    """Boolean mask of the documents held out for validation: whole non-empty documents, a
+    seeded sample of each source in proportion to its size (``valid_docs`` in all, or
+    ``valid_fraction`` of each source), at least one from every source that has any."""
+    mask = np.zeros(lengths.size, bool)
+    if valid_docs is None and valid_fraction is None:
+        return mask
+    if valid_docs is not None and valid_fraction is not None:
+        raise PacktoolError("give --valid-docs or --valid-fraction, not both")
+    total = int(sum(sizes))
+    nonempty = lengths > 0
+    if valid_docs is not None and not 1 <= valid_docs < int(nonempty.sum()):
+        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to {int(nonempty.sum()) - 1:,}"
+                            " (the non-empty documents, less one for training)")
+    if valid_fraction is not None and not 0 < valid_fraction < 1:
+        raise PacktoolError(f"--valid-fraction {valid_fraction}: must be above 0 and below 1")
+    base = 0
+    for k, n in enumerate(sizes):
+        docs = base + np.flatnonzero(nonempty[base:base + n])
+        share = valid_fraction if valid_fraction is not None else valid_docs / total
+        want = min(max(1, round(share * docs.size)), docs.size) if docs.size else 0
+        pick = _sub_seed(seed, 1, k).choice(docs, size=want, replace=False) if want else docs[:0]
+        mask[pick] = True
+        base += n
+    return mask
+
+
+def doc_repeats(sizes: list[int], factors: list[float], seed: int,
+                exclude: np.ndarray | None = None) -> np.ndarray:
+    """How many copies of each document a mixture uses: floor(factor) of every document, plus
+    one more for a seeded sample of round(frac(factor) * n) of them (``exclude``d documents,
+    e.g. held-out ones, get none and are not sampled)."""
+    reps = np.zeros(int(sum(sizes)), np.int64)
+    base = 0
+    for k, (n, factor) in enumerate(zip(sizes, factors, strict=True)):
+        whole, frac = int(factor), factor - int(factor)
+        eligible = np.arange(base, base + n)
+        if exclude is not None:
+            eligible = eligible[~exclude[base:base + n]]
+        reps[eligible] = whole
+        extra = round(frac * eligible.size)
+        if extra:
+            reps[_sub_seed(seed, 2, k).choice(eligible, size=extra, replace=False)] += 1
+        base += n
+    return reps
+
+
+def make_rounds(lengths: np.ndarray, repeats: np.ndarray, seq_len: int, overflow: str
+                ) -> list[Segments]:
+    """Segments of copy r of every document repeated more than r times, one list per r:
+    packing each round on its own is what keeps copies of a document out of each other's
+    packs."""
+    rounds = []
+    for r in range(int(repeats.max()) if repeats.size else 0):
+        keep = repeats > r
+        rounds.append(make_segments(np.where(keep, lengths, 0), seq_len, overflow))
+    return rounds
+
+
+def mixture_plan(lengths: np.ndarray, sizes: list[int], factors: list[float],
+                 options: PackOptions) -> tuple[np.ndarray | None, np.ndarray]:
+    """(copies per document for the training packs, or None for "each once"; held-out mask).
+    A pure function of the inputs and options: ``verify`` recomputes it to check a pack."""
+    valid = held_out(lengths, sizes, options.seed, options.valid_docs, options.valid_fraction)
+    if all(f == 1 for f in factors) and not valid.any():
+        return None, valid
+    return doc_repeats(sizes, factors, options.seed, exclude=valid), valid
+
+
+def expected_segments(lengths: np.ndarray, seq_len: int, overflow: str,
+                      repeats: np.ndarray | None) -> Segments:
+    """Every segment a pack of these documents must hold (copies included), unordered."""
+    if repeats is None:
+        return make_segments(lengths, seq_len, overflow)
+    rounds = make_rounds(lengths, repeats, seq_len, overflow)
+    cat = (lambda f: np.concatenate([f(r) for r in rounds])) if rounds else (
+        lambda f: np.empty(0, np.int64))
+    return Segments(cat(lambda r: r.doc), cat(lambda r: r.offset), cat(lambda r: r.length),
+                    _merge_counts(rounds, lengths))

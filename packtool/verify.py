@@ -21,7 +21,7 @@ from ._io import sha256_file
 from .errors import PacktoolError
 from .formats.packed import INDEX, MASK, ValidationError, validate_packed
 from .formats.tokens import gather_segments, prefix_paths, validate_tokens
-from .plan import make_segments
+from .plan import PackOptions, expected_segments, mixture_plan
 
 VerifyError = ValidationError
 
@@ -75,21 +75,73 @@ def verify(path: str | Path, sources: list[str | Path] | None = None) -> VerifyR
 
 def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
                   ) -> VerifyResult:
-    """Run every check; return a :class:`VerifyResult` or raise :class:`VerifyError`."""
+    """Run every check (also on the held-out split in ``directory/valid``, and that no
+    document is in both); return a :class:`VerifyResult` or raise :class:`VerifyError`."""
     directory = Path(directory)
     index, shards = validate_packed(directory)
     result = VerifyResult(str(directory), "packed", index["n_tokens"], n_docs=index["n_docs"],
                           n_packs=index["n_packs"], n_segments=index["n_segments"],
                           n_shards=len(shards))
+    valid = None
+    if index.get("held_out"):
+        vdir = directory / index["held_out"]["path"]
+        valid = validate_packed(vdir)
+        if valid[0].get("split") != "valid":
+            raise VerifyError(f"{vdir}: not the held-out split of {directory}")
+        train_docs = np.unique(np.concatenate([np.asarray(a["source_docs"]) for a in shards]
+                                              or [np.empty(0, np.int64)]))
+        valid_docs = np.concatenate([np.asarray(a["source_docs"]) for a in valid[1]]
+                                    or [np.empty(0, np.int64)])
+        both = np.intersect1d(train_docs, valid_docs)
+        if both.size:
+            raise VerifyError(f"source document {int(both[0]):,} is in the training packs and "
+                              f"in the held-out packs ({vdir})")
+        result.n_packs += valid[0]["n_packs"]
     if sources:
-        _verify_sources(index, shards, sources)
+        sources = _source_prefixes(index, sources)
+        repeats, held = _mixture(index, sources)
+        _verify_sources(index, shards, sources, repeats)
+        if valid is not None:
+            _verify_sources(valid[0], valid[1], sources, held.astype(np.int64))
         result.sources_checked = True
         result.policy = {k: index[k] for k in ("n_truncated", "n_truncated_tokens",
                                                "n_dropped", "n_dropped_tokens")}
     return result
 
 
-def _verify_sources(index: dict, shards: list[dict], sources) -> None:
+def _source_prefixes(index: dict, sources) -> list[str]:
+    """``--source`` prefixes; a ``PREFIX:FACTOR`` must name the factor the index records."""
+    from .plan import parse_source
+
+    out = []
+    for k, spec in enumerate(sources):
+        prefix, factor = parse_source(spec)
+        recorded = index["sources"][k].get("factor", 1.0) if k < len(index["sources"]) else None
+        if prefix != str(spec) and recorded is not None and factor != recorded:
+            raise VerifyError(f"--source {spec}: the dataset was packed with factor "
+                              f"{recorded:g} for this source, not {factor:g}")
+        out.append(prefix)
+    return out
+
+
+def _mixture(index: dict, sources) -> tuple[np.ndarray | None, np.ndarray]:
+    """The copies and held-out documents the index's options imply (recomputed, not read)."""
+    from .pack import open_sources
+
+    corpora = open_sources(list(sources))
+    lengths = np.concatenate([c.lengths for c in corpora])
+    held = index.get("held_out") or {}
+    opts = PackOptions(int(index["seq_len"]), seed=index["seed"],
+                       valid_docs=held.get("valid_docs"),
+                       valid_fraction=held.get("valid_fraction"))
+    factors = [float(s.get("factor", 1.0)) for s in index["sources"]]
+    if len(factors) != len(corpora):
+        raise VerifyError(f"{len(corpora)} --source prefixes given, the dataset was packed from "
+                          f"{len(factors)}: {', '.join(s['prefix'] for s in index['sources'])}")
+    return mixture_plan(lengths, [len(c) for c in corpora], factors, opts)
+
+
+def _verify_sources(index: dict, shards: list[dict], sources, repeats) -> None:
     from .pack import open_sources
 
     corpora = open_sources(list(sources))
@@ -103,23 +155,26 @@ def _verify_sources(index: dict, shards: list[dict], sources) -> None:
                               f"(manifest sha256 differs from {rec['prefix']}'s)")
         c.verify_checksums()  # a corrupt source must not vouch for the packs
     lengths = np.concatenate([c.lengths for c in corpora])
-    want = make_segments(lengths, int(index["seq_len"]), index["overflow"])
+    want = expected_segments(lengths, int(index["seq_len"]), index["overflow"], repeats)
+    order_w = np.lexsort((want.offset, want.doc))
+    want_doc, want_off, want_len = want.doc[order_w], want.offset[order_w], want.length[order_w]
     segs = [_segments(s) for s in shards]
     cat = (lambda i: np.concatenate([s[i] for s in segs])) if segs else (
         lambda i: np.empty(0, np.int64))
     doc, off, lens = cat(0), cat(1), cat(2)
     order = np.lexsort((off, doc))
-    for name, got, exp in (("document", doc[order], want.doc), ("offset", off[order], want.offset),
-                           ("length", lens[order], want.length)):
+    for name, got, exp in (("document", doc[order], want_doc), ("offset", off[order], want_off),
+                           ("length", lens[order], want_len)):
         if got.shape != exp.shape:
             raise VerifyError(f"the shards hold {got.size:,} segments, the sources under "
-                              f"--overflow {index['overflow']} make {exp.size:,}")
+                              f"--overflow {index['overflow']} (and the mixture) make "
+                              f"{exp.size:,}")
         bad = np.flatnonzero(got != exp)
         if bad.size:
             i = int(bad[0])
             raise VerifyError(
-                f"segment {name} mismatch for source document {int(want.doc[i]):,} (offset "
-                f"{int(want.offset[i]):,}): tokens lost, duplicated or moved")
+                f"segment {name} mismatch for source document {int(want_doc[i]):,} (offset "
+                f"{int(want_off[i]):,}): tokens lost, duplicated or moved")
     for k, (s, (sdoc, soff, seg_len)) in enumerate(zip(shards, segs, strict=True)):
         _compare_tokens(index["shards"][k]["name"], s, corpora, sdoc, soff, seg_len)
 

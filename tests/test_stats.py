@@ -1,6 +1,7 @@
 """packtool stats: figures against independent numpy computations; JSON schema; plot."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -132,12 +133,21 @@ def test_bounds_and_advice_stay_sane():
 
 
 def test_stats_timings_exclude_compilation():
-    """Issue 11.4: the timed run never includes loading or compiling kernels."""
-    from packtool.stats import compare_algos
+    """Issue 11.4: spfhp showed 9.8 s cold vs 0.026 s warm. In a process that must compile
+    (cache off), compilation is reported apart, and announced once on stderr."""
+    import subprocess
+    import sys
 
-    rows = compare_algos(np.array([5, 3, 9, 1] * 50, np.int64), 16, ["spfhp", "bfd"])
-    assert all(r["compile_seconds"] >= 0 and r["seconds"] >= 0 for r in rows)
-    assert all(r["seconds"] < r["compile_seconds"] + 1 for r in rows)
+    code = ("import json, numpy as np; from packtool.stats import compare_algos; "
+            "print(json.dumps(compare_algos(np.array([5, 3, 9, 1] * 50, np.int64), 16, "
+            "['spfhp', 'bfd'])))")
+    env = {**os.environ, "PACKTOOL_NUMBA_CACHE": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=True)
+    rows = {r["algo"]: r for r in json.loads(proc.stdout)}
+    for r in rows.values():
+        assert r["compile_seconds"] > 0 and 0 <= r["seconds"] < r["compile_seconds"]
+    assert proc.stderr.count("compiling numba kernels") == 1
 
 
 def test_hopeless_nnlshp_is_skipped_and_spfhp_warns(tmp_path):

@@ -86,6 +86,8 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
     "best_bound_packs": "max of the valid bounds", "gap_to_best_bound_percent":
     "packs above the best bound, %", "packing_factor": "segments per pack",
     "solver": "the packer's report (PackerReport.to_json())", "sources": "per source prefix",
+    "split": '"train", or "valid" for the held-out packs in DIR/valid',
+    "held_out": "the held-out split (path, how chosen, counts), or null",
     "shards": "per shard: name, counts, files", "created_by": '"packtool X.Y.Z"',
     "index_sha256": "sha256 of the index without this key",
 }

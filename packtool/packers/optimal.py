@@ -274,7 +274,8 @@ def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIM
     (reproducible); ``time_limit`` adds a wall-clock limit (then the result may vary)."""
     from ..bounds import l1_bound, l2_bound
 
-    _warm_up()  # compiled-kernel loading must not count against a time limit
+    if time_limit is not None:
+        _warm_up()  # compiling or loading kernels must not count against a time limit
     t0 = time.perf_counter()
     lengths = np.asarray(lengths, np.int64)
     # BFD's pack count depends only on the lengths' multiset: count it on the histogram
