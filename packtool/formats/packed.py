@@ -362,7 +362,8 @@ def load_array(path: Path, dtype: np.dtype, n: int) -> np.ndarray:
                               "packtool pack")
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, SyntaxError, EOFError) as e:  # a damaged .npy header
+    except Exception as e:  # numpy's header parser raises anything from a damaged header
+        # (ValueError, SyntaxError, tokenize.TokenError, EOFError...): all mean "not an .npy"
         raise ValidationError(f"{path}: not a readable .npy ({e})") from None
     if arr.dtype != dtype or arr.shape != (n,):
         raise ValidationError(f"{path}: holds {arr.dtype} {arr.shape}, expected {dtype} ({n},)")
