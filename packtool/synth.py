@@ -10,9 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 _SYLLABLES = (
-    "ka ri to na mi so lu ve de ran tor pel gis fa mo ne sul tri bak chen war pi "
-    "qua zel ost und ber lin ha gen dro mas tik por ev al um ex ion ism ly ing ed er "
-    "ca se ro te la vi na co mu sa fe ge ta".split()
+    ["ka", "ri", "to", "na", "mi", "so", "lu", "ve", "de", "ran", "tor", "pel", "gis", "fa", "mo", "ne", "sul", "tri", "bak", "chen", "war", "pi", "qua", "zel", "ost", "und", "ber", "lin", "ha", "gen", "dro", "mas", "tik", "por", "ev", "al", "um", "ex", "ion", "ism", "ly", "ing", "ed", "er", "ca", "se", "ro", "te", "la", "vi", "na", "co", "mu", "sa", "fe", "ge", "ta"]
 )
 _EXOTIC = ["café", "naïve", "Straße", "señor", "日本語", "数据", "東京", "λόγος", "привет", "🙂", "🚀", "Ωmega"]
 

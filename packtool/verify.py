@@ -19,7 +19,7 @@ import numpy as np
 
 from ._io import sha256_file
 from .errors import PacktoolError
-from .formats.packed import INDEX, MASK, ValidationError, validate_packed
+from .formats.packed import MASK, ValidationError, validate_packed
 from .formats.tokens import gather_segments, prefix_paths, validate_tokens
 from .plan import PackOptions, expected_segments, mixture_plan
 

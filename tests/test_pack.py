@@ -8,12 +8,12 @@ from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
 
 import packtool
-from packtool.cli import cli
-from packtool.pack import pack_corpus
-from packtool.plan import make_segments
 from packtool.batching import collate_numpy as collate
+from packtool.cli import cli
 from packtool.formats.packed import open_packed
+from packtool.pack import pack_corpus
 from packtool.packers import PACKERS
+from packtool.plan import make_segments
 from packtool.tokenize import TokenizeOptions, tokenize_files
 from packtool.verify import VerifyError, verify_packed
 
@@ -160,8 +160,8 @@ def test_verify_catches_a_flipped_byte_anywhere(tmp_path, corpus):
 
 def test_verify_catches_inconsistent_content_with_valid_checksums(tmp_path, corpus):
     """Even with checksums recomputed, broken invariants and lost tokens are found."""
-    from packtool.formats.packed import index_digest
     from packtool._io import crc32_file
+    from packtool.formats.packed import index_digest
 
     pack_corpus(sources(corpus), tmp_path / "p", 128)
 

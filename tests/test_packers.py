@@ -1,12 +1,12 @@
 """Every registered packer: shared invariants, slow references, property tests."""
 
+import naive
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from invariants import check_assignment
 
-import naive
 from packtool import PacktoolError
 from packtool.packers import PACKERS, assign_packs
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba import njit
-from . import Packing, PackerOptions, report
+from . import PackerOptions, Packing, report
 from ._common import counting_order, tree_size
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PacktoolError
-from . import Packing, PackerOptions, depth_warning, report
+from . import PackerOptions, Packing, depth_warning, report
 from ._common import expand_groups
 
 DEFAULT_MAX_DEPTH = 3

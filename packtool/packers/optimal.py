@@ -39,7 +39,7 @@ import numpy as np
 
 from .._numba import njit
 from ..errors import PacktoolError
-from . import Packing, PackerOptions, bfd, report
+from . import PackerOptions, Packing, bfd, report
 from ._common import expand_groups
 
 DEFAULT_WORK_LIMIT = 4_000_000_000  # pricing DP cells: ~4 s at L=4096 here; same result anywhere

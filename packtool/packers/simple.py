@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Packing, PackerOptions, report
+from . import PackerOptions, Packing, report
 from ._common import counting_order, next_fit
 
 

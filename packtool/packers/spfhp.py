@@ -27,7 +27,7 @@ import numpy as np
 
 from .._numba import njit
 from ..errors import PacktoolError
-from . import Packing, PackerOptions, depth_warning, report
+from . import PackerOptions, Packing, depth_warning, report
 from ._common import expand_groups, tree_last, tree_set, tree_size
 
 DEFAULT_MAX_DEPTH = 12  # the paper's setting for wikipedia
