@@ -56,7 +56,7 @@ class _ShardedStream:
         if self.f is not None:
             self.f.close()
         self.k += 1
-        self.f = open(self.directory / shard_name(self.k), "wb")
+        self.f = open(self.directory / shard_name(self.k), "wb")  # noqa: SIM115 (closed by _next/close)
         self.f.write(header(self.sizes[self.k]))
         self.left = self.sizes[self.k]
 
@@ -91,8 +91,8 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
 
     if corpus.dtype.itemsize != 2:
         raise PacktoolError(
-            f"{corpus.prefix}: its vocabulary of {int(corpus.meta.get('vocab_size') or 0):,} ids needs "
-            f"uint32 tokens, but llm.c's GPT-2 shards (magic {MAGIC}) hold uint16 ids < "
+            f"{corpus.prefix}: its vocabulary of {int(corpus.meta.get('vocab_size') or 0):,} ids "
+            f"needs uint32 tokens, but llm.c's GPT-2 shards (magic {MAGIC}) hold uint16 ids < "
             f"{UINT16_IDS:,}; use --format megatron, or a tokenizer of <= {UINT16_IDS:,} ids")
     per_shard = DEFAULT_SHARD_TOKENS if shard_tokens is None else int(shard_tokens)
     if not 1 <= per_shard <= MAX_SHARD_TOKENS:
