@@ -8,6 +8,7 @@ invariants; llmc -> an independent reader written here from llm.c's header layou
 import json
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -85,7 +86,7 @@ def sft_packed(tmp_path_factory):
 
 def segments(ex):
     cu = ex["cu_seqlens"]
-    return [ex["input_ids"][a:b].tolist() for a, b in zip(cu[:-1], cu[1:])]
+    return [ex["input_ids"][a:b].tolist() for a, b in zip(cu[:-1], cu[1:], strict=False)]
 
 
 # ---------------------------------------------------------------- megatron
@@ -120,7 +121,7 @@ def test_megatron_corpus_copy_and_cross_filesystem_fallback(tmp_path, corpus, mo
     res = export(corpus.prefix, "megatron", tmp_path / "a", link=False)
     assert res.details["bin"] == "copy" and "not requested" in res.notes[0]
     assert os.stat(tmp_path / "a.bin").st_ino != os.stat(f"{corpus.prefix}.bin").st_ino
-    assert (tmp_path / "a.bin").read_bytes() == open(f"{corpus.prefix}.bin", "rb").read()
+    assert (tmp_path / "a.bin").read_bytes() == Path(f"{corpus.prefix}.bin").read_bytes()
 
     def no_link(src, dst):
         raise OSError(18, "Invalid cross-device link")
@@ -170,7 +171,7 @@ def read_llmc(directory):
     for name in sorted(os.listdir(directory)):
         if not name.endswith(".bin"):
             continue
-        raw = open(os.path.join(directory, name), "rb").read()
+        raw = (Path(directory) / name).read_bytes()
         magic, version, n = struct.unpack("<3i", raw[:12])
         assert (magic, version) == (20240520, 1)
         assert raw[12:1024] == bytes(1012)
@@ -258,7 +259,7 @@ def check_bridge_row(i, input_ids, loss_mask, seq_start_id):
     assert len(loss_mask) == len(input_ids), i
     assert seq_start_id and seq_start_id[0] == 0, i
     assert all(s < len(input_ids) for s in seq_start_id), i
-    assert all(a <= b for a, b in zip(seq_start_id, seq_start_id[1:])), i
+    assert all(a <= b for a, b in zip(seq_start_id, seq_start_id[1:], strict=False)), i
 
 
 @pytest.mark.parametrize("which", ["packed", "sft_packed"])

@@ -79,7 +79,9 @@ def import_streaming():
         import streaming
     except ImportError as e:
         raise PacktoolError(
-            f"--format mds needs mosaicml-streaming ({e}); pip install 'packtool[mds]'"
+            f"--format mds needs mosaicml-streaming ({e}): pip install 'packtool[mds]'; where "
+            "transformers>=5 is installed (streaming pins <5): pip install --no-deps "
+            "mosaicml-streaming==0.13.0 xxhash zstd Brotli python-snappy catalogue"
         ) from None
     return streaming
 

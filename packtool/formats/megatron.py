@@ -109,6 +109,28 @@ def _link_or_copy(src: Path, dst: Path, link: bool) -> tuple[str, str]:
     return "copy", why
 
 
+def _append_bytes(f, arr: np.ndarray, tick) -> None:
+    """Append a memmapped .npy array's raw bytes to ``f``: sendfile from its file when it is
+    one (in-kernel, copy speed), else chunked writes."""
+    f.flush()
+    path, offset = getattr(arr, "filename", None), getattr(arr, "offset", None)
+    if path is not None and offset is not None and arr.flags.c_contiguous:
+        left, pos = arr.nbytes, int(offset)
+        with open(path, "rb") as src:
+            while left:
+                sent = os.sendfile(f.fileno(), src.fileno(), pos, min(left, 1 << 30))
+                if sent == 0:
+                    raise FormatError(f"{path}: shorter than its header says; run packtool verify")
+                pos, left = pos + sent, left - sent
+                tick(sent // arr.itemsize)
+        f.seek(0, 2)
+        return
+    for lo in range(0, len(arr), TOKEN_CHUNK):
+        chunk = np.ascontiguousarray(arr[lo:lo + TOKEN_CHUNK])
+        f.write(chunk.data)
+        tick(len(chunk))
+
+
 def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: bool = True,
                   **_) -> dict:
     """A token corpus as a Megatron indexed dataset: one sequence per document."""
@@ -196,13 +218,13 @@ def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
         with open(tmp_bin, "wb") as f:
             for k in range(len(shards)):
                 toks = ds.shard(k).arrays["tokens"]
-                for lo in range(0, len(toks), TOKEN_CHUNK):
-                    chunk = np.asarray(toks[lo:lo + TOKEN_CHUNK])
-                    if itemsize == 4 and len(chunk) and int(chunk.max()) > INT32_MAX:
-                        raise PacktoolError(f"{ds.directory}: token id {int(chunk.max()):,} "
-                                            f"does not fit Megatron's int32 tokens")
-                    f.write(np.ascontiguousarray(chunk).data)
-                    tick(len(chunk))
+                if itemsize == 4:
+                    for lo in range(0, len(toks), TOKEN_CHUNK):
+                        top = int(np.asarray(toks[lo:lo + TOKEN_CHUNK]).max())
+                        if top > INT32_MAX:
+                            raise PacktoolError(f"{ds.directory}: token id {top:,} does not "
+                                                "fit Megatron's int32 tokens")
+                _append_bytes(f, toks, tick)
             written += f.tell()
         written += write_index(tmp_idx, DTYPE_CODES[dt], itemsize, n_seqs, lengths,
                                doc_indices())
