@@ -331,7 +331,7 @@ def test_failure_midway_leaves_nothing(tmp_path, corpus, monkeypatch):
 
     calls = []
 
-    def boom(toks, starts, eos):
+    def boom(toks, starts, eos, out=None):
         calls.append(1)
         raise OSError(28, "No space left on device")
 

@@ -83,26 +83,43 @@ def _interleave(toks, starts, eos, out):
         j += 1
         a = starts[d]
         b = starts[d + 1] if d + 1 < n else toks.shape[0]
-        for i in range(a, b):
-            out[j] = toks[i]
-            j += 1
+        out[j:j + b - a] = toks[a:b]
+        j += b - a
 
 
-def _with_eos(toks: np.ndarray, starts: np.ndarray, eos: int) -> np.ndarray:
-    """Insert ``eos`` before each document (starts: offsets into ``toks``, ascending).
+def _with_eos(toks: np.ndarray, starts: np.ndarray, eos: int, out=None) -> np.ndarray:
+    """Insert ``eos`` before each document (starts: offsets into ``toks``, ascending), into
+    ``out`` when given (reused between chunks: fresh 32 MB arrays cost their page faults).
 
-    A numba loop: ~1.5 GB/s where numpy's boolean-mask scatter managed ~0.4 GB/s.
+    A numba loop of slice copies: 16.8M tokens in 8 ms warm, where numpy's boolean-mask
+    scatter took ~80 ms.
     """
-    out = np.empty(len(toks) + len(starts), dtype=np.uint16)
+    n = len(toks) + len(starts)
+    out = np.empty(n, dtype=np.uint16) if out is None or len(out) < n else out[:n]
     _interleave(np.asarray(toks, dtype=np.uint16), np.asarray(starts, dtype=np.int64),
                 np.uint16(eos), out)
     return out
+
+
+def _read(f, t0: int, t1: int, buf: np.ndarray) -> np.ndarray:
+    """Tokens t0..t1-1 of the corpus .bin via read() into a reused buffer: on a 1 GB corpus
+    ~3x faster than touching the memmap, whose page faults dominated the export."""
+    if len(buf) < t1 - t0:
+        buf = np.empty(t1 - t0, dtype=np.uint16)
+    view = buf[:t1 - t0]
+    f.seek(2 * t0)
+    got = f.readinto(memoryview(view).cast("B"))
+    if got != 2 * (t1 - t0):
+        raise PacktoolError(f"{f.name}: ended after {got:,} bytes at token {t0:,}; the file is "
+                            "truncated, re-run packtool tokenize")
+    return view
 
 
 def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
                   shard_tokens: int | None = None, eos_id: int | None = None, **_) -> dict:
     """A token corpus as llm.c GPT-2 token shards in directory ``out``."""
     from ..export import MARKER, write_marker
+    from .tokens import prefix_paths
 
     if corpus.dtype.itemsize != 2:
         raise PacktoolError(
@@ -135,7 +152,10 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
     ends = np.asarray(corpus.ends, dtype=np.int64)
     out = Path(out)
     stream = None
-    with atomic_dir(out, overwrite, owned_marker=MARKER) as tmp:
+    buf_in = np.empty(TOKEN_CHUNK, dtype=np.uint16)
+    buf_out = np.empty(TOKEN_CHUNK + TOKEN_CHUNK // 8, dtype=np.uint16)
+    with atomic_dir(out, overwrite, owned_marker=MARKER) as tmp, \
+            open(prefix_paths(corpus.prefix)["bin"], "rb") as src:
         stream = _ShardedStream(tmp, total, per_shard)
         try:
             lo = 0
@@ -144,10 +164,10 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
                 hi = max(lo + 1, int(np.searchsorted(ends, t0 + TOKEN_CHUNK, side="right")))
                 hi = min(hi, n)
                 t1 = int(ends[hi - 1])
-                toks = np.asarray(corpus.tokens[t0:t1])
+                toks = _read(src, t0, t1, buf_in)
                 if not ends_with_eos:
                     starts = np.concatenate([[t0], ends[lo:hi - 1]]) - t0
-                    toks = _with_eos(toks, starts, eos)
+                    toks = _with_eos(toks, starts, eos, out=buf_out)
                 stream.write(toks)
                 tick(t1 - t0)
                 lo = hi
