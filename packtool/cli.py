@@ -16,6 +16,7 @@ import click
 
 from . import __version__
 from .errors import PacktoolError
+from .export import FORMATS as EXPORT_FORMATS  # a plain tuple; imports nothing heavy
 
 
 def _run(fn, *args, **kwargs):
@@ -241,9 +242,6 @@ def stats(paths, lengths_file, seq_lens, batch_size, algos, max_depth, seed, plo
         click.echo(json.dumps(rep, indent=1))
     else:
         click.echo(text)
-
-
-EXPORT_FORMATS = ("megatron", "llmc", "mds", "parquet", "parquet-packed")  # packtool.export.FORMATS
 
 
 @cli.command()

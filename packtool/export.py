@@ -38,6 +38,13 @@ WRITERS = {
     ("parquet-packed", "packed"): "parquet:export_bridge",
 }
 FORMATS = tuple(dict.fromkeys(f for f, _ in WRITERS))
+# writer options -> (CLI flag, the writers that use it): an option given where it does
+# nothing is refused rather than silently ignored
+OPTIONS = {
+    "shard_tokens": ("--shard-tokens", {("llmc", "corpus")}),
+    "eos_id": ("--eos-id", {("llmc", "corpus")}),
+    "link": ("--copy", {("megatron", "corpus")}),  # link=False is --copy
+}
 RECORDS = {"corpus": "documents", "packed": "packs"}
 
 
@@ -128,6 +135,15 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
             f"{src} is a {'token corpus' if kind == 'corpus' else 'packed dataset'}, but "
             f"--format {fmt} holds {' or '.join(RECORDS[k] for k in takes)} only; {fix}"
         )
+    for name, value in options.items():
+        if name not in OPTIONS:
+            raise PacktoolError(f"unknown export option {name!r}; known: {', '.join(OPTIONS)}")
+        flag, used_by = OPTIONS[name]
+        given = value is not None and not (name == "link" and value)
+        if given and (fmt, kind) not in used_by:
+            where = " or ".join(f"--format {f} from a {'token corpus' if k == 'corpus' else k}"
+                                for f, k in sorted(used_by))
+            raise PacktoolError(f"{flag} applies to {where} only; drop it for --format {fmt}")
     source = _open(src, kind)
     _refuse_self_overwrite(source, kind, Path(out))
     module, fn = writer.split(":")
@@ -163,7 +179,7 @@ def _progress_bar(total: int, fmt: str, enabled: bool):
 
 
 
-MARKER = "packtool-export.json"
+MARKER = "_packtool-export.json"
 MARKER_FORMAT, MARKER_VERSION = "packtool.export", 1
 
 
@@ -172,7 +188,9 @@ def write_marker(directory: Path, fmt: str, source, files: list[str], **extra) -
 
     It names what was exported from where, and marks the directory as ours, so --overwrite
     replaces a previous export but never a directory of someone else's files. Trainers
-    ignore it (they glob *.bin, *.parquet or read index.json). Returns its size in bytes.
+    ignore it (they glob *.bin, *.parquet or read index.json), and the leading underscore
+    makes pyarrow's and Hugging Face's directory discovery skip it, as they skip Spark's
+    _SUCCESS. Returns its size in bytes.
     """
     import json
 

@@ -278,6 +278,7 @@ def test_parquet_packed_megatron_bridge_layout(tmp_path, which, out, request):
     assert pq.ParquetFile(files[0]).metadata.row_group(0).column(0).compression == "ZSTD"
     rows = [row for f in files for row in pq.read_table(f).to_pylist()]
     assert len(rows) == len(ds)
+    assert pq.read_table(path).num_rows == len(ds)  # a directory reads whole: marker skipped
     for i, row in enumerate(rows):
         ex = ds[i]
         check_bridge_row(i, row["input_ids"], row["loss_mask"], row["seq_start_id"])
@@ -316,6 +317,16 @@ def test_overwrite_and_self_overwrite(tmp_path, fmt, corpus, packed):
     src = corpus.prefix if fmt in ("llmc", "megatron") else packed.directory
     r = run(src, "--format", fmt, "--out", src, "-q", "--overwrite", *extra)
     assert r.exit_code == 1 and "would replace the source" in r.output
+
+
+def test_options_that_do_not_apply_are_refused(tmp_path, corpus, packed):
+    r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "m", "--shard-tokens", 9)
+    assert r.exit_code == 1 and "--shard-tokens applies to --format llmc" in r.output
+    r = run(packed.directory, "--format", "megatron", "--out", tmp_path / "m", "--copy")
+    assert r.exit_code == 1 and "--copy applies to --format megatron from a token" in r.output
+    r = run(packed.directory, "--format", "mds", "--out", tmp_path / "m", "--eos-id", 2)
+    assert r.exit_code == 1 and "--eos-id" in r.output
+    assert os.listdir(tmp_path) == []
 
 
 def test_overwrite_never_deletes_a_foreign_directory(tmp_path, packed):
