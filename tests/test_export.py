@@ -31,6 +31,21 @@ def run(*args):
     return r
 
 
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunk and row-group sizes of a few entries, so every test crosses their boundaries."""
+    import packtool.formats.llmc as llmc
+    import packtool.formats.mds as mds
+    import packtool.formats.megatron as megatron
+    import packtool.formats.parquet as parquet
+
+    monkeypatch.setattr(megatron, "CHUNK", 7)
+    monkeypatch.setattr(megatron, "TOKEN_CHUNK", 50)
+    monkeypatch.setattr(llmc, "TOKEN_CHUNK", 37)
+    monkeypatch.setattr(mds, "GROUP", 5)
+    monkeypatch.setattr(parquet, "ROWS_PER_GROUP", 5)
+
+
 def write_tokens(prefix, docs, dtype="uint16", eos_id=None, vocab_size=None):
     """A token corpus written straight in the documented format (docs/FORMAT.md), for the
     vocabularies the bundled tokenizer cannot make (uint32 ids) and exact EOS layouts."""
@@ -144,6 +159,14 @@ def test_megatron_uint32_corpus_as_int32(tmp_path):
     mds = megatron_dataset(tmp_path / "m")
     assert mds.index.dtype == np.int32
     assert [mds[i].tolist() for i in range(len(mds))] == [d.tolist() for d in docs]
+    pack_corpus([prefix], tmp_path / "p", 64, "bfd", shard_size=300)
+    ds = open_packed(tmp_path / "p")
+    export(ds.directory, "megatron", tmp_path / "mp")
+    mp = megatron_dataset(tmp_path / "mp")
+    assert mp.index.dtype == np.int32
+    idx = mp.document_indices
+    assert [[mp[s].tolist() for s in range(idx[p], idx[p + 1])] for p in range(len(ds))] == [
+        segments(ds[p]) for p in range(len(ds))]
 
 
 @pytest.mark.parametrize("which", ["packed", "sft_packed"])
