@@ -162,6 +162,8 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
         mode, why = _link_or_copy(prefix_paths(corpus.prefix)["bin"], tmp_bin, link)
         idx_bytes = write_index(tmp_idx, DTYPE_CODES[dt], corpus.dtype.itemsize, n, lengths,
                                 doc_indices())
+    if tmp_bin.exists():  # --overwrite of an earlier link: rename() of two links to one file
+        tmp_bin.unlink()  # is a no-op that leaves the temporary name behind (POSIX)
     tick(corpus.n_tokens)
     bin_bytes = corpus.n_tokens * corpus.dtype.itemsize
     notes = [f"{bin_path.name} " + (
