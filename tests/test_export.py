@@ -386,3 +386,11 @@ def test_summary_and_json_agree_with_files(tmp_path, packed):
     r = run(packed.directory, "--format", "parquet", "--out", tmp_path / "p.parquet", "--json")
     assert r.exit_code == 0
     assert json.loads(r.stdout)["bytes_written"] == os.path.getsize(tmp_path / "p.parquet")
+
+
+def test_every_format_is_documented():
+    from packtool.export import FORMATS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "EXPORT.md").read_text()
+    for fmt in FORMATS:
+        assert f"| `{fmt}` |" in text and f"--format {fmt} " in text, fmt
