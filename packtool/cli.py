@@ -15,6 +15,7 @@ import click
 
 from . import __version__
 from .errors import PacktoolError
+from .export import FORMATS as EXPORT_FORMATS  # a plain tuple; imports nothing heavy
 
 
 def _run(fn, *args, **kwargs):
@@ -290,21 +291,45 @@ def stats(paths, lengths_file, seq_lens, batch_size, algos, overflow, max_depth,
 
 
 @cli.command()
-@click.argument("directory")
-@click.option("--format", "fmt", type=click.Choice(["parquet"]), default="parquet", show_default=True)
-@click.option("--out", "-o", required=True, help="A .parquet file, or a directory (one file per shard).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
-def export(directory, fmt, out, overwrite):
-    """Export a packed DIRECTORY for other tools (Parquet: input_ids, labels, position_ids,
-    seq_lengths per pack; datasets.load_dataset("parquet", ...) reads it).
+@click.argument("src")
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="parquet",
+              show_default=True,
+              help="Target format; docs/EXPORT.md says which trainer reads which.")
+@click.option("--out", "-o", required=True,
+              help="megatron: a prefix (writes OUT.bin, OUT.idx); parquet*: a .parquet file or "
+                   "a directory; llmc, mds: a directory.")
+@click.option("--shard-tokens", type=click.IntRange(1), default=None,
+              help="llmc: tokens per shard (default 100,000,000, as llm.c's fineweb.py).")
+@click.option("--eos-id", type=click.IntRange(0), default=None,
+              help="llmc: end-of-text id written before each document, for corpora "
+                   "tokenized without --eos (GPT-2: 50256).")
+@click.option("--copy", "copy_bin", is_flag=True,
+              help="megatron from a corpus: copy the .bin instead of hard-linking it.")
+@click.option("--overwrite", is_flag=True, help="Replace a previous export at --out.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+def export(src, fmt, out, shard_tokens, eos_id, copy_bin, overwrite, quiet, as_json):
+    """Export SRC, a token-file prefix or a packed directory, in a trainer's native format.
+
+    \b
+    megatron        Megatron-LM/NeMo .bin/.idx    corpus or packed
+    llmc            llm.c/nanoGPT uint16 shards   corpus
+    mds             MosaicML Streaming            packed
+    parquet         Hugging Face datasets         packed
+    parquet-packed  Megatron-Bridge packed SFT    packed
 
     \b
     Example:
-        packtool export out/packed --format parquet --out out/packed.parquet
+        packtool export out/corpus --format megatron --out out/mega/corpus
+        packtool export out/corpus --format llmc --out out/llmc --shard-tokens 100000000
+        packtool export out/packed --format mds --out out/mds
+        packtool export out/packed --format parquet-packed --out out/packed.idx.parquet
     """
-    from .export import export_parquet
+    from .export import export as run_export
 
-    click.echo(_run(export_parquet, directory, out, overwrite))
+    result = _run(run_export, src, fmt, out, overwrite=overwrite, progress=not quiet,
+                  shard_tokens=shard_tokens, eos_id=eos_id, link=not copy_bin)
+    _emit(result, as_json, quiet)
 
 
 @cli.command()

@@ -1,80 +1,202 @@
-"""``packtool export``: a packed dataset as Parquet for the rest of the ecosystem.
+"""``packtool export``: a token corpus or a packed dataset in another trainer's native format.
 
-One row per pack with list columns ``input_ids`` (int32), ``labels`` (int32, -100 where not
-trained on), ``position_ids`` (int32) and ``seq_lengths`` (int32: the segment lengths, so
-``cu_seqlens = [0, *cumsum(seq_lengths)]``). ``datasets.load_dataset("parquet", data_files=...)``
-and ``pyarrow.parquet.read_table`` read it directly. OUT ending in ``.parquet`` is one file;
-anything else a directory with one file per shard. Written under a temporary name.
+One dispatcher over one module per format (packtool/formats/): each holds a writer for the
+sources it can represent, and the layout written down beside it. SRC is a token-file prefix
+(documents) or a packed directory (packs); what each format keeps and loses is in
+docs/EXPORT.md::
+
+    format          corpus (documents)             packed dataset (packs)
+    megatron        .bin/.idx, 1 sequence per doc  1 sequence per segment, 1 document per pack
+    llmc            EOS-delimited uint16 shards    (refused: a flat stream has no packs)
+    mds             (refused: pack first)          1 sample per pack
+    parquet         (refused: pack first)          1 row per pack, Hugging Face columns
+    parquet-packed  (refused: pack first)          1 row per pack, Megatron-Bridge columns
+
+Every writer streams shard by shard (or in fixed chunks of documents) and writes under
+temporary names renamed into place when complete, so memory stays bounded by one shard's
+segment table and an interrupted export leaves nothing under the requested name.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from ._atomic import atomic_dir, atomic_files
 from .errors import PacktoolError
-from .formats.packed import IGNORE_INDEX, MASK, open_packed
 
-ROWS_PER_GROUP = 1024
-
-
-def _shard_table(arrays: dict, lo: int, hi: int):
-    """Packs lo..hi-1 of a shard as a pyarrow table."""
-    import pyarrow as pa
-
-    po = np.asarray(arrays["pack_offsets"][lo:hi + 1], dtype=np.int64)
-    so = np.asarray(arrays["seg_offsets"][lo:hi + 1], dtype=np.int64)
-    t0, t1 = int(po[0]), int(po[-1])
-    tokens = np.asarray(arrays["tokens"][t0:t1]).astype(np.int32)
-    labels = tokens.copy()
-    if arrays.get(MASK) is not None:
-        labels[np.asarray(arrays[MASK][t0:t1]) == 0] = IGNORE_INDEX
-    cu = np.asarray(arrays["cu_seqlens"][so[0] + lo: so[-1] + hi + 1], dtype=np.int64)
-    is_end = cu != 0                    # drop each pack's leading 0
-    seq_ends = cu[is_end]
-    pack_of_seg = np.repeat(np.arange(hi - lo), np.diff(so))
-    seg_starts_in_pack = np.concatenate([[0], seq_ends[:-1]])
-    seg_starts_in_pack[np.concatenate([[True], np.diff(pack_of_seg) != 0])] = 0
-    labels[po[pack_of_seg] - t0 + seg_starts_in_pack] = IGNORE_INDEX
-    seq_lengths = (seq_ends - seg_starts_in_pack).astype(np.int32)
-    tok_off = pa.array((po - t0).astype(np.int32))
-    seg_off = pa.array((so - so[0]).astype(np.int32))
-    return pa.table({
-        "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(tokens)),
-        "labels": pa.ListArray.from_arrays(tok_off, pa.array(labels)),
-        "position_ids": pa.ListArray.from_arrays(
-            tok_off, pa.array(np.asarray(arrays["position_ids"][t0:t1]).astype(np.int32))),
-        "seq_lengths": pa.ListArray.from_arrays(seg_off, pa.array(seq_lengths)),
-    })
+# (format, source kind) -> "module:function" in packtool.formats; imported on use so that
+# `packtool --help` and the formats a user does not ask for import nothing heavy
+WRITERS = {
+    ("megatron", "corpus"): "megatron:export_corpus",
+    ("megatron", "packed"): "megatron:export_packed",
+    ("llmc", "corpus"): "llmc:export_corpus",
+    ("mds", "packed"): "mds:export_packed",
+    ("parquet", "packed"): "parquet:export_hf",
+    ("parquet-packed", "packed"): "parquet:export_bridge",
+}
+FORMATS = tuple(dict.fromkeys(f for f, _ in WRITERS))
+# writer options -> (CLI flag, the writers that use it): an option given where it does
+# nothing is refused rather than silently ignored
+OPTIONS = {
+    "shard_tokens": ("--shard-tokens", {("llmc", "corpus")}),
+    "eos_id": ("--eos-id", {("llmc", "corpus")}),
+    "link": ("--copy", {("megatron", "corpus")}),  # link=False is --copy
+}
+RECORDS = {"corpus": "documents", "packed": "packs"}
 
 
-def _write_shard(ds, k: int, writer) -> None:
-    arrays = ds.shard(k).arrays
-    n = ds.index["shards"][k]["n_packs"]
-    for lo in range(0, n, ROWS_PER_GROUP):
-        writer.write_table(_shard_table(arrays, lo, min(n, lo + ROWS_PER_GROUP)))
+@dataclass
+class ExportResult:
+    src: str
+    kind: str                 # "corpus" or "packed"
+    format: str
+    out: str
+    files: list[str]
+    n_records: int            # documents or packs read from SRC
+    n_tokens: int             # tokens of SRC exported
+    bytes_written: int        # bytes this run wrote (a hard-linked .bin counts 0)
+    seconds: float
+    notes: list[str] = field(default_factory=list)  # what the format could not carry, link/copy
+    details: dict = field(default_factory=dict)
+
+    @property
+    def mb_per_second(self) -> float:
+        return self.bytes_written / 1e6 / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> str:
+        text = (
+            f"{self.out}: {self.format} from {self.kind} {self.src}: {self.n_records:,} "
+            f"{RECORDS[self.kind]}, {self.n_tokens:,} tokens, {len(self.files)} file(s), "
+            f"{self.bytes_written / 1e6:,.1f} MB written in {self.seconds:.1f}s "
+            f"({self.mb_per_second:,.0f} MB/s)"
+        )
+        return text + "".join(f"\n  note: {n}" for n in self.notes)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["mb_per_second"] = self.mb_per_second
+        return d
 
 
-def export_parquet(directory: str | Path, out: str | Path, overwrite: bool = False) -> str:
-    import pyarrow.parquet as pq
+def source_kind(src: str | Path) -> str:
+    """'packed' for a directory holding index.json, else 'corpus' (a token-file prefix)."""
+    return "packed" if (Path(src) / "index.json").is_file() else "corpus"
 
-    ds = open_packed(directory)
-    out = Path(out)
-    schema = _shard_table(ds.shard(0).arrays, 0, 0).schema if ds.index["shards"] else None
-    if schema is None:
-        raise PacktoolError(f"{directory} holds no packs; nothing to export")
-    if out.suffix == ".parquet":
-        with atomic_files([out], overwrite) as (tmp,):
-            with pq.ParquetWriter(tmp, schema) as w:
-                for k in range(len(ds.index["shards"])):
-                    _write_shard(ds, k, w)
-        files = 1
-    else:
-        with atomic_dir(out, overwrite, owned_marker="shard-00000.parquet") as tmp:
-            for k, sh in enumerate(ds.index["shards"]):
-                with pq.ParquetWriter(tmp / f"{sh['name']}.parquet", schema) as w:
-                    _write_shard(ds, k, w)
-        files = len(ds.index["shards"])
-    return f"{out}: {len(ds):,} packs in {files} Parquet file(s)"
+
+def _open(src: str | Path, kind: str):
+    if kind == "packed":
+        from .formats.packed import open_packed
+
+        return open_packed(src)
+    from .formats.tokens import open_tokens
+
+    return open_tokens(src)
+
+
+def _source_paths(source, kind: str) -> list[Path]:
+    if kind == "packed":
+        return [Path(os.path.abspath(source.directory))]
+    from .formats.tokens import prefix_paths
+
+    return [Path(os.path.abspath(p)) for p in prefix_paths(source.prefix).values()]
+
+
+def _refuse_self_overwrite(source, kind: str, out: Path) -> None:
+    """--overwrite must never replace the data being read."""
+    target = Path(os.path.abspath(out))
+    for p in _source_paths(source, kind):
+        same_prefix = kind == "corpus" and p.with_suffix("") == target.with_suffix("")
+        if target == p or target in p.parents or same_prefix:
+            raise PacktoolError(
+                f"--out {out} would replace the source {p}; choose another --out"
+            )
+
+
+def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = False,
+           progress: bool = False, **options) -> ExportResult:
+    """Export SRC (token prefix or packed directory) as ``fmt`` to ``out``.
+
+    ``options`` go to the format's writer: ``shard_tokens``/``eos_id`` (llmc),
+    ``link`` (megatron from a corpus: hard-link the .bin, default True).
+    """
+    if fmt not in FORMATS:
+        raise PacktoolError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    kind = source_kind(src)
+    writer = WRITERS.get((fmt, kind))
+    if writer is None:
+        takes = [k for f, k in WRITERS if f == fmt]
+        fix = ("pack it first (packtool pack SRC --seq-len N --out DIR) and export DIR"
+               if kind == "corpus" else
+               "export the token corpus it was packed from (its `packtool pack` input)")
+        raise PacktoolError(
+            f"{src} is a {'token corpus' if kind == 'corpus' else 'packed dataset'}, but "
+            f"--format {fmt} holds {' or '.join(RECORDS[k] for k in takes)} only; {fix}"
+        )
+    for name, value in options.items():
+        if name not in OPTIONS:
+            raise PacktoolError(f"unknown export option {name!r}; known: {', '.join(OPTIONS)}")
+        flag, used_by = OPTIONS[name]
+        given = value is not None and not (name == "link" and value)
+        if given and (fmt, kind) not in used_by:
+            where = " or ".join(f"--format {f} from a {'token corpus' if k == 'corpus' else k}"
+                                for f, k in sorted(used_by))
+            raise PacktoolError(f"{flag} applies to {where} only; drop it for --format {fmt}")
+    source = _open(src, kind)
+    _refuse_self_overwrite(source, kind, Path(out))
+    module, fn = writer.split(":")
+    write = getattr(importlib.import_module(f".formats.{module}", __package__), fn)
+    n_tokens = source.n_tokens if kind == "corpus" else int(source.index["n_tokens"])
+    bar = _progress_bar(n_tokens, fmt, progress)
+    t0 = time.perf_counter()
+    try:
+        info = write(source, Path(out), overwrite=overwrite,
+                     tick=bar.update if bar is not None else _no_tick, **options)
+    finally:
+        if bar is not None:
+            bar.close()
+    return ExportResult(
+        src=str(src), kind=kind, format=fmt, out=str(out), files=[str(f) for f in info["files"]],
+        n_records=len(source), n_tokens=n_tokens, bytes_written=int(info["bytes_written"]),
+        seconds=time.perf_counter() - t0, notes=list(info.get("notes", [])),
+        details=dict(info.get("details", {})),
+    )
+
+
+def _no_tick(n: int) -> None:
+    pass
+
+
+def _progress_bar(total: int, fmt: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="tok", unit_scale=True, desc=f"export {fmt}",
+                dynamic_ncols=True, mininterval=0.5)
+
+
+
+MARKER = "_packtool-export.json"
+MARKER_FORMAT, MARKER_VERSION = "packtool.export", 1
+
+
+def write_marker(directory: Path, fmt: str, source, files: list[str], **extra) -> int:
+    """The small manifest every directory export carries beside the trainer's own files.
+
+    It names what was exported from where, and marks the directory as ours, so --overwrite
+    replaces a previous export but never a directory of someone else's files. Trainers
+    ignore it (they glob *.bin, *.parquet or read index.json), and the leading underscore
+    makes pyarrow's and Hugging Face's directory discovery skip it, as they skip Spark's
+    _SUCCESS. Returns its size in bytes.
+    """
+    import json
+
+    src = getattr(source, "directory", None) or getattr(source, "prefix", None)
+    body = {"format": MARKER_FORMAT, "version": MARKER_VERSION, "export_format": fmt,
+            "source": str(src), "files": files, **extra}
+    text = json.dumps(body, indent=1) + "\n"
+    (directory / MARKER).write_text(text)
+    return len(text)

@@ -1,0 +1,145 @@
+"""MosaicML Streaming (MDS) shards: one sample per pack, written by ``streaming.MDSWriter``::
+
+    DIR/index.json            MDS's own index (version 2), read by streaming.StreamingDataset
+    DIR/shard.00000.mds ...   samples, 64 MB per shard (MDSWriter's default), uncompressed
+    DIR/_packtool-export.json  what was exported from where
+
+    sample columns (MDS encodings)
+      input_ids     ndarray:int32   tokens of the pack
+      position_ids  ndarray:int32   restart at 0 in every segment
+      cu_seqlens    ndarray:int32   [0, end of segment 1, ..., len(input_ids)] (flash-attn varlen)
+      labels        ndarray:int32   -100 at each segment's first token and where loss mask is 0
+      loss_mask     ndarray:uint8   only when the packed dataset has one (SFT/chat)
+
+Read with ``StreamingDataset(local=DIR, shuffle=False)[i]`` (or ``remote=`` after uploading).
+
+About torchvision: ``import streaming`` imports ``streaming.vision``, which imports
+``torchvision`` at module load, although MDS writing and reading never call it. Where
+torchvision is absent or broken (the package index's wheel fails against the CPU build of
+torch 2.13: "operator torchvision::nms does not exist"), :func:`import_streaming` puts a
+stand-in module in its place *only for that import*: the two names streaming.vision binds
+(``VisionDataset``, ``to_tensor``) raise if anything calls them. A working torchvision is
+always used as it is.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+
+from .._atomic import atomic_dir
+from ..errors import PacktoolError
+from .packed import IGNORE_INDEX, MASK
+
+GROUP = 1024  # packs converted per vectorised step
+
+
+def _torchvision_stand_in() -> None:
+    import importlib.machinery
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("torchvision is not usable in this environment (packtool installed a "
+                           "stand-in so that mosaicml-streaming's MDS reader/writer import)")
+
+    class VisionDataset:
+        def __init__(self, *args, **kwargs):
+            unavailable()
+
+    names = ("torchvision", "torchvision.datasets", "torchvision.transforms",
+             "torchvision.transforms.functional")
+    mods = {n: types.ModuleType(n) for n in names}
+    for n, m in mods.items():
+        m.__spec__ = importlib.machinery.ModuleSpec(n, None)  # transformers probes find_spec
+        m.__stand_in__ = True
+    mods["torchvision"].datasets = mods["torchvision.datasets"]
+    mods["torchvision"].transforms = mods["torchvision.transforms"]
+    mods["torchvision.transforms"].functional = mods["torchvision.transforms.functional"]
+    mods["torchvision.datasets"].VisionDataset = VisionDataset
+    mods["torchvision.transforms.functional"].to_tensor = unavailable
+    sys.modules.update(mods)
+
+
+def import_streaming():
+    """``import streaming``, standing in for a missing or broken torchvision (see above)."""
+    if "streaming" not in sys.modules:
+        try:
+            import torchvision  # noqa: F401
+        except ImportError:
+            _torchvision_stand_in()
+        except RuntimeError as e:  # torchvision built for another torch
+            if "torchvision::" not in str(e):
+                raise
+            for name in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
+                del sys.modules[name]
+            _torchvision_stand_in()
+    try:
+        import streaming
+    except ImportError as e:
+        raise PacktoolError(
+            f"--format mds needs mosaicml-streaming ({e}): pip install 'packtool[mds]'; where "
+            "transformers>=5 is installed (streaming pins <5): pip install --no-deps "
+            "mosaicml-streaming==0.13.0 xxhash zstd Brotli python-snappy catalogue"
+        ) from None
+    return streaming
+
+
+def columns(has_mask: bool) -> dict[str, str]:
+    cols = {"input_ids": "ndarray:int32", "position_ids": "ndarray:int32",
+            "cu_seqlens": "ndarray:int32", "labels": "ndarray:int32"}
+    if has_mask:
+        cols[MASK] = "ndarray:uint8"
+    return cols
+
+
+def _samples(arrays: dict, lo: int, hi: int, has_mask: bool):
+    """Packs lo..hi-1 of a shard as MDS samples, converted in one step for the group."""
+    po = np.asarray(arrays["pack_offsets"][lo:hi + 1], dtype=np.int64)
+    so = np.asarray(arrays["seg_offsets"][lo:hi + 1], dtype=np.int64)
+    t0, t1 = int(po[0]), int(po[-1])
+    tokens = np.asarray(arrays["tokens"][t0:t1]).astype(np.int32)
+    positions = np.asarray(arrays["position_ids"][t0:t1]).astype(np.int32)
+    cu_all = np.asarray(arrays["cu_seqlens"][so[0] + lo: so[-1] + hi], dtype=np.int32)
+    mask = np.asarray(arrays[MASK][t0:t1]) if has_mask else None
+    labels = tokens.copy()
+    if has_mask:
+        labels[mask == 0] = IGNORE_INDEX
+    for j in range(hi - lo):
+        a, b = po[j] - t0, po[j + 1] - t0
+        cu = cu_all[so[j] - so[0] + j: so[j + 1] - so[0] + j + 1]
+        lab = labels[a:b]
+        lab[cu[:-1]] = IGNORE_INDEX
+        sample = {"input_ids": tokens[a:b], "position_ids": positions[a:b], "cu_seqlens": cu,
+                  "labels": lab}
+        if has_mask:
+            sample[MASK] = mask[a:b]
+        yield sample
+
+
+def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
+    """A packed dataset as MDS shards: one sample per pack."""
+    from ..export import MARKER, write_marker
+
+    if not len(ds):
+        raise PacktoolError(f"{ds.directory} holds no packs; nothing to export")
+    streaming = import_streaming()
+    has_mask = bool(ds.index.get("loss_mask"))
+    cols = columns(has_mask)
+    out = Path(out)
+    with atomic_dir(out, overwrite, owned_marker=MARKER) as tmp:
+        with streaming.MDSWriter(out=str(tmp), columns=cols, compression=None) as w:
+            for k, sh in enumerate(ds.index["shards"]):
+                arrays, n = ds.shard(k).arrays, int(sh["n_packs"])
+                for lo in range(0, n, GROUP):
+                    hi = min(n, lo + GROUP)
+                    for sample in _samples(arrays, lo, hi, has_mask):
+                        w.write(sample)
+                    tick(int(arrays["pack_offsets"][hi]) - int(arrays["pack_offsets"][lo]))
+        names = sorted(p.name for p in tmp.iterdir())
+        write_marker(tmp, "mds", ds, names, n_packs=len(ds), columns=cols,
+                     streaming_version=getattr(streaming, "__version__", "?"))
+        size = sum(p.stat().st_size for p in tmp.iterdir())
+    return {"files": [out / n for n in names], "bytes_written": size, "notes": [],
+            "details": {"columns": cols, "n_mds_shards": sum(n.endswith(".mds") for n in names)}}
