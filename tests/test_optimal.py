@@ -15,7 +15,7 @@ from packtool.packers.optimal import lp_bound, solve
 
 def brute_force_opt(lengths, capacity):
     """Fewest packs by exhaustive search (fine for <= 9 items)."""
-    items = sorted((l for l in lengths if l), reverse=True)
+    items = sorted((n for n in lengths if n), reverse=True)
     best = [len(items)]
 
     def place(i, bins):

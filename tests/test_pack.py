@@ -80,7 +80,7 @@ def test_reader_matches_sources(tmp_path, corpus):
         cu = ex["cu_seqlens"]
         assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == len(ex["input_ids"]) <= 96
         assert ex["max_seqlen"] == np.diff(cu).max()
-        for k, (d, o) in enumerate(zip(ex["source_docs"], ex["source_offsets"])):
+        for k, (d, o) in enumerate(zip(ex["source_docs"], ex["source_offsets"], strict=True)):
             a, b = cu[k], cu[k + 1]
             assert np.array_equal(ex["input_ids"][a:b], flat[d][o:o + b - a])
             assert np.array_equal(ex["position_ids"][a:b], np.arange(b - a))

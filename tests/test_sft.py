@@ -11,8 +11,8 @@ from tokenizers import Tokenizer
 
 import packtool
 from packtool.cli import cli
-from packtool.pack import pack_corpus
 from packtool.formats.packed import open_packed
+from packtool.pack import pack_corpus
 from packtool.tokenize import TokenizeOptions, tokenize_files
 from packtool.verify import verify_packed
 
@@ -39,7 +39,7 @@ def chatml_model(tmp_path):
 
 
 def trained_text(tok, ids, mask):
-    return tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    return tok.decode([i for i, m in zip(ids, mask, strict=True) if m], skip_special_tokens=False)
 
 
 def test_chat_mask_covers_exactly_assistant_turns(tmp_path, chatml_model):
@@ -57,8 +57,8 @@ def test_chat_mask_covers_exactly_assistant_turns(tmp_path, chatml_model):
         want = "".join(m["content"] + "<|im_end|>\n" for m in conv if m["role"] == "assistant")
         assert trained_text(tok, ids, mask) == want
         # untrained: every <|im_start|> and role header, system and user content
-        assert all(m == 0 for t, m in zip(ids, mask) if t == im_start)
-        assert sum(m for t, m in zip(ids, mask) if t == im_end) == sum(r["role"] == "assistant" for r in conv)
+        assert all(m == 0 for t, m in zip(ids, mask, strict=True) if t == im_start)
+        assert sum(m for t, m in zip(ids, mask, strict=True) if t == im_end) == sum(r["role"] == "assistant" for r in conv)
     assert res.n_docs == 2
 
 
@@ -195,7 +195,7 @@ def test_chat_spans_are_located_exactly(tmp_path, chatml_model, template, conv, 
     ids, mask = c[0].tolist(), c.doc_mask(0).tolist()
     # the trained tokens, grouped into runs, decode to exactly the assistant turns
     runs, cur = [], []
-    for i, m in zip(ids, mask):
+    for i, m in zip(ids, mask, strict=True):
         if m:
             cur.append(i)
         elif cur:

@@ -154,7 +154,7 @@ def test_bundled_corpus_round_trip(tmp_path, tokenizer):
     """The fixture corpus (all five input kinds) against direct encoding."""
     from conftest import CORPUS
 
-    from packtool.sources import ReadOptions, expand_inputs, iter_documents, InputStats
+    from packtool.sources import InputStats, ReadOptions, expand_inputs, iter_documents
 
     texts = []
     for p in expand_inputs([str(CORPUS)]):

@@ -238,7 +238,7 @@ def test_cli_help_version_json(tmp_path):
     runner = CliRunner()
     assert "tokenize" in runner.invoke(cli, ["--help"]).output
     assert packtool.__version__ in runner.invoke(cli, ["--version"]).output
-    for name, command in cli.commands.items():
+    for name in cli.commands:
         help_text = runner.invoke(cli, [name, "--help"]).output
         assert "Example:" in help_text, f"{name} --help needs an Example: block"
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world"}, {"text": ""}])
