@@ -133,6 +133,7 @@ def test_padded_items_and_dataloader(packed):
     tds = TorchPackedDataset(ds.directory, pad_to=256, pad_id=0)
     item = tds[0]
     assert item["input_ids"].shape == (256,) and item["labels"].dtype == torch.int64
-    loader = torch.utils.data.DataLoader(TorchPackedDataset(ds.directory), batch_size=3, collate_fn=collate_tensors)
+    loader = torch.utils.data.DataLoader(TorchPackedDataset(ds.directory), batch_size=3,
+                                         collate_fn=collate_tensors)
     batch = next(iter(loader))
     assert batch["input_ids"].shape[1] == int(batch["cu_seq_lens_q"][-1])

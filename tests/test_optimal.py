@@ -69,7 +69,8 @@ def test_bounds_never_exceed_brute_force(lengths, capacity):
 
 
 def test_reference_bounds_match_published():
-    for name, L, l1, l2 in [("squad11-384", 384, 39_713, 39_775), ("wikipedia-512", 512, 8_134_368, 8_135_727)]:
+    for name, L, l1, l2 in [("squad11-384", 384, 39_713, 39_775),
+                            ("wikipedia-512", 512, 8_134_368, 8_135_727)]:
         lengths = load_histogram_csv(reference_histogram(name))
         assert (l1_bound(lengths, L), l2_bound(lengths, L)) == (l1, l2)
 
