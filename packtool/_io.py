@@ -43,7 +43,8 @@ class HashingWriter:
     """A binary file writer that hashes what it writes (no second pass over the data)."""
 
     def __init__(self, path: Path, algorithm: str = "sha256"):
-        self._f = open(path, "wb")
+        # the writer outlives this call: close() (or the caller's cleanup) closes the file
+        self._f = open(path, "wb")  # noqa: SIM115
         self._h = Crc32() if algorithm == "crc32" else hashlib.new(algorithm)
         self.nbytes = 0
 

@@ -50,7 +50,8 @@ class PackOptions:
             raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
                                 f"{self.seq_len!r}")
         if self.overflow not in OVERFLOW:
-            raise PacktoolError(f"--overflow {self.overflow!r}: choose one of {', '.join(OVERFLOW)}")
+            raise PacktoolError(f"--overflow {self.overflow!r}: choose one of "
+                                f"{', '.join(OVERFLOW)}")
         if self.shard_size < 1:
             raise PacktoolError(f"--shard-size must be positive, got {self.shard_size}")
 
@@ -186,7 +187,9 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
                             options.packer_options()).report
     cat = (lambda f: np.concatenate([f(r) for r in rounds])) if rounds else (
         lambda f: np.empty(0, np.int64))
-    seg_doc, seg_off, seg_len = cat(lambda r: r.doc), cat(lambda r: r.offset), cat(lambda r: r.length)
+    seg_doc = cat(lambda r: r.doc)
+    seg_off = cat(lambda r: r.offset)
+    seg_len = cat(lambda r: r.length)
     packs = np.concatenate(parts) if parts else np.empty(0, np.int64)
     rank = (np.random.default_rng(options.seed).permutation(n_packs) if options.shuffle
             else np.arange(n_packs)).astype(np.int64)
@@ -276,7 +279,8 @@ def held_out(lengths: np.ndarray, sizes: list[int], seed: int, valid_docs: int |
     total = int(sum(sizes))
     nonempty = lengths > 0
     if valid_docs is not None and not 1 <= valid_docs < int(nonempty.sum()):
-        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to {int(nonempty.sum()) - 1:,}"
+        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to "
+                            f"{int(nonempty.sum()) - 1:,}"
                             " (the non-empty documents, less one for training)")
     if valid_fraction is not None and not 0 < valid_fraction < 1:
         raise PacktoolError(f"--valid-fraction {valid_fraction}: must be above 0 and below 1")

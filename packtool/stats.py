@@ -48,17 +48,19 @@ def log_histogram(lengths: np.ndarray, n_bins: int = 16) -> list[dict]:
     if lengths.size == 0:
         return []
     top = int(lengths.max()) + 1
-    edges = np.unique(np.round(np.logspace(0, math.log10(max(top, 2)), n_bins + 1)).astype(np.int64))
+    edges = np.logspace(0, math.log10(max(top, 2)), n_bins + 1)
+    edges = np.unique(np.round(edges).astype(np.int64))
     edges = np.concatenate([[0], edges[edges < top], [top]])
     edges = np.unique(edges)
     counts = np.histogram(lengths, bins=edges)[0]
     nz = np.flatnonzero(counts)
     keep = slice(nz[0], nz[-1] + 1) if nz.size else slice(0, 0)  # trim empty ends
     return [{"lo": int(a), "hi": int(b), "count": int(c)}
-            for a, b, c in zip(edges[:-1][keep], edges[1:][keep], counts[keep])]
+            for a, b, c in zip(edges[:-1][keep], edges[1:][keep], counts[keep], strict=True)]
 
 
-def batch_padding_waste(clipped: np.ndarray, seq_len: int, batch_size: int, order: np.ndarray) -> float:
+def batch_padding_waste(clipped: np.ndarray, seq_len: int, batch_size: int,
+                        order: np.ndarray) -> float:
     """1 - real / computed tokens when batches of ``batch_size`` (in ``order``) are padded to
     their longest document (the last batch holds the remainder)."""
     n = clipped.size
@@ -170,7 +172,8 @@ def parse_algos(spec: str | None) -> list[str]:
     names = [a.strip() for a in spec.split(",") if a.strip()]
     unknown = [a for a in names if a not in PACKERS]
     if unknown:
-        raise PacktoolError(f"unknown packer(s) {', '.join(unknown)}; choose from {', '.join(PACKERS)} or 'all'")
+        raise PacktoolError(f"unknown packer(s) {', '.join(unknown)}; "
+                            f"choose from {', '.join(PACKERS)} or 'all'")
     return names
 
 
@@ -265,8 +268,9 @@ def packed_report(directory: str | Path) -> dict:
                                                "docs_used", "tokens_used", "token_share")}
                       for src in idx["sources"]]
     rep["held_out"] = idx.get("held_out")
+    values, counts = np.unique(seg_per_pack, return_counts=True)
     rep["segments_per_pack"] = {**_dist(seg_per_pack), "counts": {
-        str(int(v)): int(c) for v, c in zip(*np.unique(seg_per_pack, return_counts=True))}}
+        str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}}
     rep["pack_fill"] = _dist(fill)
     return rep
 
@@ -335,7 +339,8 @@ def render_corpus(rep: dict) -> str:
         out.append(f"{s['seq_len']:>8,} {s['n_overlong']:>10,} {s['n_segments']:>10,} "
                    f"{100 * s['padding_waste']:>9.2f}% {100 * s['batch_padding_waste']:>8.2f}% "
                    f"{100 * s['batch_padding_waste_grouped']:>7.2f}% "
-                   f"{s['max_speedup']:>11.3f}x {s.get('best_bound_packs', s['lower_bound_packs']):>12,}")
+                   f"{s['max_speedup']:>11.3f}x "
+                   f"{s.get('best_bound_packs', s['lower_bound_packs']):>12,}")
     for s in rep["seq_lens"]:
         if "algos" in s:
             out += _render_algos(s, B)
@@ -427,9 +432,10 @@ def plot_corpus(rep: dict, lengths: np.ndarray, path: str | Path) -> None:
                  color="#c44e52", fontsize=8, va="top")
     x = np.arange(len(rep["seq_lens"]))
     w = 0.27
-    for k, (key, label) in enumerate([("padding_waste", "pad to seq_len"),
-                                      ("batch_padding_waste", f"batch {rep['batch_size']}, random"),
-                                      ("batch_padding_waste_grouped", f"batch {rep['batch_size']}, grouped")]):
+    bars = [("padding_waste", "pad to seq_len"),
+            ("batch_padding_waste", f"batch {rep['batch_size']}, random"),
+            ("batch_padding_waste_grouped", f"batch {rep['batch_size']}, grouped")]
+    for k, (key, label) in enumerate(bars):
         ax2.bar(x + (k - 1) * w, [100 * s[key] for s in rep["seq_lens"]], w, label=label)
     ax2.set_xticks(x, [str(s["seq_len"]) for s in rep["seq_lens"]])
     ax2.set_xlabel("seq_len")

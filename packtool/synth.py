@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-_SYLLABLES = (
-    ["ka", "ri", "to", "na", "mi", "so", "lu", "ve", "de", "ran", "tor", "pel", "gis", "fa", "mo", "ne", "sul", "tri", "bak", "chen", "war", "pi", "qua", "zel", "ost", "und", "ber", "lin", "ha", "gen", "dro", "mas", "tik", "por", "ev", "al", "um", "ex", "ion", "ism", "ly", "ing", "ed", "er", "ca", "se", "ro", "te", "la", "vi", "na", "co", "mu", "sa", "fe", "ge", "ta"]
-)
-_EXOTIC = ["café", "naïve", "Straße", "señor", "日本語", "数据", "東京", "λόγος", "привет", "🙂", "🚀", "Ωmega"]
+_SYLLABLES = [
+    "ka", "ri", "to", "na", "mi", "so", "lu", "ve", "de", "ran", "tor", "pel", "gis", "fa",
+    "mo", "ne", "sul", "tri", "bak", "chen", "war", "pi", "qua", "zel", "ost", "und", "ber",
+    "lin", "ha", "gen", "dro", "mas", "tik", "por", "ev", "al", "um", "ex", "ion", "ism", "ly",
+    "ing", "ed", "er", "ca", "se", "ro", "te", "la", "vi", "na", "co", "mu", "sa", "fe", "ge",
+    "ta",
+]
+_EXOTIC = [
+    "café", "naïve", "Straße", "señor", "日本語", "数据", "東京", "λόγος", "привет", "🙂", "🚀",
+    "Ωmega",
+]
 
 
 def make_vocabulary(n_words: int = 20_000, seed: int = 0) -> np.ndarray:
@@ -41,7 +48,8 @@ def iter_documents(n_docs: int, *, seed: int = 0, median_words: int = 120, sigma
         # sentence ends and numbers sprinkled in
         ends = rng.random(len(words)) < 0.07
         nums = rng.random(len(words)) < 0.01
-        words = np.where(nums, rng.integers(0, 10_000, len(words)).astype(str).astype(object), words)
+        numbers = rng.integers(0, 10_000, len(words)).astype(str).astype(object)
+        words = np.where(nums, numbers, words)
         words = np.where(ends, words + ".", words)
         pos = 0
         for c in counts:

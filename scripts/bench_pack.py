@@ -80,7 +80,7 @@ def run_packer(lengths, seq_len: int, algo: str) -> dict:
 def try_packer(lengths, seq_len: int, algo: str) -> dict | None:
     try:  # a packer may refuse an input: report it and go on with the others
         return run_packer(lengths, seq_len, algo)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"  {algo:<11}error: {type(e).__name__}: {str(e)[:300]}")
 
 
@@ -114,8 +114,8 @@ def peak_rss_bfd(lengths_file: Path, seq_len: int) -> tuple[int, int]:
 
 def section_synthetic(lengths, lengths_file: Path, algos, results: dict) -> None:
     total = int(lengths.sum())
-    banner(f"1. synthetic: {len(lengths):,} lognormal lengths (median 300, sigma 1, clip [1, 4096]),"
-           f" L=4096, {total:,} tokens, L1 bound {-(-total // 4096):,} packs")
+    banner(f"1. synthetic: {len(lengths):,} lognormal lengths (median 300, sigma 1, "
+           f"clip [1, 4096]), L=4096, {total:,} tokens, L1 bound {-(-total // 4096):,} packs")
     print(header())
     for algo in algos:
         r = results[algo] = try_packer(lengths, 4096, algo)
@@ -125,7 +125,8 @@ def section_synthetic(lengths, lengths_file: Path, algos, results: dict) -> None
         if algo in TARGETS:
             secs, gap = TARGETS[algo]
             ok = r["seconds"] <= secs and (gap is None or r["gap"] <= gap)
-            note = f"target <= {secs:g} s{f', gap <= {gap}%' if gap else ''}: {'met' if ok else 'NOT MET'}"
+            note = (f"target <= {secs:g} s{f', gap <= {gap}%' if gap else ''}: "
+                    f"{'met' if ok else 'NOT MET'}")
         print(row(algo, r, note))
     r0, r1 = peak_rss_bfd(lengths_file, 4096)
     print(f"  bfd peak RSS in a fresh process: {r1 / 2**20:,.0f} MiB (before the assignment "
@@ -157,7 +158,8 @@ print(json.dumps({"seconds": secs, "packs": len(packed), "rss": rss}))
 def ensure_trl_venv(workdir: Path) -> Path:
     """A venv of its own for TRL (no torch: trl.data_utils needs none), made on first use."""
     venv = workdir / "trl-venv"
-    if subprocess.run([venv / "bin" / "python", "-c", "import trl.data_utils"], capture_output=True).returncode:
+    import_check = [venv / "bin" / "python", "-c", "import trl.data_utils"]
+    if subprocess.run(import_check, capture_output=True).returncode:
         print(f"  creating {venv}: datasets transformers numpy pyarrow, then trl --no-deps")
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         pip = [venv / "bin" / "pip", "install", "-q"]
@@ -212,20 +214,23 @@ def section_trl(lengths, lengths_file: Path, workdir: Path, results: dict, budge
     if n > probe and trl["seconds"] * n / probe <= budget_s:
         trl = run_trl(py, lengths_file, n, workdir)
     elif n > probe:
-        how = f"EXTRAPOLATED linearly from {probe:,} docs: the full run would exceed {budget_s:.0f} s"
+        how = (f"EXTRAPOLATED linearly from {probe:,} docs: the full run would exceed "
+               f"{budget_s:.0f} s")
         trl = {"seconds": trl["seconds"] * n / probe, "packs": round(trl["packs"] * n / probe)}
     bfd = results.get("bfd") or run_packer(lengths, 4096, "bfd")  # section 1 skipped or failed
     speed, packs = trl["seconds"] / bfd["seconds"], bfd["packs"] / trl["packs"]
     print(f"  {n:,} docs  TRL: {trl['seconds']:.1f} s, {trl['packs']:,} packs ({how})")
     print(f"  {n:,} docs  packtool bfd: {bfd['seconds']:.3f} s, {bfd['packs']:,} packs")
-    print(f"  packtool bfd is {speed:,.0f}x faster (target >= 50x: {'met' if speed >= 50 else 'NOT MET'})"
+    print(f"  packtool bfd is {speed:,.0f}x faster "
+          f"(target >= 50x: {'met' if speed >= 50 else 'NOT MET'})"
           f", packs ratio packtool/TRL {packs:.4f} ({bfd['packs'] - trl['packs']:+,} packs; "
           f"target < 1: {'met' if packs < 1 else 'NOT MET'})")
-    print("  note: TRL also materialises the packed lists (uint8 zeros here); packtool's time is the"
-          " assignment only (section 4 times packtool's whole write)")
+    print("  note: TRL also materialises the packed lists (uint8 zeros here); packtool's time is"
+          " the assignment only (section 4 times packtool's whole write)")
 
     multipack_style_ffd(np.array([5, 3, 8], np.int64), 8)  # compile
-    print(f"  multipack_sampler-style numba FFD, O(n * bins) scan, on prefixes (cap {ffd_cap:,} docs):")
+    print(f"  multipack_sampler-style numba FFD, O(n * bins) scan, on prefixes "
+          f"(cap {ffd_cap:,} docs):")
     print(header("docs"))
     m = min(n, 100_000)
     while True:
@@ -253,7 +258,8 @@ def section_histograms(algos, quick: bool) -> None:
             print(f"  {name}: skipped in --quick mode ({paper['docs']:,} docs)")
             continue
         seq_len = int(name.rsplit("-", 1)[1])
-        lengths = np.random.default_rng(0).permutation(load_histogram_csv(reference_histogram(name)))
+        hist_lengths = load_histogram_csv(reference_histogram(name))
+        lengths = np.random.default_rng(0).permutation(hist_lengths)
         lb = -(-int(lengths.sum()) // seq_len)
         print(f"  {name}: {len(lengths):,} docs (paper {paper['docs']:,}), L={seq_len}, L1 bound "
               f"{lb:,} (paper {paper['l1']:,}), paper L2 bound {paper['l2']:,}; input shuffled")
@@ -264,7 +270,8 @@ def section_histograms(algos, quick: bool) -> None:
         for algo in algos:
             if (r := try_packer(lengths, seq_len, algo)) is not None:
                 pub = paper["rows"].get(algo)
-                print(row(algo, r, f"{r['packs'] - paper['l2']:+9,}" + (f"   paper: {pub}" if pub else "")))
+                note = f"{r['packs'] - paper['l2']:+9,}" + (f"   paper: {pub}" if pub else "")
+                print(row(algo, r, note))
         for k, v in paper["rows"].items():
             if k != "none" and k.split()[0] not in algos:
                 print(f"  {k:<84}paper: {v}")
@@ -306,7 +313,8 @@ def timed_copy(src: Path, dst: Path, stream: bool = False) -> float:
 
 def section_e2e(workdir: Path, corpus_mb: float) -> None:
     banner("4. end to end: packtool pack --seq-len 4096 --algo bfd vs a plain copy of the .bin")
-    corpus, prefix = workdir / f"e2e-corpus-{corpus_mb:g}mb.jsonl", workdir / f"e2e-tok-{corpus_mb:g}mb"
+    corpus = workdir / f"e2e-corpus-{corpus_mb:g}mb.jsonl"
+    prefix = workdir / f"e2e-tok-{corpus_mb:g}mb"
     if not corpus.exists():
         make_corpus(corpus, corpus_mb)
     cli = [sys.executable, "-m", "packtool.cli"]
@@ -321,7 +329,8 @@ def section_e2e(workdir: Path, corpus_mb: float) -> None:
     out = workdir / "e2e-packed"
     shutil.rmtree(out, ignore_errors=True)
     if subprocess.run(cli + ["pack", "--help"], capture_output=True, cwd=ROOT).returncode == 0:
-        cmd = cli + ["pack", prefix, "--seq-len", "4096", "--algo", "bfd", "--out", out, "-q", "--json"]
+        cmd = cli + ["pack", prefix, "--seq-len", "4096", "--algo", "bfd", "--out", out,
+                     "-q", "--json"]
         how = "packtool pack (CLI)"
     else:
         cmd = [sys.executable, "-c", "import sys, json; from packtool.pack import pack_corpus; "
@@ -331,20 +340,22 @@ def section_e2e(workdir: Path, corpus_mb: float) -> None:
     copy1 = timed_copy(src, workdir / "e2e-copy.bin")
     os.sync()
     t0 = time.perf_counter()
-    res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+    res = json.loads(proc.stdout)
     wall = time.perf_counter() - t0
     copy2 = timed_copy(src, workdir / "e2e-copy.bin")
     stream = min(timed_copy(src, workdir / "e2e-copy.bin", stream=True) for _ in range(2))
     written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     pack_bps, copy_bps = written / wall, src.stat().st_size / min(copy1, copy2)
     stream_bps = src.stat().st_size / stream
-    print(f"  {how}: {wall:.1f} s wall incl. process start ({res['seconds']:.1f} s inside, assignment "
-          f"{res.get('assign_seconds', float('nan')):.2f} s), {res['n_packs']:,} packs, efficiency "
-          f"{100 * res['efficiency']:.3f}%, wrote {written / 1e6:,.0f} MB: {pack_bps / 1e6:,.0f} MB/s")
-    print(f"  shutil.copyfile of the .bin: {copy1:.2f} s / {copy2:.2f} s (before / after the pack), "
-          f"best {copy_bps / 1e6:,.0f} MB/s")
-    print(f"  read/write copy through user space (shutil.copyfileobj, 8 MB buffer): {stream:.2f} s, "
-          f"{stream_bps / 1e6:,.0f} MB/s")
+    print(f"  {how}: {wall:.1f} s wall incl. process start ({res['seconds']:.1f} s inside, "
+          f"assignment {res.get('assign_seconds', float('nan')):.2f} s), {res['n_packs']:,} packs, "
+          f"efficiency {100 * res['efficiency']:.3f}%, wrote {written / 1e6:,.0f} MB: "
+          f"{pack_bps / 1e6:,.0f} MB/s")
+    print(f"  shutil.copyfile of the .bin: {copy1:.2f} s / {copy2:.2f} s "
+          f"(before / after the pack), best {copy_bps / 1e6:,.0f} MB/s")
+    print(f"  read/write copy through user space (shutil.copyfileobj, 8 MB buffer): "
+          f"{stream:.2f} s, {stream_bps / 1e6:,.0f} MB/s")
     ratio = pack_bps / copy_bps
     print(f"  ratio pack / copyfile bytes per second: {ratio:.3f} (target >= 0.5: "
           f"{'met' if ratio >= 0.5 else 'NOT MET'})")
@@ -354,28 +365,33 @@ def section_e2e(workdir: Path, corpus_mb: float) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes everywhere (see above)")
     for s in ("synthetic", "trl", "histograms", "e2e"):
         ap.add_argument(f"--skip-{s}", action="store_true")
-    ap.add_argument("--algos", default=None, help="comma-separated packers (default: all in PACKERS)")
+    ap.add_argument("--algos", default=None,
+                    help="comma-separated packers (default: all in PACKERS)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out")
     ap.add_argument("--n", type=int, default=None, help="synthetic lengths (default 10M, quick 1M)")
     ap.add_argument("--corpus-mb", type=float, default=None,
                     help="e2e JSONL size (default 1600 MB ~ 510M tokens; quick 30)")
-    ap.add_argument("--trl-budget", type=float, default=900, help="max seconds for the full TRL run")
-    ap.add_argument("--ffd-cap", type=int, default=1_000_000, help="max items for the O(n*bins) FFD")
+    ap.add_argument("--trl-budget", type=float, default=900,
+                    help="max seconds for the full TRL run")
+    ap.add_argument("--ffd-cap", type=int, default=1_000_000,
+                    help="max items for the O(n*bins) FFD")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     algos = args.algos.split(",") if args.algos else list(PACKERS)
     n = args.n or (1_000_000 if args.quick else 10_000_000)
-    print(f"packtool packers: {', '.join(algos)}; numba {numba.__version__}, numpy {np.__version__}, "
-          f"{os.cpu_count()} cores")
+    print(f"packtool packers: {', '.join(algos)}; numba {numba.__version__}, "
+          f"numpy {np.__version__}, {os.cpu_count()} cores")
     for algo in algos:  # compile (or load from numba's disk cache) every kernel before timing
         assign_packs(np.array([5, 3, 8, 1, 7, 2], np.int64), 8, algo)
     results: dict = {}
     if not (args.skip_synthetic and args.skip_trl):
-        lengths = np.clip(np.random.default_rng(0).lognormal(np.log(300), 1.0, n), 1, 4096).astype(np.int64)
+        lognormal = np.random.default_rng(0).lognormal(np.log(300), 1.0, n)
+        lengths = np.clip(lognormal, 1, 4096).astype(np.int64)
         lengths_file = args.workdir / f"lengths-{n}.npy"
         np.save(lengths_file, lengths)
         if not args.skip_synthetic:

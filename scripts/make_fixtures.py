@@ -66,11 +66,12 @@ def main() -> None:
     corpus = ROOT / "corpus"
     (corpus / "notes").mkdir(parents=True, exist_ok=True)
     write_jsonl(corpus / "part-0.jsonl", docs[0:300])
-    write_jsonl(corpus / "part-1.jsonl.gz", docs[300:600], lambda p, m: gzip.GzipFile(p, m, mtime=0))
-    with open(corpus / "part-2.jsonl.zst", "wb") as raw:
-        with zstandard.ZstdCompressor(level=10).stream_writer(raw) as f:
-            for i, d in enumerate(docs[600:900]):
-                f.write((json.dumps({"id": i, "text": d}, ensure_ascii=False) + "\n").encode())
+    write_jsonl(corpus / "part-1.jsonl.gz", docs[300:600],
+                lambda p, m: gzip.GzipFile(p, m, mtime=0))
+    with (open(corpus / "part-2.jsonl.zst", "wb") as raw,
+          zstandard.ZstdCompressor(level=10).stream_writer(raw) as f):
+        for i, d in enumerate(docs[600:900]):
+            f.write((json.dumps({"id": i, "text": d}, ensure_ascii=False) + "\n").encode())
     table = pa.table({"id": list(range(300)), "text": docs[900:1200]})
     pq.write_table(table, corpus / "part-3.parquet", row_group_size=100)
     for i, d in enumerate(docs[1200:1220]):

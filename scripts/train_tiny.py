@@ -3,12 +3,12 @@
     pip install '.[torch]' transformers && python scripts/train_tiny.py [--steps 60]
 
 Tokenizes fixtures/corpus, packs it (seq-len 256, bfd), then trains a randomly initialised
-2-layer Llama with AdamW on flattened [1, N] rows from packtool.torch.collate_tensors: position ids
-restart per document, no attention mask, no padding. Prints the loss, which must go down.
+2-layer Llama with AdamW on flattened [1, N] rows from packtool.torch.collate_tensors: position
+ids restart per document, no attention mask, no padding. Prints the loss, which must go down.
 With Hugging Face's Trainer the same pieces plug in as
 ``Trainer(model, TrainingArguments(..., remove_unused_columns=False),
-train_dataset=TorchPackedDataset(dir), data_collator=collate_tensors)`` (the collate needs cu_seqlens,
-which the default column pruning would drop).
+train_dataset=TorchPackedDataset(dir), data_collator=collate_tensors)`` (the collate needs
+cu_seqlens, which the default column pruning would drop).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--packs-per-step", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=256)
@@ -61,7 +62,8 @@ def main() -> None:
                 first = loss.item() if first is None else first
                 last = loss.item()
                 if step % 10 == 0 or step == args.steps - 1:
-                    print(f"step {step:4d}  loss {last:.3f}  ({batch['input_ids'].shape[1]} tokens, "
+                    print(f"step {step:4d}  loss {last:.3f}  "
+                          f"({batch['input_ids'].shape[1]} tokens, "
                           f"{len(batch['cu_seq_lens_q']) - 1} documents in the row)")
                 step += 1
                 if step >= args.steps:

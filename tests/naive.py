@@ -7,7 +7,7 @@ def first_fit_decreasing(lengths, capacity):
     for i in order:
         if lengths[i] == 0:
             continue
-        for p, r in enumerate(room):
+        for p, r in enumerate(room):  # noqa: B007 (p is the pack found when the loop breaks)
             if r >= lengths[i]:
                 break
         else:
@@ -21,13 +21,13 @@ def first_fit_decreasing(lengths, capacity):
 def best_fit_decreasing_sizes(lengths, capacity):
     """Sorted pack fills of BFD (which pack among equal-room ones is taken may differ)."""
     room = []
-    for l in sorted((l for l in lengths if l), reverse=True):
-        fits = [r for r in room if r >= l]
+    for length in sorted((n for n in lengths if n), reverse=True):
+        fits = [r for r in room if r >= length]
         if fits:
             room.remove(min(fits))
-            room.append(min(fits) - l)
+            room.append(min(fits) - length)
         else:
-            room.append(capacity - l)
+            room.append(capacity - length)
     return sorted(capacity - r for r in room)
 
 
@@ -51,34 +51,34 @@ def spfhp_sizes(lengths, capacity, max_depth, strict=False):
     from collections import Counter
 
     open_packs, closed, stamp = [], [], 0  # pack: [room, depth, stamp]
-    for l, count in sorted(Counter(l for l in lengths if l).items(), reverse=True):
+    for length, count in sorted(Counter(n for n in lengths if n).items(), reverse=True):
         unplaced = 0
         for _ in range(count):
-            fits = [pk for pk in open_packs if pk[0] >= l]
+            fits = [pk for pk in open_packs if pk[0] >= length]
             if not fits:
                 unplaced += 1
                 continue
             pk = max(fits, key=lambda q: (q[0], q[2]))
             stamp += 1
-            pk[0], pk[1], pk[2] = pk[0] - l, pk[1] + 1, stamp
+            pk[0], pk[1], pk[2] = pk[0] - length, pk[1] + 1, stamp
             if pk[0] == 0 or pk[1] >= max_depth:
                 open_packs.remove(pk)
                 closed.append(pk)
         while unplaced:
             stamp += 1
-            k = 1 if strict else min(max_depth, capacity // l, unplaced)
+            k = 1 if strict else min(max_depth, capacity // length, unplaced)
             for _ in range(unplaced // k):
-                pk = [capacity - k * l, k, stamp]
+                pk = [capacity - k * length, k, stamp]
                 (closed if pk[0] == 0 or k >= max_depth else open_packs).append(pk)
             unplaced %= k
             # the remainder first tries the packs just opened (the kernel loops again)
             while unplaced:
-                fits = [pk for pk in open_packs if pk[0] >= l]
+                fits = [pk for pk in open_packs if pk[0] >= length]
                 if not fits:
                     break
                 pk = max(fits, key=lambda q: (q[0], q[2]))
                 stamp += 1
-                pk[0], pk[1], pk[2] = pk[0] - l, pk[1] + 1, stamp
+                pk[0], pk[1], pk[2] = pk[0] - length, pk[1] + 1, stamp
                 unplaced -= 1
                 if pk[0] == 0 or pk[1] >= max_depth:
                     open_packs.remove(pk)

@@ -15,8 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import TOKENIZER, write_jsonl  # noqa: E402
 
-from packtool.pack import pack_corpus  # noqa: E402
 from packtool.formats.packed import open_packed  # noqa: E402
+from packtool.pack import pack_corpus  # noqa: E402
 from packtool.tokenize import TokenizeOptions, tokenize_files  # noqa: E402
 
 TOL = 1e-4
@@ -55,20 +55,22 @@ def per_token_loss(logits, labels):
     """Summed next-token cross-entropy over labels != -100 (the HF shift convention)."""
     logits, labels = logits[:-1], labels[1:]
     keep = labels != -100
-    return torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum"), int(keep.sum())
+    loss = torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum")
+    return loss, int(keep.sum())
 
 
 def alone(model, corpus, ex):
     """Logits and summed loss of each segment of a pack run on its own."""
     outs, loss, n = [], 0.0, 0
     cu = ex["cu_seqlens"]
-    for k, (d, o) in enumerate(zip(ex["source_docs"], ex["source_offsets"])):
-        ids = torch.from_numpy(np.asarray(corpus[d][o:o + cu[k + 1] - cu[k]], dtype=np.int64))[None]
+    for k, (d, o) in enumerate(zip(ex["source_docs"], ex["source_offsets"], strict=True)):
+        segment = np.asarray(corpus[d][o:o + cu[k + 1] - cu[k]], dtype=np.int64)
+        ids = torch.from_numpy(segment)[None]
         with torch.no_grad():
             logits = model(input_ids=ids, use_cache=False).logits[0]
         outs.append(logits)
-        l, c = per_token_loss(logits, ids[0])
-        loss, n = loss + l, n + c
+        seg_loss, c = per_token_loss(logits, ids[0])
+        loss, n = loss + seg_loss, n + c
     return torch.cat(outs), loss, n
 
 
@@ -115,9 +117,9 @@ def test_collate_flattened_row(packed, kind):
         out = model(**model_inputs(batch), use_cache=False)
     refs, ref_loss, ref_n = [], 0.0, 0
     for i in range(3):
-        r, l, n = alone(model, corpus, ds[i])
+        r, doc_loss, n = alone(model, corpus, ds[i])
         refs.append(r)
-        ref_loss, ref_n = ref_loss + l, ref_n + n
+        ref_loss, ref_n = ref_loss + doc_loss, ref_n + n
     assert (out.logits[0] - torch.cat(refs)).abs().max().item() <= TOL
     n_trained = int((batch["labels"][0, 1:] != -100).sum())
     assert n_trained == ref_n
@@ -131,6 +133,7 @@ def test_padded_items_and_dataloader(packed):
     tds = TorchPackedDataset(ds.directory, pad_to=256, pad_id=0)
     item = tds[0]
     assert item["input_ids"].shape == (256,) and item["labels"].dtype == torch.int64
-    loader = torch.utils.data.DataLoader(TorchPackedDataset(ds.directory), batch_size=3, collate_fn=collate_tensors)
+    loader = torch.utils.data.DataLoader(TorchPackedDataset(ds.directory), batch_size=3,
+                                         collate_fn=collate_tensors)
     batch = next(iter(loader))
     assert batch["input_ids"].shape[1] == int(batch["cu_seq_lens_q"][-1])

@@ -15,7 +15,7 @@ from packtool.packers.optimal import lp_bound, solve
 
 def brute_force_opt(lengths, capacity):
     """Fewest packs by exhaustive search (fine for <= 9 items)."""
-    items = sorted((l for l in lengths if l), reverse=True)
+    items = sorted((n for n in lengths if n), reverse=True)
     best = [len(items)]
 
     def place(i, bins):
@@ -69,7 +69,8 @@ def test_bounds_never_exceed_brute_force(lengths, capacity):
 
 
 def test_reference_bounds_match_published():
-    for name, L, l1, l2 in [("squad11-384", 384, 39_713, 39_775), ("wikipedia-512", 512, 8_134_368, 8_135_727)]:
+    for name, L, l1, l2 in [("squad11-384", 384, 39_713, 39_775),
+                            ("wikipedia-512", 512, 8_134_368, 8_135_727)]:
         lengths = load_histogram_csv(reference_histogram(name))
         assert (l1_bound(lengths, L), l2_bound(lengths, L)) == (l1, l2)
 

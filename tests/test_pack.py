@@ -80,12 +80,13 @@ def test_reader_matches_sources(tmp_path, corpus):
         cu = ex["cu_seqlens"]
         assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == len(ex["input_ids"]) <= 96
         assert ex["max_seqlen"] == np.diff(cu).max()
-        for k, (d, o) in enumerate(zip(ex["source_docs"], ex["source_offsets"])):
+        for k, (d, o) in enumerate(zip(ex["source_docs"], ex["source_offsets"], strict=True)):
             a, b = cu[k], cu[k + 1]
             assert np.array_equal(ex["input_ids"][a:b], flat[d][o:o + b - a])
             assert np.array_equal(ex["position_ids"][a:b], np.arange(b - a))
             assert (ex["doc_ids"][a:b] == k).all()
-            assert ex["labels"][a] == -100 and np.array_equal(ex["labels"][a + 1:b], ex["input_ids"][a + 1:b])
+            assert ex["labels"][a] == -100
+            assert np.array_equal(ex["labels"][a + 1:b], ex["input_ids"][a + 1:b])
             seen += 1
     assert seen == ds.index["n_segments"]
 
@@ -109,9 +110,11 @@ def test_get_padded_and_collate(tmp_path, corpus):
     ds = open_packed(tmp_path / "p")
     i = min(range(len(ds)), key=lambda j: len(ds[j]["input_ids"]))
     ex, n = ds.get(i, pad_id=7), len(ds[i]["input_ids"])
-    assert n < 128 and all(len(ex[k]) == 128 for k in ("input_ids", "labels", "position_ids", "doc_ids"))
+    assert n < 128
+    assert all(len(ex[k]) == 128 for k in ("input_ids", "labels", "position_ids", "doc_ids"))
     assert (ex["input_ids"][n:] == 7).all() and (ex["labels"][n:] == -100).all()
-    assert (ex["doc_ids"][n:] == -1).all() and np.array_equal(ex["position_ids"][n:], np.arange(128 - n))
+    assert (ex["doc_ids"][n:] == -1).all()
+    assert np.array_equal(ex["position_ids"][n:], np.arange(128 - n))
     assert ex["cu_seqlens"][-2:].tolist() == [n, 128]
     assert ex["max_seqlen"] == np.diff(ex["cu_seqlens"]).max()
     with pytest.raises(packtool.PacktoolError, match="pad_to"):
@@ -213,13 +216,15 @@ def test_make_segments_accounting():
 
 def test_cli_pack_verify_demo(tmp_path, corpus):
     runner = CliRunner()
-    r = runner.invoke(cli, ["pack", str(corpus / "a"), str(corpus / "b"), "-L", "128", "-a", "spfhp",
-                            "--max-depth", "4", "-o", str(tmp_path / "p"), "--json", "-q"])
+    r = runner.invoke(cli, ["pack", str(corpus / "a"), str(corpus / "b"), "-L", "128",
+                            "-a", "spfhp", "--max-depth", "4", "-o", str(tmp_path / "p"),
+                            "--json", "-q"])
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout)
     assert summary["algo"] == "spfhp" and summary["n_packs"] > 0
     assert 0 < summary["efficiency"] <= 1 and summary["lower_bound_packs"] <= summary["n_packs"]
-    r = runner.invoke(cli, ["verify", str(tmp_path / "p"), "-s", str(corpus / "a"), "-s", str(corpus / "b")])
+    r = runner.invoke(cli, ["verify", str(tmp_path / "p"),
+                            "-s", str(corpus / "a"), "-s", str(corpus / "b")])
     assert r.exit_code == 0 and r.output.startswith("OK"), r.output
     r = runner.invoke(cli, ["verify", str(tmp_path / "nope")])
     assert r.exit_code == 1 and "not a directory" in r.output

@@ -66,7 +66,8 @@ def test_bfd_equals_reference(lengths, capacity):
     packs = assign_packs(lengths, capacity, "bfd")
     lengths = np.array(lengths, np.int64)
     m = lengths > 0
-    sizes = sorted(np.bincount(packs[m], weights=lengths[m]).astype(int).tolist()) if m.any() else []
+    sizes = (sorted(np.bincount(packs[m], weights=lengths[m]).astype(int).tolist())
+             if m.any() else [])
     assert sizes == naive.best_fit_decreasing_sizes(lengths.tolist(), capacity)
 
 
@@ -77,7 +78,8 @@ def test_bfd_count_from_histogram(lengths, capacity):
 
     packs = assign_packs(lengths, capacity, "bfd")
     n = int(packs.max()) + 1 if len(lengths) and packs.max() >= 0 else 0
-    assert bfd_count(np.bincount(np.array(lengths, np.int64), minlength=capacity + 1), capacity) == n
+    hist = np.bincount(np.array(lengths, np.int64), minlength=capacity + 1)
+    assert bfd_count(hist, capacity) == n
 
 
 @settings(max_examples=80, deadline=None)
@@ -87,7 +89,8 @@ def test_spfhp_equals_reference(lengths, capacity, depth, strict):
     packs = assign_packs(lengths, capacity, "spfhp", max_depth=depth, strict=strict)
     lengths = np.array(lengths, np.int64)
     m = lengths > 0
-    sizes = sorted(np.bincount(packs[m], weights=lengths[m]).astype(int).tolist()) if m.any() else []
+    sizes = (sorted(np.bincount(packs[m], weights=lengths[m]).astype(int).tolist())
+             if m.any() else [])
     assert sizes == naive.spfhp_sizes(lengths.tolist(), capacity, depth, strict)
     if m.any():
         assert np.bincount(packs[m]).max() <= depth
@@ -102,7 +105,8 @@ def test_next_fit_packers_equal_reference(algo):
         "random": np.random.default_rng(9).permutation(len(lengths)).tolist(),
         "sorted": sorted(range(len(lengths)), key=lambda i: -lengths[i]),
     }[algo]
-    assert assign_packs(lengths, 64, algo, seed=9).tolist() == naive.next_fit(lengths.tolist(), order, 64)
+    expected = naive.next_fit(lengths.tolist(), order, 64)
+    assert assign_packs(lengths, 64, algo, seed=9).tolist() == expected
 
 
 def test_nnlshp_depth_and_quality():

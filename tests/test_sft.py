@@ -11,8 +11,8 @@ from tokenizers import Tokenizer
 
 import packtool
 from packtool.cli import cli
-from packtool.pack import pack_corpus
 from packtool.formats.packed import open_packed
+from packtool.pack import pack_corpus
 from packtool.tokenize import TokenizeOptions, tokenize_files
 from packtool.verify import verify_packed
 
@@ -34,18 +34,20 @@ def chatml_model(tmp_path):
     d = tmp_path / "model"
     d.mkdir()
     tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    config = {"chat_template": CHATML, "eos_token": "<|im_end|>"}
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
     return d, tok
 
 
 def trained_text(tok, ids, mask):
-    return tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    return tok.decode([i for i, m in zip(ids, mask, strict=True) if m], skip_special_tokens=False)
 
 
 def test_chat_mask_covers_exactly_assistant_turns(tmp_path, chatml_model):
     model, tok = chatml_model
     p = write_jsonl(tmp_path / "c.jsonl", [{"messages": m} for m in CONVERSATIONS])
-    res = tokenize_files([str(p)], model, tmp_path / "c", TokenizeOptions(messages_field="messages"))
+    res = tokenize_files([str(p)], model, tmp_path / "c",
+                         TokenizeOptions(messages_field="messages"))
     c = packtool.open_tokens(tmp_path / "c")
     assert c.meta["mask"] and c.meta["options"]["chat_template"].endswith("tokenizer_config.json")
     im_start, im_end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
@@ -57,19 +59,22 @@ def test_chat_mask_covers_exactly_assistant_turns(tmp_path, chatml_model):
         want = "".join(m["content"] + "<|im_end|>\n" for m in conv if m["role"] == "assistant")
         assert trained_text(tok, ids, mask) == want
         # untrained: every <|im_start|> and role header, system and user content
-        assert all(m == 0 for t, m in zip(ids, mask) if t == im_start)
-        assert sum(m for t, m in zip(ids, mask) if t == im_end) == sum(r["role"] == "assistant" for r in conv)
+        assert all(m == 0 for t, m in zip(ids, mask, strict=True) if t == im_start)
+        n_assistant = sum(r["role"] == "assistant" for r in conv)
+        assert sum(m for t, m in zip(ids, mask, strict=True) if t == im_end) == n_assistant
     assert res.n_docs == 2
 
 
 def test_train_on_all_and_default_template(tmp_path, chatml_model):
     model, tok = chatml_model
     p = write_jsonl(tmp_path / "c.jsonl", [{"messages": m} for m in CONVERSATIONS])
-    tokenize_files([str(p)], model, tmp_path / "all", TokenizeOptions(messages_field="messages", train_on="all"))
+    tokenize_files([str(p)], model, tmp_path / "all",
+                   TokenizeOptions(messages_field="messages", train_on="all"))
     c = packtool.open_tokens(tmp_path / "all")
     assert all(c.doc_mask(i).all() for i in range(len(c)))
     # the fixture folder has no chat_template: the built-in one (with its bos/eos) is used
-    tokenize_files([str(p)], TOKENIZER.parent, tmp_path / "d", TokenizeOptions(messages_field="messages"))
+    tokenize_files([str(p)], TOKENIZER.parent, tmp_path / "d",
+                   TokenizeOptions(messages_field="messages"))
     d = packtool.open_tokens(tmp_path / "d")
     ftok = Tokenizer.from_file(str(TOKENIZER))
     assert d.meta["options"]["chat_template"] == "packtool default"
@@ -78,20 +83,24 @@ def test_train_on_all_and_default_template(tmp_path, chatml_model):
 
 def test_chat_template_file_option(tmp_path, chatml_model):
     model, tok = chatml_model
-    (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    (tmp_path / "t.jinja").write_text(
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
     p = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVERSATIONS[1]}])
     tokenize_files([str(p)], model, tmp_path / "c",
-                   TokenizeOptions(messages_field="messages", chat_template=str(tmp_path / "t.jinja")))
+                   TokenizeOptions(messages_field="messages",
+                                   chat_template=str(tmp_path / "t.jinja")))
     c = packtool.open_tokens(tmp_path / "c")
     assert tok.decode(c[0].tolist()) == "[user] Only a question\n[assistant] An answer\n"
     assert trained_text(tok, c[0].tolist(), c.doc_mask(0).tolist()) == "An answer\n"
 
 
 def test_prompt_completion_round_trip_to_labels(tmp_path, tokenizer):
-    rows = [{"q": f"Question {i}: what is {i} plus {i}?", "a": f" It is {2 * i}."} for i in range(40)]
+    rows = [{"q": f"Question {i}: what is {i} plus {i}?", "a": f" It is {2 * i}."}
+            for i in range(40)]
     p = write_jsonl(tmp_path / "pc.jsonl", rows)
     tokenize_files([str(p)], TOKENIZER, tmp_path / "pc",
-                   TokenizeOptions(prompt_field="q", completion_field="a", bos="<|bos|>", eos="<|eos|>"))
+                   TokenizeOptions(prompt_field="q", completion_field="a",
+                                   bos="<|bos|>", eos="<|eos|>"))
     c = packtool.open_tokens(tmp_path / "pc")
     bos, eos = tokenizer.token_to_id("<|bos|>"), tokenizer.token_to_id("<|eos|>")
     for i, r in enumerate(rows):
@@ -125,8 +134,8 @@ def test_prompt_completion_round_trip_to_labels(tmp_path, tokenizer):
 ])
 def test_bad_chat_records(tmp_path, record, match):
     p = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVERSATIONS[1]}, record])
-    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "o"),
-                                 "--messages-field", "messages", "-q"])
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER),
+                                 "-o", str(tmp_path / "o"), "--messages-field", "messages", "-q"])
     assert r.exit_code == 1 and "c.jsonl line 2" in r.output and match in r.output, r.output
     assert not list(tmp_path.glob("o*"))
     res = tokenize_files([str(p)], TOKENIZER, tmp_path / "o",
@@ -141,14 +150,17 @@ def test_prompt_needs_completion(tmp_path):
 
 
 def test_export_parquet_reads_back(tmp_path, tokenizer):
-    rows = [{"q": "Tell me a story " * (i % 7 + 1), "a": " Once upon a time" * (i % 5 + 1)} for i in range(60)]
+    rows = [{"q": "Tell me a story " * (i % 7 + 1), "a": " Once upon a time" * (i % 5 + 1)}
+            for i in range(60)]
     p = write_jsonl(tmp_path / "pc.jsonl", rows)
-    tokenize_files([str(p)], TOKENIZER, tmp_path / "pc", TokenizeOptions(prompt_field="q", completion_field="a"))
+    tokenize_files([str(p)], TOKENIZER, tmp_path / "pc",
+                   TokenizeOptions(prompt_field="q", completion_field="a"))
     pack_corpus([tmp_path / "pc"], tmp_path / "p", 96, "bfd", shard_size=1500)
     ds = open_packed(tmp_path / "p")
     runner = CliRunner()
     for out in ("x.parquet", "xdir"):
-        r = runner.invoke(cli, ["export", str(tmp_path / "p"), "--format", "parquet", "--out", str(tmp_path / out)])
+        r = runner.invoke(cli, ["export", str(tmp_path / "p"), "--format", "parquet",
+                                "--out", str(tmp_path / out)])
         assert r.exit_code == 0, r.output
         table = pq.read_table(tmp_path / out)
         assert table.num_rows == len(ds)
@@ -190,12 +202,13 @@ def test_chat_spans_are_located_exactly(tmp_path, chatml_model, template, conv, 
     (tmp_path / "t.jinja").write_text(template)
     p = write_jsonl(tmp_path / "c.jsonl", [{"messages": conv}])
     tokenize_files([str(p)], model, tmp_path / "c",
-                   TokenizeOptions(messages_field="messages", chat_template=str(tmp_path / "t.jinja")))
+                   TokenizeOptions(messages_field="messages",
+                                   chat_template=str(tmp_path / "t.jinja")))
     c = packtool.open_tokens(tmp_path / "c")
     ids, mask = c[0].tolist(), c.doc_mask(0).tolist()
     # the trained tokens, grouped into runs, decode to exactly the assistant turns
     runs, cur = [], []
-    for i, m in zip(ids, mask):
+    for i, m in zip(ids, mask, strict=True):
         if m:
             cur.append(i)
         elif cur:
@@ -208,6 +221,8 @@ def test_chat_spans_are_located_exactly(tmp_path, chatml_model, template, conv, 
 
 def test_chat_options_refused(tmp_path):
     p = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVERSATIONS[1]}])
-    for opts, match in [(dict(eos="<|eos|>"), "drop --bos/--eos"), (dict(special_tokens=True), "--special-tokens")]:
+    for opts, match in [(dict(eos="<|eos|>"), "drop --bos/--eos"),
+                        (dict(special_tokens=True), "--special-tokens")]:
         with pytest.raises(packtool.PacktoolError, match=match):
-            tokenize_files([str(p)], TOKENIZER, tmp_path / "o", TokenizeOptions(messages_field="messages", **opts))
+            tokenize_files([str(p)], TOKENIZER, tmp_path / "o",
+                           TokenizeOptions(messages_field="messages", **opts))

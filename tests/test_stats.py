@@ -193,11 +193,15 @@ def test_reference_histograms(name, L):
 def test_json_schema_for_corpus_and_lengths_files(tmp_path):
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world " * k} for k in range(30)])
     runner = CliRunner()
-    assert runner.invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "c"), "-q"]).exit_code == 0
-    r = runner.invoke(cli, ["stats", str(tmp_path / "c"), "-L", "16", "-L", "64", "--algos", "all", "--json"])
+    r = runner.invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "c"),
+                            "-q"])
+    assert r.exit_code == 0
+    r = runner.invoke(cli, ["stats", str(tmp_path / "c"), "-L", "16", "-L", "64", "--algos", "all",
+                            "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
-    assert rep.keys() >= CORPUS_KEYS and {"min", "mean", "p50", "p90", "p99", "max"} <= rep["length"].keys()
+    assert rep.keys() >= CORPUS_KEYS
+    assert {"min", "mean", "p50", "p90", "p99", "max"} <= rep["length"].keys()
     assert [s["seq_len"] for s in rep["seq_lens"]] == [16, 64]
     from packtool.packers import PACKERS
 
@@ -209,16 +213,20 @@ def test_json_schema_for_corpus_and_lengths_files(tmp_path):
     lengths = np.array([0, 3, 9, 20, 7], np.int64)
     np.save(tmp_path / "l.npy", lengths)
     (tmp_path / "h.csv").write_text("length,count\n3,1\n7,1\n9,1\n20,1\n0,1\n")
-    a = json.loads(runner.invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"), "-L", "8", "--json"]).stdout)
-    b = json.loads(runner.invoke(cli, ["stats", "--lengths", str(tmp_path / "h.csv"), "-L", "8", "--json"]).stdout)
-    assert a["seq_lens"] == b["seq_lens"] and a["n_docs"] == 5 and a["seq_lens"][0]["n_overlong"] == 2
+    a = json.loads(runner.invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"), "-L", "8",
+                                       "--json"]).stdout)
+    b = json.loads(runner.invoke(cli, ["stats", "--lengths", str(tmp_path / "h.csv"), "-L", "8",
+                                       "--json"]).stdout)
+    assert a["seq_lens"] == b["seq_lens"]
+    assert a["n_docs"] == 5 and a["seq_lens"][0]["n_overlong"] == 2
 
 
 def test_packed_report(tmp_path):
     from packtool.pack import pack_corpus
     from packtool.synth import make_documents
 
-    p = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in make_documents(80, seed=2, max_words=300)])
+    docs = make_documents(80, seed=2, max_words=300)
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in docs])
     runner = CliRunner()
     runner.invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "c"), "-q"])
     res = pack_corpus([tmp_path / "c"], tmp_path / "p", 128, "bfd", shard_size=2000)
@@ -226,7 +234,8 @@ def test_packed_report(tmp_path):
     rep = json.loads(r.stdout)
     assert rep.keys() >= PACKED_KEYS
     assert rep["n_packs"] == res.n_packs and rep["efficiency"] == pytest.approx(res.efficiency)
-    assert sum(int(v) * c for v, c in rep["segments_per_pack"]["counts"].items()) == rep["n_segments"]
+    counts = rep["segments_per_pack"]["counts"]
+    assert sum(int(v) * c for v, c in counts.items()) == rep["n_segments"]
     assert rep["pack_fill"]["mean"] == pytest.approx(res.efficiency)
     text = runner.invoke(cli, ["stats", str(tmp_path / "p")]).output
     assert "packing factor" in text and "segments per pack" in text
@@ -245,7 +254,8 @@ def test_errors():
     runner = CliRunner()
     r = runner.invoke(cli, ["stats"])
     assert r.exit_code == 1 and "nothing to report on" in r.output
-    r = runner.invoke(cli, ["stats", "--lengths", str(reference_histogram("squad11-384")), "--algos", "bfd,nope"])
+    r = runner.invoke(cli, ["stats", "--lengths", str(reference_histogram("squad11-384")),
+                            "--algos", "bfd,nope"])
     assert r.exit_code == 1 and "unknown packer(s) nope" in r.output
     with pytest.raises(PacktoolError):
         corpus_report(np.array([1, 2]), [0])

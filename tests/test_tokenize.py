@@ -21,7 +21,8 @@ def run(inputs, out, **kw):
 @pytest.mark.parametrize("kind", ["jsonl", "json", "jsonl.gz", "jsonl.zst"])
 def test_jsonl_kinds_round_trip(tmp_path, tokenizer, docs, kind):
     compress = kind.split(".")[1] if "." in kind else None
-    path = write_jsonl(tmp_path / f"in.{kind}", [{"text": d, "n": i} for i, d in enumerate(docs)], compress)
+    rows = [{"text": d, "n": i} for i, d in enumerate(docs)]
+    path = write_jsonl(tmp_path / f"in.{kind}", rows, compress)
     res = run([path], tmp_path / "out")
     assert res.n_docs == len(docs) and res.n_empty == 1
     assert corpus_docs(tmp_path / "out") == encode_all(tokenizer, docs)
@@ -82,7 +83,8 @@ def test_manifest_contents(tmp_path, docs):
     assert meta["tokenizer"]["sha256"] == hashlib.sha256(TOKENIZER.read_bytes()).hexdigest()
     for key in ("bin", "boundaries"):
         data = (tmp_path / f"out.{key}").read_bytes()
-        assert meta["checksums"][key] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        expected = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        assert meta["checksums"][key] == expected
     c = packtool.open_tokens(tmp_path / "out")
     c.verify_checksums()
     assert int(c.lengths.sum()) == meta["n_tokens"] == c.n_tokens
@@ -154,7 +156,7 @@ def test_bundled_corpus_round_trip(tmp_path, tokenizer):
     """The fixture corpus (all five input kinds) against direct encoding."""
     from conftest import CORPUS
 
-    from packtool.sources import ReadOptions, expand_inputs, iter_documents, InputStats
+    from packtool.sources import InputStats, ReadOptions, expand_inputs, iter_documents
 
     texts = []
     for p in expand_inputs([str(CORPUS)]):

@@ -20,7 +20,8 @@ from packtool.tokenize import TokenizeOptions, tokenize_files
 
 def cli_tokenize(tmp_path, *args):
     result = CliRunner().invoke(
-        cli, ["tokenize", *map(str, args), "-t", str(TOKENIZER), "--out", str(tmp_path / "out"), "-q"]
+        cli,
+        ["tokenize", *map(str, args), "-t", str(TOKENIZER), "--out", str(tmp_path / "out"), "-q"],
     )
     return result
 
@@ -101,18 +102,21 @@ def test_skip_bad_records_counts_them(tmp_path, tokenizer):
         b'{"text": "ok"}\n{"text": broken}\n{"body": "x"}\n{"text": 3}\n{"text": "\xff\xfe"}\n'
         b'\xff{"text": "bad utf8"}\n{"text": "last"}\n'
     )
-    res = tokenize_files([str(p)], TOKENIZER, tmp_path / "out", TokenizeOptions(skip_bad_records=True))
+    res = tokenize_files([str(p)], TOKENIZER, tmp_path / "out",
+                         TokenizeOptions(skip_bad_records=True))
     assert res.n_docs == 2 and res.n_skipped == 5
     meta = json.loads((tmp_path / "out.json").read_text())["inputs"][0]
     assert meta["skipped_records"] == [2, 3, 4, 5, 6]
-    assert meta["skipped"] == {"invalid_json": 1, "missing_field": 1, "not_a_string": 1, "invalid_utf8": 2}
+    assert meta["skipped"] == {"invalid_json": 1, "missing_field": 1, "not_a_string": 1,
+                               "invalid_utf8": 2}
     c = packtool.open_tokens(tmp_path / "out")
     assert c[1].tolist() == tokenizer.encode("last", add_special_tokens=False).ids
 
 
 def test_missing_field_lists_keys(tmp_path):
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": "ok"}, {"content": "x", "id": 1}])
-    assert_fails(tmp_path, "a.jsonl line 2: no field 'text' (keys in the record: 'content', 'id')", p)
+    assert_fails(tmp_path,
+                 "a.jsonl line 2: no field 'text' (keys in the record: 'content', 'id')", p)
     assert_fails(tmp_path, "keys in meta: 'title'", "--text-field", "meta.body",
                  write_jsonl(tmp_path / "b.jsonl", [{"meta": {"title": "t"}}]))
 
@@ -147,9 +151,11 @@ def test_invalid_utf8(tmp_path):
 def test_unreadable_tokenizer(tmp_path):
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
     (tmp_path / "tok.json").write_text('{"not": "a tokenizer"}')
-    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(tmp_path / "tok.json"), "-o", str(tmp_path / "out")])
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(tmp_path / "tok.json"),
+                                 "-o", str(tmp_path / "out")])
     assert r.exit_code == 1 and "cannot read tokenizer" in r.output
-    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(tmp_path), "-o", str(tmp_path / "out")])
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(tmp_path),
+                                 "-o", str(tmp_path / "out")])
     assert r.exit_code == 1 and "holds no tokenizer.json" in r.output
     assert not list(tmp_path.glob("out*"))
 
@@ -238,11 +244,12 @@ def test_cli_help_version_json(tmp_path):
     runner = CliRunner()
     assert "tokenize" in runner.invoke(cli, ["--help"]).output
     assert packtool.__version__ in runner.invoke(cli, ["--version"]).output
-    for name, command in cli.commands.items():
+    for name in cli.commands:
         help_text = runner.invoke(cli, [name, "--help"]).output
         assert "Example:" in help_text, f"{name} --help needs an Example: block"
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world"}, {"text": ""}])
-    r = runner.invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "o"), "--json", "-q"])
+    r = runner.invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "o"),
+                            "--json", "-q"])
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout)
     assert summary["n_docs"] == 2 and summary["n_empty"] == 1 and summary["dtype"] == "uint16"
@@ -251,31 +258,34 @@ def test_cli_help_version_json(tmp_path):
 def test_outputs_never_clobber_inputs(tmp_path):
     """--overwrite must not turn an input into an output, nor read packtool's own files."""
     p = write_jsonl(tmp_path / "keep.json", [{"text": "precious"}])
-    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(tmp_path / "keep"),
-                                 "--overwrite", "-q"])
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER),
+                                 "-o", str(tmp_path / "keep"), "--overwrite", "-q"])
     assert r.exit_code == 1 and "also an output" in r.output
     assert json.loads(p.read_text()) == {"text": "precious"}
     d = tmp_path / "data"
     d.mkdir()
     write_jsonl(d / "a.jsonl", [{"text": "x"}])
     for _ in range(2):  # the second run finds corpus.json in data/ and must skip it
-        r = CliRunner().invoke(cli, ["tokenize", str(d), "-t", str(TOKENIZER), "-o", str(d / "corpus"),
-                                     "--overwrite", "-q", "--json"])
+        r = CliRunner().invoke(cli, ["tokenize", str(d), "-t", str(TOKENIZER),
+                                     "-o", str(d / "corpus"), "--overwrite", "-q", "--json"])
         assert r.exit_code == 0, r.output
         assert [i["path"].rsplit("/", 1)[1] for i in json.loads(r.stdout)["inputs"]] == ["a.jsonl"]
-    r = CliRunner().invoke(cli, ["tokenize", str(d / "a.jsonl"), str(d / "." / "a.jsonl"), "-t", str(TOKENIZER),
-                                 "-o", str(tmp_path / "o")])
+    r = CliRunner().invoke(cli, ["tokenize", str(d / "a.jsonl"), str(d / "." / "a.jsonl"),
+                                 "-t", str(TOKENIZER), "-o", str(tmp_path / "o")])
     assert r.exit_code == 1 and "given twice" in r.output
-    r = CliRunner().invoke(cli, ["tokenize", str(d / "a.jsonl"), "-t", str(TOKENIZER), "-o", str(d) + "/"])
+    r = CliRunner().invoke(cli, ["tokenize", str(d / "a.jsonl"), "-t", str(TOKENIZER),
+                                 "-o", str(d) + "/"])
     assert r.exit_code == 1 and "is a directory" in r.output
 
 
 def test_json_array_file_and_lone_surrogate(tmp_path):
     (tmp_path / "a.json").write_text('[\n {"text": "a"},\n {"text": "b"}\n]\n')
-    out = assert_fails(tmp_path, "a.json line 1: the file is a JSON array, not JSON Lines", tmp_path / "a.json")
+    out = assert_fails(tmp_path, "a.json line 1: the file is a JSON array, not JSON Lines",
+                       tmp_path / "a.json")
     assert "jq -c" in out
     (tmp_path / "b.jsonl").write_text('{"text": "ok"}\n{"text": "a\\ud800b"}\n')
-    assert_fails(tmp_path, "b.jsonl line 2: field 'text' holds a lone surrogate", tmp_path / "b.jsonl")
+    assert_fails(tmp_path, "b.jsonl line 2: field 'text' holds a lone surrogate",
+                 tmp_path / "b.jsonl")
 
 
 def test_write_errors_are_clean(tmp_path):
@@ -283,7 +293,8 @@ def test_write_errors_are_clean(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
-    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(ro / "c"), "-q"])
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(ro / "c"),
+                                 "-q"])
     ro.chmod(0o700)
     if os.geteuid() == 0:
         return  # root writes anywhere

@@ -245,7 +245,8 @@ def read_manifest(path: Path, expected_format: str, expected_version: int) -> di
     if meta.get("version") != expected_version:
         raise FormatError(
             f"{path}: {expected_format} version {meta.get('version')!r} is not supported by this "
-            f"packtool (it reads version {expected_version}); upgrade packtool or re-create the file"
+            f"packtool (it reads version {expected_version}); upgrade packtool or re-create the "
+            "file"
         )
     return meta
 

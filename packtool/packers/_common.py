@@ -97,14 +97,14 @@ def next_fit(lengths, order, capacity):
     pack, used = -1, capacity
     for k in range(n):
         i = order[k]
-        l = lengths[i]
-        if l == 0:
+        length = lengths[i]
+        if length == 0:
             continue
-        if used + l > capacity:
+        if used + length > capacity:
             pack += 1
             used = 0
         packs[i] = pack
-        used += l
+        used += length
     return packs
 
 

@@ -1,8 +1,9 @@
 """Best-fit decreasing: longest documents first, each into the fullest pack it fits.
 
-O(n log L) after an O(n + L) counting sort: packs are kept in buckets by remaining capacity (0..L, linked lists), and
-a bucket tree finds the smallest non-empty bucket >= the document's length in O(log L); the
-pack moves to bucket ``remaining - length`` in O(1). Independent of the number of packs.
+O(n log L) after an O(n + L) counting sort: packs are kept in buckets by remaining capacity
+(0..L, linked lists), and a bucket tree finds the smallest non-empty bucket >= the document's
+length in O(log L); the pack moves to bucket ``remaining - length`` in O(1). Independent of the
+number of packs.
 
 Trade-off (scripts/bench_pack.py, 2-core machine): 10M lognormal lengths at L=4096 in ~2.0 s
 (0.5 s of it the counting sort's random access), 1,186,029 packs = L1 bound + 0.003%;
@@ -32,20 +33,20 @@ def _bfd(lengths, capacity):
     n_packs = 0
     for k in range(n):
         i = order[k]
-        l = lengths[i]
-        if l == 0:
+        length = lengths[i]
+        if length == 0:
             break
-        r = tree_first_at_least(tree, size, l)
+        r = tree_first_at_least(tree, size, length)
         if r < 0:
             p = n_packs
             n_packs += 1
-            r_new = capacity - l
+            r_new = capacity - length
         else:
             p = head[r]
             head[r] = nxt[p]
             if head[r] < 0:
                 tree_set(tree, size, r, 0)
-            r_new = r - l
+            r_new = r - length
         packs[i] = p
         nxt[p] = head[r_new]
         head[r_new] = p
@@ -56,23 +57,23 @@ def _bfd(lengths, capacity):
 
 @njit
 def bfd_count(hist, capacity):
-    """Packs BFD uses for a length histogram (``hist[l]`` documents of length l): the same
+    """Packs BFD uses for a length histogram (``hist[n]`` documents of length n): the same
     pack-room buckets as :func:`_bfd`, walked over the histogram with no per-document array."""
     size = tree_size(capacity + 1)
     tree = np.zeros(2 * size, np.int64)
     count = np.zeros(capacity + 1, np.int64)  # packs per room
     n_packs = 0
-    for l in range(capacity, 0, -1):
-        for _ in range(hist[l]):
-            r = tree_first_at_least(tree, size, l)
+    for length in range(capacity, 0, -1):
+        for _ in range(hist[length]):
+            r = tree_first_at_least(tree, size, length)
             if r < 0:
                 n_packs += 1
-                r_new = capacity - l
+                r_new = capacity - length
             else:
                 count[r] -= 1
                 if count[r] == 0:
                     tree_set(tree, size, r, 0)
-                r_new = r - l
+                r_new = r - length
             count[r_new] += 1
             if r_new > 0:
                 tree_set(tree, size, r_new, 1)

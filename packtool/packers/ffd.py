@@ -32,17 +32,17 @@ def _ffd(lengths, capacity, max_packs):
     n_packs = 0
     for k in range(n):
         i = order[k]
-        l = lengths[i]
-        if l == 0:
+        length = lengths[i]
+        if length == 0:
             break  # sorted decreasing: only empty documents remain
         node = 1
         while node < size:
-            node = 2 * node if tree[2 * node] >= l else 2 * node + 1
+            node = 2 * node if tree[2 * node] >= length else 2 * node + 1
         p = node - size
         packs[i] = p
         if p >= n_packs:
             n_packs = p + 1
-        tree[node] -= np.int32(l)
+        tree[node] -= np.int32(length)
         node //= 2
         while node >= 1:
             a, b = tree[2 * node], tree[2 * node + 1]

@@ -226,7 +226,8 @@ def _warm_up() -> None:
     bfd.bfd_count(np.array([0, 1, 1, 1, 0], np.int64), 4)
     _price(tiny, np.ones(3), np.ones(3, np.int64), 4)
     _greedy_patterns(tiny, np.ones(3, np.int64), 4, 4)
-    expand_groups(tiny, 4, np.array([1], np.int64), np.array([-1], np.int64), np.array([1], np.int64))
+    expand_groups(tiny, 4, np.array([1], np.int64), np.array([-1], np.int64),
+                  np.array([1], np.int64))
     _by_pack(np.zeros(3, np.int64), tiny, 1)
     _dense(np.zeros(3, np.int64), 1)
     _WARM.append(True)

@@ -11,8 +11,9 @@ new packs of k = min(max_depth, L // l) of them. The paper's code opens one pack
 so 1,000 documents of 100 tokens at L=4096 take 1,000 packs (here 84 at depth 12, 25 with a
 higher depth). ``strict=True`` restores the paper's rule and reproduces its published results
 exactly (wikipedia-512: 99.604%; squad11-384: 40,711 packs); the default reaches 99.813% and
-40,631 packs on the same histograms (the paper's LPFHP figure on wikipedia). Cost: O(L log L + groups) for the packing, independent of n; then one
-O(n + L) pass hands documents to packs.
+40,631 packs on the same histograms (the paper's LPFHP figure on wikipedia). Cost:
+O(L log L + groups) for the packing, independent of n; then one O(n + L) pass hands documents
+to packs.
 
 Trade-off (scripts/bench_pack.py): wikipedia-512 99.813% in 0.5 s (0.03 s of packing, the
 rest handing out 16M documents); 10M lognormal lengths at L=4096 in 0.3 s but only 84.6%
@@ -51,11 +52,12 @@ def _spfhp(hist, capacity, max_depth, strict):
     tree = np.zeros(2 * size, np.int64)
     n_groups = 0
     open_count = np.zeros(cap_groups, np.int64)  # packs still open in group g
-    for l in range(capacity, 0, -1):
-        todo = hist[l]
+    for length in range(capacity, 0, -1):
+        todo = hist[length]
         while todo > 0:
             room = tree_last(tree, size)
-            k = 1 if strict else min(max_depth, capacity // l, todo)  # per new pack (see below)
+            # documents per new pack (see below)
+            k = 1 if strict else min(max_depth, capacity // length, todo)
             while n_groups + k + 2 > cap_groups:  # grow the arrays
                 cap_groups *= 2
                 g_count = _grow(g_count, cap_groups, 0)
@@ -64,14 +66,14 @@ def _spfhp(hist, capacity, max_depth, strict):
                 g_depth = _grow(g_depth, cap_groups, 0)
                 g_next = _grow(g_next, cap_groups, -1)
                 open_count = _grow(open_count, cap_groups, 0)
-            if room >= l:
+            if room >= length:
                 g = head[room]
                 take = min(open_count[g], todo)
-                # the new group: `take` packs of g's contents plus one document of length l
+                # the new group: `take` packs of g's contents plus one document of this length
                 new = n_groups
                 n_groups += 1
                 g_parent[new] = g
-                g_len[new] = l
+                g_len[new] = length
                 g_depth[new] = g_depth[g] + 1
                 open_count[g] -= take
                 todo -= take
@@ -79,7 +81,7 @@ def _spfhp(hist, capacity, max_depth, strict):
                     head[room] = g_next[g]
                     if head[room] < 0:
                         tree_set(tree, size, room, 0)
-                left = room - l
+                left = room - length
             else:
                 # fits nowhere: open packs of k documents of this length (a chain of k nodes)
                 parent = -1
@@ -87,12 +89,12 @@ def _spfhp(hist, capacity, max_depth, strict):
                     new = n_groups
                     n_groups += 1
                     g_parent[new] = parent
-                    g_len[new] = l
+                    g_len[new] = length
                     g_depth[new] = d + 1
                     parent = new
                 take = todo // k
                 todo -= take * k
-                left = capacity - k * l
+                left = capacity - k * length
             if left == 0 or g_depth[new] >= max_depth:
                 g_count[new] = take          # closed: final
             else:
