@@ -381,9 +381,13 @@ def open_shard(directory: Path, index: dict, k: int, checksums: bool) -> dict[st
     for a in shard_arrays(index):
         f = sh["files"][a.name]
         path = directory / f["name"]
-        if path.is_file() and path.stat().st_size != f["bytes"]:
-            raise ValidationError(f"{path}: {path.stat().st_size:,} bytes, {INDEX} says "
-                                  f"{f['bytes']:,}")
+        size = path.stat().st_size if path.is_file() else None
+        if size == 0:
+            raise ValidationError(f"{path} is empty (0 bytes): the shard is damaged; re-run "
+                                  "packtool pack")
+        if size is not None and size != f["bytes"]:
+            raise ValidationError(f"{path}: {size:,} bytes, {INDEX} says {f['bytes']:,}; the "
+                                  "file is truncated or replaced, re-run packtool pack")
         arrays[a.name] = load_array(path, dtypes[a.name], array_length(a, n_t, n_p, n_s))
         if checksums:
             check_crc(path, f["crc32"])

@@ -1,0 +1,181 @@
+"""Issue 10, format side: every reader validates what it trusts. Each test reproduces a case
+that passed silently, crashed or read outside a file before."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import TOKENIZER, write_jsonl
+
+import packtool
+from packtool.cli import cli
+from packtool.formats.packed import index_digest, open_packed
+from packtool.pack import pack_corpus
+from packtool.verify import VerifyError, verify_packed
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from packtool.synth import make_documents
+
+    d = tmp_path_factory.mktemp("hard")
+    docs = make_documents(80, seed=5, median_words=30, max_words=300)
+    write_jsonl(d / "a.jsonl", [{"text": t} for t in docs])
+    r = CliRunner().invoke(cli, ["tokenize", str(d / "a.jsonl"), "-t", str(TOKENIZER),
+                                 "-o", str(d / "c"), "-q"])
+    assert r.exit_code == 0, r.output
+    pack_corpus([d / "c"], d / "p", 128, "bfd", shard_size=3000)
+    return d
+
+
+def copy_corpus(built, dst):
+    for suffix in (".bin", ".boundaries", ".json"):
+        shutil.copy(str(built / "c") + suffix, str(dst) + suffix)
+    return dst
+
+
+def test_corrupt_boundaries_never_read_past_the_file(tmp_path, built):
+    """10.1: an end offset past the token count made pack copy 5M tokens of process memory
+    into a shard (and segfault with a larger one), and stats printed negative packs."""
+    p = copy_corpus(built, tmp_path / "c")
+    n_tokens = packtool.open_tokens(p).n_tokens
+    ends = np.fromfile(str(p) + ".boundaries", "<i8")
+    ends[-2] = n_tokens + 5_000_000
+    ends.tofile(str(p) + ".boundaries")
+    runner = CliRunner()
+    r = runner.invoke(cli, ["pack", str(p), "-L", "8000000", "-o", str(tmp_path / "o")])
+    assert r.exit_code == 1 and "before the previous document's end" in r.output, r.output
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    r = runner.invoke(cli, ["stats", str(p), "-L", "512"])
+    assert r.exit_code == 1 and "corrupt" in r.output
+    ends[-2], ends[0] = ends[-3], -4  # a negative start
+    ends.tofile(str(p) + ".boundaries")
+    with pytest.raises(packtool.FormatError, match="document 0"):
+        packtool.open_tokens(p)
+
+
+def test_pack_refuses_a_corrupted_bin(tmp_path, built):
+    """10.2: pack packed a .bin with a flipped byte and exited 0."""
+    p = copy_corpus(built, tmp_path / "c")
+    data = bytearray(open(str(p) + ".bin", "rb").read())
+    data[len(data) // 2] ^= 0x40
+    open(str(p) + ".bin", "wb").write(bytes(data))
+    r = CliRunner().invoke(cli, ["pack", str(p), "-L", "128", "-o", str(tmp_path / "o")])
+    assert r.exit_code == 1 and "sha256" in r.output and "c.bin" in r.output
+    assert not (tmp_path / "o").exists()
+    r = CliRunner().invoke(cli, ["verify", str(p)])  # the standalone corpus check
+    assert r.exit_code == 1 and "sha256" in r.output
+    r = CliRunner().invoke(cli, ["verify", str(built / "c")])
+    assert r.exit_code == 0 and r.output.startswith("OK") and "documents" in r.output
+
+
+@pytest.mark.parametrize("edit,match", [
+    ({"dtype": "float32"}, "not uint16 or uint32"),
+    ({"n_tokens": "many"}, "not a count"),
+    ({"n_docs": None}, "missing key 'n_docs'"),
+    ({"checksums": None}, "missing key|checksums"),
+])
+def test_malformed_token_manifest_is_named(tmp_path, built, edit, match):
+    """10.10: a bad dtype, a non-numeric n_tokens or missing keys gave tracebacks."""
+    p = copy_corpus(built, tmp_path / "c")
+    meta = json.loads((tmp_path / "c.json").read_text())
+    for k, v in edit.items():
+        if v is None:
+            meta.pop(k)
+        else:
+            meta[k] = v
+    (tmp_path / "c.json").write_text(json.dumps(meta))
+    with pytest.raises(packtool.FormatError, match=match):
+        packtool.open_tokens(p)
+
+
+def _rewrite_index(directory, edit):
+    path = directory / "index.json"
+    index = json.loads(path.read_text())
+    edit(index)
+    index["index_sha256"] = index_digest(index)
+    path.write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../../../../etc/passwd",
+                                  "../outside/evil.tokens.npy", ".."])
+def test_shard_names_are_confined(tmp_path, built, name):
+    """10.3: shard names escaping the directory (with matching crc and index digest) were
+    opened, verified OK and served."""
+    d = tmp_path / "p"
+    shutil.copytree(built / "p", d)
+
+    def edit(index):
+        index["shards"][0]["files"]["tokens"]["name"] = name
+
+    _rewrite_index(d, edit)
+    with pytest.raises(packtool.FormatError, match="not a plain name"):
+        open_packed(d)
+    r = CliRunner().invoke(cli, ["verify", str(d)])
+    assert r.exit_code == 1 and "refusing to open it" in r.output
+
+
+def test_symlink_out_of_the_directory_is_refused(tmp_path, built):
+    d = tmp_path / "p"
+    shutil.copytree(built / "p", d)
+    target = d / "shard-00000.tokens.npy"
+    outside = tmp_path / "elsewhere.npy"
+    shutil.move(target, outside)
+    target.symlink_to(outside)
+    with pytest.raises(packtool.FormatError, match="symbolic link out of"):
+        open_packed(d)
+
+
+def test_open_packed_checks_checksums_once(tmp_path, built):
+    """10.2: open_packed checked no checksum: 54% of random flips returned other data."""
+    d = tmp_path / "p"
+    shutil.copytree(built / "p", d)
+    ds = open_packed(d)
+    assert len(ds.index["shards"]) > 1
+    path = d / ds.index["shards"][-1]["files"]["tokens"]["name"]
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    ds[0]  # shard 0 is intact
+    with pytest.raises(packtool.FormatError, match="crc32 does not match"):
+        ds[len(ds) - 1]
+    assert len(open_packed(d, checksums=False)[len(ds) - 1]["input_ids"]) > 0
+
+
+def test_edited_offsets_cannot_make_export_allocate(tmp_path, built):
+    """10.2: a 456-byte edit of seg_offsets.npy made export try to allocate 11 GiB. The
+    offsets are checked (monotonic, in range) when the shard opens."""
+    d = tmp_path / "p"
+    shutil.copytree(built / "p", d)
+    path = d / "shard-00000.seg_offsets.npy"
+    arr = np.load(path)
+    arr[1] = 1 << 40
+    np.save(path, arr)
+    from packtool._io import crc32_file
+
+    def edit(index):
+        index["shards"][0]["files"]["seg_offsets"]["crc32"] = crc32_file(path)
+
+    _rewrite_index(d, edit)
+    r = CliRunner().invoke(cli, ["export", str(d), "--format", "parquet", "-o",
+                                 str(tmp_path / "x.parquet")])
+    assert r.exit_code == 1 and "offsets" in r.output, r.output
+    with pytest.raises(VerifyError, match="offsets"):
+        verify_packed(d)
+
+
+def test_zero_byte_shard_is_refused_clearly(tmp_path, built):
+    d = tmp_path / "p"
+    shutil.copytree(built / "p", d)
+    (d / "shard-00000.doc_ids.npy").write_bytes(b"")
+    with pytest.raises(packtool.FormatError, match="empty"):
+        open_packed(d)[0]
+
+
+def test_huge_seq_len_is_a_clean_error(built, tmp_path):
+    """10.10: -L 99999999999999999999999 raised OverflowError."""
+    r = CliRunner().invoke(cli, ["pack", str(built / "c"), "-L", "99999999999999999999999",
+                                 "-o", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--seq-len" in r.output and "Traceback" not in r.output
