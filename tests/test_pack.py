@@ -262,3 +262,20 @@ def test_verify_source_checksums(tmp_path, corpus):
     (tmp_path / "a.bin").write_bytes(bytes(data))
     with pytest.raises(packtool.PacktoolError, match="sha256"):
         verify_packed(tmp_path / "p", [tmp_path / "a"])
+
+
+def test_verify_says_what_the_policy_removed(tmp_path, corpus):
+    """Issue 11.6: after --overflow truncate, verify said "every source token accounted for"
+    although most tokens were cut away by request; it now names what was cut, and drop."""
+    lengths = lengths_of(corpus)
+    L = 64
+    cut = int((lengths[lengths > L] - L).sum())
+    pack_corpus(sources(corpus), tmp_path / "t", L, "bfd", overflow="truncate")
+    text = verify_packed(tmp_path / "t", sources(corpus)).summary()
+    assert f"{cut:,} truncated away" in text and "--overflow truncate" in text
+    pack_corpus(sources(corpus), tmp_path / "d", L, "bfd", overflow="drop")
+    text = verify_packed(tmp_path / "d", sources(corpus)).summary()
+    dropped = int(lengths[lengths > L].sum())
+    assert f"{dropped:,} in {int((lengths > L).sum()):,} documents dropped" in text
+    text = verify_packed(tmp_path / "d").summary()
+    assert "accounted for" not in text  # without sources nothing is claimed about them
