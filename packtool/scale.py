@@ -236,7 +236,7 @@ def run_part(plan: TokenizePlan, k: int, opts, progress=False) -> tuple[dict, bo
     with part_lock(lock):
         done, _ = check_part(plan, part)
         if done is not None:
-            return done, True
+            return {**done, "skipped": True}, True
         header = {"format": PART_FORMAT, "version": 1, "index": k, "digest": part.digest,
                   "plan_digest": plan.digest}
         res = tokenize_part([Path(p) for p in part.inputs], plan.tokenizer, part.prefix(plan),
@@ -248,6 +248,11 @@ def run_part(plan: TokenizePlan, k: int, opts, progress=False) -> tuple[dict, bo
 
 
 # ------------------------------------------------------------------------------ the manifest
+
+
+def _listed(items: list[str], most: int = 20) -> str:
+    return "; ".join(items[:most]) + (f"; and {len(items) - most} more" if len(items) > most
+                                      else "")
 
 
 def _merge_engines(engines: list[dict]) -> dict:
@@ -289,15 +294,17 @@ def finalize_tokenize(plan: TokenizePlan, opts, manifests: list[dict] | None = N
         if bad:
             raise PacktoolError(
                 f"{len(bad)} of {len(plan.parts)} parts of {plan.prefix} are not finished: "
-                + "; ".join(bad) + ". Run the tasks that own them again (or the same command "
+                + _listed(bad) + ". Run the tasks that own them again (or the same command "
                 "without --finalize): finished parts are skipped, these are redone")
     metas = [m["meta"] for m in manifests]
     meta = {k: v for k, v in metas[0].items() if k != "engine"}
     for q, m in zip(plan.parts, metas, strict=True):
         other = {k: v for k, v in m.items() if k != "engine"}
         if other != meta:
+            diff = sorted(k for k in set(other) | set(meta) if other.get(k) != meta.get(k))
             raise PacktoolError(f"part {q.index} ({q.name}) was made with other settings "
-                                f"than part 0 ({other} vs {meta}); re-run it")
+                                f"than part 0 ({', '.join(diff)} differ); delete its files "
+                                f"({q.name}.*) and run it again")
     meta["engine"] = _merge_engines([m["engine"] for m in metas])
     manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry())
     json_path = plan.prefix.parent / f"{plan.prefix.name}.json"
@@ -447,6 +454,8 @@ def tokenize(inputs: list[str], tokenizer, out, opts, *, progress=False,
                else manifest["dtype"]),
         seconds=time.perf_counter() - t0, inputs=inputs_meta, warnings=warnings,
         n_parts=n_parts, n_parts_skipped=skipped,
+        n_tokens_tokenized=sum(m["part"]["n_tokens"] for m in manifests.values()
+                               if not m.get("skipped")),
         executor=("finalize" if finalize else f"task {task} of {tasks}" if one_task
                   else executor))
 
@@ -706,7 +715,7 @@ def _finalize_pack(out: Path, jobs, layouts, corpora, factors, checksums: bool =
         entries[(job.split, job.k)] = entry
     if bad:
         raise PacktoolError(
-            f"{len(bad)} of {len(jobs)} shards of {out} are not written: " + "; ".join(bad)
+            f"{len(bad)} of {len(jobs)} shards of {out} are not written: " + _listed(bad)
             + ". Run the tasks that own them again (finished shards are skipped)")
     if checksums:  # a task of several does not verify the sources: done once, here
         for c in corpora:

@@ -94,18 +94,23 @@ class TokenizeResult:
     n_parts_skipped: int = 0        # parts found finished and verified (resume)
     executor: str = "local"
     part: dict | None = field(default=None, repr=False)  # one part's manifest (run_part)
+    n_tokens_tokenized: int | None = None  # by this run (skipped parts excluded); None: all
 
     @property
     def tokens_per_second(self) -> float:
-        return self.n_tokens / self.seconds if self.seconds else 0.0
+        done = self.n_tokens if self.n_tokens_tokenized is None else self.n_tokens_tokenized
+        return done / self.seconds if self.seconds else 0.0
 
     def summary(self) -> str:
         skipped = f", {self.n_skipped:,} bad records skipped" if self.n_skipped else ""
+        if self.executor == "finalize":
+            return (f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens "
+                    f"({self.dtype}) in {self.n_parts} parts, every part checked (sha256); "
+                    f"manifest written in {self.seconds:.1f}s")
         return (
             f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens ({self.dtype}), "
             f"{self.n_empty:,} empty{skipped} in {self.seconds:.1f}s "
-            f"({self.n_docs / max(self.seconds, 1e-9):,.0f} docs/s, "
-            f"{self.tokens_per_second / 1e6:.2f}M tokens/s)"
+            f"({self.tokens_per_second / 1e6:.2f}M tokens/s tokenized)"
             + (f"; {self.n_parts} parts ({self.executor})" if self.n_parts > 1 else "")
             + (f", {self.n_parts_skipped} already finished and verified, skipped"
                if self.n_parts_skipped else "")
@@ -489,7 +494,6 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
             "tokenizer": {"path": str(tok_path), "sha256": sha256_file(tok_path)},
             "bos_id": bos_id,
             "eos_id": eos_id,
-            "inputs": inputs_meta,
             "options": {
                 "text_field": opts.text_field,
                 "txt_split": opts.txt_split,
