@@ -87,7 +87,8 @@ class TokenizePlan:
                            "bytes": q.bytes} for q in self.parts]}
 
     def manifest_entry(self) -> dict:
-        return {"policy": self.policy, "n_parts": len(self.parts), "digest": self.digest}
+        return {"policy": self.policy, "n_parts": len(self.parts), "digest": self.digest,
+                "prefix": self.prefix.name}
 
     def summary(self) -> str:
         total = sum(q.bytes for q in self.parts)

@@ -476,6 +476,17 @@ def open_part(prefix: Path, entry: dict, dtype: np.dtype, with_mask: bool) -> To
     return TokenPart(prefix=prefix, entry=entry, tokens=tokens, ends=ends, mask=mask)
 
 
+def _renamed(name: str, meta: dict, prefix: Path) -> str:
+    """A part's file stem for a corpus whose files were renamed together (``a.*`` ->
+    ``b.*``, as version 1 allowed): names written under the prefix the plan records follow
+    the manifest's current name."""
+    was = (meta.get("plan") or {}).get("prefix") if isinstance(meta.get("plan"), dict) else None
+    if isinstance(was, str) and was and was != prefix.name and (
+            name == was or name.startswith(was + ".part-")):
+        return prefix.name + name[len(was):]
+    return name
+
+
 def open_tokens(prefix: str | Path) -> TokenCorpus:
     """Open the corpus ``PREFIX.json`` describes (written by ``packtool tokenize``).
 
@@ -488,8 +499,8 @@ def open_tokens(prefix: str | Path) -> TokenCorpus:
     path = prefix_paths(prefix)["json"]
     meta = read_manifest(path, FORMAT, READABLE)
     dtype, entries = _checked_meta(meta, path)
-    parts = [open_part(prefix.parent / q["name"], q, dtype, bool(meta.get("mask")))
-             for q in entries]
+    parts = [open_part(prefix.parent / _renamed(q["name"], meta, prefix), q, dtype,
+                       bool(meta.get("mask"))) for q in entries]
     return TokenCorpus(prefix=prefix, meta=meta, parts=parts)
 
 
