@@ -136,8 +136,8 @@ def test_array_tasks_then_finalize_match_local(inputs, reference, tmp_path):
     base = ["tokenize", inputs, "-t", TOKENIZER, "-o", out, "-q"]
     assert run_cli(*base, "--tasks", 3, "--task", 2).exit_code == 0
     res = run_cli(*base, "--finalize")
-    assert res.exit_code == 1 and "3 of 5 parts" in res.output
-    assert "part 0 (c.part-00000): missing" in res.output and "part 2" not in res.output
+    assert res.exit_code == 1 and "4 of 5 parts" in res.output  # task 2 of 3 owns part 2
+    assert "part 0 (c.part-00000): missing" in res.output and "part 2 " not in res.output
     assert not (tmp_path / "c.json").exists()
     for k in (0, 1):
         assert run_cli(*base, "--tasks", 3, "--task", k).exit_code == 0
