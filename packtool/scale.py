@@ -268,9 +268,12 @@ def _merge_engines(engines: list[dict]) -> dict:
         out["checked_docs"] = sum(e.get("checked_docs", 0) for e in engines)
         out["checked_tokens"] = sum(e.get("checked_tokens", 0) for e in engines)
         out["result"] = "identical"
-    reasons = [r for e in engines for r in e.get("not_used", [])]
+    reasons: dict = {}
+    for e in engines:  # engine name -> why it was not used (the same for every part, mostly)
+        for name, why in (e.get("not_used") or {}).items():
+            reasons.setdefault(name, why)
     if reasons:
-        out["not_used"] = list(dict.fromkeys(reasons))
+        out["not_used"] = reasons
     fallbacks = [f"part {i}: {e['fallback']}" for i, e in enumerate(engines) if e.get("fallback")]
     if fallbacks:
         out["fallback"] = "; ".join(fallbacks)
