@@ -403,10 +403,11 @@ def tokenize(inputs: list[str], tokenizer, out, opts, *, progress=False,
              finalize: bool = False, part_bytes: int | None = None):
     """Plan, run the parts this invocation owns, and (unless it is one array task of
     several) write the manifest. Returns a :class:`packtool.tokenize.TokenizeResult`."""
-    from .tokenize import TokenizeResult
+    from .tokenize import TokenizeResult, check_options
 
     t0 = time.perf_counter()
     _check_run_args(executor, tasks, task, finalize)
+    check_options(opts)
     plan = plan_tokenize(inputs, tokenizer, out, opts, part_bytes)
     json_path = plan.prefix.parent / f"{plan.prefix.name}.json"
     if json_path.exists() and not opts.overwrite:
@@ -426,14 +427,16 @@ def tokenize(inputs: list[str], tokenizer, out, opts, *, progress=False,
         manifests, skipped = _run_ray(plan, mine, opts, ray_address, ray_cpus, max_retries,
                                       progress)
     elif mine:
-        bar = _bar(sum(plan.parts[k].bytes for k in mine), progress, "tokenize", "B")
+        from .tokenize import _progress_bar
+
+        bar = _progress_bar(sum(plan.parts[k].bytes for k in mine), progress)
         try:
             for k in mine:
                 before = bar.n if bar is not None else 0
                 manifests[k], was_done = run_part(plan, k, opts, bar if bar else False)
                 skipped += was_done
-                if bar is not None:
-                    bar.update(before + plan.parts[k].bytes - bar.n)
+                if bar is not None and bar.n != before + plan.parts[k].bytes:
+                    bar.update(before + plan.parts[k].bytes - bar.n)  # a skipped part
         finally:
             if bar is not None:
                 bar.close()

@@ -381,13 +381,34 @@ def tokenize_part(paths: list[Path], tokenizer: str | Path, part_prefix: Path,
         return result
 
 
+def check_options(opts: TokenizeOptions) -> None:
+    """The option checks that need no input or tokenizer: run before a plan is made."""
+    if opts.max_record_bytes < 1:
+        raise PacktoolError(f"--max-record-bytes {opts.max_record_bytes}: must be at least 1 "
+                            f"(default {DEFAULT_MAX_RECORD_BYTES:,})")
+    if opts.batch_size < 1 or opts.workers < 0:
+        raise PacktoolError("--batch-size and --workers must be at least 1")
+    mode = ReadOptions(opts.text_field, prompt_field=opts.prompt_field,
+                       completion_field=opts.completion_field,
+                       messages_field=opts.messages_field).mode
+    if mode == "prompt_completion" and not (opts.prompt_field and opts.completion_field):
+        raise PacktoolError("--prompt-field and --completion-field go together; pass both")
+    if mode == "messages" and (opts.prompt_field or opts.completion_field):
+        raise PacktoolError("--messages-field cannot be combined with "
+                            "--prompt-field/--completion-field")
+    if mode == "messages" and (opts.bos or opts.eos):
+        raise PacktoolError("with --messages-field the chat template writes the special tokens; "
+                            "drop --bos/--eos (or put them in the template)")
+    if mode != "text" and opts.special_tokens:
+        raise PacktoolError("--special-tokens applies to plain text; with prompt/completion use "
+                            "--bos/--eos, with messages the chat template")
+
+
 def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
                     fallback: str | None = None, part_info: dict | None = None
                     ) -> TokenizeResult:
     t0 = time.perf_counter()
-    if opts.max_record_bytes < 1:
-        raise PacktoolError(f"--max-record-bytes {opts.max_record_bytes}: must be at least 1 "
-                            f"(default {DEFAULT_MAX_RECORD_BYTES:,})")
+    check_options(opts)
     paths = expand_inputs(inputs)
     tok, tok_path = load_tokenizer(tokenizer)
     bos_id = special_token_id(tok, opts.bos, "--bos") if opts.bos else None
@@ -395,23 +416,11 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
     vocab_size = id_space(tok)
     dtype = token_dtype(vocab_size)
     workers = opts.workers or os.cpu_count() or 1
-    if opts.batch_size < 1 or workers < 1:
-        raise PacktoolError("--batch-size and --workers must be at least 1")
     read_opts = ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
                             prompt_field=opts.prompt_field, completion_field=opts.completion_field,
                             messages_field=opts.messages_field,
                             max_record_bytes=opts.max_record_bytes)
     mode = read_opts.mode
-    if mode == "prompt_completion" and not (opts.prompt_field and opts.completion_field):
-        raise PacktoolError("--prompt-field and --completion-field go together; pass both")
-    if mode == "messages" and (opts.prompt_field or opts.completion_field):
-        raise PacktoolError("--messages-field cannot be combined with --prompt-field/--completion-field")
-    if mode == "messages" and (opts.bos or opts.eos):
-        raise PacktoolError("with --messages-field the chat template writes the special tokens; "
-                            "drop --bos/--eos (or put them in the template)")
-    if mode != "text" and opts.special_tokens:
-        raise PacktoolError("--special-tokens applies to plain text; with prompt/completion use "
-                            "--bos/--eos, with messages the chat template")
     if opts.special_tokens and (bos_id is not None or eos_id is not None):
         _refuse_doubled_specials(tok, opts, bos_id, eos_id)
     template_from, warnings = None, []
