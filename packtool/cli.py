@@ -53,6 +53,29 @@ overflow_option = click.option(
     "seq_len tokens, or drop them (always counted).")
 
 
+def scale_options(fn):
+    """How a run spreads over machines (packtool.scale, docs/SCALE.md)."""
+    for opt in reversed((
+        click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+                     show_default=True,
+                     help="local: the parts in turn with every core; ray: one Ray task per "
+                          "part (pip install 'packtool[ray]')."),
+        click.option("--ray-address", default=None,
+                     help="Ray cluster to join (auto, ray://HOST:10001); default: start a "
+                          "local instance."),
+        click.option("--tasks", type=click.IntRange(1), default=None,
+                     help="Array jobs: the number of tasks sharing the plan (with --task)."),
+        click.option("--task", type=click.IntRange(0), default=None,
+                     help="Array jobs: run only this task's share (0-based; Slurm: "
+                          "$SLURM_ARRAY_TASK_ID)."),
+        click.option("--finalize", is_flag=True,
+                     help="Array jobs: after every task, check every part and write the "
+                          "manifest (names the missing or corrupt parts otherwise)."),
+    )):
+        fn = opt(fn)
+    return fn
+
+
 def seq_len_option(multiple: bool = False, **kw):
     if multiple:
         return click.option("--seq-len", "-L", "seq_lens", type=click.IntRange(1, 2**31 - 1),
@@ -144,13 +167,22 @@ def cli():
               show_default=True,
               help="Compare a fast engine with the reference on a sample of documents, on all "
                    "of them, or not at all (a load-time probe always runs).")
+@scale_options
+@click.option("--ray-cpus", type=click.IntRange(1), default=1, show_default=True,
+              help="--executor ray: CPUs (tokenizer threads) per part's task.")
+@click.option("--part-bytes", type=click.IntRange(1), default=None,
+              help="Group consecutive small input files into parts of up to this many bytes "
+                   "(default: one part per file; a file is never split).")
+@click.option("--plan", "show_plan", is_flag=True,
+              help="Print the plan (parts, their inputs, bytes) and exit without running it.")
 @overwrite_option
 @quiet_option
 @json_option
 def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_tokens,
              skip_bad_records, max_record_bytes, prompt_field, completion_field, messages_field,
              chat_template, train_on, max_render_chars, render_timeout, workers, batch_size,
-             engine, engine_check, overwrite, quiet, as_json):
+             engine, engine_check, executor, ray_address, tasks, task, finalize, ray_cpus,
+             part_bytes, show_plan, overwrite, quiet, as_json):
     """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow and .txt INPUTS.
 
     INPUTS are files, directories (every supported file inside, sorted) or globs. Every
@@ -158,11 +190,17 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
     --prompt-field/--completion-field or --messages-field it also writes PREFIX.mask (1 =
     trained on) for supervised fine-tuning.
 
+    The inputs are planned into parts (one per file; --plan prints them), each written and
+    verified on its own: a re-run skips finished parts (resume), and --executor ray or
+    --tasks N --task K + --finalize spread them over machines (docs/SCALE.md).
+
     \b
     Example:
         packtool tokenize corpus/*.jsonl.zst --tokenizer gpt2/tokenizer.json \\
             --eos '<|endoftext|>' --out out/corpus
         packtool tokenize chats.jsonl --messages-field messages --tokenizer model/ --out out/sft
+        packtool tokenize shards/ -t tok.json -o out/c --tasks 4 --task $SLURM_ARRAY_TASK_ID
+        packtool tokenize shards/ -t tok.json -o out/c --finalize
     """
     from .tokenize import TokenizeOptions, tokenize_files
 
@@ -175,7 +213,15 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
                            engine=engine, engine_check=engine_check)
     if max_record_bytes is not None:
         opts.max_record_bytes = max_record_bytes
-    result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet)
+    if show_plan:
+        from .scale import plan_tokenize
+
+        plan = _run(plan_tokenize, list(inputs), tokenizer, out, opts, part_bytes)
+        click.echo(json.dumps(plan.to_json(), indent=1) if as_json else plan.summary())
+        return
+    result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet,
+                  executor=executor, ray_address=ray_address, ray_cpus=ray_cpus, tasks=tasks,
+                  task=task, finalize=finalize, part_bytes=part_bytes)
     _emit(result, as_json, quiet)
     if quiet or as_json:  # the summary, when printed, carries them
         for w in result.warnings:
@@ -198,12 +244,17 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
                    "pack them into OUT/valid.")
 @click.option("--valid-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=None, help="Hold out this fraction of each source's documents instead.")
+@click.option("--group-docs", type=click.IntRange(1), default=None,
+              help="Pack consecutive groups of this many documents independently (bounds "
+                   "the packer's memory and time at 1e9 documents; docs/SCALE.md: its cost).")
 @packer_options
+@scale_options
 @overwrite_option
 @quiet_option
 @json_option
 def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, valid_docs,
-         valid_fraction, max_depth, work_limit, time_limit, overwrite, quiet, as_json):
+         valid_fraction, group_docs, max_depth, work_limit, time_limit, executor, ray_address,
+         tasks, task, finalize, overwrite, quiet, as_json):
     """Pack tokenized PREFIXES (packed together as one corpus) into packs of --seq-len tokens.
 
     A prefix may carry a repeat factor, PREFIX:FACTOR: 2.0 uses every document twice, 0.5 a
@@ -216,15 +267,19 @@ def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, v
     Example:
         packtool pack out/corpus --seq-len 4096 --algo bfd --out out/packed
         packtool pack out/web:2.0 out/books:0.5 out/code -L 4096 --valid-docs 1000 -o out/mix
+        packtool pack out/corpus -L 4096 -o out/packed --tasks 8 --task $SLURM_ARRAY_TASK_ID
+        packtool pack out/corpus -L 4096 -o out/packed --finalize
     """
     from .pack import pack as run_pack
     from .plan import PackOptions
 
     opts = PackOptions(seq_len, algo, overflow, seed, not no_shuffle, shard_size,
                        max_depth=max_depth, work_limit=work_limit, time_limit=time_limit,
-                       valid_docs=valid_docs, valid_fraction=valid_fraction)
-    _emit(_run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet),
-          as_json, quiet)
+                       valid_docs=valid_docs, valid_fraction=valid_fraction,
+                       group_docs=group_docs)
+    _emit(_run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
+               executor=executor, ray_address=ray_address, tasks=tasks, task=task,
+               finalize=finalize), as_json, quiet)
 
 
 @cli.command()

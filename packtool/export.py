@@ -101,7 +101,8 @@ def _source_paths(source, kind: str) -> list[Path]:
         return [Path(os.path.abspath(source.directory))]
     from .formats.tokens import prefix_paths
 
-    return [Path(os.path.abspath(p)) for p in prefix_paths(source.prefix).values()]
+    files = [*source.data_files(), prefix_paths(source.prefix)["json"]]
+    return [Path(os.path.abspath(p)) for p in files]
 
 
 def _refuse_self_overwrite(source, kind: str, out: Path) -> None:

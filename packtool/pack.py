@@ -127,13 +127,21 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
 
 
 def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
-         overwrite: bool = False, progress: bool = False, verify_sources: bool = True
-         ) -> PackResult:
+         overwrite: bool = False, progress: bool = False, verify_sources: bool = True,
+         executor: str = "local", ray_address: str | None = None, tasks: int | None = None,
+         task: int | None = None, finalize: bool = False) -> PackResult:
     """Plan, then write. ``prefixes`` may carry repeat factors (``web:2.0``); held-out
     documents (``options.valid_docs``/``valid_fraction``) are packed into ``out/valid``.
     Sources' checksums are verified before anything is written (a full read of the sources,
-    ~1.4 GB/s; ``verify_sources=False`` skips it and says so)."""
+    ~1.4 GB/s; ``verify_sources=False`` skips it and says so).
+
+    ``executor="ray"`` writes each shard as a Ray task; ``tasks``/``task`` writes one array
+    task's share of the shards and ``finalize`` writes index.json once all are there (see
+    :mod:`packtool.scale`); the shards are the same bytes whichever way they were written."""
+    from .scale import _check_run_args
+
     t0 = time.perf_counter()
+    _check_run_args(executor, tasks, task, finalize)
     options.check()
     specs = [parse_source(p) for p in prefixes]
     corpora = open_sources([prefix for prefix, _ in specs])
@@ -149,11 +157,31 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
     layout = plan_pack(lengths, options, repeats)
     valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
     assign_seconds = time.perf_counter() - t_assign
-    if verify_sources:
+    one_task = task is not None and tasks > 1
+    if verify_sources and not one_task:  # a task of several: --finalize checks the sources
         for c in corpora:
             c.verify_checksums()
-    index = write_packed(layout, corpora, out, overwrite=overwrite, progress=progress,
-                         factors=factors, valid=valid)
+    if executor == "local" and tasks is None and not finalize:
+        index = write_packed(layout, corpora, out, overwrite=overwrite, progress=progress,
+                             factors=factors, valid=valid)
+    else:
+        from .scale import pack_parts
+
+        index = pack_parts(layout, valid, corpora, [prefix for prefix, _ in specs], factors,
+                           Path(out), overwrite=overwrite, progress=progress,
+                           executor=executor, ray_address=ray_address, tasks=tasks, task=task,
+                           finalize=finalize)
+        if index is None:  # one array task's share written; --finalize writes the index
+            return PackResult(
+                out=str(out), algo=options.algo, seq_len=options.seq_len,
+                n_packs=layout.n_packs, n_tokens=layout.counts["n_tokens"],
+                n_segments=layout.counts["n_segments"], counts=layout.counts,
+                metrics=_metrics(layout), solver=layout.report.to_json(),
+                seconds=time.perf_counter() - t0, assign_seconds=assign_seconds,
+                n_shards=layout.n_shards, sources_verified=False,
+                warnings=layout.report.warnings
+                + [f"task {task} of {tasks}: wrote its share of the shards; run --finalize "
+                   "once every task is done to write index.json"])
     return PackResult(
         out=str(out), algo=options.algo, seq_len=options.seq_len, n_packs=layout.n_packs,
         n_tokens=layout.counts["n_tokens"], n_segments=layout.counts["n_segments"],
@@ -182,11 +210,7 @@ def write_packed(layout: PackLayout, corpora: list[TokenCorpus], out: str | Path
             if valid is not None:
                 (tmp / VALID).mkdir()
                 v = _write_layout(valid, corpora, tmp / VALID, bar, factors, "valid", None)
-                opts = layout.options
-                held_out = {"path": VALID, "valid_docs": opts.valid_docs,
-                            "valid_fraction": opts.valid_fraction,
-                            "n_docs_held_out": int(sum(s["docs_used"] for s in v["sources"])),
-                            "n_packs": v["n_packs"], "n_tokens": v["n_tokens"]}
+                held_out = held_out_entry(layout.options, v)
             index = _write_layout(layout, corpora, tmp, bar, factors, "train", held_out)
     finally:
         if bar is not None:
@@ -199,21 +223,42 @@ VALID = "valid"
 
 def _write_layout(layout: PackLayout, corpora: list[TokenCorpus], directory: Path, bar,
                   factors: list[float] | None, split: str, held_out: dict | None) -> dict:
-    opts = layout.options
-    tok_dtype = max((c.dtype for c in corpora), key=lambda d: d.itemsize)
-    writer = PackedWriter(directory, opts.seq_len, tok_dtype,
-                          any(c.mask is not None for c in corpora))
+    writer = layout_writer(layout, corpora, directory)
     for k in range(layout.n_shards):
         packs, segs = layout.shard(k)
         _write_shard(writer, layout, packs, segs, corpora, bar)
+    return writer.finish(index_meta(layout, corpora, factors, split, held_out))
+
+
+def layout_writer(layout: PackLayout, corpora: list[TokenCorpus], directory: Path
+                  ) -> PackedWriter:
+    tok_dtype = max((c.dtype for c in corpora), key=lambda d: d.itemsize)
+    return PackedWriter(directory, layout.options.seq_len, tok_dtype,
+                        any(c.has_mask for c in corpora))
+
+
+def _metrics(layout: PackLayout) -> dict:
     rep = layout.report
-    metrics = pack_metrics(layout.seg_length, opts.seq_len, layout.n_packs, rep.lp_bound,
-                           rep.lp_converged)
-    return writer.finish({
-        "algo": opts.algo, "algo_options": rep.options, "seed": opts.seed,
-        "shuffle": opts.shuffle, "overflow": opts.overflow, "n_packs": layout.n_packs,
-        **layout.counts, **metrics, "solver": rep.to_json(), "split": split,
-        "held_out": held_out, "sources": _source_entries(layout, corpora, factors)})
+    return pack_metrics(layout.seg_length, layout.options.seq_len, layout.n_packs,
+                        rep.lp_bound, rep.lp_converged)
+
+
+def index_meta(layout: PackLayout, corpora: list[TokenCorpus], factors: list[float] | None,
+               split: str, held_out: dict | None) -> dict:
+    """Everything index.json says besides the format's own keys and the shards."""
+    opts, rep = layout.options, layout.report
+    return {"algo": opts.algo, "algo_options": rep.options, "seed": opts.seed,
+            "shuffle": opts.shuffle, "overflow": opts.overflow,
+            "group_docs": opts.group_docs, "n_packs": layout.n_packs,
+            **layout.counts, **_metrics(layout), "solver": rep.to_json(), "split": split,
+            "held_out": held_out, "sources": _source_entries(layout, corpora, factors)}
+
+
+def held_out_entry(options: PackOptions, v: dict) -> dict:
+    return {"path": VALID, "valid_docs": options.valid_docs,
+            "valid_fraction": options.valid_fraction,
+            "n_docs_held_out": int(sum(s["docs_used"] for s in v["sources"])),
+            "n_packs": v["n_packs"], "n_tokens": v["n_tokens"]}
 
 
 def _source_entries(layout: PackLayout, corpora: list[TokenCorpus],
@@ -232,16 +277,21 @@ def _source_entries(layout: PackLayout, corpora: list[TokenCorpus],
 
 def _write_shard(writer: PackedWriter, layout: PackLayout, packs: slice, segs: slice,
                  corpora: list[TokenCorpus], bar) -> None:
-    seg_len = layout.seg_length[segs]
-    sdoc, soff = layout.seg_doc[segs], layout.seg_offset[segs]
+    _write_shard_arrays(writer, layout.seg_length[segs], layout.pack_nseg[packs],
+                        layout.seg_doc[segs], layout.seg_offset[segs], corpora, bar)
+
+
+def _write_shard_arrays(writer: PackedWriter, seg_len, pack_nseg, sdoc, soff,
+                        corpora: list[TokenCorpus], bar, k: int | None = None) -> dict:
+    """One shard from its segments (output order); ``k`` names it (default: the next)."""
     tok_ends = np.concatenate([[0], np.cumsum(seg_len)]).astype(np.int64)
 
     def fill_tokens(tokens, mask, a, b, t_a, t_b):
         gather_segments(corpora, sdoc[a:b], soff[a:b], seg_len[a:b], tokens, tok_ends[a:b],
                         mask)
 
-    writer.write_shard(seg_len, layout.pack_nseg[packs], sdoc, soff, fill_tokens,
-                       progress=None if bar is None else bar.update)
+    return writer.write_shard(seg_len, pack_nseg, sdoc, soff, fill_tokens,
+                              progress=None if bar is None else bar.update, k=k)
 
 
 def _source_entry(c: TokenCorpus) -> dict:
@@ -252,7 +302,8 @@ def _source_entry(c: TokenCorpus) -> dict:
         "n_tokens": c.n_tokens,
         "dtype": c.dtype.name,
         "tokenizer_sha256": c.meta["tokenizer"]["sha256"],
-        "checksums": c.meta["checksums"],
+        "checksums": (c.meta["checksums"] if "checksums" in c.meta
+                      else {q["name"]: q["checksums"] for q in c.meta["parts"]}),
     }
 
 

@@ -39,6 +39,7 @@ class PackOptions:
     time_limit: float | None = None
     valid_docs: int | None = None       # hold out this many documents (seeded, per source) ...
     valid_fraction: float | None = None  # ... or this fraction of each source, packed apart
+    group_docs: int | None = None       # pack consecutive groups of this many documents apart
 
     def packer_options(self) -> PackerOptions:
         names = {f.name for f in fields(PackerOptions)}
@@ -54,6 +55,10 @@ class PackOptions:
                                 f"{', '.join(OVERFLOW)}")
         if self.shard_size < 1:
             raise PacktoolError(f"--shard-size must be positive, got {self.shard_size}")
+        if self.group_docs is not None and (isinstance(self.group_docs, bool) or not isinstance(
+                self.group_docs, int) or self.group_docs < 1):
+            raise PacktoolError(f"--group-docs must be a positive number of documents, got "
+                                f"{self.group_docs!r}")
 
 
 @dataclass
@@ -177,11 +182,12 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
         rounds = make_rounds(lengths, repeats, options.seq_len, options.overflow)
     parts, n_packs, report = [], 0, None
     for segs in rounds:
-        packing = run_packer(segs.length, options.seq_len, options.algo,
-                             options.packer_options())
-        parts.append(np.where(packing.packs >= 0, packing.packs + n_packs, -1))
-        n_packs += packing.report.n_packs
-        report = _merge_reports(report, packing.report)
+        for a, b in doc_groups(segs.doc, lengths.size, options.group_docs):
+            packing = run_packer(segs.length[a:b], options.seq_len, options.algo,
+                                 options.packer_options())
+            parts.append(np.where(packing.packs >= 0, packing.packs + n_packs, -1))
+            n_packs += packing.report.n_packs
+            report = _merge_reports(report, packing.report)
     if report is None:  # nothing to pack at all
         report = run_packer(np.empty(0, np.int64), options.seq_len, options.algo,
                             options.packer_options()).report
@@ -203,6 +209,20 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
                            f"> {options.seq_len} tokens")
     layout.shard_starts = shard_starts(pack_len, options.shard_size)
     return layout
+
+
+def doc_groups(seg_doc: np.ndarray, n_docs: int, group_docs: int | None
+               ) -> list[tuple[int, int]]:
+    """Segment ranges of consecutive groups of ``group_docs`` documents (segments are in
+    document order), each packed on its own: OLMo-core packs per source file this way, and
+    it bounds one packer call's memory and time. Measured on 10M lognormal lengths
+    (scripts/bench_scale.py, bfd, seq_len 4096): see docs/SCALE.md for packs vs global."""
+    if group_docs is None or n_docs <= group_docs:
+        return [(0, int(seg_doc.size))]
+    cuts = np.searchsorted(seg_doc, np.arange(0, n_docs + group_docs, group_docs)[1:],
+                           side="left")
+    starts = np.concatenate([[0], cuts[:-1]])
+    return [(int(a), int(b)) for a, b in zip(starts, cuts, strict=True) if b > a]
 
 
 def _merge_reports(a: PackerReport | None, b: PackerReport) -> PackerReport:

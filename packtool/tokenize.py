@@ -1,5 +1,9 @@
 """Stage 1: raw corpora -> token files (``PREFIX.bin``, ``PREFIX.boundaries``, ``PREFIX.json``).
 
+A run is a plan of parts (:mod:`packtool.scale`: by default one part per input file), each
+written by the pipeline below on its own and committed atomically, so a run resumes and
+spreads over machines (``--executor ray``, ``--tasks N --task K``).
+
 The pipeline keeps every core busy on tokenizing and memory flat::
 
     reader thread                 worker threads (--workers)            calling thread
@@ -86,18 +90,30 @@ class TokenizeResult:
     seconds: float
     inputs: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    n_parts: int = 1
+    n_parts_skipped: int = 0        # parts found finished and verified (resume)
+    executor: str = "local"
+    part: dict | None = field(default=None, repr=False)  # one part's manifest (run_part)
+    n_tokens_tokenized: int | None = None  # by this run (skipped parts excluded); None: all
 
     @property
     def tokens_per_second(self) -> float:
-        return self.n_tokens / self.seconds if self.seconds else 0.0
+        done = self.n_tokens if self.n_tokens_tokenized is None else self.n_tokens_tokenized
+        return done / self.seconds if self.seconds else 0.0
 
     def summary(self) -> str:
         skipped = f", {self.n_skipped:,} bad records skipped" if self.n_skipped else ""
+        if self.executor == "finalize":
+            return (f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens "
+                    f"({self.dtype}) in {self.n_parts} parts, every part checked (sha256); "
+                    f"manifest written in {self.seconds:.1f}s")
         return (
             f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens ({self.dtype}), "
             f"{self.n_empty:,} empty{skipped} in {self.seconds:.1f}s "
-            f"({self.n_docs / max(self.seconds, 1e-9):,.0f} docs/s, "
-            f"{self.tokens_per_second / 1e6:.2f}M tokens/s)"
+            f"({self.tokens_per_second / 1e6:.2f}M tokens/s tokenized)"
+            + (f"; {self.n_parts} parts ({self.executor})" if self.n_parts > 1 else "")
+            + (f", {self.n_parts_skipped} already finished and verified, skipped"
+               if self.n_parts_skipped else "")
         ) + "".join(f"\nwarning: {w}" for w in self.warnings)
 
     def to_json(self) -> dict:
@@ -331,29 +347,68 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
 
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
-                   options: TokenizeOptions | None = None, progress: bool = False) -> TokenizeResult:
+                   options: TokenizeOptions | None = None, progress: bool = False,
+                   **run) -> TokenizeResult:
     """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``.
 
-    A fast engine that differs from the reference on a checked document fails the run; its
-    partial output is discarded and, with ``--engine auto``, the run starts again with the
+    The inputs are planned into parts (one per file by default) and the parts run in turn
+    with every core; ``run`` takes :func:`packtool.scale.tokenize` 's keywords (executor,
+    ray_address, tasks, task, finalize, part_bytes) to run them elsewhere. Parts already
+    finished and verified are skipped (resume)."""
+    from .scale import tokenize as run_plan
+
+    return run_plan(inputs, tokenizer, out, options or TokenizeOptions(), progress=progress,
+                    **run)
+
+
+def tokenize_part(paths: list[Path], tokenizer: str | Path, part_prefix: Path,
+                  opts: TokenizeOptions, part_info: dict, progress=False) -> TokenizeResult:
+    """Tokenize one part: ``paths`` into ``part_prefix``.{bin,boundaries,mask} and its part
+    manifest ``part_info["manifest"]`` (written last, all renamed into place together).
+
+    A fast engine that differs from the reference on a checked document fails the part; its
+    partial output is discarded and, with ``--engine auto``, the part starts again with the
     reference (the manifest's ``engine.fallback`` says why)."""
-    opts = options or TokenizeOptions()
     try:
-        return _tokenize_files(inputs, tokenizer, out, opts, progress)
+        return _tokenize_files(paths, tokenizer, part_prefix, opts, progress,
+                               part_info=part_info)
     except EngineMismatch as e:
         if opts.engine != "auto":
             raise PacktoolError(f"--engine {opts.engine}: {e}; use --engine auto or hf") from None
-        result = _tokenize_files(inputs, tokenizer, out, opts, progress, fallback=str(e))
+        result = _tokenize_files(paths, tokenizer, part_prefix, opts, progress,
+                                 fallback=str(e), part_info=part_info)
         result.warnings.insert(0, mismatch_warning(e))  # printed with the summary
         return result
 
 
-def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: bool,
-                    fallback: str | None = None) -> TokenizeResult:
-    t0 = time.perf_counter()
+def check_options(opts: TokenizeOptions) -> None:
+    """The option checks that need no input or tokenizer: run before a plan is made."""
     if opts.max_record_bytes < 1:
         raise PacktoolError(f"--max-record-bytes {opts.max_record_bytes}: must be at least 1 "
                             f"(default {DEFAULT_MAX_RECORD_BYTES:,})")
+    if opts.batch_size < 1 or opts.workers < 0:
+        raise PacktoolError("--batch-size and --workers must be at least 1")
+    mode = ReadOptions(opts.text_field, prompt_field=opts.prompt_field,
+                       completion_field=opts.completion_field,
+                       messages_field=opts.messages_field).mode
+    if mode == "prompt_completion" and not (opts.prompt_field and opts.completion_field):
+        raise PacktoolError("--prompt-field and --completion-field go together; pass both")
+    if mode == "messages" and (opts.prompt_field or opts.completion_field):
+        raise PacktoolError("--messages-field cannot be combined with "
+                            "--prompt-field/--completion-field")
+    if mode == "messages" and (opts.bos or opts.eos):
+        raise PacktoolError("with --messages-field the chat template writes the special tokens; "
+                            "drop --bos/--eos (or put them in the template)")
+    if mode != "text" and opts.special_tokens:
+        raise PacktoolError("--special-tokens applies to plain text; with prompt/completion use "
+                            "--bos/--eos, with messages the chat template")
+
+
+def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
+                    fallback: str | None = None, part_info: dict | None = None
+                    ) -> TokenizeResult:
+    t0 = time.perf_counter()
+    check_options(opts)
     paths = expand_inputs(inputs)
     tok, tok_path = load_tokenizer(tokenizer)
     bos_id = special_token_id(tok, opts.bos, "--bos") if opts.bos else None
@@ -361,23 +416,11 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
     vocab_size = id_space(tok)
     dtype = token_dtype(vocab_size)
     workers = opts.workers or os.cpu_count() or 1
-    if opts.batch_size < 1 or workers < 1:
-        raise PacktoolError("--batch-size and --workers must be at least 1")
     read_opts = ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
                             prompt_field=opts.prompt_field, completion_field=opts.completion_field,
                             messages_field=opts.messages_field,
                             max_record_bytes=opts.max_record_bytes)
     mode = read_opts.mode
-    if mode == "prompt_completion" and not (opts.prompt_field and opts.completion_field):
-        raise PacktoolError("--prompt-field and --completion-field go together; pass both")
-    if mode == "messages" and (opts.prompt_field or opts.completion_field):
-        raise PacktoolError("--messages-field cannot be combined with --prompt-field/--completion-field")
-    if mode == "messages" and (opts.bos or opts.eos):
-        raise PacktoolError("with --messages-field the chat template writes the special tokens; "
-                            "drop --bos/--eos (or put them in the template)")
-    if mode != "text" and opts.special_tokens:
-        raise PacktoolError("--special-tokens applies to plain text; with prompt/completion use "
-                            "--bos/--eos, with messages the chat template")
     if opts.special_tokens and (bos_id is not None or eos_id is not None):
         _refuse_doubled_specials(tok, opts, bos_id, eos_id)
     template_from, warnings = None, []
@@ -406,13 +449,18 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
             raise PacktoolError(f"input {p} is also an output of --out {out}; choose another --out")
     total_bytes = sum(p.stat().st_size for p in paths)
 
-    outputs = [files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else []) + [files["json"]]
-    with atomic_files(outputs, opts.overwrite) as tmp:
+    # the part's manifest goes last: a part whose manifest exists has all its files
+    manifest_path = Path(part_info["manifest"])
+    outputs = ([files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else [])
+               + [manifest_path])
+    with atomic_files(outputs, True) as tmp:  # the plan decided to (re)write this part
         keys = ["bin", "boundaries"] + (["mask"] if with_mask else []) + ["json"]
         writer = TokenWriter(dict(zip(keys, tmp, strict=True)), with_mask)
         reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers,
                          warn_bytes=opts.long_record_warn_bytes)
-        bar = _progress_bar(total_bytes, progress)
+        own_bar = not hasattr(progress, "update")  # else the caller's bar over all parts
+        bar = _progress_bar(total_bytes, progress) if own_bar else progress
+        bar_base = bar.n if bar is not None else 0
         try:
             with _rust_parallelism_off(), ThreadPoolExecutor(workers, "packtool-tok") as pool:
                 reader.start()
@@ -433,7 +481,7 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
                     future, bytes_read = pending.popleft()
                     writer.write(*future.result())
                     if bar is not None:
-                        bar.update(bytes_read - bar.n)
+                        bar.update(bar_base + bytes_read - bar.n)
                         el = max(time.perf_counter() - t0, 1e-9)
                         bar.set_postfix_str(f"{writer.n_docs / el:,.0f} docs/s, "
                                             f"{writer.n_tokens / el / 1e6:.2f}M tok/s",
@@ -443,18 +491,18 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
             writer.abort()
             raise
         finally:
-            if bar is not None:
+            if bar is not None and own_bar:
                 bar.close()
         reader.join()
         seconds = time.perf_counter() - t0
         inputs_meta = [s.to_json() for s in reader.stats]
-        manifest = writer.finish({
+        entry = writer.finish(prefix.name, inputs_meta)
+        manifest = {**part_info["header"], "part": entry, "meta": {
             "dtype": dtype.name,
             "vocab_size": vocab_size,
             "tokenizer": {"path": str(tok_path), "sha256": sha256_file(tok_path)},
             "bos_id": bos_id,
             "eos_id": eos_id,
-            "inputs": inputs_meta,
             "options": {
                 "text_field": opts.text_field,
                 "txt_split": opts.txt_split,
@@ -471,14 +519,15 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
                 "train_on": opts.train_on if mode == "messages" else None,
             },
             "engine": engine_manifest(engine),
-        })
+        }}
+        tmp[-1].write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
 
     n_skipped = sum(sum(s.skipped.values()) for s in reader.stats)
     return TokenizeResult(
-        prefix=str(prefix), n_docs=manifest["n_docs"], n_tokens=manifest["n_tokens"],
-        n_empty=manifest["n_empty"],
+        prefix=str(prefix), n_docs=entry["n_docs"], n_tokens=entry["n_tokens"],
+        n_empty=entry["n_empty"],
         n_skipped=n_skipped, dtype=dtype.name, seconds=seconds, inputs=inputs_meta,
-        warnings=warnings,
+        warnings=warnings, part=manifest,
     )
 
 

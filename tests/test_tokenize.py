@@ -74,17 +74,21 @@ def test_manifest_contents(tmp_path, docs):
     write_jsonl(tmp_path / "b.jsonl", [{"text": d} for d in docs[10:]])
     run([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "out", eos="<|eos|>")
     meta = json.loads((tmp_path / "out.json").read_text())
-    assert meta["format"] == "packtool.tokens" and meta["version"] == 1
+    assert meta["format"] == "packtool.tokens" and meta["version"] == 2
     assert meta["dtype"] == "uint16" and meta["n_docs"] == len(docs)
     assert [i["n_docs"] for i in meta["inputs"]] == [10, len(docs) - 10]
     assert meta["eos_id"] == 2 and meta["bos_id"] is None
     import hashlib
 
     assert meta["tokenizer"]["sha256"] == hashlib.sha256(TOKENIZER.read_bytes()).hexdigest()
-    for key in ("bin", "boundaries"):
-        data = (tmp_path / f"out.{key}").read_bytes()
-        expected = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-        assert meta["checksums"][key] == expected
+    assert [q["name"] for q in meta["parts"]] == ["out.part-00000", "out.part-00001"]
+    assert meta["plan"]["n_parts"] == 2
+    for part, n in zip(meta["parts"], (10, len(docs) - 10), strict=True):
+        assert part["n_docs"] == n and [i["n_docs"] for i in part["inputs"]] == [n]
+        for key in ("bin", "boundaries"):
+            data = (tmp_path / f"{part['name']}.{key}").read_bytes()
+            expected = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            assert part["checksums"][key] == expected
     c = packtool.open_tokens(tmp_path / "out")
     c.verify_checksums()
     assert int(c.lengths.sum()) == meta["n_tokens"] == c.n_tokens

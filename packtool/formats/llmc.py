@@ -115,6 +115,23 @@ def _read(f, t0: int, t1: int, buf: np.ndarray) -> np.ndarray:
     return view
 
 
+def _copy_part(src, ends, n, stream, buf_in, buf_out, eos, tick) -> None:
+    """One part's documents into the stream, ``eos`` (when not None) before each."""
+    lo = 0
+    while lo < n:
+        t0 = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, t0 + TOKEN_CHUNK, side="right")))
+        hi = min(hi, n)
+        t1 = int(ends[hi - 1])
+        toks = _read(src, t0, t1, buf_in)
+        if eos is not None:
+            starts = np.concatenate([[t0], ends[lo:hi - 1]]) - t0
+            toks = _with_eos(toks, starts, eos, out=buf_out)
+        stream.write(toks)
+        tick(t1 - t0)
+        lo = hi
+
+
 def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
                   shard_tokens: int | None = None, eos_id: int | None = None, **_) -> dict:
     """A token corpus as llm.c GPT-2 token shards in directory ``out``."""
@@ -149,28 +166,18 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
     total = corpus.n_tokens + (0 if ends_with_eos else n)
     if total == 0:
         raise PacktoolError(f"{corpus.prefix} holds no tokens; nothing to export")
-    ends = np.asarray(corpus.ends, dtype=np.int64)
     out = Path(out)
     stream = None
     buf_in = np.empty(TOKEN_CHUNK, dtype=np.uint16)
     buf_out = np.empty(TOKEN_CHUNK + TOKEN_CHUNK // 8, dtype=np.uint16)
-    with atomic_dir(out, overwrite, owned_marker=MARKER) as tmp, \
-            open(prefix_paths(corpus.prefix)["bin"], "rb") as src:
+    with atomic_dir(out, overwrite, owned_marker=MARKER) as tmp:
         stream = _ShardedStream(tmp, total, per_shard)
         try:
-            lo = 0
-            while lo < n:
-                t0 = int(ends[lo - 1]) if lo else 0
-                hi = max(lo + 1, int(np.searchsorted(ends, t0 + TOKEN_CHUNK, side="right")))
-                hi = min(hi, n)
-                t1 = int(ends[hi - 1])
-                toks = _read(src, t0, t1, buf_in)
-                if not ends_with_eos:
-                    starts = np.concatenate([[t0], ends[lo:hi - 1]]) - t0
-                    toks = _with_eos(toks, starts, eos, out=buf_out)
-                stream.write(toks)
-                tick(t1 - t0)
-                lo = hi
+            for part in corpus.parts:  # one token stream over the parts, in order
+                ends = np.asarray(part.ends, dtype=np.int64)
+                with open(prefix_paths(part.prefix)["bin"], "rb") as src:
+                    _copy_part(src, ends, len(ends), stream, buf_in, buf_out,
+                               None if ends_with_eos else eos, tick)
         finally:
             stream.close()
         files = [shard_name(k) for k in range(len(stream.sizes))]
@@ -179,7 +186,7 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
                               shard_tokens=per_shard, shard_sizes=stream.sizes)
     notes = [f"documents already end with EOS id {eos}: written as they are" if ends_with_eos
              else f"EOS id {eos} written before each of the {n:,} documents (llm.c's layout)"]
-    if corpus.mask is not None:
+    if corpus.has_mask:
         notes.append("loss mask not exported: llm.c shards hold tokens only")
     return {
         "files": [out / f for f in files],

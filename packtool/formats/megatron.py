@@ -109,6 +109,14 @@ def _link_or_copy(src: Path, dst: Path, link: bool) -> tuple[str, str]:
     return "copy", why
 
 
+def _concatenate(srcs: list[Path], dst: Path) -> None:
+    """The parts' .bin files back to back (a multi-part corpus: one Megatron .bin)."""
+    with open(dst, "wb") as f:
+        for src in srcs:
+            with open(src, "rb") as s:
+                shutil.copyfileobj(s, f, 1 << 24)
+
+
 def _append_bytes(f, arr: np.ndarray, tick) -> None:
     """Append a memmapped .npy array's raw bytes to ``f``: sendfile from its file when it is
     one (in-kernel, copy speed), else chunked writes."""
@@ -159,7 +167,12 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
             yield np.arange(lo, min(n + 1, lo + CHUNK), dtype=np.int64)
 
     with atomic_files([bin_path, idx_path], overwrite) as (tmp_bin, tmp_idx):
-        mode, why = _link_or_copy(prefix_paths(corpus.prefix)["bin"], tmp_bin, link)
+        bins = [prefix_paths(q.prefix)["bin"] for q in corpus.parts]
+        if len(bins) == 1:
+            mode, why = _link_or_copy(bins[0], tmp_bin, link)
+        else:  # one .bin of all parts in order: the corpus's global document order
+            _concatenate(bins, tmp_bin)
+            mode, why = "copy", f"{len(bins)} parts concatenated"
         idx_bytes = write_index(tmp_idx, DTYPE_CODES[dt], corpus.dtype.itemsize, n, lengths,
                                 doc_indices())
     if tmp_bin.exists():  # --overwrite of an earlier link: rename() of two links to one file
@@ -167,9 +180,10 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
     tick(corpus.n_tokens)
     bin_bytes = corpus.n_tokens * corpus.dtype.itemsize
     notes = [f"{bin_path.name} " + (
-        f"hard-linked to {corpus.prefix}.bin (0 bytes copied)" if mode == "hardlink"
-        else f"copied from {corpus.prefix}.bin ({why})")]
-    if corpus.mask is not None:
+        f"hard-linked to {bins[0]} (0 bytes copied)" if mode == "hardlink"
+        else f"copied from {bins[0]} ({why})" if len(bins) == 1
+        else f"the {len(bins)} parts' .bin files concatenated in order ({why})")]
+    if corpus.has_mask:
         notes.append("loss mask not exported: a Megatron indexed dataset holds tokens only "
                      f"({corpus.prefix}.mask stays beside the corpus)")
     return {

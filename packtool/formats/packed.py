@@ -73,6 +73,7 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
     "packs in shuffled order", "overflow": "split, truncate or drop",
     "token_dtype": "uint16 or uint32", "loss_mask": "shards carry loss_mask",
     "dtypes": "numpy dtype string per array",
+    "group_docs": "documents per independently packed group (--group-docs), or null",
     "n_packs": "packs", "n_docs": "source documents", "n_empty": "zero-length documents",
     "n_overlong": "documents longer than seq_len", "n_split": "documents split",
     "n_split_pieces": "pieces they became", "n_truncated": "documents truncated",
@@ -170,10 +171,12 @@ class PackedWriter:
         self.shards: list[dict] = []
 
     def write_shard(self, seg_len, pack_nseg, source_docs, source_offsets, fill_tokens,
-                    progress=None) -> dict:
+                    progress=None, k: int | None = None) -> dict:
         """One shard from its segments (output order). ``fill_tokens(tokens, mask, a, b, t_a,
-        t_b)`` writes segments a..b-1 into tokens[t_a:t_b] (and mask, when there is one)."""
-        name = f"shard-{len(self.shards):05d}"
+        t_b)`` writes segments a..b-1 into tokens[t_a:t_b] (and mask, when there is one).
+        ``k`` numbers the shard (default: the next one; given when shards are written apart,
+        see packtool.scale)."""
+        name = f"shard-{len(self.shards) if k is None else k:05d}"
         off = shard_offsets(seg_len, pack_nseg)
         n_tok, n_seg, n_packs = int(off["tok_ends"][-1]), int(seg_len.size), int(pack_nseg.size)
         small = {"pack_offsets": off["pack_offsets"], "seg_offsets": off["seg_offsets"],
