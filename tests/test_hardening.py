@@ -75,7 +75,9 @@ def test_pack_refuses_a_corrupted_bin(tmp_path, built):
     ({"dtype": "float32"}, "not uint16 or uint32"),
     ({"n_tokens": "many"}, "not a count"),
     ({"n_docs": None}, "missing key 'n_docs'"),
-    ({"checksums": None}, "missing key|checksums"),
+    ({"parts": None}, "missing key 'parts'"),
+    ({"parts": [{"name": "../c", "n_docs": 1, "n_tokens": 1}]}, "not a plain name"),
+    ({"parts": [{"name": "c", "n_docs": 1, "n_tokens": 1}]}, "missing key 'checksums'"),
 ])
 def test_malformed_token_manifest_is_named(tmp_path, built, edit, match):
     """10.10: a bad dtype, a non-numeric n_tokens or missing keys gave tracebacks."""
