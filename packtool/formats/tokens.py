@@ -26,6 +26,7 @@ Zero-length documents keep their entry, so document index = input record index.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,14 +207,33 @@ def _memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
 
 @dataclass
 class TokenPart:
-    """One part of a corpus: its own memmaps, boundaries LOCAL to its ``.bin``."""
+    """One part of a corpus: its own memmaps, boundaries LOCAL to its ``.bin``.
+
+    With ``checksums`` (the default of :func:`open_tokens`), the first use of ``tokens`` or
+    ``mask`` re-hashes that file against the manifest once per file per process (sha256,
+    ~1.4 GB/s here; the same file opened again, or already checked by ``pack``, costs
+    nothing): a flipped byte is an error, never silently different tokens. Lengths come from
+    the boundaries alone, so ``stats`` never pays for it."""
 
     prefix: Path          # the part's files are prefix.bin, prefix.boundaries, prefix.mask
     entry: dict           # the manifest's part entry (counts, inputs, checksums)
-    tokens: np.ndarray
+    _tokens: np.ndarray
     ends: np.ndarray
-    mask: np.ndarray | None = None
+    _mask: np.ndarray | None = None
+    checksums: bool = True
     _lengths: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self.checksums:
+            _check_file(prefix_paths(self.prefix)["bin"], self.entry["checksums"]["bin"])
+        return self._tokens
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        if self._mask is not None and self.checksums:
+            _check_file(prefix_paths(self.prefix)["mask"], self.entry["checksums"]["mask"])
+        return self._mask
 
     @property
     def name(self) -> str:
@@ -242,21 +262,36 @@ def verify_part_files(prefix: Path, entry: dict) -> None:
     :class:`FormatError` naming the file."""
     paths = prefix_paths(prefix)
     for key, want in entry["checksums"].items():
-        path = paths[key]
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise FormatError(f"{path} is missing (the manifest expects it)") from None
-        if "bytes" in want and size != want["bytes"]:
-            raise FormatError(f"{path} has {size:,} bytes but the manifest says "
-                              f"{want['bytes']:,}; the file is truncated or belongs to another "
-                              "corpus. Re-run packtool tokenize")
-        got = sha256_file(path)
-        if got != want["sha256"]:
-            raise FormatError(
-                f"{path}: sha256 {got[:12]}... does not match the manifest's "
-                f"{want['sha256'][:12]}...; the file is corrupt, re-run packtool tokenize"
-            )
+        _check_file(paths[key], want)
+
+
+_CHECKED: set = set()
+_CHECKED_LOCK = threading.Lock()
+
+
+def _check_file(path: Path, want: dict) -> None:
+    """Size and sha256 of ``path`` against a manifest entry, once per file per process
+    (keyed by path, size, mtime and the expected digest)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise FormatError(f"{path} is missing (the manifest expects it)") from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, want.get("sha256"))
+    with _CHECKED_LOCK:
+        if key in _CHECKED:
+            return
+    if "bytes" in want and st.st_size != want["bytes"]:
+        raise FormatError(f"{path} has {st.st_size:,} bytes but the manifest says "
+                          f"{want['bytes']:,}; the file is truncated or belongs to another "
+                          "corpus. Re-run packtool tokenize")
+    got = sha256_file(path)
+    if got != want["sha256"]:
+        raise FormatError(
+            f"{path}: sha256 {got[:12]}... does not match the manifest's "
+            f"{want['sha256'][:12]}...; the file is corrupt, re-run packtool tokenize"
+        )
+    with _CHECKED_LOCK:
+        _CHECKED.add(key)
 
 
 def _multi(corpus: TokenCorpus, what: str):
@@ -452,7 +487,8 @@ def check_boundaries(ends: np.ndarray, n_tokens: int, path: Path, chunk: int = 1
                           "is corrupt, re-run packtool tokenize")
 
 
-def open_part(prefix: Path, entry: dict, dtype: np.dtype, with_mask: bool) -> TokenPart:
+def open_part(prefix: Path, entry: dict, dtype: np.dtype, with_mask: bool,
+              checksums: bool = True) -> TokenPart:
     """One part's files, checked: sizes against the entry, boundaries in range."""
     paths = prefix_paths(prefix)
     n_docs, n_tokens = entry["n_docs"], entry["n_tokens"]
@@ -471,9 +507,12 @@ def open_part(prefix: Path, entry: dict, dtype: np.dtype, with_mask: bool) -> To
             )
     tokens = _memmap(paths["bin"], dtype, n_tokens)
     ends = _memmap(paths["boundaries"], np.dtype("<i8"), n_docs)
+    if checksums:  # 8 bytes a document, read anyway: a shifted boundary is never silent
+        _check_file(paths["boundaries"], entry["checksums"]["boundaries"])
     check_boundaries(ends, n_tokens, paths["boundaries"])
     mask = _memmap(paths["mask"], np.dtype("u1"), n_tokens) if with_mask else None
-    return TokenPart(prefix=prefix, entry=entry, tokens=tokens, ends=ends, mask=mask)
+    return TokenPart(prefix=prefix, entry=entry, _tokens=tokens, ends=ends, _mask=mask,
+                     checksums=checksums)
 
 
 def _renamed(name: str, meta: dict, prefix: Path) -> str:
@@ -487,20 +526,21 @@ def _renamed(name: str, meta: dict, prefix: Path) -> str:
     return name
 
 
-def open_tokens(prefix: str | Path) -> TokenCorpus:
+def open_tokens(prefix: str | Path, checksums: bool = True) -> TokenCorpus:
     """Open the corpus ``PREFIX.json`` describes (written by ``packtool tokenize``).
 
     Always checked at open (cheap): the manifest's keys and types, part names (plain names
     beside the manifest), every file's size, and every part's boundaries (non-decreasing,
-    from >= 0 to the part's token count), so no later read can leave a file. Checksums are a
-    full read: :meth:`TokenCorpus.verify_checksums` (``pack`` and ``verify`` call it).
+    from >= 0 to the part's token count), so no later read can leave a file. With
+    ``checksums`` a part's ``.bin``/``.mask`` is re-hashed on its first read, once per process
+    (see :class:`TokenPart`); :meth:`TokenCorpus.verify_checksums` hashes everything at once.
     """
     prefix = split_prefix(prefix)
     path = prefix_paths(prefix)["json"]
     meta = read_manifest(path, FORMAT, READABLE)
     dtype, entries = _checked_meta(meta, path)
     parts = [open_part(prefix.parent / _renamed(q["name"], meta, prefix), q, dtype,
-                       bool(meta.get("mask"))) for q in entries]
+                       bool(meta.get("mask")), checksums) for q in entries]
     return TokenCorpus(prefix=prefix, meta=meta, parts=parts)
 
 
