@@ -16,7 +16,6 @@ the tokenizer's own batch call with the Rust-side thread pool switched off
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import sys
@@ -31,7 +30,14 @@ import numpy as np
 
 from ._atomic import atomic_files
 from ._io import sha256_file
-from .engines import EngineMismatch, engine_manifest, flatten, mismatch_warning, select_engine
+from .engines import (
+    EngineMismatch,
+    engine_manifest,
+    flatten,
+    mismatch_warning,
+    sample_picks,
+    select_engine,
+)
 from .errors import PacktoolError
 from .formats.tokens import TokenWriter, prefix_paths, token_dtype
 from .sources import (
@@ -171,7 +177,8 @@ def special_token_id(tokenizer, token: str, flag: str) -> int:
 def id_space(tokenizer) -> int:
     """Ids run 0..id_space-1: the dtype must hold the largest id, not just the count."""
     vocab = tokenizer.get_vocab(with_added_tokens=True)
-    return max(max(vocab.values(), default=-1) + 1, tokenizer.get_vocab_size(with_added_tokens=True))
+    return max(max(vocab.values(), default=-1) + 1,
+               tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 _DONE = object()
@@ -288,21 +295,21 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
     messages: (text, trained character spans) pairs, as the reader renders them (or as
     ``renderer`` renders message lists here), encoded with offsets; mask 1 on the tokens that
     overlap a trained span. ``engine``: a ``packtool.engines.Selection`` for text and
-    prompt/completion (default: ``tokenizer``).
+    prompt/completion (default: ``tokenizer``); ``pick``: the records its sample check covers.
     """
     if engine is None:
-        def batch(texts, special, dt):
+        def batch(texts, special, dt, pick=None):
             return _flatten(tokenizer.encode_batch_fast(texts, add_special_tokens=special), dt)
     else:
         batch = engine.encode
 
-    def encode(records):
+    def encode(records, pick=None):
         if mode == "text":
-            lengths, ids = batch(records, add_special, dtype)
+            lengths, ids = batch(records, add_special, dtype, pick)
             mask = None
         elif mode == "prompt_completion":
-            lp, ip = batch([r[0] for r in records], False, dtype)
-            lc, ic = batch([r[1] for r in records], False, dtype)
+            lp, ip = batch([r[0] for r in records], False, dtype, pick)
+            lc, ic = batch([r[1] for r in records], False, dtype, pick)
             lengths = lp + lc
             owner = np.repeat(np.arange(2 * len(records)), np.stack([lp, lc], 1).ravel())
             ids = np.empty(int(lengths.sum()), dtype)
@@ -316,7 +323,7 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
             lengths, ids = _flatten(encs, dtype)
             mask = np.zeros(ids.size, np.uint8)
             pos = 0
-            for (_, spans), e in zip(rendered, encs):
+            for (_, spans), e in zip(rendered, encs, strict=True):
                 if spans and len(e):
                     offs = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
                     m = np.zeros(len(e), bool)
@@ -331,7 +338,8 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
 
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
-                   options: TokenizeOptions | None = None, progress: bool = False) -> TokenizeResult:
+                   options: TokenizeOptions | None = None,
+                   progress: bool = False) -> TokenizeResult:
     """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``.
 
     A fast engine that differs from the reference on a checked document fails the run; its
@@ -371,7 +379,8 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
     if mode == "prompt_completion" and not (opts.prompt_field and opts.completion_field):
         raise PacktoolError("--prompt-field and --completion-field go together; pass both")
     if mode == "messages" and (opts.prompt_field or opts.completion_field):
-        raise PacktoolError("--messages-field cannot be combined with --prompt-field/--completion-field")
+        raise PacktoolError("--messages-field cannot be combined with "
+                            "--prompt-field/--completion-field")
     if mode == "messages" and (opts.bos or opts.eos):
         raise PacktoolError("with --messages-field the chat template writes the special tokens; "
                             "drop --bos/--eos (or put them in the template)")
@@ -414,10 +423,12 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
                          warn_bytes=opts.long_record_warn_bytes)
         bar = _progress_bar(total_bytes, progress)
         try:
-            with _rust_parallelism_off(), ThreadPoolExecutor(workers, "packtool-tok") as pool:
+            with (_rust_parallelism_off(), engine.checking(workers),
+                  ThreadPoolExecutor(workers, "packtool-tok") as pool):
                 reader.start()
                 pending: deque = deque()
                 done = False
+                n_submitted, longest = 0, 0  # the sample check's picks, made in input order
                 while not done or pending:
                     while not done and len(pending) < 2 * workers:
                         item = reader.queue.get()
@@ -427,7 +438,13 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
                             raise item
                         else:
                             texts, bytes_read = item
-                            pending.append((pool.submit(encode, texts), bytes_read))
+                            pick = None
+                            if engine.check == "sample":
+                                sizes = np.fromiter(map(_record_size, texts), np.int64,
+                                                    count=len(texts))
+                                pick, longest = sample_picks(n_submitted, sizes, longest)
+                            n_submitted += len(texts)
+                            pending.append((pool.submit(encode, texts, pick), bytes_read))
                     if not pending:
                         break
                     future, bytes_read = pending.popleft()
