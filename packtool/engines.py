@@ -291,10 +291,14 @@ class Selection:
         self._slots = threading.Semaphore(2 * workers)
         try:
             yield self
-        finally:
+        except BaseException:
             self._pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        else:
+            self._pool.shutdown(wait=True)
+            self.finish()
+        finally:
             self._pool = None
-        self.finish()
 
     def finish(self) -> None:
         """Wait for every submitted check; raise the first difference found."""
