@@ -491,7 +491,7 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                 except errors as e:
                     raise _corrupt(path, kind, e) from None
                 lineno += 1
-                if line is not None and not line.strip():
+                if line is not None and line.isspace():  # strip() would copy each line
                     stats.blank_lines += 1
                     continue
                 if (line is not None and stats.n_docs == 0 and not stats.skipped
