@@ -378,15 +378,28 @@ def test_the_check_sample_is_what_the_manifest_says(tmp_path):
     e = meta["engine"]
     assert e["checked_docs"] == len(picks)
     assert e["checked_tokens"] == int(c.lengths[picks].sum())
-    # the first FIRST_DOCS, about 1 in 1,000 of all, and every new running longest
+    # the first FIRST_DOCS, about 1 in 1,000 of all, and the longest within GROWTH
     assert set(range(engines.FIRST_DOCS)) <= set(picks.tolist())
-    assert int(np.argmax(sizes)) in picks and longest == sizes.max()
+    assert longest in sizes[picks] and sizes.max() <= longest * engines.GROWTH
     assert engines.FIRST_DOCS + 1 <= len(picks) <= engines.FIRST_DOCS + 40
 
 
-def test_sample_picks_do_not_depend_on_batching():
+def _by_length(sizes):
+    """The length rule, one document at a time (the obvious reference)."""
+    picked, last = [], 0
+    for i, size in enumerate(sizes.tolist()):
+        if size > last * engines.GROWTH:
+            picked.append(i)
+            last = size
+    return picked
+
+
+@pytest.mark.parametrize("order", ["random", "ascending"])
+def test_sample_picks_do_not_depend_on_batching(order):
     rng = np.random.default_rng(3)
-    sizes = rng.integers(0, 10_000, 20_000)
+    sizes = rng.integers(0, 100_000, 20_000)
+    if order == "ascending":  # a corpus sorted by length: every document is a new maximum
+        sizes = np.sort(sizes)
     whole, _ = engines.sample_picks(0, sizes, 0)
     for cut in (1, 7, 1000, 4096):
         parts, longest = [], 0
@@ -394,11 +407,12 @@ def test_sample_picks_do_not_depend_on_batching():
             got, longest = engines.sample_picks(start, sizes[start:start + cut], longest)
             parts.append(got + start)
         assert np.array_equal(np.concatenate(parts), whole), cut
-    running = np.maximum.accumulate(sizes)
-    new_max = np.flatnonzero(np.r_[True, running[1:] > running[:-1]] & (sizes > 0))
-    assert set(new_max.tolist()) <= set(whole.tolist())
-    random = np.setdiff1d(whole, np.r_[np.arange(engines.FIRST_DOCS), new_max])
+    by_length = _by_length(sizes)
+    assert set(by_length) <= set(whole.tolist())
+    assert len(by_length) <= np.log(sizes.max()) / np.log(engines.GROWTH) + 1
+    random = np.setdiff1d(whole, np.r_[np.arange(engines.FIRST_DOCS), by_length])
     assert 5 <= len(random) <= 40  # ~20 of 20,000 at 1/1,000
+    assert len(whole) < 300  # never a full check in disguise
 
 
 def test_the_manifest_is_the_same_whatever_workers_and_batch_size(tmp_path):
