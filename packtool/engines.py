@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -283,7 +282,6 @@ class Selection:
     fallback: str | None = None                    # why a run fell back to the reference
     checked_docs: int = 0
     checked_tokens: int = 0
-    check_cpu_seconds: float = 0.0                 # reference CPU time, for benchmarks
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _pool: object = None
     _slots: threading.Semaphore | None = None
@@ -346,7 +344,6 @@ class Selection:
         return lengths, ids
 
     def _verify(self, texts, add_special, dtype, lengths, ids) -> None:
-        c0 = time.thread_time()
         rl, ri = self.reference.encode(texts, add_special, dtype)
         same = np.array_equal(rl, lengths) and np.array_equal(ri, ids)
         if not same:
@@ -356,7 +353,6 @@ class Selection:
         with self._lock:
             self.checked_docs += len(texts)
             self.checked_tokens += int(lengths.sum())
-            self.check_cpu_seconds += time.thread_time() - c0
             if not same and self._failed is None:
                 self._failed = err
         if not same:
