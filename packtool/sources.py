@@ -453,8 +453,8 @@ def _orjson():
 
 def _parse_json(line: bytes):
     """``(record, strict)``: ``json.loads``, through orjson when installed (``packtool[fast]``):
-    0.19 s instead of 0.37 s of CPU for 100 MB of synthetic JSONL, which matters once a fast
-    engine tokenizes 20M+ tokens/s. What orjson refuses (lone surrogates, NaN, integers over 64
+    0.19-0.25 s instead of 0.37 s of CPU for 100 MB of synthetic JSONL, which matters once a
+    fast engine tokenizes 15M+ tokens/s. What orjson refuses (lone surrogates, NaN, integers over 64
     bits, invalid UTF-8) goes to ``json.loads``, so what is accepted and every error message
     stay as they were. ``strict``: orjson parsed it, so no string in it holds a lone surrogate
     (orjson refuses ``\\ud800`` escapes and encoded surrogates)."""
@@ -514,8 +514,9 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                             "too_deep", "JSON nested deeper than Python can parse "
                             f"(over {sys.getrecursionlimit():,} levels)") from None
                     # the common record (an object with a string --text-field) from orjson
-                    # needs no lone-surrogate check: 0.08 s of CPU per 100 MB saved in the
-                    # reader, the one thread that holds the GIL for every record
+                    # needs no lone-surrogate check (a UTF-8 re-encode of every text): the
+                    # reader, the one thread holding the GIL for every record, goes from 0.31
+                    # to 0.24 s of CPU per 100 MB
                     if (strict and text_field is not None and type(obj) is dict
                             and type(value := obj.get(text_field)) is str):
                         text = value

@@ -8,7 +8,9 @@ The pipeline keeps every core busy on tokenizing and memory flat::
 
 Batches are cut by count and by bytes, and at most ``2 * workers`` are in flight, so peak
 memory depends on the batch size, not on the corpus. Results are written in input order,
-so the output is byte-identical whatever the worker count or batch size. Each worker runs
+so the output is byte-identical whatever the worker count or batch size. With a fast engine
+(``packtool.engines``), the calling thread also picks, in input order, the documents whose ids
+checker threads compare with the reference tokenizer beside the pipeline. Each worker runs
 the tokenizer's own batch call with the Rust-side thread pool switched off
 (``TOKENIZERS_PARALLELISM=false`` during the run): the worker threads are the parallelism.
 """
