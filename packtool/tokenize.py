@@ -12,7 +12,9 @@ The pipeline keeps every core busy on tokenizing and memory flat::
 
 Batches are cut by count and by bytes, and at most ``2 * workers`` are in flight, so peak
 memory depends on the batch size, not on the corpus. Results are written in input order,
-so the output is byte-identical whatever the worker count or batch size. Each worker runs
+so the output is byte-identical whatever the worker count or batch size. With a fast engine
+(``packtool.engines``), the calling thread also picks, in input order, the documents whose ids
+checker threads compare with the reference tokenizer beside the pipeline. Each worker runs
 the tokenizer's own batch call with the Rust-side thread pool switched off
 (``TOKENIZERS_PARALLELISM=false`` during the run): the worker threads are the parallelism.
 """
@@ -35,7 +37,14 @@ import numpy as np
 
 from ._atomic import atomic_files
 from ._io import sha256_file
-from .engines import EngineMismatch, engine_manifest, flatten, mismatch_warning, select_engine
+from .engines import (
+    EngineMismatch,
+    engine_manifest,
+    flatten,
+    mismatch_warning,
+    sample_picks,
+    select_engine,
+)
 from .errors import PacktoolError
 from .formats.tokens import TokenWriter, prefix_paths, token_dtype
 from .sources import (
@@ -187,7 +196,8 @@ def special_token_id(tokenizer, token: str, flag: str) -> int:
 def id_space(tokenizer) -> int:
     """Ids run 0..id_space-1: the dtype must hold the largest id, not just the count."""
     vocab = tokenizer.get_vocab(with_added_tokens=True)
-    return max(max(vocab.values(), default=-1) + 1, tokenizer.get_vocab_size(with_added_tokens=True))
+    return max(max(vocab.values(), default=-1) + 1,
+               tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 _DONE = object()
@@ -304,21 +314,21 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
     messages: (text, trained character spans) pairs, as the reader renders them (or as
     ``renderer`` renders message lists here), encoded with offsets; mask 1 on the tokens that
     overlap a trained span. ``engine``: a ``packtool.engines.Selection`` for text and
-    prompt/completion (default: ``tokenizer``).
+    prompt/completion (default: ``tokenizer``); ``pick``: the records its sample check covers.
     """
     if engine is None:
-        def batch(texts, special, dt):
+        def batch(texts, special, dt, pick=None):
             return _flatten(tokenizer.encode_batch_fast(texts, add_special_tokens=special), dt)
     else:
         batch = engine.encode
 
-    def encode(records):
+    def encode(records, pick=None):
         if mode == "text":
-            lengths, ids = batch(records, add_special, dtype)
+            lengths, ids = batch(records, add_special, dtype, pick)
             mask = None
         elif mode == "prompt_completion":
-            lp, ip = batch([r[0] for r in records], False, dtype)
-            lc, ic = batch([r[1] for r in records], False, dtype)
+            lp, ip = batch([r[0] for r in records], False, dtype, pick)
+            lc, ic = batch([r[1] for r in records], False, dtype, pick)
             lengths = lp + lc
             owner = np.repeat(np.arange(2 * len(records)), np.stack([lp, lc], 1).ravel())
             ids = np.empty(int(lengths.sum()), dtype)
@@ -332,7 +342,7 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
             lengths, ids = _flatten(encs, dtype)
             mask = np.zeros(ids.size, np.uint8)
             pos = 0
-            for (_, spans), e in zip(rendered, encs):
+            for (_, spans), e in zip(rendered, encs, strict=True):
                 if spans and len(e):
                     offs = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
                     m = np.zeros(len(e), bool)
@@ -462,10 +472,12 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
         bar = _progress_bar(total_bytes, progress) if own_bar else progress
         bar_base = bar.n if bar is not None else 0
         try:
-            with _rust_parallelism_off(), ThreadPoolExecutor(workers, "packtool-tok") as pool:
+            with (_rust_parallelism_off(), engine.checking(workers),
+                  ThreadPoolExecutor(workers, "packtool-tok") as pool):
                 reader.start()
                 pending: deque = deque()
                 done = False
+                n_submitted, longest = 0, 0  # the sample check's picks, made in input order
                 while not done or pending:
                     while not done and len(pending) < 2 * workers:
                         item = reader.queue.get()
@@ -475,7 +487,13 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
                             raise item
                         else:
                             texts, bytes_read = item
-                            pending.append((pool.submit(encode, texts), bytes_read))
+                            pick = None
+                            if engine.check == "sample":
+                                sizes = np.fromiter(map(_record_size, texts), np.int64,
+                                                    count=len(texts))
+                                pick, longest = sample_picks(n_submitted, sizes, longest)
+                            n_submitted += len(texts)
+                            pending.append((pool.submit(encode, texts, pick), bytes_read))
                     if not pending:
                         break
                     future, bytes_read = pending.popleft()

@@ -1,20 +1,29 @@
-"""Benchmark `packtool tokenize` end to end, per engine, against the raw `tokenizers` batch call.
+"""Benchmark `packtool tokenize` end to end, per engine, against the raw `tokenizers` batch call
+and datatrove's DocumentTokenizer.
 
-    python scripts/bench_tokenize.py [--size-mb 300] [--workdir bench-out]
-        [--engines hf,fastokens,tokie,auto] [--datatrove]
+    python scripts/bench_tokenize.py [--size-mb 100] [--corpora prose,mixed] [--repeat 3]
+        [--workdir bench-out] [--engines hf,fastokens,tokie,auto,auto/check-off,auto/check-full]
+        [--datatrove] [--flat]
 
-Generates a synthetic JSONL corpus of --size-mb (cached in --workdir), then measures on the
-same machine in the same run:
-  packtool   `packtool tokenize` in a subprocess: read, parse, tokenize, write, hash (peak RSS)
-  raw        Tokenizer.encode_batch_fast on the same texts already in memory, same threads
-and prints packtool's throughput as a ratio to raw (target >= 0.85 with --engine hf; >= 5 with
---engine auto on byte-level BPE) and its peak RSS (target < 1 GB). `auto/check-off` runs auto
-with --engine-check off: the difference to `auto` is the measured cost of the sample check.
-A second, 3x larger corpus shows memory stays flat (--flat).
-
---datatrove also times datatrove's DocumentTokenizer on the same corpus and tokenizer. It is
-installed in a throwaway venv (WORKDIR/datatrove-venv, `pip install datatrove` from the
-package index, with the `tokenizers` version of this environment) so it never touches this one.
+Generates synthetic JSONL corpora of --size-mb (cached in --workdir): `prose` (packtool.synth:
+Zipf words from a 20k vocabulary, some accented/CJK/emoji words) and `mixed` (the same with one
+word in five replaced by random characters of Latin, Cyrillic, CJK, Arabic, emoji or digits,
+and indented lines: far fewer repeated words, so BPE caches help less). Then, on the same
+machine in the same run, with the same threads:
+  packtool   `packtool tokenize` in a fresh process: start, read, parse, tokenize, check, write,
+             hash, exit (wall seconds, CPU seconds, peak RSS)
+  raw        Tokenizer.encode_batch_fast on the same texts already in memory
+  datatrove  (--datatrove) JsonlReader + DocumentTokenizer (shuffle off, eos off) in a fresh
+             process of a throwaway venv, WORKDIR/datatrove-venv (`pip install datatrove orjson
+             tokenizers==<this environment's>` from the package index, never touching this one),
+             RAYON_NUM_THREADS = --workers
+Each run is repeated --repeat times; the fastest wall time is kept (CPU is that run's). Ratios
+are tokens/s over the raw call's tokens/s (target: >= 5 with --engine auto on byte-level BPE).
+On a shared machine, wall times move with other load; the CPU column (user + sys of the whole
+process) does not, and `x raw (CPU)` compares tokens per CPU second.
+`auto/check-off` runs auto with --engine-check off, `auto/check-full` with full: the differences
+to `auto` are the measured costs of the sample and full checks. --flat runs a 3x corpus to
+show that memory stays flat.
 """
 
 from __future__ import annotations
@@ -29,22 +38,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "fixtures" / "tokenizer" / "tokenizer.json"
+_SCRIPTS = [(0x61, 0x7A), (0x430, 0x44F), (0x4E00, 0x9FFF), (0x627, 0x64A), (0x1F300, 0x1FAFF),
+            (0x30, 0x39)]
 
 
-def make_corpus(path: Path, size_mb: int, seed: int = 0) -> Path:
+def _mixed(doc: str, rng) -> str:
+    words = doc.split(" ")
+    swap = rng.random(len(words)) < 0.2
+    for i in swap.nonzero()[0]:
+        lo, hi = _SCRIPTS[rng.integers(len(_SCRIPTS))]
+        words[i] = "".join(map(chr, rng.integers(lo, hi + 1, int(rng.integers(2, 12)))))
+    lines = [" ".join(words[i:i + 12]) for i in range(0, len(words), 12)]
+    return "\n    ".join(lines)
+
+
+def make_corpus(path: Path, size_mb: int, seed: int = 0, kind: str = "prose") -> Path:
     if path.exists():
         return path
+    import numpy as np
+
     from packtool.synth import iter_documents
 
+    rng = np.random.default_rng(seed)
     tmp = path.with_suffix(".tmp")
     target = size_mb * 1_000_000
     written = 0
     with open(tmp, "w", encoding="utf-8") as f:
         while written < target:
             for d in iter_documents(20_000, seed=seed):
+                if kind == "mixed":
+                    d = _mixed(d, rng)
                 line = json.dumps({"text": d}, ensure_ascii=False) + "\n"
                 f.write(line)
-                written += len(line)
+                written += len(line.encode("utf-8"))
                 if written >= target:
                     break
             seed += 1
@@ -52,43 +78,50 @@ def make_corpus(path: Path, size_mb: int, seed: int = 0) -> Path:
     return path
 
 
+_RUSAGE = ("import resource, sys, json\nru = resource.getrusage(resource.RUSAGE_SELF)\n"
+           "print(json.dumps({'rss': ru.ru_maxrss * 1024, 'cpu': ru.ru_utime + ru.ru_stime}),"
+           " file=sys.stderr)\n")
+
+
 def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
-                 check: str = "sample") -> tuple[float, int, int]:
-    """Seconds, tokens and peak RSS (bytes) of the CLI in a fresh process."""
+                 check: str = "sample") -> dict:
+    """Wall seconds, CPU seconds, tokens and peak RSS of the CLI in a fresh process."""
     cmd = [sys.executable, "-c",
-           "import resource, sys, json; from packtool.cli import main; sys.argv=sys.argv[1:];"
-           "\ntry: main()\nexcept SystemExit: pass\n"
-           "print(json.dumps({'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}),"
-           " file=sys.stderr)",
+           "import sys; from packtool.cli import main; sys.argv=sys.argv[1:]\n"
+           "try: main()\nexcept SystemExit: pass\n" + _RUSAGE,
            "packtool", "tokenize", str(corpus), "-t", str(TOKENIZER), "-o", str(out), "--overwrite",
-           "-q", "--json", "-j", str(workers),
-           "--engine", engine, "--engine-check", check]
+           "-q", "--json", "-j", str(workers), "--engine", engine, "--engine-check", check]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True,
+    p = subprocess.run(cmd, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     seconds = time.perf_counter() - t0
+    if p.returncode or not p.stdout.strip():
+        sys.exit(f"packtool --engine {engine} failed:\n{p.stderr[-3000:]}")
     summary = json.loads(p.stdout)
-    rss_kb = json.loads(p.stderr.strip().splitlines()[-1])["rss"]
-    return seconds, summary["n_tokens"], rss_kb * 1024
+    usage = json.loads(p.stderr.strip().splitlines()[-1])
+    meta = json.loads(out.with_suffix(".json").read_text())
+    return {"seconds": seconds, "cpu": usage["cpu"], "tokens": summary["n_tokens"],
+            "rss": usage["rss"], "engine": meta["engine"]}
 
 
-def run_raw(corpus: Path, workers: int, batch: int = 1024,
-            python_threads: bool = False) -> tuple[float, int]:
+def run_raw(corpus: Path, workers: int, batch: int = 1024, python_threads: bool = False) -> dict:
     """encode_batch_fast on in-memory texts (fresh process): with `workers` Rust (rayon)
     threads, or with `python_threads` each batch split over `workers` Python threads with the
-    Rust pool off (how packtool runs it)."""
+    Rust pool off (how packtool runs it). Timed from the first batch (no parsing)."""
     code = f"""
-import json, time, os
+import json, time, os, resource
 os.environ["RAYON_NUM_THREADS"] = "{workers}"
 if {python_threads}:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 from concurrent.futures import ThreadPoolExecutor
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file({str(TOKENIZER)!r})
-texts = [json.loads(l)["text"] for l in open({str(corpus)!r}, encoding="utf-8")]
+texts = [json.loads(line)["text"] for line in open({str(corpus)!r}, encoding="utf-8")]
 pool = ThreadPoolExecutor({workers})
 enc = lambda part: sum(len(e) for e in tok.encode_batch_fast(part, add_special_tokens=False))
-t0 = time.perf_counter(); n = 0
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+t0, c0 = time.perf_counter(), cpu()
+n = 0
 for i in range(0, len(texts), {batch}):
     b = texts[i:i + {batch}]
     if {python_threads}:
@@ -96,95 +129,147 @@ for i in range(0, len(texts), {batch}):
         n += sum(pool.map(enc, [b[j:j + k] for j in range(0, len(b), k)]))
     else:
         n += enc(b)
-print(json.dumps({{"seconds": time.perf_counter() - t0, "tokens": n}}))
+print(json.dumps({{"seconds": time.perf_counter() - t0, "cpu": cpu() - c0, "tokens": n}}))
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    r = json.loads(p.stdout)
-    return r["seconds"], r["tokens"]
+    return json.loads(p.stdout)
 
 
 DATATROVE_CODE = """
 import json, sys, time, tempfile
+from pathlib import Path
+from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.tokens import DocumentTokenizer
-from datatrove.executor import LocalPipelineExecutor
-corpus, tok, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
-out = tempfile.mkdtemp()
+corpus, tok = Path(sys.argv[1]), sys.argv[2]
+out = tempfile.mkdtemp(prefix="dt-out-")
 t0 = time.perf_counter()
-LocalPipelineExecutor(pipeline=[JsonlReader(str(__import__("pathlib").Path(corpus).parent),
-    glob_pattern=__import__("pathlib").Path(corpus).name),
-    DocumentTokenizer(out, tokenizer_name_or_path=tok, eos_token=None, shuffle_documents=False)],
-    tasks=1, workers=1, logging_dir=tempfile.mkdtemp()).run()
-print(json.dumps({"seconds": time.perf_counter() - t0}))
+LocalPipelineExecutor(
+    pipeline=[JsonlReader(str(corpus.parent), glob_pattern=corpus.name, text_key="text"),
+              DocumentTokenizer(out, tokenizer_name_or_path=tok, eos_token=None,
+                                shuffle_documents=False)],
+    tasks=1, workers=1, logging_dir=tempfile.mkdtemp(prefix="dt-logs-"),
+    skip_completed=False).run()
+seconds = time.perf_counter() - t0
+tokens = sum(p.stat().st_size for p in Path(out).rglob("*.ds")) // 2  # uint16 tokens
+import resource
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"seconds": seconds, "tokens": tokens, "rss": ru.ru_maxrss * 1024,
+                  "cpu": ru.ru_utime + ru.ru_stime}))
 """
 
 
-def run_datatrove(corpus: Path, workdir: Path, workers: int) -> float:
-    """Seconds for datatrove's DocumentTokenizer, from a throwaway venv made on first use."""
+def run_datatrove(corpus: Path, workdir: Path, workers: int) -> dict:
+    """datatrove's DocumentTokenizer from a throwaway venv made on first use. It calls
+    ``encode_batch`` (offsets included) with the tokenizer's post-processor on, so it writes
+    one more token per document here (the fixture's ``<|bos|>``)."""
     import tokenizers
 
     venv = workdir / "datatrove-venv"
     py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "datatrove",
-                        f"tokenizers=={tokenizers.__version__}"], check=True)
-    p = subprocess.run([str(py), "-c", DATATROVE_CODE, str(corpus), str(TOKENIZER), str(workers)],
-                       capture_output=True, text=True, check=True)
-    return json.loads(p.stdout.strip().splitlines()[-1])["seconds"]
+    if not (venv / "ok").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        # orjson: datatrove's JsonlReader refuses to run without it
+        p = subprocess.run([str(py), "-m", "pip", "install", "-q", "datatrove", "orjson",
+                            f"tokenizers=={tokenizers.__version__}"], capture_output=True,
+                           text=True)
+        if p.returncode:
+            sys.exit(f"cannot install datatrove in {venv}:\n{p.stderr[-3000:]}")
+        (venv / "ok").touch()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["RAYON_NUM_THREADS"] = str(workers)
+    t0 = time.perf_counter()
+    p = subprocess.run([str(py), "-c", DATATROVE_CODE, str(corpus), str(TOKENIZER)],
+                       capture_output=True, text=True, env=env, cwd=workdir)
+    seconds = time.perf_counter() - t0
+    if p.returncode:
+        sys.exit(f"datatrove failed:\n{p.stderr[-3000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["seconds"] = seconds  # the whole process, as for packtool
+    return r
+
+
+def best(runs: list[dict]) -> dict:
+    return min(runs, key=lambda r: r["seconds"])
+
+
+def bench_corpus(kind: str, args) -> None:
+    corpus = make_corpus(args.workdir / f"corpus-{kind}-{args.size_mb}mb.jsonl", args.size_mb,
+                         kind=kind)
+    size = corpus.stat().st_size
+    raws = {"rayon threads": best([run_raw(corpus, args.workers) for _ in range(args.repeat)]),
+            "Python threads": best([run_raw(corpus, args.workers, python_threads=True)
+                                    for _ in range(args.repeat)])}
+    raw = min(raws.values(), key=lambda r: r["seconds"])  # the fastest raw call is the reference
+    raw_tps, raw_cps = raw["tokens"] / raw["seconds"], raw["tokens"] / raw["cpu"]
+    names = args.engines.split(",")
+    tries: dict[str, list] = {n: [] for n in names}
+    for _ in range(args.repeat):  # interleaved, so slow spells of a shared machine spread out
+        for name in names:
+            engine, _, check = name.partition("/")
+            check = check.removeprefix("check-") or "sample"
+            out = args.workdir / f"tok-{kind}-{name.replace('/', '-')}"
+            tries[name].append(run_packtool(corpus, out, args.workers, engine, check))
+    runs = {n: best(r) for n, r in tries.items()}
+    for name, r in runs.items():
+        if r["tokens"] != raw["tokens"]:
+            sys.exit(f"token counts differ: packtool {name} {r['tokens']:,} "
+                     f"vs raw {raw['tokens']:,}")
+    if args.datatrove:
+        runs["datatrove"] = best([run_datatrove(corpus, args.workdir, args.workers)
+                                  for _ in range(args.repeat)])
+        runs["datatrove"]["engine"] = {"name": "tokenizers encode_batch (datatrove)"}
+
+    print(f"\n== corpus {kind}: {size / 1e6:,.0f} MB JSONL, {raw['tokens']:,} tokens, "
+          f"{args.workers} threads, best of {args.repeat}")
+    for label, r in raws.items():
+        print(f"raw encode_batch_fast, {label:15s} {r['seconds']:7.2f} s  "
+              f"{r['tokens'] / r['seconds'] / 1e6:6.2f} M tok/s  CPU {r['cpu']:6.2f} s")
+    print("  (texts already in memory; the faster of the two is the reference)")
+    print("end to end from JSONL on disk (process start to exit):")
+    dt = runs.get("datatrove")
+    print(f"  {'run':16s} {'engine':10s} {'wall s':>7s} {'M tok/s':>8s} {'x raw':>6s} "
+          f"{'x dtrove':>8s} {'CPU s':>6s} {'x raw CPU':>9s} {'RSS MiB':>8s}  checked")
+    for name, r in runs.items():
+        tps = r["tokens"] / r["seconds"]
+        vs_dt = f"{tps / (dt['tokens'] / dt['seconds']):8.2f}" if dt else f"{'':8s}"
+        e = r["engine"]
+        checked = (f"{e['checked_docs']:,} docs / {e['checked_tokens']:,} tokens"
+                   if "checked_docs" in e else "-")
+        print(f"  {name:16s} {e['name'][:10]:10s} {r['seconds']:7.2f} {tps / 1e6:8.2f} "
+              f"{tps / raw_tps:6.2f} {vs_dt} {r['cpu']:6.2f} "
+              f"{r['tokens'] / r['cpu'] / raw_cps:9.2f} {r['rss'] / 2**20:8.0f}  {checked}")
+    for name in ("auto/check-off", "auto/check-full"):
+        if "auto" in runs and name in runs:
+            a, b = runs["auto"], runs[name]
+            print(f"  auto (sample check) - {name}: wall {a['seconds'] - b['seconds']:+.2f} s, "
+                  f"CPU {a['cpu'] - b['cpu']:+.2f} s")
+    if args.flat:
+        big = make_corpus(args.workdir / f"corpus-{kind}-{3 * args.size_mb}mb.jsonl",
+                          3 * args.size_mb, seed=1000, kind=kind)
+        r = run_packtool(big, args.workdir / "tok3", args.workers, "auto")
+        print(f"  3x corpus ({big.stat().st_size / 1e6:,.0f} MB), auto: {r['seconds']:.1f} s, "
+              f"peak RSS {r['rss'] / 2**20:.0f} MiB")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=300)
+    ap.add_argument("--size-mb", type=int, default=100)
+    ap.add_argument("--corpora", default="prose,mixed")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--flat", action="store_true", help="also run a 3x corpus to show flat memory")
-    ap.add_argument("--engines", default="hf,fastokens,tokie,auto,auto/check-off",
-                    help="comma list of --engine values (/check-off: --engine-check off)")
+    ap.add_argument("--engines", default="hf,fastokens,tokie,auto,auto/check-off,auto/check-full",
+                    help="comma list of --engine values (/check-off, /check-full: --engine-check)")
     ap.add_argument("--datatrove", action="store_true",
                     help="also time datatrove's DocumentTokenizer (throwaway venv, see above)")
     args = ap.parse_args()
+    args.workdir = args.workdir.resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    corpus = make_corpus(args.workdir / f"corpus-{args.size_mb}mb.jsonl", args.size_mb)
-    size = corpus.stat().st_size
-
-    rayon_s, raw_tokens = run_raw(corpus, args.workers)
-    threads_s, _ = run_raw(corpus, args.workers, python_threads=True)
-    raw_s = min(rayon_s, threads_s)  # the fastest raw call is the reference
-    runs = {}
-    for name in args.engines.split(","):
-        engine, _, check = name.partition("/")
-        check = "off" if check == "check-off" else "sample"
-        out = args.workdir / f"tok-{name.replace('/', '-')}"
-        runs[name] = run_packtool(corpus, out, args.workers, engine, check)
-        if runs[name][1] != raw_tokens:
-            sys.exit(f"token counts differ: packtool {name} {runs[name][1]:,} "
-                     f"vs raw {raw_tokens:,}")
-    raw_tps = raw_tokens / raw_s
-    print(f"corpus            {size / 1e6:,.0f} MB JSONL, {raw_tokens:,} tokens, "
-          f"{args.workers} threads")
-    print(f"raw encode_batch_fast, rayon threads      {rayon_s:7.1f} s  "
-          f"{raw_tokens / rayon_s / 1e6:6.2f} M tok/s")
-    print(f"raw encode_batch_fast, Python threads     {threads_s:7.1f} s  "
-          f"{raw_tokens / threads_s / 1e6:6.2f} M tok/s")
-    print("  (texts already in memory; the faster of the two is the reference)")
-    print("packtool tokenize, end to end from JSONL on disk:")
-    print("  engine              seconds   M tok/s   x raw   peak RSS MiB")
-    for name, (s, n, peak) in runs.items():
-        print(f"  {name:18s} {s:8.2f} {n / s / 1e6:9.2f} {n / s / raw_tps:7.2f} "
-              f"{peak / 2**20:10.0f}")
-    if args.datatrove:
-        dt_s = run_datatrove(corpus, args.workdir, args.workers)
-        print(f"datatrove DocumentTokenizer {dt_s:7.1f} s  {raw_tokens / dt_s / 1e6:6.2f} M tok/s;"
-              + "".join(f" {k} is {dt_s / s:.2f}x faster;" for k, (s, _, _) in runs.items()))
-    if args.flat:
-        big = make_corpus(args.workdir / f"corpus-{3 * args.size_mb}mb.jsonl", 3 * args.size_mb,
-                          seed=1000)
-        s, n, rss3 = run_packtool(big, args.workdir / "tok3", args.workers)
-        print(f"3x corpus ({big.stat().st_size / 1e6:,.0f} MB): {s:.1f} s, "
-              f"peak RSS {rss3 / 2**20:.0f} MiB")
+    for kind in args.corpora.split(","):
+        bench_corpus(kind, args)
 
 
 if __name__ == "__main__":

@@ -371,9 +371,60 @@ def test_cli_engine_choices_match_the_layer():
 def test_the_check_sample_is_what_the_manifest_says(tmp_path):
     docs = make_documents(5000, seed=8, median_words=8, max_words=30)
     write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
-    out, meta = _run(tmp_path, "s", [tmp_path / "in.jsonl"], "auto", workers=1)
+    out, meta = _run(tmp_path, "s", [tmp_path / "in.jsonl"], "auto", workers=2, batch_size=300)
     c = open_tokens(out)
+    sizes = np.array([len(d) for d in docs])
+    picks, longest = engines.sample_picks(0, sizes, 0)  # the whole corpus as one batch
     e = meta["engine"]
-    # the first FIRST_DOCS, about 1 in 1,000 of the rest, and the running longest
-    assert engines.FIRST_DOCS + 1 <= e["checked_docs"] <= engines.FIRST_DOCS + 40
-    assert e["checked_tokens"] >= int(c.lengths[:engines.FIRST_DOCS].sum())
+    assert e["checked_docs"] == len(picks)
+    assert e["checked_tokens"] == int(c.lengths[picks].sum())
+    # the first FIRST_DOCS, about 1 in 1,000 of all, and the longest within GROWTH
+    assert set(range(engines.FIRST_DOCS)) <= set(picks.tolist())
+    assert longest in sizes[picks] and sizes.max() <= longest * engines.GROWTH
+    assert engines.FIRST_DOCS + 1 <= len(picks) <= engines.FIRST_DOCS + 40
+
+
+def _by_length(sizes):
+    """The length rule, one document at a time (the obvious reference)."""
+    picked, last = [], 0
+    for i, size in enumerate(sizes.tolist()):
+        if size > last * engines.GROWTH:
+            picked.append(i)
+            last = size
+    return picked
+
+
+@pytest.mark.parametrize("order", ["random", "ascending"])
+def test_sample_picks_do_not_depend_on_batching(order):
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(0, 100_000, 20_000)
+    if order == "ascending":  # a corpus sorted by length: every document is a new maximum
+        sizes = np.sort(sizes)
+    whole, _ = engines.sample_picks(0, sizes, 0)
+    for cut in (1, 7, 1000, 4096):
+        parts, longest = [], 0
+        for start in range(0, len(sizes), cut):
+            got, longest = engines.sample_picks(start, sizes[start:start + cut], longest)
+            parts.append(got + start)
+        assert np.array_equal(np.concatenate(parts), whole), cut
+    by_length = _by_length(sizes)
+    assert set(by_length) <= set(whole.tolist())
+    assert len(by_length) <= np.log(sizes.max()) / np.log(engines.GROWTH) + 1
+    random = np.setdiff1d(whole, np.r_[np.arange(engines.FIRST_DOCS), by_length])
+    assert 5 <= len(random) <= 40  # ~20 of 20,000 at 1/1,000
+    assert len(whole) < 300  # never a full check in disguise
+
+
+def test_the_manifest_is_the_same_whatever_workers_and_batch_size(tmp_path):
+    """The check's sample is a function of the corpus, so the whole manifest (engine entry
+    with checked_docs and checked_tokens included) is byte-identical between runs."""
+    docs = make_documents(3000, seed=9, median_words=10, max_words=80)
+    write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
+    runs = [(1, 1024), (2, 1), (2, 333), (3, 50)]
+    manifests = set()
+    for workers, batch in runs:
+        out, meta = _run(tmp_path, "out", [tmp_path / "in.jsonl"], "auto", workers=workers,
+                         batch_size=batch, overwrite=True)
+        assert meta["engine"]["name"] == "fastokens" and meta["engine"]["checked_docs"] > 200
+        manifests.add(out.with_suffix(".json").read_bytes())
+    assert len(manifests) == 1

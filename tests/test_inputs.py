@@ -104,7 +104,7 @@ def test_deeply_nested_json_is_a_bad_record(tmp_path, tokenizer, parser, monkeyp
     import packtool.sources as sources
 
     if parser == "json":
-        monkeypatch.setattr(sources, "_parse_json", json.loads)
+        monkeypatch.setattr(sources, "_parse_json", lambda line: (json.loads(line), False))
     else:
         pytest.importorskip("orjson")
     p = tmp_path / "a.jsonl"
