@@ -29,7 +29,6 @@ import numpy as np
 
 from .. import __version__
 from .._io import NpyMap, NpyWriter, crc32_file
-from .._numba import njit
 from ..errors import FormatError, PacktoolError
 from .tokens import read_manifest
 
@@ -126,19 +125,6 @@ def index_digest(index: dict) -> str:
 # ------------------------------------------------------------------------------- writer
 
 
-@njit
-def _fill_sidecars(seg_len, pack_nseg, pos_out, doc_out):
-    t = 0
-    s = 0
-    for p in range(pack_nseg.shape[0]):
-        for k in range(pack_nseg[p]):
-            for j in range(seg_len[s]):
-                pos_out[t] = j
-                doc_out[t] = k
-                t += 1
-            s += 1
-
-
 def shard_offsets(seg_len: np.ndarray, pack_nseg: np.ndarray) -> dict[str, np.ndarray]:
     """pack_offsets, seg_offsets and cu_seqlens of a shard, from its segment lengths (in
     output order) and segments per pack: everything but the tokens follows from these."""
@@ -205,6 +191,8 @@ class PackedWriter:
         return entry
 
     def _fill(self, maps, off, seg_len, pack_nseg, fill_tokens, progress) -> None:
+        from ._kernels import _fill_sidecars
+
         po, so = off["pack_offsets"], off["seg_offsets"]
         mask = maps.get(MASK)
 
@@ -299,45 +287,6 @@ def confined_name(name, manifest: Path) -> str:
 
 class ValidationError(FormatError):
     """The first violation found in a packed dataset (names shard, pack and token)."""
-
-
-@njit
-def _check_shard(pack_offsets, seg_offsets, cu, pos, doc, seq_len):
-    """Return (code, pack, token) of the first violation, or (0, -1, -1). Every offset is
-    checked before it indexes an array."""
-    n_packs = pack_offsets.shape[0] - 1
-    n_tok = pos.shape[0]
-    n_cu = cu.shape[0]
-    if pack_offsets[0] != 0 or seg_offsets[0] != 0:
-        return 1, 0, 0
-    for p in range(n_packs):
-        t0, t1 = pack_offsets[p], pack_offsets[p + 1]
-        if t1 <= t0:
-            return 2, p, t0
-        if t1 - t0 > seq_len:
-            return 3, p, t0
-        if t1 > n_tok:
-            return 10, p, t0
-        s0, s1 = seg_offsets[p], seg_offsets[p + 1]
-        if s1 <= s0:
-            return 4, p, t0
-        c0 = s0 + p
-        if s1 + p >= n_cu:
-            return 10, p, t0
-        if cu[c0] != 0:
-            return 5, p, t0
-        if cu[s1 + p] != t1 - t0:
-            return 6, p, t0
-        for k in range(s1 - s0):
-            a, b = cu[c0 + k], cu[c0 + k + 1]
-            if b <= a or b > t1 - t0:
-                return 7, p, t0 + a
-            for j in range(a, b):
-                if doc[t0 + j] != k:
-                    return 8, p, t0 + j
-                if pos[t0 + j] != j - a:
-                    return 9, p, t0 + j
-    return 0, -1, -1
 
 
 _MESSAGES = {
@@ -436,6 +385,8 @@ def validate_packed(directory: str | Path, checksums: bool = True):
             raise ValidationError(f"{sh['name']}: files {sorted(sh['files'])} do not match the "
                                   f"format's {sorted(want)}")
         arrays = open_shard(directory, index, k, checksums)
+        from ._kernels import _check_shard
+
         code, p, t = _check_shard(arrays["pack_offsets"], arrays["seg_offsets"],
                                   arrays["cu_seqlens"], arrays["position_ids"],
                                   arrays["doc_ids"], seq_len)

@@ -34,7 +34,6 @@ import numpy as np
 
 from .. import __version__
 from .._io import HashingWriter, sha256_file
-from .._numba import njit
 from ..errors import FormatError
 
 FORMAT = "packtool.tokens"
@@ -157,20 +156,6 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict) -> dict:
     return manifest
 
 
-@njit
-def _gather(src, src_start, length, dst, dst_start):
-    for s in range(src_start.shape[0]):
-        a, b = src_start[s], dst_start[s]
-        for j in range(length[s]):
-            dst[b + j] = src[a + j]
-
-
-@njit
-def _fill(dst, dst_start, length, value):
-    for s in range(dst_start.shape[0]):
-        dst[dst_start[s]:dst_start[s] + length[s]] = value
-
-
 def gather_segments(corpora: list, doc: np.ndarray, offset: np.ndarray, length: np.ndarray,
                     dst: np.ndarray, dst_start: np.ndarray, dst_mask: np.ndarray | None = None,
                     ) -> None:
@@ -179,6 +164,8 @@ def gather_segments(corpora: list, doc: np.ndarray, offset: np.ndarray, length: 
     Documents are numbered across corpora and, within a corpus, across its parts.
     Offsets come from validated boundaries (see :func:`open_tokens`); segments are checked
     against their documents here, so no kernel reads outside a source file."""
+    from ._kernels import _fill, _gather
+
     parts = [q for c in corpora for q in c.parts]
     base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
     if doc.size and (int(doc.min()) < 0 or int(doc.max()) >= base[-1]):
