@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._atomic import atomic_dir
+from ._atomic import atomic_dir, output_lock
 from ._io import sha256_file
 from .errors import PacktoolError
 from .formats.packed import INDEX, PackedWriter
@@ -119,8 +119,16 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
          ) -> PackResult:
     """Plan, then write. Sources' checksums are verified before anything is written (a full
     read of the sources, ~1.4 GB/s; ``verify_sources=False`` skips it and says so)."""
-    t0 = time.perf_counter()
     options.check()
+    with output_lock(out) as notes:  # the whole run: a second one to ``out`` fails at once
+        result = _pack(prefixes, out, options, overwrite, progress, verify_sources)
+    result.warnings[:0] = notes
+    return result
+
+
+def _pack(prefixes, out, options: PackOptions, overwrite: bool, progress: bool,
+          verify_sources: bool) -> PackResult:
+    t0 = time.perf_counter()
     corpora = open_sources(prefixes)
     out_dir = Path(out).resolve()
     for c in corpora:
@@ -141,7 +149,7 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
         counts=layout.counts, metrics={k: index[k] for k in _METRIC_KEYS},
         solver=index["solver"], seconds=time.perf_counter() - t0,
         assign_seconds=assign_seconds, n_shards=layout.n_shards,
-        sources_verified=verify_sources, warnings=layout.report.warnings)
+        sources_verified=verify_sources, warnings=list(layout.report.warnings))
 
 
 _METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",

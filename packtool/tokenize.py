@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._atomic import atomic_files
+from ._atomic import atomic_files, output_lock
 from ._io import sha256_file
 from .engines import EngineMismatch, engine_manifest, flatten, mismatch_warning, select_engine
 from .errors import PacktoolError
@@ -338,14 +338,20 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     partial output is discarded and, with ``--engine auto``, the run starts again with the
     reference (the manifest's ``engine.fallback`` says why)."""
     opts = options or TokenizeOptions()
-    try:
-        return _tokenize_files(inputs, tokenizer, out, opts, progress)
-    except EngineMismatch as e:
-        if opts.engine != "auto":
-            raise PacktoolError(f"--engine {opts.engine}: {e}; use --engine auto or hf") from None
-        result = _tokenize_files(inputs, tokenizer, out, opts, progress, fallback=str(e))
-        result.warnings.insert(0, mismatch_warning(e))  # printed with the summary
-        return result
+    if str(out).endswith(("/", "\\")) or Path(out).is_dir():
+        raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. "
+                            f"{Path(out) / 'corpus'}")
+    with output_lock(out) as notes:  # the whole run: a second one to ``out`` fails at once
+        try:
+            result = _tokenize_files(inputs, tokenizer, out, opts, progress)
+        except EngineMismatch as e:
+            if opts.engine != "auto":
+                raise PacktoolError(f"--engine {opts.engine}: {e}; use --engine auto or hf"
+                                    ) from None
+            result = _tokenize_files(inputs, tokenizer, out, opts, progress, fallback=str(e))
+            result.warnings.insert(0, mismatch_warning(e))  # printed with the summary
+    result.warnings[:0] = notes
+    return result
 
 
 def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: bool,
@@ -395,9 +401,7 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
     engine = select_engine(opts.engine, opts.engine_check, tok_path, tok, opts.special_tokens,
                            need_offsets=mode == "messages", fallback=fallback)
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode, engine=engine)
-    prefix = Path(out)
-    if str(out).endswith(("/", "\\")) or prefix.is_dir():
-        raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. {prefix / 'corpus'}")
+    prefix = Path(out)  # not a directory: checked by tokenize_files
     files = prefix_paths(prefix)
     with_mask = mode != "text"
     outputs_resolved = {p.resolve() for p in files.values()}
@@ -407,14 +411,16 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
     total_bytes = sum(p.stat().st_size for p in paths)
 
     outputs = [files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else []) + [files["json"]]
-    with atomic_files(outputs, opts.overwrite) as tmp:
+    stale = [] if with_mask else [files["mask"]]  # an overwritten SFT corpus's mask goes too
+    with atomic_files(outputs, opts.overwrite, key=prefix, remove=stale) as tmp:
         keys = ["bin", "boundaries"] + (["mask"] if with_mask else []) + ["json"]
         writer = TokenWriter(dict(zip(keys, tmp, strict=True)), with_mask)
         reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers,
                          warn_bytes=opts.long_record_warn_bytes)
         bar = _progress_bar(total_bytes, progress)
+        pool = ThreadPoolExecutor(workers, "packtool-tok")
         try:
-            with _rust_parallelism_off(), ThreadPoolExecutor(workers, "packtool-tok") as pool:
+            with _rust_parallelism_off():
                 reader.start()
                 pending: deque = deque()
                 done = False
@@ -440,11 +446,15 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress: boo
                                             refresh=False)
         except BaseException:
             reader.stop.set()
+            # no waiting for a worker still inside a tokenizer call: the CLI exits without
+            # joining it (os._exit), so a runaway batch cannot hold up Ctrl-C or SIGTERM
+            pool.shutdown(wait=False, cancel_futures=True)
             writer.abort()
             raise
         finally:
             if bar is not None:
                 bar.close()
+        pool.shutdown()
         reader.join()
         seconds = time.perf_counter() - t0
         inputs_meta = [s.to_json() for s in reader.stats]
