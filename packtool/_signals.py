@@ -56,6 +56,12 @@ def deferred():
         _deferring = prev
 
 
+def hold() -> None:
+    """From now on only record signals: the process is exiting with a code already chosen."""
+    global _deferring
+    _deferring = True
+
+
 def committed() -> None:
     """Mark the point of no return of a commit: a signal after it finds the output written."""
     global _committed

@@ -328,9 +328,10 @@ def demo(fixtures, out, seq_len, algo):
 
 
 def main() -> None:
-    """Run the CLI. A failed or interrupted run ends with ``os._exit`` once the library has
-    removed its temporaries: a worker thread still inside a tokenizer call or a runaway
-    template cannot hold the exit (the interpreter would join it), however long it runs."""
+    """Run the CLI, then leave with ``os._exit`` once the library has removed its temporaries:
+    a worker thread still inside a tokenizer call or a runaway template cannot hold the exit
+    (the interpreter would join it), and a signal during interpreter shutdown cannot turn a
+    finished run into a death by signal."""
     import os
     import signal
 
@@ -340,25 +341,28 @@ def main() -> None:
     code = 0
     try:
         cli.main(prog_name="packtool", standalone_mode=False)
+        _signals.hold()
         _signals.check()
     except (click.exceptions.Abort, KeyboardInterrupt):
+        _signals.hold()
         term = bool(_signals.received) and _signals.received[-1] == signal.SIGTERM
         what = "Terminated" if term else "Interrupted"
-        if _signals.after_commit():
+        if _signals.after_commit():  # past the point of no return: say so, do not claim less
             click.echo(f"{what} after the output was complete: it is in place.", err=True)
         else:
             click.echo(f"{what}: no output was written.", err=True)
         code = 143 if term else 130
     except click.ClickException as e:
+        _signals.hold()
         e.show()
         code = e.exit_code
     except click.exceptions.Exit as e:
+        _signals.hold()
         code = e.exit_code
-    if code:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
