@@ -214,7 +214,7 @@ def _undo(entries) -> None:
 
 # -------------------------------------------------------------------------------- commit
 def _write_journal(journal: Path, entries) -> None:
-    tmp = journal.with_name(journal.name + ".part")
+    tmp = journal.with_name(journal.name.replace(".commit-", ".tmp-"))  # reclaimable too
     try:
         tmp.write_text(json.dumps([[str(x) if x else None for x in e] for e in entries]))
         os.replace(tmp, journal)
