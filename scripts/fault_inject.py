@@ -1,8 +1,8 @@
 """Kill ``packtool tokenize`` and ``packtool pack`` at random moments and check what is left.
 
 Each trial starts ``python -m packtool.cli tokenize|pack`` (half of them replacing a previous
-output with --overwrite), sends SIGKILL, SIGTERM or SIGINT after a random delay drawn from
-[0, 1.2 x a clean run's wall time] (seeded), then checks:
+output with --overwrite), sends SIGKILL, SIGTERM or SIGINT after a random delay (seeded; three in four while a clean
+run was writing its files, one in four anywhere in the run), then checks:
 
 1. no output under its final name unless it is complete and valid (``packtool verify``); after
    SIGTERM/SIGINT the exit code is 143/130 (or 0 if the run had finished) and an interrupted
@@ -164,28 +164,41 @@ def trial(root: Path, inputs: dict, cmd: str, sig: str, delay: float, overwrite:
     return None
 
 
-def clean_run_seconds(root: Path, inputs: dict, cmd: str, work: Path) -> float:
+def clean_run_timing(root: Path, inputs: dict, cmd: str, work: Path) -> tuple[float, float]:
+    """(seconds until the first temporary appears, seconds of the whole run) of a clean run:
+    most of a run is start-up and planning, its files are written in the last part."""
     d = Path(tempfile.mkdtemp(dir=work, prefix=f"{cmd}-clean-"))
     t0 = time.perf_counter()
-    _check_run(root, inputs["commands"][cmd](d / "out"))
+    proc = subprocess.Popen(_cli(root, inputs["commands"][cmd](d / "out")), env=_env(root),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = None
+    while proc.poll() is None:
+        if first is None and any(".tmp-" in p.name for p in d.iterdir()):
+            first = time.perf_counter() - t0
+        time.sleep(0.005)
     seconds = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"setup failed: {cmd}: {proc.stderr.read().decode()}")
     shutil.rmtree(d)
-    return seconds
+    return (seconds if first is None else first), seconds
 
 
 def campaign(root: Path, work: Path, kills: int, seed: int, n_docs: int = 4000,
              commands=("tokenize", "pack"), log=print) -> dict:
-    """Run ``kills`` trials per command and signal; {(cmd, sig): [failure or None, ...]}."""
+    """Run ``kills`` trials per command and signal; {(cmd, sig): [failure or None, ...]}.
+    Three kills in four land while the run writes its files (from just before the first
+    temporary appears to just after a clean run ends), one in four anywhere in the run."""
     rng = random.Random(seed)
     inputs = make_inputs(work, root, n_docs)
     results = {}
     for cmd in commands:
-        span = 1.2 * clean_run_seconds(root, inputs, cmd, work)
-        log(f"{cmd}: a clean run takes {span / 1.2:.2f}s; kills drawn in [0, {span:.2f}]s")
+        first, total = clean_run_timing(root, inputs, cmd, work)
+        log(f"{cmd}: a clean run takes {total:.2f}s, writing from {first:.2f}s")
         for sig in SIGNALS:
             rows = results[(cmd, sig)] = []
             for i in range(kills):
-                delay = rng.uniform(0, span)
+                lo = 0.0 if rng.random() < 0.25 else 0.9 * first
+                delay = rng.uniform(lo, 1.1 * total)
                 problem = trial(root, inputs, cmd, sig, delay, overwrite=i % 2 == 1, work=work)
                 rows.append(problem)
                 if problem:
