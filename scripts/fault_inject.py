@@ -1,8 +1,8 @@
 """Kill ``packtool tokenize`` and ``packtool pack`` at random moments and check what is left.
 
 Each trial starts ``python -m packtool.cli tokenize|pack`` (half of them replacing a previous
-output with --overwrite), sends SIGKILL, SIGTERM or SIGINT after a random delay (seeded; three in four while a clean
-run was writing its files, one in four anywhere in the run), then checks:
+output with --overwrite), sends SIGKILL, SIGTERM or SIGINT after a random delay (seeded;
+three in four while a clean run was writing its files, one in four anywhere), then checks:
 
 1. no output under its final name unless it is complete and valid (``packtool verify``); after
    SIGTERM/SIGINT the exit code is 143/130 (or 0 if the run had finished) and an interrupted
@@ -39,7 +39,7 @@ SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signa
 EXIT = {"SIGTERM": 143, "SIGINT": 130}
 
 
-def _env(root: Path) -> dict:
+def _env(root: Path) -> dict:  # with cwd=root: ``python -m`` imports from the cwd first
     return {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
 
 
@@ -75,7 +75,7 @@ def make_inputs(work: Path, root: Path, n_docs: int) -> dict:
 
 
 def _check_run(root: Path, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    r = subprocess.run(_cli(root, args), env=_env(root), capture_output=True, text=True,
+    r = subprocess.run(_cli(root, args), env=_env(root), cwd=root, capture_output=True, text=True,
                        timeout=timeout)
     if r.returncode:
         raise SystemExit(f"setup failed: packtool {' '.join(args)}\n{r.stderr}")
@@ -106,8 +106,8 @@ def _fingerprint(cmd: str, out: Path) -> str | None:
 
 
 def _verify(root: Path, out: Path) -> str | None:
-    r = subprocess.run(_cli(root, ["verify", str(out)]), env=_env(root), capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(_cli(root, ["verify", str(out)]), env=_env(root), cwd=root,
+                       capture_output=True, text=True, timeout=300)
     return None if r.returncode == 0 else f"verify failed: {r.stderr.strip()[-300:]}"
 
 
@@ -123,7 +123,7 @@ def trial(root: Path, inputs: dict, cmd: str, sig: str, delay: float, overwrite:
                 (shutil.copytree if p.is_dir() else shutil.copy2)(p, target)
     before = _fingerprint(cmd, out)
     args = inputs["commands"][cmd](out) + (["--overwrite"] if overwrite else [])
-    proc = subprocess.Popen(_cli(root, args), env=_env(root), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_cli(root, args), env=_env(root), cwd=root, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     if proc.poll() is None:
@@ -150,7 +150,7 @@ def trial(root: Path, inputs: dict, cmd: str, sig: str, delay: float, overwrite:
     # an interrupted --overwrite puts the previous output back: replace it again
     again = inputs["commands"][cmd](out) + (["--overwrite"] if overwrite or _present(cmd, out)
                                             else [])
-    r = subprocess.run(_cli(root, again), env=_env(root), capture_output=True, text=True,
+    r = subprocess.run(_cli(root, again), env=_env(root), cwd=root, capture_output=True, text=True,
                        timeout=600)
     if r.returncode:
         return f"re-run failed (exit {r.returncode}): {r.stderr.strip()[-300:]}"
@@ -170,7 +170,7 @@ def clean_run_timing(root: Path, inputs: dict, cmd: str, work: Path) -> tuple[fl
     d = Path(tempfile.mkdtemp(dir=work, prefix=f"{cmd}-clean-"))
     t0 = time.perf_counter()
     proc = subprocess.Popen(_cli(root, inputs["commands"][cmd](d / "out")), env=_env(root),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = None
     while proc.poll() is None:
         if first is None and any(".tmp-" in p.name for p in d.iterdir()):
