@@ -1,24 +1,62 @@
-"""Write outputs under temporary names and rename them into place only when complete.
+"""Outputs written under temporary names, committed all at once, under an exclusive lock.
 
-Ctrl-C, SIGTERM or an error mid-run therefore never leaves a half-written file under the
-name the user asked for: either the old state or the complete new output is visible. A
-SIGKILL can leave a dot-prefixed ``.NAME.tmp-PID-RANDOM`` behind; it never shadows a real output.
+What a user can observe, whatever kills a run (SIGKILL included) and whenever:
+
+- **A lock per output.** ``.NAME.lock`` beside the output, ``flock``-ed for the whole run and
+  holding the pid: a second run to the same output fails at once, naming that pid.
+- **Temporaries carry the pid.** ``.NAME.tmp-PID-RAND`` (data being written),
+  ``.NAME.old-PID-RAND`` (the previous output, moved aside during a commit) and
+  ``.NAME.commit-PID-RAND`` (the commit's journal; ``.jtmp-`` while it is written). None
+  ever shadows a real output.
+- **One commit point.** Several files (token files) are committed from a journal written once
+  every temporary is complete: the old manifest leaves first, the data files move in, the new
+  manifest moves in last, so a reader that trusts only what a manifest names never sees one
+  run's data beside another's manifest. A directory (``pack``) is swapped in with one
+  ``renameat2(RENAME_EXCHANGE)``, falling back to the journaled rename-aside + rename. Ctrl-C
+  and SIGTERM are deferred during a commit and, if one arrived, the commit is undone.
+- **Recovery on the next run.** Under the lock, a journal left by a dead process is finished
+  (its new manifest was in place) or undone (the previous output restored), and temporaries
+  of dead processes are removed; the run says how many bytes it reclaimed.
+- **A full disk** is an error naming the output (not a temporary), the bytes written and free.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
+import json
 import os
+import re
 import secrets
 import shutil
+import sys
 from pathlib import Path
 
 from . import _signals
 from .errors import PacktoolError
 
+EXCHANGE = True  # use renameat2(RENAME_EXCHANGE) where the kernel and file system have it
+_held: dict[Path, list] = {}  # lock path -> [fd, depth]: the lock is re-entrant in a process
+_KINDS = "tmp|old|commit|jtmp"
+_SUFFIXES = r"(?:\.(?:bin|boundaries|mask|json))?"  # a token prefix's files share its lock
 
-def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+
+def _temp_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:
+    tag = tag or f"{os.getpid()}-{secrets.token_hex(3)}"
+    return path.with_name(f".{path.name}.{kind}-{tag}")
+
+
+def final_name(path: str | Path) -> Path:
+    """The output a temporary name stands for (``.o.bin.tmp-12-ab3f`` -> ``o.bin``): errors
+    name what the user asked for, never a hidden file. Other paths are returned unchanged."""
+    p = Path(path)
+    for parent in (p, *p.parents):
+        m = re.fullmatch(rf"\.(.+)\.(?:{_KINDS})-\d+-[0-9a-f]+", parent.name)
+        if m:
+            return parent.with_name(m.group(1)) / p.relative_to(parent)
+    return p
 
 
 def _remove(path: Path) -> None:
@@ -29,6 +67,244 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
+def _size(path: Path) -> int:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.lstat().st_size
+    except OSError:
+        return 0
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # at first acquisition nothing of ours is in flight: a reused pid's leftover
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):  # a killed child not yet reaped is a zombie
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+# ---------------------------------------------------------------------------------- lock
+def lock_path(output: Path) -> Path:
+    return output.with_name(f".{output.name}.lock")
+
+
+def _acquire(lock: Path, output: Path) -> int:
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise PacktoolError(
+                f"output {output} is being written by another packtool run (pid {holder}; "
+                f"lock {lock}); wait for it to finish or choose another --out") from None
+        try:  # the previous holder may have unlinked the file between our open and flock
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def output_lock(output: str | Path):
+    """Hold ``output``'s lock (re-entrant); yield the notes of what was recovered and
+    reclaimed from dead runs when this call took it (an empty list otherwise)."""
+    output = Path(os.path.abspath(output))
+    if not output.parent.is_dir():
+        raise PacktoolError(f"output directory {output.parent} does not exist; create it first")
+    lock = lock_path(output)
+    if lock in _held:
+        _held[lock][1] += 1
+        try:
+            yield []
+        finally:
+            _held[lock][1] -= 1
+        return
+    fd = _acquire(lock, output)
+    _held[lock] = [fd, 1]
+    try:
+        yield reclaim(output)
+    finally:
+        del _held[lock]
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------ recovery
+def _leftovers(output: Path) -> list[tuple[Path, str, int]]:
+    """Temporaries of ``output``: of its own files (``.o.bin.tmp-PID-X``), and of the parts of
+    a multi-part corpus and their manifests (``.o.part-00001.bin.tmp-…``,
+    ``..o.part.json.tmp-…``, a part commit's journal ``.o.part-commit.commit-…``)."""
+    name = re.escape(output.name)
+    pattern = re.compile(rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.part[-.][\w.-]*)"
+                         rf"\.({_KINDS})-(\d+)-[0-9a-f]+")
+    found = []
+    for p in output.parent.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m:
+            found.append((p, m.group(1), int(m.group(2))))
+    return found
+
+
+def reclaim(output: Path) -> list[str]:
+    """Under ``output``'s lock: finish or undo commits of dead runs, then remove their
+    temporaries. Returns one note per action, for the run's warnings."""
+    notes = []
+    leftovers = [x for x in _leftovers(output) if not _pid_alive(x[2])]
+    for path, kind, pid in leftovers:
+        if kind == "commit":
+            notes.append(f"{output}: " + _recover(path) + f" (pid {pid} was killed mid-commit)")
+    nbytes, pids = 0, set()
+    for path, kind, pid in leftovers:
+        if kind != "commit" and (path.exists() or path.is_symlink()):
+            nbytes += _size(path)
+            pids.add(pid)
+            _remove(path)
+    if pids:
+        notes.append(f"reclaimed {nbytes:,} bytes of temporary files beside {output} left by "
+                     f"{len(pids)} interrupted run(s) (pid {', '.join(map(str, sorted(pids)))})")
+    return notes
+
+
+def _recover(journal: Path) -> str:
+    try:
+        entries = [[Path(x) if x else None for x in e] for e in json.loads(journal.read_text())]
+    except (OSError, ValueError):  # killed while writing the journal: nothing was renamed yet
+        _remove(journal)
+        return "removed an incomplete commit journal; the previous output is unchanged"
+    if _committed(entries):
+        _finish(entries, journal)
+        return "completed an interrupted commit: its new output was already in place"
+    _undo(entries)
+    _remove(journal)
+    return "undid an interrupted commit: the previous output is back in place"
+
+
+def _committed(entries) -> bool:
+    temp, final, _ = entries[-1]  # the manifest (or the one directory) moves in last
+    return temp is not None and not temp.exists() and final.exists()
+
+
+def _finish(entries, journal: Path) -> None:
+    _remove(journal)
+    for _, _, aside in entries:
+        if aside is not None:
+            _remove(aside)
+
+
+def _undo(entries) -> None:
+    """Back to the state before the commit, whatever step it stopped at: a final whose
+    temporary is gone is the new one (remove it); an aside is the old one (put it back)."""
+    for temp, final, aside in entries:
+        if temp is not None and not temp.exists() and final.exists():
+            _remove(final)
+        if aside is not None and aside.exists():
+            os.replace(aside, final)
+        if temp is not None:
+            _remove(temp)
+
+
+# -------------------------------------------------------------------------------- commit
+def _write_journal(journal: Path, entries) -> None:
+    # its own kind: with a one-file output the key is that file, whose data temporary is
+    # ``.NAME.tmp-TAG``; the journal's must not be the same name (reclaimable too)
+    tmp = journal.with_name(journal.name.replace(".commit-", ".jtmp-"))
+    try:
+        tmp.write_text(json.dumps([[str(x) if x else None for x in e] for e in entries]))
+        os.replace(tmp, journal)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _commit(entries: list[tuple[Path | None, Path, Path | None]], journal: Path) -> None:
+    """Move each ``temp`` to ``final``, an existing ``final`` first to ``aside`` (``temp``
+    None: only remove ``final``). The last entry is the commit point. Signals are deferred
+    throughout; one that arrived undoes the commit, then ends the run."""
+    with _signals.deferred():
+        _signals.check()
+        _write_journal(journal, entries)
+        try:
+            for _, final, aside in reversed(entries):  # the manifest leaves first
+                if aside is not None and (final.exists() or final.is_symlink()):
+                    os.replace(final, aside)
+            for temp, final, _ in entries:  # ... and comes in last
+                if temp is not None:
+                    os.replace(temp, final)
+            _signals.check()
+        except BaseException:
+            _undo(entries)
+            _remove(journal)
+            raise
+        _signals.committed()
+        _finish(entries, journal)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    kernel, libc or file system lacks it."""
+    if not EXCHANGE or not sys.platform.startswith("linux"):
+        return False
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _commit_dir(tmp: Path, path: Path) -> None:
+    if not path.exists():
+        return _commit([(tmp, path, None)], _temp_name(path, "commit"))
+    with _signals.deferred():
+        _signals.check()
+        if _exchange(tmp, path):  # one step: old and new are never both missing
+            if _signals.received:
+                _exchange(tmp, path)
+                _remove(tmp)
+                _signals.check()
+            _signals.committed()
+            _remove(tmp)  # the previous output, now under the temporary name
+            return None
+    return _commit([(tmp, path, _temp_name(path, "old"))], _temp_name(path, "commit"))
+
+
+# ----------------------------------------------------------------------------- full disk
+def _no_space(err: OSError, output: Path, temps: list[Path]) -> PacktoolError:
+    written = sum(_size(t) for t in temps)
+    for t in temps:
+        _remove(t)
+    free = shutil.disk_usage(output.parent).free
+    more = getattr(err, "needed", None)
+    need = f"at least {written + more:,}" if more else f"more than {written:,}"
+    return PacktoolError(
+        f"no space left on device for {output}: it needs {need} bytes, {free:,} bytes are "
+        f"free on its file system (nothing was written); free space or choose another --out")
+
+
+def _is_enospc(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+# ---------------------------------------------------------------------------------- api
 def refuse_existing_files(paths: list[Path], overwrite: bool) -> None:
     existing = [str(p) for p in paths if p.exists()]
     if existing and not overwrite:
@@ -38,33 +314,51 @@ def refuse_existing_files(paths: list[Path], overwrite: bool) -> None:
         )
 
 
-@contextlib.contextmanager
-def atomic_files(paths: list[Path], overwrite: bool = False):
-    """Yield temporary paths for ``paths``; on success rename each into place, else delete.
+def _key(paths: list[Path]) -> Path:
+    """The output several files make up: ``o`` for o.bin, o.boundaries, o.json."""
+    if len(paths) == 1:
+        return paths[0]
+    common = os.path.commonprefix([p.name for p in paths])
+    return paths[0].with_name(common[:-1] if common.endswith(".") else common or paths[0].name)
 
-    The last path is renamed last: make it the manifest, so a reader that finds the manifest
-    finds complete data files beside it.
+
+@contextlib.contextmanager
+def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None = None,
+                 remove: list[Path] = (), label: Path | None = None):
+    """Yield temporary paths for ``paths``; on success commit them all, else delete them.
+
+    The last path is the commit point: make it the manifest. ``remove``: files of a previous
+    output that the new one does not have (deleted in the same commit). The output's lock
+    (``key``, default the common prefix of the names) is held throughout; errors name
+    ``label`` (default ``key``), the output the user asked for.
     """
     paths = [Path(os.path.abspath(p)) for p in paths]
-    refuse_existing_files(paths, overwrite)
-    for p in paths:
-        if not p.parent.is_dir():
-            raise PacktoolError(f"output directory {p.parent} does not exist; create it first")
-    temps = [_temp_name(p) for p in paths]
-    try:
-        yield temps
-    except BaseException:
-        for t in temps:
-            _remove(t)
-        raise
-    try:
-        _signals.check()  # a signal swallowed by a library still cancels the commit
-    except BaseException:
-        for t in temps:
-            _remove(t)
-        raise
-    for t, p in zip(temps, paths, strict=True):
-        os.replace(t, p)
+    key = Path(os.path.abspath(key)) if key else _key(paths)
+    with output_lock(key) as notes:
+        for note in notes:
+            print(f"packtool: {note}", file=sys.stderr)
+        refuse_existing_files(paths, overwrite)
+        tag = f"{os.getpid()}-{secrets.token_hex(3)}"
+        temps = [_temp_name(p, "tmp", tag) for p in paths]
+        try:
+            yield temps
+        except BaseException as e:
+            if _is_enospc(e):
+                raise _no_space(e, label or key, temps) from None
+            for t in temps:
+                _remove(t)
+            raise
+        entries = [(None, Path(os.path.abspath(p)), _temp_name(Path(p), "old", tag))
+                   for p in remove if Path(p).exists()]
+        entries += [(t, p, _temp_name(p, "old", tag)) for t, p in zip(temps, paths, strict=True)]
+        try:
+            _commit(entries, _temp_name(key, "commit", tag))
+        except BaseException as e:
+            if _is_enospc(e):
+                raise _no_space(e, label or key, temps) from None
+            for t in temps:
+                _remove(t)
+            raise
 
 
 @contextlib.contextmanager
@@ -76,9 +370,27 @@ def atomic_dir(path: Path, overwrite: bool = False, owned_marker: str | None = N
     deletes a directory of the user's other files.
     """
     path = Path(os.path.abspath(path))
+    with output_lock(path) as notes:
+        for note in notes:
+            print(f"packtool: {note}", file=sys.stderr)
+        _check_dir(path, overwrite, owned_marker)
+        tmp = _temp_name(path)
+        tmp.mkdir()
+        try:
+            yield tmp
+            _commit_dir(tmp, path)
+        except BaseException as e:
+            if _is_enospc(e):
+                raise _no_space(e, path, [tmp]) from None
+            _remove(tmp)
+            raise
+
+
+def _check_dir(path: Path, overwrite: bool, owned_marker: str | None) -> None:
     if path.exists():
         if not path.is_dir():
-            raise PacktoolError(f"output {path} exists and is not a directory; choose another --out")
+            raise PacktoolError(f"output {path} exists and is not a directory; choose another "
+                                "--out")
         if any(path.iterdir()):
             if not overwrite:
                 raise PacktoolError(
@@ -90,24 +402,3 @@ def atomic_dir(path: Path, overwrite: bool = False, owned_marker: str | None = N
                     f"output directory {path} holds other files (no {owned_marker}): "
                     "--overwrite only replaces a previous packtool output; choose another --out"
                 )
-    if not path.parent.is_dir():
-        raise PacktoolError(f"parent directory {path.parent} does not exist; create it first")
-    tmp = _temp_name(path)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        _remove(tmp)
-        raise
-    try:
-        _signals.check()  # a signal swallowed by a library still cancels the commit
-    except BaseException:
-        _remove(tmp)
-        raise
-    if path.exists():
-        old = _temp_name(path)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        _remove(old)
-    else:
-        os.replace(tmp, path)

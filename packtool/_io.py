@@ -119,9 +119,12 @@ def reserve(path: Path, nbytes: int, label: str | Path | None = None) -> None:
                     return
                 raise
             free = shutil.disk_usage(path.parent).free
-            raise NoSpaceError(errno.ENOSPC, f"no space left for {label or path}: it needs "
+            err = NoSpaceError(errno.ENOSPC, f"no space left for {label or path}: it needs "
                                f"{nbytes:,} bytes, {free:,} are free on its file system; free "
-                               "space or write elsewhere") from None
+                               "space or write elsewhere")
+            # beyond what the file already holds: packtool._atomic adds the run's other files
+            err.needed = nbytes - os.fstat(f.fileno()).st_size
+            raise err from None
 
 
 class NpyMap:

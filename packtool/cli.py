@@ -7,6 +7,7 @@ exit 130/143 after the library has removed its temporary files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -19,14 +20,24 @@ from .export import FORMATS as EXPORT_FORMATS  # a plain tuple; imports nothing 
 
 
 def _run(fn, *args, **kwargs):
+    import errno
+
+    from ._atomic import final_name
+
     try:
         return fn(*args, **kwargs)
     except PacktoolError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:  # disk full, permissions, read-only file systems...
-        if e.filename is None and e.strerror and "no space left" in e.strerror:
-            raise click.ClickException(e.strerror) from None
-        where = f" {e.filename}" if e.filename else ""
+        where = f" {final_name(e.filename)}" if e.filename else ""  # the output, not a temp
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            import shutil
+
+            free = shutil.disk_usage(Path(e.filename).parent).free if e.filename else None
+            raise click.ClickException(
+                f"no space left on device writing{where or ' the output'}"
+                + (f" ({free:,} bytes free there)" if free is not None else "")
+                + "; free space or choose another --out") from None
         raise click.ClickException(f"cannot read or write{where}: {e.strerror or e}") from None
 
 
@@ -406,25 +417,41 @@ def demo(fixtures, out, seq_len, algo):
 
 
 def main() -> None:
+    """Run the CLI, then leave with ``os._exit`` once the library has removed its temporaries:
+    a worker thread still inside a tokenizer call or a runaway template cannot hold the exit
+    (the interpreter would join it), and a signal during interpreter shutdown cannot turn a
+    finished run into a death by signal."""
+    import os
     import signal
 
     from . import _signals
 
     _signals.install()  # before any heavy import: a signal during one is never lost
+    code = 0
     try:
         cli.main(prog_name="packtool", standalone_mode=False)
+        _signals.hold()
         _signals.check()
     except (click.exceptions.Abort, KeyboardInterrupt):
-        if _signals.received and _signals.received[-1] == signal.SIGTERM:
-            click.echo("Terminated: no output was written.", err=True)
-            sys.exit(143)
-        click.echo("Interrupted: no output was written.", err=True)
-        sys.exit(130)
+        _signals.hold()
+        term = bool(_signals.received) and _signals.received[-1] == signal.SIGTERM
+        what = "Terminated" if term else "Interrupted"
+        if _signals.after_commit():  # past the point of no return: say so, do not claim less
+            click.echo(f"{what} after the output was complete: it is in place.", err=True)
+        else:
+            click.echo(f"{what}: no output was written.", err=True)
+        code = 143 if term else 130
     except click.ClickException as e:
+        _signals.hold()
         e.show()
-        sys.exit(e.exit_code)
+        code = e.exit_code
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
+        _signals.hold()
+        code = e.exit_code
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

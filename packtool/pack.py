@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._atomic import atomic_dir
+from ._atomic import atomic_dir, output_lock
 from ._io import sha256_file
 from .errors import PacktoolError
 from .formats.packed import INDEX, PackedWriter
@@ -137,12 +137,27 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
 
     ``executor="ray"`` writes each shard as a Ray task; ``tasks``/``task`` writes one array
     task's share of the shards and ``finalize`` writes index.json once all are there (see
-    :mod:`packtool.scale`); the shards are the same bytes whichever way they were written."""
+    :mod:`packtool.scale`); the shards are the same bytes whichever way they were written.
+    The run holds ``out``'s lock throughout (a second run to ``out`` fails at once), except
+    one array task of several, whose shards are locked one by one."""
     from .scale import _check_run_args
 
-    t0 = time.perf_counter()
     _check_run_args(executor, tasks, task, finalize)
     options.check()
+    run = dict(overwrite=overwrite, progress=progress, verify_sources=verify_sources,
+               executor=executor, ray_address=ray_address, tasks=tasks, task=task,
+               finalize=finalize)
+    if task is not None and tasks > 1 and not finalize:
+        return _pack(prefixes, out, options, **run)
+    with output_lock(out) as notes:
+        result = _pack(prefixes, out, options, **run)
+    result.warnings[:0] = notes
+    return result
+
+
+def _pack(prefixes, out, options: PackOptions, *, overwrite, progress, verify_sources,
+          executor, ray_address, tasks, task, finalize) -> PackResult:
+    t0 = time.perf_counter()
     specs = [parse_source(p) for p in prefixes]
     corpora = open_sources([prefix for prefix, _ in specs])
     factors = [factor for _, factor in specs]
@@ -189,7 +204,7 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
         solver=index["solver"], seconds=time.perf_counter() - t0,
         assign_seconds=assign_seconds, n_shards=layout.n_shards,
         sources_verified=verify_sources, sources=index["sources"], valid=index["held_out"],
-        warnings=layout.report.warnings)
+        warnings=list(layout.report.warnings))
 
 
 _METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",

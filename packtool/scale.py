@@ -233,7 +233,7 @@ def run_part(plan: TokenizePlan, k: int, opts, progress=False) -> tuple[dict, bo
     from .tokenize import tokenize_part
 
     part = plan.parts[k]
-    lock = plan.prefix.parent / f".{part.name}.lock"
+    lock = plan.prefix.parent / f".{part.name}.part.lock"  # not the run's output lock
     with part_lock(lock):
         done, _ = check_part(plan, part)
         if done is not None:
@@ -402,7 +402,29 @@ def tokenize(inputs: list[str], tokenizer, out, opts, *, progress=False,
              max_retries: int = 3, tasks: int | None = None, task: int | None = None,
              finalize: bool = False, part_bytes: int | None = None):
     """Plan, run the parts this invocation owns, and (unless it is one array task of
-    several) write the manifest. Returns a :class:`packtool.tokenize.TokenizeResult`."""
+    several) write the manifest. Returns a :class:`packtool.tokenize.TokenizeResult`.
+
+    The run holds the output's lock throughout (a second run to the same prefix fails at
+    once naming the holder), except one array task of several: tasks share the output and
+    serialize per part."""
+    from ._atomic import output_lock
+
+    run = dict(progress=progress, executor=executor, ray_address=ray_address,
+               ray_cpus=ray_cpus, max_retries=max_retries, tasks=tasks, task=task,
+               finalize=finalize, part_bytes=part_bytes)
+    if str(out).endswith(("/", "\\")) or Path(out).is_dir():
+        raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. "
+                            f"{Path(out) / 'corpus'}")
+    if task is not None and tasks is not None and tasks > 1 and not finalize:
+        return _tokenize(inputs, tokenizer, out, opts, **run)
+    with output_lock(out) as notes:
+        result = _tokenize(inputs, tokenizer, out, opts, **run)
+    result.warnings[:0] = notes
+    return result
+
+
+def _tokenize(inputs, tokenizer, out, opts, *, progress, executor, ray_address, ray_cpus,
+              max_retries, tasks, task, finalize, part_bytes):
     from .tokenize import TokenizeResult, check_options
 
     t0 = time.perf_counter()

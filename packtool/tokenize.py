@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._atomic import atomic_files
+from ._atomic import atomic_files, output_lock
 from ._io import sha256_file
 from .engines import (
     EngineMismatch,
@@ -448,9 +448,7 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
     engine = select_engine(opts.engine, opts.engine_check, tok_path, tok, opts.special_tokens,
                            need_offsets=mode == "messages", fallback=fallback)
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id, eos_id, mode, engine=engine)
-    prefix = Path(out)
-    if str(out).endswith(("/", "\\")) or prefix.is_dir():
-        raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. {prefix / 'corpus'}")
+    prefix = Path(out)  # not a directory: checked by tokenize_files
     files = prefix_paths(prefix)
     with_mask = mode != "text"
     outputs_resolved = {p.resolve() for p in files.values()}
@@ -459,11 +457,15 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
             raise PacktoolError(f"input {p} is also an output of --out {out}; choose another --out")
     total_bytes = sum(p.stat().st_size for p in paths)
 
-    # the part's manifest goes last: a part whose manifest exists has all its files
+    # the part's manifest goes last: a part whose manifest exists has all its files. The
+    # commit's lock and journal get a name of their own (not an output's, and not the run's
+    # output lock, which a Ray driver may hold while its workers write parts)
     manifest_path = Path(part_info["manifest"])
     outputs = ([files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else [])
                + [manifest_path])
-    with atomic_files(outputs, True) as tmp:  # the plan decided to (re)write this part
+    stale = [] if with_mask else [files["mask"]]  # an overwritten SFT part's mask goes too
+    key = prefix.with_name(f"{prefix.name}.part-commit")
+    with atomic_files(outputs, True, key=key, remove=stale, label=prefix) as tmp:
         keys = ["bin", "boundaries"] + (["mask"] if with_mask else []) + ["json"]
         writer = TokenWriter(dict(zip(keys, tmp, strict=True)), with_mask)
         reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers,
@@ -471,9 +473,9 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
         own_bar = not hasattr(progress, "update")  # else the caller's bar over all parts
         bar = _progress_bar(total_bytes, progress) if own_bar else progress
         bar_base = bar.n if bar is not None else 0
+        pool = ThreadPoolExecutor(workers, "packtool-tok")
         try:
-            with (_rust_parallelism_off(), engine.checking(workers),
-                  ThreadPoolExecutor(workers, "packtool-tok") as pool):
+            with _rust_parallelism_off(), engine.checking(workers):
                 reader.start()
                 pending: deque = deque()
                 done = False
@@ -506,11 +508,15 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
                                             refresh=False)
         except BaseException:
             reader.stop.set()
+            # no waiting for a worker still inside a tokenizer call: the CLI exits without
+            # joining it (os._exit), so a runaway batch cannot hold up Ctrl-C or SIGTERM
+            pool.shutdown(wait=False, cancel_futures=True)
             writer.abort()
             raise
         finally:
             if bar is not None and own_bar:
                 bar.close()
+        pool.shutdown()
         reader.join()
         seconds = time.perf_counter() - t0
         inputs_meta = [s.to_json() for s in reader.stats]

@@ -317,7 +317,7 @@ def section_e2e(workdir: Path, corpus_mb: float) -> None:
     prefix = workdir / f"e2e-tok-{corpus_mb:g}mb"
     if not corpus.exists():
         make_corpus(corpus, corpus_mb)
-    cli = [sys.executable, "-m", "packtool.cli"]
+    cli = [sys.executable, "-m", "packtool"]
     if not prefix.with_suffix(".json").exists():
         t0 = time.perf_counter()
         subprocess.run(cli + ["tokenize", corpus, "--tokenizer", TOKENIZER, "--out", prefix, "-q",

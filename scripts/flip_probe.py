@@ -37,7 +37,7 @@ def build(work: Path) -> tuple[Path, Path]:
 
 
 def run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packtool.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "packtool", *args], capture_output=True,
                           text=True, cwd=str(Path.cwd()))
 
 

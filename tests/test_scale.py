@@ -195,7 +195,7 @@ def test_two_tasks_on_one_part_one_writes(inputs, reference, tmp_path):
     """Two processes given the same parts at once: both succeed, each part is written once
     (the other waits on its lock and then finds it finished), nothing half-written stays."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "packtool.cli", "tokenize", str(inputs), "-t", str(TOKENIZER),
+    cmd = [sys.executable, "-m", "packtool", "tokenize", str(inputs), "-t", str(TOKENIZER),
            "-o", str(tmp_path / "c"), "--tasks", "2", "--task", "0", "-j", "1"]
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
@@ -214,7 +214,7 @@ def test_two_tasks_on_one_part_one_writes(inputs, reference, tmp_path):
 
 def test_interrupted_driver_resumes(inputs, reference, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "packtool.cli", "tokenize", str(inputs), "-t", str(TOKENIZER),
+    cmd = [sys.executable, "-m", "packtool", "tokenize", str(inputs), "-t", str(TOKENIZER),
            "-o", str(tmp_path / "c"), "-j", "1", "--batch-size", "16"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -289,7 +289,7 @@ def test_ray_driver_interrupted_then_rerun_resumes(ray_instance, inputs, referen
     again skips the parts already finished."""
     address = ray_instance.get_runtime_context().gcs_address
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "packtool.cli", "tokenize", str(inputs), "-t", str(TOKENIZER),
+    cmd = [sys.executable, "-m", "packtool", "tokenize", str(inputs), "-t", str(TOKENIZER),
            "-o", str(tmp_path / "c"), "--executor", "ray", "--ray-address", address,
            "--batch-size", "16"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

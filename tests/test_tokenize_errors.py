@@ -199,8 +199,8 @@ def test_signal_mid_run_leaves_nothing(tmp_path, sig):
         for d in iter_documents(20_000, seed=1):
             f.write(json.dumps({"text": d}) + "\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "packtool.cli", "tokenize", str(p), "-t", str(TOKENIZER),
-         "-o", str(tmp_path / "out"), "--batch-size", "64", "-q"],
+        [sys.executable, "-m", "packtool", "tokenize", str(p), "-t", str(TOKENIZER),
+         "-o", str(tmp_path / "out"), "--batch-size", "64", "-q", "--engine", "hf"],
         stderr=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + 60
@@ -231,8 +231,10 @@ def test_reader_detects_truncation_and_mismatch(tmp_path, docs):
     ends = np.fromfile(tmp_path / "out.boundaries", dtype="<i8")
     ends[-1] -= 1
     ends.tofile(tmp_path / "out.boundaries")
+    with pytest.raises(packtool.FormatError, match="out.boundaries: sha256"):
+        packtool.open_tokens(tmp_path / "out")  # the boundaries' checksum, at open
     with pytest.raises(packtool.FormatError, match="last end offset"):
-        packtool.open_tokens(tmp_path / "out")
+        packtool.open_tokens(tmp_path / "out", checksums=False)  # and the structure alone
     meta = json.loads((tmp_path / "out.json").read_text())
     meta["version"] = 99
     (tmp_path / "out.json").write_text(json.dumps(meta))

@@ -1,0 +1,353 @@
+"""Faults (issue 10, items 4-7): full disks, kills at every step of a commit, concurrent runs,
+leftovers of dead runs, signals with a busy worker; and a small fault-injection campaign
+(scripts/fault_inject.py runs the full one)."""
+
+import errno
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, TOKENIZER, write_jsonl
+
+from packtool import _atomic, _signals
+from packtool.cli import cli
+from packtool.synth import make_documents
+
+
+def _cli(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("faults")
+    docs = make_documents(3000, seed=5, median_words=60, max_words=800)
+    src = write_jsonl(d / "c.jsonl", [{"text": t} for t in docs])
+    r = _cli("tokenize", src, "-t", TOKENIZER, "-o", d / "tok", "-q")
+    assert r.exit_code == 0, r.output
+    return {"jsonl": src, "tok": d / "tok"}
+
+
+def _tokenize_args(corpus, out):
+    return ["tokenize", corpus["jsonl"], "-t", TOKENIZER, "-o", out, "-q"]
+
+
+def _pack_args(corpus, out):
+    return ["pack", corpus["tok"], "-L", "256", "--shard-size", "30000", "-o", out, "-q"]
+
+
+def _hidden(d: Path) -> list[str]:
+    """Hidden files other than the parts' own manifests (``.NAME.part.json``, kept beside a
+    finished part so that a re-run can skip it: see docs/SCALE.md)."""
+    return sorted(p.name for p in d.iterdir()
+                  if p.name.startswith(".") and not p.name.endswith(".part.json"))
+
+
+def _verified(path) -> bool:
+    return _cli("verify", path).exit_code == 0
+
+
+# ------------------------------------------------------------------------ 4: full disk
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("command", ["tokenize", "pack"])
+def test_full_tmpfs_names_the_output_and_leaves_nothing(small_disk, corpus, command):
+    out = small_disk / "out"
+    args = _tokenize_args(corpus, out) if command == "tokenize" else _pack_args(corpus, out)
+    r = _cli(*args)
+    assert r.exit_code == 1, r.output
+    assert f"no space left on device for {out}: it needs" in r.output, r.output
+    assert "bytes are free on its file system" in r.output and ".tmp-" not in r.output
+    assert list(small_disk.iterdir()) == []
+
+
+@pytest.mark.parametrize(("command", "where"),
+                         [("tokenize", "write"), ("pack", "write"), ("pack", "fallocate")])
+def test_enospc_from_write_or_fallocate(tmp_path, corpus, monkeypatch, command, where):
+    """ENOSPC from a plain write() (token files, pack's small arrays) or from reserving a
+    memory-mapped file: the same clear error, naming the output, and nothing left."""
+    from packtool import _io
+
+    if where == "fallocate":
+        def fallocate(fd, offset, n):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    else:
+        real, calls = _io.HashingWriter.write, []
+
+        def write(self, array):
+            calls.append(1)
+            if len(calls) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(self, array)
+        monkeypatch.setattr(_io.HashingWriter, "write", write)
+    out = tmp_path / "out"
+    args = _tokenize_args(corpus, out) if command == "tokenize" else _pack_args(corpus, out)
+    r = _cli(*args)
+    assert r.exit_code == 1
+    assert f"no space left on device for {out}: it needs" in r.output, r.output
+    assert ".tmp-" not in r.output
+    assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------- 5: lock, commits, concurrent runs
+def _hold_lock(out: Path) -> subprocess.Popen:
+    code = ("import sys, time\nfrom packtool._atomic import output_lock\n"
+            "with output_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], env=_env(),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize("command", ["tokenize", "pack"])
+def test_second_run_fails_at_once_naming_the_holder(tmp_path, corpus, command):
+    out = tmp_path / "out"
+    args = _tokenize_args(corpus, out) if command == "tokenize" else _pack_args(corpus, out)
+    holder = _hold_lock(out)
+    try:
+        r = _cli(*args)
+        assert r.exit_code == 1
+        assert f"being written by another packtool run (pid {holder.pid}" in r.output, r.output
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not out.exists() and not Path(f"{out}.json").exists()
+    r = _cli(*args)  # a lock left by a killed holder is free again
+    assert r.exit_code == 0, r.output
+    assert _hidden(tmp_path) == []
+
+
+def test_two_concurrent_runs_one_wins_nothing_mixed(tmp_path, corpus):
+    out = tmp_path / "out"
+    procs = [subprocess.Popen([sys.executable, "-m", "packtool",
+                               *map(str, _tokenize_args(corpus, out))], env=_env(),
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.communicate()[1], p.returncode)[::-1] for p in procs]
+    assert sorted(rc for rc, _ in results) == [0, 1], results
+    err = next(e for rc, e in results if rc == 1)
+    assert "being written by another packtool run" in err or "already exists" in err, err
+    assert _verified(out) and _hidden(tmp_path) == []
+
+
+_KILL_AT = """
+import os, sys
+k, real, n = int(sys.argv[1]), os.replace, [0]
+def replace(a, b):
+    n[0] += 1
+    if n[0] == k:
+        os._exit(9)  # SIGKILL-like: no cleanup of any kind
+    real(a, b)
+os.replace = replace
+import packtool._atomic as atomic
+if sys.argv[2] == "noexchange":
+    atomic.EXCHANGE = False
+else:
+    real_exchange = atomic._exchange
+    def exchange(a, b):
+        real_exchange(a, b)
+        os._exit(9)  # right after the swap: the old output is under the temporary name
+    atomic._exchange = exchange
+sys.argv = ["packtool"] + sys.argv[3:]
+from packtool.cli import main
+main()
+"""
+
+
+def _killed_at(k: int, args, exchange=True) -> int:
+    return subprocess.run([sys.executable, "-c", _KILL_AT, str(k),
+                           "exchange" if exchange else "noexchange", *map(str, args)],
+                          env=_env(), capture_output=True).returncode
+
+
+def _digest(paths) -> list[bytes]:
+    return [p.read_bytes() if p.exists() else None for p in paths]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_tokenize_killed_at_every_rename_recovers(tmp_path, corpus, overwrite):
+    """A kill at each rename of the commit: a manifest, when there is one, names complete data
+    (the old or the new); the re-run succeeds without cleanup and leaves nothing behind."""
+    out = tmp_path / "out"
+    files = [Path(f"{out}{s}") for s in (".bin", ".boundaries", ".json")]
+    args = _tokenize_args(corpus, out) + (["--overwrite"] if overwrite else [])
+    for k in range(1, 10):
+        if overwrite:
+            assert _cli(*_tokenize_args(corpus, out), "--overwrite").exit_code == 0
+        rc = _killed_at(k, args)
+        if rc == 0:
+            break  # past the last rename
+        assert rc == 9
+        if files[2].exists():
+            assert _verified(out)
+        again = overwrite or files[2].exists()  # an interrupted --overwrite puts the old back
+        r = _cli(*_tokenize_args(corpus, out), *(["--overwrite"] if again else []))
+        assert r.exit_code == 0, (k, r.output)
+        assert _verified(out) and _hidden(tmp_path) == [], k
+        if not overwrite:
+            for p in files:
+                p.unlink()
+    # killed at every rename of the part's commit and the manifest's, until a run completes
+    assert rc == 0 and k > 2
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_pack_overwrite_killed_mid_commit_never_loses_both(tmp_path, corpus, exchange):
+    """Killed at the swap (RENAME_EXCHANGE) or at each rename of the fallback: the old or the
+    new output is in place, or the old one is aside and the next run puts it back."""
+    out = tmp_path / "p"
+    assert _cli(*_pack_args(corpus, out)).exit_code == 0
+    old = _digest(sorted(out.iterdir()))
+    for k in range(1, 5):
+        rc = _killed_at(k, [*_pack_args(corpus, out), "-L", "128", "--overwrite"], exchange)
+        if rc == 0:
+            break
+        assert rc == 9
+        r = _cli(*_pack_args(corpus, out))  # no --overwrite: recovers, then refuses
+        assert "is not empty" in r.output, r.output
+        assert _verified(out), k
+        seq_len = json.loads((out / "index.json").read_text())["seq_len"]
+        assert seq_len == (128 if exchange else 256)  # the new one after the swap, else old
+        assert _hidden(tmp_path) == [], k
+        if seq_len == 256:
+            assert _digest(sorted(out.iterdir())) == old
+        if exchange:
+            break
+    # exchange: one swap; fallback: the journal, old aside, new in (then it finishes)
+    assert k == (1 if exchange else 4)
+
+
+# ---------------------------------------------------------------- 6: stale temporaries
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_temporaries_of_dead_runs_are_reclaimed(tmp_path, corpus):
+    dead = _dead_pid()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / f".out.bin.tmp-{dead}-a1b2c3").write_bytes(b"x" * 1000)
+        (tmp_path / f".out.json.tmp-{dead}-a1b2c3").write_bytes(b"y" * 234)
+        (tmp_path / f".p.tmp-{dead}-0d0e0f").mkdir()
+        (tmp_path / f".p.tmp-{dead}-0d0e0f" / "shard-00000.tokens.npy").write_bytes(b"z" * 5000)
+        kept = tmp_path / f".out.bin.tmp-{live.pid}-ffffff"
+        kept.write_bytes(b"w")
+        r = _cli(*_tokenize_args(corpus, tmp_path / "out")[:-1])  # not -q: the summary
+        assert r.exit_code == 0
+        res = _cli(*_pack_args(corpus, tmp_path / "p")[:-1], "--json")
+        assert f"reclaimed 1,234 bytes of temporary files beside {tmp_path / 'out'}" \
+            in r.output, r.output
+        assert f"(pid {dead})" in r.output
+        warnings = json.loads(res.output[res.output.index("{"):])["warnings"]
+        assert any("reclaimed 5,000 bytes" in w for w in warnings), warnings
+        assert _hidden(tmp_path) == [kept.name]  # a live process's file is not touched
+    finally:
+        live.kill()
+        live.wait()
+
+
+# -------------------------------------------------------------------------- 7: signals
+_SLOW_WORKER = """
+import sys, time
+import packtool.tokenize as t
+real = t.make_encoder
+def make_encoder(*a, **k):
+    def encode(texts, *rest):
+        time.sleep(60)  # a runaway tokenizer call or template
+    return encode
+t.make_encoder = make_encoder
+sys.argv = ["packtool"] + sys.argv[1:]
+from packtool.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_busy_worker_does_not_delay_shutdown(tmp_path, corpus, sig):
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_WORKER,
+                             *map(str, _tokenize_args(corpus, tmp_path / "out")), "-j", "1"],
+                            env=_env(), stderr=subprocess.PIPE, text=True)
+    while not list(tmp_path.glob(".out.bin.tmp-*")):
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.5)  # the worker is asleep inside "encode"
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        err = proc.communicate(timeout=30)[1]  # the worker sleeps 60 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the run waited for its busy worker thread")
+    assert proc.returncode == (143 if sig == signal.SIGTERM else 130), err
+    assert time.monotonic() - t0 < 30
+    assert "no output was written" in err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("step", [1, 2])  # a re-run reuses the verified part: only the
+def test_signal_during_commit_undoes_it(tmp_path, corpus, monkeypatch, step):
+    """A signal that arrives between two renames of a commit is deferred, the commit undone,
+    then the run ends: the previous output is intact and nothing else is left."""
+    from packtool.tokenize import TokenizeOptions, tokenize_files
+
+    out = tmp_path / "out"
+    assert _cli(*_tokenize_args(corpus, out)).exit_code == 0
+    before = _digest([Path(f"{out}{s}") for s in (".bin", ".boundaries", ".json")])
+    monkeypatch.setattr(_signals, "received", [])
+    real, n = os.replace, [0]
+
+    def replace(a, b):
+        n[0] += 1
+        if n[0] == step:
+            with _signals.deferred():
+                _signals._on_sigterm(signal.SIGTERM, None)  # as if delivered right here
+        real(a, b)
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(_signals.Terminated):
+        tokenize_files([str(corpus["jsonl"])], TOKENIZER, out,
+                       TokenizeOptions(overwrite=True, batch_size=16))
+    assert n[0] > step
+    assert _digest([Path(f"{out}{s}") for s in (".bin", ".boundaries", ".json")]) == before
+    assert _hidden(tmp_path) == []
+
+
+def test_final_name_maps_temporaries_to_outputs(tmp_path):
+    assert _atomic.final_name(tmp_path / ".out.bin.tmp-12-a1b2c3") == tmp_path / "out.bin"
+    assert _atomic.final_name(tmp_path / ".p.tmp-9-00ff00" / "shard-00000.tokens.npy") == \
+        tmp_path / "p" / "shard-00000.tokens.npy"
+    assert _atomic.final_name(tmp_path / "plain") == tmp_path / "plain"
+
+
+# ------------------------------------------------------------------ fault injection
+def test_fault_injection_campaign(tmp_path):
+    spec = importlib.util.spec_from_file_location("fault_inject",
+                                                  ROOT / "scripts" / "fault_inject.py")
+    fi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fi)
+    results = fi.campaign(ROOT, tmp_path, kills=2, seed=7, n_docs=3000, log=lambda s: None)
+    assert len(results) == 6
+    failures = {k: [r for r in rows if r] for k, rows in results.items()}
+    assert not any(failures.values()), failures
