@@ -121,10 +121,10 @@ def _acquire(lock: Path, output: Path) -> int:
 @contextlib.contextmanager
 def output_lock(output: str | Path):
     """Hold ``output``'s lock (re-entrant); yield the notes of what was recovered and
-    reclaimed from dead runs when this call took it (an empty list otherwise)."""
+    reclaimed from dead runs when this call took it (an empty list otherwise). Missing parent
+    folders are created (``--out out/corpus`` on a fresh checkout), and removed again if the
+    run fails and they are still empty."""
     output = Path(os.path.abspath(output))
-    if not output.parent.is_dir():
-        raise PacktoolError(f"output directory {output.parent} does not exist; create it first")
     lock = lock_path(output)
     if lock in _held:
         _held[lock][1] += 1
@@ -133,15 +133,45 @@ def output_lock(output: str | Path):
         finally:
             _held[lock][1] -= 1
         return
+    created = make_parents(output)
     fd = _acquire(lock, output)
     _held[lock] = [fd, 1]
     try:
         yield reclaim(output)
-    finally:
-        del _held[lock]
-        with contextlib.suppress(FileNotFoundError):
-            lock.unlink()
-        os.close(fd)
+    except BaseException:
+        _release(lock, fd)
+        for d in created:  # deepest first; only what this run made and left empty
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+    _release(lock, fd)
+
+
+def _release(lock: Path, fd: int) -> None:
+    del _held[lock]
+    with contextlib.suppress(FileNotFoundError):
+        lock.unlink()
+    os.close(fd)
+
+
+def make_parents(output: Path) -> list[Path]:
+    """Create ``output``'s missing parent folders; return them, deepest first."""
+    missing = []
+    d = output.parent
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    if not d.is_dir():
+        raise PacktoolError(f"cannot write {output}: {d} is not a folder")
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise PacktoolError(f"cannot create the folder {d} for {output}: "
+                                f"{e.strerror or e}") from None
+    return missing
 
 
 # ------------------------------------------------------------------------------ recovery

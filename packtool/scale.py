@@ -435,9 +435,7 @@ def _tokenize(inputs, tokenizer, out, opts, *, progress, executor, ray_address, 
     if json_path.exists() and not opts.overwrite:
         raise PacktoolError(f"output already exists: {json_path}; pass --overwrite to replace "
                             "it or choose another --out")
-    if not plan.prefix.parent.is_dir():
-        raise PacktoolError(f"output directory {plan.prefix.parent} does not exist; create "
-                            "it first")
+    plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
     if not finalize:
         _refuse_foreign_files(plan, opts.overwrite)
     mine = (deal(len(plan.parts), tasks, task) if task is not None and not finalize
@@ -687,9 +685,7 @@ def pack_parts(layout, valid, corpora, prefixes: list[str], factors, out: Path, 
             for n in os.listdir(out)):
         raise PacktoolError(f"--out {out} holds other files; write the packed dataset to a "
                             "directory of its own")
-    if not out.parent.is_dir():
-        raise PacktoolError(f"output directory {out.parent} does not exist; create it first")
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     opts = layout.options
     common = {"packtool": __version__, "options": dataclasses.asdict(opts),
               "sources": [sha256_file(prefix_paths(c.prefix)["json"]) for c in corpora],

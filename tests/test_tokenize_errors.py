@@ -301,3 +301,22 @@ def test_write_errors_are_clean(tmp_path):
     if os.geteuid() == 0:
         return  # root writes anywhere
     assert r.exit_code == 1 and "Error:" in r.output and "Traceback" not in r.output
+
+
+def test_missing_output_folders_are_created(tmp_path):
+    """Issue 11.14: the README's own `--out out/corpus` failed on a fresh checkout because
+    out/ did not exist. Missing folders are made; a failed run removes the ones it made."""
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world"}] * 3)
+    runner = CliRunner()
+    out = tmp_path / "out" / "deep" / "corpus"
+    r = runner.invoke(cli, ["tokenize", str(p), "-t", str(TOKENIZER), "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(cli, ["pack", str(out), "-L", "16", "-o", str(tmp_path / "p" / "q"), "-q"])
+    assert r.exit_code == 0 and (tmp_path / "p" / "q" / "index.json").is_file(), r.output
+    r = runner.invoke(cli, ["export", str(tmp_path / "p" / "q"), "--format", "parquet", "-o",
+                            str(tmp_path / "e" / "f" / "x.parquet"), "-q"])
+    assert r.exit_code == 0 and (tmp_path / "e" / "f" / "x.parquet").is_file(), r.output
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"nope": 1}])
+    r = runner.invoke(cli, ["tokenize", str(bad), "-t", str(TOKENIZER), "-o",
+                            str(tmp_path / "new" / "dir" / "c"), "-q"])
+    assert r.exit_code == 1 and not (tmp_path / "new").exists()
