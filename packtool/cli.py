@@ -139,8 +139,10 @@ def cli():
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--tokenizer", "-t", required=True, help="A tokenizer.json, or a model folder holding one.")
-@click.option("--out", "-o", required=True, help="Output prefix: writes PREFIX.bin, .boundaries, .json.")
+@click.option("--tokenizer", "-t", required=True,
+              help="A tokenizer.json, or a model folder holding one.")
+@click.option("--out", "-o", required=True,
+              help="Output prefix: writes PREFIX.bin, .boundaries, .json (folders are made).")
 @click.option("--text-field", default="text", show_default=True,
               help="JSON key / Parquet column with the text; dots reach nested keys (meta.body).")
 @click.option("--txt-split", type=click.Choice(["file", "line", "blank-line"]), default="file",
@@ -154,7 +156,8 @@ def cli():
 @click.option("--max-record-bytes", type=click.IntRange(1), default=None,
               help="Largest record in bytes (default 64 MiB); a larger one is a bad record. "
                    "Tokenizing a record takes ~120x its size in memory.")
-@click.option("--prompt-field", default=None, help="SFT: key of the prompt (loss is not taken on it).")
+@click.option("--prompt-field", default=None,
+              help="SFT: key of the prompt (loss is not taken on it).")
 @click.option("--completion-field", default=None, help="SFT: key of the completion (loss on it).")
 @click.option("--messages-field", default=None,
               help="Chat: key of a [{role, content}, ...] list, rendered with the chat template.")
@@ -215,7 +218,8 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
     """
     from .tokenize import TokenizeOptions, tokenize_files
 
-    opts = TokenizeOptions(text_field=text_field, txt_split=txt_split, skip_bad_records=skip_bad_records,
+    opts = TokenizeOptions(text_field=text_field, txt_split=txt_split,
+                           skip_bad_records=skip_bad_records,
                            bos=bos, eos=eos, special_tokens=special_tokens, workers=workers,
                            batch_size=batch_size, overwrite=overwrite, prompt_field=prompt_field,
                            completion_field=completion_field, messages_field=messages_field,

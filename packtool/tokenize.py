@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._atomic import atomic_files, output_lock
+from ._atomic import atomic_files
 from ._io import sha256_file
 from .engines import (
     EngineMismatch,

@@ -99,7 +99,8 @@ def probe(kind: str, original: Path, files: list[Path], reader, flips: int, rng,
         if proc.returncode == 0:
             import pickle
 
-            got = pickle.load(open(out, "rb"))
+            with open(out, "rb") as f:
+                got = pickle.load(f)
             counts["unchanged data" if same(got, pristine) else "silently different"] += 1
         elif "Traceback" in proc.stderr and "packtool" in proc.stderr and (
                 "FormatError" in proc.stderr or "PacktoolError" in proc.stderr

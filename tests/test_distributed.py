@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 WORLD, BATCH, STEPS, K = 2, 2, 6, 3
 
@@ -118,6 +120,7 @@ def launch(workdir: Path, mode: str) -> list[dict]:
     return [json.loads((workdir / f"{mode}-{r}.json").read_text()) for r in range(WORLD)]
 
 
+@pytest.mark.slow
 def test_two_rank_training_disjoint_equal_steps_and_exact_resume(tmp_path):
     import pytest
 

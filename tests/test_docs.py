@@ -38,3 +38,21 @@ def test_writers_refuse_undocumented_keys(tmp_path):
     w = packed.PackedWriter(tmp_path, 8, tokens.token_dtype(100), False)
     with pytest.raises(RuntimeError, match="not in the schema"):
         w.finish({"new_key": 1})
+
+
+def test_cli_starts_without_heavy_imports():
+    """Issue 9.4: `packtool --help` took ~1 s because building --algo imported every packer.
+    Importing the CLI (and running --help) must not load numba, scipy, highspy, pyarrow,
+    tokenizers or numpy."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.argv = ['packtool', '--help']\n"
+            "from packtool.cli import cli\n"
+            "try:\n    cli.main(prog_name='packtool', standalone_mode=False)\n"
+            "except SystemExit:\n    pass\n"
+            "heavy = ('numba', 'scipy', 'highspy', 'pyarrow', 'tokenizers', 'numpy', 'torch')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert out == "[]", out

@@ -115,10 +115,7 @@ def megatron_dataset(prefix):
 
 def test_megatron_corpus_hardlinks_bin_and_reads_back(tmp_path, corpus):
     r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "m" / "corpus", "--json")
-    assert r.exit_code == 1 and "does not exist" in r.output  # parent folder must exist
-    (tmp_path / "m").mkdir()
-    r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "m" / "corpus", "--json")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 0, r.output  # the missing folder m/ is created
     res = json.loads(r.stdout)
     assert res["details"]["bin"] == "hardlink" and "hard-linked" in res["notes"][0]
     out_bin = tmp_path / "m" / "corpus.bin"

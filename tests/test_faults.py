@@ -342,6 +342,7 @@ def test_final_name_maps_temporaries_to_outputs(tmp_path):
 
 
 # ------------------------------------------------------------------ fault injection
+@pytest.mark.slow
 def test_fault_injection_campaign(tmp_path):
     spec = importlib.util.spec_from_file_location("fault_inject",
                                                   ROOT / "scripts" / "fault_inject.py")

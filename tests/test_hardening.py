@@ -3,6 +3,7 @@ that passed silently, crashed or read outside a file before."""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,9 +63,10 @@ def test_corrupt_boundaries_never_read_past_the_file(tmp_path, built):
 def test_pack_refuses_a_corrupted_bin(tmp_path, built):
     """10.2: pack packed a .bin with a flipped byte and exited 0."""
     p = copy_corpus(built, tmp_path / "c")
-    data = bytearray(open(str(p) + ".bin", "rb").read())
+    bin_path = Path(str(p) + ".bin")
+    data = bytearray(bin_path.read_bytes())
     data[len(data) // 2] ^= 0x40
-    open(str(p) + ".bin", "wb").write(bytes(data))
+    bin_path.write_bytes(bytes(data))
     r = CliRunner().invoke(cli, ["pack", str(p), "-L", "128", "-o", str(tmp_path / "o")])
     assert r.exit_code == 1 and "sha256" in r.output and "c.bin" in r.output
     assert not (tmp_path / "o").exists()

@@ -85,6 +85,7 @@ def test_squad_reaches_the_lp_bound():
     assert np.array_equal(packs, solve(lengths, 384)[0])  # deterministic
 
 
+@pytest.mark.slow
 def test_never_worse_than_bfd_and_work_limit_zero():
     rng = np.random.default_rng(4)
     lengths = rng.integers(100, 700, 3000)

@@ -131,6 +131,7 @@ def test_bounds_and_advice_stay_sane():
     assert "beta1" not in advice(6.0, 64)
 
 
+@pytest.mark.slow
 def test_stats_timings_exclude_compilation():
     """Issue 11.4: spfhp showed 9.8 s cold vs 0.026 s warm. In a process that must compile
     (cache off), compilation is reported apart, and announced once on stderr."""
@@ -165,6 +166,7 @@ def test_hopeless_nnlshp_is_skipped_and_spfhp_warns(tmp_path):
     assert r.exit_code == 1 and "none of the packers compared reads --work-limit" in r.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,L", [("squad11-384", 384), ("wikipedia-512", 512)])
 def test_reference_histograms(name, L):
     """Figures on the published histograms; the paper's wikipedia-512 speed-up is 2.001."""
