@@ -94,7 +94,7 @@ class PackResult:
             f"{self.n_tokens:,} tokens, efficiency {100 * m['efficiency']:.3f}%, "
             f"{bounds_text(m)}, packing factor {m['packing_factor']:.2f}"
             + ("; " + "; ".join(over) if over else "")
-            + f"; {self.n_shards} shard(s) in {self.seconds:.1f}s "
+            + f"; {self.n_shards} shard(s) in {self.seconds:.2f}s "
             f"(assignment {self.assign_seconds:.2f}s)"
             + ("; source checksums verified" if self.sources_verified else "")]
         if len(self.sources) > 1 or any(src["factor"] != 1 for src in self.sources):
