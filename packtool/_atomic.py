@@ -373,22 +373,24 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
         try:
             yield temps
         except BaseException as e:
-            if _is_enospc(e):
-                raise _no_space(e, label or key, temps) from None
-            for t in temps:
-                _remove(t)
-            raise
+            _discard(e, label or key, temps)
         entries = [(None, Path(os.path.abspath(p)), _temp_name(Path(p), "old", tag))
                    for p in remove if Path(p).exists()]
         entries += [(t, p, _temp_name(p, "old", tag)) for t, p in zip(temps, paths, strict=True)]
         try:
             _commit(entries, _temp_name(key, "commit", tag))
         except BaseException as e:
-            if _is_enospc(e):
-                raise _no_space(e, label or key, temps) from None
-            for t in temps:
-                _remove(t)
-            raise
+            _discard(e, label or key, temps)
+
+
+def _discard(e: BaseException, label: Path, temps: list[Path]):
+    """Remove a failed run's temporaries and re-raise (a full disk as a clear error naming
+    ``label``, the output the user asked for)."""
+    if _is_enospc(e):
+        raise _no_space(e, label, temps) from None
+    for t in temps:
+        _remove(t)
+    raise e
 
 
 @contextlib.contextmanager

@@ -375,9 +375,9 @@ def stats(paths, lengths_file, seq_lens, batch_size, algos, overflow, max_depth,
                    "tokenized without --eos (GPT-2: 50256).")
 @click.option("--copy", "copy_bin", is_flag=True,
               help="megatron from a corpus: copy the .bin instead of hard-linking it.")
-@click.option("--overwrite", is_flag=True, help="Replace a previous export at --out.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@overwrite_option
+@quiet_option
+@json_option
 def export(src, fmt, out, shard_tokens, eos_id, copy_bin, overwrite, quiet, as_json):
     """Export SRC, a token-file prefix or a packed directory, in a trainer's native format.
 
