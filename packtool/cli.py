@@ -234,9 +234,11 @@ def tokenize(inputs, tokenizer, out, text_field, txt_split, bos, eos, special_to
         plan = _run(plan_tokenize, list(inputs), tokenizer, out, opts, part_bytes)
         click.echo(json.dumps(plan.to_json(), indent=1) if as_json else plan.summary())
         return
+    from .plan import RunOptions
+
+    run = RunOptions(executor, ray_address, ray_cpus, tasks=tasks, task=task, finalize=finalize)
     result = _run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet,
-                  executor=executor, ray_address=ray_address, ray_cpus=ray_cpus, tasks=tasks,
-                  task=task, finalize=finalize, part_bytes=part_bytes)
+                  run=run, part_bytes=part_bytes)
     _emit(result, as_json, quiet)
     if quiet or as_json:  # the summary, when printed, carries them
         for w in result.warnings:
@@ -286,15 +288,15 @@ def pack(prefixes, seq_len, algo, out, overflow, seed, no_shuffle, shard_size, v
         packtool pack out/corpus -L 4096 -o out/packed --finalize
     """
     from .pack import pack as run_pack
-    from .plan import PackOptions
+    from .plan import PackOptions, RunOptions
 
     opts = PackOptions(seq_len, algo, overflow, seed, not no_shuffle, shard_size,
                        max_depth=max_depth, work_limit=work_limit, time_limit=time_limit,
                        valid_docs=valid_docs, valid_fraction=valid_fraction,
                        group_docs=group_docs)
+    run = RunOptions(executor, ray_address, tasks=tasks, task=task, finalize=finalize)
     _emit(_run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
-               executor=executor, ray_address=ray_address, tasks=tasks, task=task,
-               finalize=finalize), as_json, quiet)
+               run=run), as_json, quiet)
 
 
 @cli.command()

@@ -20,7 +20,7 @@ from .errors import PacktoolError
 from .formats.packed import INDEX, PackedWriter
 from .formats.tokens import TokenCorpus, gather_segments, open_tokens, prefix_paths
 from .metrics import bounds_text, pack_metrics
-from .plan import PackLayout, PackOptions, mixture_plan, parse_source, plan_pack
+from .plan import PackLayout, PackOptions, RunOptions, mixture_plan, parse_source, plan_pack
 
 
 def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list[TokenCorpus]:
@@ -128,36 +128,36 @@ def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo:
 
 def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
          overwrite: bool = False, progress: bool = False, verify_sources: bool = True,
-         executor: str = "local", ray_address: str | None = None, tasks: int | None = None,
-         task: int | None = None, finalize: bool = False) -> PackResult:
+         run: RunOptions | None = None) -> PackResult:
     """Plan, then write. ``prefixes`` may carry repeat factors (``web:2.0``); held-out
     documents (``options.valid_docs``/``valid_fraction``) are packed into ``out/valid``.
     Sources' checksums are verified before anything is written (a full read of the sources,
     ~1.4 GB/s; ``verify_sources=False`` skips it and says so).
 
-    ``executor="ray"`` writes each shard as a Ray task; ``tasks``/``task`` writes one array
-    task's share of the shards and ``finalize`` writes index.json once all are there (see
+    ``run`` (:class:`packtool.plan.RunOptions`): Ray tasks write the shards, or one array
+    task writes its share and ``finalize`` writes index.json once all are there (see
     :mod:`packtool.scale`); the shards are the same bytes whichever way they were written.
     The run holds ``out``'s lock throughout (a second run to ``out`` fails at once), except
     one array task of several, whose shards are locked one by one."""
-    from .scale import _check_run_args
+    from .scale import check_run
 
-    _check_run_args(executor, tasks, task, finalize)
+    run = run or RunOptions()
+    check_run(run)
     options.check()
-    run = dict(overwrite=overwrite, progress=progress, verify_sources=verify_sources,
-               executor=executor, ray_address=ray_address, tasks=tasks, task=task,
-               finalize=finalize)
-    if task is not None and tasks > 1 and not finalize:
-        return _pack(prefixes, out, options, **run)
+    flags = {"overwrite": overwrite, "progress": progress, "verify_sources": verify_sources}
+    if run.one_task:
+        return _pack(prefixes, out, options, flags, run)
     with output_lock(out) as notes:
-        result = _pack(prefixes, out, options, **run)
+        result = _pack(prefixes, out, options, flags, run)
     result.warnings[:0] = notes
     return result
 
 
-def _pack(prefixes, out, options: PackOptions, *, overwrite, progress, verify_sources,
-          executor, ray_address, tasks, task, finalize) -> PackResult:
+def _pack(prefixes, out, options: PackOptions, flags: dict, run: RunOptions) -> PackResult:
     t0 = time.perf_counter()
+    overwrite, progress, verify_sources = (flags["overwrite"], flags["progress"],
+                                           flags["verify_sources"])
+    executor, tasks, task, finalize = run.executor, run.tasks, run.task, run.finalize
     specs = [parse_source(p) for p in prefixes]
     corpora = open_sources([prefix for prefix, _ in specs])
     factors = [factor for _, factor in specs]
@@ -180,12 +180,10 @@ def _pack(prefixes, out, options: PackOptions, *, overwrite, progress, verify_so
         index = write_packed(layout, corpora, out, overwrite=overwrite, progress=progress,
                              factors=factors, valid=valid)
     else:
-        from .scale import pack_parts
+        from .scale import PackInputs, pack_parts
 
-        index = pack_parts(layout, valid, corpora, [prefix for prefix, _ in specs], factors,
-                           Path(out), overwrite=overwrite, progress=progress,
-                           executor=executor, ray_address=ray_address, tasks=tasks, task=task,
-                           finalize=finalize)
+        inputs = PackInputs(layout, valid, corpora, [prefix for prefix, _ in specs], factors)
+        index = pack_parts(inputs, Path(out), overwrite=overwrite, progress=progress, run=run)
         if index is None:  # one array task's share written; --finalize writes the index
             return PackResult(
                 out=str(out), algo=options.algo, seq_len=options.seq_len,

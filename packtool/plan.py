@@ -61,6 +61,27 @@ class PackOptions:
                                 f"{self.group_docs!r}")
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """Where a plan runs (see :mod:`packtool.scale`): in this process (``local``), as Ray
+    tasks, or as task ``task`` of ``tasks`` batch-scheduler array tasks (then ``finalize``
+    once). The data files are the same bytes whichever way."""
+
+    executor: str = "local"
+    ray_address: str | None = None     # None: start a local Ray instance
+    ray_cpus: int = 1                  # tokenizer threads per Ray task
+    max_retries: int = 3               # Ray's retries of a task whose worker died
+    tasks: int | None = None
+    task: int | None = None
+    finalize: bool = False
+
+    @property
+    def one_task(self) -> bool:
+        """One array task of several: it shares the output with the others."""
+        return self.task is not None and self.tasks is not None and self.tasks > 1 \
+            and not self.finalize
+
+
 @dataclass
 class Segments:
     doc: np.ndarray      # global source document index

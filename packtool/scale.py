@@ -40,6 +40,7 @@ import numpy as np
 
 from . import __version__
 from .errors import FormatError, PacktoolError
+from .plan import RunOptions
 
 PART_FORMAT = "packtool.tokens.part"
 SHARD_FORMAT = "packtool.packed.shard"
@@ -348,7 +349,8 @@ def deal(n_items: int, tasks: int, task: int) -> list[int]:
     return list(range(task, n_items, tasks))
 
 
-def _check_run_args(executor: str, tasks, task, finalize: bool) -> None:
+def check_run(run: RunOptions) -> None:
+    executor, tasks, task, finalize = run.executor, run.tasks, run.task, run.finalize
     if executor not in EXECUTORS:
         raise PacktoolError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
     if (tasks is None) != (task is None) and not (finalize and task is None):
@@ -398,37 +400,33 @@ def _ray_part(plan, k, opts):
 
 
 def tokenize(inputs: list[str], tokenizer, out, opts, *, progress=False,
-             executor: str = "local", ray_address: str | None = None, ray_cpus: int = 1,
-             max_retries: int = 3, tasks: int | None = None, task: int | None = None,
-             finalize: bool = False, part_bytes: int | None = None):
-    """Plan, run the parts this invocation owns, and (unless it is one array task of
-    several) write the manifest. Returns a :class:`packtool.tokenize.TokenizeResult`.
+             run: RunOptions | None = None, part_bytes: int | None = None):
+    """Plan, run the parts this invocation owns (``run``: where), and (unless it is one array
+    task of several) write the manifest. Returns a :class:`packtool.tokenize.TokenizeResult`.
 
     The run holds the output's lock throughout (a second run to the same prefix fails at
     once naming the holder), except one array task of several: tasks share the output and
     serialize per part."""
     from ._atomic import output_lock
 
-    run = dict(progress=progress, executor=executor, ray_address=ray_address,
-               ray_cpus=ray_cpus, max_retries=max_retries, tasks=tasks, task=task,
-               finalize=finalize, part_bytes=part_bytes)
+    run = run or RunOptions()
+    check_run(run)
     if str(out).endswith(("/", "\\")) or Path(out).is_dir():
         raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. "
                             f"{Path(out) / 'corpus'}")
-    if task is not None and tasks is not None and tasks > 1 and not finalize:
-        return _tokenize(inputs, tokenizer, out, opts, **run)
+    if run.one_task:
+        return _tokenize(inputs, tokenizer, out, opts, progress, run, part_bytes)
     with output_lock(out) as notes:
-        result = _tokenize(inputs, tokenizer, out, opts, **run)
+        result = _tokenize(inputs, tokenizer, out, opts, progress, run, part_bytes)
     result.warnings[:0] = notes
     return result
 
 
-def _tokenize(inputs, tokenizer, out, opts, *, progress, executor, ray_address, ray_cpus,
-              max_retries, tasks, task, finalize, part_bytes):
+def _tokenize(inputs, tokenizer, out, opts, progress, run: RunOptions, part_bytes):
     from .tokenize import TokenizeResult, check_options
 
     t0 = time.perf_counter()
-    _check_run_args(executor, tasks, task, finalize)
+    executor, tasks, task, finalize = run.executor, run.tasks, run.task, run.finalize
     check_options(opts)
     plan = plan_tokenize(inputs, tokenizer, out, opts, part_bytes)
     json_path = plan.prefix.parent / f"{plan.prefix.name}.json"
@@ -444,7 +442,8 @@ def _tokenize(inputs, tokenizer, out, opts, *, progress, executor, ray_address, 
     skipped = 0
     warnings: list[str] = []
     if executor == "ray" and mine:
-        manifests, skipped = _run_ray(plan, mine, opts, ray_address, ray_cpus, max_retries,
+        manifests, skipped = _run_ray(plan, mine, opts, run.ray_address, run.ray_cpus,
+                                      run.max_retries,
                                       progress)
     elif mine:
         from .tokenize import _progress_bar
@@ -658,9 +657,20 @@ def _ray_shard(out, job, prefixes, seq_len):
     return write_shard_job(Path(out), job, prefixes, seq_len)
 
 
-def pack_parts(layout, valid, corpora, prefixes: list[str], factors, out: Path, *,
-               overwrite: bool, progress, executor: str, ray_address: str | None,
-               tasks: int | None, task: int | None, finalize: bool) -> dict | None:
+@dataclass
+class PackInputs:
+    """What ``pack`` planned, for :func:`pack_parts`: the layouts (training and held-out)
+    and the sources (opened corpora, their prefixes and repeat factors)."""
+
+    layout: object               # packtool.plan.PackLayout
+    valid: object | None
+    corpora: list
+    prefixes: list[str]
+    factors: list[float]
+
+
+def pack_parts(inputs: PackInputs, out: Path, *, overwrite: bool, progress,
+               run: RunOptions) -> dict | None:
     """Write ``layout``'s shards (and ``valid``'s, into OUT/valid) as independent jobs, then
     index.json from their entries; returns the index, or None for one array task's share.
     Until index.json is renamed in, OUT is not a dataset any reader opens."""
@@ -669,6 +679,9 @@ def pack_parts(layout, valid, corpora, prefixes: list[str], factors, out: Path, 
     from .formats.tokens import prefix_paths
     from .pack import VALID
 
+    layout, valid, corpora = inputs.layout, inputs.valid, inputs.corpora
+    prefixes, factors = inputs.prefixes, inputs.factors
+    executor, tasks, task, finalize = run.executor, run.tasks, run.task, run.finalize
     out = Path(os.path.abspath(out))
     if out.exists() and not out.is_dir():
         raise PacktoolError(f"output {out} exists and is not a directory; choose another --out")
@@ -699,8 +712,8 @@ def pack_parts(layout, valid, corpora, prefixes: list[str], factors, out: Path, 
     bar = _bar(total, progress, "pack" if executor == "local" else "pack (ray)", "tok")
     try:
         if executor == "ray":
-            with ray_session(ray_address) as ray:
-                remote = ray.remote(num_cpus=2, max_retries=3)(_ray_shard)
+            with ray_session(run.ray_address) as ray:
+                remote = ray.remote(num_cpus=2, max_retries=run.max_retries)(_ray_shard)
                 refs = {remote.remote(str(out), jobs[j], prefixes, opts.seq_len): j
                         for j in mine}
                 while refs:

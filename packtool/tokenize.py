@@ -358,17 +358,17 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                    options: TokenizeOptions | None = None, progress: bool = False,
-                   **run) -> TokenizeResult:
+                   run=None, part_bytes: int | None = None) -> TokenizeResult:
     """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``.
 
-    The inputs are planned into parts (one per file by default) and the parts run in turn
-    with every core; ``run`` takes :func:`packtool.scale.tokenize` 's keywords (executor,
-    ray_address, tasks, task, finalize, part_bytes) to run them elsewhere. Parts already
-    finished and verified are skipped (resume)."""
+    The inputs are planned into parts (one per file by default; ``part_bytes`` groups small
+    files) and the parts run in turn with every core; ``run`` (a
+    :class:`packtool.plan.RunOptions`) runs them as Ray tasks or array tasks instead. Parts
+    already finished and verified are skipped (resume)."""
     from .scale import tokenize as run_plan
 
     return run_plan(inputs, tokenizer, out, options or TokenizeOptions(), progress=progress,
-                    **run)
+                    run=run, part_bytes=part_bytes)
 
 
 def tokenize_part(paths: list[Path], tokenizer: str | Path, part_prefix: Path,

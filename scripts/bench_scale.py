@@ -35,6 +35,7 @@ def lognormal(n: int, seed: int = 0) -> np.ndarray:
 
 
 def bench_executors(files: int, mb: float, work: Path) -> dict:
+    from packtool.plan import RunOptions
     from packtool.synth import make_documents
     from packtool.tokenize import TokenizeOptions, tokenize_files
 
@@ -64,7 +65,7 @@ def bench_executors(files: int, mb: float, work: Path) -> dict:
             d.mkdir()
             t0 = time.perf_counter()
             res = tokenize_files([str(inputs)], TOKENIZER, d / "c", TokenizeOptions(),
-                                 executor=executor)
+                                 run=RunOptions(executor=executor))
             dt = time.perf_counter() - t0
             out[executor] = max(out.get(executor, 0.0), res.n_tokens / dt)
             out["n_tokens"] = res.n_tokens

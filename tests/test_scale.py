@@ -19,7 +19,7 @@ from conftest import TOKENIZER, write_jsonl
 import packtool
 from packtool.cli import cli
 from packtool.pack import pack
-from packtool.plan import PackOptions, plan_pack
+from packtool.plan import PackOptions, RunOptions, plan_pack
 from packtool.scale import deal, group_files, plan_tokenize
 from packtool.synth import make_documents
 from packtool.tokenize import TokenizeOptions, tokenize_files
@@ -247,11 +247,11 @@ def ray_instance():
 
 def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference, tmp_path):
     res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(),
-                         executor="ray")
+                         run=RunOptions(executor="ray"))
     assert res.n_parts == N_FILES and res.executor == "ray"
     assert data_files(tmp_path / "c") == data_files(reference / "c")
     opts = PackOptions(256, shard_size=20_000, valid_docs=50)
-    pack([str(tmp_path / "c")], tmp_path / "p_ray", opts, executor="ray")
+    pack([str(tmp_path / "c")], tmp_path / "p_ray", opts, run=RunOptions(executor="ray"))
     pack([str(reference / "c")], tmp_path / "p_local", opts)
     assert shard_files(tmp_path / "p_ray") == shard_files(tmp_path / "p_local") != {}
     assert (tmp_path / "p_ray" / "valid" / "index.json").exists()
@@ -278,7 +278,7 @@ def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, 
     t = threading.Thread(target=killer)
     t.start()
     tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c",
-                   TokenizeOptions(batch_size=8), executor="ray")
+                   TokenizeOptions(batch_size=8), run=RunOptions(executor="ray"))
     t.join()
     assert killed, "no worker was caught mid-part"
     assert data_files(tmp_path / "c") == data_files(reference / "c")
@@ -302,7 +302,7 @@ def test_ray_driver_interrupted_then_rerun_resumes(ray_instance, inputs, referen
     assert not (tmp_path / "c.json").exists()
     done = len(list(tmp_path.glob(".c.part-*.part.json")))
     res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(),
-                         executor="ray")
+                         run=RunOptions(executor="ray"))
     assert res.n_parts_skipped >= min(done, 1)
     assert data_files(tmp_path / "c") == data_files(reference / "c")
     assert json.loads((tmp_path / "c.json").read_text())["plan"]["n_parts"] == N_FILES
