@@ -165,9 +165,7 @@ def make_parents(output: Path) -> list[Path]:
         raise PacktoolError(f"cannot write {output}: {d} is not a folder")
     for d in reversed(missing):
         try:
-            d.mkdir()
-        except FileExistsError:
-            pass
+            d.mkdir(exist_ok=True)  # another run may make it first
         except OSError as e:
             raise PacktoolError(f"cannot create the folder {d} for {output}: "
                                 f"{e.strerror or e}") from None

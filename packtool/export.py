@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ._io import progress_bar
 from .errors import PacktoolError
 
 # (format, source kind) -> "module:function" in packtool.formats; imported on use so that
@@ -150,7 +151,7 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
     module, fn = writer.split(":")
     write = getattr(importlib.import_module(f".formats.{module}", __package__), fn)
     n_tokens = source.n_tokens if kind == "corpus" else int(source.index["n_tokens"])
-    bar = _progress_bar(n_tokens, fmt, progress)
+    bar = progress_bar(n_tokens, f"export {fmt}", enabled=progress)
     t0 = time.perf_counter()
     try:
         info = write(source, Path(out), overwrite=overwrite,
@@ -167,16 +168,7 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
 
 
 def _no_tick(n: int) -> None:
-    pass
-
-
-def _progress_bar(total: int, fmt: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="tok", unit_scale=True, desc=f"export {fmt}",
-                dynamic_ncols=True, mininterval=0.5)
+    """The progress callback when no bar is shown: counts nothing."""
 
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ._atomic import atomic_dir, output_lock
-from ._io import sha256_file
+from ._io import progress_bar, sha256_file
 from .errors import PacktoolError
 from .formats.packed import INDEX, PackedWriter
 from .formats.tokens import TokenCorpus, gather_segments, open_tokens, prefix_paths
@@ -172,8 +172,7 @@ def _pack(prefixes, out, options: PackOptions, flags: dict, run: RunOptions) -> 
     layout = plan_pack(lengths, options, repeats)
     valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
     assign_seconds = time.perf_counter() - t_assign
-    one_task = task is not None and tasks > 1
-    if verify_sources and not one_task:  # a task of several: --finalize checks the sources
+    if verify_sources and not run.one_task:  # a task of several: --finalize checks them
         for c in corpora:
             c.verify_checksums()
     if executor == "local" and tasks is None and not finalize:
@@ -216,7 +215,7 @@ def write_packed(layout: PackLayout, corpora: list[TokenCorpus], out: str | Path
     """Write ``layout``'s shards from ``corpora`` into ``out`` (atomically), and ``valid``'s
     into ``out/valid``; returns the index."""
     total = layout.counts["n_tokens"] + (valid.counts["n_tokens"] if valid else 0)
-    bar = _progress_bar(total, progress)
+    bar = progress_bar(total, "pack", enabled=progress)
     try:
         with atomic_dir(Path(out), overwrite, owned_marker=INDEX) as tmp:
             held_out = None
@@ -320,10 +319,3 @@ def _source_entry(c: TokenCorpus) -> dict:
     }
 
 
-def _progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="tok", unit_scale=True, desc="pack", dynamic_ncols=True,
-                mininterval=0.5)

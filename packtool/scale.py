@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from ._io import progress_bar
 from .errors import FormatError, PacktoolError
 from .plan import RunOptions
 
@@ -446,9 +447,7 @@ def _tokenize(inputs, tokenizer, out, opts, progress, run: RunOptions, part_byte
                                       run.max_retries,
                                       progress)
     elif mine:
-        from .tokenize import _progress_bar
-
-        bar = _progress_bar(sum(plan.parts[k].bytes for k in mine), progress)
+        bar = progress_bar(sum(plan.parts[k].bytes for k in mine), "tokenize", "B", progress)
         try:
             for k in mine:
                 before = bar.n if bar is not None else 0
@@ -461,7 +460,7 @@ def _tokenize(inputs, tokenizer, out, opts, progress, run: RunOptions, part_byte
                 bar.close()
     for m in manifests.values():
         warnings += [w for w in m.get("warnings", []) if w not in warnings]
-    one_task = task is not None and tasks > 1
+    one_task = run.one_task
     if one_task:
         entries = [manifests[k]["part"] for k in mine]
         n_parts = len(mine)
@@ -513,7 +512,8 @@ def _run_ray(plan, mine, opts, address, cpus, max_retries, progress):
         remote = ray.remote(num_cpus=cpus, max_retries=max_retries)(_ray_part)
         plan_ref = ray.put(plan)
         refs = {remote.remote(plan_ref, k, opts): k for k in mine}
-        bar = _bar(sum(plan.parts[k].bytes for k in mine), progress, "tokenize (ray)", "B")
+        bar = progress_bar(sum(plan.parts[k].bytes for k in mine), "tokenize (ray)", "B",
+                           progress)
         try:
             while refs:
                 done, _ = ray.wait(list(refs), num_returns=1)
@@ -544,15 +544,6 @@ def _ray_error(e: Exception, what: str) -> Exception:
     if isinstance(cause, PacktoolError):
         return cause
     return PacktoolError(f"{what} failed on Ray: {type(e).__name__}: {e}")
-
-
-def _bar(total: int, enabled, desc: str, unit: str):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, dynamic_ncols=True,
-                mininterval=0.5)
 
 
 # ----------------------------------------------------------------------------- pack at scale
@@ -709,7 +700,7 @@ def pack_parts(inputs: PackInputs, out: Path, *, overwrite: bool, progress,
         return _finalize_pack(out, jobs, layouts, corpora, factors)
     mine = deal(len(jobs), tasks, task) if task is not None else list(range(len(jobs)))
     total = sum(int(jobs[j].seg_len.sum()) for j in mine)
-    bar = _bar(total, progress, "pack" if executor == "local" else "pack (ray)", "tok")
+    bar = progress_bar(total, "pack" if executor == "local" else "pack (ray)", "tok", progress)
     try:
         if executor == "ray":
             with ray_session(run.ray_address) as ray:

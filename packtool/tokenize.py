@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ._atomic import atomic_files
-from ._io import sha256_file
+from ._io import progress_bar, sha256_file
 from .engines import (
     EngineMismatch,
     engine_manifest,
@@ -471,7 +471,7 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
         reader = _Reader(paths, read_opts, opts.batch_size, opts.batch_bytes, maxsize=2 * workers,
                          warn_bytes=opts.long_record_warn_bytes)
         own_bar = not hasattr(progress, "update")  # else the caller's bar over all parts
-        bar = _progress_bar(total_bytes, progress) if own_bar else progress
+        bar = progress_bar(total_bytes, "tokenize", "B", progress) if own_bar else progress
         bar_base = bar.n if bar is not None else 0
         pool = ThreadPoolExecutor(workers, "packtool-tok")
         try:
@@ -570,10 +570,3 @@ def _refuse_doubled_specials(tok, opts: TokenizeOptions, bos_id, eos_id) -> None
                 f"twice; drop {flag} or --special-tokens")
 
 
-def _progress_bar(total_bytes: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024,
-                desc="tokenize", dynamic_ncols=True, mininterval=0.5)

@@ -98,11 +98,13 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
                               f"in the held-out packs ({vdir})")
         result.n_packs += valid[0]["n_packs"]
     if sources:
-        sources = _source_prefixes(index, sources)
-        repeats, held = _mixture(index, sources)
-        _verify_sources(index, shards, sources, repeats)
+        from .pack import open_sources
+
+        corpora = open_sources(_source_prefixes(index, sources))  # opened once, for both
+        repeats, held = _mixture(index, corpora)
+        _verify_sources(index, shards, corpora, repeats)
         if valid is not None:
-            _verify_sources(valid[0], valid[1], sources, held.astype(np.int64))
+            _verify_sources(valid[0], valid[1], corpora, held.astype(np.int64))
         result.sources_checked = True
         result.policy = {k: index[k] for k in ("n_truncated", "n_truncated_tokens",
                                                "n_dropped", "n_dropped_tokens")}
@@ -124,11 +126,8 @@ def _source_prefixes(index: dict, sources) -> list[str]:
     return out
 
 
-def _mixture(index: dict, sources) -> tuple[np.ndarray | None, np.ndarray]:
+def _mixture(index: dict, corpora) -> tuple[np.ndarray | None, np.ndarray]:
     """The copies and held-out documents the index's options imply (recomputed, not read)."""
-    from .pack import open_sources
-
-    corpora = open_sources(list(sources))
     lengths = np.concatenate([c.lengths for c in corpora])
     held = index.get("held_out") or {}
     opts = PackOptions(int(index["seq_len"]), seed=index["seed"],
@@ -141,10 +140,7 @@ def _mixture(index: dict, sources) -> tuple[np.ndarray | None, np.ndarray]:
     return mixture_plan(lengths, [len(c) for c in corpora], factors, opts)
 
 
-def _verify_sources(index: dict, shards: list[dict], sources, repeats) -> None:
-    from .pack import open_sources
-
-    corpora = open_sources(list(sources))
+def _verify_sources(index: dict, shards: list[dict], corpora, repeats) -> None:
     recorded = index["sources"]
     if len(corpora) != len(recorded):
         raise VerifyError(f"{len(corpora)} --source prefixes given, the dataset was packed from "

@@ -322,7 +322,6 @@ def test_long_record_warns_with_the_memory_figure(tmp_path, tokenizer, capsys):
 
 
 def test_tokenize_bar_moves_with_each_batch(tmp_path, monkeypatch):
-    import packtool.tokenize as tk
 
     seen = []
 
@@ -339,7 +338,9 @@ def test_tokenize_bar_moves_with_each_batch(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(tk, "_progress_bar", lambda total, enabled: Bar())
+    import packtool.scale as scale  # the driver makes the one bar over every part
+
+    monkeypatch.setattr(scale, "progress_bar", lambda *args, **kwargs: Bar())
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": "word " * (200 * (i + 1))} for i in range(30)])
     tokenize_files([str(p)], TOKENIZER, tmp_path / "out", TokenizeOptions(batch_size=1, workers=1),
                    progress=True)
