@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import shutil
+import threading
 import zlib
 from pathlib import Path
 
@@ -171,3 +172,21 @@ def progress_bar(total: int, desc: str, unit: str = "tok", enabled: bool = True)
 
     return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, dynamic_ncols=True,
                 mininterval=0.5, **({"unit_divisor": 1024} if unit == "B" else {}))
+
+
+_CHECKED: set = set()
+_CHECKED_LOCK = threading.Lock()
+
+
+def check_once(path: Path, digest: str, check) -> None:
+    """Run ``check()`` (which raises on a bad file) once per file per process: keyed by the
+    path, its size and mtime and the expected ``digest``, so a reader pays one sequential
+    read per file however often it is opened, and a rewritten file is checked again."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, digest)
+    with _CHECKED_LOCK:
+        if key in _CHECKED:
+            return
+    check()
+    with _CHECKED_LOCK:
+        _CHECKED.add(key)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from .._io import NpyMap, NpyWriter, crc32_file
+from .._io import NpyMap, NpyWriter, check_once, crc32_file
 from ..errors import FormatError, PacktoolError
 from .tokens import read_manifest
 
@@ -351,23 +350,15 @@ def open_shard(directory: Path, index: dict, k: int, checksums: bool) -> dict[st
     return arrays
 
 
-_CRC_OK: set = set()
-_CRC_LOCK = threading.Lock()
-
-
 def check_crc(path: Path, want: str) -> None:
-    """crc32 of ``path`` against the index, once per file per process (keyed by size and
-    mtime): a reader pays one sequential read per file (~3 GB/s) on first use."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, want)
-    with _CRC_LOCK:
-        if key in _CRC_OK:
-            return
-    if crc32_file(path) != want:
-        raise ValidationError(f"{path}: crc32 does not match {INDEX}; the file is corrupt "
-                              "(re-run packtool pack, or packtool verify for details)")
-    with _CRC_LOCK:
-        _CRC_OK.add(key)
+    """crc32 of ``path`` against the index, once per file per process: a reader pays one
+    sequential read per file (~3 GB/s) on first use."""
+    def check():
+        if crc32_file(path) != want:
+            raise ValidationError(f"{path}: crc32 does not match {INDEX}; the file is corrupt "
+                                  "(re-run packtool pack, or packtool verify for details)")
+
+    check_once(path, want, check)
 
 
 def validate_packed(directory: str | Path, checksums: bool = True):

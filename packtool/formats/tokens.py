@@ -26,14 +26,13 @@ Zero-length documents keep their entry, so document index = input record index.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .. import __version__
-from .._io import HashingWriter, sha256_file
+from .._io import HashingWriter, check_once, sha256_file
 from ..errors import FormatError
 
 FORMAT = "packtool.tokens"
@@ -252,33 +251,24 @@ def verify_part_files(prefix: Path, entry: dict) -> None:
         _check_file(paths[key], want)
 
 
-_CHECKED: set = set()
-_CHECKED_LOCK = threading.Lock()
-
-
 def _check_file(path: Path, want: dict) -> None:
-    """Size and sha256 of ``path`` against a manifest entry, once per file per process
-    (keyed by path, size, mtime and the expected digest)."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise FormatError(f"{path} is missing (the manifest expects it)") from None
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, want.get("sha256"))
-    with _CHECKED_LOCK:
-        if key in _CHECKED:
-            return
-    if "bytes" in want and st.st_size != want["bytes"]:
-        raise FormatError(f"{path} has {st.st_size:,} bytes but the manifest says "
-                          f"{want['bytes']:,}; the file is truncated or belongs to another "
-                          "corpus. Re-run packtool tokenize")
-    got = sha256_file(path)
-    if got != want["sha256"]:
-        raise FormatError(
-            f"{path}: sha256 {got[:12]}... does not match the manifest's "
-            f"{want['sha256'][:12]}...; the file is corrupt, re-run packtool tokenize"
-        )
-    with _CHECKED_LOCK:
-        _CHECKED.add(key)
+    """Size and sha256 of ``path`` against a manifest entry, once per file per process."""
+    if not path.exists():
+        raise FormatError(f"{path} is missing (the manifest expects it)")
+
+    def check():
+        size = path.stat().st_size
+        if "bytes" in want and size != want["bytes"]:
+            raise FormatError(f"{path} has {size:,} bytes but the manifest says "
+                              f"{want['bytes']:,}; the file is truncated or belongs to another "
+                              "corpus. Re-run packtool tokenize")
+        got = sha256_file(path)
+        if got != want["sha256"]:
+            raise FormatError(
+                f"{path}: sha256 {got[:12]}... does not match the manifest's "
+                f"{want['sha256'][:12]}...; the file is corrupt, re-run packtool tokenize")
+
+    check_once(path, want.get("sha256"), check)
 
 
 def _multi(corpus: TokenCorpus, what: str):
