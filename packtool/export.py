@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ._io import progress_bar
+from ._progress import progress_bar
 from .errors import PacktoolError
 
 # (format, source kind) -> "module:function" in packtool.formats; imported on use so that

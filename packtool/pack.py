@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ._atomic import atomic_dir, output_lock
-from ._io import progress_bar, sha256_file
+from ._io import sha256_file
+from ._progress import progress_bar
 from .errors import PacktoolError
 from .formats.packed import INDEX, PackedWriter
 from .formats.tokens import TokenCorpus, gather_segments, open_tokens, prefix_paths

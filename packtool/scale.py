@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from ._io import progress_bar
+from ._progress import progress_bar
 from .errors import FormatError, PacktoolError
 from .plan import RunOptions
 

@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from ._atomic import atomic_files
-from ._io import progress_bar, sha256_file
+from ._io import sha256_file
+from ._progress import progress_bar
 from .engines import (
     EngineMismatch,
     engine_manifest,
