@@ -128,7 +128,7 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path, opt
     when it would write the same bytes again."""
     from ._io import sha256_file
     from .sources import expand_inputs
-    from .tokenize import resolve_tokenizer_path
+    from .tokenizer import resolve_tokenizer_path
 
     if part_bytes is not None and part_bytes < 1:
         raise PacktoolError(f"--part-bytes {part_bytes}: must be at least 1")

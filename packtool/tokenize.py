@@ -56,6 +56,12 @@ from .sources import (
     file_kind,
     iter_documents,
 )
+from .tokenizer import (
+    id_space,
+    load_tokenizer,
+    refuse_doubled_specials,
+    special_token_id,
+)
 
 # Tokenizing one record takes about 120x its size in memory (the tokenizers library's
 # per-token structures): a 20.4 MB JSONL line peaked at 2.48 GB RSS. The reader warns once per
@@ -130,75 +136,6 @@ class TokenizeResult:
         d = asdict(self)
         d["tokens_per_second"] = self.tokens_per_second
         return d
-
-
-def resolve_tokenizer_path(tok: str | Path) -> Path:
-    p = Path(tok)
-    if p.is_dir():
-        if (p / "tokenizer.json").is_file():
-            return p / "tokenizer.json"
-        if (p / "tokenizer.model").is_file():
-            raise _sentencepiece_refusal(p / "tokenizer.model")
-        raise PacktoolError(
-            f"{p} holds no tokenizer.json; packtool needs a Hugging Face fast tokenizer file "
-            "(save one with tokenizer.save_pretrained(DIR) or Tokenizer.save(PATH))"
-        )
-    if not p.exists():
-        raise PacktoolError(f"tokenizer {p}: no such file or directory")
-    if p.suffix == ".model":
-        raise _sentencepiece_refusal(p)
-    return p
-
-
-def _sentencepiece_refusal(model: Path) -> PacktoolError:
-    """Llama-1/2, Mistral-v1 and T5 folders ship only a SentencePiece ``tokenizer.model``.
-    Converting it needs ``transformers`` with ``sentencepiece`` and ``protobuf`` (its slow-to-fast
-    converters), which packtool does not depend on; the conversion is one command, once."""
-    folder = model.parent
-    return PacktoolError(
-        f"{model} is a SentencePiece model and {folder} has no tokenizer.json; packtool reads "
-        "Hugging Face fast tokenizers. Convert it once (pip install transformers sentencepiece "
-        "protobuf), then: python -c \"from transformers import AutoTokenizer; "
-        f"AutoTokenizer.from_pretrained('{folder}').save_pretrained('{folder}')\" "
-        "writes tokenizer.json beside it"
-    )
-
-
-def load_tokenizer(tok: str | Path):
-    """Load a ``tokenizer.json`` (or a model folder holding one) with padding and truncation
-    switched off: packtool always stores every document's full token sequence."""
-    from tokenizers import Tokenizer
-
-    path = resolve_tokenizer_path(tok)
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as e:  # the Rust side raises plain Exception subclasses
-        raise PacktoolError(
-            f"cannot read tokenizer {path} ({str(e).splitlines()[0][:200]}); "
-            "pass a Hugging Face tokenizer.json"
-        ) from None
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer, path
-
-
-def special_token_id(tokenizer, token: str, flag: str) -> int:
-    tid = tokenizer.token_to_id(token)
-    if tid is None:
-        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
-        have = ", ".join(repr(t) for t in added[:40]) or "none"
-        raise PacktoolError(
-            f"{flag} {token!r} is not in the tokenizer's vocabulary; its special/added tokens "
-            f"are: {have}"
-        )
-    return tid
-
-
-def id_space(tokenizer) -> int:
-    """Ids run 0..id_space-1: the dtype must hold the largest id, not just the count."""
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    return max(max(vocab.values(), default=-1) + 1,
-               tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 _DONE = object()
@@ -433,7 +370,7 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
                             max_record_bytes=opts.max_record_bytes)
     mode = read_opts.mode
     if opts.special_tokens and (bos_id is not None or eos_id is not None):
-        _refuse_doubled_specials(tok, opts, bos_id, eos_id)
+        refuse_doubled_specials(tok, opts, bos_id, eos_id)
     template_from, warnings = None, []
     if mode == "messages":  # rendered by the reader: a failure is a record of a file and line
         from .chat import BUILTIN, ChatRenderer, load_template
@@ -554,20 +491,3 @@ def _tokenize_files(inputs, tokenizer, out, opts: TokenizeOptions, progress,
         n_skipped=n_skipped, dtype=dtype.name, seconds=seconds, inputs=inputs_meta,
         warnings=warnings, part=manifest,
     )
-
-
-def _refuse_doubled_specials(tok, opts: TokenizeOptions, bos_id, eos_id) -> None:
-    """--special-tokens with a --bos/--eos the post-processor already writes would give every
-    document that token twice (BERT: ``[SEP] [SEP]``): refused, rather than silently adding
-    one of the two, so the output is what the flags say."""
-    enc = tok.encode("a", add_special_tokens=True)
-    ids, added = enc.ids, enc.special_tokens_mask
-    for flag, token, tid, at in (("--bos", opts.bos, bos_id, 0), ("--eos", opts.eos, eos_id, -1)):
-        if tid is not None and ids and added[at] and ids[at] == tid:
-            where = "starts" if at == 0 else "ends"
-            raise PacktoolError(
-                f"{flag} {token!r}: the tokenizer's post-processor already {where} every "
-                f"document with {token!r} (id {tid}) under --special-tokens, so it would appear "
-                f"twice; drop {flag} or --special-tokens")
-
-
