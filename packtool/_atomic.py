@@ -2,8 +2,9 @@
 
 What a user can observe, whatever kills a run (SIGKILL included) and whenever:
 
-- **A lock per output.** ``.NAME.lock`` beside the output, ``flock``-ed for the whole run and
-  holding the pid: a second run to the same output fails at once, naming that pid.
+- **A lock per output** (:mod:`packtool._locks`): ``.NAME.lock`` beside the output, ``flock``-ed
+  for the whole run (shared by the array tasks of one run): a second run to the same output
+  fails at once, naming the holder. A lock file is never written, truncated or followed.
 - **Temporaries carry the pid.** ``.NAME.tmp-PID-RAND`` (data being written),
   ``.NAME.old-PID-RAND`` (the previous output, moved aside during a commit) and
   ``.NAME.commit-PID-RAND`` (the commit's journal; ``.jtmp-`` while it is written). None
@@ -17,6 +18,11 @@ What a user can observe, whatever kills a run (SIGKILL included) and whenever:
 - **Recovery on the next run.** Under the lock, a journal left by a dead process is finished
   (its new manifest was in place) or undone (the previous output restored), and temporaries
   of dead processes are removed; the run says how many bytes it reclaimed.
+- **Durable.** Data files and their folder are fsynced before the commit point (the manifest's
+  or the directory's rename), the folder after it: a power cut never leaves a manifest naming
+  data that is not on disk.
+- **Only our own output is replaced.** ``--overwrite`` replaces a directory only when its
+  format module proves every entry in it ours (``owned``); anything else is refused by name.
 - **A full disk** is an error naming the output (not a temporary), the bytes written and free.
 """
 
@@ -25,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
@@ -34,11 +39,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import _signals
+from . import _locks, _signals
+from ._io import create
 from .errors import PacktoolError
 
 EXCHANGE = True  # use renameat2(RENAME_EXCHANGE) where the kernel and file system have it
-_held: dict[Path, list] = {}  # lock path -> [fd, depth]: the lock is re-entrant in a process
+FSYNC = os.environ.get("PACKTOOL_FSYNC", "1") != "0"  # durable commits (0: off, to measure)
 _KINDS = "tmp|old|commit|jtmp"
 _SUFFIXES = r"(?:\.(?:bin|boundaries|mask|json))?"  # a token prefix's files share its lock
 
@@ -59,12 +65,16 @@ def final_name(path: str | Path) -> Path:
     return p
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """A file, link or folder, gone (a folder's contents too; a link is not followed)."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+_remove = remove_path
 
 
 def _size(path: Path) -> int:
@@ -92,66 +102,26 @@ def _pid_alive(pid: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------- lock
-def lock_path(output: Path) -> Path:
-    return output.with_name(f".{output.name}.lock")
-
-
-def _acquire(lock: Path, output: Path) -> int:
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise PacktoolError(
-                f"output {output} is being written by another packtool run (pid {holder}; "
-                f"lock {lock}); wait for it to finish or choose another --out") from None
-        try:  # the previous holder may have unlinked the file between our open and flock
-            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            return fd
-        os.close(fd)
+lock_path = _locks.lock_path
 
 
 @contextlib.contextmanager
-def output_lock(output: str | Path):
-    """Hold ``output``'s lock (re-entrant); yield the notes of what was recovered and
-    reclaimed from dead runs when this call took it (an empty list otherwise). Missing parent
-    folders are created (``--out out/corpus`` on a fresh checkout), and removed again if the
-    run fails and they are still empty."""
+def output_lock(output: str | Path, shared: bool = False):
+    """Hold ``output``'s lock (re-entrant; ``shared``: the array tasks of one run hold it
+    together); yield the notes of what was recovered and reclaimed from dead runs (an empty
+    list for a shared holder, which leaves that to the run that finalizes). Missing parent
+    folders are created, and removed again if the run fails and they are still empty."""
     output = Path(os.path.abspath(output))
     lock = lock_path(output)
-    if lock in _held:
-        _held[lock][1] += 1
-        try:
-            yield []
-        finally:
-            _held[lock][1] -= 1
-        return
     created = make_parents(output)
-    fd = _acquire(lock, output)
-    _held[lock] = [fd, 1]
     try:
-        yield reclaim(output)
+        with _locks.hold(lock, "shared" if shared else "exclusive", f"output {output}"):
+            yield [] if shared else reclaim(output)
     except BaseException:
-        _release(lock, fd)
         for d in created:  # deepest first; only what this run made and left empty
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
-    _release(lock, fd)
-
-
-def _release(lock: Path, fd: int) -> None:
-    del _held[lock]
-    with contextlib.suppress(FileNotFoundError):
-        lock.unlink()
-    os.close(fd)
 
 
 def make_parents(output: Path) -> list[Path]:
@@ -188,11 +158,42 @@ def _leftovers(output: Path) -> list[tuple[Path, str, int]]:
     return found
 
 
-def reclaim(output: Path) -> list[str]:
+def _inner_leftovers(folder: Path) -> list[tuple[Path, str, int]]:
+    """Temporaries of dead jobs inside an output being assembled (a pack's staging folder:
+    ``.shard-00003.tmp-PID-X``, ``.index.tmp-PID-X``)."""
+    found = []
+    if not folder.is_dir() or folder.is_symlink():
+        return found
+    for sub in (folder, folder / "valid"):
+        if not sub.is_dir() or sub.is_symlink():
+            continue
+        for p in sub.iterdir():
+            m = re.fullmatch(rf"\.[\w.-]+?\.({_KINDS})-(\d+)-[0-9a-f]+", p.name)
+            if m:
+                found.append((p, m.group(1), int(m.group(2))))
+    return found
+
+
+def clear_temporaries(folder: Path) -> None:
+    """Every temporary inside an output being assembled, whoever left it: called once all its
+    jobs are done (a Ray worker killed mid-job leaves one that its retry does not reuse)."""
+    for path, _, _ in _inner_leftovers(folder):
+        _remove(path)
+
+
+def temp_name(path: Path, kind: str = "tmp") -> Path:
+    """A new temporary name for ``path`` (``.NAME.tmp-PID-RAND``), reclaimed once its pid
+    is dead."""
+    return _temp_name(Path(os.path.abspath(path)), kind)
+
+
+def reclaim(output: Path, inside: Path | None = None) -> list[str]:
     """Under ``output``'s lock: finish or undo commits of dead runs, then remove their
-    temporaries. Returns one note per action, for the run's warnings."""
+    temporaries (beside ``output``, and inside ``inside``, an output being assembled).
+    Returns one note per action, for the run's warnings."""
     notes = []
-    leftovers = [x for x in _leftovers(output) if not _pid_alive(x[2])]
+    found = _leftovers(output) + (_inner_leftovers(inside) if inside is not None else [])
+    leftovers = [x for x in found if not _pid_alive(x[2])]
     for path, kind, pid in leftovers:
         if kind == "commit":
             notes.append(f"{output}: " + _recover(path) + f" (pid {pid} was killed mid-commit)")
@@ -252,27 +253,68 @@ def _write_journal(journal: Path, entries) -> None:
     # ``.NAME.tmp-TAG``; the journal's must not be the same name (reclaimable too)
     tmp = journal.with_name(journal.name.replace(".commit-", ".jtmp-"))
     try:
-        tmp.write_text(json.dumps([[str(x) if x else None for x in e] for e in entries]))
+        with create(tmp) as f:
+            f.write(json.dumps([[str(x) if x else None for x in e] for e in entries]).encode())
+            f.flush()
+            if FSYNC:
+                os.fsync(f.fileno())
         os.replace(tmp, journal)
     except BaseException:
         _remove(tmp)
         raise
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a folder's) data and metadata to the disk."""
+    if not FSYNC:
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Every file under ``folder``, then each folder (deepest first)."""
+    if not FSYNC:
+        return
+    folders = []
+    for root, _dirs, files in os.walk(folder):
+        for f in files:
+            fsync_path(Path(root) / f)
+        folders.append(Path(root))
+    for d in reversed(folders):
+        fsync_path(d)
+
+
 def _commit(entries: list[tuple[Path | None, Path, Path | None]], journal: Path) -> None:
     """Move each ``temp`` to ``final``, an existing ``final`` first to ``aside`` (``temp``
-    None: only remove ``final``). The last entry is the commit point. Signals are deferred
-    throughout; one that arrived undoes the commit, then ends the run."""
+    None: only remove ``final``). The last entry is the commit point. Data (and the folders
+    it goes to) are fsynced before the journal, the folders again after the last rename.
+    Signals are deferred throughout; one that arrived undoes the commit, then ends the run."""
+    for temp, _, _ in entries:
+        if temp is not None and temp.exists():
+            fsync_tree(temp) if temp.is_dir() else fsync_path(temp)
+    folders = {final.parent for _, final, _ in entries}
+    for d in folders:
+        fsync_path(d)
     with _signals.deferred():
         _signals.check()
         _write_journal(journal, entries)
         try:
-            for _, final, aside in reversed(entries):  # the manifest leaves first
+            # what only leaves (a manifest being replaced) leaves first, then the manifest,
+            # then the data; the new manifest comes in last
+            leaving = [e for e in entries if e[0] is None] + [
+                e for e in reversed(entries) if e[0] is not None]
+            for _, final, aside in leaving:
                 if aside is not None and (final.exists() or final.is_symlink()):
                     os.replace(final, aside)
             for temp, final, _ in entries:  # ... and comes in last
                 if temp is not None:
                     os.replace(temp, final)
+            for d in folders:
+                fsync_path(d)
             _signals.check()
         except BaseException:
             _undo(entries)
@@ -299,9 +341,12 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _commit_dir(tmp: Path, path: Path) -> None:
+def commit_dir(tmp: Path, path: Path) -> None:
+    """Put the complete folder ``tmp`` in place of ``path`` (which, if it exists, the caller
+    has proven its own): one ``RENAME_EXCHANGE``, else the journaled rename-aside."""
     if not path.exists():
         return _commit([(tmp, path, None)], _temp_name(path, "commit"))
+    fsync_tree(tmp)
     with _signals.deferred():
         _signals.check()
         if _exchange(tmp, path):  # one step: old and new are never both missing
@@ -310,25 +355,39 @@ def _commit_dir(tmp: Path, path: Path) -> None:
                 _remove(tmp)
                 _signals.check()
             _signals.committed()
+            fsync_path(path.parent)
             _remove(tmp)  # the previous output, now under the temporary name
             return None
     return _commit([(tmp, path, _temp_name(path, "old"))], _temp_name(path, "commit"))
 
 
 # ----------------------------------------------------------------------------- full disk
-def _no_space(err: OSError, output: Path, temps: list[Path]) -> PacktoolError:
+def no_space(err: OSError, output: Path, temps: list[Path], kept: str | None = None
+             ) -> PacktoolError:
+    """A full disk, worded for the output the user asked for (never a temporary): what the
+    run needed or had written, what is free, and what stays (``kept``: finished parts that a
+    re-run reuses), after removing ``temps``."""
     written = sum(_size(t) for t in temps)
     for t in temps:
         _remove(t)
     free = shutil.disk_usage(output.parent).free
     more = getattr(err, "needed", None)
-    need = f"at least {written + more:,}" if more else f"more than {written:,}"
-    return PacktoolError(
-        f"no space left on device for {output}: it needs {need} bytes, {free:,} bytes are "
-        f"free on its file system (nothing was written); free space or choose another --out")
+    if more:
+        need = (f"it needs {written + more:,} bytes, {free:,} bytes are free on its file "
+                "system")
+    else:
+        need = (f"it needs more than the free space ({free:,} bytes are free on its file "
+                f"system; it filled up after {written:,} bytes of the output were written)")
+    left = (f"; {kept} stay and a re-run reuses them" if kept
+            else " (nothing was written)")
+    return PacktoolError(f"no space left on device for {output}: {need}{left}; free space or "
+                         "choose another --out")
 
 
-def _is_enospc(e: BaseException) -> bool:
+_no_space = no_space
+
+
+def is_enospc(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -384,7 +443,7 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
 def _discard(e: BaseException, label: Path, temps: list[Path]):
     """Remove a failed run's temporaries and re-raise (a full disk as a clear error naming
     ``label``, the output the user asked for)."""
-    if _is_enospc(e):
+    if is_enospc(e):
         raise _no_space(e, label, temps) from None
     for t in temps:
         _remove(t)
@@ -392,43 +451,61 @@ def _discard(e: BaseException, label: Path, temps: list[Path]):
 
 
 @contextlib.contextmanager
-def atomic_dir(path: Path, overwrite: bool = False, owned_marker: str | None = None):
+def atomic_dir(path: Path, overwrite: bool = False, owned=None):
     """Yield a fresh temporary directory that becomes ``path`` on success.
 
-    An existing non-empty ``path`` is refused unless ``overwrite``, and even then only if it
-    is one of our own outputs (it holds ``owned_marker``, e.g. index.json): --overwrite never
-    deletes a directory of the user's other files.
+    An existing non-empty ``path`` is refused unless ``overwrite``, and even then only if
+    ``owned(path)`` (the format's proof that every entry in it is ours) passes: --overwrite
+    never deletes a directory of the user's other files.
     """
     path = Path(os.path.abspath(path))
     with output_lock(path) as notes:
         for note in notes:
             print(f"packtool: {note}", file=sys.stderr)
-        _check_dir(path, overwrite, owned_marker)
+        check_replaceable(path, overwrite, owned)
         tmp = _temp_name(path)
         tmp.mkdir()
         try:
             yield tmp
-            _commit_dir(tmp, path)
+            commit_dir(tmp, path)
         except BaseException as e:
-            if _is_enospc(e):
+            if is_enospc(e):
                 raise _no_space(e, path, [tmp]) from None
             _remove(tmp)
             raise
 
 
-def _check_dir(path: Path, overwrite: bool, owned_marker: str | None) -> None:
-    if path.exists():
-        if not path.is_dir():
-            raise PacktoolError(f"output {path} exists and is not a directory; choose another "
-                                "--out")
-        if any(path.iterdir()):
-            if not overwrite:
-                raise PacktoolError(
-                    f"output directory {path} is not empty; pass --overwrite to replace it "
-                    "or choose another --out"
-                )
-            if owned_marker and not (path / owned_marker).is_file():
-                raise PacktoolError(
-                    f"output directory {path} holds other files (no {owned_marker}): "
-                    "--overwrite only replaces a previous packtool output; choose another --out"
-                )
+def check_replaceable(path: Path, overwrite: bool, owned) -> None:
+    """``path`` may be written: it does not exist, is an empty folder, or (``overwrite``) a
+    folder ``owned`` proves ours (it raises, naming what is not)."""
+    if path.is_symlink():
+        raise PacktoolError(f"output {path} is a symbolic link; packtool writes its outputs "
+                            "only as real folders: choose another --out")
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise PacktoolError(f"output {path} exists and is not a directory; choose another "
+                            "--out")
+    if not any(path.iterdir()):
+        return
+    if not overwrite:
+        raise PacktoolError(f"output directory {path} is not empty; pass --overwrite to "
+                            "replace it or choose another --out")
+    if owned is None:
+        raise PacktoolError(f"output directory {path} is not empty and --overwrite cannot "
+                            "prove it a packtool output; choose another --out")
+    owned(path)
+
+
+def unexpected(folder: Path, expected: set[str], what: str) -> None:
+    """Refuse ``folder`` unless every entry in it is in ``expected`` or one of packtool's
+    own hidden files (locks, temporaries of dead runs)."""
+    hidden = re.compile(rf"\..+\.(?:lock|(?:{_KINDS})-\d+-[0-9a-f]+)")
+    extra = sorted(n for n in os.listdir(folder) if n not in expected
+                   and not hidden.fullmatch(n))
+    if extra:
+        shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
+                                         else "")
+        raise PacktoolError(f"--overwrite only replaces a previous packtool output: {folder} "
+                            f"holds files that are not part of the {what} it holds ({shown}); "
+                            "move them away or choose another --out")

@@ -120,6 +120,32 @@ def load_template(tokenizer_path: Path, template_file: str | Path | None) -> tup
     return DEFAULT_TEMPLATE, BUILTIN, variables
 
 
+def chat_renderer(tokenizer_path: Path, opts) -> tuple[ChatRenderer, str, list[str]]:
+    """The renderer for a run's conversations, where its template came from, and warnings.
+    ``--eos`` names the end-of-turn token the template writes after assistant turns (else
+    ``tokenizer_config.json``'s ``eos_token``); the built-in template without one is
+    refused, since a model trained on it would never learn to stop."""
+    source, origin, variables = load_template(tokenizer_path, opts.chat_template)
+    if opts.eos:
+        variables["eos_token"] = opts.eos
+    warnings = []
+    if origin == BUILTIN:
+        if not variables.get("eos_token"):
+            raise PacktoolError(
+                f"{tokenizer_path.parent} has no chat template and names no eos_token, so "
+                "packtool's built-in template would write no end-of-turn token and the model "
+                "would never learn to stop: pass --eos TOKEN (e.g. --eos '</s>') or "
+                "--chat-template FILE")
+        warnings.append(
+            f"{tokenizer_path.parent} has no chat template (no chat_template in "
+            "tokenizer_config.json): used packtool's built-in chat template (<|role|> headers, "
+            f"{variables['eos_token']} after assistant turns); pass --chat-template FILE to "
+            "choose one")
+    renderer = ChatRenderer(source, variables, opts.train_on, origin, opts.max_render_chars,
+                            opts.render_timeout)
+    return renderer, origin, warnings
+
+
 def _token_str(v):
     if isinstance(v, dict):  # AddedToken serialised
         return v.get("content")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ._progress import progress_bar
 from .errors import PacktoolError
+from .formats._marker import MARKER, write_marker  # noqa: F401 - the marker's public names
 
 # (format, source kind) -> "module:function" in packtool.formats; imported on use so that
 # `packtool --help` and the formats a user does not ask for import nothing heavy
@@ -148,6 +149,8 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
             raise PacktoolError(f"{flag} applies to {where} only; drop it for --format {fmt}")
     source = _open(src, kind)
     _refuse_self_overwrite(source, kind, Path(out))
+    if kind == "corpus":  # before anything is written (a hard link reads nothing)
+        source.verify_checksums()
     module, fn = writer.split(":")
     write = getattr(importlib.import_module(f".formats.{module}", __package__), fn)
     n_tokens = source.n_tokens if kind == "corpus" else int(source.index["n_tokens"])
@@ -169,27 +172,3 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
 
 def _no_tick(n: int) -> None:
     """The progress callback when no bar is shown: counts nothing."""
-
-
-
-MARKER = "_packtool-export.json"
-MARKER_FORMAT, MARKER_VERSION = "packtool.export", 1
-
-
-def write_marker(directory: Path, fmt: str, source, files: list[str], **extra) -> int:
-    """The small manifest every directory export carries beside the trainer's own files.
-
-    It names what was exported from where, and marks the directory as ours, so --overwrite
-    replaces a previous export but never a directory of someone else's files. Trainers
-    ignore it (they glob *.bin, *.parquet or read index.json), and the leading underscore
-    makes pyarrow's and Hugging Face's directory discovery skip it, as they skip Spark's
-    _SUCCESS. Returns its size in bytes.
-    """
-    import json
-
-    src = getattr(source, "directory", None) or getattr(source, "prefix", None)
-    body = {"format": MARKER_FORMAT, "version": MARKER_VERSION, "export_format": fmt,
-            "source": str(src), "files": files, **extra}
-    text = json.dumps(body, indent=1) + "\n"
-    (directory / MARKER).write_text(text)
-    return len(text)

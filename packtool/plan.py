@@ -11,75 +11,19 @@ Memory: O(documents) int64 arrays (10M documents: ~0.5 GB peak).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ._numba import njit
 from .errors import PacktoolError
-from .packers import PackerOptions, PackerReport, run_packer
+from .options import OVERFLOW, PackOptions
+from .packers import PackerReport, run_packer
 
-OVERFLOW = ("split", "truncate", "drop")
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """Everything ``pack`` is asked to do besides where to read and write."""
-
-    seq_len: int
-    algo: str = "bfd"
-    overflow: str = "split"
-    seed: int = 0
-    shuffle: bool = True
-    shard_size: int = 1 << 27           # tokens per shard, about
-    max_depth: int | None = None        # packer options (see PackerOptions)
-    strict: bool = False
-    max_strategies: int | None = None
-    work_limit: int | None = None
-    time_limit: float | None = None
-    valid_docs: int | None = None       # hold out this many documents (seeded, per source) ...
-    valid_fraction: float | None = None  # ... or this fraction of each source, packed apart
-    group_docs: int | None = None       # pack consecutive groups of this many documents apart
-
-    def packer_options(self) -> PackerOptions:
-        names = {f.name for f in fields(PackerOptions)}
-        return PackerOptions(**{k: v for k, v in asdict(self).items() if k in names})
-
-    def check(self) -> None:
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or not (
-                1 <= self.seq_len < 2**31):
-            raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
-                                f"{self.seq_len!r}")
-        if self.overflow not in OVERFLOW:
-            raise PacktoolError(f"--overflow {self.overflow!r}: choose one of "
-                                f"{', '.join(OVERFLOW)}")
-        if self.shard_size < 1:
-            raise PacktoolError(f"--shard-size must be positive, got {self.shard_size}")
-        if self.group_docs is not None and (isinstance(self.group_docs, bool) or not isinstance(
-                self.group_docs, int) or self.group_docs < 1):
-            raise PacktoolError(f"--group-docs must be a positive number of documents, got "
-                                f"{self.group_docs!r}")
+__all__ = ["OVERFLOW", "PackLayout", "PackOptions", "Segments", "doc_groups", "make_rounds",
+           "make_segments", "plan_pack", "shard_starts"]
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """Where a plan runs (see :mod:`packtool.scale`): in this process (``local``), as Ray
-    tasks, or as task ``task`` of ``tasks`` batch-scheduler array tasks (then ``finalize``
-    once). The data files are the same bytes whichever way."""
-
-    executor: str = "local"
-    ray_address: str | None = None     # None: start a local Ray instance
-    ray_cpus: int = 1                  # tokenizer threads per Ray task
-    max_retries: int = 3               # Ray's retries of a task whose worker died
-    tasks: int | None = None
-    task: int | None = None
-    finalize: bool = False
-
-    @property
-    def one_task(self) -> bool:
-        """One array task of several: it shares the output with the others."""
-        return self.task is not None and self.tasks is not None and self.tasks > 1 \
-            and not self.finalize
 
 
 @dataclass
@@ -232,6 +176,18 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     return layout
 
 
+def make_rounds(lengths: np.ndarray, repeats: np.ndarray, seq_len: int, overflow: str
+                ) -> list[Segments]:
+    """Segments of copy r of every document repeated more than r times, one list per r:
+    packing each round on its own is what keeps copies of a document out of each other's
+    packs."""
+    rounds = []
+    for r in range(int(repeats.max()) if repeats.size else 0):
+        keep = repeats > r
+        rounds.append(make_segments(np.where(keep, lengths, 0), seq_len, overflow))
+    return rounds
+
+
 def doc_groups(seg_doc: np.ndarray, n_docs: int, group_docs: int | None
                ) -> list[tuple[int, int]]:
     """Segment ranges of consecutive groups of ``group_docs`` documents (segments are in
@@ -283,108 +239,3 @@ def shard_starts(pack_len: np.ndarray, shard_size: int) -> np.ndarray:
             starts.append(p1)
     starts.append(n_packs)
     return np.array(starts, np.int64)
-
-
-# ------------------------------------------------------------------ mixtures and held-out docs
-
-
-def parse_source(spec: str) -> tuple[str, float]:
-    """``PREFIX`` or ``PREFIX:FACTOR`` (``web:2.0``, ``books:0.5``) -> (prefix, factor)."""
-    head, sep, tail = str(spec).rpartition(":")
-    if sep and head:
-        try:
-            factor = float(tail)
-        except ValueError:
-            return str(spec), 1.0
-        if not (0 <= factor < 1e6) or factor != factor:
-            raise PacktoolError(f"{spec}: repeat factor {tail} must be a number from 0 to "
-                                "999,999 (2.0 = every document twice, 0.5 = a seeded half)")
-        return head, factor
-    return str(spec), 1.0
-
-
-def _sub_seed(seed: int, *keys: int) -> np.random.Generator:
-    return np.random.default_rng([seed, *keys])
-
-
-def held_out(lengths: np.ndarray, sizes: list[int], seed: int, valid_docs: int | None = None,
-             valid_fraction: float | None = None) -> np.ndarray:
-    """Boolean mask of the documents held out for validation: whole non-empty documents, a
-    seeded sample of each source in proportion to its size (``valid_docs`` in all, or
-    ``valid_fraction`` of each source), at least one from every source that has any."""
-    mask = np.zeros(lengths.size, bool)
-    if valid_docs is None and valid_fraction is None:
-        return mask
-    if valid_docs is not None and valid_fraction is not None:
-        raise PacktoolError("give --valid-docs or --valid-fraction, not both")
-    total = int(sum(sizes))
-    nonempty = lengths > 0
-    if valid_docs is not None and not 1 <= valid_docs < int(nonempty.sum()):
-        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to "
-                            f"{int(nonempty.sum()) - 1:,}"
-                            " (the non-empty documents, less one for training)")
-    if valid_fraction is not None and not 0 < valid_fraction < 1:
-        raise PacktoolError(f"--valid-fraction {valid_fraction}: must be above 0 and below 1")
-    base = 0
-    for k, n in enumerate(sizes):
-        docs = base + np.flatnonzero(nonempty[base:base + n])
-        share = valid_fraction if valid_fraction is not None else valid_docs / total
-        want = min(max(1, round(share * docs.size)), docs.size) if docs.size else 0
-        pick = _sub_seed(seed, 1, k).choice(docs, size=want, replace=False) if want else docs[:0]
-        mask[pick] = True
-        base += n
-    return mask
-
-
-def doc_repeats(sizes: list[int], factors: list[float], seed: int,
-                exclude: np.ndarray | None = None) -> np.ndarray:
-    """How many copies of each document a mixture uses: floor(factor) of every document, plus
-    one more for a seeded sample of round(frac(factor) * n) of them (``exclude``d documents,
-    e.g. held-out ones, get none and are not sampled)."""
-    reps = np.zeros(int(sum(sizes)), np.int64)
-    base = 0
-    for k, (n, factor) in enumerate(zip(sizes, factors, strict=True)):
-        whole, frac = int(factor), factor - int(factor)
-        eligible = np.arange(base, base + n)
-        if exclude is not None:
-            eligible = eligible[~exclude[base:base + n]]
-        reps[eligible] = whole
-        extra = round(frac * eligible.size)
-        if extra:
-            reps[_sub_seed(seed, 2, k).choice(eligible, size=extra, replace=False)] += 1
-        base += n
-    return reps
-
-
-def make_rounds(lengths: np.ndarray, repeats: np.ndarray, seq_len: int, overflow: str
-                ) -> list[Segments]:
-    """Segments of copy r of every document repeated more than r times, one list per r:
-    packing each round on its own is what keeps copies of a document out of each other's
-    packs."""
-    rounds = []
-    for r in range(int(repeats.max()) if repeats.size else 0):
-        keep = repeats > r
-        rounds.append(make_segments(np.where(keep, lengths, 0), seq_len, overflow))
-    return rounds
-
-
-def mixture_plan(lengths: np.ndarray, sizes: list[int], factors: list[float],
-                 options: PackOptions) -> tuple[np.ndarray | None, np.ndarray]:
-    """(copies per document for the training packs, or None for "each once"; held-out mask).
-    A pure function of the inputs and options: ``verify`` recomputes it to check a pack."""
-    valid = held_out(lengths, sizes, options.seed, options.valid_docs, options.valid_fraction)
-    if all(f == 1 for f in factors) and not valid.any():
-        return None, valid
-    return doc_repeats(sizes, factors, options.seed, exclude=valid), valid
-
-
-def expected_segments(lengths: np.ndarray, seq_len: int, overflow: str,
-                      repeats: np.ndarray | None) -> Segments:
-    """Every segment a pack of these documents must hold (copies included), unordered."""
-    if repeats is None:
-        return make_segments(lengths, seq_len, overflow)
-    rounds = make_rounds(lengths, repeats, seq_len, overflow)
-    cat = (lambda f: np.concatenate([f(r) for r in rounds])) if rounds else (
-        lambda f: np.empty(0, np.int64))
-    return Segments(cat(lambda r: r.doc), cat(lambda r: r.offset), cat(lambda r: r.length),
-                    _merge_counts(rounds, lengths))

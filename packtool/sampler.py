@@ -46,23 +46,9 @@ STATE_VERSION = 1
 
 
 def attention_costs(packed) -> np.ndarray:
-    """Per pack, the sum of its squared segment lengths (float64), read from every shard's
-    cu_seqlens at once (one diff, one reduceat per shard; no per-pack Python loop)."""
-    out = []
-    for k in range(len(packed.index["shards"])):
-        a = packed.shard(k).arrays
-        so = np.asarray(a["seg_offsets"], dtype=np.int64)
-        n = len(so) - 1
-        if n == 0:
-            continue
-        cu = np.asarray(a["cu_seqlens"], dtype=np.int64)
-        sq = np.diff(cu).astype(np.float64) ** 2
-        sq[so[1:-1] + np.arange(n - 1)] = 0.0  # the diff between pack j's end and pack j+1's 0
-        starts = so[:-1] + np.arange(n)  # pack j's cu_seqlens begin at so[j] + j
-        costs = np.add.reduceat(sq, starts)
-        costs[so[1:] == so[:-1]] = 0.0  # a pack with no segment (never written, but be exact)
-        out.append(costs)
-    return np.concatenate(out) if out else np.zeros(0)
+    """Per pack, the sum of its squared segment lengths (float64), from every shard's
+    segment table (no token is read; see :mod:`packtool.formats.packed.layout`)."""
+    return packed.attention_costs()
 
 
 def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
@@ -159,7 +145,7 @@ class PackSampler:
             if balance != "attention":
                 raise PacktoolError(f"balance must be None, 'attention' or an array of per-pack "
                                     f"costs, got {balance!r}")
-            if not hasattr(packs, "shard"):
+            if not hasattr(packs, "attention_costs"):
                 raise PacktoolError("balance='attention' reads segment lengths from a packed "
                                     "dataset: pass open_packed(dir) instead of a pack count, or "
                                     "pass balance=<array of per-pack costs>")

@@ -52,6 +52,10 @@ KINDS = {
     ".txt": "txt",
 }
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
+# Tokenizing one record takes about this many times its size in memory (the tokenizers
+# library's per-token structures and the reader's copies; a 16 MB JSONL line peaked at 3.0 GB
+# RSS): the limit above keeps a stray giant record from taking the machine down.
+MEMORY_PER_RECORD_BYTE = 190
 PARQUET_BATCH_BYTES = 64 << 20  # rows per Parquet batch: about this much decoded text
 # a datasets.save_to_disk folder's metadata, beside its .arrow files
 _HF_METADATA = ("state.json", "dataset_info.json", "dataset_dict.json")
@@ -194,6 +198,7 @@ class InputStats:
     blank_lines: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     skipped_records: list[int] = field(default_factory=list)
+    content: dict | None = None  # bytes and crc32 of the file as read
 
     def skip(self, record: int, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -201,6 +206,8 @@ class InputStats:
 
     def to_json(self) -> dict:
         d = {"path": self.path, "kind": self.kind, "n_docs": self.n_docs}
+        if self.content is not None:
+            d["content"] = self.content
         if self.blank_lines:
             d["blank_lines"] = self.blank_lines
         if self.skipped:
@@ -264,17 +271,18 @@ def _too_large(size: int, limit: int) -> _BadRecord:
     return _BadRecord(
         "too_large",
         f"record is {size:,} bytes, over --max-record-bytes {limit:,} (tokenizing takes about "
-        f"120x a record's size in memory); raise --max-record-bytes if the machine has the "
-        "memory, split the record, or pass --skip-bad-records",
+        f"{MEMORY_PER_RECORD_BYTE}x a record's size in memory); raise --max-record-bytes if the "
+        "machine has the memory, split the record, or pass --skip-bad-records",
     )
 
 
-def _utf8_size(doc) -> int:
+def utf8_size(doc) -> int:
+    """A record's size in UTF-8 bytes: a text, a (prompt, completion) pair or messages."""
     if isinstance(doc, str):
         return len(doc) if doc.isascii() else len(doc.encode("utf-8", "surrogatepass"))
-    if isinstance(doc, tuple):
-        return sum(map(_utf8_size, doc))
-    return sum(_utf8_size(m["content"]) + _utf8_size(m["role"]) for m in doc)
+    if isinstance(doc, tuple):  # (prompt, completion), or (rendered text, trained spans)
+        return sum(utf8_size(x) for x in doc if isinstance(x, str))
+    return sum(utf8_size(m["content"]) + utf8_size(m["role"]) for m in doc)
 
 
 def _lines(f, limit: int):
@@ -735,7 +743,7 @@ def _row_docs(batch, path, row0: int, opts: ReadOptions) -> list:
             continue
         try:
             doc = opts.extract(obj)
-            size = _utf8_size(doc)
+            size = utf8_size(doc)
             if size > opts.max_record_bytes:
                 raise _too_large(size, opts.max_record_bytes)
         except _BadRecord as bad:

@@ -252,17 +252,17 @@ def packed_report(directory: str | Path) -> dict:
     ds = open_packed(directory)
     idx = ds.index
     seg_per_pack, fill = [], []
-    for k in range(len(idx["shards"])):
-        a = ds.shard(k).arrays
-        if a["pack_offsets"] is not None:
-            seg_per_pack.append(np.diff(np.asarray(a["seg_offsets"])))
-            fill.append(np.diff(np.asarray(a["pack_offsets"])))
+    for k in range(ds.n_shards):  # the segment tables only: no token is read
+        sh = ds.shard(k)
+        seg_per_pack.append(np.diff(np.asarray(sh.pack_seg, np.int64)))
+        fill.append(np.diff(sh.po))
     seg_per_pack = np.concatenate(seg_per_pack) if seg_per_pack else np.empty(0, np.int64)
     fill = np.concatenate(fill) / idx["seq_len"] if fill else np.empty(0)
     keys = ("n_packs", "n_tokens", "n_segments", "efficiency", "lower_bound_packs", "gap_percent",
             "l2_bound_packs", "lp_bound_packs", "lp_converged", "best_bound_packs",
             "gap_to_best_bound_percent",
-            "packing_factor", "seq_len", "algo", "overflow", "n_docs", "n_empty", "n_overlong",
+            "packing_factor", "seq_len", "algo", "overflow", "layout", "n_docs", "n_empty",
+            "n_overlong",
             "n_split", "n_split_pieces", "n_truncated", "n_truncated_tokens", "n_dropped",
             "n_dropped_tokens")
     rep = {"kind": "packed", "source": str(directory), **{k: idx.get(k) for k in keys}}

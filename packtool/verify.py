@@ -1,13 +1,19 @@
 """``packtool verify``: prove a packed dataset (or a token corpus) intact and that it loses or
 mixes nothing. The checks of each format live with the format (its validator); this module
-adds what needs both: a packed dataset against the sources it was packed from.
+adds what needs both, computed with its own plain code and never the writer's, so that a bug
+in the planner or the gather kernel cannot vouch for itself:
 
-1. :func:`packtool.formats.packed.validate_packed`: index digest and keys, file names inside
-   the directory, sizes, dtypes, crc32 of every file, every pack's invariants.
-2. With sources (``--source PREFIX...``): the source manifests are the ones packed and the
-   source files match their own checksums; the segments are exactly what the overflow policy
-   makes of the source documents (every document, piece and token once; truncated/dropped ones
-   as counted); every segment's tokens (and loss mask) equal the source's.
+1. the format's validator (:func:`packtool.formats.packed.validate_packed`): index digest and
+   keys, file names, sizes, dtypes, crc32 of every file, every pack's invariants;
+2. with sources (``--source PREFIX...``): the source manifests are the ones packed (sha256)
+   and their files match their checksums; the held-out documents and the mixture's copies
+   are recomputed from the recorded seed and factors; every segment a document must become
+   under the overflow policy (:func:`expected_segments`, written here from the definition) is
+   in the packs exactly as often as asked, and nothing else is; every stored token (and loss
+   mask) equals the source's, compared with plain numpy indexing.
+
+Measured (tests/test_verify.py's corpus aside, ``python scripts/bench_pack.py --verify``):
+the recomputation costs about as much as reading the sources once.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ import numpy as np
 
 from ._io import sha256_file
 from .errors import PacktoolError
-from .formats.packed import MASK, ValidationError, validate_packed
-from .formats.tokens import gather_segments, prefix_paths, validate_tokens
-from .plan import PackOptions, expected_segments, mixture_plan
+from .formats.packed import VALID, ValidationError, validate_packed
+from .formats.tokens import open_tokens, prefix_paths, validate_tokens
 
 VerifyError = ValidationError
+CHUNK_TOKENS = 1 << 23
 
 
 @dataclass
@@ -32,11 +38,14 @@ class VerifyResult:
     kind: str                       # "packed" or "tokens"
     n_tokens: int
     n_docs: int = 0                 # tokens: documents
-    n_packs: int = 0                # packed: packs, segments, shards
+    n_packs: int = 0                # packed: packs, segments, shards (the training split)
     n_segments: int = 0
     n_shards: int = 0
+    layout: str = ""
     sources_checked: bool = False
     policy: dict = field(default_factory=dict)   # what the overflow policy removed, by request
+    mixture: list = field(default_factory=list)  # per source: factor, when not all 1
+    valid: dict | None = None        # the held-out split: packs, tokens, segments, checked
 
     def summary(self) -> str:
         if self.kind == "tokens":
@@ -45,14 +54,21 @@ class VerifyResult:
         what = ""
         if self.sources_checked:
             p = self.policy
-            what = (f"; every source token accounted for: {self.n_tokens:,} packed exactly once"
+            how = ("exactly once" if not self.mixture else "as often as the mixture asks ("
+                   + ", ".join(f"{m['prefix']} x{m['factor']:g}" for m in self.mixture) + ")")
+            what = (f"; every source token accounted for: {self.n_tokens:,} packed {how}"
                     + (f", {p['n_truncated_tokens']:,} truncated away from {p['n_truncated']:,} "
                        "documents by --overflow truncate" if p.get("n_truncated") else "")
                     + (f", {p['n_dropped_tokens']:,} in {p['n_dropped']:,} documents dropped by "
                        "--overflow drop" if p.get("n_dropped") else ""))
+        held = ""
+        if self.valid:
+            v = self.valid
+            held = (f"; held-out split {VALID}/ checked too: {v['n_packs']:,} packs, "
+                    f"{v['n_tokens']:,} tokens, no document in both splits")
         return (f"OK {self.path}: {self.n_packs:,} packs, {self.n_tokens:,} tokens, "
-                f"{self.n_segments:,} segments in {self.n_shards} shard(s); checksums and "
-                f"invariants hold{what}")
+                f"{self.n_segments:,} segments in {self.n_shards} shard(s) ({self.layout} "
+                f"layout); checksums and invariants hold{what}{held}")
 
     def to_json(self) -> dict:
         return {"ok": True, **asdict(self)}
@@ -78,122 +94,199 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
     """Run every check (also on the held-out split in ``directory/valid``, and that no
     document is in both); return a :class:`VerifyResult` or raise :class:`VerifyError`."""
     directory = Path(directory)
-    index, shards = validate_packed(directory)
+    ds = validate_packed(directory)
+    index = ds.index
+    if index.get("split") == "valid" and sources:
+        raise PacktoolError(f"{directory} is the held-out split of {directory.parent}: verify "
+                            f"{directory.parent} --source ... checks both splits against the "
+                            "sources")
     result = VerifyResult(str(directory), "packed", index["n_tokens"], n_docs=index["n_docs"],
                           n_packs=index["n_packs"], n_segments=index["n_segments"],
-                          n_shards=len(shards))
+                          n_shards=len(index["shards"]), layout=ds.layout)
     valid = None
     if index.get("held_out"):
-        vdir = directory / index["held_out"]["path"]
-        valid = validate_packed(vdir)
-        if valid[0].get("split") != "valid":
-            raise VerifyError(f"{vdir}: not the held-out split of {directory}")
-        train_docs = np.unique(np.concatenate([np.asarray(a["source_docs"]) for a in shards]
-                                              or [np.empty(0, np.int64)]))
-        valid_docs = np.concatenate([np.asarray(a["source_docs"]) for a in valid[1]]
-                                    or [np.empty(0, np.int64)])
-        both = np.intersect1d(train_docs, valid_docs)
-        if both.size:
-            raise VerifyError(f"source document {int(both[0]):,} is in the training packs and "
-                              f"in the held-out packs ({vdir})")
-        result.n_packs += valid[0]["n_packs"]
+        valid = validate_packed(directory / index["held_out"]["path"])
+        if valid.index.get("split") != "valid":
+            raise VerifyError(f"{valid.directory}: not the held-out split of {directory}")
+        _disjoint(ds, valid)
+        result.valid = {"n_packs": valid.index["n_packs"], "n_tokens": valid.index["n_tokens"],
+                        "n_segments": valid.index["n_segments"]}
     if sources:
-        from .pack import open_sources
-
-        corpora = open_sources(_source_prefixes(index, sources))  # opened once, for both
-        repeats, held = _mixture(index, corpora)
-        _verify_sources(index, shards, corpora, repeats)
+        corpora = _sources(index, sources)
+        copies, held = expected_copies(index, [c.lengths for c in corpora])
+        _check(ds, corpora, copies)
         if valid is not None:
-            _verify_sources(valid[0], valid[1], corpora, held.astype(np.int64))
+            _check(valid, corpora, held.astype(np.int64))
         result.sources_checked = True
         result.policy = {k: index[k] for k in ("n_truncated", "n_truncated_tokens",
                                                "n_dropped", "n_dropped_tokens")}
+        if any(s.get("factor", 1.0) != 1.0 for s in index["sources"]):
+            result.mixture = [{"prefix": s["prefix"], "factor": s.get("factor", 1.0)}
+                              for s in index["sources"]]
     return result
 
 
-def _source_prefixes(index: dict, sources) -> list[str]:
-    """``--source`` prefixes; a ``PREFIX:FACTOR`` must name the factor the index records."""
-    from .plan import parse_source
+def _disjoint(train, valid) -> None:
+    def docs(ds):
+        parts = [np.asarray(ds.shard(k).seg_doc, np.int64) for k in range(ds.n_shards)]
+        return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
 
-    out = []
-    for k, spec in enumerate(sources):
-        prefix, factor = parse_source(spec)
-        recorded = index["sources"][k].get("factor", 1.0) if k < len(index["sources"]) else None
-        if prefix != str(spec) and recorded is not None and factor != recorded:
-            raise VerifyError(f"--source {spec}: the dataset was packed with factor "
-                              f"{recorded:g} for this source, not {factor:g}")
-        out.append(prefix)
-    return out
+    both = np.intersect1d(docs(train), docs(valid))
+    if both.size:
+        raise VerifyError(f"source document {int(both[0]):,} is in the training packs and in "
+                          f"the held-out packs ({valid.directory})")
 
 
-def _mixture(index: dict, corpora) -> tuple[np.ndarray | None, np.ndarray]:
-    """The copies and held-out documents the index's options imply (recomputed, not read)."""
-    lengths = np.concatenate([c.lengths for c in corpora])
-    held = index.get("held_out") or {}
-    opts = PackOptions(int(index["seq_len"]), seed=index["seed"],
-                       valid_docs=held.get("valid_docs"),
-                       valid_fraction=held.get("valid_fraction"))
-    factors = [float(s.get("factor", 1.0)) for s in index["sources"]]
-    if len(factors) != len(corpora):
-        raise VerifyError(f"{len(corpora)} --source prefixes given, the dataset was packed from "
-                          f"{len(factors)}: {', '.join(s['prefix'] for s in index['sources'])}")
-    return mixture_plan(lengths, [len(c) for c in corpora], factors, opts)
-
-
-def _verify_sources(index: dict, shards: list[dict], corpora, repeats) -> None:
+def _sources(index: dict, specs) -> list:
+    """The ``--source`` corpora: as many as were packed, each the very corpus (manifest
+    sha256), every file matching its checksums; ``PREFIX:FACTOR`` must name the factor."""
     recorded = index["sources"]
-    if len(corpora) != len(recorded):
-        raise VerifyError(f"{len(corpora)} --source prefixes given, the dataset was packed from "
+    if len(specs) != len(recorded):
+        raise VerifyError(f"{len(specs)} --source prefixes given, the dataset was packed from "
                           f"{len(recorded)}: {', '.join(s['prefix'] for s in recorded)}")
-    for c, rec in zip(corpora, recorded, strict=True):
-        if sha256_file(prefix_paths(c.prefix)["json"]) != rec["manifest_sha256"]:
-            raise VerifyError(f"--source {c.prefix} is not the corpus that was packed "
-                              f"(manifest sha256 differs from {rec['prefix']}'s)")
+    corpora = []
+    for spec, rec in zip(specs, recorded, strict=True):
+        head, sep, tail = str(spec).rpartition(":")
+        prefix = str(spec)
+        if sep and head and tail.replace(".", "", 1).isdigit():
+            prefix = head
+            if float(tail) != rec.get("factor", 1.0):
+                raise VerifyError(f"--source {spec}: the dataset was packed with factor "
+                                  f"{rec.get('factor', 1.0):g} for this source, not "
+                                  f"{float(tail):g}")
+        if sha256_file(prefix_paths(prefix)["json"]) != rec["manifest_sha256"]:
+            raise VerifyError(f"--source {prefix} is not the corpus that was packed (manifest "
+                              f"sha256 differs from {rec['prefix']}'s)")
+        c = open_tokens(prefix)
         c.verify_checksums()  # a corrupt source must not vouch for the packs
+        corpora.append(c)
+    return corpora
+
+
+# ------------------------------------------------------- what the packs must hold, recomputed
+def expected_copies(index: dict, lengths: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(copies of each document in the training packs, held-out mask), from the index's
+    seed, factors and held-out request, by the rules docs/FORMAT.md states: held out, per
+    source, round(share * non-empty documents) of them (at least one), drawn without
+    replacement by ``default_rng([seed, 1, k])``; each other document floor(factor) times,
+    plus one for round(frac(factor) * eligible) of them drawn by ``default_rng([seed, 2, k])``.
+    """
+    seed = int(index["seed"])
+    held_req = index.get("held_out") or {}
+    factors = [float(s.get("factor", 1.0)) for s in index["sources"]]
+    total = sum(x.size for x in lengths)
+    copies, held = [], []
+    for k, (n_k, factor) in enumerate(zip(lengths, factors, strict=True)):
+        h = np.zeros(n_k.size, bool)
+        nonempty = np.flatnonzero(n_k > 0)
+        if held_req and nonempty.size:
+            share = (held_req["valid_fraction"] if held_req.get("valid_fraction") is not None
+                     else held_req["valid_docs"] / total)
+            want = min(max(1, round(share * nonempty.size)), nonempty.size)
+            h[np.random.default_rng([seed, 1, k]).choice(nonempty, size=want,
+                                                          replace=False)] = True
+        c = np.where(h, 0, int(factor)).astype(np.int64)
+        eligible = np.flatnonzero(~h)
+        extra = round((factor - int(factor)) * eligible.size)
+        if extra:
+            c[np.random.default_rng([seed, 2, k]).choice(eligible, size=extra,
+                                                          replace=False)] += 1
+        copies.append(c)
+        held.append(h)
+    return np.concatenate(copies), np.concatenate(held)
+
+
+def expected_segments(lengths: np.ndarray, copies: np.ndarray, seq_len: int, overflow: str
+                      ) -> np.ndarray:
+    """Every (document, offset, length) the packs must hold, once per copy, sorted: split
+    cuts a document into pieces of seq_len from its start; truncate keeps its first seq_len
+    tokens; drop leaves out a document longer than seq_len; empty documents become nothing."""
+    n = np.asarray(lengths, np.int64)
+    keep = (copies > 0) & (n > 0)
+    if overflow == "drop":
+        keep &= n <= seq_len
+    docs = np.flatnonzero(keep)
+    if overflow == "split":
+        pieces = -(-n[docs] // seq_len)
+    else:
+        pieces = np.ones(docs.size, np.int64)
+    doc = np.repeat(docs, pieces)
+    first = np.repeat(np.cumsum(pieces) - pieces, pieces)
+    offset = (np.arange(doc.size, dtype=np.int64) - first) * seq_len
+    length = np.minimum(n[doc] - offset, seq_len)
+    reps = copies[doc]
+    table = np.stack([np.repeat(doc, reps), np.repeat(offset, reps), np.repeat(length, reps)], 1)
+    return table[np.lexsort(table.T[::-1])]
+
+
+def _check(ds, corpora, copies: np.ndarray) -> None:
+    index = ds.index
     lengths = np.concatenate([c.lengths for c in corpora])
-    want = expected_segments(lengths, int(index["seq_len"]), index["overflow"], repeats)
-    order_w = np.lexsort((want.offset, want.doc))
-    want_doc, want_off, want_len = want.doc[order_w], want.offset[order_w], want.length[order_w]
-    segs = [_segments(s) for s in shards]
-    cat = (lambda i: np.concatenate([s[i] for s in segs])) if segs else (
-        lambda i: np.empty(0, np.int64))
-    doc, off, lens = cat(0), cat(1), cat(2)
-    order = np.lexsort((off, doc))
-    for name, got, exp in (("document", doc[order], want_doc), ("offset", off[order], want_off),
-                           ("length", lens[order], want_len)):
-        if got.shape != exp.shape:
-            raise VerifyError(f"the shards hold {got.size:,} segments, the sources under "
-                              f"--overflow {index['overflow']} (and the mixture) make "
-                              f"{exp.size:,}")
-        bad = np.flatnonzero(got != exp)
-        if bad.size:
-            i = int(bad[0])
-            raise VerifyError(
-                f"segment {name} mismatch for source document {int(want_doc[i]):,} (offset "
-                f"{int(want_off[i]):,}): tokens lost, duplicated or moved")
-    for k, (s, (sdoc, soff, seg_len)) in enumerate(zip(shards, segs, strict=True)):
-        _compare_tokens(index["shards"][k]["name"], s, corpora, sdoc, soff, seg_len)
-
-
-def _segments(arrays: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    cu = np.asarray(arrays["cu_seqlens"]).astype(np.int64)
-    seg_len = np.diff(cu)[cu[1:] != 0]
-    return np.asarray(arrays["source_docs"]), np.asarray(arrays["source_offsets"]), seg_len
-
-
-def _compare_tokens(name, arrays, corpora, sdoc, soff, seg_len) -> None:
-    dst = np.concatenate([[0], np.cumsum(seg_len)[:-1]]).astype(np.int64)
-    expect = np.empty(int(seg_len.sum()), arrays["tokens"].dtype)
-    expect_mask = np.empty(expect.size, np.uint8) if MASK in arrays else None
-    gather_segments(corpora, sdoc, soff, seg_len, expect, dst, expect_mask)
-    if expect_mask is not None:
-        bad = np.flatnonzero(expect_mask != np.asarray(arrays[MASK]))
-        if bad.size:
-            raise VerifyError(f"{name} token {int(bad[0]):,}: loss_mask differs from the "
-                              "source's mask")
-    bad = np.flatnonzero(expect != np.asarray(arrays["tokens"]))
+    want = expected_segments(lengths, copies, int(index["seq_len"]), index["overflow"])
+    got = []
+    for k in range(ds.n_shards):
+        sh = ds.shard(k)
+        got.append(np.stack([np.asarray(sh.seg_doc, np.int64),
+                             np.asarray(sh.seg_offset, np.int64),
+                             np.asarray(sh.seg_length, np.int64)], 1))
+    got = np.concatenate(got) if got else np.empty((0, 3), np.int64)
+    got = got[np.lexsort(got.T[::-1])]
+    if got.shape != want.shape:
+        raise VerifyError(f"{ds.directory}: the shards hold {got.shape[0]:,} segments, the "
+                          f"sources under --overflow {index['overflow']} (and the mixture) make "
+                          f"{want.shape[0]:,}")
+    bad = np.flatnonzero((got != want).any(axis=1))
     if bad.size:
-        t = int(bad[0])
-        seg = int(np.searchsorted(dst, t, side="right") - 1)
-        raise VerifyError(f"{name} token {t:,}: differs from source document "
-                          f"{int(sdoc[seg]):,} at offset {int(soff[seg]) + t - int(dst[seg]):,}")
+        d, o, _ = want[int(bad[0])]
+        raise VerifyError(f"{ds.directory}: segment mismatch for source document {int(d):,} "
+                          f"(offset {int(o):,}): tokens lost, duplicated or moved")
+    if ds.layout == "tokens":  # the index layout reads these very tokens from the sources
+        for k in range(ds.n_shards):
+            _compare_tokens(ds, k, corpora)
+
+
+def _source_tokens(corpora, doc, offset, length) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens (and loss mask, 1 without one) of segments, by plain numpy indexing into
+    each part's memory map."""
+    parts = [q for c in corpora for q in c.parts]
+    base = np.cumsum([0] + [len(q) for q in parts])
+    which = np.searchsorted(base, doc, side="right") - 1
+    pos = np.concatenate([[0], np.cumsum(length)]).astype(np.int64)
+    toks = np.empty(int(pos[-1]), np.int64)
+    mask = np.ones(int(pos[-1]), np.uint8)
+    for p in np.unique(which).tolist():
+        sel = np.flatnonzero(which == p)
+        q = parts[p]
+        ls = length[sel]
+        cs = np.concatenate([[0], np.cumsum(ls)]).astype(np.int64)
+        within = np.arange(cs[-1], dtype=np.int64) - np.repeat(cs[:-1], ls)
+        dst = np.repeat(pos[sel], ls) + within
+        src = np.repeat(q.starts[doc[sel] - base[p]] + offset[sel], ls) + within
+        toks[dst] = np.asarray(q.tokens)[src]
+        if q.mask is not None:
+            mask[dst] = np.asarray(q.mask)[src]
+    return toks, mask
+
+
+def _compare_tokens(ds, k: int, corpora) -> None:
+    sh = ds.shard(k)
+    n_packs = sh.n_packs
+    lo = 0
+    while lo < n_packs:
+        hi = int(np.searchsorted(sh.po, sh.po[lo] + CHUNK_TOKENS, side="right")) - 1
+        hi = min(max(hi, lo + 1), n_packs)
+        r = ds.read_range(k, lo, hi)
+        s0, s1 = int(sh.pack_seg[lo]), int(sh.pack_seg[hi])
+        toks, mask = _source_tokens(corpora, np.asarray(sh.seg_doc[s0:s1], np.int64),
+                                    np.asarray(sh.seg_offset[s0:s1], np.int64), r["seg_length"])
+        bad = np.flatnonzero(toks != r["ids"])
+        if bad.size:
+            t = int(bad[0]) + int(sh.po[lo])
+            raise VerifyError(f"{sh.name} token {t:,}: differs from its source document")
+        if ds.index.get("loss_mask"):
+            stored = np.ones(toks.size, np.uint8) if r["mask"] is None else r["mask"]
+            bad = np.flatnonzero(stored != mask)
+            if bad.size:
+                raise VerifyError(f"{sh.name} token {int(bad[0]) + int(sh.po[lo]):,}: "
+                                  "loss_mask differs from the source's mask")
+        lo = hi

@@ -35,7 +35,7 @@ def lognormal(n: int, seed: int = 0) -> np.ndarray:
 
 
 def bench_executors(files: int, mb: float, work: Path) -> dict:
-    from packtool.plan import RunOptions
+    from packtool.executors import RunOptions
     from packtool.synth import make_documents
     from packtool.tokenize import TokenizeOptions, tokenize_files
 
@@ -82,8 +82,7 @@ def bench_executors(files: int, mb: float, work: Path) -> dict:
 
 
 def bench_planning(n_files: int, work: Path) -> float:
-    from packtool.scale import plan_tokenize
-    from packtool.tokenize import TokenizeOptions
+    from packtool.tokenize import TokenizeOptions, plan_tokenize
 
     d = work / "many"
     d.mkdir()

@@ -27,7 +27,7 @@ def built(tmp_path_factory):
     r = CliRunner().invoke(cli, ["tokenize", str(d / "a.jsonl"), "-t", str(TOKENIZER),
                                  "-o", str(d / "c"), "-q"])
     assert r.exit_code == 0, r.output
-    pack_corpus([d / "c"], d / "p", 128, "bfd", shard_size=3000)
+    pack_corpus([d / "c"], d / "p", 128, "bfd", shard_size=3000, layout="tokens")
     return d
 
 
@@ -76,26 +76,47 @@ def test_pack_refuses_a_corrupted_bin(tmp_path, built):
     assert r.exit_code == 0 and r.output.startswith("OK") and "documents" in r.output
 
 
+def _part(built, **change):
+    part = json.loads((built / "c.json").read_text())["parts"][0]
+    return [{**part, **change}]
+
+
 @pytest.mark.parametrize("edit,match", [
-    ({"dtype": "float32"}, "not uint16 or uint32"),
-    ({"n_tokens": "many"}, "not a count"),
+    ({"dtype": "float32"}, "dtype is 'float32', not one of 'uint16', 'uint32'"),
+    ({"n_tokens": "many"}, "n_tokens is 'many', not a count"),
     ({"n_docs": None}, "missing key 'n_docs'"),
     ({"parts": None}, "missing key 'parts'"),
-    ({"parts": [{"name": "../c", "n_docs": 1, "n_tokens": 1}]}, "not a plain name"),
-    ({"parts": [{"name": "c", "n_docs": 1, "n_tokens": 1}]}, "missing key 'checksums'"),
+    ({"parts": "name:../c"}, "not a plain name"),
+    ({"parts": "drop:checksums"}, "missing key 'checksums'"),
 ])
 def test_malformed_token_manifest_is_named(tmp_path, built, edit, match):
-    """10.10: a bad dtype, a non-numeric n_tokens or missing keys gave tracebacks."""
+    """10.10: a bad dtype, a non-numeric n_tokens or missing keys gave tracebacks; with the
+    manifest's digest recomputed after the edit, the schema still refuses each by name."""
+    from packtool.formats import tokens
+
     p = copy_corpus(built, tmp_path / "c")
     meta = json.loads((tmp_path / "c.json").read_text())
     for k, v in edit.items():
         if v is None:
             meta.pop(k)
+        elif isinstance(v, str) and v.startswith("name:"):
+            meta[k] = _part(built, name=v[5:])
+        elif isinstance(v, str) and v.startswith("drop:"):
+            part = _part(built)
+            part[0].pop(v[5:])
+            meta[k] = part
         else:
             meta[k] = v
+    meta[tokens.DIGEST_KEY] = _digest(meta, tokens.DIGEST_KEY)
     (tmp_path / "c.json").write_text(json.dumps(meta))
     with pytest.raises(packtool.FormatError, match=match):
         packtool.open_tokens(p)
+
+
+def _digest(body, key):
+    from packtool.formats._manifest import digest
+
+    return digest(body, key)
 
 
 def _rewrite_index(directory, edit):
@@ -153,17 +174,17 @@ def test_open_packed_checks_checksums_once(tmp_path, built):
 
 def test_edited_offsets_cannot_make_export_allocate(tmp_path, built):
     """10.2: a 456-byte edit of seg_offsets.npy made export try to allocate 11 GiB. The
-    offsets are checked (monotonic, in range) when the shard opens."""
+    offsets (version 2: pack_seg) are checked (monotonic, in range) when the shard opens."""
     d = tmp_path / "p"
     shutil.copytree(built / "p", d)
-    path = d / "shard-00000.seg_offsets.npy"
+    path = d / "shard-00000.pack_seg.npy"
     arr = np.load(path)
-    arr[1] = 1 << 40
+    arr[1] = np.iinfo(arr.dtype).max
     np.save(path, arr)
     from packtool._io import crc32_file
 
     def edit(index):
-        index["shards"][0]["files"]["seg_offsets"]["crc32"] = crc32_file(path)
+        index["shards"][0]["files"]["pack_seg"]["crc32"] = crc32_file(path)
 
     _rewrite_index(d, edit)
     r = CliRunner().invoke(cli, ["export", str(d), "--format", "parquet", "-o",
@@ -176,7 +197,7 @@ def test_edited_offsets_cannot_make_export_allocate(tmp_path, built):
 def test_zero_byte_shard_is_refused_clearly(tmp_path, built):
     d = tmp_path / "p"
     shutil.copytree(built / "p", d)
-    (d / "shard-00000.doc_ids.npy").write_bytes(b"")
+    (d / "shard-00000.seg_doc.npy").write_bytes(b"")
     with pytest.raises(packtool.FormatError, match="empty"):
         open_packed(d)[0]
 

@@ -341,9 +341,9 @@ def test_tokenize_bar_moves_with_each_batch(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    import packtool.scale as scale  # the driver makes the one bar over every part
+    import packtool.executors as executors  # the executor makes the one bar over every job
 
-    monkeypatch.setattr(scale, "progress_bar", lambda *args, **kwargs: Bar())
+    monkeypatch.setattr(executors, "progress_bar", lambda *args, **kwargs: Bar())
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": "word " * (200 * (i + 1))} for i in range(30)])
     tokenize_files([str(p)], TOKENIZER, tmp_path / "out", TokenizeOptions(batch_size=1, workers=1),
                    progress=True)

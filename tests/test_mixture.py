@@ -12,8 +12,8 @@ from conftest import TOKENIZER, write_jsonl
 import packtool
 from packtool.cli import cli
 from packtool.formats.packed import open_packed
+from packtool.mixture import doc_repeats, held_out, parse_source
 from packtool.pack import pack_corpus
-from packtool.plan import doc_repeats, held_out, parse_source
 from packtool.verify import VerifyError, verify_packed
 
 
@@ -115,7 +115,7 @@ def test_a_document_in_both_splits_is_caught(tmp_path, sources):
     valid = open_packed(tmp_path / "p" / "valid")
     train = open_packed(tmp_path / "p")
     leaked = int(train[0]["source_docs"][0])
-    path = tmp_path / "p" / "valid" / valid.index["shards"][0]["files"]["source_docs"]["name"]
+    path = tmp_path / "p" / "valid" / valid.index["shards"][0]["files"]["seg_doc"]["name"]
     arr = np.load(path)
     arr[0] = leaked
     np.save(path, arr)
@@ -124,7 +124,7 @@ def test_a_document_in_both_splits_is_caught(tmp_path, sources):
 
     index_path = tmp_path / "p" / "valid" / "index.json"
     index = json.loads(index_path.read_text())
-    index["shards"][0]["files"]["source_docs"]["crc32"] = crc32_file(path)
+    index["shards"][0]["files"]["seg_doc"]["crc32"] = crc32_file(path)
     index["index_sha256"] = index_digest(index)
     index_path.write_text(json.dumps(index))
     with pytest.raises(VerifyError, match="in the training packs and in the held-out packs"):

@@ -101,7 +101,7 @@ def test_shuffle_and_no_shuffle(tmp_path, corpus):
     order_b = [tuple(ib[i]["source_docs"]) for i in range(len(ib))]
     order_a = [tuple(ia[i]["source_docs"]) for i in range(len(ia))]
     assert order_a != order_b and sorted(order_a) == sorted(order_b)
-    for name in ("shard-00000.tokens.npy", "index.json"):
+    for name in ("shard-00000.seg_doc.npy", "index.json"):
         assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "c" / name).read_bytes()
 
 
@@ -139,9 +139,9 @@ def test_refuses_existing_output_and_unknown_version(tmp_path, corpus):
     pack_corpus(sources(corpus), tmp_path / "p", 64, overwrite=True)
     assert open_packed(tmp_path / "p").seq_len == 64
     idx = json.loads((tmp_path / "p" / "index.json").read_text())
-    idx["version"] = 2
+    idx["version"] = 3
     (tmp_path / "p" / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(packtool.FormatError, match="packtool.packed version 2 is not supported"):
+    with pytest.raises(packtool.FormatError, match="packtool.packed version 3 is not supported"):
         open_packed(tmp_path / "p")
 
 
@@ -166,7 +166,7 @@ def test_verify_catches_inconsistent_content_with_valid_checksums(tmp_path, corp
     from packtool._io import crc32_file
     from packtool.formats.packed import index_digest
 
-    pack_corpus(sources(corpus), tmp_path / "p", 128)
+    pack_corpus(sources(corpus), tmp_path / "p", 128, layout="tokens")
 
     def tamper(array_name, fn, match, with_sources=False):
         d = tmp_path / "p"
@@ -188,10 +188,17 @@ def test_verify_catches_inconsistent_content_with_valid_checksums(tmp_path, corp
     def swap(a):
         a[[3, 4]] = a[[4, 3]]
 
-    tamper("position_ids", lambda a: a.__setitem__(5, a[5] + 1), "position_ids do not restart")
-    tamper("doc_ids", lambda a: a.__setitem__(len(a) - 1, 9), "doc_ids")
-    tamper("tokens", swap, "differs from source document", with_sources=True)
-    tamper("source_offsets", lambda a: a.__setitem__(0, a[0] + 1), "mismatch", with_sources=True)
+    def shift(a):  # one token moves between two segments of one pack: its length holds
+        ps = np.load(tmp_path / "p" / "shard-00000.pack_seg.npy").astype(int)
+        j = next(j for j in range(len(ps) - 1) if ps[j + 1] - ps[j] >= 2)
+        i = int(ps[j]) if a[ps[j]] > 1 else int(ps[j]) + 1
+        a[i] -= 1
+        a[2 * int(ps[j]) + 1 - i] += 1
+
+    tamper("pack_seg", swap, "offsets are not increasing")
+    tamper("seg_length", shift, "mismatch", with_sources=True)
+    tamper("tokens", swap, "differs from its source document", with_sources=True)
+    tamper("seg_offset", lambda a: a.__setitem__(0, a[0] + 1), "mismatch", with_sources=True)
 
 
 def test_verify_wrong_source(tmp_path, corpus):

@@ -18,11 +18,11 @@ from conftest import TOKENIZER, write_jsonl
 
 import packtool
 from packtool.cli import cli
+from packtool.executors import RunOptions, deal
 from packtool.pack import pack
-from packtool.plan import PackOptions, RunOptions, plan_pack
-from packtool.scale import deal, group_files, plan_tokenize
+from packtool.plan import PackOptions, plan_pack
 from packtool.synth import make_documents
-from packtool.tokenize import TokenizeOptions, tokenize_files
+from packtool.tokenize import TokenizeOptions, group_files, plan_tokenize, tokenize_files
 
 ROOT = Path(__file__).resolve().parent.parent
 N_FILES = 5
@@ -44,8 +44,9 @@ def inputs(tmp_path_factory):
 def reference(inputs, tmp_path_factory):
     """A one-part run over the concatenated inputs, and a local multi-part run."""
     d = tmp_path_factory.mktemp("ref")
-    tokenize_files([str(inputs.parent / "all.jsonl")], TOKENIZER, d / "one", TokenizeOptions())
-    tokenize_files([str(inputs)], TOKENIZER, d / "c", TokenizeOptions())
+    tokenize_files([str(inputs.parent / "all.jsonl")], TOKENIZER, d / "one",
+                   TokenizeOptions(part_bytes=1))
+    tokenize_files([str(inputs)], TOKENIZER, d / "c", TokenizeOptions(part_bytes=1))
     return d
 
 
@@ -75,7 +76,7 @@ def test_parts_concatenate_to_a_single_part_run(reference):
         _ = multi.tokens
     multi.verify_checksums()
     meta = multi.meta
-    assert meta["version"] == 2 and meta["plan"]["n_parts"] == N_FILES
+    assert meta["version"] == 3 and meta["plan"]["n_parts"] == N_FILES
     assert meta["n_docs"] == sum(q["n_docs"] for q in meta["parts"]) == len(one)
 
 
@@ -107,18 +108,19 @@ def test_pack_stats_verify_export_accept_a_multi_part_corpus(reference, tmp_path
 
 
 def test_plan_is_deterministic_and_printed(inputs, tmp_path):
-    opts = TokenizeOptions()
+    opts = TokenizeOptions(part_bytes=1)
     a = plan_tokenize([str(inputs)], TOKENIZER, tmp_path / "c", opts)
     b = plan_tokenize([str(inputs / f"f{k}.jsonl") for k in range(N_FILES)],
-                      TOKENIZER, tmp_path / "c", TokenizeOptions(workers=3, batch_size=7))
+                      TOKENIZER, tmp_path / "c",
+                      TokenizeOptions(workers=3, batch_size=7, part_bytes=1))
     assert a == b and len(a.parts) == N_FILES
     assert plan_tokenize([str(inputs)], TOKENIZER, tmp_path / "c",
-                         TokenizeOptions(eos="<|eos|>")).digest != a.digest
-    grouped = plan_tokenize([str(inputs)], TOKENIZER, tmp_path / "c", opts,
-                            part_bytes=2 * max(q.bytes for q in a.parts))
+                         TokenizeOptions(eos="<|eos|>", part_bytes=1)).digest != a.digest
+    grouped = plan_tokenize([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(
+        part_bytes=2 * max(q.bytes for q in a.parts)))
     assert len(grouped.parts) == 3 and [len(q.inputs) for q in grouped.parts] == [2, 2, 1]
     res = CliRunner().invoke(cli, ["tokenize", str(inputs), "-t", str(TOKENIZER), "-o",
-                                   str(tmp_path / "c"), "--plan"])
+                                   str(tmp_path / "c"), "--plan", "--part-bytes", "1"])
     assert res.exit_code == 0 and "5 part(s)" in res.output and "f4.jsonl" in res.output
     assert not list(tmp_path.iterdir())  # --plan writes nothing
     assert group_files([5, 5, 20, 1, 1], 10) == [[0, 1], [2], [3, 4]]
@@ -133,7 +135,7 @@ def run_cli(*args):
 
 def test_array_tasks_then_finalize_match_local(inputs, reference, tmp_path):
     out = tmp_path / "c"
-    base = ["tokenize", inputs, "-t", TOKENIZER, "-o", out, "-q"]
+    base = ["tokenize", inputs, "-t", TOKENIZER, "-o", out, "--part-bytes", 1, "-q"]
     assert run_cli(*base, "--tasks", 3, "--task", 2).exit_code == 0
     res = run_cli(*base, "--finalize")
     assert res.exit_code == 1 and "4 of 5 parts" in res.output  # task 2 of 3 owns part 2
@@ -161,7 +163,7 @@ def test_array_tasks_then_finalize_match_local(inputs, reference, tmp_path):
 
 def test_corrupt_part_refused_at_finalize_then_redone(inputs, reference, tmp_path):
     out = tmp_path / "c"
-    base = ["tokenize", inputs, "-t", TOKENIZER, "-o", out, "-q"]
+    base = ["tokenize", inputs, "-t", TOKENIZER, "-o", out, "--part-bytes", 1, "-q"]
     for k in (0, 1):
         assert run_cli(*base, "--tasks", 2, "--task", k).exit_code == 0
     victim = tmp_path / "c.part-00003.bin"
@@ -196,7 +198,8 @@ def test_two_tasks_on_one_part_one_writes(inputs, reference, tmp_path):
     (the other waits on its lock and then finds it finished), nothing half-written stays."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "packtool", "tokenize", str(inputs), "-t", str(TOKENIZER),
-           "-o", str(tmp_path / "c"), "--tasks", "2", "--task", "0", "-j", "1"]
+           "-o", str(tmp_path / "c"), "--tasks", "2", "--task", "0", "-j", "1",
+           "--part-bytes", "1"]
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -206,16 +209,16 @@ def test_two_tasks_on_one_part_one_writes(inputs, reference, tmp_path):
     assert sum(skipped) == 3  # parts 0, 2, 4: each written by exactly one of the two
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n or n.endswith(".lock")]
     assert run_cli("tokenize", inputs, "-t", TOKENIZER, "-o", tmp_path / "c", "-q", "--tasks",
-                   2, "--task", 1).exit_code == 0
+                   2, "--task", 1, "--part-bytes", 1).exit_code == 0
     assert run_cli("tokenize", inputs, "-t", TOKENIZER, "-o", tmp_path / "c", "-q",
-                   "--finalize").exit_code == 0
+                   "--finalize", "--part-bytes", 1).exit_code == 0
     assert data_files(tmp_path / "c") == data_files(reference / "c")
 
 
 def test_interrupted_driver_resumes(inputs, reference, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "packtool", "tokenize", str(inputs), "-t", str(TOKENIZER),
-           "-o", str(tmp_path / "c"), "-j", "1", "--batch-size", "16"]
+           "-o", str(tmp_path / "c"), "-j", "1", "--batch-size", "16", "--part-bytes", "1"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not (tmp_path / ".c.part-00001.part.json").exists() and proc.poll() is None:
@@ -224,7 +227,7 @@ def test_interrupted_driver_resumes(inputs, reference, tmp_path):
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130 and not (tmp_path / "c.json").exists()
-    res = run_cli("tokenize", inputs, "-t", TOKENIZER, "-o", tmp_path / "c")
+    res = run_cli("tokenize", inputs, "-t", TOKENIZER, "-o", tmp_path / "c", "--part-bytes", 1)
     assert res.exit_code == 0, res.output
     n = int(res.output.split(" already finished")[0].rsplit(", ", 1)[1])
     assert 2 <= n < N_FILES
@@ -246,7 +249,7 @@ def ray_instance():
 
 
 def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference, tmp_path):
-    res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(),
+    res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(part_bytes=1),
                          run=RunOptions(executor="ray"))
     assert res.n_parts == N_FILES and res.executor == "ray"
     assert data_files(tmp_path / "c") == data_files(reference / "c")
@@ -278,7 +281,7 @@ def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, 
     t = threading.Thread(target=killer)
     t.start()
     tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c",
-                   TokenizeOptions(batch_size=8), run=RunOptions(executor="ray"))
+                   TokenizeOptions(batch_size=8, part_bytes=1), run=RunOptions(executor="ray"))
     t.join()
     assert killed, "no worker was caught mid-part"
     assert data_files(tmp_path / "c") == data_files(reference / "c")
@@ -291,7 +294,7 @@ def test_ray_driver_interrupted_then_rerun_resumes(ray_instance, inputs, referen
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "packtool", "tokenize", str(inputs), "-t", str(TOKENIZER),
            "-o", str(tmp_path / "c"), "--executor", "ray", "--ray-address", address,
-           "--batch-size", "16"]
+           "--batch-size", "16", "--part-bytes", "1"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
     while not list(tmp_path.glob(".c.part-*.part.json")) and proc.poll() is None:
@@ -301,7 +304,7 @@ def test_ray_driver_interrupted_then_rerun_resumes(ray_instance, inputs, referen
     proc.communicate(timeout=60)
     assert not (tmp_path / "c.json").exists()
     done = len(list(tmp_path.glob(".c.part-*.part.json")))
-    res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(),
+    res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(part_bytes=1),
                          run=RunOptions(executor="ray"))
     assert res.n_parts_skipped >= min(done, 1)
     assert data_files(tmp_path / "c") == data_files(reference / "c")

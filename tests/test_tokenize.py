@@ -72,9 +72,10 @@ def test_directory_and_glob_inputs_are_sorted(tmp_path, tokenizer):
 def test_manifest_contents(tmp_path, docs):
     write_jsonl(tmp_path / "a.jsonl", [{"text": d} for d in docs[:10]])
     write_jsonl(tmp_path / "b.jsonl", [{"text": d} for d in docs[10:]])
-    run([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "out", eos="<|eos|>")
+    run([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "out", eos="<|eos|>",
+        part_bytes=1)  # a part per file
     meta = json.loads((tmp_path / "out.json").read_text())
-    assert meta["format"] == "packtool.tokens" and meta["version"] == 2
+    assert meta["format"] == "packtool.tokens" and meta["version"] == 3
     assert meta["dtype"] == "uint16" and meta["n_docs"] == len(docs)
     assert [i["n_docs"] for i in meta["inputs"]] == [10, len(docs) - 10]
     assert meta["eos_id"] == 2 and meta["bos_id"] is None

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_dir
+from .._io import create
 from .._numba import njit
 from ..errors import PacktoolError
 
@@ -57,7 +58,7 @@ class _ShardedStream:
         if self.f is not None:
             self.f.close()
         self.k += 1
-        self.f = open(self.directory / shard_name(self.k), "wb")  # noqa: SIM115 (closed by _next/close)
+        self.f = create(self.directory / shard_name(self.k))  # closed by _next/close
         self.f.write(header(self.sizes[self.k]))
         self.left = self.sizes[self.k]
 
@@ -135,7 +136,7 @@ def _copy_part(src, ends, n, stream, buf_in, buf_out, eos, tick) -> None:
 def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
                   shard_tokens: int | None = None, eos_id: int | None = None, **_) -> dict:
     """A token corpus as llm.c GPT-2 token shards in directory ``out``."""
-    from ..export import MARKER, write_marker
+    from ._marker import export_owned, write_marker
     from .tokens import prefix_paths
 
     if corpus.dtype.itemsize != 2:
@@ -170,7 +171,7 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
     stream = None
     buf_in = np.empty(TOKEN_CHUNK, dtype=np.uint16)
     buf_out = np.empty(TOKEN_CHUNK + TOKEN_CHUNK // 8, dtype=np.uint16)
-    with atomic_dir(out, overwrite, owned_marker=MARKER) as tmp:
+    with atomic_dir(out, overwrite, owned=export_owned) as tmp:
         stream = _ShardedStream(tmp, total, per_shard)
         try:
             for part in corpus.parts:  # one token stream over the parts, in order

@@ -32,7 +32,8 @@ import numpy as np
 
 from .._atomic import atomic_dir
 from ..errors import PacktoolError
-from .packed import IGNORE_INDEX, MASK
+
+MASK = "loss_mask"
 
 GROUP = 1024  # packs converted per vectorised step
 
@@ -94,33 +95,28 @@ def columns(has_mask: bool) -> dict[str, str]:
     return cols
 
 
-def _samples(arrays: dict, lo: int, hi: int, has_mask: bool):
-    """Packs lo..hi-1 of a shard as MDS samples, converted in one step for the group."""
-    po = np.asarray(arrays["pack_offsets"][lo:hi + 1], dtype=np.int64)
-    so = np.asarray(arrays["seg_offsets"][lo:hi + 1], dtype=np.int64)
-    t0, t1 = int(po[0]), int(po[-1])
-    tokens = np.asarray(arrays["tokens"][t0:t1]).astype(np.int32)
-    positions = np.asarray(arrays["position_ids"][t0:t1]).astype(np.int32)
-    cu_all = np.asarray(arrays["cu_seqlens"][so[0] + lo: so[-1] + hi], dtype=np.int32)
-    mask = np.asarray(arrays[MASK][t0:t1]) if has_mask else None
-    labels = tokens.copy()
-    if has_mask:
-        labels[mask == 0] = IGNORE_INDEX
+def _samples(ds, k: int, lo: int, hi: int, has_mask: bool):
+    """Packs lo..hi-1 of shard k as MDS samples, converted in one step for the group."""
+    r = ds.read_range(k, lo, hi)
+    tokens, positions = r["ids"].astype(np.int32), r["positions"].astype(np.int32)
+    labels = r["labels"].astype(np.int32)
+    starts = r["seg_start"].astype(np.int32)
+    po, ps = r["pack_tok"], r["pack_seg"]
     for j in range(hi - lo):
-        a, b = po[j] - t0, po[j + 1] - t0
-        cu = cu_all[so[j] - so[0] + j: so[j + 1] - so[0] + j + 1]
-        lab = labels[a:b]
-        lab[cu[:-1]] = IGNORE_INDEX
+        a, b = int(po[j]), int(po[j + 1])
+        cu = np.append(starts[ps[j]:ps[j + 1]], np.int32(b - a))
         sample = {"input_ids": tokens[a:b], "position_ids": positions[a:b], "cu_seqlens": cu,
-                  "labels": lab}
+                  "labels": labels[a:b]}
         if has_mask:
-            sample[MASK] = mask[a:b]
+            mask = r["mask"]
+            sample[MASK] = (np.ones(b - a, np.uint8) if mask is None
+                            else np.asarray(mask[a:b], np.uint8))
         yield sample
 
 
 def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
     """A packed dataset as MDS shards: one sample per pack."""
-    from ..export import MARKER, write_marker
+    from ._marker import export_owned, write_marker
 
     if not len(ds):
         raise PacktoolError(f"{ds.directory} holds no packs; nothing to export")
@@ -128,15 +124,16 @@ def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
     has_mask = bool(ds.index.get("loss_mask"))
     cols = columns(has_mask)
     out = Path(out)
-    with atomic_dir(out, overwrite, owned_marker=MARKER) as tmp:
+    with atomic_dir(out, overwrite, owned=export_owned) as tmp:
         with streaming.MDSWriter(out=str(tmp), columns=cols, compression=None) as w:
             for k, sh in enumerate(ds.index["shards"]):
-                arrays, n = ds.shard(k).arrays, int(sh["n_packs"])
+                n = int(sh["n_packs"])
                 for lo in range(0, n, GROUP):
                     hi = min(n, lo + GROUP)
-                    for sample in _samples(arrays, lo, hi, has_mask):
+                    for sample in _samples(ds, k, lo, hi, has_mask):
                         w.write(sample)
-                    tick(int(arrays["pack_offsets"][hi]) - int(arrays["pack_offsets"][lo]))
+                    po = ds.shard(k).po
+                    tick(int(po[hi]) - int(po[lo]))
         names = sorted(p.name for p in tmp.iterdir())
         write_marker(tmp, "mds", ds, names, n_packs=len(ds), columns=cols,
                      streaming_version=getattr(streaming, "__version__", "?"))

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_files
+from .._io import create
 from ..errors import FormatError, PacktoolError
 
 HEADER = b"MMIDIDX\x00\x00"
@@ -41,6 +42,7 @@ VERSION = 1
 DTYPE_CODES = {"uint16": 8, "int32": 4}  # Megatron's DType enum, for the dtypes we write
 CHUNK = 1 << 20       # index entries per write
 TOKEN_CHUNK = 1 << 24  # tokens per .bin write (32-64 MB)
+PACKS_PER_READ = 4096  # packs read at once when a packed dataset is exported
 INT32_MAX = 2**31 - 1
 
 
@@ -68,7 +70,7 @@ def write_index(path: Path, code: int, itemsize: int, n_seqs: int, lengths, doc_
     """Write an .idx; ``lengths()`` yields int64 chunks (called twice), ``doc_indices`` yields
     int64 chunks once. Returns the bytes written."""
     n_docs_plus_one = 0
-    with open(path, "wb") as f:
+    with create(path) as f:
         f.write(HEADER + struct.pack("<Q", VERSION) + struct.pack("<B", code))
         count_pos = f.tell()
         f.write(struct.pack("<QQ", n_seqs, 0))
@@ -111,7 +113,7 @@ def _link_or_copy(src: Path, dst: Path, link: bool) -> tuple[str, str]:
 
 def _concatenate(srcs: list[Path], dst: Path) -> None:
     """The parts' .bin files back to back (a multi-part corpus: one Megatron .bin)."""
-    with open(dst, "wb") as f:
+    with create(dst) as f:
         for src in srcs:
             with open(src, "rb") as s:
                 shutil.copyfileobj(s, f, 1 << 24)
@@ -194,16 +196,6 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
     }
 
 
-def segment_lengths(arrays: dict, n_packs: int) -> np.ndarray:
-    """Segment lengths of one packed shard, from its cu_seqlens (each pack's [0, ..., len])."""
-    so = np.asarray(arrays["seg_offsets"], dtype=np.int64)
-    cu = np.asarray(arrays["cu_seqlens"], dtype=np.int64)
-    diff = np.diff(cu)
-    keep = np.ones(len(diff), bool)
-    keep[so[1:n_packs] + np.arange(n_packs - 1)] = False  # the step from one pack to the next
-    return diff[keep]
-
-
 def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
     """A packed dataset as a Megatron indexed dataset: sequence = segment, document = pack."""
     if int(ds.index["n_tokens"]) == 0:
@@ -214,33 +206,33 @@ def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
     shards = ds.index["shards"]
     n_seqs = sum(int(s["n_segments"]) for s in shards)
 
-    def lengths():
-        for k, s in enumerate(shards):
-            lens = segment_lengths(ds.shard(k).arrays, int(s["n_packs"]))
-            if len(lens) != int(s["n_segments"]) or int(lens.sum()) != int(s["n_tokens"]):
-                raise FormatError(f"{ds.directory} shard {s['name']}: cu_seqlens disagree with "
-                                  "index.json; run packtool verify")
-            yield lens
+    def lengths():  # the segment tables, checked against index.json when the shard opened
+        for k in range(len(shards)):
+            yield np.asarray(ds.shard(k).seg_length, np.int64)
 
     def doc_indices():
         base = 0
         for k, s in enumerate(shards):
-            so = np.asarray(ds.shard(k).arrays["seg_offsets"], dtype=np.int64)
-            yield (so[:-1] if k < len(shards) - 1 else so) + base
+            ps = np.asarray(ds.shard(k).pack_seg, dtype=np.int64)
+            yield (ps[:-1] if k < len(shards) - 1 else ps) + base
             base += int(s["n_segments"])
 
     written = 0
     with atomic_files([bin_path, idx_path], overwrite) as (tmp_bin, tmp_idx):
-        with open(tmp_bin, "wb") as f:
-            for k in range(len(shards)):
-                toks = ds.shard(k).arrays["tokens"]
-                if itemsize == 4:
-                    for lo in range(0, len(toks), TOKEN_CHUNK):
-                        top = int(np.asarray(toks[lo:lo + TOKEN_CHUNK]).max())
-                        if top > INT32_MAX:
-                            raise PacktoolError(f"{ds.directory}: token id {top:,} does not "
-                                                "fit Megatron's int32 tokens")
-                _append_bytes(f, toks, tick)
+        with create(tmp_bin) as f:
+            for k, s in enumerate(shards):
+                stored = ds.shard(k).arrays.get("tokens")
+                if stored is not None and ds.index.get("mask_storage") != "folded" \
+                        and itemsize == 2:  # the shard's tokens as they are: sendfile
+                    _append_bytes(f, stored, tick)
+                    continue
+                for lo in range(0, int(s["n_packs"]), PACKS_PER_READ):
+                    hi = min(int(s["n_packs"]), lo + PACKS_PER_READ)
+                    toks = ds.read_range(k, lo, hi)["ids"]
+                    if itemsize == 4 and toks.size and int(toks.max()) > INT32_MAX:
+                        raise PacktoolError(f"{ds.directory}: token id {int(toks.max()):,} "
+                                            "does not fit Megatron's int32 tokens")
+                    _append_bytes(f, toks.astype(ds.token_dtype), tick)
             written += f.tell()
         written += write_index(tmp_idx, DTYPE_CODES[dt], itemsize, n_seqs, lengths,
                                doc_indices())

@@ -29,39 +29,27 @@ import numpy as np
 
 from .._atomic import atomic_dir, atomic_files
 from ..errors import PacktoolError
-from .packed import IGNORE_INDEX, MASK
+from .packed import IGNORE_INDEX
 
 ROWS_PER_GROUP = 1024
 
 
-def _columns(arrays: dict, lo: int, hi: int) -> dict:
-    """Packs lo..hi-1 of a shard as flat numpy columns plus list offsets."""
-    po = np.asarray(arrays["pack_offsets"][lo:hi + 1], dtype=np.int64)
-    so = np.asarray(arrays["seg_offsets"][lo:hi + 1], dtype=np.int64)
-    t0, t1 = int(po[0]), int(po[-1])
-    tokens = np.asarray(arrays["tokens"][t0:t1]).astype(np.int32)
-    labels = tokens.copy()
-    if arrays.get(MASK) is not None:
-        labels[np.asarray(arrays[MASK][t0:t1]) == 0] = IGNORE_INDEX
-    cu = np.asarray(arrays["cu_seqlens"][so[0] + lo: so[-1] + hi + 1], dtype=np.int64)
-    is_end = cu != 0                    # drop each pack's leading 0
-    seq_ends = cu[is_end]
-    pack_of_seg = np.repeat(np.arange(hi - lo), np.diff(so))
-    seg_starts = np.concatenate([[0], seq_ends[:-1]])
-    seg_starts[np.concatenate([[True], np.diff(pack_of_seg) != 0])] = 0
-    labels[po[pack_of_seg] - t0 + seg_starts] = IGNORE_INDEX
+def _columns(ds, k: int, lo: int, hi: int) -> dict:
+    """Packs lo..hi-1 of shard k as flat numpy columns plus list offsets."""
+    r = ds.read_range(k, lo, hi)
     return {
-        "tokens": tokens, "labels": labels, "tok_off": (po - t0).astype(np.int32),
-        "seg_off": (so - so[0]).astype(np.int32), "seg_starts": seg_starts.astype(np.int32),
-        "seq_lengths": (seq_ends - seg_starts).astype(np.int32),
-        "position_ids": np.asarray(arrays["position_ids"][t0:t1]).astype(np.int32),
+        "tokens": r["ids"].astype(np.int32), "labels": r["labels"].astype(np.int32),
+        "tok_off": r["pack_tok"].astype(np.int32), "seg_off": r["pack_seg"].astype(np.int32),
+        "seg_starts": r["seg_start"].astype(np.int32),
+        "seq_lengths": r["seg_length"].astype(np.int32),
+        "position_ids": r["positions"].astype(np.int32),
     }
 
 
-def hf_table(arrays: dict, lo: int, hi: int):
+def hf_table(ds, k: int, lo: int, hi: int):
     import pyarrow as pa
 
-    c = _columns(arrays, lo, hi)
+    c = _columns(ds, k, lo, hi)
     tok_off, seg_off = pa.array(c["tok_off"]), pa.array(c["seg_off"])
     return pa.table({
         "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["tokens"])),
@@ -71,10 +59,10 @@ def hf_table(arrays: dict, lo: int, hi: int):
     })
 
 
-def bridge_table(arrays: dict, lo: int, hi: int):
+def bridge_table(ds, k: int, lo: int, hi: int):
     import pyarrow as pa
 
-    c = _columns(arrays, lo, hi)
+    c = _columns(ds, k, lo, hi)
     tok_off, seg_off = pa.array(c["tok_off"]), pa.array(c["seg_off"])
     loss_mask = (c["labels"] != IGNORE_INDEX).astype(np.uint8)
     return pa.table({
@@ -88,19 +76,20 @@ def _export(ds, out: Path, overwrite: bool, tick, make_table, fmt: str, suffix: 
             compression: str, use_dictionary: bool) -> dict:
     import pyarrow.parquet as pq
 
-    from ..export import MARKER, write_marker
+    from ._marker import export_owned, write_marker
 
     shards = ds.index["shards"]
     if not len(ds):
         raise PacktoolError(f"{ds.directory} holds no packs; nothing to export")
-    schema = make_table(ds.shard(0).arrays, 0, 0).schema
+    schema = make_table(ds, 0, 0, 0).schema
 
     def write_shard(k: int, writer) -> None:
-        arrays, n = ds.shard(k).arrays, int(shards[k]["n_packs"])
+        n = int(shards[k]["n_packs"])
         for lo in range(0, n, ROWS_PER_GROUP):
             hi = min(n, lo + ROWS_PER_GROUP)
-            writer.write_table(make_table(arrays, lo, hi))
-            tick(int(arrays["pack_offsets"][hi]) - int(arrays["pack_offsets"][lo]))
+            writer.write_table(make_table(ds, k, lo, hi))
+            po = ds.shard(k).po
+            tick(int(po[hi]) - int(po[lo]))
 
     out = Path(out)
     if out.suffix == ".parquet":
@@ -113,7 +102,7 @@ def _export(ds, out: Path, overwrite: bool, tick, make_table, fmt: str, suffix: 
         files = [out]
     else:
         names = [f"{sh['name']}{suffix}" for sh in shards]
-        with atomic_dir(out, overwrite, owned_marker=MARKER) as tmp:
+        with atomic_dir(out, overwrite, owned=export_owned) as tmp:
             size = 0
             for k, name in enumerate(names):
                 with pq.ParquetWriter(tmp / name, schema, compression=compression,

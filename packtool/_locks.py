@@ -1,0 +1,149 @@
+"""File locks, one mechanism for every lock packtool takes (an output's, a part's, a shard's).
+
+A lock is an empty regular file ``.NAME.lock`` held with ``flock``: released by the kernel
+when its process dies, so a killed run never blocks the next one. packtool never writes into
+a lock file, never truncates one and never follows a symbolic link to one (``O_NOFOLLOW``):
+a planted link or a hard link to a user's file is refused by name, never written through.
+Who holds a lock is read from ``/proc/locks`` (Linux), not from the file.
+
+- **exclusive** (a whole run: ``tokenize``, ``pack``, ``--finalize``): a second run fails at
+  once, naming the holder;
+- **shared** (array tasks, ``--tasks N --task K``): tasks of one run hold it together; a whole
+  run and a task never run at once;
+- **wait** (a part or a shard): a second writer waits, then finds the work done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import sys
+from pathlib import Path
+
+from .errors import PacktoolError
+
+_held: dict[Path, list] = {}  # lock path -> [fd, depth]: re-entrant within a process
+
+
+def lock_path(output: Path) -> Path:
+    return output.with_name(f".{output.name}.lock")
+
+
+def holders(fd: int) -> list[int]:
+    """Pids holding a flock on the file behind ``fd`` (Linux /proc/locks; [] elsewhere)."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    pids = []
+    for line in lines:
+        f = line.split()
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5] == key and f[4].isdigit():
+            pids.append(int(f[4]))
+    return sorted(set(pids) - {os.getpid()})
+
+
+def _open(lock: Path) -> int:
+    """Open (or create) a lock file: never through a symbolic link, only a regular file of
+    one link, never truncated."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PacktoolError(f"{lock} is a symbolic link; packtool's lock files are its own "
+                                "regular files: remove the link") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise PacktoolError(f"{lock} is not packtool's lock file (not a regular file of one "
+                            "link); remove it if no packtool run is using it")
+    return fd
+
+
+def _same_file(fd: int, lock: Path) -> bool:
+    """The holder before us may have removed the file between our open and our flock."""
+    try:
+        return os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def acquire(lock: Path, mode: str, what: str) -> int:
+    """Take ``lock`` ("exclusive", "shared": fail at once if taken the other way; "wait":
+    exclusive, waiting for the holder). Returns the file descriptor."""
+    op = fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX
+    while True:
+        fd = _open(lock)
+        try:
+            fcntl.flock(fd, op | (0 if mode == "wait" else fcntl.LOCK_NB))
+        except BlockingIOError:
+            if mode == "wait":  # pragma: no cover - LOCK_NB is not set
+                raise
+            pids = holders(fd)
+            os.close(fd)
+            who = f"pid {', '.join(map(str, pids))}" if pids else "another process"
+            raise PacktoolError(
+                f"{what} is being written by another packtool run ({who}; lock {lock}); wait "
+                "for it to finish or choose another --out") from None
+        if _same_file(fd, lock):
+            return fd
+        os.close(fd)
+
+
+def release(lock: Path, fd: int, remove: bool = True) -> None:
+    """Release; an exclusive holder removes the file (a shared one leaves it to the last)."""
+    if remove:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def hold(lock: Path, mode: str, what: str):
+    """Hold ``lock`` for the block (re-entrant in a process: an inner hold is free)."""
+    if lock in _held:
+        _held[lock][1] += 1
+        try:
+            yield
+        finally:
+            _held[lock][1] -= 1
+        return
+    fd = acquire(lock, mode, what)
+    _held[lock] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _held[lock]
+        release(lock, fd, remove=mode != "shared" or not _shared_by_others(fd))
+
+
+def _shared_by_others(fd: int) -> bool:
+    return bool(holders(fd))
+
+
+@contextlib.contextmanager
+def waiting(lock: Path, label: str):
+    """An exclusive lock on one part or shard, waiting for another writer (who, when it
+    finishes, has made the work a skip for us)."""
+    fd = _open(lock)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"packtool: {label} is being written by another process; waiting for it",
+              file=sys.stderr)
+        os.close(fd)
+        fd = acquire(lock, "wait", label)
+    else:
+        if not _same_file(fd, lock):
+            os.close(fd)
+            fd = acquire(lock, "wait", label)
+    try:
+        yield
+    finally:
+        release(lock, fd)

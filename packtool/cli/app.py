@@ -1,0 +1,102 @@
+"""The ``packtool`` command group and its plumbing: every :class:`PacktoolError` becomes
+``Error: <message>`` and exit code 1; an OS error names the output, never a temporary;
+Ctrl-C and SIGTERM exit 130/143 after the library has removed its temporary files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .. import __version__
+from ..errors import PacktoolError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="packtool")
+def cli():
+    """Turn raw text corpora into packed, padding-free LLM training data.
+
+    \b
+    Example:
+        packtool tokenize data/ --tokenizer model/ --eos '<|eos|>' --out out/corpus
+        packtool pack out/corpus --seq-len 4096 --algo bfd --out out/packed
+        packtool verify out/packed --source out/corpus
+        packtool stats out/corpus --algos all
+    """
+
+
+def run(fn, *args, **kwargs):
+    """Call the library; its errors become clean messages and exit codes."""
+    import errno
+
+    from .._atomic import final_name
+
+    try:
+        return fn(*args, **kwargs)
+    except PacktoolError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:  # disk full, permissions, read-only file systems...
+        where = f" {final_name(e.filename)}" if e.filename else ""  # the output, not a temp
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            import shutil
+
+            free = shutil.disk_usage(Path(e.filename).parent).free if e.filename else None
+            raise click.ClickException(
+                f"no space left on device writing{where or ' the output'}"
+                + (f" ({free:,} bytes free there)" if free is not None else "")
+                + "; free space or choose another --out") from None
+        raise click.ClickException(f"cannot read or write{where}: {e.strerror or e}") from None
+    except MemoryError:
+        raise click.ClickException("out of memory; a smaller input, --group-docs (pack) or a "
+                                   "smaller --seq-len/--work-limit needs less") from None
+
+
+def emit(result, as_json: bool, quiet: bool, out=None) -> None:
+    """Every command's result: JSON on stdout with --json, else its summary (on ``out``:
+    stdout for verify/stats, whose summary is the answer; stderr for the others)."""
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=1))
+    elif not quiet:
+        click.echo(result.summary(), err=out != "stdout")
+
+
+def main() -> None:
+    """Run the CLI, then leave with ``os._exit`` once the library has removed its temporaries:
+    a worker thread still inside a tokenizer call or a runaway template cannot hold the exit
+    (the interpreter would join it), and a signal during interpreter shutdown cannot turn a
+    finished run into a death by signal."""
+    import os
+    import signal
+
+    from .. import _signals
+
+    _signals.install()  # before any heavy import: a signal during one is never lost
+    code = 0
+    try:
+        cli.main(prog_name="packtool", standalone_mode=False)
+        _signals.hold()
+        _signals.check()
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _signals.hold()
+        term = bool(_signals.received) and _signals.received[-1] == signal.SIGTERM
+        what = "Terminated" if term else "Interrupted"
+        if _signals.after_commit():  # past the point of no return: say so, do not claim less
+            click.echo(f"{what} after the output was complete: it is in place.", err=True)
+        else:
+            click.echo(f"{what}: no output was written.", err=True)
+        code = 143 if term else 130
+    except click.ClickException as e:
+        _signals.hold()
+        e.show()
+        code = e.exit_code
+    except click.exceptions.Exit as e:
+        _signals.hold()
+        code = e.exit_code
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

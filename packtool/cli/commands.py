@@ -1,0 +1,226 @@
+"""The commands: each parses its options into the library's option dataclasses, calls one
+library function and prints its summary (or ``--json``)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..executors import RunOptions
+from ..export import FORMATS as EXPORT_FORMATS  # a plain tuple; imports nothing heavy
+from ..options import PackOptions, TokenizeOptions
+from .app import cli, emit, run
+from .options import build, fields, json_option, overwrite_option, quiet_option
+
+RUN_FIELDS = ("executor", "ray_address", "tasks", "task", "finalize")
+TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
+                   "skip_bad_records", "max_record_bytes", "prompt_field", "completion_field",
+                   "messages_field", "chat_template", "train_on", "max_render_chars",
+                   "render_timeout", "workers", "batch_size", "engine", "engine_check",
+                   "part_bytes", "overwrite")
+PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shard_size",
+               "valid_docs", "valid_fraction", "group_docs", "balance", "max_depth",
+               "work_limit", "time_limit")
+PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--tokenizer", "-t", required=True,
+              help="A tokenizer.json, a SentencePiece .model, or a model folder holding one.")
+@click.option("--out", "-o", required=True,
+              help="Output prefix: writes PREFIX.json and its parts' .bin, .boundaries "
+                   "(folders are made).")
+@fields(TokenizeOptions, *TOKENIZE_FIELDS)
+@fields(RunOptions, *RUN_FIELDS, "ray_cpus")
+@click.option("--plan", "show_plan", is_flag=True,
+              help="Print the plan (parts, their inputs, bytes) and exit without running it.")
+@quiet_option
+@json_option
+def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
+    """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow and .txt INPUTS.
+
+    INPUTS are files, directories (every supported file inside, sorted) or globs. Every
+    record becomes one document, in input order, with its full token sequence. With
+    --prompt-field/--completion-field or --messages-field it also writes a loss mask (1 =
+    trained on) for supervised fine-tuning.
+
+    The inputs are planned into parts (small files grouped up to --part-bytes; --plan prints
+    them), each written and verified on its own: a re-run skips finished parts (resume), and
+    --executor ray or --tasks N --task K + --finalize spread them over machines
+    (docs/SCALE.md).
+
+    \b
+    Example:
+        packtool tokenize corpus/*.jsonl.zst --tokenizer gpt2/tokenizer.json \\
+            --eos '<|endoftext|>' --out out/corpus
+        packtool tokenize chats.jsonl --messages-field messages --tokenizer model/ --out out/sft
+        packtool tokenize shards/ -t tok.json -o out/c --tasks 4 --task $SLURM_ARRAY_TASK_ID
+        packtool tokenize shards/ -t tok.json -o out/c --finalize
+    """
+    from ..tokenize import plan_tokenize, tokenize_files
+
+    opts = build(TokenizeOptions, kw)
+    runopts = build(RunOptions, kw)
+    if show_plan:
+        plan = run(plan_tokenize, list(inputs), tokenizer, out, opts)
+        click.echo(json.dumps(plan.to_json(), indent=1) if as_json else plan.summary())
+        return
+    result = run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet,
+                 run=runopts)
+    emit(result, as_json, quiet)
+    if quiet or as_json:  # the summary, when printed, carries them
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
+
+
+@cli.command()
+@click.argument("prefixes", nargs=-1, required=True)
+@click.option("--out", "-o", required=True, help="Output directory (must not exist or be empty).")
+@fields(PackOptions, *PACK_FIELDS)
+@fields(RunOptions, *RUN_FIELDS)
+@overwrite_option
+@quiet_option
+@json_option
+def pack(prefixes, out, overwrite, quiet, as_json, **kw):
+    """Pack tokenized PREFIXES (packed together as one corpus) into packs of --seq-len tokens.
+
+    A prefix may carry a repeat factor, PREFIX:FACTOR: 2.0 uses every document twice, 0.5 a
+    seeded half; copies of a document never share a pack. Writes index.json and shards of
+    each pack's segments (source document, offset, length); with --layout tokens the packs'
+    tokens too. See docs/FORMAT.md. The sources' checksums are verified before the dataset
+    is committed.
+
+    \b
+    Example:
+        packtool pack out/corpus --seq-len 4096 --algo bfd --out out/packed
+        packtool pack out/web:2.0 out/books:0.5 out/code -L 4096 --valid-docs 1000 -o out/mix
+        packtool pack out/corpus -L 4096 -o out/packed --tasks 8 --task $SLURM_ARRAY_TASK_ID
+        packtool pack out/corpus -L 4096 -o out/packed --finalize
+    """
+    from ..pack import pack as run_pack
+
+    opts = build(PackOptions, kw)
+    runopts = build(RunOptions, kw)
+    emit(run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
+             run=runopts), as_json, quiet)
+
+
+@cli.command()
+@click.argument("path")
+@click.option("--source", "-s", "sources", multiple=True,
+              help="Token-file prefix the dataset was packed from (repeat, in order): also check "
+                   "that every source token appears exactly as the overflow policy says.")
+@json_option
+def verify(path, sources, as_json):
+    """Check a packed directory (checksums, shapes, every invariant, optionally the sources)
+    or a token-corpus PREFIX (manifest, sizes, boundaries, checksums).
+
+    Exit 0 with one OK line, or 1 naming the first violation.
+
+    \b
+    Example:
+        packtool verify out/packed --source out/corpus
+        packtool verify out/corpus
+    """
+    from ..verify import verify as run_verify
+
+    emit(run(run_verify, path, list(sources)), as_json, False, out="stdout")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1)
+@click.option("--lengths", "lengths_file", type=click.Path(dir_okay=False),
+              help="Report on lengths alone: a .npy of document lengths or a length,count CSV.")
+@fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, "seed",
+        seq_len={"required": False, "multiple": True, "help": "Sequence length to evaluate "
+                 "(repeat; default 512 1024 2048 4096 8192)."})
+@click.option("--batch-size", "-b", type=click.IntRange(1), default=8, show_default=True,
+              help="Batch size for the dynamic-padding figures.")
+@click.option("--algos", default=None, help="'all' or a comma list of packers to compare.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a PNG: length histogram and padding waste per seq_len.")
+@json_option
+def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, **kw):
+    """Padding waste, what packing saves and how each packer does.
+
+    PATHS are token-file prefixes (one corpus), or one packed directory; or pass
+    --lengths FILE instead. Documents longer than a seq_len are counted as --overflow
+    makes them, the same as pack, so predicted packs are the packs pack writes.
+
+    \b
+    Example:
+        packtool stats out/corpus --seq-len 2048 --algos all
+        packtool stats --lengths lengths.csv -L 512 --algos bfd,spfhp --json
+        packtool stats out/packed
+    """
+    from .. import stats as st
+
+    result = run(st.stats, list(paths), lengths_file, seq_len, batch_size, algos, **kw)
+    if plot_path:
+        if result.lengths is None:
+            raise click.ClickException("--plot draws a corpus report; pass token files or "
+                                       "--lengths")
+        run(st.plot_corpus, result.report, result.lengths, plot_path)
+    emit(result, as_json, False, out="stdout")
+
+
+@cli.command()
+@click.argument("src")
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default="parquet",
+              show_default=True,
+              help="Target format; docs/EXPORT.md says which trainer reads which.")
+@click.option("--out", "-o", required=True,
+              help="megatron: a prefix (writes OUT.bin, OUT.idx); parquet*: a .parquet file or "
+                   "a directory; llmc, mds: a directory.")
+@click.option("--shard-tokens", type=click.IntRange(1), default=None,
+              help="llmc: tokens per shard (default 100,000,000, as llm.c's fineweb.py).")
+@click.option("--eos-id", type=click.IntRange(0), default=None,
+              help="llmc: end-of-text id written before each document, for corpora "
+                   "tokenized without --eos (GPT-2: 50256).")
+@click.option("--copy", "copy_bin", is_flag=True,
+              help="megatron from a corpus: copy the .bin instead of hard-linking it.")
+@overwrite_option
+@quiet_option
+@json_option
+def export(src, fmt, out, shard_tokens, eos_id, copy_bin, overwrite, quiet, as_json):
+    """Export SRC, a token-file prefix or a packed directory, in a trainer's native format.
+
+    \b
+    megatron        Megatron-LM/NeMo .bin/.idx    corpus or packed
+    llmc            llm.c/nanoGPT uint16 shards   corpus
+    mds             MosaicML Streaming            packed
+    parquet         Hugging Face datasets         packed
+    parquet-packed  Megatron-Bridge packed SFT    packed
+
+    \b
+    Example:
+        packtool export out/corpus --format megatron --out out/mega/corpus
+        packtool export out/corpus --format llmc --out out/llmc --shard-tokens 100000000
+        packtool export out/packed --format mds --out out/mds
+        packtool export out/packed --format parquet-packed --out out/packed.idx.parquet
+    """
+    from ..export import export as run_export
+
+    result = run(run_export, src, fmt, out, overwrite=overwrite, progress=not quiet,
+                 shard_tokens=shard_tokens, eos_id=eos_id, link=not copy_bin)
+    emit(result, as_json, quiet)
+
+
+@cli.command()
+@click.option("--fixtures", type=click.Path(file_okay=False), default=None,
+              help="Folder with tokenizer/ and corpus/ (default: the repository's fixtures/).")
+@click.option("--out", "-o", default="demo-out", show_default=True, help="Where to write.")
+@fields(PackOptions, "seq_len", "algo",
+        seq_len={"required": False, "help": "Tokens per pack (default 512)."})
+def demo(fixtures, out, seq_len, algo):
+    """Run the whole job on the bundled corpus: tokenize, pack, verify, report.
+
+    \b
+    Example:
+        packtool demo --out demo-out
+    """
+    from ..demo import run_demo
+
+    run(run_demo, fixtures, out, seq_len or 512, algo, echo=click.echo)

@@ -1,0 +1,96 @@
+"""Click options built from the option dataclasses (:mod:`packtool.options`,
+:class:`packtool.executors.RunOptions`): a field's default, check and help are defined once,
+where the field is; a command lists the fields it takes, and gets the dataclass back.
+
+    @fields(TokenizeOptions, "text_field", "eos", ...)      # adds --text-field, --eos, ...
+    def tokenize(**kw):
+        opts = build(TokenizeOptions, kw)                   # the fields, taken out of kw
+
+Nothing here imports more than click (``packtool --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+
+def _algo_names() -> list[str]:
+    from ..packers import PACKERS  # names only: the kernels load when a packer runs
+
+    return list(PACKERS)
+
+
+def _click_type(spec):
+    if spec in ("str", "flag", "negated_flag"):
+        return None
+    if spec == "path":
+        return click.Path(dir_okay=False)
+    if spec == "algo":
+        return click.Choice(_algo_names())
+    kind, *args = spec
+    if kind == "choice":
+        return click.Choice(list(args[0]))
+    if kind == "int":
+        return click.IntRange(args[0], args[1])
+    if kind == "float":  # (lo, lo_open[, hi, hi_open])
+        lo, lo_open = args[0], args[1]
+        hi, hi_open = (args[2], args[3]) if len(args) > 2 else (None, False)
+        return click.FloatRange(lo, hi, min_open=lo_open, max_open=hi_open)
+    raise ValueError(f"unknown option type {spec!r}")
+
+
+def _option(f: dataclasses.Field, **override):
+    cli = {**f.metadata["cli"], **override}
+    flags = cli["flags"] or (f"--{f.name.replace('_', '-')}",)
+    kind = cli["type"]
+    kw = {"help": cli["help"]}
+    if kind == "flag":
+        kw["is_flag"] = True
+    elif kind == "negated_flag":
+        return click.option(*flags, f"no_{f.name}", is_flag=True, help=cli["help"])
+    else:
+        kw["type"] = _click_type(kind)
+        if cli.get("required"):
+            kw["required"] = True
+        elif f.default is not None:
+            kw["default"] = f.default
+            kw["show_default"] = cli.get("show_default", False)
+    if cli.get("multiple"):
+        kw["multiple"] = True
+        kw.pop("default", None)
+    return click.option(*flags, f.name, **kw)
+
+
+def fields(cls, *names: str, **overrides):
+    """A decorator adding the click options of ``cls``'s fields ``names`` (in that order).
+    ``overrides``: field name -> metadata to change for this command (e.g. help)."""
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+
+    def decorate(fn):
+        for name in reversed(names):
+            fn = _option(by_name[name], **overrides.get(name, {}))(fn)
+        return fn
+
+    return decorate
+
+
+def build(cls, kw: dict, **fixed):
+    """``cls`` from the command's keyword arguments: each field the command took (a negated
+    flag ``--no-x`` sets ``x`` False) is removed from ``kw``; ``fixed`` adds others."""
+    values = dict(fixed)
+    for f in dataclasses.fields(cls):
+        if f.name in kw:
+            values[f.name] = kw.pop(f.name)
+        elif f"no_{f.name}" in kw:
+            values[f.name] = not kw.pop(f"no_{f.name}")
+    return cls(**values)
+
+
+# options every command spells the same way
+overwrite_option = click.option("--overwrite", is_flag=True,
+                                help="Replace an existing output (only a packtool output).")
+quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print the result as JSON on stdout.")

@@ -1,0 +1,248 @@
+"""Where a stage's jobs run: in this process, as Ray tasks, or as one array task of N.
+
+An executor knows nothing of tokens or packs. A stage hands it a list of independent,
+idempotent jobs (each finished job leaves a verified completion record, so a re-run skips
+it) and a function that runs one; the stage writes its manifest afterwards, from what the
+jobs left on disk. datatrove's executors are the model::
+
+    stage                          executor                         stage
+    plan -> jobs [j0, j1, ...] ->  local:  run(j) for each, here  -> finalize: check every
+                                   ray:    one task per job,         job's record, write the
+                                           retried on worker death   manifest (the commit)
+                                   tasks:  --tasks N --task K runs
+                                           jobs K, K+N, K+2N ...
+
+``run(job, tick)`` must be a module-level function (Ray pickles it); ``tick(n)`` reports
+progress inside a local job (on Ray a job's weight is counted when it finishes). It returns
+``(result, skipped)``: ``skipped`` when the job found its output already finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._progress import progress_bar
+from .errors import PacktoolError
+from .options import opt
+
+EXECUTORS = ("local", "ray")
+RAY_CONNECT_TIMEOUT = 10.0  # seconds to reach a Ray address before naming it unreachable
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where a plan runs: in this process (``local``), as Ray tasks, or as task ``task`` of
+    ``tasks`` batch-scheduler array tasks (then ``finalize`` once). The data files are the
+    same bytes whichever way."""
+
+    executor: str = opt("local", "local: the jobs in turn with every core; ray: one Ray task "
+                        "per job (pip install 'packtool[ray]').", type=("choice", EXECUTORS),
+                        show_default=True)
+    ray_address: str | None = opt(None, "Ray cluster to join (auto, ray://HOST:10001, "
+                                  "HOST:6379); default: start a local instance.")
+    ray_cpus: int = opt(1, "--executor ray: CPUs (tokenizer threads) per task.",
+                        type=("int", 1, None), show_default=True)
+    max_retries: int = 3               # Ray's retries of a task whose worker died
+    tasks: int | None = opt(None, "Array jobs: the number of tasks sharing the plan (with "
+                            "--task).", type=("int", 1, None))
+    task: int | None = opt(None, "Array jobs: run only this task's share (0-based; Slurm: "
+                           "$SLURM_ARRAY_TASK_ID).", type=("int", 0, None))
+    finalize: bool = opt(False, "Array jobs: after every task, check every job's output and "
+                         "write the manifest (names the missing or corrupt ones otherwise).",
+                         type="flag")
+
+    @property
+    def one_task(self) -> bool:
+        """One array task of several: it shares the output with the others."""
+        return (self.task is not None and self.tasks is not None and self.tasks > 1
+                and not self.finalize)
+
+    def check(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise PacktoolError(f"--executor {self.executor!r}: choose one of "
+                                f"{', '.join(EXECUTORS)}")
+        if (self.tasks is None) != (self.task is None) and not (
+                self.finalize and self.task is None):
+            raise PacktoolError("--tasks N and --task K go together (K from 0 to N-1)")
+        if self.tasks is not None and self.executor != "local":
+            raise PacktoolError("--tasks/--task run one share of the plan in this process; "
+                                "leave out --executor ray")
+        if self.finalize and self.task is not None:
+            raise PacktoolError("--finalize runs once, after every task: leave out --task")
+        if self.ray_cpus < 1:
+            raise PacktoolError(f"--ray-cpus {self.ray_cpus}: must be at least 1")
+        if self.task is not None:
+            deal(0, self.tasks, self.task)  # the range check
+
+    def mine(self, n_jobs: int) -> list[int]:
+        """The jobs this invocation runs: all of them, task K's share, or none (finalize)."""
+        if self.finalize:
+            return []
+        if self.task is not None:
+            return deal(n_jobs, self.tasks, self.task)
+        return list(range(n_jobs))
+
+    def describe(self) -> str:
+        if self.finalize:
+            return "finalize"
+        if self.one_task:
+            return f"task {self.task} of {self.tasks}"
+        return self.executor
+
+
+def deal(n_items: int, tasks: int, task: int) -> list[int]:
+    """Task ``task``'s share of ``n_items`` (0-based, round robin: items task, task + tasks,
+    ...): sorted inputs of similar sizes spread evenly, and N need not divide the count."""
+    if tasks < 1 or not 0 <= task < tasks:
+        raise PacktoolError(f"--task {task}: must be from 0 to --tasks - 1 = {tasks - 1} "
+                            "(Slurm: --task $SLURM_ARRAY_TASK_ID with --array=0-N-1)")
+    return list(range(task, n_items, tasks))
+
+
+@dataclass(frozen=True)
+class Jobs:
+    """What a stage hands an executor: the jobs, the function that runs one, and how the
+    progress bar counts them (``weight(job)`` in ``unit``)."""
+
+    items: Sequence
+    run: Callable
+    weight: Callable
+    label: Callable          # job -> "part 3 (c.part-00003)", for errors
+    desc: str
+    unit: str = "tok"
+
+
+def run_jobs(jobs: Jobs, run: RunOptions, progress: bool = False) -> tuple[dict, int]:
+    """Run the jobs ``run`` owns; returns ({job index: result}, number skipped as finished)."""
+    mine = run.mine(len(jobs.items))
+    if not mine:
+        return {}, 0
+    total = sum(jobs.weight(jobs.items[k]) for k in mine)
+    desc = jobs.desc + (" (ray)" if run.executor == "ray" else "")
+    bar = progress_bar(total, desc, jobs.unit, progress)
+    try:
+        if run.executor == "ray":
+            return _run_ray(jobs, mine, run, bar)
+        return _run_local(jobs, mine, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _run_local(jobs: Jobs, mine: list[int], bar) -> tuple[dict, int]:
+    results, skipped = {}, 0
+    tick = bar.update if bar is not None else _no_tick
+    for k in mine:
+        before = bar.n if bar is not None else 0
+        results[k], was_done = jobs.run(jobs.items[k], tick)
+        skipped += bool(was_done)
+        if bar is not None:  # a skipped job ticks nothing: count its weight now
+            bar.update(max(0, before + jobs.weight(jobs.items[k]) - bar.n))
+    return results, skipped
+
+
+def _no_tick(n: int) -> None:
+    """The progress callback of a job run without a bar (or on a Ray worker)."""
+
+
+def _ray_job(run, item):
+    return run(item, _no_tick)
+
+
+def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, int]:
+    """One Ray task per job (``run.ray_cpus`` CPUs each), retried on worker death; the first
+    failure cancels the rest."""
+    results, skipped = {}, 0
+    with ray_session(run.ray_address) as ray:
+        remote = ray.remote(num_cpus=run.ray_cpus, max_retries=run.max_retries)(_ray_job)
+        fn = ray.put(jobs.run)
+        refs = {remote.remote(fn, jobs.items[k]): k for k in mine}
+        try:
+            while refs:
+                done, _ = ray.wait(list(refs), num_returns=1)
+                for ref in done:
+                    k = refs.pop(ref)
+                    try:
+                        results[k], was_done = ray.get(ref)
+                    except Exception as e:
+                        raise _ray_error(e, jobs.label(jobs.items[k])) from None
+                    skipped += bool(was_done)
+                    if bar is not None:
+                        bar.update(jobs.weight(jobs.items[k]))
+        except BaseException:
+            for ref in refs:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+            raise
+    return results, skipped
+
+
+def _ray_error(e: Exception, what: str) -> Exception:
+    """A PacktoolError raised inside a task comes back as itself (same message); anything
+    else names the job and the Ray error."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, PacktoolError):
+        return cause
+    return PacktoolError(f"{what} failed on Ray: {type(e).__name__}: {e}")
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise PacktoolError("--executor ray needs Ray: pip install 'packtool[ray]'") from None
+    return ray
+
+
+def _reachable(address: str, timeout: float) -> None:
+    """Fail within ``timeout`` seconds, naming ``address``, when nothing listens there (Ray
+    itself retries an unreachable address for minutes)."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise PacktoolError(f"--ray-address {address}: expected HOST:PORT, ray://HOST:PORT or "
+                            "auto")
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise PacktoolError(
+            f"--ray-address {address}: nothing answers there ({e.strerror or e}, after "
+            f"{time.monotonic() - t0:.1f}s); start the cluster (ray start --head) or leave out "
+            "--ray-address for a local instance") from None
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT):
+    """Join the cluster at ``address`` (``auto``, ``ray://host:10001``, ``host:6379``), or
+    start a local instance; one started here is stopped on exit. An instance already
+    initialized in this process (a test fixture, a notebook) is used as it is."""
+    ray = import_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    if address is not None:
+        _reachable(address, timeout)
+    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+        p for p in [str(Path(__file__).resolve().parent.parent),
+                    os.environ.get("PYTHONPATH", "")] if p)}} if address is None else None
+    try:
+        ray.init(address=address, include_dashboard=False, runtime_env=env,
+                 log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise PacktoolError(f"--ray-address {address}: cannot connect to Ray ({e}); start "
+                            "the cluster (ray start --head) or leave out --ray-address for a "
+                            "local instance") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -1,0 +1,49 @@
+"""The packed format (``packtool.packed``, version 2; version 1 read): what ``pack`` writes
+and ``open_packed`` reads. Schema (``schema.py``), the layout's arithmetic (``layout.py``),
+writer (``writer.py``), the one reader (``reader.py``) and the validator (``validate.py``);
+the files are written up in docs/FORMAT.md."""
+
+from .._manifest import digest as _digest
+from .layout import attention_costs, derive, labels_from, pack_offsets, token_ends, v1_segments
+from .reader import (
+    PackedReader,
+    Shard,
+    ValidationError,
+    check_crc,
+    load_array,
+    open_packed,
+    open_sources_of,
+    read_index,
+    source_location,
+)
+from .schema import (
+    DIGEST_KEY,
+    FORMAT,
+    IGNORE_INDEX,
+    INDEX,
+    INDEX_KEYS,
+    LAYOUTS,
+    SCHEMA,
+    V1_SCHEMA,
+    VALID,
+    VERSION,
+    mask_storage,
+    shard_arrays,
+    v2_dtypes,
+)
+from .validate import validate_packed
+from .writer import ShardWriter, index, shard_name
+
+__all__ = [
+    "DIGEST_KEY", "FORMAT", "IGNORE_INDEX", "INDEX", "INDEX_KEYS", "LAYOUTS", "SCHEMA",
+    "V1_SCHEMA", "VALID", "VERSION", "PackedReader", "Shard", "ShardWriter",
+    "ValidationError", "attention_costs", "check_crc", "derive", "index", "index_digest",
+    "labels_from", "load_array", "mask_storage", "open_packed", "open_sources_of", "pack_offsets",
+    "read_index", "shard_arrays", "shard_name", "source_location", "token_ends",
+    "v1_segments", "v2_dtypes", "validate_packed",
+]
+
+
+def index_digest(index: dict) -> str:
+    """The ``index_sha256`` an index.json must carry (sha256 of the rest of it)."""
+    return _digest(index, DIGEST_KEY)

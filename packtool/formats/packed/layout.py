@@ -1,0 +1,162 @@
+"""The packed layout's arithmetic, in one place: from a pack's segment lengths everything
+per token follows, so the reader, the exports, the sampler and stats derive it here instead of
+storing it. One pack of seq_len 16 holding three segments (documents or pieces of one)::
+
+    seg_length    5              3          8
+    input_ids     a0 a1 a2 a3 a4 | b0 b1 b2 | c0 c1 c2 c3 c4 c5 c6 c7
+    position_ids   0  1  2  3  4 |  0  1  2 |  0  1  2  3  4  5  6  7
+    doc_ids        0  0  0  0  0 |  1  1  1 |  2  2  2  2  2  2  2  2
+    labels       -100 a1 a2 a3 a4|-100 b1 b2|-100 c1 c2 c3 c4 c5 c6 c7
+    cu_seqlens    [0, 5, 8, 16]           max_seqlen 8
+
+Attention must stay inside a segment (block-diagonal causal mask): flash-attention's varlen
+kernels take ``cu_seqlens``; Hugging Face models derive it from ``position_ids`` restarting at
+0. ``labels`` hide each segment's first token, so no token is trained to predict across a
+boundary (the ``DataCollatorWithFlattening`` convention); with SFT/chat sources they are also
+-100 wherever the loss mask is 0.
+
+Measured (scripts/bench_pack.py --reader): the derivation of one 8,192-token pack of ~16
+segments costs a few microseconds in one numba pass, far below the token read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._numba import njit
+from .schema import IGNORE_INDEX
+
+
+def token_ends(seg_length: np.ndarray) -> np.ndarray:
+    """[0, end of segment 0, end of segment 1, ...] in tokens (int64, n_segments + 1)."""
+    out = np.zeros(seg_length.size + 1, np.int64)
+    np.cumsum(seg_length, out=out[1:])
+    return out
+
+
+def pack_offsets(seg_length: np.ndarray, pack_seg: np.ndarray) -> np.ndarray:
+    """Token offset of each pack, then the token count (int64, n_packs + 1)."""
+    return token_ends(seg_length)[np.asarray(pack_seg, np.int64)]
+
+
+def pack_lengths(seg_length: np.ndarray, pack_seg: np.ndarray) -> np.ndarray:
+    return np.diff(pack_offsets(seg_length, pack_seg))
+
+
+def attention_costs(seg_length: np.ndarray, pack_seg: np.ndarray) -> np.ndarray:
+    """Per pack, the sum of its squared segment lengths (float64): what causal attention
+    costs, up to a constant (one reduceat; no per-pack Python)."""
+    ps = np.asarray(pack_seg, np.int64)
+    n = ps.size - 1
+    if n <= 0:
+        return np.zeros(0)
+    sq = np.asarray(seg_length, np.float64) ** 2
+    if not sq.size:
+        return np.zeros(n)
+    costs = np.add.reduceat(sq, np.minimum(ps[:-1], sq.size - 1))
+    costs[ps[1:] == ps[:-1]] = 0.0
+    return costs
+
+
+def v1_segments(cu: np.ndarray, seg_offsets: np.ndarray) -> np.ndarray:
+    """Segment lengths of a version-1 shard from its packs' cu_seqlens stored back to back
+    (pack j's are cu[so[j]+j : so[j+1]+j+1])."""
+    cu = np.asarray(cu, np.int64)
+    so = np.asarray(seg_offsets, np.int64)
+    n = so.size - 1
+    if n <= 0:
+        return np.zeros(0, np.int64)
+    keep = np.ones(cu.size, bool)
+    keep[so[:-1] + np.arange(n)] = False  # each pack's leading 0
+    d = np.diff(cu)
+    # d[i] = cu[i+1] - cu[i]; a segment's length sits at the index of its end, minus one
+    return d[keep[1:]].astype(np.int64)
+
+
+@njit
+def _derive(seg_length, ids, mask, mask_shift, input_ids, labels, positions, doc_ids, cu):
+    """One pass over a pack: input_ids/labels (int64), positions (int64), doc_ids and
+    cu_seqlens (int32). ``mask``: per-token 0/1 (empty: none); ``mask_shift`` > 0: the mask
+    is the top bit of ``ids`` (folded), which is cleared from the ids."""
+    t = 0
+    cu[0] = 0
+    has_mask = mask.shape[0] > 0
+    for s in range(seg_length.shape[0]):
+        n = seg_length[s]
+        for j in range(n):
+            v = np.int64(ids[t])
+            trained = True
+            if mask_shift > 0:
+                trained = ((v >> mask_shift) & 1) == 1
+                v &= (np.int64(1) << mask_shift) - 1
+            elif has_mask:
+                trained = mask[t] != 0
+            input_ids[t] = v
+            labels[t] = v if (trained and j > 0) else -100
+            positions[t] = j
+            doc_ids[t] = s
+            t += 1
+        cu[s + 1] = t
+
+
+def derive(seg_length: np.ndarray, ids: np.ndarray, mask: np.ndarray | None = None,
+           mask_shift: int = 0) -> dict:
+    """A pack as the trainer takes it, from its segment lengths and its tokens (and loss
+    mask: per token, or folded into the ids' bit ``mask_shift``)."""
+    n = int(ids.shape[0])
+    k = int(seg_length.shape[0])
+    out = {"input_ids": np.empty(n, np.int64), "labels": np.empty(n, np.int64),
+           "position_ids": np.empty(n, np.int64), "doc_ids": np.empty(n, np.int32),
+           "cu_seqlens": np.empty(k + 1, np.int32)}
+    _derive(np.asarray(seg_length), ids, np.empty(0, np.uint8) if mask is None else mask,
+            mask_shift, out["input_ids"], out["labels"], out["position_ids"], out["doc_ids"],
+            out["cu_seqlens"])
+    out["max_seqlen"] = int(seg_length.max()) if k else 0
+    return out
+
+
+def labels_from(input_ids: np.ndarray, cu: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """The label rule alone (for formats that store tokens and cu_seqlens): -100 at each
+    segment's first token and where the loss mask is 0."""
+    labels = np.array(input_ids, dtype=np.int64)
+    if mask is not None:
+        labels[np.asarray(mask) == 0] = IGNORE_INDEX
+    labels[np.asarray(cu[:-1], np.int64)] = IGNORE_INDEX
+    return labels
+
+
+def segment_starts(seg_length: np.ndarray, pack_seg: np.ndarray) -> np.ndarray:
+    """Each segment's start within its pack (int64), for segments of consecutive packs."""
+    ends = token_ends(seg_length)
+    ps = np.asarray(pack_seg, np.int64)
+    pack_of = np.repeat(np.arange(ps.size - 1), np.diff(ps))
+    return ends[:-1] - ends[ps[:-1]][pack_of]
+
+
+def positions(seg_length: np.ndarray) -> np.ndarray:
+    """Position of every token in its segment (int64), for consecutive segments."""
+    ends = token_ends(seg_length)
+    return np.arange(ends[-1], dtype=np.int64) - np.repeat(ends[:-1], seg_length)
+
+
+def range_labels(ids: np.ndarray, seg_length: np.ndarray, mask: np.ndarray | None
+                 ) -> np.ndarray:
+    """The label rule over consecutive segments: -100 at each segment's first token and
+    where the mask is 0."""
+    labels = np.asarray(ids, np.int64).copy()
+    if mask is not None:
+        labels[np.asarray(mask) == 0] = IGNORE_INDEX
+    labels[token_ends(seg_length)[:-1]] = IGNORE_INDEX
+    return labels
+
+
+def unpack_mask(bits: np.ndarray, t0: int, t1: int) -> np.ndarray:
+    """Tokens t0..t1-1 of a 1-bit-a-token mask (np.packbits, bitorder little)."""
+    b0 = t0 // 8
+    raw = np.unpackbits(np.asarray(bits[b0:-(-t1 // 8)]), bitorder="little")
+    return raw[t0 - 8 * b0:t1 - 8 * b0]
+
+
+def fold_shift(token_dtype: np.dtype) -> int:
+    """The bit of a token word that carries a folded loss mask."""
+    return np.dtype(token_dtype).itemsize * 8 - 1

@@ -1,0 +1,208 @@
+"""The packed format's schema: the arrays of a shard (per version and layout), the keys of
+``index.json`` and of a shard entry, every one documented (a test checks docs/FORMAT.md
+against them) and checked on read in one place, and the rule that picks each array's dtype.
+
+Version 2 stores a pack as what it is, a list of segments (source document, offset, length):
+
+    layout "index"   the plan only: 8-12 bytes a segment (~2% of the token bytes at 500-token
+                     documents); tokens are read from the source corpus at load time
+    layout "tokens"  the plan plus the packs' tokens back to back (1.00-1.01x the token
+                     bytes; a loss mask is folded into the token word's free top bit where the
+                     id space leaves one, else packed 1 bit a token)
+
+and derives ``position_ids``, ``doc_ids``, ``cu_seqlens`` and ``labels`` at load. Version 1
+(tokens, positions and segment ids stored per token: ~3x) stays readable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._manifest import (
+    Key,
+    anything,
+    boolean,
+    count,
+    hexstr,
+    integer,
+    list_of,
+    nullable,
+    number,
+    obj,
+    one_of,
+    string,
+)
+
+FORMAT = "packtool.packed"
+VERSION = 2
+READABLE = (1, 2)
+INDEX = "index.json"
+DIGEST_KEY = "index_sha256"
+LAYOUTS = ("index", "tokens")
+MASK_STORAGE = ("source", "folded", "bits")  # index layout / tokens layout, per id space
+IGNORE_INDEX = -100
+VALID = "valid"
+FIX = "re-run packtool pack"
+
+
+@dataclass(frozen=True)
+class Array:
+    """One array of a shard: ``shard-KKKKK.<name>.npy``, 1-D, little-endian."""
+
+    name: str
+    per: str      # "pack+1", "segment", "token", "bit" (ceil(tokens / 8)): sets its length
+    dtype: str    # a numpy dtype string, or a role resolved by index.json's "dtypes"
+    doc: str
+    layout: str | None = None    # only in this layout
+    mask: str | None = None      # only with this mask storage
+
+
+SCHEMA = (
+    Array("pack_seg", "pack+1", "segment_index",
+          "first segment of each pack, then the segment count: pack j is segments "
+          "ps[j]:ps[j+1]"),
+    Array("seg_doc", "segment", "document", "source document (global over the sources, in the "
+          "order they were given)"),
+    Array("seg_offset", "segment", "offset", "token offset of the segment in its document"),
+    Array("seg_length", "segment", "length", "tokens in the segment (1 to seq_len)"),
+    Array("tokens", "token", "token", "the packs' tokens back to back (with the loss mask in "
+          "the top bit when mask_storage is \"folded\")", layout="tokens"),
+    Array("loss_mask", "bit", "|u1", "1 bit a token, np.packbits(mask, bitorder=\"little\"): "
+          "1 = trained on", layout="tokens", mask="bits"),
+)
+
+V1_SCHEMA = (  # version 1, read only: see docs/FORMAT.md
+    Array("tokens", "token", "token", "token ids"),
+    Array("position_ids", "token", "position", "position in its segment"),
+    Array("doc_ids", "token", "position", "segment index within its pack"),
+    Array("pack_offsets", "pack+1", "<i8", "pack j is tokens[po[j]:po[j+1]]"),
+    Array("seg_offsets", "pack+1", "<i8", "pack j's segments are so[j]:so[j+1]"),
+    Array("cu_seqlens", "segment+pack", "<i4", "each pack's cu_seqlens back to back"),
+    Array("source_docs", "segment", "<i8", "source document"),
+    Array("source_offsets", "segment", "<i8", "token offset in that document"),
+    Array("loss_mask", "token", "|u1", "1 = trained on", mask="v1"),
+)
+
+
+def shard_arrays(index: dict) -> tuple[Array, ...]:
+    """The arrays a shard of this dataset holds."""
+    if index["version"] == 1:
+        return tuple(a for a in V1_SCHEMA if a.mask is None or index.get("loss_mask"))
+    return tuple(a for a in SCHEMA if (a.layout is None or a.layout == index["layout"])
+                 and (a.mask is None or a.mask == index.get("mask_storage")))
+
+
+def array_length(array: Array, n_tokens: int, n_packs: int, n_segments: int) -> int:
+    return {"token": n_tokens, "pack+1": n_packs + 1, "segment": n_segments,
+            "segment+pack": n_segments + n_packs, "bit": -(-n_tokens // 8)}[array.per]
+
+
+def narrowest(top: int) -> np.dtype:
+    """The smallest unsigned little-endian integer type that holds 0..top."""
+    for dt in ("<u1", "<u2", "<u4"):
+        if top <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    return np.dtype("<u8")
+
+
+def v2_dtypes(*, token_dtype: np.dtype, seq_len: int, n_docs: int, max_doc_len: int,
+              max_shard_tokens: int) -> dict[str, np.dtype]:
+    """Each role's dtype from bounds known before any pack is made (so every task of a
+    distributed run picks the same): segments per shard <= its tokens."""
+    return {"segment_index": narrowest(max(max_shard_tokens, 1)),
+            "document": narrowest(max(n_docs - 1, 1)), "offset": narrowest(max(max_doc_len, 1)),
+            "length": narrowest(seq_len), "token": np.dtype(token_dtype).newbyteorder("<")}
+
+
+def mask_storage(token_dtype: np.dtype, vocab_size: int) -> str:
+    """Fold the mask into the token word when its top bit is never an id, else 1 bit."""
+    bits = np.dtype(token_dtype).itemsize * 8
+    return "folded" if vocab_size <= 1 << (bits - 1) else "bits"
+
+
+def array_dtype(array: Array, index: dict) -> np.dtype:
+    if array.dtype.startswith(("<", "|")):
+        return np.dtype(array.dtype)
+    if index["version"] == 1:
+        seq = int(index["seq_len"])
+        return (np.dtype(index["token_dtype"]).newbyteorder("<") if array.dtype == "token"
+                else np.dtype("<u2") if seq <= 65_536 else np.dtype("<u4"))
+    return np.dtype(index["dtypes"][array.dtype])
+
+
+# ------------------------------------------------------------------------- index.json
+_FILE = obj({"name": string(True), "crc32": hexstr(8), "bytes": count()})
+SHARD_KEYS = {
+    "name": Key(string(True), "the shard's name (shard-KKKKK)"),
+    "n_packs": Key(count(), "packs"), "n_segments": Key(count(), "segments"),
+    "n_tokens": Key(count(), "tokens"),
+    "files": Key(obj({}), "per array: {name, crc32, bytes}"),
+}
+_SOURCE = obj({"prefix": string(), "path": string(True), "manifest_sha256": hexstr(64),
+               "n_docs": count(), "n_tokens": count(), "factor": number(0), "docs_used": count(),
+               "tokens_used": count(), "token_share": number(0, 1)})
+_HELD_OUT = obj({"path": one_of(VALID), "valid_docs": nullable(count(1)),
+                 "valid_fraction": nullable(number(0, 1)), "n_docs_held_out": count(),
+                 "n_packs": count(), "n_tokens": count()})
+_COUNT_KEYS = ("n_packs", "n_docs", "n_empty", "n_overlong", "n_split", "n_split_pieces",
+               "n_truncated", "n_truncated_tokens", "n_dropped", "n_dropped_tokens",
+               "n_segments", "n_tokens")
+INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test checks it)
+    "format": Key(one_of(FORMAT), '"packtool.packed"'),
+    "version": Key(one_of(*READABLE), "2 (1 still read)"),
+    "layout": Key(one_of(*LAYOUTS), '"index" (the plan only) or "tokens" (self-contained)'),
+    "seq_len": Key(count(1, 2**31), "tokens per pack at most"),
+    "algo": Key(string(True), "the packer"),
+    "algo_options": Key(anything(), "the packer's options in effect"),
+    "balance": Key(nullable(string()), "the packing objective's balance (attention), or null",
+                   optional=True),
+    "seed": Key(count(), "shuffle/packer seed"), "shuffle": Key(boolean(), "packs shuffled"),
+    "overflow": Key(one_of("split", "truncate", "drop"), "split, truncate or drop"),
+    "token_dtype": Key(one_of("uint16", "uint32"), "uint16 or uint32"),
+    "vocab_size": Key(count(1), "the sources' id space"),
+    "loss_mask": Key(boolean(), "labels follow the sources' loss masks"),
+    "mask_storage": Key(nullable(one_of(*MASK_STORAGE)), "where the loss mask is: "
+                        '"source" (index layout), "folded" or "bits" (tokens layout), or null'),
+    "dtypes": Key(obj({}), "numpy dtype string per array role"),
+    "group_docs": Key(nullable(count(1)), "documents per independently packed group "
+                      "(--group-docs), or null"),
+    **{k: Key(count(), doc) for k, doc in zip(_COUNT_KEYS, (
+        "packs", "source documents", "zero-length documents", "documents longer than seq_len",
+        "documents split", "pieces they became", "documents truncated",
+        "tokens cut by truncation", "documents dropped", "tokens dropped",
+        "segments in all packs", "tokens in all packs"), strict=True)},
+    "efficiency": Key(number(0, 1), "n_tokens / (n_packs * seq_len)"),
+    "lower_bound_packs": Key(count(), "L1: ceil(n_tokens / L)"),
+    "gap_percent": Key(number(), "packs above L1, %"),
+    "l2_bound_packs": Key(count(), "Martello-Toth L2"),
+    "lp_bound_packs": Key(nullable(count()), "LP bound when optimal ran, else null"),
+    "lp_converged": Key(nullable(boolean()), "whether that LP converged, or null"),
+    "best_bound_packs": Key(count(), "max of the valid bounds"),
+    "gap_to_best_bound_percent": Key(number(), "packs above the best bound, %"),
+    "packing_factor": Key(number(0), "segments per pack"),
+    "attention_imbalance": Key(nullable(number(0)), "max/mean pack attention cost over "
+                               "consecutive packs, one per rank (see docs/TRAINING.md)",
+                               optional=True),
+    "solver": Key(obj({}), "the packer's report (PackerReport.to_json())"),
+    "sources": Key(list_of(_SOURCE), "per source prefix: where it is, its manifest sha256, "
+                   "counts and the mixture"),
+    "split": Key(one_of("train", "valid"), '"train", or "valid" for the held-out packs in '
+                 "DIR/valid"),
+    "held_out": Key(nullable(_HELD_OUT), "the held-out split (path, how chosen, counts), or "
+                    "null"),
+    "shards": Key(list_of(obj(SHARD_KEYS)), "per shard: name, counts, files"),
+    "created_by": Key(string(), '"packtool X.Y.Z"'),
+    DIGEST_KEY: Key(hexstr(64), "sha256 of the index without this key"),
+}
+V2_SPEC = obj(INDEX_KEYS)
+V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["token_dtype"],
+               "loss_mask": INDEX_KEYS["loss_mask"], "n_packs": count(), "n_tokens": count(),
+               "n_segments": count(), "n_docs": count(),
+               "sources": list_of(obj({"prefix": string(), "manifest_sha256": hexstr(64)})),
+               "held_out": nullable(_HELD_OUT), "shards": list_of(obj(SHARD_KEYS)),
+               "overflow": INDEX_KEYS["overflow"], "seed": integer(),
+               DIGEST_KEY: INDEX_KEYS[DIGEST_KEY].spec})
+SPECS = {1: V1_SPEC, 2: V2_SPEC}
+SHARD_FILE = _FILE

@@ -1,0 +1,77 @@
+"""The packed format's validator: what the reader checks when it opens each shard, for every
+shard at once, plus what only a full pass can see (every pack's invariants, the index's
+totals, token ids inside the id space). What a dataset must hold given its sources is
+``packtool verify --source``'s business (:mod:`packtool.verify`), computed independently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .layout import fold_shift
+from .reader import PackedReader, ValidationError
+from .schema import INDEX
+
+_V1_MESSAGES = {
+    1: "offsets do not start at 0",
+    2: "a pack is empty",
+    3: "a pack is longer than seq_len",
+    4: "a pack has no segments",
+    5: "cu_seqlens does not start at 0",
+    6: "cu_seqlens does not end at the pack's length",
+    7: "cu_seqlens does not strictly increase within the pack (empty or overlong segment)",
+    8: "doc_ids do not number the pack's segments 0, 1, ...",
+    9: "position_ids do not restart at 0 in the segment",
+    10: "offsets point past the end of the shard's arrays",
+}
+
+
+def _check_v1(sh, seq_len: int) -> None:
+    """Version 1 stores positions and segment ids per token: each must be what the segment
+    lengths say."""
+    from .._kernels import _check_shard
+
+    a = sh.arrays
+    code, p, t = _check_shard(a["pack_offsets"], a["seg_offsets"], a["cu_seqlens"],
+                              a["position_ids"], a["doc_ids"], seq_len)
+    if code:
+        raise ValidationError(f"{sh.name} pack {p} (token {t}): {_V1_MESSAGES[code]}")
+
+
+def _check_tokens(sh, ds: PackedReader) -> None:
+    """Token ids below the id space (a folded mask bit aside)."""
+    vocab = int(ds.index.get("vocab_size") or 0)
+    if not vocab or "tokens" not in sh.arrays or not sh.arrays["tokens"].size:
+        return
+    top = int(np.asarray(sh.arrays["tokens"]).max())
+    if ds.index.get("mask_storage") == "folded":
+        top = int((np.asarray(sh.arrays["tokens"]) & ((1 << fold_shift(ds.token_dtype)) - 1))
+                  .max())
+    if top >= vocab:
+        raise ValidationError(f"{sh.name}: token id {top:,} >= vocab_size {vocab:,}")
+
+
+def validate_packed(directory: str | Path, checksums: bool = True):
+    """Check a packed directory against the schema: index digest and keys, file names,
+    sizes, dtypes, crc32, every invariant of every pack. Returns the opened reader (its
+    shards checked) or raises :class:`ValidationError` naming shard, pack and token."""
+    ds = PackedReader(directory, checksums)
+    index = ds.index
+    n_docs = sum(s["n_docs"] for s in index["sources"]) if index["version"] >= 2 else None
+    totals = {"n_packs": 0, "n_tokens": 0, "n_segments": 0}
+    for k, entry in enumerate(index["shards"]):
+        sh = ds.shard(k)
+        if index["version"] == 1:
+            _check_v1(sh, ds.seq_len)
+        if n_docs is not None and sh.seg_doc.size and int(np.max(sh.seg_doc)) >= n_docs:
+            raise ValidationError(f"{sh.name}: a segment's source document "
+                                  f"{int(np.max(sh.seg_doc)):,} is beyond the sources' "
+                                  f"{n_docs:,} documents")
+        _check_tokens(sh, ds)
+        for key in totals:
+            totals[key] += entry[key]
+    for key, n in totals.items():
+        if index[key] != n:
+            raise ValidationError(f"{INDEX}: {key} is {index[key]:,} but the shards hold {n:,}")
+    return ds

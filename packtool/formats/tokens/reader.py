@@ -1,0 +1,465 @@
+"""The token format's reader and validator: ``open_tokens`` checks everything cheap at open
+(the manifest against its schema and digest, part names and positions, every file's size, every
+part's boundaries) and each data file's sha256 on its first read; ``validate_tokens`` hashes
+everything at once (what ``packtool verify PREFIX`` runs).
+
+Parts are opened lazily and at most ``OPEN_PARTS`` keep their memory maps (each map holds a
+file descriptor): a corpus of 2,000 parts reads under ``ulimit -n 256``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..._io import check_once, sha256_file
+from ...errors import FormatError
+from .._manifest import check, check_digest, confined_file, confined_name, load_json, read_manifest
+from .schema import (
+    DATA_KEYS,
+    DIGEST_KEY,
+    FIX,
+    FORMAT,
+    PART_MANIFEST,
+    READABLE,
+    SPECS,
+    part_manifest_path,
+    part_name,
+    plan_digest,
+    prefix_paths,
+    split_prefix,
+)
+
+OPEN_PARTS = 32  # parts whose memory maps stay open at once (3 descriptors each at most)
+_open: OrderedDict = OrderedDict()  # id(part) -> part, least recently used first
+_open_lock = threading.Lock()
+
+
+def _memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+@dataclass(eq=False)
+class TokenPart:
+    """One part of a corpus, boundaries LOCAL to its ``.bin``.
+
+    With ``checksums`` (the default of :func:`open_tokens`), the first use of ``tokens`` or
+    ``mask`` re-hashes that file against the manifest once per file per process (sha256,
+    ~1.4 GB/s here; the same file opened again, or already checked by ``pack``, costs
+    nothing): a flipped byte is an error, never silently different tokens. Lengths come from
+    the boundaries alone, so ``stats`` never pays for it."""
+
+    prefix: Path          # the part's files are prefix.bin, prefix.boundaries, prefix.mask
+    entry: dict           # the manifest's part entry (counts, inputs, checksums)
+    dtype: np.dtype
+    with_mask: bool
+    checksums: bool = True
+    _maps: dict | None = field(default=None, repr=False)
+    _lengths: np.ndarray | None = field(default=None, repr=False)
+
+    def _map(self, key: str) -> np.ndarray:
+        with _open_lock:
+            if self._maps is None:
+                n_docs, n_tokens = self.entry["n_docs"], self.entry["n_tokens"]
+                paths = prefix_paths(self.prefix)
+                self._maps = {"bin": _memmap(paths["bin"], self.dtype, n_tokens),
+                              "boundaries": _memmap(paths["boundaries"], np.dtype("<i8"),
+                                                    n_docs)}
+                if self.with_mask:
+                    self._maps["mask"] = _memmap(paths["mask"], np.dtype("u1"), n_tokens)
+            _open[id(self)] = self
+            _open.move_to_end(id(self))
+            while len(_open) > OPEN_PARTS:  # views handed out keep their own map alive
+                _, old = _open.popitem(last=False)
+                old._maps = None
+            return self._maps[key]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self.checksums:
+            _check_file(prefix_paths(self.prefix)["bin"], self.entry["checksums"]["bin"])
+        return self._map("bin")
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        if not self.with_mask:
+            return None
+        if self.checksums:
+            _check_file(prefix_paths(self.prefix)["mask"], self.entry["checksums"]["mask"])
+        return self._map("mask")
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self._map("boundaries")
+
+    @property
+    def name(self) -> str:
+        return self.prefix.name
+
+    @property
+    def lengths(self) -> np.ndarray:
+        if self._lengths is None:
+            self._lengths = np.diff(np.asarray(self.ends), prepend=np.int64(0)).astype(np.int64)
+        return self._lengths
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.asarray(self.ends) - self.lengths
+
+    def __len__(self) -> int:
+        return int(self.entry["n_docs"])
+
+    def files(self) -> list[Path]:
+        paths = prefix_paths(self.prefix)
+        return [paths[k] for k in DATA_KEYS if k in self.entry["checksums"]]
+
+    def verify_checksums(self) -> None:
+        """Re-hash the part's data files and compare with its entry (a full read)."""
+        verify_part_files(self.prefix, self.entry)
+
+
+def verify_part_files(prefix: Path, entry: dict) -> None:
+    """Every data file of a part has the size and sha256 its entry records, else a
+    :class:`FormatError` naming the file."""
+    paths = prefix_paths(prefix)
+    for key, want in entry["checksums"].items():
+        _check_file(paths[key], want)
+
+
+def _check_file(path: Path, want: dict) -> None:
+    """Size and sha256 of ``path`` against a manifest entry, once per file per process."""
+    if not path.exists():
+        raise FormatError(f"{path} is missing (the manifest expects it)")
+
+    def check_now():
+        size = path.stat().st_size
+        if "bytes" in want and size != want["bytes"]:
+            raise FormatError(f"{path} has {size:,} bytes but the manifest says "
+                              f"{want['bytes']:,}; the file is truncated or belongs to another "
+                              f"corpus. {FIX[0].upper()}{FIX[1:]}")
+        got = sha256_file(path)
+        if got != want["sha256"]:
+            raise FormatError(
+                f"{path}: sha256 {got[:12]}... does not match the manifest's "
+                f"{want['sha256'][:12]}...; the file is corrupt, {FIX}")
+
+    check_once(path, want["sha256"], check_now)
+
+
+def _multi(corpus: TokenCorpus, what: str):
+    raise FormatError(
+        f"{corpus.prefix} has {len(corpus.parts)} parts, so there is no single {what} array: "
+        f"read corpus.parts[k].{what} (each part's own file), or corpus[i] / "
+        "corpus.doc_mask(i) by global document")
+
+
+@dataclass
+class TokenCorpus:
+    """A tokenized corpus on disk: ``len(c)`` documents over all parts, ``c[i]`` a memmap view
+    of one (global index), ``c.parts`` the per-part views.
+
+    >>> c = open_tokens("out/corpus")          # doctest: +SKIP
+    >>> c[3]                                   # tokens of record 3, np.uint16 view
+    >>> c.lengths                              # int64 tokens per document (global)
+    >>> c.parts[0].tokens                      # the first part's .bin, memory-mapped
+
+    ``c.ends``/``c.starts``/``c.lengths`` are global (in memory for a multi-part corpus, 8
+    bytes a document, like ``lengths``); ``c.tokens``/``c.mask`` exist only for a one-part
+    corpus (a multi-part one has no single file) and otherwise raise naming ``c.parts``.
+    """
+
+    prefix: Path
+    meta: dict
+    parts: list[TokenPart]
+    _ends: np.ndarray | None = field(default=None, repr=False)
+    _lengths: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self.doc_base = np.cumsum([0] + [len(q) for q in self.parts]).astype(np.int64)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.meta["dtype"]).newbyteorder("<")
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.meta["n_tokens"])
+
+    @property
+    def has_mask(self) -> bool:
+        return bool(self.meta.get("mask"))
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if len(self.parts) != 1:
+            _multi(self, "tokens")
+        return self.parts[0].tokens
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        """uint8 per token, 1 = trained on (SFT/chat corpora only), else None."""
+        if not self.has_mask:
+            return None
+        if len(self.parts) != 1:
+            _multi(self, "mask")
+        return self.parts[0].mask
+
+    @property
+    def ends(self) -> np.ndarray:
+        if len(self.parts) == 1:
+            return self.parts[0].ends
+        if self._ends is None:
+            self._ends = np.cumsum(self.lengths)
+        return self._ends
+
+    @property
+    def lengths(self) -> np.ndarray:
+        if self._lengths is None:
+            self._lengths = (np.concatenate([q.lengths for q in self.parts]) if self.parts
+                             else np.empty(0, np.int64))
+        return self._lengths
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.asarray(self.ends) - self.lengths
+
+    def __len__(self) -> int:
+        return int(self.doc_base[-1])
+
+    def locate(self, i: int) -> tuple[TokenPart, int]:
+        """(part, local document index) of global document ``i``."""
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"document {i} out of range for a corpus of {n:,} documents")
+        i %= n
+        k = int(np.searchsorted(self.doc_base, i, side="right")) - 1
+        return self.parts[k], i - int(self.doc_base[k])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        part, j = self.locate(i)
+        ends = part.ends
+        start = int(ends[j - 1]) if j else 0
+        return part.tokens[start:int(ends[j])]
+
+    def doc_mask(self, i: int) -> np.ndarray:
+        """Loss mask of document i (all ones for a corpus without one)."""
+        part, j = self.locate(i)
+        ends = part.ends
+        start = int(ends[j - 1]) if j else 0
+        if part.mask is None:
+            return np.ones(int(ends[j]) - start, np.uint8)
+        return part.mask[start:int(ends[j])]
+
+    def gather(self, doc: np.ndarray, offset: np.ndarray, length: np.ndarray, dst: np.ndarray,
+               dst_start: np.ndarray, dst_mask: np.ndarray | None = None) -> None:
+        """Copy segments (document, offset, length) into ``dst`` at ``dst_start`` (and their
+        loss masks into ``dst_mask``; 1 for a corpus without one). Segments are checked
+        against their documents here, so no kernel reads outside a source file."""
+        gather([self], doc, offset, length, dst, dst_start, dst_mask)
+
+    def data_files(self) -> list[Path]:
+        """Every data file of every part (what a copy of the corpus must carry)."""
+        return [f for q in self.parts for f in q.files()]
+
+    def verify_checksums(self) -> None:
+        """Re-hash every part's data files and compare with the manifest (a full read)."""
+        for q in self.parts:
+            q.verify_checksums()
+
+
+def gather(corpora: list[TokenCorpus], doc: np.ndarray, offset: np.ndarray,
+           length: np.ndarray, dst: np.ndarray, dst_start: np.ndarray,
+           dst_mask: np.ndarray | None = None) -> None:
+    """:meth:`TokenCorpus.gather` over several corpora whose documents are numbered one after
+    another (the sources of a pack, in order)."""
+    from .._kernels import _fill, _gather
+
+    parts = [q for c in corpora for q in c.parts]
+    base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
+    if doc.size and (int(doc.min()) < 0 or int(doc.max()) >= base[-1]):
+        raise FormatError(f"segment source document out of range (0..{base[-1] - 1})")
+    which = np.searchsorted(base, doc, side="right") - 1
+    for c in np.unique(which).tolist():
+        part = parts[c]
+        m = which == c
+        local = doc[m] - base[c]
+        src = part.starts[local] + offset[m]
+        if (offset[m] < 0).any() or (offset[m] + length[m] > part.lengths[local]).any():
+            raise FormatError(f"{part.prefix}: a segment reaches past the end of its document")
+        _gather(part.tokens, src, length[m], dst, dst_start[m])
+        if dst_mask is not None and part.mask is not None:
+            _gather(part.mask, src, length[m], dst_mask, dst_start[m])
+        elif dst_mask is not None:  # a corpus without a mask is trained on everywhere
+            _fill(dst_mask, dst_start[m], length[m], 1)
+
+
+# ------------------------------------------------------------------------------ opening
+def _part_entries(meta: dict, path: Path) -> list[dict]:
+    """The manifest's part entries (version 1: one part named after the prefix), checked
+    against the schema of its version, its digest, and bound together: totals are the
+    parts' sums, names follow positions, the plan's digest is its parts' digests'."""
+    version = meta["version"]
+    check(meta, SPECS[version], path, FIX)
+    if version == 1:
+        return [{"name": path.name[:-len(".json")], "n_docs": meta["n_docs"],
+                 "n_tokens": meta["n_tokens"], "checksums": meta["checksums"]}]
+    parts = meta["parts"]
+    for key in ("n_docs", "n_tokens"):
+        if meta[key] != sum(q[key] for q in parts):
+            raise FormatError(f"{path}: {key} {meta[key]:,} is not the sum of its parts' "
+                              f"({sum(q[key] for q in parts):,}); {FIX}")
+    names = [q["name"] for q in parts]
+    if len(set(names)) != len(names):
+        raise FormatError(f"{path}: a part is listed twice; {FIX}")
+    for q in parts:
+        confined_name(q["name"], path)
+    if version >= 3:
+        _check_bound(meta, parts, path)
+    return parts
+
+
+def _check_bound(meta: dict, parts: list[dict], path: Path) -> None:
+    check_digest(meta, DIGEST_KEY, path, FIX)
+    plan = meta["plan"]
+    if plan["n_parts"] != len(parts):
+        raise FormatError(f"{path}: the plan has {plan['n_parts']:,} parts, the manifest lists "
+                          f"{len(parts):,}; {FIX}")
+    for k, q in enumerate(parts):
+        want = part_name(plan["prefix"], k, len(parts))
+        if q["index"] != k or q["name"] != want:
+            raise FormatError(f"{path}: part {k} is {q['name']!r} (index {q['index']}), "
+                              f"expected {want!r}: parts reordered or replaced; {FIX}")
+    if plan["digest"] != plan_digest([q["digest"] for q in parts]):
+        raise FormatError(f"{path}: the plan digest does not match its parts' digests: a part "
+                          f"comes from another run; {FIX}")
+
+
+def _check_part_manifest(folder: Path, name: str, entry: dict, meta: dict) -> None:
+    """The part's own manifest, when present (it is hidden, so a copy may leave it behind),
+    must be the run's record of this very entry."""
+    path = part_manifest_path(folder, name)
+    if not path.is_file() or path.is_symlink():
+        return
+    m = load_json(path)
+    check(m, PART_MANIFEST, path, FIX)
+    same = (m["index"] == entry["index"] and m["digest"] == entry["digest"]
+            and m["plan_digest"] == meta["plan"]["digest"]
+            and m["part"]["checksums"] == entry["checksums"])
+    if not same:
+        raise FormatError(f"{path} disagrees with its entry in the corpus manifest (position, "
+                          f"digest or checksums): the manifest was edited; {FIX}")
+
+
+def check_boundaries(ends: np.ndarray, n_tokens: int, path: Path, chunk: int = 1 << 24) -> None:
+    """Document ends must start >= 0, never decrease and end at the token count (a part of
+    no document holds no token): every offset a kernel later indexes with is proven in range
+    here (O(documents), ~0.1 s/10M)."""
+    prev = 0
+    for a in range(0, len(ends), chunk):
+        e = np.asarray(ends[a:a + chunk])
+        d = np.diff(e, prepend=np.int64(prev))
+        if (d < 0).any():
+            i = a + int(np.flatnonzero(d < 0)[0])
+            raise FormatError(f"{path}: document {i:,} ends at {int(ends[i]):,}, before the "
+                              f"previous document's end; the file is corrupt, {FIX}")
+        prev = int(e[-1])
+    if prev != n_tokens:
+        raise FormatError(f"{path}: the documents end at token {prev:,}, but the part holds "
+                          f"{n_tokens:,} tokens; the file is corrupt, {FIX}")
+
+
+def open_part(prefix: Path, entry: dict, dtype: np.dtype, with_mask: bool,
+              checksums: bool = True, manifest: Path | None = None) -> TokenPart:
+    """One part's files, checked: each a regular file or a link inside the folder, sizes
+    against the entry, boundaries in range (read once, then unmapped)."""
+    paths = prefix_paths(prefix)
+    n_docs, n_tokens = entry["n_docs"], entry["n_tokens"]
+    sizes = [("bin", n_tokens * dtype.itemsize), ("boundaries", n_docs * 8)]
+    if with_mask:
+        sizes.append(("mask", n_tokens))
+    for key, want in sizes:
+        confined_file(paths[key], manifest or paths["json"])
+        try:
+            got = paths[key].stat().st_size
+        except FileNotFoundError:
+            raise FormatError(f"{paths[key]} is missing (the manifest expects it)") from None
+        if got != want:
+            raise FormatError(
+                f"{paths[key]} has {got:,} bytes but the manifest says {want:,}; the file is "
+                f"truncated or belongs to another corpus. {FIX[0].upper()}{FIX[1:]}")
+    if with_mask and "mask" not in entry["checksums"]:
+        raise FormatError(f"{manifest}: the corpus has a mask but part {prefix.name!r} lists "
+                          f"no mask checksum; {FIX}")
+    if checksums:  # 8 bytes a document, read anyway: a shifted boundary is never silent
+        _check_file(paths["boundaries"], entry["checksums"]["boundaries"])
+    check_boundaries(_memmap(paths["boundaries"], np.dtype("<i8"), n_docs), n_tokens,
+                     paths["boundaries"])
+    return TokenPart(prefix=prefix, entry=entry, dtype=dtype, with_mask=with_mask,
+                     checksums=checksums)
+
+
+def _renamed(name: str, meta: dict, prefix: Path) -> str:
+    """A part's file stem for a corpus whose files were renamed together (``a.*`` ->
+    ``b.*``, as version 1 allowed): names written under the prefix the plan records follow
+    the manifest's current name."""
+    was = (meta.get("plan") or {}).get("prefix")
+    if isinstance(was, str) and was and was != prefix.name and (
+            name == was or name.startswith(was + ".part-")):
+        return prefix.name + name[len(was):]
+    return name
+
+
+def open_tokens(prefix: str | Path, checksums: bool = True) -> TokenCorpus:
+    """Open the corpus ``PREFIX.json`` describes (written by ``packtool tokenize``).
+
+    Always checked at open (cheap): the manifest against its schema and (version 3) its
+    digest, part names and positions, every file's size, and every part's boundaries
+    (non-decreasing, from >= 0 to the part's token count), so no later read can leave a
+    file. With ``checksums`` a part's ``.bin``/``.mask`` is re-hashed on its first read, once
+    per process (see :class:`TokenPart`); :meth:`TokenCorpus.verify_checksums` hashes all.
+    """
+    prefix = split_prefix(prefix)
+    path = prefix_paths(prefix)["json"]
+    meta = read_manifest(path, FORMAT, READABLE)
+    entries = _part_entries(meta, path)
+    dtype = np.dtype(meta["dtype"]).newbyteorder("<")
+    parts = []
+    for q in entries:
+        name = _renamed(q["name"], meta, prefix)
+        if meta["version"] >= 3:
+            _check_part_manifest(prefix.parent, name, q, meta)
+        parts.append(open_part(prefix.parent / name, q, dtype, bool(meta.get("mask")),
+                               checksums, path))
+    return TokenCorpus(prefix=prefix, meta=meta, parts=parts)
+
+
+def validate_tokens(prefix: str | Path) -> TokenCorpus:
+    """Everything :func:`open_tokens` checks, plus every file's sha256 and mask values in
+    {0, 1}: what ``packtool verify PREFIX`` runs."""
+    corpus = open_tokens(prefix)
+    corpus.verify_checksums()
+    vocab = int(corpus.meta.get("vocab_size") or 0)
+    for q in corpus.parts:
+        if q.mask is not None and len(q.tokens) and int(np.asarray(q.mask).max()) > 1:
+            raise FormatError(f"{prefix_paths(q.prefix)['mask']}: values other than 0 and 1")
+        if vocab and len(q.tokens):
+            top = int(np.asarray(q.tokens).max())
+            if top >= vocab:
+                raise FormatError(f"{prefix_paths(q.prefix)['bin']}: token id {top:,} >= "
+                                  f"vocab_size {vocab:,}")
+    return corpus
+
+
+def read_part_manifest(path: Path) -> dict | None:
+    """A part's own manifest, checked against its schema; None when there is none."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    m = load_json(path)
+    check(m, PART_MANIFEST, path, FIX)
+    return m

@@ -1,0 +1,191 @@
+"""The token format's schema: its files, the corpus manifest ``PREFIX.json``, the part
+entries it lists, and each part's own manifest ``.NAME.part.json``; every key documented (a
+test checks docs/FORMAT.md against ``MANIFEST_KEYS`` and ``PART_KEYS``) and every manifest
+checked against these specs on read, in one place.
+
+Version 3 binds a corpus together so that no edit passes unnoticed: ``manifest_sha256`` is the
+digest of the manifest itself; every part entry carries its position (``index``) and its
+``digest`` (of the inputs, tokenizer and options it was made from), the plan's ``digest`` is
+the digest of those, and a part's files are named after its position. A part reordered,
+duplicated, dropped or taken from another corpus breaks one of these, and its own
+``.NAME.part.json`` (written by the run that made it) must agree with its entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ... import __version__
+from .._manifest import (
+    Key,
+    anything,
+    boolean,
+    count,
+    dict_of,
+    hexstr,
+    list_of,
+    nullable,
+    obj,
+    one_of,
+    string,
+)
+
+FORMAT = "packtool.tokens"
+VERSION = 3
+READABLE = (1, 2, 3)  # 1: one PREFIX.bin, checksums at the top level; 2: parts, no digests
+PART_FORMAT = "packtool.tokens.part"
+PART_VERSION = 2
+UINT16_MAX_VOCAB = 65_536
+DIGEST_KEY = "manifest_sha256"
+FIX = "re-run packtool tokenize"
+
+
+@dataclass(frozen=True)
+class File:
+    suffix: str
+    dtype: str      # "tokens" (from the manifest's dtype) or a numpy dtype string
+    per: str        # "token" or "document"
+    doc: str
+    optional: str | None = None  # present only when the manifest has this key true
+
+
+SCHEMA = (
+    File(".bin", "tokens", "token", "token ids back to back, in input order; no header"),
+    File(".boundaries", "<i8", "document", "cumulative end offset of each document"),
+    File(".mask", "|u1", "token", "1 = the loss is taken on this token", optional="mask"),
+)
+SUFFIXES = (*(f.suffix for f in SCHEMA), ".json")
+DATA_KEYS = tuple(f.suffix[1:] for f in SCHEMA)  # "bin", "boundaries", "mask"
+
+_SHA = obj({"sha256": hexstr(64), "bytes": count()})
+_CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True)},
+                 extra=False)
+_INPUT = obj({"path": string(), "kind": nullable(string()), "n_docs": count(),
+              "blank_lines": Key(count(), "", optional=True),
+              "skipped": Key(dict_of(count()), "", optional=True),
+              "skipped_records": Key(list_of(count()), "", optional=True),
+              "content": Key(obj({"bytes": count(), "crc32": hexstr(8)}), "", optional=True)})
+
+PART_KEYS = {  # every key of a part entry (manifest "parts", and the part's .NAME.part.json)
+    "name": Key(string(True), "the part's file name stem: NAME.bin, NAME.boundaries, NAME.mask"),
+    "index": Key(count(), "version 3: the part's position in the corpus (0, 1, ...)"),
+    "digest": Key(hexstr(64), "version 3: sha256 of what the part's bytes depend on"),
+    "n_docs": Key(count(), "documents in the part"),
+    "n_tokens": Key(count(), "tokens in the part"),
+    "n_empty": Key(count(), "zero-length documents"),
+    "n_trained_tokens": Key(count(), "tokens with mask 1"),
+    "inputs": Key(list_of(_INPUT), "per input file of the part: path, kind, n_docs, content, "
+                  "skipped..."),
+    "checksums": Key(_CHECKSUMS, "sha256 and bytes of each of the part's data files"),
+}
+_PART_V2 = obj({**{k: v for k, v in PART_KEYS.items() if k not in ("index", "digest")},
+                "n_empty": Key(count(), "", optional=True),
+                "n_trained_tokens": Key(count(), "", optional=True),
+                "inputs": Key(list_of(_INPUT), "", optional=True)})
+
+MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a test checks it)
+    "format": Key(one_of(FORMAT), '"packtool.tokens"'),
+    "version": Key(one_of(*READABLE), "3 (1: single-part, 2: no digests; both still read)"),
+    "dtype": Key(one_of("uint16", "uint32"), "uint16 or uint32"),
+    "vocab_size": Key(count(1), "the tokenizer's id space"),
+    "n_docs": Key(count(), "documents"), "n_tokens": Key(count(), "tokens"),
+    "n_empty": Key(count(), "zero-length documents"),
+    "tokenizer": Key(obj({"path": string(), "sha256": hexstr(64)}),
+                     "path and sha256 of the tokenizer file"),
+    "bos_id": Key(nullable(count()), "id added before every document, or null"),
+    "eos_id": Key(nullable(count()), "id added after every document, or null"),
+    "inputs": Key(list_of(_INPUT), "per input file: path, kind, n_docs, content, skipped..."),
+    "mask": Key(boolean(), "PREFIX.mask exists"),
+    "n_trained_tokens": Key(count(), "tokens with mask 1"),
+    "options": Key(obj({}), "the tokenize options"),
+    "engine": Key(obj({}), "the tokenizer engine that ran and how it was checked"),
+    "checksums": Key(_CHECKSUMS, "version 1 only: sha256 and bytes of each data file",
+                     optional=True),
+    "parts": Key(list_of(obj(PART_KEYS)), "version 2+: per part, in order: name, index, "
+                 "digest, counts, inputs, checksums", optional=True),
+    "plan": Key(obj({"policy": string(), "n_parts": count(1), "digest": hexstr(64),
+                     "prefix": string(True)}),
+                "version 2+: how the inputs were split into parts (policy, n_parts, prefix, "
+                "digest)", optional=True),
+    "created_by": Key(string(), '"packtool X.Y.Z"'),
+    DIGEST_KEY: Key(hexstr(64), "version 3: sha256 of the manifest without this key",
+                    optional=True),
+}
+# what a reader needs of each version; the documentation keys above apply to version 3
+_SHA_V1 = obj({"sha256": hexstr(64), "bytes": Key(count(), "", optional=True)})
+_V1 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count(),
+           "checksums": obj({"bin": _SHA_V1, "boundaries": _SHA_V1,
+                             "mask": Key(_SHA_V1, "", optional=True)}),
+           "tokenizer": Key(anything(), "", optional=True)})
+_V2 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count(),
+           "parts": list_of(_PART_V2), "tokenizer": obj({"sha256": hexstr(64)}),
+           "mask": Key(boolean(), "", optional=True), "plan": Key(obj({}), "", optional=True)})
+_V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums",)} | {
+    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
+    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec})
+SPECS = {1: _V1, 2: _V2, 3: _V3}
+
+PART_MANIFEST = obj({"format": one_of(PART_FORMAT), "version": one_of(PART_VERSION),
+                     "index": count(), "digest": hexstr(64), "plan_digest": hexstr(64),
+                     "part": obj(PART_KEYS), "meta": obj({"dtype": MANIFEST_KEYS["dtype"]})})
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits (ids 0..65,535), else uint32."""
+    return np.dtype("<u2") if vocab_size <= UINT16_MAX_VOCAB else np.dtype("<u4")
+
+
+def split_prefix(path: str | Path) -> Path:
+    """Accept ``PREFIX`` or any of its files (``PREFIX.json``...) and return ``PREFIX``."""
+    p = Path(path)
+    if p.suffix in SUFFIXES and not Path(str(p) + ".json").exists():
+        return p.with_suffix("")
+    return p
+
+
+def prefix_paths(prefix: str | Path) -> dict[str, Path]:
+    prefix = str(prefix)
+    return {s[1:]: Path(prefix + s) for s in SUFFIXES}
+
+
+def part_name(prefix_name: str, k: int, n_parts: int) -> str:
+    """Part k's file stem: the prefix itself for a one-part corpus, else PREFIX.part-KKKKK."""
+    return prefix_name if n_parts == 1 else f"{prefix_name}.part-{k:05d}"
+
+
+def part_manifest_path(folder: Path, name: str) -> Path:
+    return folder / f".{name}.part.json"
+
+
+def plan_digest(part_digests: list[str]) -> str:
+    """The plan's digest: of its parts' digests, in order."""
+    return hashlib.sha256(json.dumps(part_digests, sort_keys=True).encode()).hexdigest()
+
+
+def corpus_manifest(meta: dict, parts: list[dict], plan: dict) -> dict:
+    """The version-3 ``PREFIX.json`` of ``parts`` (entries in order) around the caller's
+    ``meta`` (dtype, tokenizer, options, engine...): totals are the parts' sums, and its own
+    digest last."""
+    from .._manifest import digest
+
+    with_mask = "mask" in parts[0]["checksums"] if parts else False
+    manifest = {"format": FORMAT, "version": VERSION, **meta,
+                "n_docs": sum(q["n_docs"] for q in parts),
+                "n_tokens": sum(q["n_tokens"] for q in parts),
+                "n_empty": sum(q["n_empty"] for q in parts), "mask": with_mask,
+                "n_trained_tokens": sum(q["n_trained_tokens"] for q in parts),
+                "inputs": [i for q in parts for i in q["inputs"]],
+                "parts": parts, "plan": plan, "created_by": f"packtool {__version__}"}
+    unknown = set(manifest) - set(MANIFEST_KEYS)
+    if unknown:  # a key must be documented in MANIFEST_KEYS (and so in FORMAT.md)
+        raise RuntimeError(f"manifest keys not in the schema: {sorted(unknown)}")
+    for q in parts:
+        if set(q) - set(PART_KEYS):
+            raise RuntimeError(f"part keys not in the schema: {sorted(set(q) - set(PART_KEYS))}")
+    manifest[DIGEST_KEY] = digest(manifest, DIGEST_KEY)
+    return manifest

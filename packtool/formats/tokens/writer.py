@@ -1,0 +1,47 @@
+"""The token format's writer: one part's ``.bin``, ``.boundaries`` (and ``.mask``) streamed
+into temporary files, hashed as they are written; :meth:`TokenWriter.finish` returns the
+part's entry of the manifest (``PART_KEYS``), so the writer and the manifest cannot drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..._io import HashingWriter
+
+
+class TokenWriter:
+    """Streams one part into temporary files (``paths``: suffix key -> path)."""
+
+    def __init__(self, paths: dict[str, Path], with_mask: bool):
+        self.paths, self.with_mask = paths, with_mask
+        self.bin, self.boundaries = HashingWriter(paths["bin"]), HashingWriter(paths["boundaries"])
+        self.mask = HashingWriter(paths["mask"]) if with_mask else None
+        self.n_docs = self.n_tokens = self.n_empty = self.n_trained = 0
+
+    def write(self, lengths: np.ndarray, ids: np.ndarray, mask: np.ndarray | None) -> None:
+        """Append documents of ``lengths`` whose tokens are ``ids`` (and loss ``mask``)."""
+        self.bin.write(ids)
+        if self.mask is not None:
+            self.mask.write(mask)
+            self.n_trained += int(mask.sum())
+        self.boundaries.write((np.cumsum(lengths) + self.n_tokens).astype("<i8", copy=False))
+        self.n_docs += len(lengths)
+        self.n_tokens += int(ids.size)
+        self.n_empty += int(np.count_nonzero(lengths == 0))
+
+    def abort(self) -> None:
+        for w in (self.bin, self.boundaries, self.mask):
+            if w is not None:
+                w.abort()
+
+    def finish(self, name: str, index: int, digest: str, inputs: list[dict]) -> dict:
+        """Close the files; the part's entry: position, digest, counts, inputs, checksums."""
+        checksums = {"bin": self.bin.close(), "boundaries": self.boundaries.close()}
+        if self.mask is not None:
+            checksums["mask"] = self.mask.close()
+        return {"name": name, "index": index, "digest": digest, "n_docs": self.n_docs,
+                "n_tokens": self.n_tokens, "n_empty": self.n_empty,
+                "n_trained_tokens": self.n_trained if self.with_mask else self.n_tokens,
+                "inputs": inputs, "checksums": checksums}

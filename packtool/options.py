@@ -1,0 +1,187 @@
+"""What each stage can be asked to do, as dataclasses: every option's default, its check and
+its command-line help are defined once, here, and the CLI (:mod:`packtool.cli.options`) builds
+its options from these fields. Importing this module loads nothing heavy (``packtool --help``
+builds every command from it).
+
+A field's ``metadata["cli"]`` is plain data: the flags, the help, and a type spec the CLI
+turns into a click type (``("int", lo, hi)``, ``("float", lo)``, ``("choice", names)``,
+``"flag"``, ``"path"``, ``"str"``); a field without it is library-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from .errors import PacktoolError
+from .sources import DEFAULT_MAX_RECORD_BYTES, MEMORY_PER_RECORD_BYTE, TXT_SPLITS
+
+OVERFLOW = ("split", "truncate", "drop")
+LAYOUTS = ("index", "tokens")  # see packtool.formats.packed.schema
+BALANCE = ("none", "attention")
+ENGINES = ("auto", "hf", "fastokens", "tokie")  # packtool.engines.ENGINE_NAMES (a test checks)
+ENGINE_CHECKS = ("sample", "full", "off")
+DEFAULT_PART_BYTES = 256 << 20  # small input files are grouped into parts of about this much
+LONG_RECORD_WARN_BYTES = 8 << 20  # the reader warns once per run about a record this large
+MAX_RENDER_CHARS = 1 << 25   # chat: a rendered conversation's limit (packtool.chat)
+RENDER_TIMEOUT = 10.0        # chat: seconds one rendering may take
+
+
+def opt(default, help: str, *flags: str, type="str", **kw):
+    """A field with its command-line form (``flags`` default to ``--field-name``)."""
+    return field(default=default,
+                 metadata={"cli": {"flags": flags, "help": help, "type": type, **kw}})
+
+
+@dataclass
+class TokenizeOptions:
+    """Everything ``tokenize`` is asked to do besides which inputs, tokenizer and output."""
+
+    text_field: str = opt("text", "JSON key / Parquet column with the text; dots reach nested "
+                          "keys (meta.body).", show_default=True)
+    txt_split: str = opt("file", "How .txt files divide into documents.",
+                         type=("choice", TXT_SPLITS), show_default=True)
+    skip_bad_records: bool = opt(False, "Skip (and count) records with invalid JSON/UTF-8 or a "
+                                 "missing text field.", type="flag")
+    bos: str | None = opt(None, "Special token to prepend to every document, e.g. '<s>'.")
+    eos: str | None = opt(None, "Special token to append to every document, e.g. '</s>' "
+                          "(with --messages-field: after every assistant turn).")
+    special_tokens: bool = opt(False, "Apply the tokenizer's own post-processor template (off "
+                               "by default).", type="flag")
+    workers: int = opt(0, "Tokenizer threads (0 = all cores). Output is identical for any "
+                       "value.", "--workers", "-j", type=("int", 0, None), show_default=True)
+    batch_size: int = opt(1024, "Documents per tokenizer batch.", type=("int", 1, None),
+                          show_default=True)
+    batch_bytes: int = 8 << 20  # ... or this many bytes of text, whichever comes first
+    overwrite: bool = opt(False, "Replace an existing output (only a packtool output).",
+                          type="flag")
+    prompt_field: str | None = opt(None, "SFT: key of the prompt (loss is not taken on it).")
+    completion_field: str | None = opt(None, "SFT: key of the completion (loss on it).")
+    messages_field: str | None = opt(None, "Chat: key of a [{role, content}, ...] list, "
+                                     "rendered with the chat template.")
+    chat_template: str | None = opt(None, "Jinja chat template file (default: "
+                                    "tokenizer_config.json's, else built-in).", type="path")
+    train_on: str = opt("assistant", "Chat: which tokens the loss mask keeps.",
+                        type=("choice", ("assistant", "all")), show_default=True)
+    max_record_bytes: int = opt(DEFAULT_MAX_RECORD_BYTES, "Largest record in bytes (default "
+                                "64 MiB); a larger one is a bad record. Tokenizing a record "
+                                f"takes ~{MEMORY_PER_RECORD_BYTE}x its size in memory.",
+                                type=("int", 1, None))
+    long_record_warn_bytes: int = LONG_RECORD_WARN_BYTES
+    max_render_chars: int = opt(MAX_RENDER_CHARS, "Chat: refuse a conversation whose template "
+                                "rendering exceeds this size.", type=("int", 1, None),
+                                show_default=True)
+    render_timeout: float = opt(RENDER_TIMEOUT, "Chat: seconds one template rendering may "
+                                "take.", type=("float", 0, True), show_default=True)
+    engine: str = opt("auto", "Tokenizer engine: hf = the tokenizers library (the reference); "
+                      "auto = the fastest installed engine that matches it (pip install "
+                      "'packtool[fast]').", type=("choice", ENGINES), show_default=True)
+    engine_check: str = opt("sample", "Compare a fast engine with the reference on a sample of "
+                            "documents, on all of them, or not at all (a load-time probe "
+                            "always runs).", type=("choice", ENGINE_CHECKS), show_default=True)
+    part_bytes: int = opt(DEFAULT_PART_BYTES, "Group consecutive input files into parts of up "
+                          "to this many bytes (a file is never split; 1 = one part per "
+                          "file).", type=("int", 1, None), show_default=True)
+
+    def check(self) -> None:
+        """The option checks that need no input or tokenizer: run before a plan is made."""
+        if self.max_record_bytes < 1:
+            raise PacktoolError(f"--max-record-bytes {self.max_record_bytes}: must be at least "
+                                f"1 (default {DEFAULT_MAX_RECORD_BYTES:,})")
+        if self.batch_size < 1 or self.workers < 0:
+            raise PacktoolError("--batch-size must be at least 1 and --workers at least 0")
+        if self.part_bytes < 1:
+            raise PacktoolError(f"--part-bytes {self.part_bytes}: must be at least 1")
+        for name, value, allowed in (("--engine", self.engine, ENGINES),
+                                     ("--engine-check", self.engine_check, ENGINE_CHECKS),
+                                     ("--txt-split", self.txt_split, TXT_SPLITS)):
+            if value not in allowed:
+                raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
+        if bool(self.prompt_field) != bool(self.completion_field):
+            raise PacktoolError("--prompt-field and --completion-field go together; pass both")
+        if self.messages_field and (self.prompt_field or self.completion_field):
+            raise PacktoolError("--messages-field cannot be combined with "
+                                "--prompt-field/--completion-field")
+        if self.messages_field and self.bos:
+            raise PacktoolError("with --messages-field the chat template writes the special "
+                                "tokens it wants at the start; drop --bos (or put it in the "
+                                "template)")
+        if self.mode != "text" and self.special_tokens:
+            raise PacktoolError("--special-tokens applies to plain text; with "
+                                "prompt/completion use --bos/--eos, with messages the chat "
+                                "template")
+
+    @property
+    def mode(self) -> str:
+        if self.messages_field:
+            return "messages"
+        return "prompt_completion" if self.prompt_field else "text"
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Everything ``pack`` is asked to do besides where to read and write."""
+
+    seq_len: int = opt(None, "Tokens per pack.", "--seq-len", "-L",
+                       type=("int", 1, 2**31 - 1), required=True)
+    algo: str = opt("bfd", "Packing algorithm.", "--algo", "-a", type="algo",
+                    show_default=True)
+    overflow: str = opt("split", "Documents longer than --seq-len: split into pieces, keep the "
+                        "first seq_len tokens, or drop them (always counted).",
+                        type=("choice", OVERFLOW), show_default=True)
+    seed: int = opt(0, "Seed for shuffling and random packers.", type=("int", 0, 2**63 - 1),
+                    show_default=True)
+    shuffle: bool = opt(True, "Keep the algorithm's pack order (FFD/BFD: longest first).",
+                        "--no-shuffle", type="negated_flag")
+    shard_size: int = opt(1 << 27, "Tokens per shard (about).", type=("int", 1, None),
+                          show_default=True)
+    max_depth: int | None = opt(None, "spfhp (default 12), nnlshp (default 3): documents per "
+                                "pack at most.", type=("int", 1, None))
+    strict: bool = False
+    max_strategies: int | None = None
+    work_limit: int | None = opt(None, "optimal: pricing work budget in DP cells (default 4e9, "
+                                 "~15-25 s at L=4096 on 2 cores); the result is "
+                                 "reproducible.", type=("int", 0, None))
+    time_limit: float | None = opt(None, "optimal: also stop after this many seconds (the "
+                                   "result may then differ between runs; the index records "
+                                   "that).", type=("float", 0, False))
+    valid_docs: int | None = opt(None, "Hold out this many whole documents (seeded, per source "
+                                 "in proportion) and pack them into OUT/valid.",
+                                 type=("int", 1, None))
+    valid_fraction: float | None = opt(None, "Hold out this fraction of each source's documents "
+                                       "instead.", type=("float", 0, True, 1, True))
+    group_docs: int | None = opt(None, "Pack consecutive groups of this many documents "
+                                 "independently (bounds the packer's memory and time at 1e9 "
+                                 "documents; docs/SCALE.md: its cost).", type=("int", 1, None))
+    layout: str = opt("index", "index: store the plan only, tokens read from the corpus at "
+                      "load (~2% of the token bytes); tokens: self-contained shards (~1.0x).",
+                      type=("choice", LAYOUTS), show_default=True)
+    balance: str = opt("none", "attention: also even each pack's attention cost (sum of "
+                       "squared segment lengths), for one pack per rank per step.",
+                       type=("choice", BALANCE), show_default=True)
+
+    def packer_options(self):
+        from .packers import PackerOptions
+
+        names = {f.name for f in fields(PackerOptions)}
+        return PackerOptions(**{k: v for k, v in asdict(self).items() if k in names})
+
+    def check(self) -> None:
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or not (
+                1 <= self.seq_len < 2**31):
+            raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
+                                f"{self.seq_len!r}")
+        for name, value, allowed in (("--overflow", self.overflow, OVERFLOW),
+                                     ("--layout", self.layout, LAYOUTS),
+                                     ("--balance", self.balance, BALANCE)):
+            if value not in allowed:
+                raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise PacktoolError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) \
+                or self.shard_size < 1:
+            raise PacktoolError(f"--shard-size must be a positive number of tokens, got "
+                                f"{self.shard_size!r}")
+        if self.group_docs is not None and (isinstance(self.group_docs, bool) or not isinstance(
+                self.group_docs, int) or self.group_docs < 1):
+            raise PacktoolError(f"--group-docs must be a positive number of documents, got "
+                                f"{self.group_docs!r}")

@@ -1,0 +1,203 @@
+"""``pack``'s jobs: one shard each, written into the output's staging folder, and the
+finalize step that turns the staging folder into the dataset. A local run is the one-task
+case of the same path (:mod:`packtool.executors` runs the jobs here, on Ray or as array
+tasks), so there is one way a shard is written and committed::
+
+    OUT's staging folder .OUT.staging-<plan digest>/   (beside OUT, named by the plan, so a
+        shard-00003.*.npy                                re-run or another task finds it)
+        .shard-00003.entry.json   the shard's index entry + the job's digest: written last,
+                                  so a shard is finished when its entry is there and intact
+        valid/...                 the held-out split's shards, the same way
+    finalize: every entry checked, index.json written (valid/ first), entries removed, the
+              staging folder renamed to OUT (swapped with a previous OUT of ours).
+
+A job's bytes depend only on the plan and the sources, so every executor writes the same
+files, and a killed job leaves only a temporary of its pid, reclaimed by the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import _locks
+from .._io import write_new
+from ..errors import FormatError
+from ..formats.packed import VALID, ShardWriter, check_crc, shard_name
+
+ENTRY_FORMAT = "packtool.packed.shard"
+ENTRY_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how the shards of a run are written (the same for every job)."""
+
+    staging: str               # the staging folder
+    prefixes: tuple[str, ...]  # the sources, in order (opened once per process)
+    dtypes: dict               # role -> dtype string
+    layout: str
+    mask_storage: str | None
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Shard ``k`` of a split ("train" in the staging folder, "valid" in its valid/) and its
+    segments in output order; ``digest`` covers everything its bytes depend on."""
+
+    split: str
+    k: int
+    pack_seg: np.ndarray
+    seg_doc: np.ndarray
+    seg_offset: np.ndarray
+    seg_length: np.ndarray
+    digest: str
+    target: Target
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.seg_length.sum())
+
+    @property
+    def folder(self) -> Path:
+        base = Path(self.target.staging)
+        return base / VALID if self.split == "valid" else base
+
+    @property
+    def entry_path(self) -> Path:
+        return self.folder / f".{shard_name(self.k)}.entry.json"
+
+    def label(self) -> str:
+        return f"{self.split} shard {self.k} ({shard_name(self.k)})"
+
+
+def shard_jobs(layouts: dict, common: dict, target: Target) -> list[ShardJob]:
+    """Every shard of every split, in order (valid first: its index is written first)."""
+    jobs = []
+    for split, layout in layouts.items():
+        for k in range(layout.n_shards):
+            packs, segs = layout.shard(k)
+            first = layout.seg_first[packs.start:packs.stop + 1] - segs.start
+            arrays = (first, layout.seg_doc[segs], layout.seg_offset[segs],
+                      layout.seg_length[segs])
+            h = hashlib.sha256(json.dumps({**common, "split": split, "k": k},
+                                          sort_keys=True).encode())
+            for arr in arrays:
+                h.update(np.ascontiguousarray(arr, np.int64).tobytes())
+            jobs.append(ShardJob(split, k, *arrays, h.hexdigest(), target))
+    return jobs
+
+
+# ------------------------------------------------------------------------ the sources
+_SOURCES: dict = {}  # prefixes -> opened corpora: sources are opened once per process
+
+
+def provide_sources(prefixes: tuple[str, ...], corpora: list) -> None:
+    """Hand this process's already opened sources to the jobs (a local run)."""
+    _SOURCES[prefixes] = corpora
+
+
+def sources(prefixes: tuple[str, ...]) -> list:
+    if prefixes not in _SOURCES:
+        from ..formats.tokens import open_tokens
+
+        _SOURCES[prefixes] = [open_tokens(p) for p in prefixes]
+    return _SOURCES[prefixes]
+
+
+# ------------------------------------------------------------------------ one shard
+def _read_json(path: Path):
+    try:
+        if path.is_symlink():
+            return {}
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def check_shard(job: ShardJob, checksums: bool = True) -> tuple[dict | None, str]:
+    """(the shard's index entry, "") when shard ``job`` is written and intact (its entry of
+    the same digest, every file's size and crc32), else (None, why)."""
+    m = _read_json(job.entry_path)
+    if m is None:
+        return None, "missing"
+    if not isinstance(m, dict) or m.get("format") != ENTRY_FORMAT:
+        return None, f"{job.entry_path} is not a shard entry"
+    if m.get("digest") != job.digest:
+        return None, "made from another plan (digest differs)"
+    try:
+        for f in m["entry"]["files"].values():
+            path = job.folder / f["name"]
+            if path.is_symlink() or not path.is_file() or path.stat().st_size != f["bytes"]:
+                return None, f"{path} is missing or of the wrong size"
+            if checksums:
+                check_crc(path, f["crc32"])
+    except FormatError as e:
+        return None, f"corrupt: {e}"
+    except (KeyError, TypeError, AttributeError) as e:
+        return None, f"unreadable entry ({e})"
+    return m["entry"], ""
+
+
+def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
+    """Make shard ``job`` exist, intact: (its entry, True if it already was). Written into a
+    temporary folder of this pid, then each file renamed in, the entry last; a second writer
+    of the same shard waits on its lock and then finds it done."""
+    folder = job.folder
+    folder.mkdir(exist_ok=True)
+    with _locks.waiting(folder / f".{shard_name(job.k)}.lock", job.label()):
+        done, _ = check_shard(job)
+        if done is not None:
+            tick(job.n_tokens)
+            return done, True
+        t = job.target
+        tmp = folder / f".{shard_name(job.k)}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+        tmp.mkdir()
+        try:
+            corpora = sources(t.prefixes) if t.layout == "tokens" else None
+            writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage,
+                                 gather=None if corpora is None else _gatherer(corpora))
+            entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
+                                 job.seg_length, tick)
+            write_new(tmp / "entry.json", json.dumps(
+                {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, "digest": job.digest,
+                 "entry": entry}))
+            from .._atomic import fsync_path, fsync_tree
+
+            fsync_tree(tmp)
+            for f in entry["files"].values():
+                os.replace(tmp / f["name"], folder / f["name"])
+            os.replace(tmp / "entry.json", job.entry_path)
+            fsync_path(folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return entry, False
+
+
+def _gatherer(corpora):
+    from ..formats.tokens import gather
+
+    def fill(doc, offset, length, dst, dst_start, dst_mask):
+        gather(corpora, doc, offset, length, dst, dst_start, dst_mask)
+
+    return fill
+
+
+def remove_entries(folder: Path) -> None:
+    """The shards' entries and locks, once index.json vouches for the shards."""
+    for sub in (folder, folder / VALID):
+        if not sub.is_dir():
+            continue
+        for p in sub.glob(".shard-*.entry.json"):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()

@@ -1,0 +1,101 @@
+"""What ``index.json`` says besides the format's own keys and the shards: the options, the
+counts and figures of the plan, and per source where it is and what the packs use of it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .._io import sha256_file
+from ..formats.packed import VALID, attention_costs, mask_storage, v2_dtypes
+from ..formats.tokens import prefix_paths
+from ..metrics import pack_metrics
+from ..plan import PackLayout, PackOptions
+
+METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
+               "lp_bound_packs", "lp_converged", "best_bound_packs",
+               "gap_to_best_bound_percent", "packing_factor")
+
+
+def metrics(layout: PackLayout) -> dict:
+    rep = layout.report
+    return pack_metrics(layout.seg_length, layout.options.seq_len, layout.n_packs,
+                        rep.lp_bound, rep.lp_converged)
+
+
+def storage(corpora: list, options: PackOptions) -> dict:
+    """The dtypes and mask storage of a dataset of these sources, from bounds known before
+    any pack is made (so every task of a distributed run picks the same)."""
+    token_dtype = max((c.dtype for c in corpora), key=lambda d: d.itemsize)
+    vocab = max(int(c.meta.get("vocab_size") or 0) for c in corpora) or 1
+    n_docs = sum(len(c) for c in corpora)
+    longest = max((int(c.lengths.max()) if len(c) else 0) for c in corpora)
+    dtypes = v2_dtypes(token_dtype=token_dtype, seq_len=options.seq_len, n_docs=n_docs,
+                       max_doc_len=longest,
+                       max_shard_tokens=options.shard_size + options.seq_len)
+    has_mask = any(c.has_mask for c in corpora)
+    stored = None
+    if has_mask:
+        stored = "source" if options.layout == "index" else mask_storage(token_dtype, vocab)
+    return {"dtypes": {k: np.dtype(v).str for k, v in dtypes.items()},
+            "token_dtype": token_dtype.name, "vocab_size": vocab, "loss_mask": has_mask,
+            "mask_storage": stored}
+
+
+def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: str,
+               held_out: dict | None, folder: Path, stored: dict) -> dict:
+    """Everything index.json says besides the format's own keys and the shards."""
+    opts, rep = layout.options, layout.report
+    return {"layout": opts.layout, "seq_len": opts.seq_len, "algo": opts.algo,
+            "algo_options": rep.options, "seed": opts.seed, "shuffle": opts.shuffle,
+            "overflow": opts.overflow, **stored, "group_docs": opts.group_docs,
+            "n_packs": layout.n_packs, **layout.counts, **metrics(layout),
+            "attention_imbalance": imbalance(layout), "solver": rep.to_json(),
+            "split": split, "held_out": held_out,
+            "sources": source_entries(layout, corpora, factors, folder)}
+
+
+def imbalance(layout: PackLayout, ranks: int = 8) -> float | None:
+    """Mean over groups of ``ranks`` consecutive packs of max/mean attention cost: what one
+    pack per rank per step costs in stragglers (docs/TRAINING.md)."""
+    costs = attention_costs(layout.seg_length, layout.seg_first)
+    n = costs.size // ranks * ranks
+    if not n:
+        return None
+    c = costs[:n].reshape(-1, ranks)
+    mean = c.mean(axis=1)
+    ok = mean > 0
+    return float((c.max(axis=1)[ok] / mean[ok]).mean()) if ok.any() else None
+
+
+def held_out_entry(options: PackOptions, v: dict) -> dict:
+    return {"path": VALID, "valid_docs": options.valid_docs,
+            "valid_fraction": options.valid_fraction,
+            "n_docs_held_out": int(sum(s["docs_used"] for s in v["sources"])),
+            "n_packs": v["n_packs"], "n_tokens": v["n_tokens"]}
+
+
+def source_entries(layout: PackLayout, corpora: list, factors: list[float],
+                   folder: Path) -> list[dict]:
+    """Per source: where it is (as given, and relative to the dataset's folder ``folder``,
+    so that moving both together keeps the link), what it had, its repeat factor, and what
+    the packs use of it (document copies, tokens, and the share of all packed tokens)."""
+    base = np.cumsum([0] + [len(c) for c in corpora]).astype(np.int64)
+    which = np.searchsorted(base, layout.seg_doc, side="right") - 1
+    tokens = np.bincount(which, weights=layout.seg_length, minlength=len(corpora))
+    docs = np.bincount(which[layout.seg_offset == 0], minlength=len(corpora))
+    total = max(int(layout.seg_length.sum()), 1)
+    return [{**source_entry(c, folder), "factor": factors[k], "docs_used": int(docs[k]),
+             "tokens_used": int(tokens[k]), "token_share": float(tokens[k]) / total}
+            for k, c in enumerate(corpora)]
+
+
+def source_entry(c, folder: Path) -> dict:
+    prefix = Path(os.path.abspath(c.prefix))
+    return {"prefix": str(prefix),
+            "path": os.path.relpath(prefix, os.path.abspath(folder)),
+            "manifest_sha256": sha256_file(prefix_paths(c.prefix)["json"]),
+            "n_docs": len(c), "n_tokens": c.n_tokens, "dtype": c.dtype.name,
+            "tokenizer_sha256": c.meta["tokenizer"]["sha256"]}

@@ -1,0 +1,98 @@
+"""Records -> token ids (and a loss mask): ``make_encoder`` returns the function the worker
+threads call on a batch of records, for each of the three modes.
+
+    text               the tokens of each string
+    prompt_completion  prompt tokens, then completion tokens, each encoded on its own (exactly
+                       what the model is trained on); mask 1 on the completion
+    messages           a conversation rendered by the chat template into text and the
+                       character spans trained on; mask 1 on the tokens overlapping a span
+
+``--bos``/``--eos`` add special tokens around each document (BOS mask 0; EOS mask 1: the
+model must learn to stop); in messages mode the template places EOS after assistant turns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..engines import flatten
+
+
+def add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id):
+    """Insert BOS (mask 0) / EOS (mask 1) around each document."""
+    n_extra = (bos_id is not None) + (eos_id is not None)
+    if not n_extra:
+        return lengths, ids, mask
+    lengths = lengths + n_extra
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+    out_mask = None if mask is None else np.empty(len(out), np.uint8)
+    keep = np.ones(len(out), dtype=bool)
+    for tid, where, m in ((bos_id, ends - lengths, 0), (eos_id, ends - 1, 1)):
+        if tid is not None:
+            out[where] = tid
+            keep[where] = False
+            if out_mask is not None:
+                out_mask[where] = m
+    out[keep] = ids
+    if out_mask is not None:
+        out_mask[keep] = mask
+    return lengths, out, out_mask
+
+
+def _prompt_completion(batch, records, dtype, pick):
+    lp, ip = batch([r[0] for r in records], False, dtype, pick)
+    lc, ic = batch([r[1] for r in records], False, dtype, pick)
+    lengths = lp + lc
+    owner = np.repeat(np.arange(2 * len(records)), np.stack([lp, lc], 1).ravel())
+    ids = np.empty(int(lengths.sum()), dtype)
+    is_c = (owner % 2).astype(bool)
+    ids[~is_c], ids[is_c] = ip, ic
+    return lengths, ids, is_c.astype(np.uint8)
+
+
+def _messages(tokenizer, rendered, dtype):
+    """(text, trained character spans) pairs -> ids and the mask of the tokens that overlap a
+    span (a zero-width token counts where it stands)."""
+    encs = tokenizer.encode_batch([t for t, _ in rendered], add_special_tokens=False)
+    lengths, ids = flatten(encs, dtype)
+    mask = np.zeros(ids.size, np.uint8)
+    pos = 0
+    for (_, spans), e in zip(rendered, encs, strict=True):
+        if spans and len(e):
+            offs = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
+            m = np.zeros(len(e), bool)
+            for a, b in spans:
+                m |= (offs[:, 1] > a) & (offs[:, 0] < b)
+                m |= (offs[:, 0] == offs[:, 1]) & (offs[:, 0] >= a) & (offs[:, 0] < b)
+            mask[pos:pos + len(e)] = m
+        pos += len(e)
+    return lengths, ids, mask
+
+
+def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
+                 mode: str = "text", renderer=None, engine=None):
+    """Return ``encode(records, pick=None) -> (lengths int64, tokens dtype, mask or None)``.
+
+    ``engine``: a ``packtool.engines.Selection`` for text and prompt/completion (default:
+    ``tokenizer`` itself); ``pick``: the records its sample check covers. Messages are
+    rendered by the reader (or by ``renderer`` here) and encoded with the reference, which
+    gives the character offsets the mask needs."""
+    if engine is None:
+        def batch(texts, special, dt, pick=None):
+            return flatten(tokenizer.encode_batch_fast(texts, add_special_tokens=special), dt)
+    else:
+        batch = engine.encode
+
+    def encode(records, pick=None):
+        if mode == "text":
+            lengths, ids = batch(records, add_special, dtype, pick)
+            mask = None
+        elif mode == "prompt_completion":
+            lengths, ids, mask = _prompt_completion(batch, records, dtype, pick)
+        else:
+            rendered = records if renderer is None else [renderer(r) for r in records]
+            lengths, ids, mask = _messages(tokenizer, rendered, dtype)
+        return add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id)
+
+    return encode

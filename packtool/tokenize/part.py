@@ -1,0 +1,223 @@
+"""One part of a tokenize plan, as a job: idempotent and atomic.
+
+    run_part(job)  -> part k's .bin/.boundaries/.mask and .NAME.part.json, renamed into place
+                      together (the part manifest last); a part whose files match its part
+                      manifest, of the same digest, from inputs whose content hash still
+                      matches, is skipped (resume)
+
+Two writers of one part (two array tasks given the same part) serialize on the part's lock:
+the second waits, then finds the part finished and skips it.
+
+The tokenizer (and the fast engine's load-time probe) is loaded once per process and reused by
+every part the process writes (:func:`setup`), so a plan of many small parts pays that fixed
+cost once, on a local run and on each Ray worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .. import _locks
+from .._atomic import atomic_files
+from .._io import crc32_file, sha256_file, write_new
+from ..engines import EngineMismatch, engine_manifest, mismatch_warning, select_engine
+from ..errors import FormatError, PacktoolError
+from ..formats.tokens import (
+    PART_FORMAT,
+    PART_VERSION,
+    TokenWriter,
+    prefix_paths,
+    read_part_manifest,
+    token_dtype,
+    verify_part_files,
+)
+from ..options import TokenizeOptions
+from ..sources import ReadOptions
+from ..tokenizer import id_space, load_tokenizer, refuse_doubled_specials, special_token_id
+from . import pipeline
+from .encode import make_encoder
+from .plan import TokenizePlan
+
+
+@dataclass(frozen=True)
+class PartJob:
+    """Part ``k`` of ``plan``, with the options: what an executor runs."""
+
+    plan: TokenizePlan
+    k: int
+    opts: TokenizeOptions
+
+    @property
+    def part(self):
+        return self.plan.parts[self.k]
+
+    def label(self) -> str:
+        return f"part {self.k} ({self.part.name})"
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(path: str, mtime_ns: int):
+    return load_tokenizer(path)
+
+
+def tokenizer_for(tokenizer: str | Path):
+    """The tokenizer, loaded once per process (and again if its file changed)."""
+    from ..tokenizer import resolve_tokenizer_path
+
+    path = resolve_tokenizer_path(tokenizer)
+    return _tokenizer(str(path), path.stat().st_mtime_ns)
+
+
+def check_part(plan: TokenizePlan, k: int, inputs: bool = True) -> tuple[dict | None, str]:
+    """(part manifest, "") when part ``k`` is finished: its manifest exists, is of this plan
+    (same digest), every data file has the recorded size and sha256, and (``inputs``) every
+    input still has the content hash recorded when it was read; else (None, why). A
+    half-written part never passes: its manifest is renamed in last."""
+    part = plan.parts[k]
+    path = plan.part_manifest(part)
+    try:
+        m = read_part_manifest(path)
+    except FormatError as e:
+        return None, str(e)
+    if m is None:
+        return None, "missing"
+    if m["digest"] != part.digest or m["index"] != k:
+        return None, "made from other inputs or options (digest differs)"
+    try:
+        verify_part_files(plan.part_prefix(part), m["part"])
+    except FormatError as e:
+        return None, f"corrupt: {e}"
+    if inputs:
+        for entry in m["part"]["inputs"]:
+            content = entry.get("content")
+            if content is None or not Path(entry["path"]).is_file() or crc32_file(
+                    Path(entry["path"])) != content["crc32"]:
+                return None, f"its input {entry['path']} changed since it was tokenized"
+    return m, ""
+
+
+def run_part(job: PartJob, tick) -> tuple[dict, bool]:
+    """Make part ``job.k`` exist, verified: (its part manifest, True if it was already
+    finished and so skipped). Atomic and idempotent; concurrent callers for one part
+    serialize on its lock."""
+    plan, k = job.plan, job.k
+    part = plan.parts[k]
+    folder = plan.prefix.parent
+    with _locks.waiting(folder / f".{part.name}.part.lock", f"part {part.name}"):
+        done, _ = check_part(plan, k)
+        if done is not None:
+            tick(part.bytes)
+            return {**done, "skipped": True}, True
+        manifest = tokenize_part(job, tick)
+        verify_part_files(plan.part_prefix(part), manifest["part"])  # read back from disk
+        return manifest, False
+
+
+def tokenize_part(job: PartJob, tick) -> dict:
+    """Tokenize one part. A fast engine that differs from the reference on a checked
+    document fails the part; its partial output is discarded and, with ``--engine auto``,
+    the part starts again with the reference (the manifest's ``engine.fallback`` says why)."""
+    try:
+        return _write_part(job, tick)
+    except EngineMismatch as e:
+        if job.opts.engine != "auto":
+            raise PacktoolError(f"--engine {job.opts.engine}: {e}; use --engine auto or hf"
+                                ) from None
+        manifest = _write_part(job, tick, fallback=str(e))
+        manifest["warnings"].insert(0, mismatch_warning(e))
+        return manifest
+
+
+@dataclass
+class Setup:
+    """What a part needs besides its inputs: the tokenizer, ids, the encoder, the engine."""
+
+    tok: object
+    tok_path: Path
+    dtype: object
+    meta: dict
+    read_opts: ReadOptions
+    engine: object
+    encode: object
+    warnings: list
+
+
+def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = None) -> Setup:
+    tok, tok_path = tokenizer_for(tokenizer)
+    bos_id = special_token_id(tok, opts.bos, "--bos") if opts.bos else None
+    eos_id = special_token_id(tok, opts.eos, "--eos") if opts.eos else None
+    vocab_size = id_space(tok)
+    dtype = token_dtype(vocab_size)
+    mode = opts.mode
+    read_opts = ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
+                            prompt_field=opts.prompt_field,
+                            completion_field=opts.completion_field,
+                            messages_field=opts.messages_field,
+                            max_record_bytes=opts.max_record_bytes)
+    if opts.special_tokens and (bos_id is not None or eos_id is not None):
+        refuse_doubled_specials(tok, opts, bos_id, eos_id)
+    template_from, warnings = None, []
+    if mode == "messages":  # rendered by the reader: a failure is a record of a file and line
+        from ..chat import chat_renderer
+
+        read_opts.render, template_from, warnings = chat_renderer(tok_path, opts)
+    engine = select_engine(opts.engine, opts.engine_check, tok_path, tok, opts.special_tokens,
+                           need_offsets=mode == "messages", fallback=fallback)
+    encode = make_encoder(tok, dtype, opts.special_tokens, bos_id,
+                          None if mode == "messages" else eos_id, mode, engine=engine)
+    meta = {"dtype": dtype.name, "vocab_size": vocab_size,
+            "tokenizer": {"path": str(tok_path), "sha256": sha256_file(tok_path)},
+            "bos_id": bos_id, "eos_id": eos_id,
+            "options": {"text_field": opts.text_field, "txt_split": opts.txt_split,
+                        "skip_bad_records": opts.skip_bad_records,
+                        "max_record_bytes": opts.max_record_bytes, "bos": opts.bos,
+                        "eos": opts.eos, "special_tokens": opts.special_tokens, "mode": mode,
+                        "prompt_field": opts.prompt_field,
+                        "completion_field": opts.completion_field,
+                        "messages_field": opts.messages_field, "chat_template": template_from,
+                        "train_on": opts.train_on if mode == "messages" else None}}
+    return Setup(tok, tok_path, dtype, meta, read_opts, engine, encode, warnings)
+
+
+def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
+    plan, opts, part = job.plan, job.opts, job.part
+    t0 = time.perf_counter()
+    s = setup(plan.tokenizer, opts, fallback)
+    paths = [Path(p) for p in part.inputs]
+    files = prefix_paths(plan.part_prefix(part))
+    with_mask = opts.mode != "text"
+    workers = opts.workers or os.cpu_count() or 1
+    # the part's manifest goes last: a part whose manifest exists has all its files. The
+    # commit's lock and journal get a name of their own (not an output's, and not the run's
+    # output lock, which a Ray driver may hold while its workers write parts)
+    outputs = ([files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else [])
+               + [plan.part_manifest(part)])
+    stale = [] if with_mask else [files["mask"]]  # an overwritten SFT part's mask goes too
+    if opts.overwrite:  # the manifest being replaced leaves in the first part's commit
+        stale.append(plan.json_path)
+    prefix = plan.part_prefix(part)
+    key = prefix.with_name(f"{prefix.name}.part-commit")
+    with atomic_files(outputs, True, key=key, remove=stale, label=prefix) as tmp:
+        keys = ["bin", "boundaries"] + (["mask"] if with_mask else []) + ["json"]
+        writer = TokenWriter(dict(zip(keys, tmp, strict=True)), with_mask)
+        reader = pipeline.Reader(paths, s.read_opts, opts.batch_size, opts.batch_bytes,
+                                 maxsize=2 * workers, warn_bytes=opts.long_record_warn_bytes)
+        try:
+            pipeline.run(reader, s.encode, writer, s.engine, workers, tick)
+        except BaseException:
+            writer.abort()
+            raise
+        entry = writer.finish(part.name, job.k, part.digest,
+                              [st.to_json() for st in reader.stats])
+        manifest = {"format": PART_FORMAT, "version": PART_VERSION, "index": job.k,
+                    "digest": part.digest, "plan_digest": plan.digest, "part": entry,
+                    "meta": {**s.meta, "engine": engine_manifest(s.engine)}}
+        write_new(tmp[-1], json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    manifest["warnings"] = list(s.warnings)
+    manifest["seconds"] = time.perf_counter() - t0
+    return manifest

@@ -1,0 +1,169 @@
+"""The tokenize pipeline: every core busy on tokenizing, memory flat, output in input order::
+
+    reader thread                 worker threads (--workers)            calling thread
+    files -> records -> batches   tokenizer batch call (GIL released)   in-order: write .bin and
+    (bounded queue)          ->   + ids -> numpy                    ->  .boundaries, hash both
+
+Batches are cut by count and by bytes, and at most ``2 * workers`` are in flight, so peak
+memory depends on the batch size, not on the corpus. Results are written in input order, so
+the output is byte-identical whatever the worker count or batch size. With a fast engine
+(``packtool.engines``) the calling thread also picks, in input order, the documents whose ids
+checker threads compare with the reference beside the pipeline. Each worker runs the
+tokenizer's batch call with the Rust-side thread pool switched off
+(``TOKENIZERS_PARALLELISM=false`` during the run): the worker threads are the parallelism.
+
+Every input is stat-ed before and after it is read and hashed (crc32 of its bytes, ~3 GB/s)
+once read: a file rewritten while it was being read is an error naming it, and the hash lets
+a resume trust a finished part only while its inputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from .._io import crc32_file
+from ..engines import sample_picks
+from ..errors import PacktoolError
+from ..sources import MEMORY_PER_RECORD_BYTE, InputStats, file_kind, iter_documents, utf8_size
+
+_DONE = object()
+
+
+def file_identity(path: Path) -> tuple:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+
+class Reader(threading.Thread):
+    """Reads every input in order and queues batches of records, cut by count and bytes."""
+
+    def __init__(self, paths, read_opts, batch_size, batch_bytes, maxsize, warn_bytes=None):
+        super().__init__(daemon=True, name="packtool-reader")
+        self.warn_bytes = warn_bytes
+        self.paths, self.read_opts = paths, read_opts
+        self.batch_size, self.batch_bytes = batch_size, batch_bytes
+        self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
+        self.stats: list[InputStats] = []
+        self.bytes_read = 0
+        self.stop = threading.Event()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _progress(self, n: int) -> None:
+        self.bytes_read += n
+
+    def _warn(self, path, stats: InputStats, size: int) -> None:
+        self.warn_bytes = None  # once per run
+        unit = "row" if stats.kind in ("parquet", "arrow") else "line"
+        print(f"packtool: warning: {path} {unit} {stats.record}: a {size / 1e6:.1f} MB record; "
+              f"tokenizing it takes about {MEMORY_PER_RECORD_BYTE}x its size in memory "
+              f"(~{size * MEMORY_PER_RECORD_BYTE / 1e9:.1f} GB); lower --max-record-bytes to "
+              "refuse such records", file=sys.stderr)
+
+    def _read(self, path: Path, batch: list, nbytes: int) -> tuple[list, int] | None:
+        stats = InputStats(path=str(path), kind=file_kind(path))
+        self.stats.append(stats)
+        before = file_identity(path)
+        for record in iter_documents(path, self.read_opts, stats, self._progress):
+            batch.append(record)
+            size = utf8_size(record)
+            nbytes += size
+            if self.warn_bytes is not None and size >= self.warn_bytes:
+                self._warn(path, stats, size)
+            if len(batch) >= self.batch_size or nbytes >= self.batch_bytes:
+                if not self._put((batch, self.bytes_read)):
+                    return None
+                batch, nbytes = [], 0
+        if file_identity(path) != before:
+            raise PacktoolError(f"{path} changed while it was being tokenized (its size, "
+                                "modification time or inode differs from when reading began); "
+                                "tokenize it again once it is no longer being written")
+        stats.content = {"bytes": before[0], "crc32": crc32_file(path)}
+        return batch, nbytes
+
+    def run(self) -> None:
+        try:
+            batch, nbytes = [], 0
+            for path in self.paths:
+                got = self._read(path, batch, nbytes)
+                if got is None:
+                    return
+                batch, nbytes = got
+            if batch and not self._put((batch, self.bytes_read)):
+                return
+            self._put(_DONE)
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            self._put(e)
+
+
+@contextlib.contextmanager
+def rust_parallelism_off():
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old
+
+
+def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
+    """Feed ``reader``'s batches to ``workers`` threads running ``encode`` and write their
+    results in input order; the sample check's picks are made here, in input order.
+    ``tick(n)``: n more input bytes are done."""
+    done_bytes = 0
+    pool = ThreadPoolExecutor(workers, "packtool-tok")
+    try:
+        with rust_parallelism_off(), engine.checking(workers):
+            reader.start()
+            pending: deque = deque()
+            done = False
+            n_submitted, longest = 0, 0
+            while not done or pending:
+                while not done and len(pending) < 2 * workers:
+                    item = reader.queue.get()
+                    if item is _DONE:
+                        done = True
+                    elif isinstance(item, BaseException):
+                        raise item
+                    else:
+                        records, bytes_read = item
+                        pick = None
+                        if engine.check == "sample":
+                            sizes = np.fromiter(map(utf8_size, records), np.int64,
+                                                count=len(records))
+                            pick, longest = sample_picks(n_submitted, sizes, longest)
+                        n_submitted += len(records)
+                        pending.append((pool.submit(encode, records, pick), bytes_read))
+                if not pending:
+                    break
+                future, bytes_read = pending.popleft()
+                writer.write(*future.result())
+                tick(bytes_read - done_bytes)
+                done_bytes = bytes_read
+    except BaseException:
+        reader.stop.set()
+        # no waiting for a worker still inside a tokenizer call: the CLI exits without
+        # joining it (os._exit), so a runaway batch cannot hold up Ctrl-C or SIGTERM
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    reader.join()

@@ -1,0 +1,148 @@
+"""A tokenize run as a deterministic plan of parts: consecutive input files grouped up to
+``--part-bytes`` (256 MiB by default; a larger file is a part of its own, a file is never
+split), each part written, checked and resumed on its own. A pure function of the inputs
+(sorted, with their sizes and mtimes), the tokenizer's sha256 and the options, so every
+array task computes the same plan; a part's digest covers what its bytes depend on."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from .._io import sha256_file
+from ..errors import PacktoolError
+from ..formats.tokens import part_manifest_path, part_name, plan_digest
+from ..options import TokenizeOptions
+from ..sources import expand_inputs
+from ..tokenizer import resolve_tokenizer_path
+
+# options that change no output byte (threads, batching, engine: a fast engine is proven equal
+# to the reference; part_bytes: the plan's own digest), left out of the parts' digests
+NOT_IN_DIGEST = {"workers", "batch_size", "batch_bytes", "overwrite", "long_record_warn_bytes",
+                 "engine", "engine_check", "part_bytes"}
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Part:
+    index: int
+    name: str                       # the part's file stem, beside PREFIX.json
+    inputs: tuple[str, ...]
+    bytes: int                      # input bytes (the estimate of its work)
+    digest: str                     # of everything its bytes depend on
+
+
+@dataclass(frozen=True)
+class TokenizePlan:
+    prefix: Path
+    tokenizer: str
+    parts: tuple[Part, ...]
+    policy: str
+    digest: str
+
+    def part_prefix(self, part: Part) -> Path:
+        return self.prefix.parent / part.name
+
+    def part_manifest(self, part: Part) -> Path:
+        return part_manifest_path(self.prefix.parent, part.name)
+
+    @property
+    def json_path(self) -> Path:
+        return self.prefix.parent / f"{self.prefix.name}.json"
+
+    def to_json(self) -> dict:
+        return {"prefix": str(self.prefix), "policy": self.policy, "n_parts": len(self.parts),
+                "digest": self.digest,
+                "parts": [{"index": q.index, "name": q.name, "inputs": list(q.inputs),
+                           "bytes": q.bytes} for q in self.parts]}
+
+    def manifest_entry(self) -> dict:
+        return {"policy": self.policy, "n_parts": len(self.parts), "digest": self.digest,
+                "prefix": self.prefix.name}
+
+    def summary(self) -> str:
+        total = sum(q.bytes for q in self.parts)
+        lines = [f"{self.prefix}: {len(self.parts)} part(s), {total:,} input bytes, "
+                 f"{self.policy}; plan digest {self.digest[:12]}"]
+        for q in self.parts:
+            shown = ", ".join(q.inputs[:3]) + (f" (+{len(q.inputs) - 3} more)"
+                                                if len(q.inputs) > 3 else "")
+            lines.append(f"  part {q.index}: {q.name}: {q.bytes:,} bytes: {shown}")
+        return "\n".join(lines)
+
+
+def group_files(sizes: list[int], part_bytes: int) -> list[list[int]]:
+    """File indices per part: consecutive files while the part stays within ``part_bytes``
+    (a file larger than that is a part of its own; files are not split; 1 = a part a file)."""
+    groups: list[list[int]] = []
+    size = 0
+    for i, n in enumerate(sizes):
+        if groups and size + n <= part_bytes:
+            groups[-1].append(i)
+            size += n
+        else:
+            groups.append([i])
+            size = n
+    return groups
+
+
+def check_out(out: str | Path) -> Path:
+    """``--out`` is a prefix, not a folder, and a name the file system can hold."""
+    prefix = Path(out)
+    if str(out).endswith(("/", "\\")) or prefix.is_dir():
+        raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. "
+                            f"{prefix / 'corpus'}")
+    try:
+        str(out).encode("utf-8")
+    except UnicodeEncodeError:
+        raise PacktoolError(f"--out {str(out)!r} is not valid UTF-8; packtool records output "
+                            "names in JSON manifests: rename it") from None
+    return prefix
+
+
+def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
+                  opts: TokenizeOptions) -> TokenizePlan:
+    """The parts of a tokenize run. Refuses an input that is also one of the outputs."""
+    opts.check()
+    prefix = check_out(out)
+    paths = expand_inputs(inputs)
+    for p in paths:
+        try:
+            str(p).encode("utf-8")
+        except UnicodeEncodeError:
+            raise PacktoolError(f"input {str(p)!r}: the name is not valid UTF-8; packtool "
+                                "records input names in JSON manifests: rename the file"
+                                ) from None
+    stats = [p.stat() for p in paths]
+    tok_path = resolve_tokenizer_path(tokenizer)
+    common = {"packtool": __version__, "tokenizer_sha256": sha256_file(tok_path),
+              "options": {k: v for k, v in dataclasses.asdict(opts).items()
+                          if k not in NOT_IN_DIGEST}}
+    groups = group_files([st.st_size for st in stats], opts.part_bytes)
+    parts = []
+    for k, g in enumerate(groups):
+        name = part_name(prefix.name, k, len(groups))
+        files = [[str(paths[i]), stats[i].st_size, stats[i].st_mtime_ns] for i in g]
+        parts.append(Part(k, name, tuple(str(paths[i]) for i in g),
+                          sum(stats[i].st_size for i in g),
+                          _sha({**common, "name": name, "files": files})))
+    policy = ("one part per input file" if opts.part_bytes == 1
+              else f"consecutive input files grouped up to {opts.part_bytes:,} bytes")
+    plan = TokenizePlan(prefix, str(tokenizer), tuple(parts), policy,
+                        plan_digest([q.digest for q in parts]))
+    outputs = {plan.json_path.resolve()}
+    for q in parts:
+        outputs |= {(prefix.parent / f"{q.name}{s}").resolve()
+                    for s in (".bin", ".boundaries", ".mask")}
+    for p in paths:
+        if p.resolve() in outputs:
+            raise PacktoolError(f"input {p} is also an output of --out {out}; choose another "
+                                "--out")
+    return plan

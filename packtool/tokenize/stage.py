@@ -1,0 +1,325 @@
+"""``packtool tokenize`` as a stage: plan the parts, hand them to an executor as jobs
+(:mod:`packtool.executors`: here, on Ray, or as array tasks), then write ``PREFIX.json`` from
+the parts' own manifests: the commit point.
+
+Who may write an output at once: a whole run holds the output's lock alone; the array tasks
+of one run hold it together, and the plan they share is registered in ``.PREFIX.plan.json``,
+so a task or a run with another plan is refused while one is in progress (``--overwrite``
+discards it, from a whole run only). ``--overwrite`` retires the previous manifest (journaled)
+before any data file changes, so no reader ever sees new data under an old manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .._atomic import atomic_files, output_lock
+from .._io import write_new
+from ..errors import FormatError, PacktoolError
+from ..executors import Jobs, RunOptions, run_jobs
+from ..formats.tokens import (
+    FORMAT,
+    corpus_manifest,
+    part_manifest_path,
+    read_part_manifest,
+)
+from ..options import TokenizeOptions
+from .part import PartJob, check_part, run_part
+from .plan import TokenizePlan, check_out, plan_tokenize
+
+
+@dataclass
+class TokenizeResult:
+    prefix: str
+    n_docs: int
+    n_tokens: int
+    n_empty: int
+    n_skipped: int
+    dtype: str
+    seconds: float
+    inputs: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    n_parts: int = 1
+    n_parts_skipped: int = 0        # parts found finished and verified (resume)
+    executor: str = "local"
+    engine: dict = field(default_factory=dict)  # what ran, and why faster ones did not
+    n_tokens_tokenized: int | None = None  # by this run (skipped parts excluded); None: all
+
+    @property
+    def tokens_per_second(self) -> float:
+        done = self.n_tokens if self.n_tokens_tokenized is None else self.n_tokens_tokenized
+        return done / self.seconds if self.seconds else 0.0
+
+    def engine_text(self) -> str:
+        e = self.engine
+        if not e or "name" not in e:
+            return ""
+        text = f"; engine {e['name']} {e.get('version', '')}".rstrip()
+        if e.get("checked_docs") is not None:
+            text += f" ({e['checked_docs']:,} documents checked against tokenizers: identical)"
+        if e.get("not_used"):
+            text += "; not used: " + "; ".join(f"{k}: {v}" for k, v in e["not_used"].items())
+        if e.get("fallback"):
+            text += f"; fell back to the reference: {e['fallback']}"
+        return text
+
+    def summary(self) -> str:
+        skipped = f", {self.n_skipped:,} bad records skipped" if self.n_skipped else ""
+        if self.executor == "finalize":
+            return (f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens "
+                    f"({self.dtype}) in {self.n_parts} parts, every part checked (sha256); "
+                    f"manifest written in {self.seconds:.1f}s")
+        return (
+            f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens ({self.dtype}), "
+            f"{self.n_empty:,} empty{skipped} in {self.seconds:.1f}s "
+            f"({self.tokens_per_second / 1e6:.2f}M tokens/s tokenized)"
+            + (f"; {self.n_parts} parts ({self.executor})" if self.n_parts > 1 else "")
+            + (f", {self.n_parts_skipped} already finished and verified, skipped"
+               if self.n_parts_skipped else "")
+            + self.engine_text()
+        ) + "".join(f"\nwarning: {w}" for w in self.warnings)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["tokens_per_second"] = self.tokens_per_second
+        return d
+
+
+def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
+                   options: TokenizeOptions | None = None, progress: bool = False,
+                   run: RunOptions | None = None) -> TokenizeResult:
+    """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``.
+
+    The inputs are planned into parts (small files grouped up to ``options.part_bytes``) and
+    the parts run in turn with every core; ``run`` runs them as Ray tasks or array tasks
+    instead. Parts already finished and verified are skipped (resume). The run holds the
+    output's lock throughout (a second run to the same prefix fails at once naming the
+    holder); the array tasks of one run hold it together."""
+    opts = options or TokenizeOptions()
+    run = run or RunOptions()
+    run.check()
+    opts.check()
+    check_out(out)
+    with output_lock(out, shared=run.one_task) as notes:
+        result = _tokenize(inputs, tokenizer, out, opts, progress, run)
+    result.warnings[:0] = notes
+    return result
+
+
+def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunOptions
+              ) -> TokenizeResult:
+    t0 = time.perf_counter()
+    plan = plan_tokenize(inputs, tokenizer, out, opts)
+    plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
+    if not run.finalize:
+        _begin(plan, opts, run)
+    jobs = [PartJob(plan, k, opts) for k in range(len(plan.parts))]
+    try:
+        manifests, skipped = run_jobs(
+            Jobs(jobs, run_part, lambda j: j.part.bytes, lambda j: j.label(), "tokenize", "B"),
+            run, progress)
+        if not run.one_task:
+            ms = None if run.finalize else [manifests[k] for k in range(len(plan.parts))]
+            manifest = finalize_tokenize(plan, ms)
+    except BaseException:
+        if plan.json_path.exists():  # the old manifest is in place: nothing to vouch for
+            with contextlib.suppress(FileNotFoundError):
+                _retired(plan).unlink()
+        raise
+    warnings: list[str] = []
+    for m in manifests.values():
+        warnings += [w for w in m.get("warnings", []) if w not in warnings]
+    if run.one_task:
+        entries = [manifests[k]["part"] for k in sorted(manifests)]
+        engines = [manifests[k]["meta"]["engine"] for k in sorted(manifests)]
+        dtype = next(iter(manifests.values()))["meta"]["dtype"] if manifests else "?"
+    else:
+        entries, dtype = manifest["parts"], manifest["dtype"]
+        engines = [manifest["engine"]]
+    inputs_meta = [i for e in entries for i in e["inputs"]]
+    return TokenizeResult(
+        prefix=str(plan.prefix), n_docs=sum(e["n_docs"] for e in entries),
+        n_tokens=sum(e["n_tokens"] for e in entries),
+        n_empty=sum(e["n_empty"] for e in entries),
+        n_skipped=sum(sum(i.get("skipped", {}).values()) for i in inputs_meta),
+        dtype=dtype, seconds=time.perf_counter() - t0, inputs=inputs_meta,
+        warnings=warnings, n_parts=len(entries) if run.one_task else len(plan.parts),
+        n_parts_skipped=skipped, executor=run.describe(),
+        engine=merge_engines(engines) if engines else {},
+        n_tokens_tokenized=sum(m["part"]["n_tokens"] for m in manifests.values()
+                               if not m.get("skipped")))
+
+
+def _plan_file(plan: TokenizePlan) -> Path:
+    return plan.prefix.parent / f".{plan.prefix.name}.plan.json"
+
+
+def _begin(plan: TokenizePlan, opts: TokenizeOptions, run: RunOptions) -> None:
+    """Before any data file changes: refuse what is not ours, register the plan (or find it
+    the one in progress), and retire a manifest being overwritten."""
+    if plan.json_path.exists() and not opts.overwrite:
+        raise PacktoolError(f"output already exists: {plan.json_path}; pass --overwrite to "
+                            "replace it or choose another --out")
+    _refuse_foreign_files(plan)
+    registered = _plan_file(plan)
+    try:
+        current = json.loads(registered.read_text()) if registered.is_file() else None
+    except (OSError, ValueError):
+        current = {}
+    if current is not None and current.get("digest") != plan.digest:
+        if not opts.overwrite or run.one_task:
+            raise PacktoolError(
+                f"{plan.prefix} is being written from another plan (other inputs, options or "
+                f"tokenizer; {registered.name}); finish that run (the same command, or "
+                "--finalize after its array tasks) or pass --overwrite to a whole run to "
+                "discard it")
+        registered.unlink()
+        current = None
+    if current is None and run.one_task:  # a whole run holds the lock alone: no need
+        with contextlib.suppress(FileExistsError):
+            write_new(registered, json.dumps({"digest": plan.digest,
+                                              "n_parts": len(plan.parts)}))
+    if opts.overwrite and plan.json_path.exists():
+        _retire(plan)
+
+
+def _retired(plan: TokenizePlan) -> Path:
+    return plan.prefix.parent / f".{plan.prefix.name}.retired.json"
+
+
+def _our_names(plan: TokenizePlan) -> set[str]:
+    """Part names the corpus manifest (or one retired by an interrupted --overwrite) lists,
+    under the prefix's current name (a corpus renamed a.* -> b.* still lists a.part-...)."""
+    names: set[str] = set()
+    for path in (plan.json_path, _retired(plan)):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            meta = json.loads(path.read_text())
+            if meta.get("format") != FORMAT:
+                continue
+            was = (meta.get("plan") or {}).get("prefix") or plan.prefix.name
+            for q in meta.get("parts") or [{"name": plan.prefix.name}]:
+                name = q["name"]
+                if name == was or name.startswith(was + ".part-"):
+                    name = plan.prefix.name + name[len(was):]
+                names.add(name)
+    return names
+
+
+def _retire(plan: TokenizePlan) -> None:
+    """Before an --overwrite: a hidden ``.PREFIX.retired.json`` lists the parts the old
+    manifest vouches for, so that their files stay provably ours once that manifest leaves
+    (with the first new part's commit, journaled with it: readers never see new data under
+    it) until the new manifest is in place."""
+    retired = _retired(plan)
+    names = sorted(_our_names(plan))
+    with contextlib.suppress(FileNotFoundError):
+        retired.unlink()
+    write_new(retired, json.dumps({"format": FORMAT, "parts": [{"name": n} for n in names]}))
+
+
+def _refuse_foreign_files(plan: TokenizePlan) -> None:
+    """Data files at a part's name are ours only when a manifest of ours (the corpus's, a
+    retired one, or the part's own) vouches for them; anything else is the user's, never
+    replaced, even with --overwrite."""
+    listed = _our_names(plan)
+    for q in plan.parts:
+        found = [f"{plan.part_prefix(q)}{s}" for s in (".bin", ".boundaries", ".mask")
+                 if Path(f"{plan.part_prefix(q)}{s}").exists()
+                 or Path(f"{plan.part_prefix(q)}{s}").is_symlink()]
+        if not found or q.name in listed:
+            continue
+        try:
+            ours = read_part_manifest(plan.part_manifest(q)) is not None
+        except FormatError:
+            ours = False
+        if not ours:
+            raise PacktoolError(f"{', '.join(found)} exist(s) and no packtool manifest lists "
+                                "them: not a packtool output, so not replaced even with "
+                                "--overwrite; move them away or choose another --out")
+
+
+def merge_engines(engines: list[dict]) -> dict:
+    """One ``engine`` entry for the corpus: what ran (the same everywhere, else per part) and
+    the checks summed over the parts."""
+    keys = ("name", "version", "requested", "check")
+    if any(tuple(e.get(k) for k in keys) != tuple(engines[0].get(k) for k in keys)
+           for e in engines):
+        return {"per_part": engines}
+    out = {k: engines[0].get(k) for k in keys}
+    if "checked_docs" in engines[0]:
+        out["checked_docs"] = sum(e.get("checked_docs", 0) for e in engines)
+        out["checked_tokens"] = sum(e.get("checked_tokens", 0) for e in engines)
+        out["result"] = "identical"
+    reasons: dict = {}
+    for e in engines:  # engine name -> why it was not used (the same for every part, mostly)
+        for name, why in (e.get("not_used") or {}).items():
+            reasons.setdefault(name, why)
+    if reasons:
+        out["not_used"] = reasons
+    fallbacks = [f"part {i}: {e['fallback']}" for i, e in enumerate(engines)
+                 if e.get("fallback")]
+    if fallbacks:
+        out["fallback"] = "; ".join(fallbacks)
+    return out
+
+
+def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -> dict:
+    """Write ``PREFIX.json`` once every part of ``plan`` is finished. ``manifests`` (from
+    the run just made, each read back from disk) skip the re-check; without them every
+    part is checked in full (sha256 of every file, and its inputs' content) and a missing
+    or corrupt one refused, by name."""
+    if manifests is None:
+        manifests, bad = [], []
+        for k, q in enumerate(plan.parts):
+            m, why = check_part(plan, k)
+            if m is None:
+                bad.append(f"part {q.index} ({q.name}): {why}")
+            manifests.append(m)
+        if bad:
+            shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20
+                                           else "")
+            raise PacktoolError(
+                f"{len(bad)} of {len(plan.parts)} parts of {plan.prefix} are not finished: "
+                f"{shown}. Run the tasks that own them again (or the same command without "
+                "--finalize): finished parts are skipped, these are redone")
+    metas = [m["meta"] for m in manifests]
+    meta = {k: v for k, v in metas[0].items() if k != "engine"}
+    for q, m in zip(plan.parts, metas, strict=True):
+        other = {k: v for k, v in m.items() if k != "engine"}
+        if other != meta:
+            diff = sorted(k for k in set(other) | set(meta) if other.get(k) != meta.get(k))
+            raise PacktoolError(f"part {q.index} ({q.name}) was made with other settings "
+                                f"than part 0 ({', '.join(diff)} differ); delete its files "
+                                f"({q.name}.*) and run it again")
+    meta["engine"] = merge_engines([m["engine"] for m in metas])
+    manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry())
+    with atomic_files([plan.json_path], True) as (tmp,):
+        write_new(tmp, json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    _remove_stale_parts(plan)
+    for done in (_plan_file(plan), _retired(plan)):
+        with contextlib.suppress(FileNotFoundError):
+            done.unlink()
+    return manifest
+
+
+def _remove_stale_parts(plan: TokenizePlan) -> None:
+    """Parts of an earlier plan at this prefix (their part manifests, or the manifest an
+    --overwrite retired, say so) that this plan does not list: removed once the new manifest
+    is in place, so no orphan data stays."""
+    keep = {q.name for q in plan.parts}
+    folder, stem = plan.prefix.parent, plan.prefix.name
+    names = {m.name[1:-len(".part.json")] for m in folder.glob(f".{stem}*.part.json")}
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        names |= {q["name"] for q in json.loads(_retired(plan).read_text())["parts"]}
+    for name in names - keep:
+        if not (name == stem or name.startswith(f"{stem}.part-")):
+            continue
+        for s in (".bin", ".boundaries", ".mask"):
+            with contextlib.suppress(FileNotFoundError):
+                (folder / f"{name}{s}").unlink()
+        with contextlib.suppress(FileNotFoundError):
+            part_manifest_path(folder, name).unlink()
