@@ -148,7 +148,7 @@ def _leftovers(output: Path) -> list[tuple[Path, str, int]]:
     a multi-part corpus and their manifests (``.o.part-00001.bin.tmp-…``,
     ``..o.part.json.tmp-…``, a part commit's journal ``.o.part-commit.commit-…``)."""
     name = re.escape(output.name)
-    pattern = re.compile(rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.part[-.][\w.-]*)"
+    pattern = re.compile(rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.(?:part[-.][\w.-]*|plan\.json))"
                          rf"\.({_KINDS})-(\d+)-[0-9a-f]+")
     found = []
     for p in output.parent.iterdir():

@@ -97,11 +97,27 @@ def acquire(lock: Path, mode: str, what: str) -> int:
 
 
 def release(lock: Path, fd: int, remove: bool = True) -> None:
-    """Release; an exclusive holder removes the file (a shared one leaves it to the last)."""
+    """Release; an exclusive holder removes the file, a shared one closes its descriptor and
+    then removes the file if it can take it exclusively (no other holder is left): of
+    several tasks releasing at once, the last to close removes it."""
     if remove:
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()
+        os.close(fd)
+        return
     os.close(fd)
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _same_file(fd, lock):  # a newcomer that opened it retries on its own file
+            lock.unlink()
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -120,11 +136,7 @@ def hold(lock: Path, mode: str, what: str):
         yield
     finally:
         del _held[lock]
-        release(lock, fd, remove=mode != "shared" or not _shared_by_others(fd))
-
-
-def _shared_by_others(fd: int) -> bool:
-    return bool(holders(fd))
+        release(lock, fd, remove=mode != "shared")
 
 
 @contextlib.contextmanager

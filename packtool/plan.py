@@ -6,7 +6,11 @@ assignment, order, shard boundaries, counts). No disk access, so tests check a p
     order    = packs shuffled with --seed (or the packer's order with --no-shuffle)
     shards   = consecutive packs of about --shard-size tokens
 
-Memory: O(documents) int64 arrays (10M documents: ~0.5 GB peak).
+Memory, lean by design (scripts/bench_pack.py --memory): a segment is an index into the
+table the overflow policy makes of the documents (one entry per document, more only for the
+few documents split into pieces), so the plan holds per segment its length (int32) and its
+place in the output (int64), and per pack its segment count: the document and offset of a
+segment are derived shard by shard (:meth:`PackLayout.shard_segments`), never held for all.
 """
 
 from __future__ import annotations
@@ -24,14 +28,58 @@ __all__ = ["OVERFLOW", "PackLayout", "PackOptions", "Segments", "doc_groups", "m
            "make_segments", "plan_pack", "shard_starts"]
 
 
+def _narrow(a: np.ndarray) -> np.ndarray:
+    """int32 when the values fit, else int64."""
+    a = np.asarray(a)
+    if a.size and (int(a.max()) >= 2**31 or int(a.min()) < -2**31):
+        return a.astype(np.int64, copy=False)
+    return a.astype(np.int32, copy=False)
 
 
 @dataclass
 class Segments:
-    doc: np.ndarray      # global source document index
-    offset: np.ndarray   # token offset inside that document
-    length: np.ndarray
+    """The segments an overflow policy makes of documents, in document order, a piece after
+    another: table entry ``s`` is document ``s`` until the first split document, and in
+    general ``s`` minus the extra pieces of the split documents before it. ``table_length``
+    has an entry for every document (0: empty or dropped) plus one per extra piece; ``doc``,
+    ``offset``, ``length`` list the non-empty segments (computed on use, for tests and
+    reports)."""
+
+    table_length: np.ndarray     # int32/int64 per table entry
+    split_docs: np.ndarray       # documents cut into several pieces, ascending (int64)
+    split_first: np.ndarray      # the table entry of each one's first piece (int64)
+    split_pieces: np.ndarray     # and its number of pieces (int64)
+    seq_len: int
     counts: dict = field(default_factory=dict)
+
+    def locate(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(document, offset) of table entries ``index`` (int64 arrays)."""
+        index = np.asarray(index, np.int64)
+        if not self.split_docs.size:
+            return index, np.zeros(index.size, np.int64)
+        extra = np.concatenate([[0], np.cumsum(self.split_pieces - 1)])
+        j = np.searchsorted(self.split_first, index, side="right") - 1
+        jj = np.maximum(j, 0)
+        inside = (j >= 0) & (index < self.split_first[jj] + self.split_pieces[jj])
+        doc = np.where(inside, self.split_docs[jj], index - extra[j + 1])
+        offset = np.where(inside, (index - self.split_first[jj]) * self.seq_len, 0)
+        return doc.astype(np.int64), offset.astype(np.int64)
+
+    @property
+    def _nonempty(self) -> np.ndarray:
+        return np.flatnonzero(self.table_length > 0)
+
+    @property
+    def doc(self) -> np.ndarray:
+        return self.locate(self._nonempty)[0]
+
+    @property
+    def offset(self) -> np.ndarray:
+        return self.locate(self._nonempty)[1]
+
+    @property
+    def length(self) -> np.ndarray:
+        return self.table_length[self._nonempty].astype(np.int64)
 
 
 def make_segments(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> Segments:
@@ -39,73 +87,83 @@ def make_segments(lengths: np.ndarray, seq_len: int, overflow: str = "split") ->
 
     Every document and token is accounted for in ``counts``: empty documents are skipped;
     over-long ones are split into ceil(n / L) pieces, truncated to their first L tokens, or
-    dropped.
-    """
+    dropped."""
     if overflow not in OVERFLOW:
         raise PacktoolError(f"--overflow {overflow!r}: choose one of {', '.join(OVERFLOW)}")
-    lengths = np.asarray(lengths, dtype=np.int64)
-    over = lengths > seq_len
-    n_over = int(over.sum())
-    over_tokens = int(lengths[over].sum())
-    counts = {
-        "n_docs": int(lengths.size),
-        "n_empty": int((lengths == 0).sum()),
-        "n_overlong": n_over,
-        "n_split": 0, "n_split_pieces": 0,
-        "n_truncated": 0, "n_truncated_tokens": 0,
-        "n_dropped": 0, "n_dropped_tokens": 0,
-    }
-    if overflow == "split":
-        pieces = -(-lengths // seq_len)
-        doc = np.repeat(np.arange(lengths.size, dtype=np.int64), pieces)
-        first = np.repeat(np.cumsum(pieces) - pieces, pieces)
-        offset = (np.arange(doc.size, dtype=np.int64) - first) * seq_len
-        length = np.minimum(lengths[doc] - offset, seq_len)
-        counts.update(n_split=n_over, n_split_pieces=int(pieces[over].sum()))
-    else:
-        keep = lengths > 0
-        if overflow == "drop":
-            keep &= ~over
-            counts.update(n_dropped=n_over, n_dropped_tokens=over_tokens)
-        else:
-            counts.update(n_truncated=n_over, n_truncated_tokens=over_tokens - n_over * seq_len)
-        doc = np.flatnonzero(keep).astype(np.int64)
-        offset = np.zeros(doc.size, np.int64)
-        length = np.minimum(lengths[doc], seq_len)
-    counts["n_segments"] = int(doc.size)
-    counts["n_tokens"] = int(length.sum())
-    return Segments(doc, offset, length, counts)
+    lengths = np.asarray(lengths)
+    over = np.flatnonzero(lengths > seq_len)
+    over_tokens = int(lengths[over].sum(dtype=np.int64))
+    counts = {"n_docs": int(lengths.size), "n_empty": int(np.count_nonzero(lengths == 0)),
+              "n_overlong": int(over.size), "n_split": 0, "n_split_pieces": 0,
+              "n_truncated": 0, "n_truncated_tokens": 0, "n_dropped": 0, "n_dropped_tokens": 0}
+    table = _narrow(np.minimum(lengths, seq_len))
+    none = np.empty(0, np.int64)
+    split_docs, split_first, pieces = none, none, none
+    if overflow == "split" and over.size:
+        n_over = lengths[over].astype(np.int64)
+        pieces = -(-n_over // seq_len)
+        split_docs = over.astype(np.int64)
+        split_first = split_docs + np.concatenate([[0], np.cumsum(pieces - 1)[:-1]])
+        # each split document's entries: its pieces, in place (later documents move down)
+        keep = np.ones(lengths.size, bool)
+        keep[over] = False
+        rest = table.size + int((pieces - 1).sum())
+        new = np.empty(rest, table.dtype)
+        idx = np.arange(lengths.size, dtype=np.int64)
+        extra_before = np.zeros(lengths.size, np.int64)
+        extra_before[over] = pieces - 1
+        shift = np.cumsum(extra_before) - extra_before  # extra pieces before each document
+        new[(idx + shift)[keep]] = table[keep]
+        within = np.arange(int(pieces.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(pieces) - pieces, pieces)
+        starts = np.repeat(split_first, pieces)
+        new[starts + within] = np.minimum(np.repeat(n_over, pieces) - within * seq_len,
+                                          seq_len)
+        table = new
+        counts.update(n_split=int(over.size), n_split_pieces=int(pieces.sum()))
+    elif overflow == "drop":
+        table[over] = 0
+        counts.update(n_dropped=int(over.size), n_dropped_tokens=over_tokens)
+    elif overflow == "truncate":
+        counts.update(n_truncated=int(over.size),
+                      n_truncated_tokens=over_tokens - int(over.size) * seq_len)
+    counts["n_segments"] = int(np.count_nonzero(table))
+    counts["n_tokens"] = int(table.sum(dtype=np.int64))
+    return Segments(table, split_docs, split_first, pieces, seq_len, counts)
 
 
 @njit
 def _order_segments(packs, rank, n_packs):
-    """Segments grouped by output pack position (stable); segments per pack."""
+    """Table entries grouped by output pack position (stable; entries with pack -1, empty,
+    left out); segments per pack."""
     n = packs.shape[0]
     nseg = np.zeros(n_packs + 1, np.int64)
     for s in range(n):
-        nseg[rank[packs[s]] + 1] += 1
+        if packs[s] >= 0:
+            nseg[rank[packs[s]] + 1] += 1
     start = np.cumsum(nseg)
-    order = np.empty(n, np.int64)
+    order = np.empty(start[-1], np.int64)
     pos = start[:-1].copy()
     for s in range(n):
-        r = rank[packs[s]]
-        order[pos[r]] = s
-        pos[r] += 1
-    return order, nseg[1:]
+        if packs[s] >= 0:
+            r = rank[packs[s]]
+            order[pos[r]] = s
+            pos[r] += 1
+    return order, nseg[1:].astype(np.int32)
 
 
 @dataclass
 class PackLayout:
-    """Where every segment goes. Segment arrays are in output order: pack by pack (in output
-    order), segments of a pack in source order."""
+    """Where every segment goes. ``order`` lists table entries (across copy rounds) in output
+    order: pack by pack (in output order), segments of a pack in source order;
+    ``shard_segments(k)`` gives a shard's (document, offset, length) arrays."""
 
     options: PackOptions
-    counts: dict                # make_segments' counts
-    seg_doc: np.ndarray
-    seg_offset: np.ndarray
-    seg_length: np.ndarray
-    pack_nseg: np.ndarray       # segments per pack, output order
-    shard_starts: np.ndarray    # first pack of each shard, then n_packs
+    counts: dict                 # make_segments' counts (summed over copy rounds)
+    rounds: list                 # Segments per copy round (one without a mixture)
+    order: np.ndarray            # table entries in output order (int64, round-major index)
+    pack_nseg: np.ndarray        # segments per pack, output order (int32)
+    shard_starts: np.ndarray     # first pack of each shard, then n_packs
     report: PackerReport
 
     @property
@@ -119,61 +177,104 @@ class PackLayout:
     @property
     def seg_first(self) -> np.ndarray:
         """First segment of each pack, then the segment count."""
-        return np.concatenate([[0], np.cumsum(self.pack_nseg)]).astype(np.int64)
+        return np.concatenate([[0], np.cumsum(self.pack_nseg, dtype=np.int64)])
+
+    def segments(self, a: int = 0, b: int | None = None):
+        """(document, offset, length) of output segments a..b-1 (int64)."""
+        idx = self.order[a:b]
+        doc = np.empty(idx.size, np.int64)
+        off = np.empty(idx.size, np.int64)
+        length = np.empty(idx.size, np.int64)
+        base = 0
+        for r in self.rounds:
+            m = (idx >= base) & (idx < base + r.table_length.size)
+            if m.any():
+                doc[m], off[m] = r.locate(idx[m] - base)
+                length[m] = r.table_length[idx[m] - base]
+            base += r.table_length.size
+        return doc, off, length
+
+    @property
+    def seg_doc(self) -> np.ndarray:
+        return self.segments()[0]
+
+    @property
+    def seg_offset(self) -> np.ndarray:
+        return self.segments()[1]
+
+    @property
+    def seg_length(self) -> np.ndarray:
+        return self.segments()[2]
+
+    def ordered_lengths(self) -> np.ndarray:
+        """Every segment's length, in output order."""
+        if len(self.rounds) == 1:
+            return self.rounds[0].table_length[self.order]
+        return self.segments()[2]
 
     def pack_lengths(self) -> np.ndarray:
-        ends = np.cumsum(self.seg_length)
-        first = self.seg_first
-        tok = np.concatenate([[0], ends[first[1:] - 1]]) if self.n_packs else np.zeros(1)
-        return np.diff(tok).astype(np.int64)
+        if not self.n_packs:
+            return np.zeros(0, np.int64)
+        return np.add.reduceat(self.ordered_lengths().astype(np.int64), self.seg_first[:-1])
 
     def shard(self, k: int) -> tuple[slice, slice]:
-        """(packs, segments) of shard k as slices into pack_nseg and the segment arrays."""
+        """(packs, segments) of shard k as slices into pack_nseg and the output order."""
         p0, p1 = int(self.shard_starts[k]), int(self.shard_starts[k + 1])
         first = self.seg_first
         return slice(p0, p1), slice(int(first[p0]), int(first[p1]))
 
 
 def plan_pack(lengths: np.ndarray, options: PackOptions,
-              repeats: np.ndarray | None = None) -> PackLayout:
+              repeats: np.ndarray | None = None, shuffle_key: tuple = ()) -> PackLayout:
     """The whole layout of a packed dataset from document lengths alone. ``repeats`` (copies
-    per document, from :func:`doc_repeats`) packs copy rounds apart (see :func:`make_rounds`);
-    ``None`` means every document once."""
+    per document, from :func:`packtool.mixture.doc_repeats`) packs copy rounds apart (see
+    :func:`make_rounds`); ``None`` means every document once. ``shuffle_key`` keys the pack
+    shuffle's random stream further (a group of documents planned on its own)."""
     options.check()
-    lengths = np.asarray(lengths, np.int64)
+    lengths = np.asarray(lengths)
     if repeats is None:
         rounds = [make_segments(lengths, options.seq_len, options.overflow)]
     else:
         rounds = make_rounds(lengths, repeats, options.seq_len, options.overflow)
     parts, n_packs, report = [], 0, None
     for segs in rounds:
-        for a, b in doc_groups(segs.doc, lengths.size, options.group_docs):
-            packing = run_packer(segs.length[a:b], options.seq_len, options.algo,
+        for a, b in doc_groups(segs, options.group_docs):
+            packing = run_packer(segs.table_length[a:b], options.seq_len, options.algo,
                                  options.packer_options())
-            parts.append(np.where(packing.packs >= 0, packing.packs + n_packs, -1))
+            ids = packing.packs
+            parts.append(np.where(ids >= 0, ids + n_packs, -1))
             n_packs += packing.report.n_packs
             report = _merge_reports(report, packing.report)
+            del packing, ids
     if report is None:  # nothing to pack at all
         report = run_packer(np.empty(0, np.int64), options.seq_len, options.algo,
                             options.packer_options()).report
-    cat = (lambda f: np.concatenate([f(r) for r in rounds])) if rounds else (
-        lambda f: np.empty(0, np.int64))
-    seg_doc = cat(lambda r: r.doc)
-    seg_off = cat(lambda r: r.offset)
-    seg_len = cat(lambda r: r.length)
     packs = np.concatenate(parts) if parts else np.empty(0, np.int64)
-    rank = (np.random.default_rng(options.seed).permutation(n_packs) if options.shuffle
-            else np.arange(n_packs)).astype(np.int64)
+    del parts
+    rank = shuffle_rank(n_packs, options, shuffle_key)
     order, pack_nseg = _order_segments(packs, rank, n_packs)
+    del packs, rank
     counts = rounds[0].counts if repeats is None else _merge_counts(rounds, lengths)
-    layout = PackLayout(options, counts, seg_doc[order], seg_off[order],
-                        seg_len[order], pack_nseg, np.zeros(1, np.int64), report)
+    layout = PackLayout(options, counts, rounds, order, pack_nseg, np.zeros(1, np.int64),
+                        report)
     pack_len = layout.pack_lengths()
     if n_packs and int(pack_len.max()) > options.seq_len:  # a packer bug never reaches disk
         raise RuntimeError(f"packer {options.algo} made a pack of {int(pack_len.max())} "
                            f"> {options.seq_len} tokens")
     layout.shard_starts = shard_starts(pack_len, options.shard_size)
     return layout
+
+
+def shuffle_rank(n_packs: int, options: PackOptions, key: tuple = ()) -> np.ndarray:
+    """Each pack's output position: a seeded permutation (its own random stream: the
+    ``"pack-shuffle"`` domain of ``options.seed``), or the packer's order."""
+    if not options.shuffle:
+        return np.arange(n_packs, dtype=np.int64)
+    rng = np.random.default_rng(np.random.SeedSequence([options.seed, *SHUFFLE_DOMAIN, *key]))
+    return rng.permutation(n_packs).astype(np.int64)
+
+
+SHUFFLE_DOMAIN = (0x7061636B,)  # "pack": the pack shuffle's stream of the seed
 
 
 def make_rounds(lengths: np.ndarray, repeats: np.ndarray, seq_len: int, overflow: str
@@ -188,18 +289,19 @@ def make_rounds(lengths: np.ndarray, repeats: np.ndarray, seq_len: int, overflow
     return rounds
 
 
-def doc_groups(seg_doc: np.ndarray, n_docs: int, group_docs: int | None
-               ) -> list[tuple[int, int]]:
-    """Segment ranges of consecutive groups of ``group_docs`` documents (segments are in
-    document order), each packed on its own: OLMo-core packs per source file this way, and
-    it bounds one packer call's memory and time. Measured on 10M lognormal lengths
-    (scripts/bench_scale.py, bfd, seq_len 4096): see docs/SCALE.md for packs vs global."""
+def doc_groups(segs: Segments, group_docs: int | None) -> list[tuple[int, int]]:
+    """Table-entry ranges of consecutive groups of ``group_docs`` documents, each packed on
+    its own: OLMo-core packs per source file this way, and it bounds one packer call's
+    memory and time. Measured on 10M lognormal lengths (scripts/bench_scale.py, bfd, seq_len
+    4096): see docs/SCALE.md for packs vs global."""
+    n_docs = segs.counts["n_docs"]
     if group_docs is None or n_docs <= group_docs:
-        return [(0, int(seg_doc.size))]
-    cuts = np.searchsorted(seg_doc, np.arange(0, n_docs + group_docs, group_docs)[1:],
-                           side="left")
-    starts = np.concatenate([[0], cuts[:-1]])
-    return [(int(a), int(b)) for a, b in zip(starts, cuts, strict=True) if b > a]
+        return [(0, int(segs.table_length.size))]
+    cuts = np.arange(group_docs, n_docs, group_docs, dtype=np.int64)
+    extra = np.searchsorted(segs.split_docs, cuts, side="left")  # split docs before each cut
+    before = np.concatenate([[0], np.cumsum(segs.split_pieces - 1)])[extra]
+    bounds = np.concatenate([[0], cuts + before, [segs.table_length.size]])
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 def _merge_reports(a: PackerReport | None, b: PackerReport) -> PackerReport:

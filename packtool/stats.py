@@ -81,7 +81,7 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
     from .plan import make_segments
 
     segs = make_segments(lengths, seq_len, overflow)
-    seg = segs.length
+    seg = segs.length  # the non-empty segments; the packers get the planner's table
     n = seg.size
     kept = int(seg.sum())
     rng = np.random.default_rng(seed)
@@ -103,7 +103,8 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
         "counts": segs.counts,
     }
     if algos:
-        rep["algos"] = compare_algos(seg, seq_len, algos, seed, algo_options or {})
+        rep["algos"] = compare_algos(segs.table_length, seq_len, algos, seed,
+                                     algo_options or {})
         lp = [a for a in rep["algos"] if a.get("lp_bound") is not None]
         if lp:
             rep["lp_bound_packs"] = lp[0]["lp_bound"]
@@ -131,16 +132,17 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
         raise PacktoolError(f"none of the packers compared reads "
                             f"{', '.join('--' + k.replace('_', '-') for k in sorted(unread))}")
     rows = []
+    nonempty = np.asarray(seg_lengths)[np.asarray(seg_lengths) > 0]
     for algo in algos:
         opts = PackerOptions(seed=seed, **{k: v for k, v in given.items()
                                            if k in PACKERS[algo].options})
         depth = opts.max_depth or {"nnlshp": 3, "spfhp": 12}.get(algo)
-        if algo == "nnlshp" and seg_lengths.size:
-            cap = depth_capped_efficiency(seg_lengths, seq_len, depth)
+        if algo == "nnlshp" and nonempty.size:
+            cap = depth_capped_efficiency(nonempty, seq_len, depth)
             if cap < HOPELESS:
                 rows.append({"algo": algo, "packs": None, "skipped": (
                     f"at --max-depth {depth} no packing can pass {100 * cap:.1f}% efficiency "
-                    f"(documents average {seg_lengths.mean():,.0f} tokens, L = {seq_len:,}); "
+                    f"(documents average {nonempty.mean():,.0f} tokens, L = {seq_len:,}); "
                     "raise --max-depth or use bfd/optimal")})
                 continue
         with compile_seconds() as spent:  # kernels compile on first use: timed apart

@@ -86,8 +86,7 @@ def shard_jobs(layouts: dict, common: dict, target: Target) -> list[ShardJob]:
         for k in range(layout.n_shards):
             packs, segs = layout.shard(k)
             first = layout.seg_first[packs.start:packs.stop + 1] - segs.start
-            arrays = (first, layout.seg_doc[segs], layout.seg_offset[segs],
-                      layout.seg_length[segs])
+            arrays = (first, *layout.segments(segs.start, segs.stop))
             h = hashlib.sha256(json.dumps({**common, "split": split, "k": k},
                                           sort_keys=True).encode())
             for arr in arrays:

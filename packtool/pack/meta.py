@@ -21,8 +21,10 @@ METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs
 
 def metrics(layout: PackLayout) -> dict:
     rep = layout.report
-    return pack_metrics(layout.seg_length, layout.options.seq_len, layout.n_packs,
-                        rep.lp_bound, rep.lp_converged)
+    lengths = np.concatenate([r.table_length[r.table_length > 0] for r in layout.rounds]
+                             or [np.empty(0, np.int64)])
+    return pack_metrics(lengths, layout.options.seq_len, layout.n_packs, rep.lp_bound,
+                        rep.lp_converged)
 
 
 def storage(corpora: list, options: PackOptions) -> dict:
@@ -60,7 +62,7 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
 def imbalance(layout: PackLayout, ranks: int = 8) -> float | None:
     """Mean over groups of ``ranks`` consecutive packs of max/mean attention cost: what one
     pack per rank per step costs in stragglers (docs/TRAINING.md)."""
-    costs = attention_costs(layout.seg_length, layout.seg_first)
+    costs = attention_costs(layout.ordered_lengths(), layout.seg_first)
     n = costs.size // ranks * ranks
     if not n:
         return None
@@ -81,14 +83,23 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
                    folder: Path) -> list[dict]:
     """Per source: where it is (as given, and relative to the dataset's folder ``folder``,
     so that moving both together keeps the link), what it had, its repeat factor, and what
-    the packs use of it (document copies, tokens, and the share of all packed tokens)."""
+    the packs use of it (document copies, tokens, and the share of all packed tokens),
+    counted per copy round over the source's range of the segment table."""
     base = np.cumsum([0] + [len(c) for c in corpora]).astype(np.int64)
-    which = np.searchsorted(base, layout.seg_doc, side="right") - 1
-    tokens = np.bincount(which, weights=layout.seg_length, minlength=len(corpora))
-    docs = np.bincount(which[layout.seg_offset == 0], minlength=len(corpora))
-    total = max(int(layout.seg_length.sum()), 1)
+    tokens = np.zeros(len(corpora), np.int64)
+    docs = np.zeros(len(corpora), np.int64)
+    for r in layout.rounds:
+        first = base + np.concatenate([[0], np.cumsum(r.split_pieces - 1)])[
+            np.searchsorted(r.split_docs, base, side="left")]
+        nonzero = np.concatenate([[0], np.cumsum(r.table_length > 0)])
+        total = np.concatenate([[0], np.cumsum(r.table_length, dtype=np.int64)])
+        extra = np.concatenate([[0], np.cumsum(r.split_pieces - 1)])[
+            np.searchsorted(r.split_docs, base, side="left")]
+        tokens += np.diff(total[first])
+        docs += np.diff(nonzero[first]) - np.diff(extra)
+    all_tokens = max(int(tokens.sum()), 1)
     return [{**source_entry(c, folder), "factor": factors[k], "docs_used": int(docs[k]),
-             "tokens_used": int(tokens[k]), "token_share": float(tokens[k]) / total}
+             "tokens_used": int(tokens[k]), "token_share": float(tokens[k]) / all_tokens}
             for k, c in enumerate(corpora)]
 
 

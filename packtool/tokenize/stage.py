@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -166,6 +167,8 @@ def _begin(plan: TokenizePlan, opts: TokenizeOptions, run: RunOptions) -> None:
                             "replace it or choose another --out")
     _refuse_foreign_files(plan)
     registered = _plan_file(plan)
+    if run.one_task:  # registered whole (a link: never seen half-written) unless one is
+        _register(registered, {"digest": plan.digest, "n_parts": len(plan.parts)})
     try:
         current = json.loads(registered.read_text()) if registered.is_file() else None
     except (OSError, ValueError):
@@ -179,10 +182,6 @@ def _begin(plan: TokenizePlan, opts: TokenizeOptions, run: RunOptions) -> None:
                 "discard it")
         registered.unlink()
         current = None
-    if current is None and run.one_task:  # a whole run holds the lock alone: no need
-        with contextlib.suppress(FileExistsError):
-            write_new(registered, json.dumps({"digest": plan.digest,
-                                              "n_parts": len(plan.parts)}))
     if opts.overwrite and plan.json_path.exists():
         _retire(plan)
 
@@ -219,6 +218,21 @@ def _retire(plan: TokenizePlan) -> None:
     with contextlib.suppress(FileNotFoundError):
         retired.unlink()
     write_new(retired, json.dumps({"format": FORMAT, "parts": [{"name": n} for n in names]}))
+
+
+def _register(path: Path, body: dict) -> None:
+    """Write ``path`` atomically unless it exists: a temporary of this pid, hard-linked to
+    ``path`` (which fails if another task got there first), then removed."""
+    from .._atomic import temp_name
+
+    tmp = temp_name(path)
+    write_new(tmp, json.dumps(body))
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
 
 
 def _refuse_foreign_files(plan: TokenizePlan) -> None:
