@@ -173,10 +173,12 @@ def cli():
               help="Tokenizer threads (0 = all cores). Output is identical for any value.")
 @click.option("--batch-size", type=click.IntRange(1), default=1024, show_default=True,
               help="Documents per tokenizer batch.")
-@click.option("--engine", type=click.Choice(["auto", "hf", "fastokens", "tokie"]), default="auto",
+@click.option("--engine", type=click.Choice(["auto", "hf", "gigatoken", "fastokens", "tokie"]),
+              default="auto",
               show_default=True,
               help="Tokenizer engine: hf = the tokenizers library (the reference); auto = the "
-                   "fastest installed engine that matches it (pip install 'packtool[fast]').")
+                   "fastest installed engine for the tokenizer's family that matches it "
+                   "(pip install 'packtool[fast]').")
 @click.option("--engine-check", type=click.Choice(["sample", "full", "off"]), default="sample",
               show_default=True,
               help="Compare a fast engine with the reference on a sample of documents, on all "
