@@ -169,7 +169,12 @@ def _probe_texts(pieces: list) -> list[str]:
     user = [p for p, _, t in pieces if t == USER_DEFINED]
     step = max(1, len(pieces) // 200)
     normal = [p.replace("▁", " ") for p, _, t in pieces if t == NORMAL][::step]
-    return _PROBE + [f"a{p}b {p} x{p}{p}\n{p}" for p in user] + [" ".join(normal), "".join(normal)]
+    control = [p for p, _, t in pieces if t in (CONTROL, UNKNOWN)]
+    # a control piece isolated between user pieces: tokenizers' BPE (ignore_merges) emits it
+    # whole, sentencepiece never does; such a model is refused here rather than differing
+    after = [f"{u}{c}" for u in user[:1] for c in control]
+    return (_PROBE + [f"a{p}b {p} x{p}{p}\n{p}" for p in user] + after
+            + [" ".join(normal), "".join(normal)])
 
 
 def sentencepiece_encode(model_path: Path):

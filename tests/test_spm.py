@@ -63,15 +63,17 @@ TEXTS = st.lists(st.lists(PIECES, max_size=6).map("".join), min_size=1, max_size
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_conversion_matches_sentencepiece(models, name):
-    """The BPE models load and match everywhere. A Unigram model loads only when the probe
+    """The BPE models without user pieces load and match everywhere; with user pieces,
+    tokenizers' BPE (ignore_merges) emits a control piece that a text isolates between user
+    pieces ("<tool><s>"), so the probe refuses them. A Unigram model loads only when the probe
     passes: `tokenizers`' Unigram lattice takes a control piece (a literal ``</s>``) that
     sentencepiece never emits, and NFKC models meet tokenizers' Precompiled normalizer
     dropping a second combining mark; either way the refusal names the first difference."""
     path = models[name]
     try:
         tok, _ = load_model(path)
-    except PacktoolError as e:
-        assert name.startswith("unigram"), e
+    except PacktoolError as e:  # see the docstring, and bpe_user_pieces: "<tool><s>"
+        assert name.startswith("unigram") or name == "bpe_user_pieces", e
         assert "differs from the sentencepiece library" in str(e)
         return
     sp = spm.SentencePieceProcessor(model_file=str(path))
@@ -145,7 +147,7 @@ def test_unsupported_model_types_are_refused(tmp_path):
 GIGATOKEN_READS = {"bpe_llama2"}
 
 
-@pytest.mark.parametrize("model", ["bpe_llama2", "bpe_user_pieces", "bpe_default"])
+@pytest.mark.parametrize("model", ["bpe_llama2", "bpe_default"])
 @pytest.mark.parametrize("engine", ["auto", "hf", "gigatoken", "fastokens"])
 def test_tokenize_a_model_file_end_to_end(tmp_path, models, engine, model):
     path = models[model]
