@@ -97,6 +97,15 @@ _RUSAGE = ("import resource, sys, json\nru = resource.getrusage(resource.RUSAGE_
            " file=sys.stderr)\n")
 
 
+def _children_usage(before: dict | None = None) -> dict:
+    """CPU seconds of finished child processes (since ``before``) and their peak RSS."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru.ru_utime + ru.ru_stime - (before["cpu"] if before else 0.0)
+    return {"cpu": cpu, "rss": ru.ru_maxrss * 1024}
+
+
 def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
                  check: str = "sample", tokenizer: Path = TOKENIZER) -> dict:
     """Wall seconds, CPU seconds, tokens and peak RSS of the CLI in a fresh process."""
@@ -105,6 +114,7 @@ def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
            "try: main()\nexcept SystemExit: pass\n" + _RUSAGE,
            "packtool", "tokenize", str(corpus), "-t", str(tokenizer), "-o", str(out), "--overwrite",
            "-q", "--json", "-j", str(workers), "--engine", engine, "--engine-check", check]
+    before = _children_usage()
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -112,7 +122,11 @@ def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
     if p.returncode or not p.stdout.strip():
         sys.exit(f"packtool --engine {engine} failed:\n{p.stderr[-3000:]}")
     summary = json.loads(p.stdout)
-    usage = json.loads(p.stderr.strip().splitlines()[-1])
+    lines = p.stderr.strip().splitlines()
+    try:
+        usage = json.loads(lines[-1])
+    except (IndexError, ValueError):  # the CLI left through os._exit: the children's usage
+        usage = _children_usage(before)
     meta = json.loads(out.with_suffix(".json").read_text())
     return {"seconds": seconds, "cpu": usage["cpu"], "tokens": summary["n_tokens"],
             "rss": usage["rss"], "engine": meta["engine"]}
