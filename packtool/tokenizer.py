@@ -1,6 +1,7 @@
-"""Loading a tokenizer for ``packtool tokenize``: a Hugging Face ``tokenizer.json`` (or a model
-folder holding one) with padding and truncation off, special-token lookups, the id space that
-sets the token dtype, and the refusals that keep an output what its flags say."""
+"""Loading a tokenizer for ``packtool tokenize``: a Hugging Face ``tokenizer.json``, a
+SentencePiece ``.model`` (converted, :mod:`packtool.spm`), or a model folder holding one, with
+padding and truncation off; special-token lookups, the id space that sets the token dtype, and
+the refusals that keep an output what its flags say."""
 
 from __future__ import annotations
 
@@ -10,49 +11,43 @@ from .errors import PacktoolError
 
 
 def resolve_tokenizer_path(tok: str | Path) -> Path:
+    """A ``tokenizer.json``, a SentencePiece ``*.model``, or a folder holding one (the
+    ``tokenizer.json`` first, as Hugging Face loads it)."""
     p = Path(tok)
     if p.is_dir():
         if (p / "tokenizer.json").is_file():
             return p / "tokenizer.json"
         if (p / "tokenizer.model").is_file():
-            raise _sentencepiece_refusal(p / "tokenizer.model")
+            return p / "tokenizer.model"
         raise PacktoolError(
-            f"{p} holds no tokenizer.json; packtool needs a Hugging Face fast tokenizer file "
-            "(save one with tokenizer.save_pretrained(DIR) or Tokenizer.save(PATH))"
+            f"{p} holds no tokenizer.json or tokenizer.model; pass a Hugging Face fast tokenizer "
+            "file (save one with tokenizer.save_pretrained(DIR) or Tokenizer.save(PATH)) or a "
+            "SentencePiece .model"
         )
     if not p.exists():
         raise PacktoolError(f"tokenizer {p}: no such file or directory")
-    if p.suffix == ".model":
-        raise _sentencepiece_refusal(p)
     return p
-
-
-def _sentencepiece_refusal(model: Path) -> PacktoolError:
-    """Llama-1/2, Mistral-v1 and T5 folders ship only a SentencePiece ``tokenizer.model``.
-    Converting it needs ``transformers`` with ``sentencepiece`` and ``protobuf`` (its slow-to-fast
-    converters), which packtool does not depend on; the conversion is one command, once."""
-    folder = model.parent
-    return PacktoolError(
-        f"{model} is a SentencePiece model and {folder} has no tokenizer.json; packtool reads "
-        "Hugging Face fast tokenizers. Convert it once (pip install transformers sentencepiece "
-        "protobuf), then: python -c \"from transformers import AutoTokenizer; "
-        f"AutoTokenizer.from_pretrained('{folder}').save_pretrained('{folder}')\" "
-        "writes tokenizer.json beside it"
-    )
 
 
 def load_tokenizer(tok: str | Path):
     """Load a ``tokenizer.json`` (or a model folder holding one) with padding and truncation
-    switched off: packtool always stores every document's full token sequence."""
+    switched off: packtool always stores every document's full token sequence. A SentencePiece
+    ``.model`` is converted (:mod:`packtool.spm`) and proven equal to the sentencepiece library
+    on a probe first."""
     from tokenizers import Tokenizer
 
     path = resolve_tokenizer_path(tok)
+    if path.suffix == ".model":
+        from .spm import load_model
+
+        tokenizer, _ = load_model(path)
+        return tokenizer, path
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # the Rust side raises plain Exception subclasses
         raise PacktoolError(
             f"cannot read tokenizer {path} ({str(e).splitlines()[0][:200]}); "
-            "pass a Hugging Face tokenizer.json"
+            "pass a Hugging Face tokenizer.json or a SentencePiece .model"
         ) from None
     tokenizer.no_truncation()
     tokenizer.no_padding()

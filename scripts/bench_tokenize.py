@@ -1,9 +1,19 @@
-"""Benchmark `packtool tokenize` end to end, per engine, against the raw `tokenizers` batch call
-and datatrove's DocumentTokenizer.
+"""Benchmark `packtool tokenize` end to end, per engine, against a minimal gigatoken script,
+the raw `tokenizers` batch call and datatrove's DocumentTokenizer.
 
+    python scripts/bench_tokenize.py --issue22 [--datatrove]   # prose + code, 1/4/2,000 files,
+        # the 70k byte-level BPE of bench_corpora.py, every engine and the gigatoken script
     python scripts/bench_tokenize.py [--size-mb 100] [--corpora prose,mixed] [--repeat 3]
         [--workdir bench-out] [--engines hf,fastokens,tokie,auto,auto/check-off,auto/check-full]
         [--datatrove] [--flat]
+
+--issue22: corpora from bench_corpora.py (prose: synth text with mixed scripts; code: this
+Python's standard library), each as 1 file, 4 files and 2,000 files of the same records;
+per shape, interleaved, whole processes: packtool with each --engine, and
+`gigatoken-script` (GIGATOKEN_CODE below: encode_files on the JSONL files, write .bin and
+boundaries, as the issue's 10-line script). The token streams of every run are compared
+(byte-identical to --engine hf, and the script's to packtool's); ratios are wall time over
+the gigatoken script's and datatrove's.
 
 Generates synthetic JSONL corpora of --size-mb (cached in --workdir): `prose` (packtool.synth:
 Zipf words from a 20k vocabulary, some accented/CJK/emoji words) and `mixed` (the same with one
@@ -29,6 +39,7 @@ show that memory stays flat.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -36,7 +47,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 TOKENIZER = ROOT / "fixtures" / "tokenizer" / "tokenizer.json"
 _SCRIPTS = [(0x61, 0x7A), (0x430, 0x44F), (0x4E00, 0x9FFF), (0x627, 0x64A), (0x1F300, 0x1FAFF),
             (0x30, 0x39)]
@@ -83,14 +97,24 @@ _RUSAGE = ("import resource, sys, json\nru = resource.getrusage(resource.RUSAGE_
            " file=sys.stderr)\n")
 
 
+def _children_usage(before: dict | None = None) -> dict:
+    """CPU seconds of finished child processes (since ``before``) and their peak RSS."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru.ru_utime + ru.ru_stime - (before["cpu"] if before else 0.0)
+    return {"cpu": cpu, "rss": ru.ru_maxrss * 1024}
+
+
 def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
-                 check: str = "sample") -> dict:
+                 check: str = "sample", tokenizer: Path = TOKENIZER) -> dict:
     """Wall seconds, CPU seconds, tokens and peak RSS of the CLI in a fresh process."""
     cmd = [sys.executable, "-c",
            "import sys; from packtool.cli import main; sys.argv=sys.argv[1:]\n"
            "try: main()\nexcept SystemExit: pass\n" + _RUSAGE,
-           "packtool", "tokenize", str(corpus), "-t", str(TOKENIZER), "-o", str(out), "--overwrite",
+           "packtool", "tokenize", str(corpus), "-t", str(tokenizer), "-o", str(out), "--overwrite",
            "-q", "--json", "-j", str(workers), "--engine", engine, "--engine-check", check]
+    before = _children_usage()
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -98,7 +122,11 @@ def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
     if p.returncode or not p.stdout.strip():
         sys.exit(f"packtool --engine {engine} failed:\n{p.stderr[-3000:]}")
     summary = json.loads(p.stdout)
-    usage = json.loads(p.stderr.strip().splitlines()[-1])
+    lines = p.stderr.strip().splitlines()
+    try:
+        usage = json.loads(lines[-1])
+    except (IndexError, ValueError):  # the CLI left through os._exit: the children's usage
+        usage = _children_usage(before)
     meta = json.loads(out.with_suffix(".json").read_text())
     return {"seconds": seconds, "cpu": usage["cpu"], "tokens": summary["n_tokens"],
             "rss": usage["rss"], "engine": meta["engine"]}
@@ -145,7 +173,8 @@ corpus, tok = Path(sys.argv[1]), sys.argv[2]
 out = tempfile.mkdtemp(prefix="dt-out-")
 t0 = time.perf_counter()
 LocalPipelineExecutor(
-    pipeline=[JsonlReader(str(corpus.parent), glob_pattern=corpus.name, text_key="text"),
+    pipeline=[JsonlReader(str(corpus), glob_pattern="*.jsonl", text_key="text") if corpus.is_dir()
+              else JsonlReader(str(corpus.parent), glob_pattern=corpus.name, text_key="text"),
               DocumentTokenizer(out, tokenizer_name_or_path=tok, eos_token=None,
                                 shuffle_documents=False)],
     tasks=1, workers=1, logging_dir=tempfile.mkdtemp(prefix="dt-logs-"),
@@ -159,7 +188,7 @@ print(json.dumps({"seconds": seconds, "tokens": tokens, "rss": ru.ru_maxrss * 10
 """
 
 
-def run_datatrove(corpus: Path, workdir: Path, workers: int) -> dict:
+def run_datatrove(corpus: Path, workdir: Path, workers: int, tokenizer: Path = TOKENIZER) -> dict:
     """datatrove's DocumentTokenizer from a throwaway venv made on first use. It calls
     ``encode_batch`` (offsets included) with the tokenizer's post-processor on, so it writes
     one more token per document here (the fixture's ``<|bos|>``)."""
@@ -179,7 +208,7 @@ def run_datatrove(corpus: Path, workdir: Path, workers: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["RAYON_NUM_THREADS"] = str(workers)
     t0 = time.perf_counter()
-    p = subprocess.run([str(py), "-c", DATATROVE_CODE, str(corpus), str(TOKENIZER)],
+    p = subprocess.run([str(py), "-c", DATATROVE_CODE, str(corpus), str(tokenizer)],
                        capture_output=True, text=True, env=env, cwd=workdir)
     seconds = time.perf_counter() - t0
     if p.returncode:
@@ -252,6 +281,90 @@ def bench_corpus(kind: str, args) -> None:
               f"peak RSS {r['rss'] / 2**20:.0f} MiB")
 
 
+
+GIGATOKEN_CODE = """
+import sys, glob, os, numpy as np, gigatoken as gt
+src, tok, out = sys.argv[1], sys.argv[2], sys.argv[3]
+files = sorted(glob.glob(os.path.join(src, "*.jsonl"))) if os.path.isdir(src) else [src]
+a = gt.Tokenizer(tok).encode_files(gt.JsonlFileSource(files, field="text"))
+ids, offsets = a.layout.content.data, a.layout.offsets.data
+ids[offsets[0]:offsets[-1]].astype(np.uint32).tofile(out + ".bin")
+offsets.astype(np.int64).tofile(out + ".boundaries")
+"""
+
+
+def run_gigatoken_script(src: Path, tokenizer: Path, out: Path) -> dict:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", GIGATOKEN_CODE + _RUSAGE, str(src), str(tokenizer),
+                        str(out)], capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if p.returncode:
+        sys.exit(f"gigatoken script failed:\n{p.stderr[-3000:]}")
+    usage = json.loads(p.stderr.strip().splitlines()[-1])
+    ids = np.fromfile(f"{out}.bin", np.uint32)
+    return {"seconds": seconds, "cpu": usage["cpu"], "rss": usage["rss"], "tokens": len(ids),
+            "digest": hashlib.sha256(ids.tobytes()).hexdigest(), "engine": {"name": "gigatoken"}}
+
+
+def _digest(prefix: Path) -> str:
+    """sha256 of a token corpus's ids as one uint32 stream (whatever dtype and parts)."""
+    import packtool
+
+    c = packtool.open_tokens(prefix)
+    h = hashlib.sha256()
+    for i in range(len(c)):
+        h.update(np.asarray(c[i], np.uint32).tobytes())
+    return h.hexdigest()
+
+
+def bench_issue22(args) -> None:
+    from bench_corpora import bpe_tokenizer, code_corpus, prose_corpus, split_files
+
+    from packtool.engines import engine_summary
+
+    tok = args.tokenizer or bpe_tokenizer(args.workdir)
+    names = args.engines.split(",")
+    rows = []
+    for kind, make in (("prose", prose_corpus), ("code", code_corpus)):
+        one = make(args.workdir, args.size_mb)
+        for n in (int(x) for x in args.shapes.split(",")):
+            src = one if n == 1 else split_files(one, n)
+            tries: dict[str, list] = {k: [] for k in ["gigatoken-script", *names]}
+            for _ in range(args.repeat):  # interleaved
+                out = args.workdir / f"gt-{kind}-{n}"
+                tries["gigatoken-script"].append(run_gigatoken_script(src, tok, out))
+                for name in names:
+                    engine, _, check = name.partition("/")
+                    check = check.removeprefix("check-") or "sample"
+                    out = args.workdir / f"tok-{kind}-{n}-{name.replace('/', '-')}"
+                    r = run_packtool(src, out, args.workers, engine, check, tok)
+                    r["digest"] = _digest(out)
+                    tries[name].append(r)
+            runs = {k: best(v) for k, v in tries.items()}
+            if args.datatrove and n <= 4:
+                runs["datatrove"] = best([run_datatrove(src, args.workdir, args.workers, tok)
+                                          for _ in range(args.repeat)])
+                runs["datatrove"]["engine"] = {"name": "tokenizers (datatrove)"}
+            ref = runs.get("hf", runs["gigatoken-script"])
+            g = runs["gigatoken-script"]
+            print(f"\n== {kind}, {n} file(s), {one.stat().st_size / 1e6:,.0f} MB, "
+                  f"{g['tokens']:,} tokens, {args.workers} threads, best of {args.repeat}")
+            print(f"  {'run':18s} {'wall s':>7s} {'x gt-script':>11s} {'x dtrove':>8s} "
+                  f"{'CPU s':>6s} {'RSS MiB':>7s}  same tokens  engine")
+            for name, r in runs.items():
+                same = "-" if "digest" not in r else (
+                    "yes" if r["digest"] == ref["digest"] else "NO")
+                dt = runs.get("datatrove")
+                vs_dt = f"{dt['seconds'] / r['seconds']:8.2f}" if dt else f"{'':8s}"
+                e = r["engine"]
+                what = (engine_summary(e) if "version" in e else e["name"])[:110]
+                print(f"  {name:18s} {r['seconds']:7.2f} {r['seconds'] / g['seconds']:11.2f} "
+                      f"{vs_dt} {r['cpu']:6.2f} {r['rss'] / 2**20:7.0f}  {same:11s}  {what}")
+                rows.append((kind, n, name, r["seconds"]))
+                if same == "NO":
+                    print(f"  !! {name}: different tokens from --engine hf")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -265,9 +378,21 @@ def main() -> None:
                     help="comma list of --engine values (/check-off, /check-full: --engine-check)")
     ap.add_argument("--datatrove", action="store_true",
                     help="also time datatrove's DocumentTokenizer (throwaway venv, see above)")
+    ap.add_argument("--issue22", action="store_true",
+                    help="prose and code corpora, 1/4/2,000 files, the gigatoken script (above)")
+    ap.add_argument("--shapes", default="1,4,2000", help="--issue22: numbers of files")
+    ap.add_argument("--tokenizer", type=Path, default=None,
+                    help="--issue22: tokenizer (default: the 70k BPE of bench_corpora.py)")
     args = ap.parse_args()
     args.workdir = args.workdir.resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.issue22:
+        if args.engines == ap.get_default("engines"):
+            args.engines = "auto,hf,gigatoken,fastokens,tokie"
+        if args.size_mb == ap.get_default("size_mb"):
+            args.size_mb = 50
+        bench_issue22(args)
+        return
     for kind in args.corpora.split(","):
         bench_corpus(kind, args)
 

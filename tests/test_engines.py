@@ -25,14 +25,16 @@ from tokenizers import (
 )
 
 from packtool import engines, open_tokens
-from packtool.engines import EngineRefused, load_engine
+from packtool.engines import EngineRefused, load_engine, ranking
 from packtool.synth import make_documents
 from packtool.tokenize import TokenizeOptions, tokenize_files
 
 pytest.importorskip("fastokens")
 pytest.importorskip("tokie")
+pytest.importorskip("gigatoken")
 
 FAST = engines.FASTEST_FIRST
+FIRST = ranking.order("byte_level_bpe")[0]  # what auto runs on the fixture's byte-level BPE
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 MULTILINGUAL = ["café naïve Straße", "日本語の文章です。東京", "مرحبا بالعالم", "שלום עולם",
@@ -111,7 +113,31 @@ def _wordpiece():
     return tok
 
 
+def _llama2_byte_fallback():
+    """Llama-2 / Mistral: a SentencePiece byte-fallback BPE, converted by packtool.spm (the
+    form gigatoken reads: identity normalizer, spaces kept)."""
+    import tempfile
+    from pathlib import Path
+
+    spm = pytest.importorskip("sentencepiece")
+    from packtool.spm import convert
+
+    with tempfile.TemporaryDirectory() as d:
+        text = Path(d) / "t.txt"
+        text.write_text("\n".join(_training_text()), encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(text), model_prefix=str(Path(d) / "m"), vocab_size=900,
+            model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+            remove_extra_whitespaces=False, character_coverage=0.9995, minloglevel=2,
+            num_threads=1)
+        tok = convert((Path(d) / "m.model").read_bytes())
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok
+
+
 FAMILIES = {
+    "llama2_byte_fallback": _llama2_byte_fallback,
     "gpt2_byte_bpe": lambda: _byte_level(None),
     "llama3_split_regex": lambda: _byte_level(LLAMA3_SPLIT),
     "metaspace_bpe_nfkc": _metaspace_bpe,
@@ -202,11 +228,30 @@ def test_engines_match_reference(families, family, add_special):
 def test_which_engines_claim_which_family(families):
     """Pins the measured support: a change in an engine's claims shows here first."""
     claims = {f: sorted(_loaded(p, r, False)) for f, (p, r) in families.items()}
-    assert claims["gpt2_byte_bpe"] == claims["llama3_split_regex"] == ["fastokens", "tokie"]
+    assert claims["gpt2_byte_bpe"] == claims["llama3_split_regex"] == [
+        "fastokens", "gigatoken", "tokie"]
     assert "fastokens" in claims["llama2_sentencepiece_bpe"]
+    assert "gigatoken" in claims["llama2_byte_fallback"]
     assert "fastokens" not in claims["wordpiece_bert"]
     with pytest.raises(EngineRefused, match="BertNormalizer"):
         load_engine("fastokens", *families["wordpiece_bert"], False)
+    for family in ("wordpiece_bert", "unigram"):  # declared, so the reason names the model
+        with pytest.raises(EngineRefused, match="does not support the model"):
+            load_engine("gigatoken", *families[family], False)
+
+
+def test_auto_tries_engines_in_the_measured_order_and_says_why(families):
+    path, ref = families["gpt2_byte_bpe"]
+    sel = engines.select_engine("auto", "sample", path, ref, False)
+    assert sel.engine.name == ranking.order("byte_level_bpe")[0] == "gigatoken"
+    path, ref = families["wordpiece_bert"]
+    sel = engines.select_engine("auto", "sample", path, ref, False)
+    assert sel.family == "wordpiece" and sel.engine.name not in sel.reasons
+    line = engines.engine_summary(engines.engine_manifest(sel), 2.5e6)
+    assert line.startswith(f"engine {sel.engine.name}") and "2.5M tokens/s" in line
+    for name, why in sel.reasons.items():  # each faster engine, with its reason
+        assert f"{name}: " in line and why
+    assert all(ranking.order(f) for f in ranking.MEASURED)
 
 
 def test_lone_surrogates_never_encode_silently(families):
@@ -264,7 +309,7 @@ def test_auto_is_byte_identical_to_hf_on_fixtures(tmp_path, case):
     hf, _ = _run(tmp_path, "hf", [CORPUS], "hf", **kw)
     auto, meta = _run(tmp_path, "auto", [CORPUS], "auto", **kw)
     assert _outputs(auto) == _outputs(hf)
-    assert meta["engine"]["name"] == "fastokens" and meta["engine"]["result"] == "identical"
+    assert meta["engine"]["name"] == FIRST and meta["engine"]["result"] == "identical"
     n_docs = meta["n_docs"]
     checked = meta["engine"]["checked_docs"]
     assert checked == n_docs if kw.get("engine_check") == "full" else 0 < checked <= n_docs
@@ -299,7 +344,7 @@ def test_prompt_completion_through_a_fast_engine(tmp_path):
     kw = dict(prompt_field="q", completion_field="a", bos="<|bos|>", eos="<|eos|>")
     hf, _ = _run(tmp_path, "hf", [tmp_path / "pc.jsonl"], "hf", **kw)
     auto, meta = _run(tmp_path, "auto", [tmp_path / "pc.jsonl"], "auto", **kw)
-    assert _outputs(auto) == _outputs(hf) and meta["engine"]["name"] == "fastokens"
+    assert _outputs(auto) == _outputs(hf) and meta["engine"]["name"] == FIRST
 
 
 def test_chat_needs_offsets_so_auto_uses_the_reference(tmp_path):
@@ -312,10 +357,10 @@ def test_chat_needs_offsets_so_auto_uses_the_reference(tmp_path):
         _run(tmp_path, "c2", [tmp_path / "c.jsonl"], "fastokens", messages_field="m")
 
 
-def _corrupting(monkeypatch, marker):
-    """Fault injection over the real fastokens engine: the ids of documents holding ``marker``
-    come back with one id changed, as an engine bug would."""
-    real = engines.LOADERS["fastokens"]
+def _corrupting(monkeypatch, marker, name=FIRST):
+    """Fault injection over a real engine (the one auto runs): the ids of documents holding
+    ``marker`` come back with one id changed, as an engine bug would."""
+    real = engines.LOADERS[name]
 
     def load(path, reference):
         eng = real(path, reference)
@@ -333,7 +378,7 @@ def _corrupting(monkeypatch, marker):
         eng.encode = encode
         return eng
 
-    monkeypatch.setitem(engines.LOADERS, "fastokens", load)
+    monkeypatch.setitem(engines.LOADERS, name, load)
 
 
 def test_a_difference_mid_run_falls_back_to_the_reference(tmp_path, monkeypatch):
@@ -347,7 +392,7 @@ def test_a_difference_mid_run_falls_back_to_the_reference(tmp_path, monkeypatch)
     assert meta["engine"]["name"] == "hf" and "MARKER" in meta["engine"]["fallback"]
     assert any("tokenizing again with the reference" in w for w in meta["_warnings"])
     with pytest.raises(packtool_error(), match="differs from tokenizers on the corpus"):
-        _run(tmp_path, "explicit", [tmp_path / "in.jsonl"], "fastokens")
+        _run(tmp_path, "explicit", [tmp_path / "in.jsonl"], FIRST)
     assert not list(tmp_path.glob("explicit*"))
 
 
@@ -355,9 +400,11 @@ def test_probe_refuses_an_engine_that_differs(monkeypatch, families):
     _corrupting(monkeypatch, "a")
     path, ref = families["gpt2_byte_bpe"]
     with pytest.raises(EngineRefused, match="load probe"):
-        load_engine("fastokens", path, ref, False)
+        load_engine(FIRST, path, ref, False)
     sel = engines.select_engine("auto", "sample", path, ref, False)
-    assert sel.engine.name == "tokie" and "load probe" in sel.reasons["fastokens"]
+    assert sel.engine.name == ranking.order("byte_level_bpe")[1]
+    assert "load probe" in sel.reasons[FIRST]
+    assert "load probe" in engines.engine_summary(engines.engine_manifest(sel))
 
 
 def test_cli_engine_choices_match_the_layer():
@@ -425,6 +472,6 @@ def test_the_manifest_is_the_same_whatever_workers_and_batch_size(tmp_path):
     for workers, batch in runs:
         out, meta = _run(tmp_path, "out", [tmp_path / "in.jsonl"], "auto", workers=workers,
                          batch_size=batch, overwrite=True)
-        assert meta["engine"]["name"] == "fastokens" and meta["engine"]["checked_docs"] > 200
+        assert meta["engine"]["name"] == FIRST and meta["engine"]["checked_docs"] > 200
         manifests.add(out.with_suffix(".json").read_bytes())
     assert len(manifests) == 1

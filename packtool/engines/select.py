@@ -1,16 +1,13 @@
-"""Tokenizer engines: the `tokenizers` library as the reference, faster Rust engines verified
-against it.
-
-Every engine reads the same ``tokenizer.json`` and must give the same ids, token for token.
-Measured on 2 cores, fixture byte-level BPE, 33M characters of packtool.synth text, batches of
-1,024: `tokenizers` ``encode_batch_fast`` ~1.9M tokens/s per core; fastokens 0.3.5
-``encode_batch_flat`` ~22M; tokie 0.1.4 ``encode_batch`` ~14M. Both fast engines are young, so
-speed is taken only with the promise kept:
+"""Choosing, trusting and checking an engine: the `tokenizers` library (or, for a SentencePiece
+``.model``, its conversion, proven against the sentencepiece library at load) is the
+reference; faster Rust engines (one module each beside this one) are used only with the
+promise kept:
 
 1. **At load**, an engine refuses what it declares it cannot do (fastokens: BertNormalizer;
-   neither gives the character offsets that chat masks need), then encodes a fixed probe (all
-   scripts, whitespace runs, control characters, every added token in context) and must match
-   the reference on every probe text, else it is refused with the first difference.
+   gigatoken: WordPiece, Unigram; none gives the character offsets that chat masks need),
+   then encodes a fixed probe (all scripts, whitespace runs, control characters, every added
+   token in context) and must match the reference on every probe text, else it is refused
+   with the first difference.
 2. **During the run** (``check="sample"``), the engine's output is compared with the reference
    on a sample that is a pure function of the corpus (:func:`sample_picks`): the first
    ``FIRST_DOCS`` documents, a ``RANDOM_RATE`` of all documents drawn by a hash of their global
@@ -22,7 +19,9 @@ speed is taken only with the promise kept:
    the partial output and runs again with the reference, saying why. Output files are
    byte-identical whichever engine ran.
 
-``auto`` tries ``FASTEST_FIRST`` in order and takes the first that loads and passes the probe.
+``auto`` tries the engines in the measured order for the tokenizer's family
+(:mod:`packtool.engines.ranking`) and takes the first that loads and passes the probe; the
+selection records, for every faster engine, why it was not used.
 """
 
 from __future__ import annotations
@@ -30,17 +29,17 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
-from .errors import PacktoolError
+from ..errors import PacktoolError
+from . import fastokens, gigatoken, ranking, tokie
+from .base import Engine, EngineMismatch, EngineRefused
+from .base import hf as _hf
 
-FASTEST_FIRST = ("fastokens", "tokie")  # by measured speed, see the module docstring
+FASTEST_FIRST = ranking.FAST_ENGINES  # every fast engine; auto's order is per family
 ENGINE_NAMES = ("auto", "hf", *FASTEST_FIRST)
 CHECKS = ("sample", "full", "off")
 FIRST_DOCS = 200         # documents checked at the start of the corpus
@@ -50,94 +49,11 @@ SEED = 0
 
 # component types an engine declares it cannot reproduce (found by tests/test_engines.py or
 # stated by the engine's own documentation); the probe catches the rest at load
-_UNSUPPORTED = {
-    "fastokens": {"normalizer": {"BertNormalizer"}},
-    "tokie": {},
-}
-_PIP_NAMES = {"fastokens": "fastokens", "tokie": "tokie", "hf": "tokenizers"}
+_UNSUPPORTED = {"fastokens": fastokens.UNSUPPORTED, "tokie": tokie.UNSUPPORTED,
+                "gigatoken": gigatoken.UNSUPPORTED}
+LOADERS = {"hf": _hf, "fastokens": fastokens.load, "tokie": tokie.load,
+           "gigatoken": gigatoken.load}
 
-
-class EngineRefused(Exception):
-    """An engine cannot (or will not be trusted to) encode this tokenizer; the reason says why."""
-
-
-class EngineMismatch(Exception):
-    """A fast engine's ids differ from the reference's on a checked document."""
-
-
-def flatten(encs, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Encodings (objects with ``.ids`` lists) -> (lengths int64, concatenated ids)."""
-    lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype,
-                      count=int(lengths.sum()))
-    return lengths, ids
-
-
-@dataclass
-class Engine:
-    """``encode(texts, add_special, dtype) -> (lengths int64, ids dtype)``, no truncation or
-    padding; ``offsets``: whether it can give the character offsets chat masks need."""
-
-    name: str
-    version: str
-    encode: Callable
-    offsets: bool
-
-
-def _version(name: str) -> str:
-    return metadata.version(_PIP_NAMES[name])
-
-
-def _hf(path: Path, reference) -> Engine:
-    def encode(texts, add_special, dtype):
-        return flatten(reference.encode_batch_fast(texts, add_special_tokens=add_special), dtype)
-
-    return Engine("hf", _version("hf"), encode, offsets=True)
-
-
-def _narrow(ids: np.ndarray, dtype) -> np.ndarray:
-    """uint32 ids -> the corpus dtype, refusing ids it cannot hold rather than wrapping them."""
-    if np.dtype(dtype) == ids.dtype:
-        return ids
-    if ids.size and int(ids.max()) > np.iinfo(dtype).max:
-        raise EngineMismatch(f"the engine gave id {int(ids.max())}, beyond the vocabulary")
-    return ids.astype(dtype)
-
-
-def _fastokens(path: Path, reference) -> Engine:
-    import fastokens
-
-    tok = fastokens.Tokenizer.from_file(str(path))
-    tok.no_truncation()
-    tok.no_padding()
-
-    def encode(texts, add_special, dtype):
-        # one flat little-endian buffer per batch: no Python object per token
-        ids, offsets = tok.encode_batch_flat(texts, add_special_tokens=add_special)
-        lengths = np.diff(np.frombuffer(offsets, "<u8")).astype(np.int64)
-        return lengths, _narrow(np.frombuffer(ids, "<u4"), dtype)
-
-    return Engine("fastokens", _version("fastokens"), encode, offsets=False)
-
-
-def _tokie(path: Path, reference) -> Engine:
-    import tokie
-
-    tok = tokie.Tokenizer.from_json(str(path))
-    tok.no_truncation()
-    tok.no_padding()
-
-    def encode(texts, add_special, dtype):
-        # numpy arrays straight from Rust (0.1.4+): no Python list per document
-        ids, lengths = tok.encode_batch_flat(texts, add_special_tokens=add_special)
-        return lengths.astype(np.int64), _narrow(ids, dtype)
-
-    # tokie's offsets are byte offsets into the normalized text, not the reference's
-    # character offsets into the input: not used for masks
-    return Engine("tokie", _version("tokie"), encode, offsets=False)
-
-
-LOADERS = {"hf": _hf, "fastokens": _fastokens, "tokie": _tokie}
 
 _PROBE = [
     "", " ", "a", "Hello, world!", "  leading and trailing  ", "tabs\tand\nnewlines\r\n\n\n",
@@ -154,12 +70,13 @@ def _probe_texts(reference) -> list[str]:
     return _PROBE + [f"a{t}b {t} x{t}{t}\n{t}" for t in added] + [" ".join(added)]
 
 
-def _declared_refusal(name: str, path: Path) -> str | None:
-    try:
-        spec = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # the reference already read it; let the engine's own loader judge
+def _spec(reference) -> dict:
+    """The reference's own ``tokenizer.json`` (truncation and padding off): what every engine
+    is given, also for a converted SentencePiece ``.model``."""
+    return json.loads(reference.to_str())
 
+
+def _declared_refusal(name: str, spec: dict) -> str | None:
     def types(node):
         if not isinstance(node, dict):
             return set()
@@ -175,19 +92,40 @@ def _declared_refusal(name: str, path: Path) -> str | None:
     return None
 
 
+_JSON_DIR: list = []
+
+
+def _json_path(path: Path, reference) -> Path:
+    """A ``tokenizer.json`` for engines that read a file: ``path`` itself, or for a
+    SentencePiece ``.model`` its conversion, written once per process to a temporary folder."""
+    if Path(path).suffix != ".model":
+        return Path(path)
+    import hashlib
+    import tempfile
+
+    if not _JSON_DIR:
+        _JSON_DIR.append(tempfile.TemporaryDirectory(prefix="packtool-spm-"))
+    text = reference.to_str()
+    out = Path(_JSON_DIR[0].name) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not out.exists():
+        out.write_text(text, encoding="utf-8")
+    return out
+
+
 def load_engine(name: str, path: Path, reference, add_special: bool,
-                need_offsets: bool = False) -> Engine:
+                need_offsets: bool = False, spec: dict | None = None) -> Engine:
     """Load engine ``name`` for the tokenizer at ``path`` (already loaded as ``reference``, a
-    `tokenizers.Tokenizer` with truncation and padding off), or raise :class:`EngineRefused`."""
+    `tokenizers.Tokenizer` with truncation and padding off), or raise :class:`EngineRefused`.
+    ``spec``: the reference's parsed JSON, when the caller has it already."""
     if name == "hf":
         return _hf(path, reference)
     if need_offsets:
         raise EngineRefused(f"{name} gives no character offsets, which chat masks need")
-    reason = _declared_refusal(name, path)
+    reason = _declared_refusal(name, _spec(reference) if spec is None else spec)
     if reason:
         raise EngineRefused(reason)
     try:
-        engine = LOADERS[name](path, reference)
+        engine = LOADERS[name](_json_path(path, reference), reference)
     except ImportError:
         raise EngineRefused(f"{name} is not installed (pip install 'packtool[fast]')") from None
     except Exception as e:  # the Rust side raises its own exception types
@@ -195,6 +133,8 @@ def load_engine(name: str, path: Path, reference, add_special: bool,
     texts = _probe_texts(reference)
     try:
         diff = first_difference(engine, _hf(path, reference), texts, add_special)
+    except EngineRefused:
+        raise
     except EngineMismatch as e:
         diff = str(e)
     except Exception as e:
@@ -282,6 +222,7 @@ class Selection:
     reference: Engine | None = None
     reasons: dict = field(default_factory=dict)   # engine name -> why it was not used
     fallback: str | None = None                    # why a run fell back to the reference
+    family: str = "other"                          # ranking.family of the tokenizer
     checked_docs: int = 0
     checked_tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -363,33 +304,39 @@ class Selection:
 
 def select_engine(requested: str, check: str, path: Path, reference, add_special: bool,
                   need_offsets: bool = False, fallback: str | None = None) -> Selection:
-    """The engine for a run: ``requested`` by name, or with ``auto`` the fastest that loads
-    and passes the probe, else the reference. ``fallback`` (a reason) forces the reference."""
+    """The engine for a run: ``requested`` by name, or with ``auto`` the fastest for the
+    tokenizer's family (:mod:`.ranking`) that loads and passes the probe, else the reference.
+    ``fallback`` (a reason) forces the reference. The selection's ``reasons`` say why each
+    engine tried before the one chosen was not used."""
     if requested not in ENGINE_NAMES:
         raise PacktoolError(f"--engine {requested!r} is not one of {', '.join(ENGINE_NAMES)}")
     if check not in CHECKS:
         raise PacktoolError(f"--engine-check {check!r} is not one of {', '.join(CHECKS)}")
     hf = _hf(path, reference)
+    spec = _spec(reference)
+    fam = ranking.family(spec)
     if fallback is not None or requested == "hf":
-        return Selection(hf, requested, "none (the reference)", fallback=fallback)
+        return Selection(hf, requested, "none (the reference)", fallback=fallback, family=fam)
     reasons = {}
-    for name in FASTEST_FIRST if requested == "auto" else (requested,):
+    for name in ranking.order(fam) if requested == "auto" else (requested,):
         try:
-            engine = load_engine(name, path, reference, add_special, need_offsets)
+            engine = load_engine(name, path, reference, add_special, need_offsets, spec=spec)
         except EngineRefused as e:
             reasons[name] = str(e)
             continue
-        return Selection(engine, requested, check, None if check == "off" else hf, reasons)
+        return Selection(engine, requested, check, None if check == "off" else hf, reasons,
+                         family=fam)
     if requested != "auto":
         raise PacktoolError(f"--engine {requested}: {reasons[requested]}; use --engine auto "
                             "(falls back to tokenizers) or --engine hf")
-    return Selection(hf, requested, "none (the reference)", reasons=reasons)
+    return Selection(hf, requested, "none (the reference)", reasons=reasons, family=fam)
 
 
 def engine_manifest(sel: Selection) -> dict:
-    """The manifest's ``engine`` entry: what ran, what was checked and what it found."""
+    """The manifest's ``engine`` entry: what ran, what was checked and what it found, and why
+    each faster engine was not used (``not_used``: engine -> reason)."""
     entry = {"name": sel.engine.name, "version": sel.engine.version, "requested": sel.requested,
-             "check": sel.check}
+             "check": sel.check, "family": sel.family}
     if sel.reference is not None:
         entry["checked_docs"] = sel.checked_docs
         entry["checked_tokens"] = sel.checked_tokens
@@ -399,6 +346,33 @@ def engine_manifest(sel: Selection) -> dict:
     if sel.fallback:
         entry["fallback"] = sel.fallback
     return entry
+
+
+def engine_summary(entry: dict, tokens_per_second: float | None = None) -> str:
+    """One line for the run's summary from a manifest ``engine`` entry: the engine, its speed,
+    and why a faster one was not used, e.g. ``engine fastokens 0.3.5 (12.1M tokens/s; sample
+    check: 277 documents identical); not used: gigatoken: not installed``."""
+    speed = f"{tokens_per_second / 1e6:.1f}M tokens/s" if tokens_per_second else None
+    check = (f"{entry['check']} check: {entry['checked_docs']:,} documents "
+             f"{entry['result']}" if "checked_docs" in entry else None)
+    detail = "; ".join(x for x in (speed, check) if x)
+    line = f"engine {entry['name']} {entry['version']}" + (f" ({detail})" if detail else "")
+    if entry.get("fallback"):
+        line += f"; fell back to the reference: {_short(entry['fallback'])}"
+    if entry.get("not_used"):
+        line += "; not used: " + "; ".join(f"{name}: {_short(why)}"
+                                           for name, why in entry["not_used"].items())
+    return line
+
+
+def _short(reason: str) -> str:
+    """A reason's gist: the engine's own name and version dropped, cut at 90 characters."""
+    words = reason.split(" ")
+    if len(words) > 2 and words[0] in LOADERS and words[1][:1].isdigit():
+        reason = " ".join(words[2:])
+    elif words and words[0] in LOADERS:
+        reason = " ".join(words[1:])
+    return reason if len(reason) <= 90 else reason[:87] + "..."
 
 
 def mismatch_warning(e: EngineMismatch) -> str:

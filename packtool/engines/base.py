@@ -1,0 +1,62 @@
+"""What every engine is: ``encode(texts, add_special, dtype) -> (lengths int64, ids dtype)``,
+with no truncation or padding, and the two ways an engine is turned down."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from itertools import chain
+
+import numpy as np
+
+_PIP_NAMES = {"fastokens": "fastokens", "tokie": "tokie", "gigatoken": "gigatoken",
+              "hf": "tokenizers"}
+
+
+class EngineRefused(Exception):
+    """An engine cannot (or will not be trusted to) encode this tokenizer; the reason says why."""
+
+
+class EngineMismatch(Exception):
+    """A fast engine's ids differ from the reference's on a checked document."""
+
+
+@dataclass
+class Engine:
+    """``encode(texts, add_special, dtype) -> (lengths int64, ids dtype)``, no truncation or
+    padding; ``offsets``: whether it can give the character offsets chat masks need."""
+
+    name: str
+    version: str
+    encode: Callable
+    offsets: bool
+
+
+def version(name: str) -> str:
+    return metadata.version(_PIP_NAMES[name])
+
+
+def flatten(encs, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Encodings (objects with ``.ids`` lists) -> (lengths int64, concatenated ids)."""
+    lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=dtype,
+                      count=int(lengths.sum()))
+    return lengths, ids
+
+
+def narrow(ids: np.ndarray, dtype) -> np.ndarray:
+    """uint32 ids -> the corpus dtype, refusing ids it cannot hold rather than wrapping them."""
+    if np.dtype(dtype) == ids.dtype:
+        return ids
+    if ids.size and int(ids.max()) > np.iinfo(dtype).max:
+        raise EngineMismatch(f"the engine gave id {int(ids.max())}, beyond the vocabulary")
+    return ids.astype(dtype)
+
+
+def hf(path, reference) -> Engine:
+    """The reference: the `tokenizers` library's own batch call."""
+    def encode(texts, add_special, dtype):
+        return flatten(reference.encode_batch_fast(texts, add_special_tokens=add_special), dtype)
+
+    return Engine("hf", version("hf"), encode, offsets=True)
