@@ -27,12 +27,20 @@ def l1_bound(lengths: np.ndarray, capacity: int) -> int:
 
 def l2_bound(lengths: np.ndarray, capacity: int) -> int:
     """Martello-Toth L2 for lengths <= capacity (O(n + L) through the length histogram)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    lengths = lengths[lengths > 0]
+    lengths = np.asarray(lengths)
     if lengths.size == 0:
         return 0
+    return l2_bound_hist(np.bincount(lengths, minlength=int(capacity) + 1), capacity)
+
+
+def l2_bound_hist(hist: np.ndarray, capacity: int) -> int:
+    """L2 from the histogram of lengths (``hist[v]`` documents of length v, 0..capacity):
+    O(L) memory whatever the number of documents."""
     L = int(capacity)
-    hist = np.bincount(lengths, minlength=L + 1).astype(np.int64)
+    hist = np.asarray(hist, np.int64)[:L + 1].copy()
+    hist[0] = 0
+    if not hist.any():
+        return 0
     w = np.arange(L + 1, dtype=np.int64)
     cnt = np.concatenate([[0], np.cumsum(hist)])        # cnt[v] = #docs with length < v
     tok = np.concatenate([[0], np.cumsum(hist * w)])    # tok[v] = tokens of docs with length < v
@@ -44,7 +52,7 @@ def l2_bound(lengths: np.ndarray, capacity: int) -> int:
         return tok[hi] - tok[lo]
 
     half = L // 2
-    best = l1_bound(lengths, L)
+    best = -(-int(tok[-1]) // L)  # L1
     for K in np.concatenate([[0], np.flatnonzero(hist[1:half + 1]) + 1]):
         K = int(K)
         n1 = count(L - K + 1, L + 1)                     # l > L - K

@@ -107,12 +107,13 @@ def deal(n_items: int, tasks: int, task: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Jobs:
-    """What a stage hands an executor: the jobs, the function that runs one, and how the
-    progress bar counts them (``weight(job)`` in ``unit``)."""
+    """What a stage hands an executor: the jobs (a sequence; a lazy one builds each job
+    when it runs, so a local run holds one job's data at a time), the function that runs
+    one, and how the progress bar counts them (``weights[k]`` in ``unit``)."""
 
     items: Sequence
     run: Callable
-    weight: Callable
+    weights: Sequence[int]
     label: Callable          # job -> "part 3 (c.part-00003)", for errors
     desc: str
     unit: str = "tok"
@@ -123,7 +124,7 @@ def run_jobs(jobs: Jobs, run: RunOptions, progress: bool = False) -> tuple[dict,
     mine = run.mine(len(jobs.items))
     if not mine:
         return {}, 0
-    total = sum(jobs.weight(jobs.items[k]) for k in mine)
+    total = sum(int(jobs.weights[k]) for k in mine)
     desc = jobs.desc + (" (ray)" if run.executor == "ray" else "")
     bar = progress_bar(total, desc, jobs.unit, progress)
     try:
@@ -143,7 +144,7 @@ def _run_local(jobs: Jobs, mine: list[int], bar) -> tuple[dict, int]:
         results[k], was_done = jobs.run(jobs.items[k], tick)
         skipped += bool(was_done)
         if bar is not None:  # a skipped job ticks nothing: count its weight now
-            bar.update(max(0, before + jobs.weight(jobs.items[k]) - bar.n))
+            bar.update(max(0, before + int(jobs.weights[k]) - bar.n))
     return results, skipped
 
 
@@ -174,7 +175,7 @@ def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, i
                         raise _ray_error(e, jobs.label(jobs.items[k])) from None
                     skipped += bool(was_done)
                     if bar is not None:
-                        bar.update(jobs.weight(jobs.items[k]))
+                        bar.update(int(jobs.weights[k]))
         except BaseException:
             for ref in refs:
                 with contextlib.suppress(Exception):

@@ -16,13 +16,23 @@ import numpy as np
 def pack_metrics(seg_lengths: np.ndarray, seq_len: int, n_packs: int,
                  lp_bound: int | None = None, lp_converged: bool | None = None) -> dict:
     """Efficiency, bounds and gaps for segments of ``seg_lengths`` in ``n_packs`` packs."""
-    from .bounds import l2_bound
+    seg_lengths = np.asarray(seg_lengths)
+    hist = (np.bincount(seg_lengths, minlength=seq_len + 1) if seg_lengths.size
+            else np.zeros(seq_len + 1, np.int64))
+    return histogram_metrics(hist, seq_len, n_packs, lp_bound, lp_converged)
 
-    seg_lengths = np.asarray(seg_lengths, np.int64)
-    n_tokens = int(seg_lengths.sum())
-    n_segments = int((seg_lengths > 0).sum())
+
+def histogram_metrics(hist: np.ndarray, seq_len: int, n_packs: int,
+                      lp_bound: int | None = None, lp_converged: bool | None = None) -> dict:
+    """:func:`pack_metrics` from the histogram of segment lengths (``hist[v]`` segments of v
+    tokens): what a plan made group by group adds up, in O(seq_len) memory."""
+    from .bounds import l2_bound_hist
+
+    hist = np.asarray(hist, np.int64)
+    n_tokens = int((hist * np.arange(hist.size)).sum())
+    n_segments = int(hist[1:].sum())
     l1 = -(-n_tokens // seq_len)
-    l2 = l2_bound(seg_lengths, seq_len)
+    l2 = l2_bound_hist(hist, seq_len)
     best = max(l1, l2, lp_bound or 0)
     return {
         "efficiency": n_tokens / (n_packs * seq_len) if n_packs else 1.0,

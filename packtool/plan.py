@@ -242,7 +242,9 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
             packing = run_packer(segs.table_length[a:b], options.seq_len, options.algo,
                                  options.packer_options())
             ids = packing.packs
-            parts.append(np.where(ids >= 0, ids + n_packs, -1))
+            if n_packs:
+                ids[ids >= 0] += n_packs
+            parts.append(ids)
             n_packs += packing.report.n_packs
             report = _merge_reports(report, packing.report)
             del packing, ids

@@ -33,7 +33,7 @@ from .._atomic import (
 from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
 from ..formats.packed import INDEX, VALID, index, read_index
-from ..formats.tokens import open_tokens
+from ..formats.tokens import open_tokens, read_lengths
 from ..mixture import mixture_plan, parse_source
 from ..plan import PackOptions, plan_pack
 from . import jobs as pj
@@ -147,7 +147,7 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
                                 "dataset to a directory of its own")
     if not run.one_task:
         check_replaceable(out, overwrite, owned)  # fail before the work, and again at the end
-    lengths = np.concatenate([c.lengths for c in corpora])
+    lengths = read_lengths(corpora)
     t_assign = time.perf_counter()
     repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options)
     layout = plan_pack(lengths, options, repeats)
@@ -155,7 +155,7 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
     assign_seconds = time.perf_counter() - t_assign
     digest = _plan_digest(options, corpora, factors)
     staging = staging_dir(out, digest, run)
-    stored = storage(corpora, options)
+    stored = storage(corpora, options, int(lengths.max()) if lengths.size else 0)
     target = pj.Target(str(staging), tuple(str(c.prefix) for c in corpora), stored["dtypes"],
                        options.layout, stored["mask_storage"])
     layouts = {"valid": valid, "train": layout} if valid is not None else {"train": layout}
@@ -169,8 +169,8 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
                 assign_seconds=assign_seconds)
     local = not run.one_task and not run.finalize
     try:
-        run_jobs(Jobs(jobs, pj.write_shard, lambda j: j.n_tokens, lambda j: j.label(),
-                      "pack"), run, progress)
+        run_jobs(Jobs(jobs, pj.write_shard, jobs.weights, lambda j: j.label(), "pack"), run,
+                 progress)
         if run.one_task:
             return PackResult(**base, metrics=metrics(layout), solver=layout.report.to_json(),
                               seconds=time.perf_counter() - t0, sources_verified=False,

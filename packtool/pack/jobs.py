@@ -23,6 +23,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,20 +80,38 @@ class ShardJob:
         return f"{self.split} shard {self.k} ({shard_name(self.k)})"
 
 
-def shard_jobs(layouts: dict, common: dict, target: Target) -> list[ShardJob]:
-    """Every shard of every split, in order (valid first: its index is written first)."""
-    jobs = []
-    for split, layout in layouts.items():
-        for k in range(layout.n_shards):
-            packs, segs = layout.shard(k)
-            first = layout.seg_first[packs.start:packs.stop + 1] - segs.start
-            arrays = (first, *layout.segments(segs.start, segs.stop))
-            h = hashlib.sha256(json.dumps({**common, "split": split, "k": k},
-                                          sort_keys=True).encode())
-            for arr in arrays:
-                h.update(np.ascontiguousarray(arr, np.int64).tobytes())
-            jobs.append(ShardJob(split, k, *arrays, h.hexdigest(), target))
-    return jobs
+class ShardJobs(Sequence):
+    """Every shard of every split, in order (valid first: its index is written first), each
+    job built when it is asked for: a local run holds one shard's segment arrays at a time."""
+
+    def __init__(self, layouts: dict, common: dict, target: Target):
+        self.layouts, self.common, self.target = layouts, common, target
+        self.specs = [(split, k) for split, layout in layouts.items()
+                      for k in range(layout.n_shards)]
+        self.weights = []
+        for layout in layouts.values():
+            tokens = np.concatenate([[0], np.cumsum(layout.pack_lengths())])
+            starts = layout.shard_starts
+            self.weights += np.diff(tokens[starts]).astype(np.int64).tolist()
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __getitem__(self, i: int) -> ShardJob:
+        split, k = self.specs[i]
+        layout = self.layouts[split]
+        packs, segs = layout.shard(k)
+        first = layout.seg_first[packs.start:packs.stop + 1] - segs.start
+        arrays = (first, *layout.segments(segs.start, segs.stop))
+        h = hashlib.sha256(json.dumps({**self.common, "split": split, "k": k},
+                                      sort_keys=True).encode())
+        for arr in arrays:
+            h.update(np.ascontiguousarray(arr, np.int64).tobytes())
+        return ShardJob(split, k, *arrays, h.hexdigest(), self.target)
+
+
+def shard_jobs(layouts: dict, common: dict, target: Target) -> ShardJobs:
+    return ShardJobs(layouts, common, target)
 
 
 # ------------------------------------------------------------------------ the sources

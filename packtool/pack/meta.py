@@ -11,7 +11,7 @@ import numpy as np
 from .._io import sha256_file
 from ..formats.packed import VALID, attention_costs, mask_storage, v2_dtypes
 from ..formats.tokens import prefix_paths
-from ..metrics import pack_metrics
+from ..metrics import histogram_metrics
 from ..plan import PackLayout, PackOptions
 
 METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
@@ -19,21 +19,26 @@ METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs
                "gap_to_best_bound_percent", "packing_factor")
 
 
+def histogram(layout: PackLayout) -> np.ndarray:
+    """How many segments have each length 0..seq_len (over every copy round)."""
+    size = layout.options.seq_len + 1
+    return sum((np.bincount(r.table_length, minlength=size) for r in layout.rounds),
+               np.zeros(size, np.int64))
+
+
 def metrics(layout: PackLayout) -> dict:
     rep = layout.report
-    lengths = np.concatenate([r.table_length[r.table_length > 0] for r in layout.rounds]
-                             or [np.empty(0, np.int64)])
-    return pack_metrics(lengths, layout.options.seq_len, layout.n_packs, rep.lp_bound,
-                        rep.lp_converged)
+    return histogram_metrics(histogram(layout), layout.options.seq_len, layout.n_packs,
+                             rep.lp_bound, rep.lp_converged)
 
 
-def storage(corpora: list, options: PackOptions) -> dict:
-    """The dtypes and mask storage of a dataset of these sources, from bounds known before
-    any pack is made (so every task of a distributed run picks the same)."""
+def storage(corpora: list, options: PackOptions, longest: int) -> dict:
+    """The dtypes and mask storage of a dataset of these sources (``longest``: their longest
+    document), from bounds known before any pack is made (so every task of a distributed run
+    picks the same)."""
     token_dtype = max((c.dtype for c in corpora), key=lambda d: d.itemsize)
     vocab = max(int(c.meta.get("vocab_size") or 0) for c in corpora) or 1
     n_docs = sum(len(c) for c in corpora)
-    longest = max((int(c.lengths.max()) if len(c) else 0) for c in corpora)
     dtypes = v2_dtypes(token_dtype=token_dtype, seq_len=options.seq_len, n_docs=n_docs,
                        max_doc_len=longest,
                        max_shard_tokens=options.shard_size + options.seq_len)

@@ -121,7 +121,8 @@ def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunO
     jobs = [PartJob(plan, k, opts) for k in range(len(plan.parts))]
     try:
         manifests, skipped = run_jobs(
-            Jobs(jobs, run_part, lambda j: j.part.bytes, lambda j: j.label(), "tokenize", "B"),
+            Jobs(jobs, run_part, [q.bytes for q in plan.parts], lambda j: j.label(), "tokenize",
+                 "B"),
             run, progress)
         if not run.one_task:
             ms = None if run.finalize else [manifests[k] for k in range(len(plan.parts))]

@@ -31,6 +31,7 @@ from .reader import (
     gather,
     open_part,
     open_tokens,
+    read_lengths,
     read_part_manifest,
     validate_tokens,
     verify_part_files,
@@ -62,6 +63,6 @@ __all__ = [
     "READABLE", "SCHEMA", "SUFFIXES", "UINT16_MAX_VOCAB", "VERSION", "TokenCorpus",
     "TokenPart", "TokenWriter", "check_boundaries", "corpus_manifest", "gather", "open_part",
     "open_tokens", "part_manifest_path", "part_name", "plan_digest", "prefix_paths",
-    "read_part_manifest", "split_prefix", "token_dtype", "validate_tokens",
+    "read_lengths", "read_part_manifest", "split_prefix", "token_dtype", "validate_tokens",
     "verify_part_files",
 ]
