@@ -88,3 +88,51 @@ def mixture_plan(lengths: np.ndarray, sizes: list[int], factors: list[float],
     if all(f == 1 for f in factors) and not valid.any():
         return None, valid
     return doc_repeats(sizes, factors, options.seed, exclude=valid), valid
+
+
+def sparse_selection(chunks, sizes: list[int], factors: list[float], options: PackOptions
+                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The documents :func:`mixture_plan` holds out and gives an extra copy, per source, as
+    sorted local document indices, in memory that grows with the selection, not the corpus:
+    the same seeded draws (a draw of ranks among the source's candidates), mapped to
+    documents by a streaming pass. ``chunks(k)`` yields source k's lengths a chunk at a time.
+    Everything else gets ``floor(factor)`` copies; held-out documents none."""
+    held_all, extra_all = [], []
+    valid_docs, valid_fraction = options.valid_docs, options.valid_fraction
+    nonempty = [sum(int(np.count_nonzero(c)) for c in chunks(k)) for k in range(len(sizes))]
+    if valid_docs is not None and not 1 <= valid_docs < sum(nonempty):
+        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to "
+                            f"{sum(nonempty) - 1:,} (the non-empty documents, less one for "
+                            "training)")
+    total = int(sum(sizes))
+    for k, (n, factor) in enumerate(zip(sizes, factors, strict=True)):
+        held = np.empty(0, np.int64)
+        m = nonempty[k]
+        if (valid_docs is not None or valid_fraction is not None) and m:
+            share = valid_fraction if valid_fraction is not None else valid_docs / total
+            want = min(max(1, round(share * m)), m)
+            ranks = np.sort(_sub_seed(options.seed, 1, k).choice(m, size=want, replace=False))
+            held = _nonempty_docs(chunks(k), ranks)
+        frac = factor - int(factor)
+        extra = round(frac * (n - held.size))
+        picks = np.empty(0, np.int64)
+        if extra:
+            ranks = np.sort(_sub_seed(options.seed, 2, k).choice(n - held.size, size=extra,
+                                                                 replace=False))
+            skip = held - np.arange(held.size)  # eligible rank r is document r + #held <= it
+            picks = ranks + np.searchsorted(skip, ranks, side="right")
+        held_all.append(held)
+        extra_all.append(picks.astype(np.int64))
+    return held_all, extra_all
+
+
+def _nonempty_docs(chunks, ranks: np.ndarray) -> np.ndarray:
+    """Local indices of the non-empty documents of these ranks (sorted) among them."""
+    out = np.empty(ranks.size, np.int64)
+    seen, base, j = 0, 0, 0
+    for c in chunks:
+        pos = np.flatnonzero(np.asarray(c) > 0)
+        hi = np.searchsorted(ranks, seen + pos.size, side="left")
+        out[j:hi] = base + pos[ranks[j:hi] - seen]
+        j, seen, base = hi, seen + pos.size, base + len(c)
+    return out

@@ -37,7 +37,14 @@ from ..formats.tokens import open_tokens, read_lengths
 from ..mixture import mixture_plan, parse_source
 from ..plan import PackOptions, plan_pack
 from . import jobs as pj
-from .meta import METRIC_KEYS, held_out_entry, index_meta, metrics, storage
+from .meta import (
+    METRIC_KEYS,
+    group_index_meta,
+    held_out_entry,
+    index_meta,
+    metrics,
+    storage,
+)
 from .result import PackResult
 
 __all__ = ["PackResult", "open_sources", "owned", "pack", "pack_corpus"]
@@ -147,48 +154,188 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
                                 "dataset to a directory of its own")
     if not run.one_task:
         check_replaceable(out, overwrite, owned)  # fail before the work, and again at the end
-    lengths = read_lengths(corpora)
-    t_assign = time.perf_counter()
-    repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options)
-    layout = plan_pack(lengths, options, repeats)
-    valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
-    assign_seconds = time.perf_counter() - t_assign
     digest = _plan_digest(options, corpora, factors)
     staging = staging_dir(out, digest, run)
-    stored = storage(corpora, options, int(lengths.max()) if lengths.size else 0)
+    stored = storage(corpora, options, longest_document(corpora))
     target = pj.Target(str(staging), tuple(str(c.prefix) for c in corpora), stored["dtypes"],
                        options.layout, stored["mask_storage"])
-    layouts = {"valid": valid, "train": layout} if valid is not None else {"train": layout}
-    jobs = pj.shard_jobs(layouts, {"plan": digest}, target)
+    flow = _Grouped(corpora, factors, options, target, digest) if options.group_docs else \
+        _Global(corpora, factors, options, target, digest)
     notes = _prepare(out, staging, run, overwrite)
     pj.provide_sources(target.prefixes, corpora)
-    base = dict(out=str(out), algo=options.algo, seq_len=options.seq_len,
-                n_packs=layout.n_packs, n_tokens=layout.counts["n_tokens"],
-                n_segments=layout.counts["n_segments"], counts=layout.counts,
-                n_shards=layout.n_shards, layout=options.layout,
-                assign_seconds=assign_seconds)
     local = not run.one_task and not run.finalize
     try:
-        run_jobs(Jobs(jobs, pj.write_shard, jobs.weights, lambda j: j.label(), "pack"), run,
-                 progress)
+        run_jobs(flow.jobs(), run, progress)
         if run.one_task:
-            return PackResult(**base, metrics=metrics(layout), solver=layout.report.to_json(),
-                              seconds=time.perf_counter() - t0, sources_verified=False,
-                              warnings=layout.report.warnings + [
-                                  f"{run.describe()}: wrote its share of the shards; run "
-                                  "--finalize once every task is done to write index.json"])
-        idx = _finalize(out, staging, jobs, layouts, corpora, factors, stored, overwrite,
-                        verify_sources, run)
+            return flow.result(out, time.perf_counter() - t0, [
+                f"{run.describe()}: wrote its share of the shards; run --finalize once every "
+                "task is done to write index.json"])
+        splits = flow.finalize(out, staging, stored, run)
+        if verify_sources:
+            for c in corpora:
+                c.verify_checksums()
+        idx = _commit(out, staging, splits, overwrite, flow.remove_entries)
     except BaseException as e:
         if is_enospc(e):
             raise no_space(e, out, [staging] if local else []) from None
         if local:  # nothing half-written: a local run is undone
             remove_path(staging)
         raise
-    return PackResult(**base, metrics={k: idx[k] for k in METRIC_KEYS}, solver=idx["solver"],
-                      seconds=time.perf_counter() - t0, sources_verified=verify_sources,
-                      sources=idx["sources"], valid=idx["held_out"],
-                      warnings=notes + list(layout.report.warnings))
+    res = flow.result(out, time.perf_counter() - t0, notes, idx)
+    res.sources_verified = verify_sources
+    return res
+
+
+def longest_document(corpora) -> int:
+    """The longest document's tokens, from the boundaries (a streaming pass)."""
+    longest = 0
+    for c in corpora:
+        for q in c.parts:
+            prev = np.int64(0)
+            for a in range(0, len(q), 1 << 20):
+                e = np.asarray(q.ends[a:a + (1 << 20)], np.int64)
+                if e.size:
+                    longest = max(longest, int(np.diff(e, prepend=prev).max()))
+                    prev = e[-1]
+    return longest
+
+
+class _Global:
+    """One plan of the whole corpus in this process; shard jobs write it."""
+
+    def __init__(self, corpora, factors, options: PackOptions, target, digest):
+        t0 = time.perf_counter()
+        self.corpora, self.factors, self.options = corpora, factors, options
+        lengths = read_lengths(corpora)
+        repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options)
+        self.layout = plan_pack(lengths, options, repeats)
+        valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
+        del lengths, repeats, held
+        self.assign_seconds = time.perf_counter() - t0
+        self.layouts = ({"valid": valid, "train": self.layout} if valid is not None
+                        else {"train": self.layout})
+        self.shards = pj.shard_jobs(self.layouts, {"plan": digest}, target)
+
+    def jobs(self) -> Jobs:
+        return Jobs(self.shards, pj.write_shard, self.shards.weights, lambda j: j.label(),
+                    "pack")
+
+    def finalize(self, out: Path, staging: Path, stored: dict, run: RunOptions) -> dict:
+        """Every shard of the plan checked (size, and crc32 unless this process just wrote
+        them all); {split: (index meta without held_out, shard entries)}."""
+        entries, bad = {}, []
+        for job in self.shards:
+            entry, why = pj.check_shard(job, checksums=run.finalize)
+            if entry is None:
+                bad.append(f"{job.label()}: {why}")
+            entries[(job.split, job.k)] = entry
+        _refuse_missing(out, bad, len(self.shards), "shards")
+        return {split: (lambda held, final, lay=layout, sp=split: index_meta(
+                    lay, self.corpora, self.factors, sp, held, final, stored),
+                        [entries[(split, k)] for k in range(layout.n_shards)], layout.options)
+                for split, layout in self.layouts.items()}
+
+    @staticmethod
+    def remove_entries(staging: Path) -> None:
+        pj.remove_entries(staging)
+
+    def result(self, out: Path, seconds: float, warnings: list[str],
+               idx: dict | None = None) -> PackResult:
+        lay = self.layout
+        return PackResult(
+            out=str(out), algo=self.options.algo, seq_len=self.options.seq_len,
+            n_packs=lay.n_packs, n_tokens=lay.counts["n_tokens"],
+            n_segments=lay.counts["n_segments"], counts=lay.counts, n_shards=lay.n_shards,
+            layout=self.options.layout, assign_seconds=self.assign_seconds,
+            metrics=metrics(lay) if idx is None else {k: idx[k] for k in METRIC_KEYS},
+            solver=lay.report.to_json() if idx is None else idx["solver"], seconds=seconds,
+            sources_verified=False, sources=[] if idx is None else idx["sources"],
+            valid=None if idx is None else idx["held_out"],
+            warnings=warnings + list(lay.report.warnings))
+
+
+class _Grouped:
+    """--group-docs G: one job per group plans and writes it (packtool.pack.groups)."""
+
+    def __init__(self, corpora, factors, options: PackOptions, target, digest):
+        from . import groups
+
+        t0 = time.perf_counter()
+        self.g = groups
+        self.corpora, self.factors, self.options = corpora, factors, options
+        self.groups = groups.group_jobs(corpora, factors, options, target, digest)
+        self.assign_seconds = time.perf_counter() - t0
+
+    def jobs(self) -> Jobs:
+        return Jobs(self.groups, self.g.write_group, [j.n_tokens for j in self.groups],
+                    lambda j: j.label(), "pack")
+
+    def finalize(self, out: Path, staging: Path, stored: dict, run: RunOptions) -> dict:
+        entries, bad = [], []
+        for job in self.groups:
+            entry, why = self.g.check_group(job, checksums=run.finalize)
+            if entry is None:
+                bad.append(f"{job.label()}: {why}")
+            entries.append(entry)
+        _refuse_missing(out, bad, len(self.groups), "groups")
+        self.combined = {s: self.g.combine(entries, s) for s in ("valid", "train")}
+        return {split: (lambda held, final, c=c, split=split: group_index_meta(
+                    c, self.options, self.corpora, self.factors, split, held, final, stored),
+                        c["shards"], self.options)
+                for split, c in self.combined.items() if c is not None}
+
+    def remove_entries(self, staging: Path) -> None:
+        self.g.remove_group_entries(staging)
+
+    def result(self, out: Path, seconds: float, warnings: list[str],
+               idx: dict | None = None) -> PackResult:
+        c = getattr(self, "combined", {}).get("train")
+        counts = c["counts"] if c else {}
+        return PackResult(
+            out=str(out), algo=self.options.algo, seq_len=self.options.seq_len,
+            n_packs=idx["n_packs"] if idx else 0, n_tokens=idx["n_tokens"] if idx else 0,
+            n_segments=idx["n_segments"] if idx else 0, counts=counts,
+            n_shards=len(idx["shards"]) if idx else 0, layout=self.options.layout,
+            assign_seconds=self.assign_seconds,
+            metrics={k: idx[k] for k in METRIC_KEYS} if idx else {},
+            solver=idx["solver"] if idx else {}, seconds=seconds, sources_verified=False,
+            sources=idx["sources"] if idx else [], valid=idx["held_out"] if idx else None,
+            warnings=warnings)
+
+
+def _refuse_missing(out: Path, bad: list[str], n: int, what: str) -> None:
+    if bad:
+        shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
+        raise PacktoolError(f"{len(bad)} of {n} {what} of {out} are not written: {shown}. "
+                            f"Run the tasks that own them again (finished {what} are "
+                            "skipped)")
+
+
+def _commit(out: Path, staging: Path, splits: dict, overwrite: bool, remove_entries) -> dict:
+    """index.json of each split (OUT/valid's first, the training index names it), the jobs'
+    entries and temporaries removed, and the staging folder put in place of OUT."""
+    from .._atomic import fsync_path
+    from .._io import write_new
+
+    held, idx = None, None
+    for split in ("valid", "train"):
+        if split not in splits:
+            continue
+        make_meta, shards, options = splits[split]
+        folder = staging / VALID if split == "valid" else staging
+        final = out / VALID if split == "valid" else out
+        idx = index(make_meta(held, final), shards)
+        if (folder / INDEX).exists():
+            (folder / INDEX).unlink()
+        write_new(folder / INDEX, json.dumps(idx, indent=1) + "\n")
+        fsync_path(folder / INDEX)
+        if split == "valid":
+            held = held_out_entry(options, idx)
+    remove_entries(staging)
+    clear_temporaries(staging)
+    check_replaceable(out, overwrite, owned)
+    commit_dir(staging, out)
+    return idx
 
 
 def _prepare(out: Path, staging: Path, run: RunOptions, overwrite: bool) -> list[str]:
@@ -210,44 +357,3 @@ def _prepare(out: Path, staging: Path, run: RunOptions, overwrite: bool) -> list
     notes = [] if run.one_task else reclaim(out, inside=staging)  # before ours exists
     staging.mkdir(exist_ok=True)
     return notes
-
-
-def _finalize(out: Path, staging: Path, jobs, layouts, corpora, factors, stored, overwrite,
-              verify_sources: bool, run: RunOptions) -> dict:
-    """Check every shard of the plan (size and crc32 of every file, unless this process
-    just wrote them all), the sources, then write index.json (OUT/valid's first) and put
-    the staging folder in place of OUT."""
-    from .._atomic import fsync_path
-    from .._io import write_new
-
-    entries, bad = {}, []
-    for job in jobs:
-        entry, why = pj.check_shard(job, checksums=run.finalize)
-        if entry is None:
-            bad.append(f"{job.label()}: {why}")
-        entries[(job.split, job.k)] = entry
-    if bad:
-        shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
-        raise PacktoolError(f"{len(bad)} of {len(jobs)} shards of {out} are not written: "
-                            f"{shown}. Run the tasks that own them again (finished shards are "
-                            "skipped)")
-    if verify_sources:
-        for c in corpora:
-            c.verify_checksums()
-    held, idx = None, None
-    for split, layout in layouts.items():
-        folder = staging / VALID if split == "valid" else staging
-        final = out / VALID if split == "valid" else out
-        shards = [entries[(split, k)] for k in range(layout.n_shards)]
-        idx = index(index_meta(layout, corpora, factors, split, held, final, stored), shards)
-        if (folder / INDEX).exists():
-            (folder / INDEX).unlink()
-        write_new(folder / INDEX, json.dumps(idx, indent=1) + "\n")
-        fsync_path(folder / INDEX)
-        if split == "valid":
-            held = held_out_entry(layout.options, idx)
-    pj.remove_entries(staging)
-    clear_temporaries(staging)
-    check_replaceable(out, overwrite, owned)
-    commit_dir(staging, out)
-    return idx

@@ -115,3 +115,31 @@ def source_entry(c, folder: Path) -> dict:
             "manifest_sha256": sha256_file(prefix_paths(c.prefix)["json"]),
             "n_docs": len(c), "n_tokens": c.n_tokens, "dtype": c.dtype.name,
             "tokenizer_sha256": c.meta["tokenizer"]["sha256"]}
+
+
+def group_index_meta(combined: dict, options: PackOptions, corpora: list, factors: list[float],
+                     split: str, held_out: dict | None, folder: Path, stored: dict) -> dict:
+    """index.json's body for a dataset planned group by group (packtool.pack.groups): the
+    groups' counts, histograms and per-source use added up."""
+    from ..packers import PackerReport
+
+    seq_len = options.seq_len
+    hist = np.zeros(seq_len + 1, np.int64)
+    hist[:combined["hist"].size] = combined["hist"]
+    first = combined["reports"][0]
+    report = PackerReport(**{**first, "n_packs": combined["n_packs"], "lp_value": None,
+                             "lp_bound": None, "lp_converged": None,
+                             "warnings": list(dict.fromkeys(
+                                 w for r in combined["reports"] for w in r.get("warnings", [])))})
+    tokens, docs = combined["tokens_used"], combined["docs_used"]
+    all_tokens = max(int(sum(tokens)), 1)
+    sources = [{**source_entry(c, folder), "factor": factors[k], "docs_used": int(docs[k]),
+                "tokens_used": int(tokens[k]), "token_share": tokens[k] / all_tokens}
+               for k, c in enumerate(corpora)]
+    return {"layout": options.layout, "seq_len": seq_len, "algo": options.algo,
+            "algo_options": report.options, "seed": options.seed, "shuffle": options.shuffle,
+            "overflow": options.overflow, **stored, "group_docs": options.group_docs,
+            "n_packs": combined["n_packs"], **combined["counts"],
+            **histogram_metrics(hist, seq_len, combined["n_packs"]),
+            "attention_imbalance": combined["imbalance"], "solver": report.to_json(),
+            "split": split, "held_out": held_out, "sources": sources}

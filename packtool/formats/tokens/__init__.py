@@ -32,6 +32,7 @@ from .reader import (
     open_part,
     open_tokens,
     read_lengths,
+    read_lengths_range,
     read_part_manifest,
     validate_tokens,
     verify_part_files,
@@ -63,6 +64,6 @@ __all__ = [
     "READABLE", "SCHEMA", "SUFFIXES", "UINT16_MAX_VOCAB", "VERSION", "TokenCorpus",
     "TokenPart", "TokenWriter", "check_boundaries", "corpus_manifest", "gather", "open_part",
     "open_tokens", "part_manifest_path", "part_name", "plan_digest", "prefix_paths",
-    "read_lengths", "read_part_manifest", "split_prefix", "token_dtype", "validate_tokens",
-    "verify_part_files",
+    "read_lengths", "read_lengths_range", "read_part_manifest", "split_prefix", "token_dtype",
+    "validate_tokens", "verify_part_files",
 ]

@@ -273,7 +273,7 @@ class TokenCorpus:
             q.verify_checksums()
 
 
-def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 24) -> np.ndarray:
+def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray:
     """Every document's length over ``corpora`` in order, read from the boundaries files a
     chunk at a time into one int32 array (int64 if a document holds 2**31 tokens or more):
     4 bytes a document, nothing cached (``TokenCorpus.lengths`` keeps int64 copies)."""
@@ -293,6 +293,26 @@ def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 24) -> np.ndarray
             out[at:at + d.size] = d
             at += d.size
             prev = e[-1]
+    return out
+
+
+def read_lengths_range(corpora: list[TokenCorpus], lo: int, hi: int) -> np.ndarray:
+    """The lengths of global documents lo..hi-1 over ``corpora`` (int64), read from the
+    boundaries of the parts they fall in: what a group of documents needs, nothing more."""
+    out = np.empty(hi - lo, np.int64)
+    at, base = 0, 0
+    for q in (q for c in corpora for q in c.parts):
+        a, b = max(lo, base), min(hi, base + len(q))
+        if b > a:
+            ends = q.ends
+            e = np.asarray(ends[max(a - base - 1, 0):b - base], np.int64)
+            if a - base == 0:
+                e = np.concatenate([[0], e])
+            out[at:at + b - a] = np.diff(e)
+            at += b - a
+        base += len(q)
+        if base >= hi:
+            break
     return out
 
 
@@ -379,7 +399,7 @@ def _check_part_manifest(folder: Path, name: str, entry: dict, meta: dict) -> No
                           f"digest or checksums): the manifest was edited; {FIX}")
 
 
-def check_boundaries(ends: np.ndarray, n_tokens: int, path: Path, chunk: int = 1 << 24) -> None:
+def check_boundaries(ends: np.ndarray, n_tokens: int, path: Path, chunk: int = 1 << 20) -> None:
     """Document ends must start >= 0, never decrease and end at the token count (a part of
     no document holds no token): every offset a kernel later indexes with is proven in range
     here (O(documents), ~0.1 s/10M)."""

@@ -1,0 +1,283 @@
+"""``pack --group-docs G`` at corpus scale: each job plans *and* writes one group of G
+consecutive documents, so no process ever holds the whole corpus's lengths::
+
+    driver    a streaming pass over the boundaries: per source its non-empty count; the
+              mixture's held-out and extra-copy documents drawn as sparse lists
+              (:func:`packtool.mixture.sparse_selection`, the same draws as a global plan);
+              one job per group with its slice of those lists. Memory: O(groups + selection).
+    job g     lengths of its documents read from the boundaries, planned on their own (packs
+              shuffled in the group with the seed's stream keyed by g), shards
+              shard-GGGGG-KKK written with the group's entry (counts, the length histogram,
+              per-source use) last. Memory: O(G + one shard).
+    finalize  index.json from the group entries, in order: counts and histograms add up, so
+              the efficiency and the L1/L2 bounds are those of the whole dataset.
+
+Packs are shuffled within each group; the training sampler shuffles across the dataset.
+Measured on synthetic corpora (scripts/bench_pack.py --memory): see docs/SCALE.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import _locks
+from .._io import write_new
+from ..errors import FormatError
+from ..formats.packed import VALID, ShardWriter, attention_costs, check_crc
+from ..formats.tokens import read_lengths_range
+from ..mixture import sparse_selection
+from ..options import PackOptions
+from ..plan import plan_pack
+from .jobs import Target, _gatherer, _read_json, sources
+from .meta import histogram
+
+GROUP_FORMAT = "packtool.packed.group"
+RANKS = 8  # attention imbalance: consecutive packs of one step on this many ranks
+
+
+@dataclass(frozen=True)
+class GroupJob:
+    """Group ``g``: global documents lo..hi-1; ``held``/``extra``: its documents held out /
+    given one more copy (global indices); ``whole``: floor(factor) per source."""
+
+    g: int
+    lo: int
+    hi: int
+    held: np.ndarray
+    extra: np.ndarray
+    whole: tuple[int, ...]
+    base: tuple[int, ...]        # first global document of each source, then the total
+    options: PackOptions
+    target: Target
+    digest: str
+    n_tokens: int = 0            # the group's source tokens (for the progress bar)
+
+    def label(self) -> str:
+        return f"group {self.g} (documents {self.lo:,}..{self.hi - 1:,})"
+
+    @property
+    def entry_path(self) -> Path:
+        return Path(self.target.staging) / f".group-{self.g:05d}.entry.json"
+
+
+def _source_chunks(corpora, chunk: int = 1 << 20):
+    def chunks(k):
+        for q in corpora[k].parts:
+            ends = q.ends
+            prev = np.int64(0)
+            for a in range(0, len(q), chunk):
+                e = np.asarray(ends[a:a + chunk], np.int64)
+                yield np.diff(e, prepend=prev)
+                prev = e[-1]
+    return chunks
+
+
+def group_jobs(corpora, factors: list[float], options: PackOptions, target: Target,
+               digest: str) -> list[GroupJob]:
+    sizes = [len(c) for c in corpora]
+    base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    held, extra = sparse_selection(_source_chunks(corpora), sizes, factors, options)
+    held_g = np.concatenate([b + h for b, h in zip(base[:-1], held, strict=True)]
+                            or [np.empty(0, np.int64)])
+    extra_g = np.concatenate([b + e for b, e in zip(base[:-1], extra, strict=True)]
+                             or [np.empty(0, np.int64)])
+    g_size = options.group_docs
+    jobs = []
+    for g, lo in enumerate(range(0, int(base[-1]), g_size)):
+        hi = min(lo + g_size, int(base[-1]))
+        h = held_g[np.searchsorted(held_g, lo):np.searchsorted(held_g, hi)]
+        e = extra_g[np.searchsorted(extra_g, lo):np.searchsorted(extra_g, hi)]
+        jobs.append(GroupJob(g, lo, hi, h, e, tuple(int(f) for f in factors),
+                             tuple(int(b) for b in base), options, target, digest,
+                             _range_tokens(corpora, lo, hi)))
+    return jobs
+
+
+def _token_offset(corpora, d: int) -> int:
+    """Tokens of the documents before global document ``d`` (two boundary reads)."""
+    total = 0
+    for c in corpora:
+        for q in c.parts:
+            if d <= 0:
+                return total
+            if d < len(q):
+                return total + int(q.ends[d - 1])
+            total += int(q.entry["n_tokens"])
+            d -= len(q)
+    return total
+
+
+def _range_tokens(corpora, lo: int, hi: int) -> int:
+    return _token_offset(corpora, hi) - _token_offset(corpora, lo)
+
+
+def _repeats(job: GroupJob) -> tuple[np.ndarray | None, np.ndarray]:
+    """(copies per document of the group, or None for "each once"; held-out mask)."""
+    n = job.hi - job.lo
+    held = np.zeros(n, bool)
+    held[job.held - job.lo] = True
+    if all(w == 1 for w in job.whole) and not job.extra.size and not held.any():
+        return None, held
+    reps = np.zeros(n, np.int64)
+    for k, w in enumerate(job.whole):
+        a, b = max(job.base[k], job.lo), min(job.base[k + 1], job.hi)
+        if b > a:
+            reps[a - job.lo:b - job.lo] = w
+    reps[job.extra - job.lo] += 1
+    reps[held] = 0
+    return reps, held
+
+
+def _split_stats(layout, job: GroupJob, shards: list[dict]) -> dict:
+    """What the finalize step adds up for one split of one group."""
+    hist = histogram(layout)
+    costs = attention_costs(layout.ordered_lengths(), layout.seg_first)
+    n8 = costs.size // RANKS * RANKS
+    blocks = costs[:n8].reshape(-1, RANKS)
+    mean = blocks.mean(axis=1) if n8 else np.zeros(0)
+    ok = mean > 0
+    ratio = float((blocks.max(axis=1)[ok] / mean[ok]).sum()) if ok.any() else 0.0
+    used_tokens = np.zeros(len(job.base) - 1, np.int64)
+    used_docs = np.zeros(len(job.base) - 1, np.int64)
+    for a in range(0, layout.order.size, 1 << 20):
+        doc, off, length = layout.segments(a, a + (1 << 20))
+        which = np.searchsorted(np.asarray(job.base), doc + job.lo, side="right") - 1
+        used_tokens += np.bincount(which, weights=length, minlength=used_tokens.size
+                                   ).astype(np.int64)
+        used_docs += np.bincount(which[off == 0], minlength=used_docs.size)
+    return {"shards": shards, "n_packs": layout.n_packs, "counts": layout.counts,
+            "hist": {str(v): int(c) for v, c in enumerate(hist) if c},
+            "report": layout.report.to_json(), "imbalance": [ratio, int(ok.sum())],
+            "tokens_used": used_tokens.tolist(), "docs_used": used_docs.tolist()}
+
+
+def check_group(job: GroupJob, checksums: bool = True) -> tuple[dict | None, str]:
+    """(the group's entry, "") when group ``job`` is written and intact, else (None, why)."""
+    m = _read_json(job.entry_path)
+    if m is None:
+        return None, "missing"
+    if not isinstance(m, dict) or m.get("format") != GROUP_FORMAT or m.get("digest") != \
+            job.digest:
+        return None, "made from another plan (digest differs)"
+    try:
+        for split, stats in m["splits"].items():
+            folder = Path(job.target.staging) / (VALID if split == "valid" else "")
+            for sh in stats["shards"]:
+                for f in sh["files"].values():
+                    path = folder / f["name"]
+                    if path.is_symlink() or not path.is_file() or \
+                            path.stat().st_size != f["bytes"]:
+                        return None, f"{path} is missing or of the wrong size"
+                    if checksums:
+                        check_crc(path, f["crc32"])
+    except FormatError as e:
+        return None, f"corrupt: {e}"
+    except (KeyError, TypeError, AttributeError) as e:
+        return None, f"unreadable entry ({e})"
+    return m, ""
+
+
+def write_group(job: GroupJob, tick) -> tuple[dict, bool]:
+    """Plan and write group ``job``: its shards, then its entry; skipped when intact."""
+    staging = Path(job.target.staging)
+    with _locks.waiting(staging / f".group-{job.g:05d}.lock", job.label()):
+        done, _ = check_group(job)
+        if done is not None:
+            return done, True
+        tmp = staging / f".group-{job.g:05d}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+        tmp.mkdir()
+        try:
+            entry = _plan_and_write(job, tmp, tick)
+            write_new(tmp / "entry.json", json.dumps(entry))
+            from .._atomic import fsync_path, fsync_tree
+
+            fsync_tree(tmp)
+            for split, stats in entry["splits"].items():
+                folder = staging / VALID if split == "valid" else staging
+                folder.mkdir(exist_ok=True)
+                for sh in stats["shards"]:
+                    for f in sh["files"].values():
+                        os.replace(tmp / f["name"], folder / f["name"])
+                fsync_path(folder)
+            os.replace(tmp / "entry.json", job.entry_path)
+            fsync_path(staging)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return entry, False
+
+
+def _plan_and_write(job: GroupJob, tmp: Path, tick) -> dict:
+    t = job.target
+    corpora = sources(t.prefixes)
+    lengths = read_lengths_range(corpora, job.lo, job.hi)
+    opts = dataclasses.replace(job.options, group_docs=None)
+    repeats, held = _repeats(job)
+    layouts = {"train": plan_pack(lengths, opts, repeats, shuffle_key=(job.g,))}
+    if held.any():
+        layouts = {"valid": plan_pack(lengths, opts, held.astype(np.int64),
+                                      shuffle_key=(job.g,)), **layouts}
+    gather = _gatherer(corpora) if t.layout == "tokens" else None
+    writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage, gather)
+    splits = {}
+    for split, layout in layouts.items():
+        shards = []
+        for k in range(layout.n_shards):
+            packs, segs = layout.shard(k)
+            first = layout.seg_first[packs.start:packs.stop + 1] - segs.start
+            doc, off, length = layout.segments(segs.start, segs.stop)
+            entry = writer.write(k, first, doc + job.lo, off, length, tick)
+            shards.append(_rename(tmp, entry, split, job.g, k))
+        splits[split] = _split_stats(layout, job, shards)
+    return {"format": GROUP_FORMAT, "version": 1, "digest": job.digest, "g": job.g,
+            "splits": splits}
+
+
+def _rename(tmp: Path, entry: dict, split: str, g: int, k: int) -> dict:
+    """Name a group's shard after the group: shard-GGGGG-KKK (valid ones with a v)."""
+    name = f"shard-{g:05d}-{'v' if split == 'valid' else ''}{k:03d}"
+    files = {}
+    for array, f in entry["files"].items():
+        new = f["name"].replace(entry["name"], name, 1)
+        os.replace(tmp / f["name"], tmp / new)
+        files[array] = {**f, "name": new}
+    return {**entry, "name": name, "files": files}
+
+
+def combine(entries: list[dict], split: str) -> dict | None:
+    """One split's figures over every group, in group order (None if no group has it)."""
+    parts = [e["splits"][split] for e in entries if split in e["splits"]]
+    if not parts:
+        return None
+    size = 1 + max(int(v) for p in parts for v in p["hist"]) if any(
+        p["hist"] for p in parts) else 1
+    hist = np.zeros(size, np.int64)
+    for p in parts:
+        for v, c in p["hist"].items():
+            hist[int(v)] += c
+    counts: dict = {}
+    for p in parts:
+        for k, v in p["counts"].items():
+            counts[k] = counts.get(k, 0) + v
+    ratio = sum(p["imbalance"][0] for p in parts)
+    blocks = sum(p["imbalance"][1] for p in parts)
+    return {"shards": [sh for p in parts for sh in p["shards"]],
+            "n_packs": sum(p["n_packs"] for p in parts), "counts": counts, "hist": hist,
+            "reports": [p["report"] for p in parts],
+            "imbalance": ratio / blocks if blocks else None,
+            "tokens_used": np.sum([p["tokens_used"] for p in parts], axis=0).tolist(),
+            "docs_used": np.sum([p["docs_used"] for p in parts], axis=0).tolist()}
+
+
+def remove_group_entries(staging: Path) -> None:
+    for p in staging.glob(".group-*.entry.json"):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
