@@ -26,7 +26,7 @@ import numpy as np
 from ._io import sha256_file
 from .errors import PacktoolError
 from .formats.packed import VALID, ValidationError, validate_packed
-from .formats.tokens import open_tokens, prefix_paths, validate_tokens
+from .formats.tokens import open_tokens, prefix_paths, read_lengths, validate_tokens
 
 VerifyError = ValidationError
 CHUNK_TOKENS = 1 << 23
@@ -108,15 +108,18 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
         valid = validate_packed(directory / index["held_out"]["path"])
         if valid.index.get("split") != "valid":
             raise VerifyError(f"{valid.directory}: not the held-out split of {directory}")
-        _disjoint(ds, valid)
         result.valid = {"n_packs": valid.index["n_packs"], "n_tokens": valid.index["n_tokens"],
                         "n_segments": valid.index["n_segments"]}
+        _disjoint(ds, valid)
     if sources:
         corpora = _sources(index, sources)
-        copies, held = expected_copies(index, [c.lengths for c in corpora])
-        _check(ds, corpora, copies)
+        lengths = read_lengths(corpora)
+        sizes = np.cumsum([0] + [len(c) for c in corpora])
+        copies, held = expected_copies(index, [lengths[a:b] for a, b in
+                                               zip(sizes[:-1], sizes[1:], strict=True)])
         if valid is not None:
-            _check(valid, corpora, held.astype(np.int64))
+            _check(valid, corpora, _count(valid, held.astype(np.uint16), lengths))
+        _check(ds, corpora, _count(ds, copies, lengths))
         result.sources_checked = True
         result.policy = {k: index[k] for k in ("n_truncated", "n_truncated_tokens",
                                                "n_dropped", "n_dropped_tokens")}
@@ -127,14 +130,18 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
 
 
 def _disjoint(train, valid) -> None:
-    def docs(ds):
-        parts = [np.asarray(ds.shard(k).seg_doc, np.int64) for k in range(ds.n_shards)]
-        return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+    """No document of the held-out packs (few) is in the training packs."""
+    held = np.unique(np.concatenate([np.asarray(valid.shard(k).seg_doc, np.int64)
+                                     for k in range(valid.n_shards)] or [np.empty(0, int)]))
+    for k in range(train.n_shards):
+        both = np.intersect1d(np.asarray(train.shard(k).seg_doc, np.int64), held)
+        if both.size:
+            raise VerifyError(f"source document {int(both[0]):,} is in the training packs and "
+                              f"in the held-out packs ({valid_dir(train)})")
 
-    both = np.intersect1d(docs(train), docs(valid))
-    if both.size:
-        raise VerifyError(f"source document {int(both[0]):,} is in the training packs and in "
-                          f"the held-out packs ({valid.directory})")
+
+def valid_dir(ds) -> Path:
+    return ds.directory / VALID
 
 
 def _sources(index: dict, specs) -> list:
@@ -185,7 +192,7 @@ def expected_copies(index: dict, lengths: list[np.ndarray]) -> tuple[np.ndarray,
             want = min(max(1, round(share * nonempty.size)), nonempty.size)
             h[np.random.default_rng([seed, 1, k]).choice(nonempty, size=want,
                                                           replace=False)] = True
-        c = np.where(h, 0, int(factor)).astype(np.int64)
+        c = np.where(h, 0, int(factor)).astype(np.uint16)
         eligible = np.flatnonzero(~h)
         extra = round((factor - int(factor)) * eligible.size)
         if extra:
@@ -196,50 +203,91 @@ def expected_copies(index: dict, lengths: list[np.ndarray]) -> tuple[np.ndarray,
     return np.concatenate(copies), np.concatenate(held)
 
 
-def expected_segments(lengths: np.ndarray, copies: np.ndarray, seq_len: int, overflow: str
-                      ) -> np.ndarray:
-    """Every (document, offset, length) the packs must hold, once per copy, sorted: split
-    cuts a document into pieces of seq_len from its start; truncate keeps its first seq_len
-    tokens; drop leaves out a document longer than seq_len; empty documents become nothing."""
-    n = np.asarray(lengths, np.int64)
-    keep = (copies > 0) & (n > 0)
-    if overflow == "drop":
-        keep &= n <= seq_len
-    docs = np.flatnonzero(keep)
-    if overflow == "split":
-        pieces = -(-n[docs] // seq_len)
-    else:
-        pieces = np.ones(docs.size, np.int64)
-    doc = np.repeat(docs, pieces)
-    first = np.repeat(np.cumsum(pieces) - pieces, pieces)
-    offset = (np.arange(doc.size, dtype=np.int64) - first) * seq_len
-    length = np.minimum(n[doc] - offset, seq_len)
-    reps = copies[doc]
-    table = np.stack([np.repeat(doc, reps), np.repeat(offset, reps), np.repeat(length, reps)], 1)
-    return table[np.lexsort(table.T[::-1])]
+class Expected:
+    """What the packs of one split must hold, per entry of the source documents' segment
+    table (a document's pieces under ``--overflow split`` one after another, else one entry
+    a document): how many copies. Counted against the shards with its own plain code, a
+    shard at a time: per entry 1 byte, per document ~6 bytes in all."""
+
+    def __init__(self, lengths: np.ndarray, copies: np.ndarray, seq_len: int, overflow: str):
+        self.n, self.seq_len, self.overflow = lengths, seq_len, overflow
+        over = np.flatnonzero(lengths > seq_len)
+        self.split = over if overflow == "split" else over[:0]
+        pieces = -(-lengths[self.split].astype(np.int64) // seq_len)
+        self.extra = np.concatenate([[0], np.cumsum(pieces - 1)])  # before each split doc
+        keep = (copies > 0) & (lengths > 0)
+        if overflow == "drop":
+            keep[over] = False
+        per_doc = np.where(keep, copies, 0).astype(copies.dtype)
+        reps = np.ones(lengths.size, np.int64)
+        reps[self.split] = pieces
+        self.want = np.repeat(per_doc, reps)            # copies per entry
+        self.got = np.zeros(self.want.size, np.uint16)  # copies found
+
+    def entry(self, doc: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(self.split, doc, side="left")
+        return doc + self.extra[j] + offset // self.seq_len
+
+    def count(self, doc: np.ndarray, offset: np.ndarray, length: np.ndarray, where) -> None:
+        """Check each segment is one the policy makes of its document, and count it."""
+        n_docs = self.n.size
+        ok = (doc >= 0) & (doc < n_docs) & (offset >= 0) & (length >= 1)
+        d = np.where(ok, doc, 0)
+        n = self.n[d].astype(np.int64)
+        L = self.seq_len
+        if self.overflow == "split":
+            ok &= (offset % L == 0) & (offset < n) & (length == np.minimum(L, n - offset))
+        elif self.overflow == "truncate":
+            ok &= (offset == 0) & (length == np.minimum(n, L))
+        else:
+            ok &= (offset == 0) & (length == n) & (n <= L)
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            raise VerifyError(f"{where}: segment mismatch: (document {int(doc[i]):,}, offset "
+                              f"{int(offset[i]):,}, length {int(length[i]):,}) is not one "
+                              f"--overflow {self.overflow} makes of its source document: "
+                              "tokens lost, duplicated or moved")
+        e, c = np.unique(self.entry(doc, offset), return_counts=True)
+        self.got[e] += c.astype(np.uint16)
+
+    def check(self, where) -> None:
+        bad = np.flatnonzero(self.got != self.want)
+        if bad.size:
+            e = int(bad[0])
+            doc, off = self._locate(e)
+            raise VerifyError(
+                f"{where}: source document {doc:,} (offset {off:,}) is in the packs "
+                f"{int(self.got[e])} time(s), expected {int(self.want[e])}: segment mismatch, "
+                f"tokens lost, duplicated or moved (the shards hold {int(self.got.sum()):,} "
+                f"segments, the sources under --overflow {self.overflow} and the mixture "
+                f"make {int(self.want.sum()):,})")
+
+    def _locate(self, e: int) -> tuple[int, int]:
+        first = self.split + self.extra[:-1]  # entry of each split document's first piece
+        j = int(np.searchsorted(first, e, side="right")) - 1
+        if j >= 0 and e < first[j] + self.extra[j + 1] - self.extra[j] + 1:
+            return int(self.split[j]), (e - int(first[j])) * self.seq_len
+        return e - int(self.extra[j + 1] if j >= 0 else 0), 0
 
 
-def _check(ds, corpora, copies: np.ndarray) -> None:
+def _count(ds, copies: np.ndarray, lengths: np.ndarray) -> Expected:
     index = ds.index
-    lengths = np.concatenate([c.lengths for c in corpora])
-    want = expected_segments(lengths, copies, int(index["seq_len"]), index["overflow"])
-    got = []
+    exp = Expected(lengths, copies, int(index["seq_len"]), index["overflow"])
     for k in range(ds.n_shards):
         sh = ds.shard(k)
-        got.append(np.stack([np.asarray(sh.seg_doc, np.int64),
-                             np.asarray(sh.seg_offset, np.int64),
-                             np.asarray(sh.seg_length, np.int64)], 1))
-    got = np.concatenate(got) if got else np.empty((0, 3), np.int64)
-    got = got[np.lexsort(got.T[::-1])]
-    if got.shape != want.shape:
-        raise VerifyError(f"{ds.directory}: the shards hold {got.shape[0]:,} segments, the "
-                          f"sources under --overflow {index['overflow']} (and the mixture) make "
-                          f"{want.shape[0]:,}")
-    bad = np.flatnonzero((got != want).any(axis=1))
-    if bad.size:
-        d, o, _ = want[int(bad[0])]
-        raise VerifyError(f"{ds.directory}: segment mismatch for source document {int(d):,} "
-                          f"(offset {int(o):,}): tokens lost, duplicated or moved")
+        doc = np.asarray(sh.seg_doc, np.int64)
+        ok = doc < lengths.size
+        if not ok.all():  # a document past the sources: named as such
+            raise VerifyError(f"{ds.directory} {sh.name}: source document "
+                              f"{int(doc[~ok][0]):,} does not exist (the sources hold "
+                              f"{lengths.size:,})")
+        exp.count(doc, np.asarray(sh.seg_offset, np.int64),
+                  np.asarray(sh.seg_length, np.int64), f"{ds.directory} {sh.name}")
+    return exp
+
+
+def _check(ds, corpora, exp: Expected) -> None:
+    exp.check(ds.directory)
     if ds.layout == "tokens":  # the index layout reads these very tokens from the sources
         for k in range(ds.n_shards):
             _compare_tokens(ds, k, corpora)
