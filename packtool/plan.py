@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from . import seeds
 from ._numba import njit
 from .errors import PacktoolError
 from .packers import PackerOptions, PackerReport, run_packer
@@ -218,7 +219,7 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     seg_off = cat(lambda r: r.offset)
     seg_len = cat(lambda r: r.length)
     packs = np.concatenate(parts) if parts else np.empty(0, np.int64)
-    rank = (np.random.default_rng(options.seed).permutation(n_packs) if options.shuffle
+    rank = (seeds.rng(options.seed, "pack.shuffle").permutation(n_packs) if options.shuffle
             else np.arange(n_packs)).astype(np.int64)
     order, pack_nseg = _order_segments(packs, rank, n_packs)
     counts = rounds[0].counts if repeats is None else _merge_counts(rounds, lengths)
@@ -303,8 +304,8 @@ def parse_source(spec: str) -> tuple[str, float]:
     return str(spec), 1.0
 
 
-def _sub_seed(seed: int, *keys: int) -> np.random.Generator:
-    return np.random.default_rng([seed, *keys])
+def _sub_seed(seed: int, domain: str, source: int) -> np.random.Generator:
+    return seeds.rng(seed, domain, source)  # == default_rng([seed, 1 or 2, source]), as before
 
 
 def held_out(lengths: np.ndarray, sizes: list[int], seed: int, valid_docs: int | None = None,
@@ -330,7 +331,8 @@ def held_out(lengths: np.ndarray, sizes: list[int], seed: int, valid_docs: int |
         docs = base + np.flatnonzero(nonempty[base:base + n])
         share = valid_fraction if valid_fraction is not None else valid_docs / total
         want = min(max(1, round(share * docs.size)), docs.size) if docs.size else 0
-        pick = _sub_seed(seed, 1, k).choice(docs, size=want, replace=False) if want else docs[:0]
+        pick = (_sub_seed(seed, "mixture.held_out", k).choice(docs, size=want, replace=False)
+                if want else docs[:0])
         mask[pick] = True
         base += n
     return mask
@@ -351,7 +353,8 @@ def doc_repeats(sizes: list[int], factors: list[float], seed: int,
         reps[eligible] = whole
         extra = round(frac * eligible.size)
         if extra:
-            reps[_sub_seed(seed, 2, k).choice(eligible, size=extra, replace=False)] += 1
+            pick = _sub_seed(seed, "mixture.repeats", k).choice(eligible, size=extra, replace=False)
+            reps[pick] += 1
         base += n
     return reps
 

@@ -84,7 +84,9 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
     seg = segs.length
     n = seg.size
     kept = int(seg.sum())
-    rng = np.random.default_rng(seed)
+    from .seeds import rng as seeded
+
+    rng = seeded(seed, "stats.batches")
     base = pack_metrics(seg, seq_len, 0)
     rep = {
         "seq_len": seq_len,
