@@ -92,16 +92,52 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) 
 class PackSampler(_sampler.PackSampler, torch.utils.data.Sampler):
     """``DataLoader(ds, sampler=PackSampler(...), batch_size=<its batch_size>)``: this rank's
     pack indices, one at a time (the numpy core, :class:`packtool.sampler.PackSampler`:
-    rank-sharded, ``set_epoch``, ``state_dict(step)`` / ``load_state_dict``, balance). Give the
-    DataLoader the sampler's ``batch_size`` so its batches are the sampler's steps."""
+    rank-sharded, ``set_epoch``, ``state_dict(step)`` / ``load_state_dict``, balance, elastic
+    resume). Give the DataLoader the sampler's ``batch_size`` so its batches are the sampler's
+    steps. A step counts as handed out once its last pack is."""
 
 
 class PackBatchSampler(_sampler.PackSampler, torch.utils.data.Sampler):
     """``DataLoader(ds, batch_sampler=PackBatchSampler(...))``: this rank's steps, each a list
-    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as :class:`PackSampler`."""
+    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as :class:`PackSampler`.
+
+    Both samplers implement torchdata's ``Stateful`` protocol (``state_dict()`` /
+    ``load_state_dict``), so ``torchdata.stateful_dataloader.StatefulDataLoader`` checkpoints
+    them with the batch it yields, prefetching workers or not::
+
+        loader = StatefulDataLoader(ds, batch_sampler=sampler, collate_fn=collate_tensors,
+                                    num_workers=4)
+        ckpt = loader.state_dict()            # after N batches: resumes at batch N
+        loader.load_state_dict(ckpt)          # same num_workers (torchdata's rule)
+        sampler.load_state_dict(sampler_state(ckpt))   # or: another world size / batch size
+    """
 
     def __iter__(self):
         return self.steps()
 
     def __len__(self) -> int:
         return self.n_steps - self.start_step
+
+
+def sampler_state(loader_state: dict) -> dict:
+    """The PackSampler state inside a ``StatefulDataLoader.state_dict()`` (num_workers 0 or
+    more; ``batch_sampler=`` or ``sampler=``), to resume under another world size, batch size or
+    number of workers, where torchdata's own ``load_state_dict`` refuses (it needs the same
+    ``num_workers``): ``sampler.load_state_dict(sampler_state(ckpt))`` and a fresh loader."""
+    from .errors import PacktoolError
+
+    found = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            if v.get("format") == _sampler.STATE_FORMAT:
+                found.append(v)
+                return
+            for x in v.values():
+                walk(x)
+
+    walk(loader_state)
+    if not found:
+        raise PacktoolError("no PackSampler state in this loader state: was the loader built with "
+                            "a packtool PackSampler / PackBatchSampler?")
+    return found[0]
