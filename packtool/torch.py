@@ -74,6 +74,30 @@ def collate_tensors(examples: list[dict], pad_multiple: int | None = None,
     return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
 
 
+def collate_mds(samples: list[dict], pad_multiple: int | None = None,
+                per_segment: bool = False, pad_id: int = 0) -> dict:
+    """The collator for ``packtool export --format mds`` read by MosaicML Streaming::
+
+        ds = streaming.StreamingDataset(local="out/mds", batch_size=4, shuffle=True)
+        loader = streaming.StreamingDataLoader(ds, batch_size=4, collate_fn=collate_mds)
+
+    MDS samples are packs of different lengths (input_ids, position_ids, cu_seqlens, labels
+    int32; loss_mask where the data has one, already folded into labels), so the default
+    collate, which stacks, fails on them. This flattens them into one ``[1, N]`` row, the keys
+    of :func:`collate_tensors` (``model_inputs(batch)`` takes it from there)."""
+    from .errors import PacktoolError
+
+    need = ("input_ids", "position_ids", "cu_seqlens", "labels")
+    for j, s in enumerate(samples):
+        missing = [k for k in need if k not in s]
+        if missing:
+            raise PacktoolError(f"sample {j} of the batch lacks {', '.join(missing)}: "
+                                "collate_mds reads packtool's MDS export (packtool export "
+                                "--format mds); export again, or use another collator")
+    return collate_tensors([{k: s[k] for k in need} for s in samples],
+                           pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id)
+
+
 def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) -> dict:
     """The keys to pass to a Hugging Face causal LM, never an attention mask: input_ids,
     labels, position_ids and (``varlen=True``, the default) cu_seq_lens_q/k and
