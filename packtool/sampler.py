@@ -45,21 +45,28 @@ the slowest rank sets the step time. Two things even it out:
 2. *Dealing within a step*: longest-processing-time-first with at most ``batch_size`` packs per
    rank, then swaps between the costliest and the cheapest rank (:func:`balance_steps`).
 
-Measured by ``python scripts/bench_balance.py --docs 1000000`` (1M lognormal lengths, median
-300, bfd at L=4096 -> 118,860 packs, world size 8), mean over steps of max-rank / mean-rank
+Measured by ``python scripts/bench_balance.py`` (1M lognormal lengths, median 300, clipped at
+4,096; bfd at L=4096 -> 118,860 packs; world size 8), mean over steps of max-rank / mean-rank
 cost (99th percentile)::
 
     packs per rank per step   1               2               4
-    shuffled                  2.477 (5.89)    2.004 (3.44)    1.680 (2.48)
-    balance="attention"       1.037 (1.064)   1.010 (1.023)   1.002 (1.006)
+    shuffled                  2.477 (4.147)   1.999 (3.116)   1.682 (2.445)
+    dealt only (before)       2.477 (4.147)   1.561 (2.383)   1.056 (1.294)
+    balance="attention"       1.036 (1.062)   1.011 (1.022)   1.002 (1.006)
 
-No pack is added or moved between packs: the same bfd packs, in another order. Making packs'
-costs even instead cannot get there: a 4,096-token document alone costs 3.5x the mean pack
-(16.8M vs 4.7M), and even with every other pack at exactly the mean, random steps of one pack
-per rank average 2.08 (and balanced dealing at 2 and 4 packs per rank gets worse, 1.74 and 1.36,
-because even packs leave nothing light to pair with a heavy one). Cost of the grouping: packs of
-like cost train together (a step of one-document packs), at most ~``G / share of the class``
-packs later than their place in the order; classes are coarse (59 on these lengths).
+The same bfd packs, none added (10M lengths: 1.034 / 1.001 / 1.000 at 1 / 4 / 8 packs per rank;
+0.2-0.35 s per epoch schedule of 1.19M packs). Making packs' costs even instead cannot get there:
+a 4,096-token document alone costs 3.5x the mean pack (16.8M vs 4.7M), so even an ideal packing
+(documents over L/2 alone, every other pack at exactly the mean) gives 2.08 shuffled at one pack
+per rank, and dealt at 2 and 4 packs per rank 1.75 and 1.36, worse than bfd's uneven packs,
+which leave light packs to pair with heavy ones. The price of like-cost steps: packs of like
+cost train together (8 one-document packs in a step), and packs move in the order: median 13
+steps earlier, 99th percentile 167 steps later, and the packs of classes with fewer than ``G``
+members (a few dozen here, 57 classes) to the epoch's last steps.
+
+Whole-block cost (``attention_costs(ds, linear=12 * d)``): at L=4096 and d=4096 shuffled bfd
+packs are already within 3.3% (max/mean 1.033 at one pack per rank); attention dominates, and
+balance matters, at long context or with small models.
 """
 
 from __future__ import annotations
@@ -194,6 +201,23 @@ def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
         a, b = slots[active, hi, i], slots[active, lo, k]
         slots[active, hi, i], slots[active, lo, k] = b, a
     return slots
+
+
+def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,
+                   seed: int = 0) -> float:
+    """Mean over an epoch's steps of the costliest rank's cost over the mean rank's cost, for
+    ``costs`` per pack (e.g. ``np.bincount(packs, weights=lengths ** 2)``), in a shuffled
+    epoch (``balanced=False``) or with ``balance=costs`` (steps of like cost, then dealt).
+    1.0 is perfect; ``packtool stats`` reports it at 8 ranks x 1 pack for every packer."""
+    costs = np.asarray(costs, dtype=np.float64)
+    if not len(costs) or not costs.any():
+        return 1.0
+    s = PackSampler(len(costs), rank=0, world_size=world_size, batch_size=batch_size,
+                    seed=seed, drop_last=False, balance=costs if balanced else None)
+    per_rank = costs[s.global_schedule()].sum(axis=2)
+    mean = per_rank.mean(axis=1)
+    ok = mean > 0
+    return float((per_rank.max(axis=1)[ok] / mean[ok]).mean())
 
 
 class PackSampler:
