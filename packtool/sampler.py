@@ -383,6 +383,8 @@ class PackSampler:
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (the same on every rank). Changing the epoch drops a pending
         resume; setting the resumed epoch again keeps it."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise PacktoolError(f"epoch must be an integer >= 0, got {epoch!r}")
         epoch = int(epoch)
         if epoch != self.epoch:
             self.start_step = self._cursor = 0
@@ -518,7 +520,7 @@ def check_state(state, sampler: PackSampler) -> tuple[int, np.ndarray]:
         return int(v)
 
     epoch = count("epoch", 0)
-    count("step", 0)
+    count("step", 0, sampler.n_packs)  # a step holds at least one pack
     count("world_size", 1)
     count("batch_size", 1)
     for key, mine in (("seed", sampler.seed), ("n_packs", sampler.n_packs),

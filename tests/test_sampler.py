@@ -3,6 +3,7 @@ resumable batch-for-batch (through a real torch DataLoader, also when num_worker
 attention-balanced; pad_example / PackedReader.get padding; model_inputs keys."""
 
 import itertools
+import json
 from pathlib import Path
 
 import naive
@@ -145,8 +146,15 @@ def test_malformed_states_refused_by_field():
         s.load_state_dict({**good, "version": 3})
     with pytest.raises(PacktoolError, match="must be a dict"):
         s.load_state_dict([good])
-    s.load_state_dict(good)  # the good one still loads after all the refusals
-    assert s.start_step == 3
+    for step in (-3, 10**6, "2", 1.5):
+        with pytest.raises(PacktoolError, match=r"step must be 0\.\.10"):
+            s.state_dict(step)
+    with pytest.raises(PacktoolError, match="step=1000000"):
+        s.load_state_dict({**good, "step": 10**6})
+    with pytest.raises(PacktoolError, match="epoch must be"):
+        s.set_epoch("x")
+    s.load_state_dict(json.loads(json.dumps(good)))  # plain data: JSON round-trips
+    assert s.start_step == 3 and s.state_dict() == good
 
 
 @settings(max_examples=150, deadline=None)
