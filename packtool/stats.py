@@ -383,11 +383,11 @@ def _render_algos(s: dict, batch_size: int) -> list[str]:
                    f"{a['gap']:>8.3f}% {a['gap_to_best_bound']:>8.3f}% "
                    f"{a['packing_factor']:>7.2f} {a['seconds']:>8.3f} "
                    f"{a['compile_seconds']:>8.3f} {a['attention_imbalance']:>6.2f}->"
-                   f"{a['attention_imbalance_balanced']:<5.2f}")
+                   f"{a['attention_imbalance_balanced']:.2f}")
         notes += [f"  warning: {w}" for w in a.get("warnings", [])]
-    out.append("  attn 8x1: mean over steps of max/mean rank attention cost (sum of squared "
-               "segment lengths), 8 ranks x 1 pack per step: shuffled -> "
-               "PackSampler(balance='attention')")
+    out.append("  attn 8x1: max/mean rank attention cost (sum of squared segment lengths), "
+               "8 ranks x 1 pack per step,")
+    out.append("  mean over steps: shuffled -> PackSampler(balance='attention')")
     best = next(a for a in s["algos"] if a.get("packs") is not None) if any(
         a.get("packs") is not None for a in s["algos"]) else None
     if best:
