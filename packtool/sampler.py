@@ -258,9 +258,10 @@ class PackSampler:
             raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
                                 f"got {rank!r}")
         if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float)) \
-                or not 1.0 <= cost_ratio < float("inf"):
-            raise PacktoolError(f"cost_ratio must be a number >= 1 (1.1: packs of one class "
-                                f"differ by at most 10% in cost), got {cost_ratio!r}")
+                or not 1.01 <= cost_ratio < float("inf"):
+            raise PacktoolError(f"cost_ratio must be a number >= 1.01 (1.1: packs of one class "
+                                f"differ by at most 10% in cost; closer classes wait longer to "
+                                f"fill a step and make the state longer), got {cost_ratio!r}")
         self.n_packs, self.rank, self.world_size = int(n), int(rank), int(world_size)
         self.seed, self.drop_last, self.batch_size = int(seed), bool(drop_last), int(batch_size)
         self.global_batch = self.world_size * self.batch_size

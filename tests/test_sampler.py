@@ -247,6 +247,8 @@ def test_bad_arguments():
         PackSampler(10, rank=0, world_size=2, balance="attention")
     with pytest.raises(PacktoolError, match="10 finite numbers"):
         PackSampler(10, rank=0, world_size=2, balance=np.ones(9))
+    with pytest.raises(PacktoolError, match="cost_ratio must be a number >= 1.01"):
+        PackSampler(10, rank=0, world_size=2, balance=np.ones(10), cost_ratio=1.0)
 
 
 def test_attention_costs_match_cu_seqlens(packed):
