@@ -27,8 +27,11 @@ def parse_source(spec: str) -> tuple[str, float]:
     return str(spec), 1.0
 
 
-def _sub_seed(seed: int, *keys: int) -> np.random.Generator:
-    return np.random.default_rng([seed, *keys])
+def _sub_seed(seed: int, domain: int, k: int) -> np.random.Generator:
+    """The held-out (1) or extra-copy (2) stream of source k (packtool.seeds)."""
+    from . import seeds
+
+    return seeds.rng(seed, {1: "mixture.held_out", 2: "mixture.repeats"}[domain], k)
 
 
 def held_out(lengths: np.ndarray, sizes: list[int], seed: int, valid_docs: int | None = None,

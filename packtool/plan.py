@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import seeds
 from ._numba import njit
 from .errors import PacktoolError
 from .options import OVERFLOW, PackOptions
@@ -268,15 +269,11 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
 
 
 def shuffle_rank(n_packs: int, options: PackOptions, key: tuple = ()) -> np.ndarray:
-    """Each pack's output position: a seeded permutation (its own random stream: the
-    ``"pack-shuffle"`` domain of ``options.seed``), or the packer's order."""
+    """Each pack's output position: a seeded permutation (its own random stream, the
+    ``pack.shuffle`` domain of :mod:`packtool.seeds`), or the packer's order."""
     if not options.shuffle:
         return np.arange(n_packs, dtype=np.int64)
-    rng = np.random.default_rng(np.random.SeedSequence([options.seed, *SHUFFLE_DOMAIN, *key]))
-    return rng.permutation(n_packs).astype(np.int64)
-
-
-SHUFFLE_DOMAIN = (0x7061636B,)  # "pack": the pack shuffle's stream of the seed
+    return seeds.rng(options.seed, "pack.shuffle", *key).permutation(n_packs).astype(np.int64)
 
 
 def make_rounds(lengths: np.ndarray, repeats: np.ndarray, seq_len: int, overflow: str

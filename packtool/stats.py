@@ -33,6 +33,7 @@ from .errors import PacktoolError
 DEFAULT_SEQ_LENS = (512, 1024, 2048, 4096, 8192)
 BARS = " ▏▎▍▌▋▊▉█"
 HOPELESS = 0.5  # skip a depth-capped packer in stats when it cannot pass this efficiency
+ATTN_RANKS = 8  # attention imbalance: 8 ranks x 1 pack per step
 
 
 def length_summary(lengths: np.ndarray) -> dict:
@@ -84,7 +85,9 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
     seg = segs.length  # the non-empty segments; the packers get the planner's table
     n = seg.size
     kept = int(seg.sum())
-    rng = np.random.default_rng(seed)
+    from .seeds import rng as seeded
+
+    rng = seeded(seed, "stats.batches")
     base = pack_metrics(seg, seq_len, 0)
     rep = {
         "seq_len": seq_len,
@@ -125,6 +128,7 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
     from ._numba import compile_seconds
     from .metrics import pack_metrics
     from .packers import PACKERS, PackerOptions, depth_capped_efficiency, run_packer
+    from .sampler import step_imbalance
 
     given = {k: v for k, v in (algo_options or {}).items() if v not in (None, False)}
     unread = set(given) - set().union(*(PACKERS[a].options for a in algos))
@@ -154,10 +158,16 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
         compile_time = spent()
         rep = packing.report
         m = pack_metrics(seg_lengths, seq_len, rep.n_packs)
+        placed = packing.packs >= 0
+        costs = np.bincount(packing.packs[placed], weights=seg_lengths[placed].astype(
+            np.float64) ** 2, minlength=rep.n_packs)
         rows.append({
             "algo": algo, "packs": rep.n_packs, "efficiency": m["efficiency"],
             "gap": m["gap_percent"], "packing_factor": m["packing_factor"],
             "seconds": seconds, "compile_seconds": compile_time,
+            "attention_imbalance": step_imbalance(costs, ATTN_RANKS, seed=seed),
+            "attention_imbalance_balanced": step_imbalance(costs, ATTN_RANKS, balanced=True,
+                                                           seed=seed),
             **({"lp_bound": rep.lp_bound, "lp_converged": rep.lp_converged}
                if rep.lp_bound is not None else {}),
             **({"warnings": rep.warnings} if rep.warnings else {}),
@@ -276,6 +286,11 @@ def packed_report(directory: str | Path) -> dict:
     rep["segments_per_pack"] = {**_dist(seg_per_pack), "counts": {
         str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}}
     rep["pack_fill"] = _dist(fill)
+    from .sampler import attention_costs, step_imbalance
+
+    costs = attention_costs(ds)
+    rep["attention_imbalance"] = step_imbalance(costs, ATTN_RANKS)
+    rep["attention_imbalance_balanced"] = step_imbalance(costs, ATTN_RANKS, balanced=True)
     return rep
 
 
@@ -360,7 +375,7 @@ def _render_algos(s: dict, batch_size: int) -> list[str]:
                f"{s['lower_bound_packs']:,}, L2 {s['l2_bound_packs']:,}{lp}; best "
                f"{s['best_bound_packs']:,} packs)",
            f"  {'algo':<11} {'packs':>12} {'efficiency':>11} {'gap L1':>9} {'gap best':>9} "
-           f"{'factor':>7} {'seconds':>8} {'compile':>8}"]
+           f"{'factor':>7} {'seconds':>8} {'compile':>8} {'attn 8x1':>13}"]
     notes = []
     for a in s["algos"]:
         if a.get("packs") is None:
@@ -369,8 +384,12 @@ def _render_algos(s: dict, batch_size: int) -> list[str]:
         out.append(f"  {a['algo']:<11} {a['packs']:>12,} {100 * a['efficiency']:>10.3f}% "
                    f"{a['gap']:>8.3f}% {a['gap_to_best_bound']:>8.3f}% "
                    f"{a['packing_factor']:>7.2f} {a['seconds']:>8.3f} "
-                   f"{a['compile_seconds']:>8.3f}")
+                   f"{a['compile_seconds']:>8.3f} {a['attention_imbalance']:>6.2f}->"
+                   f"{a['attention_imbalance_balanced']:.2f}")
         notes += [f"  warning: {w}" for w in a.get("warnings", [])]
+    out.append("  attn 8x1: max/mean rank attention cost (sum of squared segment lengths), "
+               "8 ranks x 1 pack per step,")
+    out.append("  mean over steps: shuffled -> PackSampler(balance='attention')")
     best = next(a for a in s["algos"] if a.get("packs") is not None) if any(
         a.get("packs") is not None for a in s["algos"]) else None
     if best:
@@ -391,6 +410,9 @@ def render_packed(rep: dict) -> str:
         f"p90 {sp['p90']:.0f}  max {sp['max']:.0f}",
         f"pack fill: min {100 * f['min']:.1f}%  p10 {100 * f.get('p10', 0):.1f}%  "
         f"p50 {100 * f['p50']:.1f}%  mean {100 * f['mean']:.2f}%",
+        f"attention cost, 8 ranks x 1 pack per step, mean max/mean rank: shuffled "
+        f"{rep['attention_imbalance']:.2f}, PackSampler(balance='attention') "
+        f"{rep['attention_imbalance_balanced']:.2f}",
         f"overflow ({rep['overflow']}): {rep['n_overlong']:,} over-long documents; split "
         f"{rep['n_split']:,} into {rep['n_split_pieces']:,} pieces, truncated "
         f"{rep['n_truncated']:,} (-{rep['n_truncated_tokens']:,} tokens), dropped "

@@ -74,6 +74,30 @@ def collate_tensors(examples: list[dict], pad_multiple: int | None = None,
     return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
 
 
+def collate_mds(samples: list[dict], pad_multiple: int | None = None,
+                per_segment: bool = False, pad_id: int = 0) -> dict:
+    """The collator for ``packtool export --format mds`` read by MosaicML Streaming::
+
+        ds = streaming.StreamingDataset(local="out/mds", batch_size=4, shuffle=True)
+        loader = streaming.StreamingDataLoader(ds, batch_size=4, collate_fn=collate_mds)
+
+    MDS samples are packs of different lengths (input_ids, position_ids, cu_seqlens, labels
+    int32; loss_mask where the data has one, already folded into labels), so the default
+    collate, which stacks, fails on them. This flattens them into one ``[1, N]`` row, the keys
+    of :func:`collate_tensors` (``model_inputs(batch)`` takes it from there)."""
+    from .errors import PacktoolError
+
+    need = ("input_ids", "position_ids", "cu_seqlens", "labels")
+    for j, s in enumerate(samples):
+        missing = [k for k in need if k not in s]
+        if missing:
+            raise PacktoolError(f"sample {j} of the batch lacks {', '.join(missing)}: "
+                                "collate_mds reads packtool's MDS export (packtool export "
+                                "--format mds); export again, or use another collator")
+    return collate_tensors([{k: s[k] for k in need} for s in samples],
+                           pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id)
+
+
 def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) -> dict:
     """The keys to pass to a Hugging Face causal LM, never an attention mask: input_ids,
     labels, position_ids and (``varlen=True``, the default) cu_seq_lens_q/k and
@@ -92,16 +116,52 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) 
 class PackSampler(_sampler.PackSampler, torch.utils.data.Sampler):
     """``DataLoader(ds, sampler=PackSampler(...), batch_size=<its batch_size>)``: this rank's
     pack indices, one at a time (the numpy core, :class:`packtool.sampler.PackSampler`:
-    rank-sharded, ``set_epoch``, ``state_dict(step)`` / ``load_state_dict``, balance). Give the
-    DataLoader the sampler's ``batch_size`` so its batches are the sampler's steps."""
+    rank-sharded, ``set_epoch``, ``state_dict(step)`` / ``load_state_dict``, balance, elastic
+    resume). Give the DataLoader the sampler's ``batch_size`` so its batches are the sampler's
+    steps. A step counts as handed out once its last pack is."""
 
 
 class PackBatchSampler(_sampler.PackSampler, torch.utils.data.Sampler):
     """``DataLoader(ds, batch_sampler=PackBatchSampler(...))``: this rank's steps, each a list
-    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as :class:`PackSampler`."""
+    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as :class:`PackSampler`.
+
+    Both samplers implement torchdata's ``Stateful`` protocol (``state_dict()`` /
+    ``load_state_dict``), so ``torchdata.stateful_dataloader.StatefulDataLoader`` checkpoints
+    them with the batch it yields, prefetching workers or not::
+
+        loader = StatefulDataLoader(ds, batch_sampler=sampler, collate_fn=collate_tensors,
+                                    num_workers=4)
+        ckpt = loader.state_dict()            # after N batches: resumes at batch N
+        loader.load_state_dict(ckpt)          # same num_workers (torchdata's rule)
+        sampler.load_state_dict(sampler_state(ckpt))   # or: another world size / batch size
+    """
 
     def __iter__(self):
         return self.steps()
 
     def __len__(self) -> int:
         return self.n_steps - self.start_step
+
+
+def sampler_state(loader_state: dict) -> dict:
+    """The PackSampler state inside a ``StatefulDataLoader.state_dict()`` (num_workers 0 or
+    more; ``batch_sampler=`` or ``sampler=``), to resume under another world size, batch size or
+    number of workers, where torchdata's own ``load_state_dict`` refuses (it needs the same
+    ``num_workers``): ``sampler.load_state_dict(sampler_state(ckpt))`` and a fresh loader."""
+    from .errors import PacktoolError
+
+    found = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            if v.get("format") == _sampler.STATE_FORMAT:
+                found.append(v)
+                return
+            for x in v.values():
+                walk(x)
+
+    walk(loader_state)
+    if not found:
+        raise PacktoolError("no PackSampler state in this loader state: was the loader built with "
+                            "a packtool PackSampler / PackBatchSampler?")
+    return found[0]

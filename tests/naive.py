@@ -84,3 +84,46 @@ def spfhp_sizes(lengths, capacity, max_depth, strict=False):
                     open_packs.remove(pk)
                     closed.append(pk)
     return sorted(capacity - pk[0] for pk in open_packs + closed)
+
+
+def like_cost_steps(order, cls, g):
+    """Steps of ``g`` packs of one cost class, one queue per class: a pack joins its class's
+    queue in epoch order and a full queue is a step; then what is left in the queues, in epoch
+    order (the caller cuts it). Returns (steps, leftovers) as lists."""
+    queues, steps = {}, []
+    for i in order:
+        q = queues.setdefault(cls[i], [])
+        q.append(i)
+        if len(q) == g:
+            steps.append(q[:])
+            q.clear()
+    waiting = {i for q in queues.values() for i in q}
+    return steps, [i for i in order if i in waiting]
+
+
+def elastic_union(n, shapes, seed=0, costs=None, drop_last=True):
+    """Run an epoch through several shapes ``[(world, batch, steps), ...]`` (steps=None: to the
+    end), resuming each from the state the previous one saved; return (packs trained, in
+    order, with repeats; packs left out at the end; the shape's G that ended the epoch)."""
+    from packtool.sampler import PackSampler
+
+    trained, state, samplers = [], None, []
+    for world, batch, steps in shapes:
+        ranks = [PackSampler(n, rank=r, world_size=world, batch_size=batch, seed=seed,
+                             balance=costs, drop_last=drop_last) for r in range(world)]
+        for s in ranks:
+            s.set_epoch(1)
+            if state is not None:
+                s.load_state_dict(state)
+        start = ranks[0].start_step
+        stop = ranks[0].n_steps if steps is None else min(start + steps, ranks[0].n_steps)
+        for s in ranks:
+            for k, b in enumerate(s.steps(), start=start):
+                if k == stop:
+                    break
+                trained += b
+        state = ranks[0].state_dict(stop) if stop < ranks[0].n_steps else None
+        samplers = ranks
+        if state is None:
+            break
+    return trained, samplers[0].left_out().tolist(), samplers[0].global_batch

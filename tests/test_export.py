@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
 
 import packtool
+from packtool import PacktoolError
 from packtool._io import sha256_file
 from packtool.cli import cli
 from packtool.export import MARKER, export
@@ -271,6 +272,34 @@ def test_mds_reads_back_with_streaming_dataset(tmp_path, which, request):
             _, mask = ds.tokens(i)
             assert got["loss_mask"].dtype == np.uint8
             assert got["loss_mask"].tolist() == mask.tolist()
+
+
+@pytest.mark.parametrize("which", ["packed", "sft_packed"])
+def test_mds_batches_through_streaming_dataloader(tmp_path, which, request):
+    """StreamingDataLoader with the named collator: each batch is the packs' one varlen row,
+    equal to collate_tensors of the same packs read by packtool."""
+    torch = pytest.importorskip("torch")
+    from packtool.formats.mds import import_streaming
+    from packtool.torch import collate_mds, collate_tensors
+
+    ds = request.getfixturevalue(which)
+    assert run(ds.directory, "--format", "mds", "--out", tmp_path / "mds", "-q").exit_code == 0
+    streaming = import_streaming()
+    sd = streaming.StreamingDataset(local=str(tmp_path / "mds"), shuffle=False, batch_size=3)
+    loader = streaming.StreamingDataLoader(sd, batch_size=3, collate_fn=collate_mds)
+    seen = 0
+    for batch in loader:
+        idx = range(seen, min(seen + 3, len(ds)))
+        want = collate_tensors([{k: torch.from_numpy(np.asarray(v)) for k, v in ds[i].items()}
+                                for i in idx])
+        assert set(batch) == set(want)
+        for k, v in want.items():
+            assert (batch[k].equal(v) if torch.is_tensor(v) else batch[k] == v), k
+        seen += len(idx)
+    assert seen == len(ds)
+    with pytest.raises(PacktoolError, match="lacks cu_seqlens"):
+        collate_mds([{"input_ids": np.zeros(3), "labels": np.zeros(3),
+                      "position_ids": np.zeros(3)}])
 
 
 # ---------------------------------------------------------------- Parquet

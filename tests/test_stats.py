@@ -11,14 +11,17 @@ from conftest import TOKENIZER, write_jsonl
 from packtool import PacktoolError
 from packtool.cli import cli
 from packtool.lengths import load_histogram_csv, reference_histogram
+from packtool.seeds import rng
 from packtool.stats import corpus_report
 
 CORPUS_KEYS = {"n_docs", "n_tokens", "n_empty", "length", "seq_lens"}
 SEQ_KEYS = {"seq_len", "n_overlong", "padding_waste", "batch_padding_waste", "max_speedup",
             "lower_bound_packs"}
-ALGO_KEYS = {"algo", "packs", "efficiency", "gap", "packing_factor", "seconds"}
+ALGO_KEYS = {"algo", "packs", "efficiency", "gap", "packing_factor", "seconds",
+             "attention_imbalance", "attention_imbalance_balanced"}
 PACKED_KEYS = {"n_packs", "n_tokens", "n_segments", "efficiency", "lower_bound_packs",
-               "packing_factor", "seq_len", "algo"}
+               "packing_factor", "seq_len", "algo", "attention_imbalance",
+               "attention_imbalance_balanced"}
 
 
 def segments(lengths, L, overflow):
@@ -39,7 +42,7 @@ def expected(lengths, L, B, overflow="split", seed=0):
     """The report's figures, computed the obvious (slow) way."""
     seg = segments(lengths, L, overflow)
     n, kept = len(seg), sum(seg)
-    order = np.random.default_rng(seed).permutation(n)
+    order = rng(seed, "stats.batches").permutation(n)
     computed = 0
     for i in range(0, n, B):
         batch = [seg[j] for j in order[i:i + B]]
@@ -261,3 +264,22 @@ def test_errors():
     assert r.exit_code == 1 and "unknown packer(s) nope" in r.output
     with pytest.raises(PacktoolError):
         corpus_report(np.array([1, 2]), [0])
+
+
+def test_attention_imbalance_for_every_packer():
+    """stats reports, per packer, the attention max/mean at 8 ranks x 1 pack per step, shuffled
+    and with PackSampler(balance='attention'): heavy-tailed web-like lengths are far from even
+    shuffled and within 10% balanced (packs unchanged)."""
+    from packtool.packers import assign_packs
+    from packtool.sampler import step_imbalance
+    from packtool.stats import compare_algos
+
+    lengths = np.clip(np.random.default_rng(0).lognormal(np.log(300), 1.0, 60_000), 1,
+                      4096).astype(np.int64)
+    rows = compare_algos(lengths, 4096, ["bfd", "ffd", "random"])
+    for row in rows:
+        packs = assign_packs(lengths, 4096, row["algo"])
+        costs = np.bincount(packs, weights=lengths.astype(float) ** 2)
+        assert row["attention_imbalance"] == step_imbalance(costs, 8)
+        assert row["attention_imbalance_balanced"] == step_imbalance(costs, 8, balanced=True)
+        assert row["attention_imbalance_balanced"] <= 1.10 < 1.5 < row["attention_imbalance"]

@@ -11,7 +11,10 @@
       labels        ndarray:int32   -100 at each segment's first token and where loss mask is 0
       loss_mask     ndarray:uint8   only when the packed dataset has one (SFT/chat)
 
-Read with ``StreamingDataset(local=DIR, shuffle=False)[i]`` (or ``remote=`` after uploading).
+Read with ``StreamingDataset(local=DIR, shuffle=False)[i]`` (or ``remote=`` after uploading);
+for batches, ``StreamingDataLoader(dataset, batch_size=B, collate_fn=packtool.torch.collate_mds)``
+(rows are ragged, so the default collate cannot stack them; collate_mds flattens them into one
+``[1, N]`` varlen row).
 
 About torchvision: ``import streaming`` imports ``streaming.vision``, which imports
 ``torchvision`` at module load, although MDS writing and reading never call it. Where

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import seeds
 from . import PackerOptions, Packing, report
 from ._common import counting_order, next_fit
 
@@ -26,7 +27,7 @@ def sequential(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Pa
 
 def random(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """Shuffled with ``options.seed``, next fit."""
-    order = np.random.default_rng(options.seed).permutation(len(lengths)).astype(np.int64)
+    order = seeds.rng(options.seed, "packer.random").permutation(len(lengths)).astype(np.int64)
     packs = next_fit(lengths, order, capacity)
     return Packing(packs, report("random", packs, options))
 

@@ -43,14 +43,17 @@ def pack_lengths(seg_length: np.ndarray, pack_seg: np.ndarray) -> np.ndarray:
     return np.diff(pack_offsets(seg_length, pack_seg))
 
 
-def attention_costs(seg_length: np.ndarray, pack_seg: np.ndarray) -> np.ndarray:
+def attention_costs(seg_length: np.ndarray, pack_seg: np.ndarray, linear: float = 0.0
+                    ) -> np.ndarray:
     """Per pack, the sum of its squared segment lengths (float64): what causal attention
-    costs, up to a constant (one reduceat; no per-pack Python)."""
+    costs, up to a constant (one reduceat; no per-pack Python); ``linear`` x the tokens is
+    added (see packtool.sampler.attention_costs for the block's linear term)."""
     ps = np.asarray(pack_seg, np.int64)
     n = ps.size - 1
     if n <= 0:
         return np.zeros(0)
-    sq = np.asarray(seg_length, np.float64) ** 2
+    lens = np.asarray(seg_length, np.float64)
+    sq = lens ** 2 + float(linear) * lens
     if not sq.size:
         return np.zeros(n)
     costs = np.add.reduceat(sq, np.minimum(ps[:-1], sq.size - 1))

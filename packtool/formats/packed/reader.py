@@ -336,14 +336,15 @@ class PackedReader:
         ex["source_offsets"] = np.asarray(sh.seg_offset[s0:s1], np.int64)
         return ex
 
-    def attention_costs(self) -> np.ndarray:
-        """Per pack, the sum of its squared segment lengths, from the segment tables alone."""
+    def attention_costs(self, linear: float = 0.0) -> np.ndarray:
+        """Per pack, the sum of its squared segment lengths (plus ``linear`` x its tokens),
+        from the segment tables alone."""
         from .layout import attention_costs
 
         out = []
         for k in range(self.n_shards):
             sh = self.shard(k)
-            out.append(attention_costs(np.asarray(sh.seg_length), sh.pack_seg))
+            out.append(attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear))
         return np.concatenate(out) if out else np.zeros(0)
 
     def get(self, i: int, pad_to: int | None = None, pad_id: int = 0,

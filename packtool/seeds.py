@@ -1,0 +1,37 @@
+"""Random streams: one seed, one domain per use, so no two stages draw the same numbers.
+
+``np.random.default_rng(seed)`` and ``np.random.default_rng([seed, 0])`` are the same stream,
+so before this module ``pack``'s shuffle of the packs (seed 0) and the sampler's epoch-0
+permutation (``[seed, epoch]`` = ``[0, 0]``) were one permutation: epoch 0 replayed the
+packer's own order. Every stream is now ``SeedSequence([seed, DOMAIN, *keys])`` with a domain
+key of its own::
+
+    pack.shuffle      [seed, 0x5041434b]             order of the packs written by ``pack``
+    packer.random     [seed, 0x52414e44]             the ``random`` packer's document order
+    sampler.epoch     [seed, 0x53414d50, epoch]      PackSampler's permutation of an epoch
+    stats.batches     [seed, 0x53544154]             ``stats``' random-batch padding figure
+    mixture.held_out  [seed, 1, source]              kept as they were (packtool.plan)
+    mixture.repeats   [seed, 2, source]
+
+The keys are fixed constants (ASCII of PACK, RAND, SAMP, STAT), never derived at run time, so
+a seed gives the same numbers in every version that keeps this table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DOMAINS = {
+    "pack.shuffle": 0x5041434B,
+    "packer.random": 0x52414E44,
+    "sampler.epoch": 0x53414D50,
+    "stats.batches": 0x53544154,
+    "mixture.held_out": 1,
+    "mixture.repeats": 2,
+}
+
+
+def rng(seed: int, domain: str, *keys: int) -> np.random.Generator:
+    """The generator of ``domain`` for ``seed`` (and ``keys``, e.g. the epoch)."""
+    return np.random.default_rng(np.random.SeedSequence(
+        [int(seed), DOMAINS[domain], *(int(k) for k in keys)]))
