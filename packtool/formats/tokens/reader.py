@@ -353,10 +353,19 @@ def _part_entries(meta: dict, path: Path) -> list[dict]:
         return [{"name": path.name[:-len(".json")], "n_docs": meta["n_docs"],
                  "n_tokens": meta["n_tokens"], "checksums": meta["checksums"]}]
     parts = meta["parts"]
-    for key in ("n_docs", "n_tokens"):
-        if meta[key] != sum(q[key] for q in parts):
+    for key in ("n_docs", "n_tokens", "n_empty", "n_trained_tokens"):
+        if key in meta and all(key in q for q in parts) and meta[key] != sum(
+                q[key] for q in parts):
             raise FormatError(f"{path}: {key} {meta[key]:,} is not the sum of its parts' "
                               f"({sum(q[key] for q in parts):,}); {FIX}")
+    for q in parts:
+        if q.get("inputs") and sum(i["n_docs"] for i in q["inputs"]) != q["n_docs"]:
+            raise FormatError(f"{path}: part {q['name']!r} has {q['n_docs']:,} documents but "
+                              f"its inputs' add up to {sum(i['n_docs'] for i in q['inputs']):,}"
+                              f"; {FIX}")
+        if not q["n_trained_tokens" if "n_trained_tokens" in q else "n_tokens"] <= q[
+                "n_tokens"] or ("n_empty" in q and q["n_empty"] > q["n_docs"]):
+            raise FormatError(f"{path}: part {q['name']!r}: counts out of range; {FIX}")
     names = [q["name"] for q in parts]
     if len(set(names)) != len(names):
         raise FormatError(f"{path}: a part is listed twice; {FIX}")
@@ -373,6 +382,9 @@ def _check_bound(meta: dict, parts: list[dict], path: Path) -> None:
     if plan["n_parts"] != len(parts):
         raise FormatError(f"{path}: the plan has {plan['n_parts']:,} parts, the manifest lists "
                           f"{len(parts):,}; {FIX}")
+    if len({q["digest"] for q in parts}) != len(parts):
+        raise FormatError(f"{path}: two parts have the same digest (a part copied over "
+                          f"another); {FIX}")
     for k, q in enumerate(parts):
         want = part_name(plan["prefix"], k, len(parts))
         if q["index"] != k or q["name"] != want:
@@ -392,18 +404,25 @@ def _check_part_manifest(folder: Path, name: str, entry: dict, meta: dict) -> No
     m = load_json(path)
     check(m, PART_MANIFEST, path, FIX)
     same = (m["index"] == entry["index"] and m["digest"] == entry["digest"]
-            and m["plan_digest"] == meta["plan"]["digest"]
-            and m["part"]["checksums"] == entry["checksums"])
+            and m["plan_digest"] == meta["plan"]["digest"] and m["part"] == entry)
     if not same:
         raise FormatError(f"{path} disagrees with its entry in the corpus manifest (position, "
-                          f"digest or checksums): the manifest was edited; {FIX}")
+                          f"digest, counts, inputs or checksums): the manifest was edited; "
+                          f"{FIX}")
+    settings = {k: v for k, v in m["meta"].items() if k != "engine"}
+    differ = sorted(k for k, v in settings.items() if meta.get(k) != v)
+    if differ:
+        raise FormatError(f"{path}: the part was made with other settings than the corpus "
+                          f"manifest says ({', '.join(differ)} differ): the manifest was edited "
+                          f"or the part comes from another corpus; {FIX}")
 
 
-def check_boundaries(ends: np.ndarray, n_tokens: int, path: Path, chunk: int = 1 << 20) -> None:
+def check_boundaries(ends: np.ndarray, n_tokens: int, path: Path, chunk: int = 1 << 20,
+                     n_empty: int | None = None) -> None:
     """Document ends must start >= 0, never decrease and end at the token count (a part of
-    no document holds no token): every offset a kernel later indexes with is proven in range
-    here (O(documents), ~0.1 s/10M)."""
-    prev = 0
+    no document holds no token), and (``n_empty``) so many documents be empty: every offset a
+    kernel later indexes with is proven in range here (O(documents), ~0.1 s/10M)."""
+    prev, empty = 0, 0
     for a in range(0, len(ends), chunk):
         e = np.asarray(ends[a:a + chunk])
         d = np.diff(e, prepend=np.int64(prev))
@@ -411,10 +430,14 @@ def check_boundaries(ends: np.ndarray, n_tokens: int, path: Path, chunk: int = 1
             i = a + int(np.flatnonzero(d < 0)[0])
             raise FormatError(f"{path}: document {i:,} ends at {int(ends[i]):,}, before the "
                               f"previous document's end; the file is corrupt, {FIX}")
+        empty += int(np.count_nonzero(d == 0))
         prev = int(e[-1])
     if prev != n_tokens:
         raise FormatError(f"{path}: the documents end at token {prev:,}, but the part holds "
                           f"{n_tokens:,} tokens; the file is corrupt, {FIX}")
+    if n_empty is not None and empty != n_empty:
+        raise FormatError(f"{path}: {empty:,} documents are empty, the manifest says "
+                          f"{n_empty:,}; {FIX}")
 
 
 def open_part(prefix: Path, entry: dict, dtype: np.dtype, with_mask: bool,
@@ -442,7 +465,7 @@ def open_part(prefix: Path, entry: dict, dtype: np.dtype, with_mask: bool,
     if checksums:  # 8 bytes a document, read anyway: a shifted boundary is never silent
         _check_file(paths["boundaries"], entry["checksums"]["boundaries"])
     check_boundaries(_memmap(paths["boundaries"], np.dtype("<i8"), n_docs), n_tokens,
-                     paths["boundaries"])
+                     paths["boundaries"], n_empty=entry.get("n_empty"))
     return TokenPart(prefix=prefix, entry=entry, dtype=dtype, with_mask=with_mask,
                      checksums=checksums)
 
@@ -491,6 +514,11 @@ def validate_tokens(prefix: str | Path) -> TokenCorpus:
     for q in corpus.parts:
         if q.mask is not None and len(q.tokens) and int(np.asarray(q.mask).max()) > 1:
             raise FormatError(f"{prefix_paths(q.prefix)['mask']}: values other than 0 and 1")
+        trained = int(np.asarray(q.mask).sum(dtype=np.int64)) if q.mask is not None else len(
+            q.tokens)
+        if q.entry.get("n_trained_tokens", trained) != trained:
+            raise FormatError(f"{corpus.prefix}: part {q.name!r} trains on {trained:,} tokens, "
+                              f"the manifest says {q.entry['n_trained_tokens']:,}; {FIX}")
         if vocab and len(q.tokens):
             top = int(np.asarray(q.tokens).max())
             if top >= vocab:
