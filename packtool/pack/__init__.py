@@ -152,8 +152,8 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
         if out == src.parent or out in src.parents:
             raise PacktoolError(f"--out {out} contains the source {c.prefix}; write the packed "
                                 "dataset to a directory of its own")
-    if not run.one_task:
-        check_replaceable(out, overwrite, owned)  # fail before the work, and again at the end
+    # fail before the work (an array task too: it only reads OUT), and again at the end
+    check_replaceable(out, overwrite, owned)
     digest = _plan_digest(options, corpora, factors)
     staging = staging_dir(out, digest, run)
     stored = storage(corpora, options, longest_document(corpora))

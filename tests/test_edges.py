@@ -1,0 +1,375 @@
+"""Issue 18, items 2.1-2.7: what a user owns is never replaced, written through or mixed.
+
+Each test reproduces a report of the issue (the command it quotes, or the same situation from
+Python) and checks the behaviour: refused, named, and nothing of the user's changed."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, TOKENIZER, write_jsonl
+
+import packtool
+from packtool import _locks
+from packtool.cli import cli
+from packtool.synth import make_documents
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def snapshot(folder: Path) -> dict:
+    """Every entry under ``folder`` (hidden ones too): name -> bytes, link target or 'dir'."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = str(p.relative_to(folder))
+        if p.is_symlink():
+            out[rel] = "-> " + os.readlink(p)
+        elif p.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = p.read_bytes()
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Inputs (3 files), a one-part corpus ``c``, a 3-part corpus ``m``, and packed datasets
+    of ``c`` in both layouts (``p``: index, ``pt``: tokens)."""
+    d = tmp_path_factory.mktemp("edges")
+    docs = make_documents(600, seed=11, median_words=40, max_words=400)
+    (d / "in").mkdir()
+    for k in range(3):
+        write_jsonl(d / "in" / f"f{k}.jsonl", [{"text": t} for t in docs[k * 200:(k + 1) * 200]])
+    assert run("tokenize", d / "in" / "f0.jsonl", "-t", TOKENIZER, "-o", d / "c", "-q"
+               ).exit_code == 0
+    assert run("tokenize", d / "in", "-t", TOKENIZER, "-o", d / "m", "--part-bytes", 1, "-q"
+               ).exit_code == 0
+    for name, layout in (("p", "index"), ("pt", "tokens")):
+        r = run("pack", d / "c", "-L", 128, "--shard-size", 4000, "--layout", layout, "-o",
+                d / name, "-q")
+        assert r.exit_code == 0, r.output
+    return d
+
+
+def copy_corpus(src: Path, dst: Path) -> Path:
+    """A corpus's files (hidden part manifests too) under the prefix ``dst``."""
+    meta = json.loads(Path(f"{src}.json").read_text())
+    names = [q["name"] for q in meta["parts"]]
+    stem = src.name
+    for n in names:
+        new = dst.name + n[len(stem):]
+        for s in (".bin", ".boundaries", ".mask"):
+            if Path(src.parent / f"{n}{s}").exists():
+                shutil.copy(src.parent / f"{n}{s}", dst.parent / f"{new}{s}")
+        hidden = src.parent / f".{n}.part.json"
+        if hidden.exists():
+            shutil.copy(hidden, dst.parent / f".{new}.part.json")
+    shutil.copy(f"{src}.json", f"{dst}.json")
+    return dst
+
+
+def flip(path: Path, at: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF  # same size: only a checksum can tell
+    path.write_bytes(bytes(data))
+
+
+# ---------------------------------------------------- 2.1: --overwrite only what is ours
+def _site(tmp_path: Path, index: str | None) -> Path:
+    site = tmp_path / "site"
+    (site / "sub").mkdir(parents=True)
+    (site / "sub" / "a.txt").write_text("mine")
+    (site / "page.html").write_text("keep")
+    if index is not None:
+        (site / "index.json").write_text(index)
+    return site
+
+
+@pytest.mark.parametrize("index", ["{}", "not json", None, "ours"])
+def test_pack_overwrite_refuses_a_folder_that_is_not_ours(tmp_path, built, index):
+    """The issue's command: ``mkdir -p site/sub; echo '{}' > site/index.json; echo keep >
+    site/page.html; packtool pack c -L 64 -o site --overwrite`` removed page.html and sub/.
+    ``ours``: a valid index.json of a real packed dataset, with its shards, beside the user's
+    files: the index is ours, the other files are not."""
+    site = _site(tmp_path, None if index == "ours" else index)
+    if index == "ours":
+        for f in (built / "p").iterdir():
+            shutil.copy(f, site / f.name)
+    before = snapshot(site)
+    r = run("pack", built / "c", "-L", 64, "-o", site, "--overwrite")
+    assert r.exit_code == 1, r.output
+    assert "only replaces a previous packtool output" in r.output, r.output
+    if index == "ours":  # the unexpected files, by name
+        assert "page.html" in r.output and "sub" in r.output, r.output
+    assert snapshot(site) == before
+    assert sorted(os.listdir(tmp_path)) == ["site"]  # no lock, staging or temporary left
+
+
+def test_pack_array_task_overwrite_never_touches_a_foreign_folder(tmp_path, built):
+    """``pack --tasks 2 --task 0 --overwrite`` deleted a user's index.json: a task refuses
+    at once what --finalize would refuse, and writes nothing."""
+    site = _site(tmp_path, '{"mine": 1}')
+    before = snapshot(site)
+    for args in (["--tasks", 2, "--task", 0], ["--tasks", 2, "--task", 1], ["--finalize"]):
+        r = run("pack", built / "c", "-L", 64, "-o", site, "--overwrite", *args)
+        assert r.exit_code == 1 and "only replaces a previous packtool output" in r.output, (
+            args, r.output)
+        assert snapshot(site) == before
+    assert sorted(os.listdir(tmp_path)) == ["site"]
+
+
+def test_pack_overwrite_replaces_our_own_dataset(tmp_path, built):
+    """The positive case: a dataset of ours (its index lists every file) is replaced."""
+    out = tmp_path / "p"
+    shutil.copytree(built / "p", out)
+    r = run("pack", built / "c", "-L", 64, "-o", out, "--overwrite", "-q")
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "index.json").read_text())["seq_len"] == 64
+    assert run("verify", out, "--source", built / "c").exit_code == 0
+
+
+@pytest.mark.parametrize("marker", ["{}", "edited", "ours"])
+def test_export_overwrite_refuses_a_folder_that_is_not_ours(tmp_path, built, marker):
+    """``export --overwrite`` deleted a directory whose _packtool-export.json is ``{}``; an
+    edited marker (digest no longer matches) or a real one beside the user's files is
+    refused too, naming what is not ours."""
+    out = tmp_path / "o"
+    assert run("export", built / "c", "--format", "llmc", "--eos-id", 0, "-o", out, "-q"
+               ).exit_code == 0
+    path = out / "_packtool-export.json"
+    if marker == "{}":
+        path.write_text("{}")
+    elif marker == "edited":
+        body = json.loads(path.read_text())
+        body["files"].append("page.html")
+        path.write_text(json.dumps(body))
+    (out / "page.html").write_text("keep")
+    before = snapshot(out)
+    r = run("export", built / "c", "--format", "llmc", "--eos-id", 0, "-o", out, "--overwrite")
+    assert r.exit_code == 1 and "--overwrite" in r.output, r.output
+    assert "refused" in r.output or "only replaces a previous packtool output" in r.output
+    if marker == "ours":
+        assert "page.html" in r.output
+    assert snapshot(out) == before
+
+
+def test_tokenize_overwrite_never_replaces_files_no_manifest_lists(tmp_path):
+    """A user's c.bin (no packtool manifest vouches for it) is not replaced by --overwrite."""
+    src = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello world"}])
+    (tmp_path / "c.bin").write_bytes(b"mine")
+    for extra in ([], ["--overwrite"]):
+        r = run("tokenize", src, "-t", TOKENIZER, "-o", tmp_path / "c", *extra)
+        assert r.exit_code == 1 and "no packtool manifest lists" in r.output, r.output
+    assert (tmp_path / "c.bin").read_bytes() == b"mine"
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl", "c.bin"]
+
+
+# ------------------------------------------------- 2.2: never through a symbolic link
+def _record_locks(monkeypatch) -> list[Path]:
+    seen: list[Path] = []
+    real = _locks._open
+
+    def spy(lock):
+        seen.append(Path(lock))
+        return real(lock)
+
+    monkeypatch.setattr(_locks, "_open", spy)
+    return seen
+
+
+def _commands(built, out: Path) -> dict:
+    return {
+        "tokenize": ["tokenize", built / "in" / "f0.jsonl", "-t", TOKENIZER, "-o", out, "-q"],
+        "tokenize-parts": ["tokenize", built / "in", "-t", TOKENIZER, "-o", out,
+                           "--part-bytes", 1, "-q"],
+        "tokenize-task": ["tokenize", built / "in", "-t", TOKENIZER, "-o", out,
+                          "--part-bytes", 1, "-q", "--tasks", 2, "--task", 0],
+        "pack": ["pack", built / "c", "-L", 128, "-o", out, "-q"],
+        "pack-task": ["pack", built / "c", "-L", 128, "-o", out, "-q", "--tasks", 2,
+                      "--task", 0],
+        "export": ["export", built / "c", "--format", "llmc", "--eos-id", 0, "-o", out, "-q"],
+    }
+
+
+@pytest.mark.parametrize("command", ["tokenize", "tokenize-parts", "tokenize-task", "pack",
+                                     "pack-task", "export"])
+@pytest.mark.parametrize("plant", ["symlink", "dangling", "hardlink"])
+def test_no_lock_is_ever_followed_or_truncated(tmp_path, built, monkeypatch, command, plant):
+    """``ln -s ../victim.txt o/.C.lock; packtool tokenize ... -o o/C`` overwrote victim.txt;
+    a dangling link created its target. Every lock a run takes (found by running it once),
+    planted as a link to a user's file, is refused by name; the file is unchanged, a dangling
+    link's target is never created."""
+    first = tmp_path / "first"
+    first.mkdir()
+    seen = _record_locks(monkeypatch)
+    r = run(*_commands(built, first / "C")[command])
+    assert r.exit_code == 0, r.output
+    names = sorted({p.name for p in seen if p.parent == first})
+    assert names and all(n.startswith(".") and n.endswith(".lock") for n in names), names
+    for name in names:
+        d = tmp_path / f"t{names.index(name)}"
+        (d / "o").mkdir(parents=True)
+        victim = d / "victim.txt"
+        victim.write_text("the user's data\n")
+        lock = d / "o" / name
+        if plant == "symlink":
+            lock.symlink_to("../victim.txt")
+        elif plant == "dangling":
+            lock.symlink_to("../created.txt")
+        else:
+            os.link(victim, lock)
+        r = run(*_commands(built, d / "o" / "C")[command])
+        assert r.exit_code == 1, (name, r.output)
+        assert name in r.output and ("symbolic link" in r.output
+                                     or "not packtool's lock file" in r.output), r.output
+        assert victim.read_text() == "the user's data\n", name
+        assert not (d / "created.txt").exists(), name
+        assert lock.is_symlink() == (plant != "hardlink")
+
+
+def test_temporaries_are_never_opened_through_a_link(tmp_path):
+    """Files packtool creates (temporaries, journals, manifests) are opened O_EXCL |
+    O_NOFOLLOW: a link planted at the name is an error, never written through."""
+    from packtool._io import create
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("x")
+    (tmp_path / ".o.bin.tmp-1-aaaaaa").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        create(tmp_path / ".o.bin.tmp-1-aaaaaa")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError):
+        create(tmp_path / "dangling")
+    assert victim.read_text() == "x" and not (tmp_path / "nowhere").exists()
+
+
+# -------------------------------------------------- 2.3: exports verify their sources
+@pytest.mark.parametrize("args", [["--format", "megatron"], ["--format", "megatron", "--copy"],
+                                  ["--format", "llmc", "--eos-id", "0"]])
+@pytest.mark.parametrize("corpus", ["c", "m"])
+def test_export_of_a_corrupt_corpus_fails_and_writes_nothing(tmp_path, built, args, corpus):
+    src = copy_corpus(built / corpus, tmp_path / "src")
+    part = json.loads(Path(f"{src}.json").read_text())["parts"][-1]["name"]
+    flip(tmp_path / f"{'src' + part[len(corpus):]}.bin")
+    before = set(os.listdir(tmp_path))
+    r = run("export", src, *args, "-o", tmp_path / "out")
+    assert r.exit_code == 1 and "sha256" in r.output and "corrupt" in r.output, r.output
+    assert set(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "mds", "parquet", "parquet-packed"])
+@pytest.mark.parametrize("where", ["shard", "source"])
+def test_export_of_a_corrupt_packed_dataset_fails(tmp_path, built, fmt, where):
+    """A flipped byte in a shard (tokens layout) or in the source corpus an index-layout
+    dataset reads its tokens from: the export fails before its output is committed."""
+    if where == "shard":
+        shutil.copytree(built / "pt", tmp_path / "d")
+        flip(next((tmp_path / "d").glob("shard-00000.tokens.npy")), 300)
+    else:
+        (tmp_path / "d").mkdir()
+        for f in built.iterdir():
+            if f.is_file() and (f.name.startswith("c.") or f.name == ".c.part.json"):
+                shutil.copy(f, tmp_path / f.name)
+        for f in (built / "p").iterdir():
+            shutil.copy(f, tmp_path / "d" / f.name)
+        flip(tmp_path / "c.bin", 1000)
+    before = set(os.listdir(tmp_path))
+    r = run("export", tmp_path / "d", "--format", fmt, "-o", tmp_path / "out")
+    assert r.exit_code == 1 and ("crc32" in r.output or "sha256" in r.output), r.output
+    assert set(os.listdir(tmp_path)) == before
+
+
+# ------------------------------------- 2.4: a multi-part corpus cannot be edited unseen
+def _probe():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tamper_probe",
+                                                  ROOT / "scripts" / "tamper_probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def two_corpora(tmp_path_factory):
+    """Corpus A (4 parts) and B (4 other files, the same part names), as the probe builds
+    them."""
+    d = tmp_path_factory.mktemp("tamper")
+    for name, seed in (("a", 1), ("b", 2)):
+        docs = make_documents(160, seed=seed, median_words=30, max_words=200)
+        (d / f"in-{name}").mkdir()
+        for k in range(4):
+            write_jsonl(d / f"in-{name}" / f"f{k}.jsonl",
+                        [{"text": t} for t in docs[k * 40:(k + 1) * 40]])
+        (d / name).mkdir()
+        assert run("tokenize", d / f"in-{name}", "-t", TOKENIZER, "-o", d / name / "c",
+                   "--part-bytes", 1, "-q").exit_code == 0
+    return d
+
+
+def _judge(prefix: Path) -> tuple[bool, bool]:
+    """(loads and reads every document, passes packtool verify)."""
+    try:
+        c = packtool.open_tokens(prefix)
+        for i in range(len(c)):
+            np.asarray(c[i])
+        loaded = True
+    except packtool.PacktoolError:
+        loaded = False
+    return loaded, run("verify", prefix).exit_code == 0
+
+
+@pytest.mark.parametrize("hidden", ["left", "removed"])
+@pytest.mark.parametrize("tamper", ["zero-docs", "reorder", "duplicate", "drop", "swap",
+                                    "counts", "vocab", "tokenizer"])
+def test_tampered_corpus_is_refused(tmp_path, two_corpora, tamper, hidden):
+    """Each tamper of scripts/tamper_probe.py with the totals, file checksums and the
+    manifest's digest recomputed: verify refuses it; so does reading it, except for what
+    only a full read can see (an id beyond vocab_size) or what only the parts' own manifests
+    record (the tokenizer) once they are removed."""
+    tp = _probe()
+    shutil.copytree(two_corpora / "a", tmp_path / "a")
+    c, b = tp.Corpus(tmp_path / "a"), tp.Corpus(two_corpora / "b")
+    original = json.loads(c.hidden(c.parts[0]["name"]).read_text())
+    tp.TOKEN_TAMPERS[tamper](c, b)
+    c.save(False, hidden, original)
+    loaded, verified = _judge(tmp_path / "a" / "c")
+    if tamper == "tokenizer" and hidden == "removed":  # nothing left that says otherwise
+        assert loaded and verified
+        return
+    assert not verified
+    assert loaded == (tamper == "vocab" and hidden == "removed")
+
+
+@pytest.mark.parametrize("tamper", ["reorder", "duplicate", "drop", "swap"])
+def test_forged_parts_are_refused_while_their_own_manifests_remain(tmp_path, two_corpora,
+                                                                    tamper):
+    """Parts renumbered and renamed to their new positions and the plan digest recomputed:
+    the parts' own manifests, written by the runs that made them, still refuse them (and a
+    duplicated part's digest, which names its position, is refused without them)."""
+    tp = _probe()
+    for hidden in ("left", "removed"):
+        d = tmp_path / hidden
+        shutil.copytree(two_corpora / "a", d)
+        c, b = tp.Corpus(d), tp.Corpus(two_corpora / "b")
+        original = json.loads(c.hidden(c.parts[0]["name"]).read_text())
+        tp.TOKEN_TAMPERS[tamper](c, b)
+        c.save(True, hidden, original)
+        loaded, verified = _judge(d / "c")
+        if hidden == "left" or tamper == "duplicate":
+            assert not loaded and not verified, hidden
+        else:  # a consistent corpus of other parts: see the probe's docstring
+            assert loaded and verified
+
+
+@pytest.mark.slow
+def test_tamper_probe_campaign(tmp_path):
+    rows = _probe().campaign(ROOT, tmp_path, log=lambda s: None)
+    accepted = [(r["tamper"], r["hidden"]) for r in rows if r["accepted"] and not r["forgery"]]
+    assert accepted == [("tokenizer", "edited"), ("tokenizer", "removed")], accepted
