@@ -90,11 +90,14 @@ class Reader(threading.Thread):
                 if not self._put((batch, self.bytes_read)):
                     return None
                 batch, nbytes = [], 0
+        crc = crc32_file(path)
+        # after the hash too: the hash must be of the bytes just tokenized, or a resume would
+        # trust tokens of the old content under the new content's hash
         if file_identity(path) != before:
             raise PacktoolError(f"{path} changed while it was being tokenized (its size, "
                                 "modification time or inode differs from when reading began); "
                                 "tokenize it again once it is no longer being written")
-        stats.content = {"bytes": before[0], "crc32": crc32_file(path)}
+        stats.content = {"bytes": before[0], "crc32": crc}
         return batch, nbytes
 
     def run(self) -> None:
