@@ -5,10 +5,13 @@ What a user can observe, whatever kills a run (SIGKILL included) and whenever:
 - **A lock per output** (:mod:`packtool._locks`): ``.NAME.lock`` beside the output, ``flock``-ed
   for the whole run (shared by the array tasks of one run): a second run to the same output
   fails at once, naming the holder. A lock file is never written, truncated or followed.
-- **Temporaries carry the pid.** ``.NAME.tmp-PID-RAND`` (data being written),
-  ``.NAME.old-PID-RAND`` (the previous output, moved aside during a commit) and
-  ``.NAME.commit-PID-RAND`` (the commit's journal; ``.jtmp-`` while it is written). None
-  ever shadows a real output.
+- **Temporaries carry the pid.** ``.NAME.tmp-PID-RAND`` (data being written) and
+  ``.NAME.old-PID-RAND`` (the previous output, moved aside during a commit). None ever
+  shadows a real output. A commit's journal is ``.KEY.journal`` (``.KEY.jtmp-PID-RAND``
+  while it is written): one name per commit key, written only under the key's lock, so a
+  commit finds a journal of its key left by a dead run with one ``stat``, not by listing the
+  folder (a listing per part commit made a plan of 2,000 parts quadratic: 10,000 entries
+  listed 2,000 times).
 - **One commit point.** Several files (token files) are committed from a journal written once
   every temporary is complete: the old manifest leaves first, the data files move in, the new
   manifest moves in last, so a reader that trusts only what a manifest names never sees one
@@ -52,6 +55,11 @@ _SUFFIXES = r"(?:\.(?:bin|boundaries|mask|json))?"  # a token prefix's files sha
 def _temp_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:
     tag = tag or f"{os.getpid()}-{secrets.token_hex(3)}"
     return path.with_name(f".{path.name}.{kind}-{tag}")
+
+
+def journal_path(key: Path) -> Path:
+    """The journal of a commit of ``key`` (written and removed under ``key``'s lock)."""
+    return key.with_name(f".{key.name}.journal")
 
 
 def final_name(path: str | Path) -> Path:
@@ -106,17 +114,18 @@ lock_path = _locks.lock_path
 
 
 @contextlib.contextmanager
-def output_lock(output: str | Path, shared: bool = False):
+def output_lock(output: str | Path, shared: bool = False, scan: bool = True):
     """Hold ``output``'s lock (re-entrant; ``shared``: the array tasks of one run hold it
     together); yield the notes of what was recovered and reclaimed from dead runs (an empty
-    list for a shared holder, which leaves that to the run that finalizes). Missing parent
-    folders are created, and removed again if the run fails and they are still empty."""
+    list for a shared holder, which leaves that to the run that finalizes; ``scan=False``:
+    only ``output``'s own journal, see :func:`reclaim`). Missing parent folders are created,
+    and removed again if the run fails and they are still empty."""
     output = Path(os.path.abspath(output))
     lock = lock_path(output)
     created = make_parents(output)
     try:
         with _locks.hold(lock, "shared" if shared else "exclusive", f"output {output}"):
-            yield [] if shared else reclaim(output)
+            yield [] if shared else reclaim(output, scan=scan)
     except BaseException:
         for d in created:  # deepest first; only what this run made and left empty
             with contextlib.suppress(OSError):
@@ -148,13 +157,19 @@ def _leftovers(output: Path) -> list[tuple[Path, str, int]]:
     a multi-part corpus and their manifests (``.o.part-00001.bin.tmp-…``,
     ``..o.part.json.tmp-…``, a part commit's journal ``.o.part-commit.commit-…``)."""
     name = re.escape(output.name)
-    pattern = re.compile(rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.(?:part[-.][\w.-]*|plan\.json))"
-                         rf"\.({_KINDS})-(\d+)-[0-9a-f]+")
+    stem = rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.(?:part[-.][\w.-]*|plan\.json))"
+    pattern = re.compile(rf"{stem}\.({_KINDS})-(\d+)-[0-9a-f]+")
+    journal = re.compile(rf"{stem}\.journal")
+    lock = re.compile(rf"{stem}\.lock")
     found = []
-    for p in output.parent.iterdir():
-        m = pattern.fullmatch(p.name)
+    for n in os.listdir(output.parent):
+        m = pattern.fullmatch(n)
         if m:
-            found.append((p, m.group(1), int(m.group(2))))
+            found.append((output.parent / n, m.group(1), int(m.group(2))))
+        elif journal.fullmatch(n):
+            found.append((output.parent / n, "journal", 0))
+        elif lock.fullmatch(n):
+            found.append((output.parent / n, "lock", 0))
     return found
 
 
@@ -171,14 +186,20 @@ def _inner_leftovers(folder: Path) -> list[tuple[Path, str, int]]:
             m = re.fullmatch(rf"\.[\w.-]+?\.({_KINDS})-(\d+)-[0-9a-f]+", p.name)
             if m:
                 found.append((p, m.group(1), int(m.group(2))))
+            elif re.fullmatch(r"\.[\w.-]+\.lock", p.name):
+                found.append((p, "lock", 0))
     return found
 
 
 def clear_temporaries(folder: Path) -> None:
-    """Every temporary inside an output being assembled, whoever left it: called once all its
-    jobs are done (a Ray worker killed mid-job leaves one that its retry does not reuse)."""
-    for path, _, _ in _inner_leftovers(folder):
-        _remove(path)
+    """Every temporary inside an output being assembled, whoever left it, and its jobs' lock
+    files that nobody holds: called once all its jobs are done (a Ray worker killed mid-job
+    leaves a temporary that its retry does not reuse, and its job's lock file)."""
+    for path, kind, _ in _inner_leftovers(folder):
+        if kind == "lock":
+            _locks.remove_if_free(path)
+        else:
+            _remove(path)
 
 
 def temp_name(path: Path, kind: str = "tmp") -> Path:
@@ -187,15 +208,29 @@ def temp_name(path: Path, kind: str = "tmp") -> Path:
     return _temp_name(Path(os.path.abspath(path)), kind)
 
 
-def reclaim(output: Path, inside: Path | None = None) -> list[str]:
+def reclaim(output: Path, inside: Path | None = None, scan: bool = True) -> list[str]:
     """Under ``output``'s lock: finish or undo commits of dead runs, then remove their
     temporaries (beside ``output``, and inside ``inside``, an output being assembled).
-    Returns one note per action, for the run's warnings."""
+    ``scan=False``: only this output's own journal (one ``stat``: a part's commit), the
+    temporaries are left to the run's own reclaim. Returns one note per action, for the
+    run's warnings."""
     notes = []
+    own = journal_path(output)
+    if own.exists():
+        notes.append(f"{output}: " + _recover(own) + " (a run was killed mid-commit)")
+    if not scan:
+        return notes
     found = _leftovers(output) + (_inner_leftovers(inside) if inside is not None else [])
-    leftovers = [x for x in found if not _pid_alive(x[2])]
+    for path, kind, _ in found:
+        if kind == "journal" and path != own:
+            notes += _recover_other(path)
+    for path, kind, _ in found:  # a part's or a commit's lock left by a killed process
+        if kind == "lock":
+            _locks.remove_if_free(path)
+    leftovers = [x for x in found if x[1] not in ("journal", "lock")
+                 and not _pid_alive(x[2])]
     for path, kind, pid in leftovers:
-        if kind == "commit":
+        if kind == "commit":  # a journal named by its pid (written by an older packtool)
             notes.append(f"{output}: " + _recover(path) + f" (pid {pid} was killed mid-commit)")
     nbytes, pids = 0, set()
     for path, kind, pid in leftovers:
@@ -207,6 +242,19 @@ def reclaim(output: Path, inside: Path | None = None) -> list[str]:
         notes.append(f"reclaimed {nbytes:,} bytes of temporary files beside {output} left by "
                      f"{len(pids)} interrupted run(s) (pid {', '.join(map(str, sorted(pids)))})")
     return notes
+
+
+def _recover_other(journal: Path) -> list[str]:
+    """A journal of another key (a part's commit): recovered under that key's lock, unless a
+    live process holds it (its commit is under way)."""
+    key = journal.with_name(journal.name[1:-len(".journal")])
+    try:
+        with _locks.hold(lock_path(key), "exclusive", f"output {key}"):
+            if not journal.exists():
+                return []
+            return [f"{key}: " + _recover(journal) + " (a run was killed mid-commit)"]
+    except PacktoolError:
+        return []
 
 
 def _recover(journal: Path) -> str:
@@ -251,7 +299,7 @@ def _undo(entries) -> None:
 def _write_journal(journal: Path, entries) -> None:
     # its own kind: with a one-file output the key is that file, whose data temporary is
     # ``.NAME.tmp-TAG``; the journal's must not be the same name (reclaimable too)
-    tmp = journal.with_name(journal.name.replace(".commit-", ".jtmp-"))
+    tmp = _temp_name(journal.with_name(journal.name[1:-len(".journal")]), "jtmp")
     try:
         with create(tmp) as f:
             f.write(json.dumps([[str(x) if x else None for x in e] for e in entries]).encode())
@@ -345,7 +393,7 @@ def commit_dir(tmp: Path, path: Path) -> None:
     """Put the complete folder ``tmp`` in place of ``path`` (which, if it exists, the caller
     has proven its own): one ``RENAME_EXCHANGE``, else the journaled rename-aside."""
     if not path.exists():
-        return _commit([(tmp, path, None)], _temp_name(path, "commit"))
+        return _commit([(tmp, path, None)], journal_path(path))
     fsync_tree(tmp)
     with _signals.deferred():
         _signals.check()
@@ -358,7 +406,7 @@ def commit_dir(tmp: Path, path: Path) -> None:
             fsync_path(path.parent)
             _remove(tmp)  # the previous output, now under the temporary name
             return None
-    return _commit([(tmp, path, _temp_name(path, "old"))], _temp_name(path, "commit"))
+    return _commit([(tmp, path, _temp_name(path, "old"))], journal_path(path))
 
 
 # ----------------------------------------------------------------------------- full disk
@@ -411,17 +459,18 @@ def _key(paths: list[Path]) -> Path:
 
 @contextlib.contextmanager
 def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None = None,
-                 remove: list[Path] = (), label: Path | None = None):
+                 remove: list[Path] = (), label: Path | None = None, scan: bool = True):
     """Yield temporary paths for ``paths``; on success commit them all, else delete them.
 
     The last path is the commit point: make it the manifest. ``remove``: files of a previous
     output that the new one does not have (deleted in the same commit). The output's lock
     (``key``, default the common prefix of the names) is held throughout; errors name
-    ``label`` (default ``key``), the output the user asked for.
+    ``label`` (default ``key``), the output the user asked for. ``scan=False``: a commit of
+    one part of a larger output, whose run reclaims the folder (see :func:`reclaim`).
     """
     paths = [Path(os.path.abspath(p)) for p in paths]
     key = Path(os.path.abspath(key)) if key else _key(paths)
-    with output_lock(key) as notes:
+    with output_lock(key, scan=scan) as notes:
         for note in notes:
             print(f"packtool: {note}", file=sys.stderr)
         refuse_existing_files(paths, overwrite)
@@ -435,7 +484,7 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
                    for p in remove if Path(p).exists()]
         entries += [(t, p, _temp_name(p, "old", tag)) for t, p in zip(temps, paths, strict=True)]
         try:
-            _commit(entries, _temp_name(key, "commit", tag))
+            _commit(entries, journal_path(key))
         except BaseException as e:
             _discard(e, label or key, temps)
 

@@ -120,6 +120,29 @@ def release(lock: Path, fd: int, remove: bool = True) -> None:
         os.close(fd)
 
 
+def remove_if_free(lock: Path) -> bool:
+    """Remove a lock file nobody holds (left by a killed process: the kernel released its
+    flock, the file stays); True if removed. A lock held by anyone, this process included,
+    is left alone; so is anything that is not a regular file of one link."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if lock in _held or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _same_file(fd, lock):  # one that opens it meanwhile retries on its own file
+            lock.unlink()
+            return True
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def hold(lock: Path, mode: str, what: str):
     """Hold ``lock`` for the block (re-entrant in a process: an inner hold is free)."""

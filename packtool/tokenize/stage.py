@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .._atomic import atomic_files, output_lock
+from .._atomic import atomic_files, output_lock, reclaim
 from .._io import write_new
 from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
@@ -29,7 +29,7 @@ from ..formats.tokens import (
     read_part_manifest,
 )
 from ..options import TokenizeOptions
-from .part import PartJob, check_part, run_part
+from .part import PartJob, check_part, new_run, run_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 
 
@@ -114,6 +114,7 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
 def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunOptions
               ) -> TokenizeResult:
     t0 = time.perf_counter()
+    new_run()
     plan = plan_tokenize(inputs, tokenizer, out, opts)
     plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
     if not run.finalize:
@@ -132,7 +133,9 @@ def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunO
             with contextlib.suppress(FileNotFoundError):
                 _retired(plan).unlink()
         raise
-    warnings: list[str] = []
+    # what killed writers (a Ray worker killed mid-part, then retried) left beside the
+    # parts: removed under the run's exclusive lock, once every part is in
+    warnings: list[str] = [] if run.one_task else reclaim(Path(os.path.abspath(plan.prefix)))
     for m in manifests.values():
         warnings += [w for w in m.get("warnings", []) if w not in warnings]
     if run.one_task:
