@@ -17,10 +17,10 @@ are not corpus files: its ``state.json`` names the ``.arrow`` files to read.
 
 Every record-level problem raises :class:`PacktoolError` naming the file, the record and the
 fix, unless ``skip_bad_records`` is set, in which case it is counted per input file. A record over
-``max_record_bytes`` (default 64 MiB) is such a problem: tokenizing one record takes about 120x
-its size in memory (a 20 MB JSONL line peaked at 2.5 GB RSS), so the limit is what keeps a stray
-giant record from taking the machine down. JSONL and text lines over the limit are skipped in
-1 MiB pieces, never held whole.
+``max_record_bytes`` (default 64 MiB) is such a problem: tokenizing one record takes up to
+about 210x its size in memory (``MEMORY_PER_RECORD_BYTE``; a 16 MB line of Japanese peaked at
+3.4 GB RSS), so the limit is what keeps a stray giant record from taking the machine down.
+JSONL and text lines over the limit are skipped in 1 MiB pieces, never held whole.
 """
 
 from __future__ import annotations
@@ -52,10 +52,12 @@ KINDS = {
     ".txt": "txt",
 }
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
-# Tokenizing one record takes about this many times its size in memory (the tokenizers
-# library's per-token structures and the reader's copies; a 16 MB JSONL line peaked at 3.0 GB
-# RSS): the limit above keeps a stray giant record from taking the machine down.
-MEMORY_PER_RECORD_BYTE = 190
+# Tokenizing one record takes up to about this many times its size in memory, above the
+# process's baseline (the tokenizers library's per-token structures and the reader's copies):
+# measured by scripts/bench_record_memory.py for 4/8/16 MB records, both engines: prose
+# 88-148x, Japanese 146-205x (16 MB: 3.4 GB peak RSS); text of a token every 1.5 bytes
+# ("a, a, ...") ~310x. The limit above keeps a stray giant record from taking the machine down.
+MEMORY_PER_RECORD_BYTE = 210
 PARQUET_BATCH_BYTES = 64 << 20  # rows per Parquet batch: about this much decoded text
 # a datasets.save_to_disk folder's metadata, beside its .arrow files
 _HF_METADATA = ("state.json", "dataset_info.json", "dataset_dict.json")

@@ -72,7 +72,7 @@ class Reader(threading.Thread):
         self.warn_bytes = None  # once per run
         unit = "row" if stats.kind in ("parquet", "arrow") else "line"
         print(f"packtool: warning: {path} {unit} {stats.record}: a {size / 1e6:.1f} MB record; "
-              f"tokenizing it takes about {MEMORY_PER_RECORD_BYTE}x its size in memory "
+              f"tokenizing it takes up to about {MEMORY_PER_RECORD_BYTE}x its size in memory "
               f"(~{size * MEMORY_PER_RECORD_BYTE / 1e9:.1f} GB); lower --max-record-bytes to "
               "refuse such records", file=sys.stderr)
 
