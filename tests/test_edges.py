@@ -6,6 +6,9 @@ Python) and checks the behaviour: refused, named, and nothing of the user's chan
 import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -373,3 +376,116 @@ def test_tamper_probe_campaign(tmp_path):
     rows = _probe().campaign(ROOT, tmp_path, log=lambda s: None)
     accepted = [(r["tamper"], r["hidden"]) for r in rows if r["accepted"] and not r["forgery"]]
     assert accepted == [("tokenizer", "edited"), ("tokenizer", "removed")], accepted
+
+
+# ------------------------------------------- 2.5 / 2.6: inputs edited in place or mid-read
+def _inputs(tmp_path: Path, n: int = 3) -> Path:
+    d = tmp_path / "in"
+    d.mkdir()
+    docs = make_documents(60 * n, seed=21, median_words=30, max_words=200)
+    for k in range(n):
+        write_jsonl(d / f"f{k}.jsonl", [{"text": t} for t in docs[k * 60:(k + 1) * 60]])
+    return d
+
+
+def _edit_in_place(path: Path) -> None:
+    """Same size, same modification time, other content: only the content hash can tell."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    i = data.index(b'"text": "') + 9
+    data[i] = ord("Z") if data[i] != ord("Z") else ord("Y")
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+@pytest.mark.parametrize("how", ["killed before its manifest", "--overwrite"])
+def test_resume_redoes_a_part_whose_input_was_edited_in_place(tmp_path, how):
+    """Resume treated an input edited in place as unchanged: a part is trusted only while its
+    inputs' content hash (inputs[].content.crc32) still matches."""
+    src = _inputs(tmp_path)
+    out = tmp_path / "c"
+    args = ["tokenize", src, "-t", TOKENIZER, "-o", out, "--part-bytes", 1, "--json"]
+    assert run(*args).exit_code == 0
+    _edit_in_place(src / "f1.jsonl")
+    if how == "--overwrite":
+        args.append("--overwrite")
+    else:
+        Path(f"{out}.json").unlink()
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_parts_skipped"] == 2  # f0 and f2: unchanged
+    fresh = tmp_path / "fresh"
+    assert run("tokenize", src, "-t", TOKENIZER, "-o", fresh, "--part-bytes", 1, "-q"
+               ).exit_code == 0
+    assert [np.asarray(d).tolist() for d in packtool.open_tokens(out)] == \
+        [np.asarray(d).tolist() for d in packtool.open_tokens(fresh)]
+
+
+@pytest.mark.parametrize("change", ["append", "rewrite", "garbage", "replace", "remove"])
+def test_input_changed_while_it_is_read_fails_naming_it(tmp_path, monkeypatch, change):
+    """An input rewritten while it was tokenized gave a silent mix of old and new records:
+    appended to, rewritten in place (same size; valid records, or bytes that are not), replaced
+    by a rename or removed after its first record was read, the run fails naming the file as
+    changed (not a bad record of it) and writes nothing."""
+    from packtool.tokenize import pipeline
+
+    src = _inputs(tmp_path)
+    victim = src / "f1.jsonl"
+    real = pipeline.iter_documents
+
+    def reading(path, *a, **k):
+        for i, record in enumerate(real(path, *a, **k)):
+            if i == 1 and Path(path) == victim:
+                if change == "append":
+                    with open(victim, "a") as f:
+                        f.write(json.dumps({"text": "late"}) + "\n")
+                elif change in ("rewrite", "garbage"):
+                    data = victim.read_bytes()
+                    time.sleep(0.01)  # a coarse clock still ticks
+                    victim.write_bytes(data.replace(b"e", b"o") if change == "rewrite"
+                                       else data[::-1])
+                elif change == "remove":
+                    victim.unlink()
+                else:
+                    (src / "new").write_bytes(victim.read_bytes())
+                    os.replace(src / "new", victim)
+            yield record
+
+    monkeypatch.setattr(pipeline, "iter_documents", reading)
+    r = run("tokenize", src, "-t", TOKENIZER, "-o", tmp_path / "out" / "c", "--batch-size", 4)
+    assert r.exit_code == 1, r.output
+    assert f"{victim} changed while it was being tokenized" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_input_appended_by_another_process_mid_run(tmp_path):
+    """The same with a real writer: a process appends to an input while a slowed tokenize
+    reads it."""
+    src = _inputs(tmp_path, 1)
+    victim = src / "f0.jsonl"
+    slow = ("import sys, time\nfrom packtool.tokenize import pipeline\n"
+            "real, marker = pipeline.iter_documents, sys.argv[1] + '.reading'\n"
+            "def slow(*a, **k):\n"
+            "    for i, r in enumerate(real(*a, **k)):\n"
+            "        if i == 2:\n"
+            "            open(marker, 'w').close()\n"
+            "            time.sleep(3)\n"
+            "        yield r\n"
+            "pipeline.iter_documents = slow\n"
+            "sys.argv = ['packtool'] + sys.argv[2:]\n"
+            "from packtool.cli import main\nmain()\n")
+    proc = subprocess.Popen([sys.executable, "-c", slow, str(victim), "tokenize", str(victim),
+                             "-t", str(TOKENIZER), "-o", str(tmp_path / "c"), "--batch-size",
+                             "2"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stderr=subprocess.PIPE, text=True)
+    while not Path(f"{victim}.reading").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.01)
+    writer = subprocess.run([sys.executable, "-c", "import sys; open(sys.argv[1], 'a')"
+                             ".write('{\"text\": \"appended\"}\\n')", str(victim)])
+    assert writer.returncode == 0
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 1 and f"{victim} changed while it was being tokenized" in err, err
+    assert not list(tmp_path.glob("c*")) and not list(tmp_path.glob(".c*"))
+    Path(f"{victim}.reading").unlink()

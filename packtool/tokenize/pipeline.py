@@ -43,6 +43,20 @@ def file_identity(path: Path) -> tuple:
     return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
 
 
+def _unchanged(path: Path, before: tuple, error: Exception | None = None) -> None:
+    """Raise, naming ``path``, if it is not the file it was when reading began."""
+    try:
+        same = file_identity(path) == before
+    except OSError:
+        same = False
+    if not same:
+        raise PacktoolError(
+            f"{path} changed while it was being tokenized (its size, modification time or "
+            "inode differs from when reading began" + (f"; reading it then failed: {error}"
+                                                       if error is not None else "")
+            + "); tokenize it again once it is no longer being written") from None
+
+
 class Reader(threading.Thread):
     """Reads every input in order and queues batches of records, cut by count and bytes."""
 
@@ -80,23 +94,28 @@ class Reader(threading.Thread):
         stats = InputStats(path=str(path), kind=file_kind(path))
         self.stats.append(stats)
         before = file_identity(path)
-        for record in iter_documents(path, self.read_opts, stats, self._progress):
-            batch.append(record)
-            size = utf8_size(record)
-            nbytes += size
-            if self.warn_bytes is not None and size >= self.warn_bytes:
-                self._warn(path, stats, size)
-            if len(batch) >= self.batch_size or nbytes >= self.batch_bytes:
-                if not self._put((batch, self.bytes_read)):
-                    return None
-                batch, nbytes = [], 0
-        crc = crc32_file(path)
+        try:
+            for record in iter_documents(path, self.read_opts, stats, self._progress):
+                batch.append(record)
+                size = utf8_size(record)
+                nbytes += size
+                if self.warn_bytes is not None and size >= self.warn_bytes:
+                    self._warn(path, stats, size)
+                if len(batch) >= self.batch_size or nbytes >= self.batch_bytes:
+                    if not self._put((batch, self.bytes_read)):
+                        return None
+                    batch, nbytes = [], 0
+        except Exception as e:  # a bad record read from a file being rewritten: say that
+            _unchanged(path, before, e)
+            raise
+        try:
+            crc = crc32_file(path)
+        except OSError as e:  # removed or replaced meanwhile
+            _unchanged(path, before, e)
+            raise
         # after the hash too: the hash must be of the bytes just tokenized, or a resume would
         # trust tokens of the old content under the new content's hash
-        if file_identity(path) != before:
-            raise PacktoolError(f"{path} changed while it was being tokenized (its size, "
-                                "modification time or inode differs from when reading began); "
-                                "tokenize it again once it is no longer being written")
+        _unchanged(path, before)
         stats.content = {"bytes": before[0], "crc32": crc}
         return batch, nbytes
 
