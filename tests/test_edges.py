@@ -489,3 +489,193 @@ def test_input_appended_by_another_process_mid_run(tmp_path):
     assert proc.returncode == 1 and f"{victim} changed while it was being tokenized" in err, err
     assert not list(tmp_path.glob("c*")) and not list(tmp_path.glob(".c*"))
     Path(f"{victim}.reading").unlink()
+
+
+# ------------------------------------------------ 2.7: one writer per output, real processes
+_PAUSED = """
+import os, sys, time
+ready, go = sys.argv[1], sys.argv[2]
+def pause():
+    if not os.path.exists(ready):
+        open(ready, "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.01)
+import packtool.pack.jobs as pj
+import packtool.tokenize.stage as stage
+write_shard, run_part = pj.write_shard, stage.run_part
+def shard(job, tick):
+    pause()
+    return write_shard(job, tick)
+def part(job, tick):
+    pause()
+    return run_part(job, tick)
+pj.write_shard, stage.run_part = shard, part
+sys.argv = ["packtool"] + sys.argv[3:]
+from packtool.cli import main
+main()
+"""
+
+
+class Paused:
+    """``packtool ARGS`` in another process, held inside its first job (a shard or a part)
+    until :meth:`release`: the lock it holds then is what other writers meet."""
+
+    def __init__(self, tmp_path: Path, *args):
+        self.ready, self.go = tmp_path / f"ready-{id(self)}", tmp_path / f"go-{id(self)}"
+        self.proc = subprocess.Popen([sys.executable, "-c", _PAUSED, str(self.ready),
+                                      str(self.go), *map(str, args)],
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while not self.ready.exists():
+            assert self.proc.poll() is None, self.proc.communicate()
+            time.sleep(0.01)
+
+    def release(self) -> tuple[int, str]:
+        self.go.touch()
+        err = self.proc.communicate(timeout=300)[1]
+        self.ready.unlink()
+        self.go.unlink()
+        return self.proc.returncode, err
+
+
+def test_a_local_pack_and_array_tasks_never_write_one_output_at_once(tmp_path, built):
+    """A local pack and an array-task pack both exited 0 and the result failed verify: each
+    waits on the other's lock; tasks of one plan run together, a task of another plan is
+    refused while one is in progress."""
+    out, base = tmp_path / "p", ["pack", built / "c", "-L", 64, "--shard-size", 3000, "-q"]
+    task0 = Paused(tmp_path, *base, "-o", out, "--tasks", 2, "--task", 0)
+    r = run(*base, "-o", out)
+    assert r.exit_code == 1 and f"another packtool run (pid {task0.proc.pid}" in r.output, \
+        r.output
+    r = run(*base, "-o", out, "--finalize")
+    assert r.exit_code == 1 and f"pid {task0.proc.pid}" in r.output, r.output
+    r = run("pack", built / "c", "-L", 128, "-q", "-o", out, "--tasks", 2, "--task", 1)
+    assert r.exit_code == 1 and "being assembled from another plan" in r.output, r.output
+    assert run(*base, "-o", out, "--tasks", 2, "--task", 1).exit_code == 0  # same plan: fine
+    assert task0.release()[0] == 0
+    assert run(*base, "-o", out, "--finalize").exit_code == 0
+    assert run("verify", out, "--source", built / "c").exit_code == 0
+    # the other way round: a local run in progress refuses every task and --finalize
+    local = Paused(tmp_path, *base, "-o", out, "--overwrite", "-L", 128)
+    for extra in (["--tasks", 2, "--task", 0], ["--finalize"]):
+        r = run(*base, "-o", out, "--overwrite", *extra)
+        assert r.exit_code == 1 and f"another packtool run (pid {local.proc.pid}" in r.output, \
+            (extra, r.output)
+    assert local.release()[0] == 0
+    assert json.loads((out / "index.json").read_text())["seq_len"] == 128
+    assert run("verify", out, "--source", built / "c").exit_code == 0
+    assert sorted(os.listdir(tmp_path)) == ["p"]
+
+
+def test_tokenize_tasks_of_another_plan_are_refused(tmp_path, built):
+    base = ["tokenize", built / "in", "-t", TOKENIZER, "-o", tmp_path / "c", "--part-bytes", 1,
+            "-q"]
+    assert run(*base, "--tasks", 2, "--task", 0).exit_code == 0
+    r = run(*base, "--eos", "<|eos|>", "--tasks", 2, "--task", 1)
+    assert r.exit_code == 1 and "being written from another plan" in r.output, r.output
+    r = run(*base, "--eos", "<|eos|>", "--tasks", 2, "--task", 1, "--overwrite")
+    assert r.exit_code == 1 and "another plan" in r.output  # only a whole run may discard it
+    task = Paused(tmp_path, *base, "--tasks", 2, "--task", 1)
+    r = run(*base)  # a whole run meets the task's shared lock
+    assert r.exit_code == 1 and f"another packtool run (pid {task.proc.pid}" in r.output
+    assert task.release()[0] == 0
+    assert run(*base, "--finalize").exit_code == 0
+    assert run("verify", tmp_path / "c").exit_code == 0
+
+
+def test_an_array_task_overwrite_retires_the_old_manifest_before_any_part(tmp_path):
+    """An array task with --overwrite over a finished corpus left the old PREFIX.json over
+    its new part files: the old manifest stays valid until the task's first part commit,
+    which takes it away (journaled); --finalize writes the new one."""
+    src = _inputs(tmp_path)
+    out = tmp_path / "c"
+    base = ["tokenize", src, "-t", TOKENIZER, "-o", out, "--part-bytes", 1, "-q"]
+    assert run(*base).exit_code == 0
+    with open(src / "f0.jsonl", "a") as f:  # part 0 (task 0's) changes
+        f.write(json.dumps({"text": "one more record"}) + "\n")
+    task = Paused(tmp_path, *base, "--tasks", 2, "--task", 0, "--overwrite")
+    assert run("verify", out).exit_code == 0  # nothing committed yet: the old corpus holds
+    assert task.release()[0] == 0
+    assert not Path(f"{out}.json").exists()  # gone with the first new part, never beside it
+    r = run("verify", out)
+    assert r.exit_code == 1 and "c.json" in r.output
+    assert run(*base, "--tasks", 2, "--task", 1, "--overwrite").exit_code == 0
+    assert run(*base, "--finalize").exit_code == 0
+    assert run("tokenize", src, "-t", TOKENIZER, "-o", tmp_path / "fresh", "--part-bytes", 1,
+               "-q").exit_code == 0
+    assert [np.asarray(d).tolist() for d in packtool.open_tokens(out)] == \
+        [np.asarray(d).tolist() for d in packtool.open_tokens(tmp_path / "fresh")]
+
+
+_READER = """
+import hashlib, json, os, sys
+prefix, stop = sys.argv[1], sys.argv[2]
+seen = {"consistent": 0, "changed while read": 0, "no manifest": 0, "inconsistent": 0}
+def state():
+    st = os.stat(prefix + ".json")
+    with open(prefix + ".json", "rb") as f:
+        return st.st_ino, st.st_mtime_ns, f.read()
+while not os.path.exists(stop):
+    try:
+        before = state()
+    except FileNotFoundError:
+        seen["no manifest"] += 1
+        continue
+    part = json.loads(before[2])["parts"][0]
+    good = True
+    for key, want in part["checksums"].items():
+        try:
+            with open(f"{prefix}.{key}", "rb") as f:
+                good &= hashlib.sha256(f.read()).hexdigest() == want["sha256"]
+        except FileNotFoundError:
+            good = False
+    try:
+        same = state() == before
+    except FileNotFoundError:
+        same = False
+    seen["changed while read" if not same else "consistent" if good else "inconsistent"] += 1
+print(json.dumps(seen))
+"""
+
+
+def test_a_reader_never_sees_new_data_under_the_old_manifest(tmp_path):
+    """A one-part tokenize --overwrite let a concurrent reader see the new .bin with the old
+    manifest. A reader process checks, as fast as it can, that whenever PREFIX.json stayed
+    the same file while it hashed the data files, they are the files it names; a writer
+    replaces the corpus back and forth meanwhile."""
+    src = _inputs(tmp_path, 1)
+    out = tmp_path / "c"
+    base = ["tokenize", src / "f0.jsonl", "-t", TOKENIZER, "-o", out, "-q", "--overwrite"]
+    assert run(*base).exit_code == 0
+    stop = tmp_path / "stop"
+    reader = subprocess.Popen([sys.executable, "-c", _READER, str(out), str(stop)],
+                              stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for k in range(6):  # two different corpora, in turn
+        subprocess.run([sys.executable, "-m", "packtool", *map(str, base),
+                        *(["--eos", "<|eos|>"] if k % 2 == 0 else [])], env=env, check=True)
+    stop.touch()
+    seen = json.loads(reader.communicate(timeout=60)[0])
+    assert seen["inconsistent"] == 0 and seen["consistent"] > 0, seen
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_parts_reused_by_a_new_plan_open(tmp_path, change):
+    """An input added to (or removed from) a folder makes a new plan whose other parts are
+    reused as they are: their own manifests named the old plan, and the corpus could not be
+    opened. They move to the new plan with the commit of PREFIX.json."""
+    src = _inputs(tmp_path)
+    base = ["tokenize", src, "-t", TOKENIZER, "-o", tmp_path / "c", "--part-bytes", 1]
+    assert run(*base, "-q").exit_code == 0
+    if change == "added":
+        write_jsonl(src / "f3.jsonl", [{"text": "a fourth file"}])
+    else:
+        (src / "f2.jsonl").unlink()
+    r = run(*base, "--overwrite", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_parts_skipped"] == 2 + (change == "added")
+    assert run("verify", tmp_path / "c").exit_code == 0
+    assert len(packtool.open_tokens(tmp_path / "c").parts) == 3 + (change == "added") - (
+        change == "removed")
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n or n.endswith(
+        (".lock", ".journal"))]

@@ -317,8 +317,18 @@ def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -
                                 f"({q.name}.*) and run it again")
     meta["engine"] = merge_engines([m["engine"] for m in metas])
     manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry())
-    with atomic_files([plan.json_path], True) as (tmp,):
-        write_new(tmp, json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    # parts reused from an earlier plan (inputs added, removed or changed elsewhere) still
+    # name that plan: their own manifests move to this one in the same commit as PREFIX.json
+    moved = []
+    for q in plan.parts:
+        own = read_part_manifest(plan.part_manifest(q))
+        if own is not None and own["plan_digest"] != plan.digest:
+            moved.append((plan.part_manifest(q), {**own, "plan_digest": plan.digest}))
+    paths = [path for path, _ in moved] + [plan.json_path]
+    with atomic_files(paths, True, key=plan.json_path) as tmps:
+        for tmp, (_, body) in zip(tmps, moved, strict=False):
+            write_new(tmp, json.dumps(body, indent=1, ensure_ascii=False) + "\n")
+        write_new(tmps[-1], json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
     _remove_stale_parts(plan)
     for done in (_plan_file(plan), _retired(plan)):
         with contextlib.suppress(FileNotFoundError):
