@@ -19,6 +19,7 @@ from conftest import TOKENIZER, write_jsonl
 import packtool
 from packtool.cli import cli
 from packtool.executors import RunOptions, deal
+from packtool.pack import jobs as pack_jobs
 from packtool.pack import pack
 from packtool.plan import PackOptions, plan_pack
 from packtool.synth import make_documents
@@ -242,8 +243,10 @@ def ray_instance():
     ray = pytest.importorskip("ray")
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)  # workers import us
+    # the workers import packtool, and this module for the stand-in jobs of the fault tests
+    workers = os.pathsep.join([os.environ["PYTHONPATH"], str(ROOT / "tests")])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
+             runtime_env={"env_vars": {"PYTHONPATH": workers}})
     yield ray
     ray.shutdown()
 
@@ -285,6 +288,65 @@ def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, 
     t.join()
     assert killed, "no worker was caught mid-part"
     assert data_files(tmp_path / "c") == data_files(reference / "c")
+    assert leftovers(tmp_path) == []  # the killed worker's temporaries and part lock
+
+
+def leftovers(folder: Path) -> list[str]:
+    """packtool's temporaries, journals and lock files anywhere under ``folder``."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob(".*")
+                  if ".tmp-" in p.name or ".staging-" in p.name
+                  or p.name.endswith((".lock", ".journal", ".entry.json")))
+
+
+_WRITE_SHARD = pack_jobs.write_shard
+
+
+def slow_shard(job, tick):
+    """write_shard with a pause between writing the shard's files into its temporary folder
+    and renaming them in: a worker killed then leaves that folder (runs on the Ray worker)."""
+    real = pack_jobs.ShardWriter
+
+    class Slow(real):
+        def write(self, *a, **k):
+            entry = super().write(*a, **k)
+            time.sleep(1.0)
+            return entry
+
+    pack_jobs.ShardWriter = Slow
+    try:
+        return _WRITE_SHARD(job, tick)
+    finally:
+        pack_jobs.ShardWriter = real
+
+
+def test_ray_worker_killed_mid_shard_leaves_nothing(ray_instance, reference, tmp_path,
+                                                    monkeypatch):
+    """SIGKILL the Ray worker while its shard's files sit in ``.shard-K.tmp-PID/`` inside the
+    staging folder: Ray retries the task, the dataset is the same bytes as a local pack and
+    holds nothing of the killed worker (its temporary folder, its shard's lock)."""
+    monkeypatch.setattr(pack_jobs, "write_shard", slow_shard)
+    killed = []
+
+    def killer():
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            for tmp in tmp_path.glob(".p.staging-*/.shard-*.tmp-*"):
+                os.kill(int(tmp.name.split(".tmp-")[1].split("-")[0]), signal.SIGKILL)
+                killed.append(tmp.name)
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=killer)
+    t.start()
+    opts = PackOptions(256, shard_size=60_000, layout="tokens")
+    pack([str(reference / "c")], tmp_path / "p", opts, run=RunOptions(executor="ray"))
+    t.join()
+    assert killed, "no worker was caught mid-shard"
+    monkeypatch.undo()
+    pack([str(reference / "c")], tmp_path / "local", opts)
+    assert shard_files(tmp_path / "p") == shard_files(tmp_path / "local") != {}
+    assert leftovers(tmp_path) == []
+    assert run_cli("verify", tmp_path / "p", "--source", reference / "c").exit_code == 0
 
 
 def test_ray_driver_interrupted_then_rerun_resumes(ray_instance, inputs, reference, tmp_path):
@@ -309,3 +371,128 @@ def test_ray_driver_interrupted_then_rerun_resumes(ray_instance, inputs, referen
     assert res.n_parts_skipped >= min(done, 1)
     assert data_files(tmp_path / "c") == data_files(reference / "c")
     assert json.loads((tmp_path / "c.json").read_text())["plan"]["n_parts"] == N_FILES
+
+
+# ------------------------------------------------------------------- issue 18, item 5
+def test_unreachable_ray_address_fails_at_once_naming_it(monkeypatch):
+    """``--executor ray --ray-address 127.0.0.1:1`` retried for minutes: the address is tried
+    once, within RAY_CONNECT_TIMEOUT, and named; Ray itself is never asked to connect."""
+    from packtool import executors
+
+    class NoRay:
+        @staticmethod
+        def is_initialized():
+            return False
+
+        @staticmethod
+        def init(**kw):
+            raise AssertionError("ray.init must not run for an unreachable address")
+
+    monkeypatch.setattr(executors, "import_ray", lambda: NoRay)
+    asked = []
+    real = executors.socket.create_connection
+
+    def connect(address, timeout=None):
+        asked.append((address, timeout))
+        return real(address, timeout=timeout)
+
+    monkeypatch.setattr(executors.socket, "create_connection", connect)
+    def session(address):
+        with executors.ray_session(address):
+            pass
+
+    with pytest.raises(packtool.PacktoolError, match=r"--ray-address 127\.0\.0\.1:1: nothing "
+                                                     r"answers there \(Connection refused"):
+        session("127.0.0.1:1")
+    assert asked == [(("127.0.0.1", 1), executors.RAY_CONNECT_TIMEOUT)]
+
+    def silent(address, timeout=None):  # a host that never answers: the timeout, then named
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(executors.socket, "create_connection", silent)
+    with pytest.raises(packtool.PacktoolError, match=r"10\.255\.255\.1:6379: nothing answers "
+                                                     r"there \(timed out"):
+        session("ray://10.255.255.1:6379")
+    with pytest.raises(packtool.PacktoolError, match="expected HOST:PORT"):
+        session("nonsense")
+    r = run_cli("tokenize", ROOT / "fixtures" / "corpus" / "part-0.jsonl", "-t", TOKENIZER,
+                "-o", "/nonexistent-dir-never-created/c", "--executor", "ray", "--ray-address",
+                "127.0.0.1:1")
+    assert r.exit_code == 1 and "--ray-address 127.0.0.1:1: nothing answers" in r.output, \
+        r.output
+
+
+@pytest.mark.slow
+def test_two_thousand_parts_under_256_open_files(tmp_path):
+    """More than ~500 input files failed under ``ulimit -n 1024``: each part kept 2 memory maps
+    open. 2,000 one-file parts, every command and reader, under ``ulimit -n 256``."""
+    import resource
+
+    docs = make_documents(2000, seed=9, median_words=12, max_words=40)
+    (tmp_path / "in").mkdir()
+    for i, d in enumerate(docs):
+        write_jsonl(tmp_path / "in" / f"f{i:04d}.jsonl", [{"text": d}])
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKTOOL_FSYNC": "0"}  # not under test
+
+    def packtool_(*args):
+        r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=tmp_path,
+                           env=env, preexec_fn=limited, capture_output=True, text=True)
+        assert r.returncode == 0, (args, r.stderr[-2000:])
+        return r
+
+    packtool_("tokenize", "in", "-t", TOKENIZER, "-o", "c", "--part-bytes", 1, "-q")
+    assert len(json.loads((tmp_path / "c.json").read_text())["parts"]) == 2000
+    for layout in ("index", "tokens"):
+        packtool_("pack", "c", "-L", 256, "-o", f"p-{layout}", "--layout", layout, "-q")
+        packtool_("verify", f"p-{layout}", "--source", "c")
+    packtool_("verify", "c")
+    packtool_("stats", "c", "-L", 256)
+    packtool_("export", "c", "--format", "megatron", "-o", "m", "-q")
+    packtool_("export", "c", "--format", "llmc", "--eos-id", 0, "-o", "l", "-q")
+    packtool_("export", "p-index", "--format", "mds", "-o", "mds", "-q")
+    read = ("import numpy as np, packtool\n"
+            "c = packtool.open_tokens('c')\n"
+            "n = sum(len(np.asarray(c[i])) for i in range(len(c)))\n"
+            "ds = packtool.open_packed('p-index')\n"
+            "m = sum(len(ds[i]['input_ids']) for i in range(len(ds)))\n"
+            "assert n == m == c.n_tokens, (n, m)\n"
+            "print(n)")
+    r = subprocess.run([sys.executable, "-c", read], cwd=tmp_path, env=env,
+                       preexec_fn=limited, capture_output=True, text=True)
+    assert r.returncode == 0 and int(r.stdout) > 0, r.stderr[-2000:]
+
+
+def test_pack_tasks_overwrite_with_fewer_shards_leaves_none_of_the_old(inputs, reference,
+                                                                       tmp_path):
+    """``pack --tasks ... --overwrite`` with fewer shards left the old ones: the dataset holds
+    exactly what its index lists."""
+    out, n_shards = tmp_path / "p", []
+    for shard_size, tasks in ((50_000, 3), (400_000, 2)):
+        base = ["pack", reference / "c", "-L", 256, "--shard-size", shard_size, "-o", out, "-q",
+                "--overwrite"]
+        for k in range(tasks):
+            assert run_cli(*base, "--tasks", tasks, "--task", k).exit_code == 0
+        assert run_cli(*base, "--finalize").exit_code == 0
+        index = json.loads((out / "index.json").read_text())
+        listed = {f["name"] for sh in index["shards"] for f in sh["files"].values()}
+        assert set(os.listdir(out)) == listed | {"index.json"}
+        n_shards.append(len(index["shards"]))
+    assert n_shards[1] < n_shards[0]
+    assert run_cli("verify", out, "--source", reference / "c").exit_code == 0
+    assert sorted(os.listdir(tmp_path)) == ["p"]
+
+
+def test_finalize_with_no_task_run_creates_nothing(reference, tmp_path):
+    """``pack --finalize`` with no task run left an empty output directory (and its missing
+    parents); ``tokenize --finalize`` the same."""
+    out = tmp_path / "new" / "sub" / "p"
+    r = run_cli("pack", reference / "c", "-L", 256, "-o", out, "--finalize")
+    assert r.exit_code == 1 and "no task of this plan has run" in r.output, r.output
+    r = run_cli("tokenize", reference.parent / "all.jsonl", "-t", TOKENIZER, "-o", out,
+                "--finalize")
+    assert r.exit_code == 1 and "not finished" in r.output, r.output
+    assert os.listdir(tmp_path) == []
