@@ -255,6 +255,8 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     packs = np.concatenate(parts) if parts else np.empty(0, np.int64)
     del parts
     rank = shuffle_rank(n_packs, options, shuffle_key)
+    if options.balance == "attention" and n_packs:
+        rank = balanced_rank(rank, packs, rounds, options.balance_ranks)
     order, pack_nseg = _order_segments(packs, rank, n_packs)
     del packs, rank
     counts = rounds[0].counts if repeats is None else _merge_counts(rounds, lengths)
@@ -266,6 +268,20 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
                            f"> {options.seq_len} tokens")
     layout.shard_starts = shard_starts(pack_len, options.shard_size)
     return layout
+
+
+def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
+    """The output order rearranged into blocks of ``g`` packs of like attention cost
+    (:func:`packtool.balance.like_cost_order`), the shuffled order kept within a class."""
+    from .balance import like_cost_order
+
+    lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
+    ok = packs >= 0
+    costs = np.bincount(packs[ok], weights=lengths[ok] ** 2, minlength=rank.size)
+    by_position = np.argsort(rank)
+    out = np.empty_like(rank)
+    out[like_cost_order(by_position, costs, g)] = np.arange(rank.size)
+    return out
 
 
 def shuffle_rank(n_packs: int, options: PackOptions, key: tuple = ()) -> np.ndarray:

@@ -76,11 +76,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .balance import COST_RATIO, cost_classes, group_steps
 from .errors import PacktoolError
 
 STATE_FORMAT = "packtool.sampler"
 STATE_VERSION = 2
-COST_RATIO = 1.1
 
 
 def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
@@ -97,51 +97,11 @@ def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
     return packed.attention_costs(linear)
 
 
-def cost_classes(costs: np.ndarray, ratio: float = COST_RATIO) -> np.ndarray:
-    """Class of every pack: sorted by cost, a class starts at its cheapest pack c and holds every
-    pack up to c * ratio. Comparisons and one multiplication per class, no logarithms, so every
-    rank gets the same classes bit for bit. Class 0 is the cheapest."""
-    costs = np.asarray(costs, dtype=np.float64)
-    order = np.argsort(costs, kind="stable")
-    srt = costs[order]
-    cls_sorted = np.zeros(len(costs), np.int64)
-    start, k = 0, 0
-    while start < len(srt):
-        end = int(np.searchsorted(srt, srt[start] * ratio if srt[start] > 0 else 0.0, "right"))
-        end = max(end, start + 1)
-        cls_sorted[start:end] = k
-        start, k = end, k + 1
-    out = np.empty(len(costs), np.int64)
-    out[order] = cls_sorted
-    return out
-
-
 def fingerprint(costs: np.ndarray | None) -> str | None:
     """First 16 hex digits of the sha256 of the costs (float64, little-endian)."""
     if costs is None:
         return None
     return hashlib.sha256(np.ascontiguousarray(costs, dtype="<f8").tobytes()).hexdigest()[:16]
-
-
-def group_steps(order: np.ndarray, cls: np.ndarray, n_classes: int, g: int) -> np.ndarray:
-    """Packs of ``order`` (already filtered to what is left of an epoch) as steps of ``g``:
-    [full, g] for the steps of one class, emitted when their class's queue fills (in order of
-    the pack that filled it), then the leftovers of every class in epoch order as a flat array
-    (the caller cuts it). Returns (steps [s, g], leftovers [m])."""
-    n = len(order)
-    c = cls[order]
-    by_class = np.argsort(c, kind="stable")  # positions grouped by class, in epoch order
-    counts = np.bincount(c, minlength=n_classes)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rows, in_full = [], np.zeros(n, bool)
-    for k in np.flatnonzero(counts >= g):
-        m = counts[k] // g * g
-        pos = by_class[starts[k]:starts[k] + m]
-        in_full[pos] = True
-        rows.append(pos.reshape(-1, g))
-    full = np.concatenate(rows) if rows else np.zeros((0, g), np.int64)
-    full = full[np.argsort(full[:, -1], kind="stable")]  # emitted when the last one arrives
-    return order[full], order[~in_full]
 
 
 def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,

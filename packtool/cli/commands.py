@@ -20,8 +20,8 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
                    "part_bytes", "overwrite")
 PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shard_size",
-               "valid_docs", "valid_fraction", "group_docs", "balance", "max_depth",
-               "work_limit", "time_limit")
+               "valid_docs", "valid_fraction", "group_docs", "balance", "balance_ranks",
+               "max_depth", "work_limit", "time_limit")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 
 

@@ -41,7 +41,6 @@ from .jobs import Target, _gatherer, _read_json, sources
 from .meta import histogram
 
 GROUP_FORMAT = "packtool.packed.group"
-RANKS = 8  # attention imbalance: consecutive packs of one step on this many ranks
 
 
 @dataclass(frozen=True)
@@ -141,8 +140,9 @@ def _split_stats(layout, job: GroupJob, shards: list[dict]) -> dict:
     """What the finalize step adds up for one split of one group."""
     hist = histogram(layout)
     costs = attention_costs(layout.ordered_lengths(), layout.seg_first)
-    n8 = costs.size // RANKS * RANKS
-    blocks = costs[:n8].reshape(-1, RANKS)
+    ranks = job.options.balance_ranks
+    n8 = costs.size // ranks * ranks
+    blocks = costs[:n8].reshape(-1, ranks)
     mean = blocks.mean(axis=1) if n8 else np.zeros(0)
     ok = mean > 0
     ratio = float((blocks.max(axis=1)[ok] / mean[ok]).sum()) if ok.any() else 0.0

@@ -19,6 +19,12 @@ METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs
                "gap_to_best_bound_percent", "packing_factor")
 
 
+def balance_entry(options: PackOptions) -> dict | None:
+    if options.balance == "none":
+        return None
+    return {"objective": options.balance, "ranks": options.balance_ranks}
+
+
 def histogram(layout: PackLayout) -> np.ndarray:
     """How many segments have each length 0..seq_len (over every copy round)."""
     size = layout.options.seq_len + 1
@@ -56,7 +62,8 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
     """Everything index.json says besides the format's own keys and the shards."""
     opts, rep = layout.options, layout.report
     return {"layout": opts.layout, "seq_len": opts.seq_len, "algo": opts.algo,
-            "algo_options": rep.options, "seed": opts.seed, "shuffle": opts.shuffle,
+            "algo_options": rep.options, "balance": balance_entry(opts), "seed": opts.seed,
+            "shuffle": opts.shuffle,
             "overflow": opts.overflow, **stored, "group_docs": opts.group_docs,
             "n_packs": layout.n_packs, **layout.counts, **metrics(layout),
             "attention_imbalance": imbalance(layout), "solver": rep.to_json(),
@@ -64,9 +71,10 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
             "sources": source_entries(layout, corpora, factors, folder)}
 
 
-def imbalance(layout: PackLayout, ranks: int = 8) -> float | None:
+def imbalance(layout: PackLayout, ranks: int | None = None) -> float | None:
     """Mean over groups of ``ranks`` consecutive packs of max/mean attention cost: what one
     pack per rank per step costs in stragglers (docs/TRAINING.md)."""
+    ranks = ranks or layout.options.balance_ranks
     costs = attention_costs(layout.ordered_lengths(), layout.seg_first)
     n = costs.size // ranks * ranks
     if not n:
@@ -137,7 +145,8 @@ def group_index_meta(combined: dict, options: PackOptions, corpora: list, factor
                 "tokens_used": int(tokens[k]), "token_share": tokens[k] / all_tokens}
                for k, c in enumerate(corpora)]
     return {"layout": options.layout, "seq_len": seq_len, "algo": options.algo,
-            "algo_options": report.options, "seed": options.seed, "shuffle": options.shuffle,
+            "algo_options": report.options, "balance": balance_entry(options),
+            "seed": options.seed, "shuffle": options.shuffle,
             "overflow": options.overflow, **stored, "group_docs": options.group_docs,
             "n_packs": combined["n_packs"], **combined["counts"],
             **histogram_metrics(hist, seq_len, combined["n_packs"]),

@@ -157,18 +157,37 @@ def run_packer(lengths, seq_len: int, algo: str = "bfd",
 
 
 def assign_packs(lengths, seq_len: int, algo: str = "bfd", seed: int = 0,
-                 **options) -> np.ndarray:
+                 balance: str = "none", balance_ranks: int = 8, **options) -> np.ndarray:
     """Pack id of every document (see :func:`run_packer` for the report).
+    ``balance="attention"`` numbers the packs so that every ``balance_ranks`` consecutive
+    ids are of like attention cost (:mod:`packtool.balance`): the same packs, in an order for
+    one pack per rank per step.
 
     >>> assign_packs([3, 5, 2, 6], 8, algo="bfd").tolist()
     [1, 1, 0, 0]
     """
+    if balance not in ("none", "attention"):
+        raise PacktoolError(f"balance {balance!r}: choose none or attention")
     known = {f.name for f in fields(PackerOptions)}
     bad = sorted(set(options) - known)
     if bad:
         raise PacktoolError(f"unknown packer option(s) {', '.join(bad)}; known: "
                             f"{', '.join(sorted(known - {'seed'}))}")
-    return run_packer(lengths, seq_len, algo, PackerOptions(seed=int(seed), **options)).packs
+    packs = run_packer(lengths, seq_len, algo, PackerOptions(seed=int(seed), **options)).packs
+    if balance == "attention" and packs.size and packs.max() >= 0:
+        import numpy as np
+
+        from ..balance import like_cost_order
+
+        ok = packs >= 0
+        n_packs = int(packs.max()) + 1
+        costs = np.bincount(packs[ok], weights=np.asarray(lengths, np.float64)[ok] ** 2,
+                            minlength=n_packs)
+        new_id = np.empty(n_packs, np.int64)
+        new_id[like_cost_order(np.arange(n_packs), costs, int(balance_ranks))] = \
+            np.arange(n_packs)
+        packs = np.where(ok, new_id[np.maximum(packs, 0)], -1)
+    return packs
 
 
 def _effective(options: PackerOptions, spec: PackerSpec) -> dict:
