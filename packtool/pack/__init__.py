@@ -224,7 +224,8 @@ class _Global:
         """Every shard of the plan checked (size, and crc32 unless this process just wrote
         them all); {split: (index meta without held_out, shard entries)}."""
         entries, bad = {}, []
-        for job in self.shards:
+        for i in range(len(self.shards)):
+            job = self.shards.header(i)
             entry, why = pj.check_shard(job, checksums=run.finalize)
             if entry is None:
                 bad.append(f"{job.label()}: {why}")

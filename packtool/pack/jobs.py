@@ -86,6 +86,7 @@ class ShardJobs(Sequence):
 
     def __init__(self, layouts: dict, common: dict, target: Target):
         self.layouts, self.common, self.target = layouts, common, target
+        self._digests: dict[int, str] = {}
         self.specs = [(split, k) for split, layout in layouts.items()
                       for k in range(layout.n_shards)]
         self.weights = []
@@ -107,7 +108,17 @@ class ShardJobs(Sequence):
                                       sort_keys=True).encode())
         for arr in arrays:
             h.update(np.ascontiguousarray(arr, np.int64).tobytes())
-        return ShardJob(split, k, *arrays, h.hexdigest(), self.target)
+        self._digests[i] = h.hexdigest()
+        return ShardJob(split, k, *arrays, self._digests[i], self.target)
+
+    def header(self, i: int) -> ShardJob:
+        """Job ``i`` without its segment arrays (its digest known from building it once in
+        this process): what checking a written shard needs."""
+        if i not in self._digests:
+            return self[i]
+        split, k = self.specs[i]
+        none = np.empty(0, np.int64)
+        return ShardJob(split, k, none, none, none, none, self._digests[i], self.target)
 
 
 def shard_jobs(layouts: dict, common: dict, target: Target) -> ShardJobs:

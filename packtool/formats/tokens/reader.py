@@ -332,8 +332,11 @@ def gather(corpora: list[TokenCorpus], doc: np.ndarray, offset: np.ndarray,
         part = parts[c]
         m = which == c
         local = doc[m] - base[c]
-        src = part.starts[local] + offset[m]
-        if (offset[m] < 0).any() or (offset[m] + length[m] > part.lengths[local]).any():
+        ends = part.ends  # two reads a segment; no per-document array is built
+        end = np.asarray(ends[local], np.int64)
+        start = np.where(local > 0, np.asarray(ends[np.maximum(local - 1, 0)], np.int64), 0)
+        src = start + offset[m]
+        if (offset[m] < 0).any() or (src + length[m] > end).any():
             raise FormatError(f"{part.prefix}: a segment reaches past the end of its document")
         _gather(part.tokens, src, length[m], dst, dst_start[m])
         if dst_mask is not None and part.mask is not None:
