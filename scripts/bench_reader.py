@@ -61,8 +61,8 @@ def main() -> None:
     work.mkdir(parents=True)
     write_token_corpus(work / "c", lognormal_lengths(a.docs, median=500, cap=4 * a.seq_len,
                                                      seed=2))
-    print(f"| layout | packs | tokens/pack | bare us/pack | full us/pack | extra us/pack | "
-          f"extra: tokens/s per core |")
+    print("| layout | packs | tokens/pack | bare us/pack | full us/pack | extra us/pack | "
+          "extra: tokens/s per core |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for layout in ("index", "tokens"):
         out = work / layout

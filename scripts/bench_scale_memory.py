@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -77,7 +76,7 @@ def main() -> None:
         table.setdefault("verify --source (index layout)", {})[n] = run(
             ["verify", str(work / f"p{n}-index"), "--source", str(src)])
         shutil.rmtree(work / f"p{n}", ignore_errors=True)
-    print(f"| run | " + " | ".join(f"{n:.0e} docs: peak MiB, s" for n in sizes)
+    print("| run | " + " | ".join(f"{n:.0e} docs: peak MiB, s" for n in sizes)
           + " | bytes/doc (slope) | projected at 1e10 docs |")
     print("| --- |" + " --- |" * (len(sizes) + 2))
     for name, row in table.items():
