@@ -69,3 +69,47 @@ def like_cost_order(order: np.ndarray, costs: np.ndarray, g: int,
     cls = cost_classes(costs, ratio)
     full, left = group_steps(np.asarray(order), cls, int(cls.max()) + 1, g)
     return np.concatenate([full.ravel(), left])
+
+
+def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
+                  rounds: int = 64) -> np.ndarray:
+    """``costs``: [steps, world_size * batch_size], the cost of every slot of every step.
+    Returns [steps, world_size, batch_size]: the slots each rank takes.
+
+    First longest-processing-time: the costliest slot goes to the least-loaded rank that still
+    has room (ties: lowest rank). Then up to ``rounds`` rounds of the best swap between the
+    costliest and the cheapest rank of every step, where it lowers the costlier of the two
+    (1M lengths, batch 4, world size 8: LPT alone 1.062, with swaps 1.054).
+    Vectorised over steps; no randomness, so every rank computes the same result."""
+    steps, g = costs.shape
+    order = np.argsort(-costs, axis=1, kind="stable")
+    load = np.zeros((steps, world_size))
+    count = np.zeros((steps, world_size), dtype=np.int64)
+    slots = np.empty((steps, world_size, batch_size), dtype=np.int64)
+    rows = np.arange(steps)
+    for j in range(g):
+        slot = order[:, j]
+        r = np.argmin(np.where(count < batch_size, load, np.inf), axis=1)
+        slots[rows, r, count[rows, r]] = slot
+        load[rows, r] += costs[rows, slot]
+        count[rows, r] += 1
+    if batch_size == 1 or world_size == 1:
+        return slots  # one pack per rank, or one rank: nothing to swap
+    active = rows
+    for _ in range(rounds):
+        c = costs[active[:, None, None], slots[active]]  # [a, W, B]
+        load = c.sum(axis=2)
+        hi, lo = load.argmax(axis=1), load.argmin(axis=1)
+        ar = np.arange(len(active))
+        d = c[ar, hi][:, :, None] - c[ar, lo][:, None, :]  # moving d from hi to lo, [a, B, B]
+        new = np.maximum(load[ar, hi][:, None, None] - d, load[ar, lo][:, None, None] + d)
+        best = new.reshape(len(active), -1).argmin(axis=1)
+        gain = load[ar, hi] - new.reshape(len(active), -1)[ar, best]
+        ok = gain > 1e-12 * load[ar, hi]
+        if not ok.any():
+            break
+        active, hi, lo, best = active[ok], hi[ok], lo[ok], best[ok]
+        i, k = np.divmod(best, batch_size)
+        a, b = slots[active, hi, i], slots[active, lo, k]
+        slots[active, hi, i], slots[active, lo, k] = b, a
+    return slots

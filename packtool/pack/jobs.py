@@ -143,7 +143,7 @@ def sources(prefixes: tuple[str, ...]) -> list:
 
 
 # ------------------------------------------------------------------------ one shard
-def _read_json(path: Path):
+def read_json(path: Path):
     try:
         if path.is_symlink():
             return {}
@@ -157,7 +157,7 @@ def _read_json(path: Path):
 def check_shard(job: ShardJob, checksums: bool = True) -> tuple[dict | None, str]:
     """(the shard's index entry, "") when shard ``job`` is written and intact (its entry of
     the same digest, every file's size and crc32), else (None, why)."""
-    m = _read_json(job.entry_path)
+    m = read_json(job.entry_path)
     if m is None:
         return None, "missing"
     if not isinstance(m, dict) or m.get("format") != ENTRY_FORMAT:
@@ -195,7 +195,7 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
         try:
             corpora = sources(t.prefixes) if t.layout == "tokens" else None
             writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage,
-                                 gather=None if corpora is None else _gatherer(corpora))
+                                 gather=None if corpora is None else gatherer(corpora))
             entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
                                  job.seg_length, tick)
             write_new(tmp / "entry.json", json.dumps(
@@ -213,7 +213,7 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
         return entry, False
 
 
-def _gatherer(corpora):
+def gatherer(corpora):
     from ..formats.tokens import gather
 
     def fill(doc, offset, length, dst, dst_start, dst_mask):
