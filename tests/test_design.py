@@ -22,7 +22,7 @@ def resolve(name: str, node: ast.ImportFrom, mods: dict) -> list[str]:
     """The packtool modules an ``from X import a, b`` names (a submodule if ``a`` is one)."""
     if node.level:
         base = name.split(".")
-        if not mods[name].name == "__init__.py":
+        if mods[name].name != "__init__.py":
             base = base[:-1]
         base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
         target = ".".join(base + ([node.module] if node.module else []))
