@@ -156,9 +156,13 @@ class PackOptions:
     layout: str = opt("index", "index: store the plan only, tokens read from the corpus at "
                       "load (~2% of the token bytes); tokens: self-contained shards (~1.0x).",
                       type=("choice", LAYOUTS), show_default=True)
-    balance: str = opt("none", "attention: also even each pack's attention cost (sum of "
-                       "squared segment lengths), for one pack per rank per step.",
+    balance: str = opt("none", "attention: order the packs so that every --balance-ranks "
+                       "consecutive packs are of like attention cost (sum of squared segment "
+                       "lengths), for trainers that take one pack per rank per step in order "
+                       "(the sampler's balance does this per epoch).",
                        type=("choice", BALANCE), show_default=True)
+    balance_ranks: int = opt(8, "--balance attention: the ranks taking one pack each per step.",
+                             type=("int", 1, None), show_default=True)
 
     def packer_options(self):
         from .packers import PackerOptions

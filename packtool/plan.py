@@ -134,7 +134,7 @@ def make_segments(lengths: np.ndarray, seq_len: int, overflow: str = "split") ->
 
 
 @njit
-def _order_segments(packs, rank, n_packs):
+def _order_segments(packs, rank, n_packs, idx):
     """Table entries grouped by output pack position (stable; entries with pack -1, empty,
     left out); segments per pack."""
     n = packs.shape[0]
@@ -143,7 +143,7 @@ def _order_segments(packs, rank, n_packs):
         if packs[s] >= 0:
             nseg[rank[packs[s]] + 1] += 1
     start = np.cumsum(nseg)
-    order = np.empty(start[-1], np.int64)
+    order = np.empty(start[-1], idx)
     pos = start[:-1].copy()
     for s in range(n):
         if packs[s] >= 0:
@@ -162,7 +162,7 @@ class PackLayout:
     options: PackOptions
     counts: dict                 # make_segments' counts (summed over copy rounds)
     rounds: list                 # Segments per copy round (one without a mixture)
-    order: np.ndarray            # table entries in output order (int64, round-major index)
+    order: np.ndarray            # table entries in output order (int32/int64, round-major)
     pack_nseg: np.ndarray        # segments per pack, output order (int32)
     shard_starts: np.ndarray     # first pack of each shard, then n_packs
     report: PackerReport
@@ -216,7 +216,7 @@ class PackLayout:
     def pack_lengths(self) -> np.ndarray:
         if not self.n_packs:
             return np.zeros(0, np.int64)
-        return np.add.reduceat(self.ordered_lengths().astype(np.int64), self.seg_first[:-1])
+        return np.add.reduceat(self.ordered_lengths(), self.seg_first[:-1], dtype=np.int64)
 
     def shard(self, k: int) -> tuple[slice, slice]:
         """(packs, segments) of shard k as slices into pack_nseg and the output order."""
@@ -241,7 +241,7 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     for segs in rounds:
         for a, b in doc_groups(segs, options.group_docs):
             packing = run_packer(segs.table_length[a:b], options.seq_len, options.algo,
-                                 options.packer_options())
+                                 options.packer_options(), narrow_ids=True)
             ids = packing.packs
             if n_packs:
                 ids[ids >= 0] += n_packs
@@ -252,10 +252,15 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     if report is None:  # nothing to pack at all
         report = run_packer(np.empty(0, np.int64), options.seq_len, options.algo,
                             options.packer_options()).report
-    packs = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    packs = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else \
+        np.empty(0, np.int64)
     del parts
     rank = shuffle_rank(n_packs, options, shuffle_key)
-    order, pack_nseg = _order_segments(packs, rank, n_packs)
+    if options.balance == "attention" and n_packs:
+        rank = balanced_rank(rank, packs, rounds, options.balance_ranks)
+    n_table = sum(r.table_length.size for r in rounds)
+    order, pack_nseg = _order_segments(packs, rank, n_packs,
+                                       np.int32 if n_table < 2**31 else np.int64)
     del packs, rank
     counts = rounds[0].counts if repeats is None else _merge_counts(rounds, lengths)
     layout = PackLayout(options, counts, rounds, order, pack_nseg, np.zeros(1, np.int64),
@@ -266,6 +271,20 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
                            f"> {options.seq_len} tokens")
     layout.shard_starts = shard_starts(pack_len, options.shard_size)
     return layout
+
+
+def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
+    """The output order rearranged into blocks of ``g`` packs of like attention cost
+    (:func:`packtool.balance.like_cost_order`), the shuffled order kept within a class."""
+    from .balance import like_cost_order
+
+    lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
+    ok = packs >= 0
+    costs = np.bincount(packs[ok], weights=lengths[ok] ** 2, minlength=rank.size)
+    by_position = np.argsort(rank)
+    out = np.empty_like(rank)
+    out[like_cost_order(by_position, costs, g)] = np.arange(rank.size)
+    return out
 
 
 def shuffle_rank(n_packs: int, options: PackOptions, key: tuple = ()) -> np.ndarray:

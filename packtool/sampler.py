@@ -72,15 +72,12 @@ balance matters, at long context or with small models.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 
 import numpy as np
 
+from .balance import COST_RATIO, balance_steps, cost_classes, group_steps
 from .errors import PacktoolError
-
-STATE_FORMAT = "packtool.sampler"
-STATE_VERSION = 2
-COST_RATIO = 1.1
+from .sampler_state import STATE_FORMAT, STATE_VERSION, check_state
 
 
 def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
@@ -97,95 +94,11 @@ def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
     return packed.attention_costs(linear)
 
 
-def cost_classes(costs: np.ndarray, ratio: float = COST_RATIO) -> np.ndarray:
-    """Class of every pack: sorted by cost, a class starts at its cheapest pack c and holds every
-    pack up to c * ratio. Comparisons and one multiplication per class, no logarithms, so every
-    rank gets the same classes bit for bit. Class 0 is the cheapest."""
-    costs = np.asarray(costs, dtype=np.float64)
-    order = np.argsort(costs, kind="stable")
-    srt = costs[order]
-    cls_sorted = np.zeros(len(costs), np.int64)
-    start, k = 0, 0
-    while start < len(srt):
-        end = int(np.searchsorted(srt, srt[start] * ratio if srt[start] > 0 else 0.0, "right"))
-        end = max(end, start + 1)
-        cls_sorted[start:end] = k
-        start, k = end, k + 1
-    out = np.empty(len(costs), np.int64)
-    out[order] = cls_sorted
-    return out
-
-
 def fingerprint(costs: np.ndarray | None) -> str | None:
     """First 16 hex digits of the sha256 of the costs (float64, little-endian)."""
     if costs is None:
         return None
     return hashlib.sha256(np.ascontiguousarray(costs, dtype="<f8").tobytes()).hexdigest()[:16]
-
-
-def group_steps(order: np.ndarray, cls: np.ndarray, n_classes: int, g: int) -> np.ndarray:
-    """Packs of ``order`` (already filtered to what is left of an epoch) as steps of ``g``:
-    [full, g] for the steps of one class, emitted when their class's queue fills (in order of
-    the pack that filled it), then the leftovers of every class in epoch order as a flat array
-    (the caller cuts it). Returns (steps [s, g], leftovers [m])."""
-    n = len(order)
-    c = cls[order]
-    by_class = np.argsort(c, kind="stable")  # positions grouped by class, in epoch order
-    counts = np.bincount(c, minlength=n_classes)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rows, in_full = [], np.zeros(n, bool)
-    for k in np.flatnonzero(counts >= g):
-        m = counts[k] // g * g
-        pos = by_class[starts[k]:starts[k] + m]
-        in_full[pos] = True
-        rows.append(pos.reshape(-1, g))
-    full = np.concatenate(rows) if rows else np.zeros((0, g), np.int64)
-    full = full[np.argsort(full[:, -1], kind="stable")]  # emitted when the last one arrives
-    return order[full], order[~in_full]
-
-
-def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
-                  rounds: int = 64) -> np.ndarray:
-    """``costs``: [steps, world_size * batch_size], the cost of every slot of every step.
-    Returns [steps, world_size, batch_size]: the slots each rank takes.
-
-    First longest-processing-time: the costliest slot goes to the least-loaded rank that still
-    has room (ties: lowest rank). Then up to ``rounds`` rounds of the best swap between the
-    costliest and the cheapest rank of every step, where it lowers the costlier of the two
-    (1M lengths, batch 4, world size 8: LPT alone 1.062, with swaps 1.054).
-    Vectorised over steps; no randomness, so every rank computes the same result."""
-    steps, g = costs.shape
-    order = np.argsort(-costs, axis=1, kind="stable")
-    load = np.zeros((steps, world_size))
-    count = np.zeros((steps, world_size), dtype=np.int64)
-    slots = np.empty((steps, world_size, batch_size), dtype=np.int64)
-    rows = np.arange(steps)
-    for j in range(g):
-        slot = order[:, j]
-        r = np.argmin(np.where(count < batch_size, load, np.inf), axis=1)
-        slots[rows, r, count[rows, r]] = slot
-        load[rows, r] += costs[rows, slot]
-        count[rows, r] += 1
-    if batch_size == 1 or world_size == 1:
-        return slots  # one pack per rank, or one rank: nothing to swap
-    active = rows
-    for _ in range(rounds):
-        c = costs[active[:, None, None], slots[active]]  # [a, W, B]
-        load = c.sum(axis=2)
-        hi, lo = load.argmax(axis=1), load.argmin(axis=1)
-        ar = np.arange(len(active))
-        d = c[ar, hi][:, :, None] - c[ar, lo][:, None, :]  # moving d from hi to lo, [a, B, B]
-        new = np.maximum(load[ar, hi][:, None, None] - d, load[ar, lo][:, None, None] + d)
-        best = new.reshape(len(active), -1).argmin(axis=1)
-        gain = load[ar, hi] - new.reshape(len(active), -1)[ar, best]
-        ok = gain > 1e-12 * load[ar, hi]
-        if not ok.any():
-            break
-        active, hi, lo, best = active[ok], hi[ok], lo[ok], best[ok]
-        i, k = np.divmod(best, batch_size)
-        a, b = slots[active, hi, i], slots[active, lo, k]
-        slots[active, hi, i], slots[active, lo, k] = b, a
-    return slots
 
 
 def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,
@@ -467,70 +380,3 @@ class PackSampler:
         self._resumed = (epoch, consumed) if consumed.any() else None
         self._running = None
         self.start_step = self._cursor = self.first_step()
-
-
-_FIELDS = ("format", "version", "epoch", "step", "consumed", "world_size", "batch_size", "seed",
-           "n_packs", "drop_last", "balance", "cost_ratio", "costs_sha256")
-
-
-def check_state(state, sampler: PackSampler) -> tuple[int, np.ndarray]:
-    """(epoch, consumed per class) of a well-formed state of ``sampler``'s epoch order, or a
-    PacktoolError naming the field, its value, what it must be, and what to do."""
-    if not isinstance(state, Mapping):
-        raise PacktoolError(f"sampler state must be a dict (from PackSampler.state_dict()), got "
-                            f"{type(state).__name__}")
-    version = state.get("version")
-    if version == 1:
-        raise PacktoolError(
-            "sampler state version 1 (packtool before the elastic resume) cannot resume: its "
-            "epoch order came from default_rng([seed, epoch]), which packtool no longer uses "
-            "(the sampler's stream is now its own, issue 18.10), so resuming would repeat and "
-            f"skip packs of epoch {state.get('epoch')!r}; start the next epoch with "
-            "sampler.set_epoch(epoch + 1), or finish this one with the packtool that saved it")
-    if version != STATE_VERSION or state.get("format") != STATE_FORMAT:
-        raise PacktoolError(f"sampler state version {version!r}, format {state.get('format')!r}: "
-                            f"this packtool reads version {STATE_VERSION} of {STATE_FORMAT!r}; "
-                            "it was saved by another packtool (or is not a sampler state)")
-    missing = [k for k in _FIELDS if k not in state]
-    if missing:
-        raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
-                            "not made by PackSampler.state_dict(); save it again")
-
-    def count(key, lo, hi=None):
-        v = state[key]
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo \
-                or (hi is not None and v > hi):
-            limit = f"an integer >= {lo}" + (f" and <= {hi:,}" if hi is not None else "")
-            raise PacktoolError(f"sampler state has {key}={v!r}: it must be {limit}; the state "
-                                "is corrupt, save it again")
-        return int(v)
-
-    epoch = count("epoch", 0)
-    count("step", 0, sampler.n_packs)  # a step holds at least one pack
-    count("world_size", 1)
-    count("batch_size", 1)
-    for key, mine in (("seed", sampler.seed), ("n_packs", sampler.n_packs),
-                      ("drop_last", sampler.drop_last), ("balance", sampler.balance),
-                      ("cost_ratio", sampler.cost_ratio),
-                      ("costs_sha256", sampler.fingerprint)):
-        if state[key] != mine:
-            raise PacktoolError(
-                f"sampler state has {key}={state[key]!r} but this sampler has {key}={mine!r}: "
-                "the state belongs to another epoch order, and resuming would repeat and skip "
-                f"packs; build the sampler with the saved {key}"
-                + (" (the same packed dataset and per-pack costs)"
-                   if key in ("n_packs", "costs_sha256") else ""))
-    consumed = state["consumed"]
-    if not isinstance(consumed, (list, tuple, np.ndarray)) or len(consumed) != sampler.n_classes:
-        raise PacktoolError(f"sampler state has consumed={consumed!r}: it must list "
-                            f"{sampler.n_classes} counts (one per cost class); the state is "
-                            "corrupt, save it again")
-    out = np.zeros(sampler.n_classes, np.int64)
-    for k, v in enumerate(consumed):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) \
-                or not 0 <= v <= sampler.class_sizes[k]:
-            raise PacktoolError(f"sampler state has consumed[{k}]={v!r}: it must be an integer "
-                                f"0..{int(sampler.class_sizes[k]):,} (the packs of cost class "
-                                f"{k}); the state is corrupt, save it again")
-        out[k] = int(v)
-    return epoch, out

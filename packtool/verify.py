@@ -185,17 +185,21 @@ def expected_copies(index: dict, lengths: list[np.ndarray]) -> tuple[np.ndarray,
     copies, held = [], []
     for k, (n_k, factor) in enumerate(zip(lengths, factors, strict=True)):
         h = np.zeros(n_k.size, bool)
-        nonempty = np.flatnonzero(n_k > 0)
-        if held_req and nonempty.size:
-            share = (held_req["valid_fraction"] if held_req.get("valid_fraction") is not None
-                     else held_req["valid_docs"] / total)
-            want = min(max(1, round(share * nonempty.size)), nonempty.size)
-            h[np.random.default_rng([seed, 1, k]).choice(nonempty, size=want,
-                                                          replace=False)] = True
-        c = np.where(h, 0, int(factor)).astype(np.uint16)
-        eligible = np.flatnonzero(~h)
-        extra = round((factor - int(factor)) * eligible.size)
+        if held_req:
+            nonempty = np.flatnonzero(n_k > 0)
+            if nonempty.size:
+                share = (held_req["valid_fraction"]
+                         if held_req.get("valid_fraction") is not None
+                         else held_req["valid_docs"] / total)
+                want = min(max(1, round(share * nonempty.size)), nonempty.size)
+                h[np.random.default_rng([seed, 1, k]).choice(nonempty, size=want,
+                                                              replace=False)] = True
+            del nonempty
+        c = np.full(n_k.size, int(factor), np.uint16)
+        c[h] = 0
+        extra = round((factor - int(factor)) * (n_k.size - int(h.sum())))
         if extra:
+            eligible = np.flatnonzero(~h)
             c[np.random.default_rng([seed, 2, k]).choice(eligible, size=extra,
                                                           replace=False)] += 1
         copies.append(c)
@@ -218,10 +222,14 @@ class Expected:
         keep = (copies > 0) & (lengths > 0)
         if overflow == "drop":
             keep[over] = False
-        per_doc = np.where(keep, copies, 0).astype(copies.dtype)
-        reps = np.ones(lengths.size, np.int64)
-        reps[self.split] = pieces
-        self.want = np.repeat(per_doc, reps)            # copies per entry
+        per_doc = copies.copy()
+        per_doc[~keep] = 0
+        if self.split.size:
+            reps = np.ones(lengths.size, np.int32)
+            reps[self.split] = pieces
+            self.want = np.repeat(per_doc, reps)        # copies per entry
+        else:
+            self.want = per_doc
         self.got = np.zeros(self.want.size, np.uint16)  # copies found
 
     def entry(self, doc: np.ndarray, offset: np.ndarray) -> np.ndarray:

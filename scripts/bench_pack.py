@@ -13,10 +13,12 @@ Prints measurements and ratios only (it never asserts on wall-clock time). Secti
                 packtool bfd >= 50x faster with fewer packs. Also a multipack_sampler-style numba
                 FFD (sort, then an O(n * bins) first-fit scan), on subsets if needed.
   3 histograms  wikipedia-512 and squad11-384 (packtool/data) beside the Graphcore paper's numbers.
-  4 e2e         synthetic JSONL (~500M tokens, cached in --workdir) -> packtool tokenize -> timed
-                packtool pack --seq-len 4096 --algo bfd; bytes written per second as a ratio to a
-                plain copy of the token .bin on the same disk (target >= 0.5); no fsync in
-                either, so both mostly measure writes into the page cache.
+  4 e2e         a synthetic uint32 token corpus (--corpus-mb of .bin, documents of ~500 tokens,
+                cached in --workdir), packed at L=4096 with bfd in both layouts (and with
+                --v1-root, by an older checkout writing version 1): wall and in-process
+                seconds, bytes on disk per token, bytes written per second against a plain
+                copy of the .bin (tokens layout goal >= 0.5x), and the index layout's time
+                against planning alone (goal: writing adds < 20%). No fsync in either.
 --quick: 1M lengths, a 1M-doc TRL run, squad11-384 only, a ~10M-token corpus. Every section
 title shows the load average: above 2 on a 2-core machine, timings include contention.
 """
@@ -311,57 +313,69 @@ def timed_copy(src: Path, dst: Path, stream: bool = False) -> float:
     return secs
 
 
-def section_e2e(workdir: Path, corpus_mb: float) -> None:
-    banner("4. end to end: packtool pack --seq-len 4096 --algo bfd vs a plain copy of the .bin")
-    corpus = workdir / f"e2e-corpus-{corpus_mb:g}mb.jsonl"
-    prefix = workdir / f"e2e-tok-{corpus_mb:g}mb"
-    if not corpus.exists():
-        make_corpus(corpus, corpus_mb)
-    cli = [sys.executable, "-m", "packtool"]
-    if not prefix.with_suffix(".json").exists():
+def _pack_cmd(prefix: Path, out: Path, layout: str | None, root: Path = ROOT) -> list:
+    cmd = [sys.executable, "-m", "packtool", "pack", str(prefix), "--seq-len", "4096",
+           "--algo", "bfd", "--out", str(out), "-q", "--json"]
+    return cmd + (["--layout", layout] if layout else [])
+
+
+def _plan_alone(prefix: Path) -> float:
+    """Seconds to plan the same pack in a fresh process (open, lengths, plan), no writing."""
+    code = ("import sys, time; from packtool.pack import open_sources; "
+            "from packtool.formats.tokens import read_lengths; "
+            "from packtool.plan import plan_pack; from packtool.options import PackOptions; "
+            "t = time.perf_counter(); c = open_sources([sys.argv[1]]); "
+            "plan_pack(read_lengths(c), PackOptions(4096)); print(time.perf_counter() - t)")
+    return float(subprocess.run([sys.executable, "-c", code, str(prefix)], capture_output=True,
+                                text=True, check=True, cwd=ROOT).stdout.split()[-1])
+
+
+def section_e2e(workdir: Path, corpus_mb: float, v1_root: Path | None = None) -> None:
+    banner("4. end to end: packed layouts on a uint32 corpus: time, bytes per token, copy ratio")
+    from packtool.synth import lognormal_lengths, write_token_corpus
+
+    prefix = workdir / f"e2e-u32-{corpus_mb:g}mb"
+    n_docs = int(corpus_mb * 1e6 / 4 / 500)  # uint32 tokens, documents of ~500 tokens
+    if not Path(f"{prefix}.json").exists():
+        write_token_corpus(prefix, lognormal_lengths(n_docs, median=500, seed=3),
+                           vocab_size=100_000)
+    meta = json.loads(Path(f"{prefix}.json").read_text())
+    src = Path(f"{prefix}.bin")
+    print(f"  corpus: {meta['n_docs']:,} documents, {meta['n_tokens']:,} tokens "
+          f"({meta['dtype']}), .bin {src.stat().st_size / 1e6:,.0f} MB")
+    plan = min(_plan_alone(prefix) for _ in range(2))
+    print(f"  plan alone (open, lengths, bfd plan; fresh process): {plan:.2f} s")
+    token_bytes = src.stat().st_size
+    rows = []
+    for layout, root in (("index", ROOT), ("tokens", ROOT), (None, v1_root)):
+        if root is None:
+            continue
+        out = workdir / f"e2e-packed-{layout or 'v1'}"
+        shutil.rmtree(out, ignore_errors=True)
+        env = {**os.environ, "PYTHONPATH": str(root), "PACKTOOL_FSYNC": "0"}
+        os.sync()
         t0 = time.perf_counter()
-        subprocess.run(cli + ["tokenize", corpus, "--tokenizer", TOKENIZER, "--out", prefix, "-q",
-                              "--overwrite"], check=True, cwd=ROOT)
-        print(f"  tokenized in {time.perf_counter() - t0:.0f} s")
-    meta, src = json.loads(prefix.with_suffix(".json").read_text()), prefix.with_suffix(".bin")
-    print(f"  corpus {corpus.stat().st_size / 1e6:,.0f} MB JSONL -> {meta['n_docs']:,} docs, "
-          f"{meta['n_tokens']:,} tokens, .bin {src.stat().st_size / 1e6:,.0f} MB")
-    out = workdir / "e2e-packed"
-    shutil.rmtree(out, ignore_errors=True)
-    if subprocess.run(cli + ["pack", "--help"], capture_output=True, cwd=ROOT).returncode == 0:
-        cmd = cli + ["pack", prefix, "--seq-len", "4096", "--algo", "bfd", "--out", out,
-                     "-q", "--json"]
-        how = "packtool pack (CLI)"
-    else:
-        cmd = [sys.executable, "-c", "import sys, json; from packtool.pack import pack_corpus; "
-               "print(json.dumps(pack_corpus([sys.argv[1]], sys.argv[2], 4096, 'bfd', "
-               "overwrite=True).to_json()))", prefix, out]
-        how = "pack_corpus() in a subprocess (no `packtool pack` command yet)"
-    copy1 = timed_copy(src, workdir / "e2e-copy.bin")
-    os.sync()
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
-    res = json.loads(proc.stdout)
-    wall = time.perf_counter() - t0
-    copy2 = timed_copy(src, workdir / "e2e-copy.bin")
-    stream = min(timed_copy(src, workdir / "e2e-copy.bin", stream=True) for _ in range(2))
-    written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    pack_bps, copy_bps = written / wall, src.stat().st_size / min(copy1, copy2)
-    stream_bps = src.stat().st_size / stream
-    print(f"  {how}: {wall:.1f} s wall incl. process start ({res['seconds']:.1f} s inside, "
-          f"assignment {res.get('assign_seconds', float('nan')):.2f} s), {res['n_packs']:,} packs, "
-          f"efficiency {100 * res['efficiency']:.3f}%, wrote {written / 1e6:,.0f} MB: "
-          f"{pack_bps / 1e6:,.0f} MB/s")
-    print(f"  shutil.copyfile of the .bin: {copy1:.2f} s / {copy2:.2f} s "
-          f"(before / after the pack), best {copy_bps / 1e6:,.0f} MB/s")
-    print(f"  read/write copy through user space (shutil.copyfileobj, 8 MB buffer): "
-          f"{stream:.2f} s, {stream_bps / 1e6:,.0f} MB/s")
-    ratio = pack_bps / copy_bps
-    print(f"  ratio pack / copyfile bytes per second: {ratio:.3f} (target >= 0.5: "
-          f"{'met' if ratio >= 0.5 else 'NOT MET'})")
-    print(f"  ratio pack / user-space copy bytes per second: {pack_bps / stream_bps:.3f} "
-          "(pack's bytes are computed in user space, so they pay this path; copyfile does not)")
-    shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.run(_pack_cmd(prefix, out, layout), capture_output=True, text=True,
+                              check=True, cwd=root, env=env)
+        wall = time.perf_counter() - t0
+        inside = json.loads(proc.stdout)["seconds"]
+        written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        rows.append((layout or "v1 (before)", wall, inside, written))
+    copy = min(timed_copy(src, workdir / "e2e-copy.bin") for _ in range(2))
+    print(f"  shutil.copyfile of the .bin: {copy:.2f} s, {token_bytes / copy / 1e6:,.0f} MB/s")
+    print("  | layout | pack wall s | inside s | on disk | bytes per token | x token bytes | "
+          "MB/s written | vs copy |")
+    print("  | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, wall, inside, written in rows:
+        print(f"  | {name} | {wall:.2f} | {inside:.2f} | {written / 1e6:,.1f} MB | "
+              f"{written / meta['n_tokens']:.3f} | {written / token_bytes:.3f} | "
+              f"{written / inside / 1e6:,.0f} | {(written / inside) / (token_bytes / copy):.2f}x |")
+    index_inside = next(r[2] for r in rows if r[0] == "index")
+    print(f"  index layout inside / plan alone: {index_inside / plan:.2f} (goal: writing adds "
+          f"< 20%, i.e. <= 1.20)")
+    for name, *_ in rows:
+        shutil.rmtree(workdir / f"e2e-packed-{name.split()[0] if name != 'v1 (before)' else 'v1'}",
+                      ignore_errors=True)
 
 
 def main() -> None:
@@ -374,6 +388,8 @@ def main() -> None:
                     help="comma-separated packers (default: all in PACKERS)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out")
     ap.add_argument("--n", type=int, default=None, help="synthetic lengths (default 10M, quick 1M)")
+    ap.add_argument("--v1-root", type=Path, default=None,
+                    help="an older checkout (packed format 1) to measure beside (section 4)")
     ap.add_argument("--corpus-mb", type=float, default=None,
                     help="e2e JSONL size (default 1600 MB ~ 510M tokens; quick 30)")
     ap.add_argument("--trl-budget", type=float, default=900,
@@ -401,7 +417,7 @@ def main() -> None:
     if not args.skip_histograms:
         section_histograms(algos, args.quick)
     if not args.skip_e2e:
-        section_e2e(args.workdir, args.corpus_mb or (30 if args.quick else 1600))
+        section_e2e(args.workdir, args.corpus_mb or (30 if args.quick else 1000), args.v1_root)
 
 
 if __name__ == "__main__":

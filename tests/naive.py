@@ -127,3 +127,55 @@ def elastic_union(n, shapes, seed=0, costs=None, drop_last=True):
         if state is None:
             break
     return trained, samplers[0].left_out().tolist(), samplers[0].global_batch
+
+
+# ----------------------------------------------------- the planner and the layout, naively
+def segments(lengths, seq_len, overflow):
+    """(document, offset, length) of every non-empty segment, in document order."""
+    out = []
+    for d, n in enumerate(lengths):
+        if n == 0 or (overflow == "drop" and n > seq_len):
+            continue
+        if overflow == "split":
+            for off in range(0, n, seq_len):
+                out.append((d, off, min(seq_len, n - off)))
+        else:
+            out.append((d, 0, min(n, seq_len)))
+    return out
+
+
+def order_segments(packs, rank, n_packs):
+    """Entries grouped by their pack's output position, stable; segments per pack."""
+    by_pos = [[] for _ in range(n_packs)]
+    for s, p in enumerate(packs):
+        if p >= 0:
+            by_pos[rank[p]].append(s)
+    return [s for group in by_pos for s in group], [len(g) for g in by_pos]
+
+
+def shard_starts(pack_len, shard_size):
+    """A shard closes once it holds >= shard_size tokens; every shard holds a pack."""
+    starts, tokens = [0], 0
+    for j, n in enumerate(pack_len):
+        if tokens >= shard_size and j > starts[-1]:
+            starts.append(j)
+            tokens = 0
+        tokens += n
+    return starts + [len(pack_len)]
+
+
+def derive(seg_lengths, ids, mask=None):
+    """A pack's per-token arrays, one token at a time."""
+    input_ids, labels, positions, doc_ids, cu = [], [], [], [], [0]
+    t = 0
+    for s, n in enumerate(seg_lengths):
+        for j in range(n):
+            input_ids.append(int(ids[t]))
+            trained = mask is None or mask[t] != 0
+            labels.append(int(ids[t]) if j > 0 and trained else -100)
+            positions.append(j)
+            doc_ids.append(s)
+            t += 1
+        cu.append(t)
+    return {"input_ids": input_ids, "labels": labels, "position_ids": positions,
+            "doc_ids": doc_ids, "cu_seqlens": cu}

@@ -61,15 +61,24 @@ def test_corrupt_boundaries_never_read_past_the_file(tmp_path, built):
 
 
 def test_pack_refuses_a_corrupted_bin(tmp_path, built):
-    """10.2: pack packed a .bin with a flipped byte and exited 0."""
+    """10.2: pack packed a .bin with a flipped byte and exited 0. The tokens layout copies
+    the tokens, so pack refuses; the index layout copies none and its reader refuses the
+    corrupt source on first read (and verify names it)."""
     p = copy_corpus(built, tmp_path / "c")
     bin_path = Path(str(p) + ".bin")
     data = bytearray(bin_path.read_bytes())
     data[len(data) // 2] ^= 0x40
     bin_path.write_bytes(bytes(data))
-    r = CliRunner().invoke(cli, ["pack", str(p), "-L", "128", "-o", str(tmp_path / "o")])
+    r = CliRunner().invoke(cli, ["pack", str(p), "-L", "128", "-o", str(tmp_path / "o"),
+                                 "--layout", "tokens"])
     assert r.exit_code == 1 and "sha256" in r.output and "c.bin" in r.output
     assert not (tmp_path / "o").exists()
+    r = CliRunner().invoke(cli, ["pack", str(p), "-L", "128", "-o", str(tmp_path / "i"), "-q"])
+    assert r.exit_code == 0, r.output
+    with pytest.raises(packtool.FormatError, match=r"c\.bin.*sha256"):
+        packtool.open_packed(tmp_path / "i")[0]
+    r = CliRunner().invoke(cli, ["verify", str(tmp_path / "i"), "--source", str(p)])
+    assert r.exit_code == 1 and "sha256" in r.output
     r = CliRunner().invoke(cli, ["verify", str(p)])  # the standalone corpus check
     assert r.exit_code == 1 and "sha256" in r.output
     r = CliRunner().invoke(cli, ["verify", str(built / "c")])

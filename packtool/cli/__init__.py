@@ -4,6 +4,6 @@ its error handling, :mod:`.options` options built from the option dataclasses,
 
 from . import commands  # noqa: F401 - registers the commands on the group
 from .app import cli, main
-from .commands import demo, export, pack, stats, tokenize, verify
+from .commands import demo, export, pack, stats, tokenize, verify, which
 
-__all__ = ["cli", "demo", "export", "main", "pack", "stats", "tokenize", "verify"]
+__all__ = ["cli", "demo", "export", "main", "pack", "stats", "tokenize", "verify", "which"]

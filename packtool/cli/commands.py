@@ -20,8 +20,8 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
                    "part_bytes", "overwrite")
 PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shard_size",
-               "valid_docs", "valid_fraction", "group_docs", "balance", "max_depth",
-               "work_limit", "time_limit")
+               "valid_docs", "valid_fraction", "group_docs", "balance", "balance_ranks",
+               "max_depth", "work_limit", "time_limit")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 
 
@@ -224,3 +224,45 @@ def demo(fixtures, out, seq_len, algo):
     from ..demo import run_demo
 
     run(run_demo, fixtures, out, seq_len or 512, algo, echo=click.echo)
+
+
+@cli.command()
+@click.argument("path")
+@click.option("--epoch", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--step", type=click.IntRange(0), default=None,
+              help="The step whose source documents to name.")
+@click.option("--rank", type=click.IntRange(0), default=None, help="Only this rank's packs.")
+@click.option("--record", default=None,
+              help="FILE:RECORD instead: where this input record (1-based line or row) went.")
+@click.option("--world-size", type=click.IntRange(1), default=1, show_default=True,
+              help="The sampler's world size.")
+@click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+              help="The sampler's packs per rank per step.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="The sampler's seed.")
+@click.option("--balance", type=click.Choice(["none", "attention"]), default="none",
+              show_default=True, help="The sampler's balance.")
+@json_option
+def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance, as_json):
+    """Name the source documents of a training step, or where an input record went.
+
+    From the segment tables and the sources' manifests alone (no token is read): source
+    prefix, input file, record number (line or row) and token range of every segment of the
+    step's packs, as PackSampler schedules them with the same settings.
+
+    \b
+    Example:
+        packtool which out/packed --epoch 0 --step 1200 --world-size 8 --batch-size 4
+        packtool which out/packed --record data/part-3.jsonl:1042
+    """
+    from ..which import which_record, which_step
+
+    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed,
+                    balance=None if balance == "none" else balance)
+    if (step is None) == (record is None):
+        raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
+    if record is not None:
+        result = run(which_record, path, record, epoch, **settings)
+    else:
+        result = run(which_step, path, epoch, step, rank, **settings)
+    emit(result, as_json, False, out="stdout")

@@ -127,8 +127,10 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
          run: RunOptions | None = None) -> PackResult:
     """Plan, write the shards as jobs, finalize. ``prefixes`` may carry repeat factors
     (``web:2.0``); held-out documents (``options.valid_docs``/``valid_fraction``) are packed
-    into ``out/valid``. Sources' checksums are verified before the dataset is committed (a
-    full read, ~1.4 GB/s; ``verify_sources=False`` skips it and says so).
+    into ``out/valid``. With ``layout="tokens"`` the sources' token files are verified
+    (sha256, a full read, ~1.4 GB/s) before the dataset is committed, since their bytes are
+    copied into it (``verify_sources=False`` skips it and says so); an index-layout dataset
+    copies no token, and its readers verify each source file on its first read.
 
     ``run``: where the jobs run (:class:`packtool.executors.RunOptions`). The run holds
     ``out``'s lock throughout (a second run fails at once); array tasks hold it shared."""
@@ -171,6 +173,7 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
                 f"{run.describe()}: wrote its share of the shards; run --finalize once every "
                 "task is done to write index.json"])
         splits = flow.finalize(out, staging, stored, run)
+        verify_sources = verify_sources and options.layout == "tokens"
         if verify_sources:
             for c in corpora:
                 c.verify_checksums()
@@ -224,7 +227,8 @@ class _Global:
         """Every shard of the plan checked (size, and crc32 unless this process just wrote
         them all); {split: (index meta without held_out, shard entries)}."""
         entries, bad = {}, []
-        for job in self.shards:
+        for i in range(len(self.shards)):
+            job = self.shards.header(i)
             entry, why = pj.check_shard(job, checksums=run.finalize)
             if entry is None:
                 bad.append(f"{job.label()}: {why}")

@@ -37,11 +37,10 @@ from ..formats.tokens import read_lengths_range
 from ..mixture import sparse_selection
 from ..options import PackOptions
 from ..plan import plan_pack
-from .jobs import Target, _gatherer, _read_json, sources
+from .jobs import Target, gatherer, read_json, sources
 from .meta import histogram
 
 GROUP_FORMAT = "packtool.packed.group"
-RANKS = 8  # attention imbalance: consecutive packs of one step on this many ranks
 
 
 @dataclass(frozen=True)
@@ -141,8 +140,9 @@ def _split_stats(layout, job: GroupJob, shards: list[dict]) -> dict:
     """What the finalize step adds up for one split of one group."""
     hist = histogram(layout)
     costs = attention_costs(layout.ordered_lengths(), layout.seg_first)
-    n8 = costs.size // RANKS * RANKS
-    blocks = costs[:n8].reshape(-1, RANKS)
+    ranks = job.options.balance_ranks
+    n8 = costs.size // ranks * ranks
+    blocks = costs[:n8].reshape(-1, ranks)
     mean = blocks.mean(axis=1) if n8 else np.zeros(0)
     ok = mean > 0
     ratio = float((blocks.max(axis=1)[ok] / mean[ok]).sum()) if ok.any() else 0.0
@@ -162,7 +162,7 @@ def _split_stats(layout, job: GroupJob, shards: list[dict]) -> dict:
 
 def check_group(job: GroupJob, checksums: bool = True) -> tuple[dict | None, str]:
     """(the group's entry, "") when group ``job`` is written and intact, else (None, why)."""
-    m = _read_json(job.entry_path)
+    m = read_json(job.entry_path)
     if m is None:
         return None, "missing"
     if not isinstance(m, dict) or m.get("format") != GROUP_FORMAT or m.get("digest") != \
@@ -225,7 +225,7 @@ def _plan_and_write(job: GroupJob, tmp: Path, tick) -> dict:
     if held.any():
         layouts = {"valid": plan_pack(lengths, opts, held.astype(np.int64),
                                       shuffle_key=(job.g,)), **layouts}
-    gather = _gatherer(corpora) if t.layout == "tokens" else None
+    gather = gatherer(corpora) if t.layout == "tokens" else None
     writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage, gather)
     splits = {}
     for split, layout in layouts.items():

@@ -86,6 +86,7 @@ class ShardJobs(Sequence):
 
     def __init__(self, layouts: dict, common: dict, target: Target):
         self.layouts, self.common, self.target = layouts, common, target
+        self._digests: dict[int, str] = {}
         self.specs = [(split, k) for split, layout in layouts.items()
                       for k in range(layout.n_shards)]
         self.weights = []
@@ -107,7 +108,17 @@ class ShardJobs(Sequence):
                                       sort_keys=True).encode())
         for arr in arrays:
             h.update(np.ascontiguousarray(arr, np.int64).tobytes())
-        return ShardJob(split, k, *arrays, h.hexdigest(), self.target)
+        self._digests[i] = h.hexdigest()
+        return ShardJob(split, k, *arrays, self._digests[i], self.target)
+
+    def header(self, i: int) -> ShardJob:
+        """Job ``i`` without its segment arrays (its digest known from building it once in
+        this process): what checking a written shard needs."""
+        if i not in self._digests:
+            return self[i]
+        split, k = self.specs[i]
+        none = np.empty(0, np.int64)
+        return ShardJob(split, k, none, none, none, none, self._digests[i], self.target)
 
 
 def shard_jobs(layouts: dict, common: dict, target: Target) -> ShardJobs:
@@ -132,7 +143,7 @@ def sources(prefixes: tuple[str, ...]) -> list:
 
 
 # ------------------------------------------------------------------------ one shard
-def _read_json(path: Path):
+def read_json(path: Path):
     try:
         if path.is_symlink():
             return {}
@@ -146,7 +157,7 @@ def _read_json(path: Path):
 def check_shard(job: ShardJob, checksums: bool = True) -> tuple[dict | None, str]:
     """(the shard's index entry, "") when shard ``job`` is written and intact (its entry of
     the same digest, every file's size and crc32), else (None, why)."""
-    m = _read_json(job.entry_path)
+    m = read_json(job.entry_path)
     if m is None:
         return None, "missing"
     if not isinstance(m, dict) or m.get("format") != ENTRY_FORMAT:
@@ -184,7 +195,7 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
         try:
             corpora = sources(t.prefixes) if t.layout == "tokens" else None
             writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage,
-                                 gather=None if corpora is None else _gatherer(corpora))
+                                 gather=None if corpora is None else gatherer(corpora))
             entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
                                  job.seg_length, tick)
             write_new(tmp / "entry.json", json.dumps(
@@ -202,7 +213,7 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
         return entry, False
 
 
-def _gatherer(corpora):
+def gatherer(corpora):
     from ..formats.tokens import gather
 
     def fill(doc, offset, length, dst, dst_start, dst_mask):

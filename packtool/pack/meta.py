@@ -19,6 +19,12 @@ METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs
                "gap_to_best_bound_percent", "packing_factor")
 
 
+def balance_entry(options: PackOptions) -> dict | None:
+    if options.balance == "none":
+        return None
+    return {"objective": options.balance, "ranks": options.balance_ranks}
+
+
 def histogram(layout: PackLayout) -> np.ndarray:
     """How many segments have each length 0..seq_len (over every copy round)."""
     size = layout.options.seq_len + 1
@@ -56,7 +62,8 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
     """Everything index.json says besides the format's own keys and the shards."""
     opts, rep = layout.options, layout.report
     return {"layout": opts.layout, "seq_len": opts.seq_len, "algo": opts.algo,
-            "algo_options": rep.options, "seed": opts.seed, "shuffle": opts.shuffle,
+            "algo_options": rep.options, "balance": balance_entry(opts), "seed": opts.seed,
+            "shuffle": opts.shuffle,
             "overflow": opts.overflow, **stored, "group_docs": opts.group_docs,
             "n_packs": layout.n_packs, **layout.counts, **metrics(layout),
             "attention_imbalance": imbalance(layout), "solver": rep.to_json(),
@@ -64,17 +71,32 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
             "sources": source_entries(layout, corpora, factors, folder)}
 
 
-def imbalance(layout: PackLayout, ranks: int = 8) -> float | None:
-    """Mean over groups of ``ranks`` consecutive packs of max/mean attention cost: what one
-    pack per rank per step costs in stragglers (docs/TRAINING.md)."""
-    costs = attention_costs(layout.ordered_lengths(), layout.seg_first)
-    n = costs.size // ranks * ranks
-    if not n:
-        return None
-    c = costs[:n].reshape(-1, ranks)
-    mean = c.mean(axis=1)
-    ok = mean > 0
-    return float((c.max(axis=1)[ok] / mean[ok]).mean()) if ok.any() else None
+def imbalance(layout: PackLayout, ranks: int | None = None, chunk: int = 1 << 20
+              ) -> float | None:
+    """Mean over blocks of ``ranks`` consecutive packs of max/mean attention cost: what one
+    pack per rank per step costs in stragglers (docs/TRAINING.md). About ``chunk`` segments
+    at a time (memory: one chunk's)."""
+    ranks = ranks or layout.options.balance_ranks
+    first = layout.seg_first
+    end = layout.n_packs // ranks * ranks
+    total, counted, p0 = 0.0, 0, 0
+    while p0 < end:
+        p1 = int(np.searchsorted(first, first[p0] + chunk, side="right")) - 1
+        p1 = min(end, max(p0 + ranks, (p1 - p0) // ranks * ranks + p0))
+        lengths = _ordered(layout, int(first[p0]), int(first[p1]))
+        costs = attention_costs(lengths, first[p0:p1 + 1] - first[p0]).reshape(-1, ranks)
+        mean = costs.mean(axis=1)
+        ok = mean > 0
+        total += float((costs.max(axis=1)[ok] / mean[ok]).sum())
+        counted += int(ok.sum())
+        p0 = p1
+    return total / counted if counted else None
+
+
+def _ordered(layout: PackLayout, a: int, b: int) -> np.ndarray:
+    if len(layout.rounds) == 1:
+        return layout.rounds[0].table_length[layout.order[a:b]]
+    return layout.segments(a, b)[2]
 
 
 def held_out_entry(options: PackOptions, v: dict) -> dict:
@@ -94,14 +116,13 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
     tokens = np.zeros(len(corpora), np.int64)
     docs = np.zeros(len(corpora), np.int64)
     for r in layout.rounds:
-        first = base + np.concatenate([[0], np.cumsum(r.split_pieces - 1)])[
-            np.searchsorted(r.split_docs, base, side="left")]
-        nonzero = np.concatenate([[0], np.cumsum(r.table_length > 0)])
-        total = np.concatenate([[0], np.cumsum(r.table_length, dtype=np.int64)])
         extra = np.concatenate([[0], np.cumsum(r.split_pieces - 1)])[
             np.searchsorted(r.split_docs, base, side="left")]
-        tokens += np.diff(total[first])
-        docs += np.diff(nonzero[first]) - np.diff(extra)
+        first = base + extra  # each source's first table entry, then the end
+        for k in range(len(corpora)):
+            span = r.table_length[first[k]:first[k + 1]]
+            tokens[k] += int(span.sum(dtype=np.int64))
+            docs[k] += int(np.count_nonzero(span)) - int(extra[k + 1] - extra[k])
     all_tokens = max(int(tokens.sum()), 1)
     return [{**source_entry(c, folder), "factor": factors[k], "docs_used": int(docs[k]),
              "tokens_used": int(tokens[k]), "token_share": float(tokens[k]) / all_tokens}
@@ -137,7 +158,8 @@ def group_index_meta(combined: dict, options: PackOptions, corpora: list, factor
                 "tokens_used": int(tokens[k]), "token_share": tokens[k] / all_tokens}
                for k, c in enumerate(corpora)]
     return {"layout": options.layout, "seq_len": seq_len, "algo": options.algo,
-            "algo_options": report.options, "seed": options.seed, "shuffle": options.shuffle,
+            "algo_options": report.options, "balance": balance_entry(options),
+            "seed": options.seed, "shuffle": options.shuffle,
             "overflow": options.overflow, **stored, "group_docs": options.group_docs,
             "n_packs": combined["n_packs"], **combined["counts"],
             **histogram_metrics(hist, seq_len, combined["n_packs"]),

@@ -55,7 +55,9 @@ class PackResult:
             + ("; " + "; ".join(over) if over else "")
             + f"; {self.n_shards} shard(s), {self.layout} layout, in {self.seconds:.2f}s "
             f"(assignment {self.assign_seconds:.2f}s)"
-            + ("; source checksums verified" if self.sources_verified else "")]
+            + ("; source checksums verified" if self.sources_verified
+               else "; the sources' token files are verified by readers on first read"
+               if self.layout == "index" else "")]
         if len(self.sources) > 1 or any(src["factor"] != 1 for src in self.sources):
             lines += [f"  {src['prefix']}: x{src['factor']:g}: {src['docs_used']:,} of "
                       f"{src['n_docs']:,} documents, {src['tokens_used']:,} tokens = "

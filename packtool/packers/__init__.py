@@ -76,6 +76,7 @@ class PackerSpec:
     target: str                                  # "module:function" inside packtool.packers
     options: frozenset[str] = frozenset()
     summary: str = ""
+    narrow: bool = False    # takes int32 lengths as they are (and may return int32 ids)
 
     def load(self):
         module, _, name = self.target.partition(":")
@@ -83,7 +84,8 @@ class PackerSpec:
 
 
 PACKERS: dict[str, PackerSpec] = {
-    "bfd": PackerSpec("bfd:pack", summary="best-fit decreasing (default; fast, near L1)"),
+    "bfd": PackerSpec("bfd:pack", summary="best-fit decreasing (default; fast, near L1)",
+                      narrow=True),
     "optimal": PackerSpec("optimal:pack", frozenset({"work_limit", "time_limit"}),
                           "cutting-stock LP, rounded; never worse than bfd"),
     "ffd": PackerSpec("ffd:pack", summary="first-fit decreasing"),
@@ -97,7 +99,7 @@ PACKERS: dict[str, PackerSpec] = {
 }
 
 
-def check_lengths(lengths, capacity: int) -> np.ndarray:
+def check_lengths(lengths, capacity: int, narrow: bool = False) -> np.ndarray:
     import numpy as np
 
     if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
@@ -110,7 +112,8 @@ def check_lengths(lengths, capacity: int) -> np.ndarray:
         raise PacktoolError(f"lengths must be one-dimensional, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise PacktoolError(f"lengths must be integers, got dtype {arr.dtype}")
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    keep = narrow and arr.dtype == np.int32  # no int64 copy for a packer that takes int32
+    arr = np.ascontiguousarray(arr, dtype=np.int32 if keep else np.int64)
     if arr.size:
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0:
@@ -141,34 +144,57 @@ def check_options(algo: str, options: PackerOptions) -> PackerSpec:
 
 
 def run_packer(lengths, seq_len: int, algo: str = "bfd",
-               options: PackerOptions | None = None) -> Packing:
-    """Pack ids and report for documents of ``lengths`` in packs of ``seq_len`` tokens."""
+               options: PackerOptions | None = None, narrow_ids: bool = False) -> Packing:
+    """Pack ids (int64; with ``narrow_ids`` int32 where the packer makes them so, for a
+    caller minding memory) and report for documents of ``lengths`` in packs of ``seq_len``
+    tokens."""
     import numpy as np
 
     options = options or PackerOptions()
     spec = check_options(algo, options)
-    arr = check_lengths(lengths, seq_len)
+    arr = check_lengths(lengths, seq_len, spec.narrow)
     if arr.size == 0 or not arr.any():
         packs = np.full(arr.size, -1, np.int64)
         return Packing(packs, PackerReport(algo, 0, _effective(options, spec)))
     packing = spec.load()(arr, int(seq_len), options)
-    packing.packs = np.asarray(packing.packs, dtype=np.int64)
+    packs = np.asarray(packing.packs)
+    packing.packs = packs if narrow_ids and packs.dtype == np.int32 else \
+        packs.astype(np.int64, copy=False)
     return packing
 
 
 def assign_packs(lengths, seq_len: int, algo: str = "bfd", seed: int = 0,
-                 **options) -> np.ndarray:
+                 balance: str = "none", balance_ranks: int = 8, **options) -> np.ndarray:
     """Pack id of every document (see :func:`run_packer` for the report).
+    ``balance="attention"`` numbers the packs so that every ``balance_ranks`` consecutive
+    ids are of like attention cost (:mod:`packtool.balance`): the same packs, in an order for
+    one pack per rank per step.
 
     >>> assign_packs([3, 5, 2, 6], 8, algo="bfd").tolist()
     [1, 1, 0, 0]
     """
+    if balance not in ("none", "attention"):
+        raise PacktoolError(f"balance {balance!r}: choose none or attention")
     known = {f.name for f in fields(PackerOptions)}
     bad = sorted(set(options) - known)
     if bad:
         raise PacktoolError(f"unknown packer option(s) {', '.join(bad)}; known: "
                             f"{', '.join(sorted(known - {'seed'}))}")
-    return run_packer(lengths, seq_len, algo, PackerOptions(seed=int(seed), **options)).packs
+    packs = run_packer(lengths, seq_len, algo, PackerOptions(seed=int(seed), **options)).packs
+    if balance == "attention" and packs.size and packs.max() >= 0:
+        import numpy as np
+
+        from ..balance import like_cost_order
+
+        ok = packs >= 0
+        n_packs = int(packs.max()) + 1
+        costs = np.bincount(packs[ok], weights=np.asarray(lengths, np.float64)[ok] ** 2,
+                            minlength=n_packs)
+        new_id = np.empty(n_packs, np.int64)
+        new_id[like_cost_order(np.arange(n_packs), costs, int(balance_ranks))] = \
+            np.arange(n_packs)
+        packs = np.where(ok, new_id[np.maximum(packs, 0)], -1)
+    return packs
 
 
 def _effective(options: PackerOptions, spec: PackerSpec) -> dict:

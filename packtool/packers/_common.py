@@ -15,6 +15,12 @@ from .._numba import njit
 @njit
 def counting_order(lengths, capacity, descending):
     """Stable order of documents by length (O(n + C)): ties keep input order."""
+    return counting_order_as(lengths, capacity, descending, np.int64)
+
+
+@njit
+def counting_order_as(lengths, capacity, descending, idx):
+    """:func:`counting_order` as indices of type ``idx`` (np.int32 halves its memory)."""
     n = lengths.shape[0]
     counts = np.zeros(capacity + 2, np.int64)
     for i in range(n):
@@ -32,7 +38,7 @@ def counting_order(lengths, capacity, descending):
         for v in range(capacity + 1):
             start[v] = acc
             acc += counts[v + 1]
-    order = np.empty(n, np.int64)
+    order = np.empty(n, idx)
     for i in range(n):
         v = lengths[i]
         order[start[v]] = i

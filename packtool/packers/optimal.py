@@ -222,7 +222,7 @@ def _warm_up() -> None:
     if _WARM:
         return
     tiny = np.array([1, 2, 3], np.int64)
-    bfd._bfd(tiny, 4)
+    bfd.bfd_ids(tiny, 4)
     bfd.bfd_count(np.array([0, 1, 1, 1, 0], np.int64), 4)
     _price(tiny, np.ones(3), np.ones(3, np.int64), 4)
     _greedy_patterns(tiny, np.ones(3, np.int64), 4, 4)
@@ -292,7 +292,7 @@ def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIM
             "grid_step": 1, "columns": 0, "work": 0, "used": "bfd"}
     info["l2_bound"] = l2_bound(lengths, capacity)
     if bfd_packs <= max(l1_bound(lengths, capacity), info["l2_bound"]):
-        return bfd._bfd(lengths, capacity), info  # BFD meets a lower bound: it is optimal
+        return bfd.bfd_ids(lengths, capacity), info  # BFD meets a lower bound: it is optimal
     step, units_cap, u, weights, demand = _histogram_problem(lengths, capacity, max_dp_cells)
     info["grid_step"] = step
     master = _Master(demand)
@@ -340,13 +340,13 @@ def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIM
                                    np.array(g_parent, np.int64), np.array(g_len, np.int64))
     rest = np.flatnonzero((packs < 0) & (lengths > 0))
     if rest.size:
-        sub = bfd._bfd(lengths[rest], capacity)
+        sub = bfd.bfd_ids(lengths[rest], capacity)
         packs[rest] = sub + n_packs
         n_packs += int(sub.max()) + 1
     packs, n_packs = _repack_emptiest(lengths, packs, n_packs, capacity)
     info["packs"] = n_packs
     if n_packs >= bfd_packs:
-        return bfd._bfd(lengths, capacity), info
+        return bfd.bfd_ids(lengths, capacity), info
     info["used"] = "lp"
     return packs, info
 
@@ -404,7 +404,7 @@ def _repack_emptiest(lengths, packs, n_packs, capacity, rounds: int = 8):
         worst = np.argpartition(fill, kk - 1)[:kk]
         pool = np.concatenate([members[p] if p in members else docs[start[p]:start[p + 1]]
                                for p in worst])
-        sub = bfd._bfd(lengths[pool], capacity)
+        sub = bfd.bfd_ids(lengths[pool], capacity)
         n_sub = int(sub.max()) + 1
         if n_sub >= kk:
             k *= 4

@@ -223,6 +223,8 @@ class PackedReader:
         self._sources = None
         self._shards: list[Shard | None] = [None] * len(self.index["shards"])
         self._lru: dict[int, None] = {}
+        self._last = -1           # the shard used last (the common case: the same again)
+        self._span = (0, 0, -1)   # its packs' global range, for locate
         counts = [s["n_packs"] for s in self.index["shards"]]
         self._pack_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         mask = self.index.get("mask_storage")
@@ -243,11 +245,14 @@ class PackedReader:
         """Shard k's segment table and arrays, opened (and checked) on first use; at most
         ``OPEN_SHARDS`` stay open (each memory map holds a file descriptor)."""
         sh = self._shards[k]
+        if sh is not None and self._last == k:
+            return sh
         if sh is None:
             arrays = open_shard_arrays(self.directory, self.index, k, self.checksums)
             sh = self._shards[k] = _table(self.index, self.index["shards"][k], arrays)
         self._lru.pop(k, None)
         self._lru[k] = None
+        self._last = k
         while len(self._lru) > OPEN_SHARDS:
             self._shards[next(iter(self._lru))] = None
             del self._lru[next(iter(self._lru))]
@@ -262,12 +267,17 @@ class PackedReader:
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, pack within it) of pack ``i``."""
+        lo, hi, k = self._span
+        if lo <= i < hi:
+            return k, i - lo
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"pack {i} out of range for a dataset of {n:,} packs")
         i %= n
         k = int(np.searchsorted(self._pack_starts, i, side="right") - 1)
-        return k, i - int(self._pack_starts[k])
+        lo = int(self._pack_starts[k])
+        self._span = (lo, int(self._pack_starts[k + 1]), k)
+        return k, i - lo
 
     def segments(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source document, offset, length) of each segment of pack ``i``: no token read."""
@@ -286,9 +296,9 @@ class PackedReader:
         still in the ids)."""
         j1 = j + 1 if j1 is None else j1
         a = sh.arrays
-        t0, t1 = int(sh.po[j]), int(sh.po[j1])
+        t0, t1 = sh.po[j], sh.po[j1]
         if self.layout == "tokens":
-            ids = np.asarray(a["tokens"][t0:t1])
+            ids = a["tokens"][t0:t1]
             mask = None
             if "loss_mask" in a:
                 mask = (np.asarray(a["loss_mask"][t0:t1]) if self.version == 1
@@ -329,11 +339,11 @@ class PackedReader:
     def __getitem__(self, i: int) -> dict:
         k, j = self.locate(i)
         sh = self.shard(k)
-        s0, s1 = int(sh.pack_seg[j]), int(sh.pack_seg[j + 1])
+        s0, s1 = sh.pack_seg[j], sh.pack_seg[j + 1]
         ids, mask = self._read(sh, j)
-        ex = derive(np.asarray(sh.seg_length[s0:s1]), ids, mask, self._shift)
-        ex["source_docs"] = np.asarray(sh.seg_doc[s0:s1], np.int64)
-        ex["source_offsets"] = np.asarray(sh.seg_offset[s0:s1], np.int64)
+        ex = derive(sh.seg_length[s0:s1], ids, mask, self._shift)
+        ex["source_docs"] = sh.seg_doc[s0:s1].astype(np.int64)
+        ex["source_offsets"] = sh.seg_offset[s0:s1].astype(np.int64)
         return ex
 
     def attention_costs(self, linear: float = 0.0) -> np.ndarray:

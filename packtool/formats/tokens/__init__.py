@@ -24,18 +24,20 @@ boundaries), so each is written, checked and resumed alone; concatenating the pa
 Zero-length documents keep their entry, so document index = input record index.
 """
 
-from .reader import (
+from .corpus import (
     TokenCorpus,
     TokenPart,
-    check_boundaries,
     gather,
-    open_part,
-    open_tokens,
     read_lengths,
     read_lengths_range,
+    verify_part_files,
+)
+from .reader import (
+    check_boundaries,
+    open_part,
+    open_tokens,
     read_part_manifest,
     validate_tokens,
-    verify_part_files,
 )
 from .schema import (
     DIGEST_KEY,

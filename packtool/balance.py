@@ -1,0 +1,115 @@
+"""Steps of like attention cost: the outlier delay of WLB-LLM applied to every cost class.
+
+Attention costs ~ the sum of squared segment lengths, so with heavy-tailed documents a pack
+holding one 4,096-token document costs ~3.5x the mean pack (1M lognormal lengths, median 300,
+clipped at 4,096, bfd at L=4096), and no packing can even that out: a document alone costs
+what it costs, and no two such documents share a pack. What can be evened is a *step*: packs
+fall into classes of costs within ``COST_RATIO`` of each other, and a step takes packs of one
+class. Measured (``python scripts/bench_balance.py``, 8 ranks, mean over steps of max/mean
+rank cost): 2.477 shuffled -> 1.036 at one pack per rank per step, 1.002 at four, with the same
+packs. The sampler (``PackSampler(balance="attention")``) does this per epoch;
+``pack --balance attention`` orders the dataset this way for readers that take packs in order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COST_RATIO = 1.1
+
+
+def cost_classes(costs: np.ndarray, ratio: float = COST_RATIO) -> np.ndarray:
+    """Class of every pack: sorted by cost, a class starts at its cheapest pack c and holds every
+    pack up to c * ratio. Comparisons and one multiplication per class, no logarithms, so every
+    rank gets the same classes bit for bit. Class 0 is the cheapest."""
+    costs = np.asarray(costs, dtype=np.float64)
+    order = np.argsort(costs, kind="stable")
+    srt = costs[order]
+    cls_sorted = np.zeros(len(costs), np.int64)
+    start, k = 0, 0
+    while start < len(srt):
+        end = int(np.searchsorted(srt, srt[start] * ratio if srt[start] > 0 else 0.0, "right"))
+        end = max(end, start + 1)
+        cls_sorted[start:end] = k
+        start, k = end, k + 1
+    out = np.empty(len(costs), np.int64)
+    out[order] = cls_sorted
+    return out
+
+
+def group_steps(order: np.ndarray, cls: np.ndarray, n_classes: int, g: int) -> np.ndarray:
+    """Packs of ``order`` (already filtered to what is left of an epoch) as steps of ``g``:
+    [full, g] for the steps of one class, emitted when their class's queue fills (in order of
+    the pack that filled it), then the leftovers of every class in epoch order as a flat array
+    (the caller cuts it). Returns (steps [s, g], leftovers [m])."""
+    n = len(order)
+    c = cls[order]
+    by_class = np.argsort(c, kind="stable")  # positions grouped by class, in epoch order
+    counts = np.bincount(c, minlength=n_classes)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rows, in_full = [], np.zeros(n, bool)
+    for k in np.flatnonzero(counts >= g):
+        m = counts[k] // g * g
+        pos = by_class[starts[k]:starts[k] + m]
+        in_full[pos] = True
+        rows.append(pos.reshape(-1, g))
+    full = np.concatenate(rows) if rows else np.zeros((0, g), np.int64)
+    full = full[np.argsort(full[:, -1], kind="stable")]  # emitted when the last one arrives
+    return order[full], order[~in_full]
+
+
+def like_cost_order(order: np.ndarray, costs: np.ndarray, g: int,
+                    ratio: float = COST_RATIO) -> np.ndarray:
+    """``order`` (pack ids) rearranged so that every block of ``g`` consecutive packs is of
+    one cost class where the classes allow (the rest, too few of a class to fill a block,
+    last, in their original order): what ``g`` ranks taking one pack each per step need."""
+    costs = np.asarray(costs, np.float64)
+    if not len(order):
+        return np.asarray(order)
+    cls = cost_classes(costs, ratio)
+    full, left = group_steps(np.asarray(order), cls, int(cls.max()) + 1, g)
+    return np.concatenate([full.ravel(), left])
+
+
+def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
+                  rounds: int = 64) -> np.ndarray:
+    """``costs``: [steps, world_size * batch_size], the cost of every slot of every step.
+    Returns [steps, world_size, batch_size]: the slots each rank takes.
+
+    First longest-processing-time: the costliest slot goes to the least-loaded rank that still
+    has room (ties: lowest rank). Then up to ``rounds`` rounds of the best swap between the
+    costliest and the cheapest rank of every step, where it lowers the costlier of the two
+    (1M lengths, batch 4, world size 8: LPT alone 1.062, with swaps 1.054).
+    Vectorised over steps; no randomness, so every rank computes the same result."""
+    steps, g = costs.shape
+    order = np.argsort(-costs, axis=1, kind="stable")
+    load = np.zeros((steps, world_size))
+    count = np.zeros((steps, world_size), dtype=np.int64)
+    slots = np.empty((steps, world_size, batch_size), dtype=np.int64)
+    rows = np.arange(steps)
+    for j in range(g):
+        slot = order[:, j]
+        r = np.argmin(np.where(count < batch_size, load, np.inf), axis=1)
+        slots[rows, r, count[rows, r]] = slot
+        load[rows, r] += costs[rows, slot]
+        count[rows, r] += 1
+    if batch_size == 1 or world_size == 1:
+        return slots  # one pack per rank, or one rank: nothing to swap
+    active = rows
+    for _ in range(rounds):
+        c = costs[active[:, None, None], slots[active]]  # [a, W, B]
+        load = c.sum(axis=2)
+        hi, lo = load.argmax(axis=1), load.argmin(axis=1)
+        ar = np.arange(len(active))
+        d = c[ar, hi][:, :, None] - c[ar, lo][:, None, :]  # moving d from hi to lo, [a, B, B]
+        new = np.maximum(load[ar, hi][:, None, None] - d, load[ar, lo][:, None, None] + d)
+        best = new.reshape(len(active), -1).argmin(axis=1)
+        gain = load[ar, hi] - new.reshape(len(active), -1)[ar, best]
+        ok = gain > 1e-12 * load[ar, hi]
+        if not ok.any():
+            break
+        active, hi, lo, best = active[ok], hi[ok], lo[ok], best[ok]
+        i, k = np.divmod(best, batch_size)
+        a, b = slots[active, hi, i], slots[active, lo, k]
+        slots[active, hi, i], slots[active, lo, k] = b, a
+    return slots

@@ -1,0 +1,327 @@
+"""A token corpus in memory: its parts' memory maps (opened lazily, at most ``OPEN_PARTS`` at
+once: each map holds a file descriptor, so a corpus of 2,000 parts reads under ``ulimit -n
+256``), documents by global index, and the reads the packer and the readers make of it
+(lengths a chunk at a time, segments gathered). Opening and checking is :mod:`.reader`'s."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..._io import check_once, sha256_file
+from ...errors import FormatError
+from .schema import DATA_KEYS, FIX, prefix_paths
+
+OPEN_PARTS = 32  # parts whose memory maps stay open at once (3 descriptors each at most)
+_open: OrderedDict = OrderedDict()  # id(part) -> part, least recently used first
+_open_lock = threading.Lock()
+
+
+def memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+@dataclass(eq=False)
+class TokenPart:
+    """One part of a corpus, boundaries LOCAL to its ``.bin``.
+
+    With ``checksums`` (the default of :func:`open_tokens`), the first use of ``tokens`` or
+    ``mask`` re-hashes that file against the manifest once per file per process (sha256,
+    ~1.4 GB/s here; the same file opened again, or already checked by ``pack``, costs
+    nothing): a flipped byte is an error, never silently different tokens. Lengths come from
+    the boundaries alone, so ``stats`` never pays for it."""
+
+    prefix: Path          # the part's files are prefix.bin, prefix.boundaries, prefix.mask
+    entry: dict           # the manifest's part entry (counts, inputs, checksums)
+    dtype: np.dtype
+    with_mask: bool
+    checksums: bool = True
+    _maps: dict | None = field(default=None, repr=False)
+    _lengths: np.ndarray | None = field(default=None, repr=False)
+
+    def _map(self, key: str) -> np.ndarray:
+        with _open_lock:
+            if self._maps is None:
+                n_docs, n_tokens = self.entry["n_docs"], self.entry["n_tokens"]
+                paths = prefix_paths(self.prefix)
+                self._maps = {"bin": memmap(paths["bin"], self.dtype, n_tokens),
+                              "boundaries": memmap(paths["boundaries"], np.dtype("<i8"),
+                                                    n_docs)}
+                if self.with_mask:
+                    self._maps["mask"] = memmap(paths["mask"], np.dtype("u1"), n_tokens)
+            _open[id(self)] = self
+            _open.move_to_end(id(self))
+            while len(_open) > OPEN_PARTS:  # views handed out keep their own map alive
+                _, old = _open.popitem(last=False)
+                old._maps = None
+            return self._maps[key]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self.checksums:
+            check_file(prefix_paths(self.prefix)["bin"], self.entry["checksums"]["bin"])
+        return self._map("bin")
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        if not self.with_mask:
+            return None
+        if self.checksums:
+            check_file(prefix_paths(self.prefix)["mask"], self.entry["checksums"]["mask"])
+        return self._map("mask")
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self._map("boundaries")
+
+    @property
+    def name(self) -> str:
+        return self.prefix.name
+
+    @property
+    def lengths(self) -> np.ndarray:
+        if self._lengths is None:
+            self._lengths = np.diff(np.asarray(self.ends), prepend=np.int64(0)).astype(np.int64)
+        return self._lengths
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.asarray(self.ends) - self.lengths
+
+    def __len__(self) -> int:
+        return int(self.entry["n_docs"])
+
+    def files(self) -> list[Path]:
+        paths = prefix_paths(self.prefix)
+        return [paths[k] for k in DATA_KEYS if k in self.entry["checksums"]]
+
+    def verify_checksums(self) -> None:
+        """Re-hash the part's data files and compare with its entry (a full read)."""
+        verify_part_files(self.prefix, self.entry)
+
+
+def verify_part_files(prefix: Path, entry: dict) -> None:
+    """Every data file of a part has the size and sha256 its entry records, else a
+    :class:`FormatError` naming the file."""
+    paths = prefix_paths(prefix)
+    for key, want in entry["checksums"].items():
+        check_file(paths[key], want)
+
+
+def check_file(path: Path, want: dict) -> None:
+    """Size and sha256 of ``path`` against a manifest entry, once per file per process."""
+    if not path.exists():
+        raise FormatError(f"{path} is missing (the manifest expects it)")
+
+    def check_now():
+        size = path.stat().st_size
+        if "bytes" in want and size != want["bytes"]:
+            raise FormatError(f"{path} has {size:,} bytes but the manifest says "
+                              f"{want['bytes']:,}; the file is truncated or belongs to another "
+                              f"corpus. {FIX[0].upper()}{FIX[1:]}")
+        got = sha256_file(path)
+        if got != want["sha256"]:
+            raise FormatError(
+                f"{path}: sha256 {got[:12]}... does not match the manifest's "
+                f"{want['sha256'][:12]}...; the file is corrupt, {FIX}")
+
+    check_once(path, want["sha256"], check_now)
+
+
+def _multi(corpus: TokenCorpus, what: str):
+    raise FormatError(
+        f"{corpus.prefix} has {len(corpus.parts)} parts, so there is no single {what} array: "
+        f"read corpus.parts[k].{what} (each part's own file), or corpus[i] / "
+        "corpus.doc_mask(i) by global document")
+
+
+@dataclass
+class TokenCorpus:
+    """A tokenized corpus on disk: ``len(c)`` documents over all parts, ``c[i]`` a memmap view
+    of one (global index), ``c.parts`` the per-part views.
+
+    >>> c = open_tokens("out/corpus")          # doctest: +SKIP
+    >>> c[3]                                   # tokens of record 3, np.uint16 view
+    >>> c.lengths                              # int64 tokens per document (global)
+    >>> c.parts[0].tokens                      # the first part's .bin, memory-mapped
+
+    ``c.ends``/``c.starts``/``c.lengths`` are global (in memory for a multi-part corpus, 8
+    bytes a document, like ``lengths``); ``c.tokens``/``c.mask`` exist only for a one-part
+    corpus (a multi-part one has no single file) and otherwise raise naming ``c.parts``.
+    """
+
+    prefix: Path
+    meta: dict
+    parts: list[TokenPart]
+    _ends: np.ndarray | None = field(default=None, repr=False)
+    _lengths: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self.doc_base = np.cumsum([0] + [len(q) for q in self.parts]).astype(np.int64)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.meta["dtype"]).newbyteorder("<")
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.meta["n_tokens"])
+
+    @property
+    def has_mask(self) -> bool:
+        return bool(self.meta.get("mask"))
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if len(self.parts) != 1:
+            _multi(self, "tokens")
+        return self.parts[0].tokens
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        """uint8 per token, 1 = trained on (SFT/chat corpora only), else None."""
+        if not self.has_mask:
+            return None
+        if len(self.parts) != 1:
+            _multi(self, "mask")
+        return self.parts[0].mask
+
+    @property
+    def ends(self) -> np.ndarray:
+        if len(self.parts) == 1:
+            return self.parts[0].ends
+        if self._ends is None:
+            self._ends = np.cumsum(self.lengths)
+        return self._ends
+
+    @property
+    def lengths(self) -> np.ndarray:
+        if self._lengths is None:
+            self._lengths = (np.concatenate([q.lengths for q in self.parts]) if self.parts
+                             else np.empty(0, np.int64))
+        return self._lengths
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.asarray(self.ends) - self.lengths
+
+    def __len__(self) -> int:
+        return int(self.doc_base[-1])
+
+    def locate(self, i: int) -> tuple[TokenPart, int]:
+        """(part, local document index) of global document ``i``."""
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"document {i} out of range for a corpus of {n:,} documents")
+        i %= n
+        k = int(np.searchsorted(self.doc_base, i, side="right")) - 1
+        return self.parts[k], i - int(self.doc_base[k])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        part, j = self.locate(i)
+        ends = part.ends
+        start = int(ends[j - 1]) if j else 0
+        return part.tokens[start:int(ends[j])]
+
+    def doc_mask(self, i: int) -> np.ndarray:
+        """Loss mask of document i (all ones for a corpus without one)."""
+        part, j = self.locate(i)
+        ends = part.ends
+        start = int(ends[j - 1]) if j else 0
+        if part.mask is None:
+            return np.ones(int(ends[j]) - start, np.uint8)
+        return part.mask[start:int(ends[j])]
+
+    def gather(self, doc: np.ndarray, offset: np.ndarray, length: np.ndarray, dst: np.ndarray,
+               dst_start: np.ndarray, dst_mask: np.ndarray | None = None) -> None:
+        """Copy segments (document, offset, length) into ``dst`` at ``dst_start`` (and their
+        loss masks into ``dst_mask``; 1 for a corpus without one). Segments are checked
+        against their documents here, so no kernel reads outside a source file."""
+        gather([self], doc, offset, length, dst, dst_start, dst_mask)
+
+    def data_files(self) -> list[Path]:
+        """Every data file of every part (what a copy of the corpus must carry)."""
+        return [f for q in self.parts for f in q.files()]
+
+    def verify_checksums(self) -> None:
+        """Re-hash every part's data files and compare with the manifest (a full read)."""
+        for q in self.parts:
+            q.verify_checksums()
+
+
+def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray:
+    """Every document's length over ``corpora`` in order, read from the boundaries files a
+    chunk at a time into one int32 array (int64 if a document holds 2**31 tokens or more):
+    4 bytes a document, nothing cached (``TokenCorpus.lengths`` keeps int64 copies)."""
+    n = sum(len(c) for c in corpora)
+    longest = 0
+    out = np.empty(n, np.int32)
+    at = 0
+    for q in (q for c in corpora for q in c.parts):
+        ends = q.ends
+        prev = np.int64(0)
+        for a in range(0, len(q), chunk):
+            e = np.asarray(ends[a:a + chunk], np.int64)
+            d = np.diff(e, prepend=prev)
+            longest = max(longest, int(d.max()) if d.size else 0)
+            if longest >= 2**31:
+                return np.concatenate([c.lengths for c in corpora])
+            out[at:at + d.size] = d
+            at += d.size
+            prev = e[-1]
+    return out
+
+
+def read_lengths_range(corpora: list[TokenCorpus], lo: int, hi: int) -> np.ndarray:
+    """The lengths of global documents lo..hi-1 over ``corpora`` (int64), read from the
+    boundaries of the parts they fall in: what a group of documents needs, nothing more."""
+    out = np.empty(hi - lo, np.int64)
+    at, base = 0, 0
+    for q in (q for c in corpora for q in c.parts):
+        a, b = max(lo, base), min(hi, base + len(q))
+        if b > a:
+            ends = q.ends
+            e = np.asarray(ends[max(a - base - 1, 0):b - base], np.int64)
+            if a - base == 0:
+                e = np.concatenate([[0], e])
+            out[at:at + b - a] = np.diff(e)
+            at += b - a
+        base += len(q)
+        if base >= hi:
+            break
+    return out
+
+
+def gather(corpora: list[TokenCorpus], doc: np.ndarray, offset: np.ndarray,
+           length: np.ndarray, dst: np.ndarray, dst_start: np.ndarray,
+           dst_mask: np.ndarray | None = None) -> None:
+    """:meth:`TokenCorpus.gather` over several corpora whose documents are numbered one after
+    another (the sources of a pack, in order)."""
+    from .._kernels import _fill, _gather
+
+    parts = [q for c in corpora for q in c.parts]
+    base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
+    if doc.size and (int(doc.min()) < 0 or int(doc.max()) >= base[-1]):
+        raise FormatError(f"segment source document out of range (0..{base[-1] - 1})")
+    which = np.searchsorted(base, doc, side="right") - 1
+    for c in np.unique(which).tolist():
+        part = parts[c]
+        m = which == c
+        local = doc[m] - base[c]
+        ends = part.ends  # two reads a segment; no per-document array is built
+        end = np.asarray(ends[local], np.int64)
+        start = np.where(local > 0, np.asarray(ends[np.maximum(local - 1, 0)], np.int64), 0)
+        src = start + offset[m]
+        if (offset[m] < 0).any() or (src + length[m] > end).any():
+            raise FormatError(f"{part.prefix}: a segment reaches past the end of its document")
+        _gather(part.tokens, src, length[m], dst, dst_start[m])
+        if dst_mask is not None and part.mask is not None:
+            _gather(part.mask, src, length[m], dst_mask, dst_start[m])
+        elif dst_mask is not None:  # a corpus without a mask is trained on everywhere
+            _fill(dst_mask, dst_start[m], length[m], 1)

@@ -1,0 +1,230 @@
+"""``packtool which``: which source documents a training step saw, and where an input record
+went, from the dataset's segment tables and the sources' manifests alone (no token is read,
+no boundaries file is opened)::
+
+    step S of epoch E (the sampler's schedule: world size, batch size, seed, balance)
+      -> packs of each rank -> their segments (document, offset, length)
+      -> source prefix, part, input file, record number (line or row), token range
+
+    an input record (FILE:RECORD) -> its document -> the packs holding its segments
+      -> the epoch's step and rank of each
+
+A record number is what the reader counted: the line of a JSONL record (blank lines and
+skipped bad records count as lines), the row of a Parquet/Arrow record, the line or paragraph
+start of a ``.txt`` record. Measured (scripts/bench_which.py): see docs/TRAINING.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PacktoolError
+from .formats.packed import open_packed, source_location
+from .formats.tokens import prefix_paths
+
+
+@dataclass
+class Document:
+    """Where a global document of a packed dataset came from."""
+
+    doc: int                  # global over the dataset's sources
+    source: str               # the source corpus's prefix
+    input: str | None         # the input file (None: the manifest lists none)
+    record: int | None        # its line or row in that file (1-based; None: not recorded)
+    part: str                 # the corpus part holding it
+
+
+@dataclass
+class Segment:
+    pack: int
+    rank: int | None
+    document: Document
+    tokens: tuple[int, int]   # the segment's token range in the document [start, end)
+    position: tuple[int, int]  # and in the pack
+
+
+@dataclass
+class WhichResult:
+    path: str
+    question: str
+    segments: list[Segment] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)  # reverse: where a record went
+
+    def summary(self) -> str:
+        lines = [f"{self.path}: {self.question}"]
+        for s in self.segments:
+            d = s.document
+            where = (f"{d.input} {'record' if d.record else ''} {d.record or ''}".rstrip()
+                     if d.input else f"part {d.part}")
+            rank = f"rank {s.rank} " if s.rank is not None else ""
+            lines.append(f"  {rank}pack {s.pack:,} tokens {s.position[0]}..{s.position[1]}: "
+                         f"{d.source} document {d.doc:,} ({where}), tokens "
+                         f"{s.tokens[0]:,}..{s.tokens[1]:,}")
+        for st in self.steps:
+            lines.append(f"  pack {st['pack']:,} (tokens {st['tokens'][0]:,}..{st['tokens'][1]:,}"
+                         f" of the document): epoch {st['epoch']} step {st['step']} rank "
+                         f"{st['rank']}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Sources:
+    """The sources' manifests, read as JSON only: global document -> input file and record."""
+
+    def __init__(self, ds):
+        self.entries = []   # per source: (prefix, first global doc, parts, inputs table)
+        base = 0
+        for src in ds.index["sources"]:
+            path = next((p for p in source_location(ds.directory, src)
+                         if prefix_paths(p)["json"].is_file()), None)
+            meta = json.loads(prefix_paths(path)["json"].read_text()) if path else None
+            self.entries.append((src["prefix"], base, _inputs(meta, src)))
+            base += int(src["n_docs"])
+        self.bases = np.array([e[1] for e in self.entries] + [base], np.int64)
+
+    def document(self, doc: int) -> Document:
+        k = int(np.searchsorted(self.bases, doc, side="right")) - 1
+        prefix, base, table = self.entries[k]
+        local = doc - base
+        if table is None:
+            return Document(doc, prefix, None, None, "?")
+        i = int(np.searchsorted(table["first"], local, side="right")) - 1
+        inp = table["inputs"][i]
+        return Document(doc, prefix, inp.get("path"), record_number(inp, local - table[
+            "first"][i]), table["parts"][i])
+
+    def find(self, path: str, record: int) -> int:
+        """The global document of ``record`` of input file ``path``."""
+        for prefix, base, table in self.entries:
+            if table is None:
+                continue
+            for i, inp in enumerate(table["inputs"]):
+                if inp.get("path") == path or Path(inp.get("path", "")).name == path:
+                    local = document_of(inp, record, prefix)
+                    return base + int(table["first"][i]) + local
+        raise PacktoolError(f"no source of this dataset lists the input {path}; the inputs are "
+                            "named as tokenize recorded them (see the corpus manifest's inputs)")
+
+
+def _inputs(meta: dict | None, src: dict) -> dict | None:
+    if meta is None:
+        return None
+    parts = meta.get("parts") or [{"name": Path(src["prefix"]).name,
+                                   "inputs": meta.get("inputs", []),
+                                   "n_docs": meta.get("n_docs", 0)}]
+    inputs, first, names, at = [], [], [], 0
+    for q in parts:
+        for inp in q.get("inputs", []):
+            inputs.append(inp)
+            first.append(at)
+            names.append(q["name"])
+            at += int(inp.get("n_docs", 0))
+    return {"inputs": inputs, "first": np.array(first or [0], np.int64), "parts": names}
+
+
+def _gaps(inp: dict) -> np.ndarray:
+    """Record numbers that are not documents (skipped bad records, blank lines), sorted."""
+    gaps = list(inp.get("skipped_records", [])) + list(inp.get("blank_records", []))
+    return np.sort(np.array(gaps, np.int64))
+
+
+def record_number(inp: dict, local: int) -> int | None:
+    """The record number (1-based) of the file's ``local``-th document: its position plus the
+    non-documents before it. None when blank lines were counted but not located (a corpus
+    written before packtool recorded them)."""
+    if inp.get("blank_lines") and "blank_records" not in inp:
+        return None
+    gaps = _gaps(inp)
+    rec = local + 1
+    for g in gaps:  # few: each gap before the record moves it one down
+        if g <= rec:
+            rec += 1
+        else:
+            break
+    return int(rec)
+
+
+def document_of(inp: dict, record: int, prefix: str) -> int:
+    gaps = _gaps(inp)
+    if record in set(gaps.tolist()):
+        raise PacktoolError(f"{inp.get('path')} record {record} is not a document (a blank line "
+                            f"or a record skipped as bad; see {prefix}.json)")
+    local = record - 1 - int(np.searchsorted(gaps, record))
+    if not 0 <= local < int(inp.get("n_docs", 0)):
+        raise PacktoolError(f"{inp.get('path')} has {inp.get('n_docs', 0):,} documents; record "
+                            f"{record} is not one of them")
+    return local
+
+
+def _sampler(ds, world_size: int, batch_size: int, seed: int, balance: str | None):
+    from .sampler import PackSampler
+
+    return PackSampler(ds, rank=0, world_size=world_size, batch_size=batch_size, seed=seed,
+                       drop_last=False, balance=balance)
+
+
+def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_size: int = 1,
+               batch_size: int = 1, seed: int = 0, balance: str | None = None) -> WhichResult:
+    """The source documents of ``step`` of ``epoch`` (every rank, or ``rank``), as the
+    sampler with these settings schedules them."""
+    ds = open_packed(path, checksums=False)  # structure checked; no full read for a lookup
+    sampler = _sampler(ds, world_size, batch_size, seed, balance)
+    sched = sampler.global_schedule(epoch)
+    if not 0 <= step < len(sched):
+        raise PacktoolError(f"--step {step}: epoch {epoch} has steps 0..{len(sched) - 1} at "
+                            f"world size {world_size} x batch size {batch_size}")
+    if rank is not None and not 0 <= rank < world_size:
+        raise PacktoolError(f"--rank {rank}: must be from 0 to {world_size - 1}")
+    sources = Sources(ds)
+    res = WhichResult(str(path), f"epoch {epoch} step {step}"
+                      + (f" rank {rank}" if rank is not None else "")
+                      + f" (world size {world_size}, batch size {batch_size}, seed {seed}, "
+                      f"balance {balance or 'none'})")
+    for r in ([rank] if rank is not None else range(world_size)):
+        for pack in sched[step][r].tolist():
+            docs, offs, lens = ds.segments(pack)
+            at = 0
+            for d, o, n in zip(docs.tolist(), offs.tolist(), lens.tolist(), strict=True):
+                res.segments.append(Segment(pack, r, sources.document(int(d)),
+                                            (int(o), int(o + n)), (at, at + int(n))))
+                at += int(n)
+    return res
+
+
+def which_record(path, spec: str, epoch: int = 0, *, world_size: int = 1, batch_size: int = 1,
+                 seed: int = 0, balance: str | None = None) -> WhichResult:
+    """Where record ``FILE:RECORD`` went: its packs, and the step and rank of each in
+    ``epoch``."""
+    file, sep, rec = str(spec).rpartition(":")
+    if not sep or not rec.isdigit() or int(rec) < 1:
+        raise PacktoolError(f"--record {spec!r}: expected FILE:RECORD, the input file as "
+                            "tokenize recorded it and a 1-based line or row number")
+    ds = open_packed(path, checksums=False)
+    sources = Sources(ds)
+    doc = sources.find(file, int(rec))
+    res = WhichResult(str(path), f"{spec} (document {doc:,}) in epoch {epoch}")
+    found, base = [], 0
+    for k in range(ds.n_shards):
+        sh = ds.shard(k)
+        for s in np.flatnonzero(np.asarray(sh.seg_doc) == doc).tolist():
+            j = int(np.searchsorted(np.asarray(sh.pack_seg), s, side="right")) - 1
+            off, n = int(sh.seg_offset[s]), int(sh.seg_length[s])
+            found.append((base + j, off, off + n))
+        base += sh.n_packs
+    if found:
+        sched = _sampler(ds, world_size, batch_size, seed, balance).global_schedule(epoch)
+        at = np.argwhere(np.isin(sched, [f[0] for f in found]))  # (step, rank, slot)
+        where = {int(sched[tuple(x)]): (int(x[0]), int(x[1])) for x in at}
+        for pack, a, b in found:
+            st, r = where.get(pack, (None, None))
+            res.steps.append({"pack": pack, "epoch": epoch, "step": st, "rank": r,
+                              "tokens": (a, b)})
+    if not res.steps:
+        res.question += ": in no pack (held out, dropped, empty or not sampled by the mixture)"
+    return res
