@@ -111,6 +111,10 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
         result.valid = {"n_packs": valid.index["n_packs"], "n_tokens": valid.index["n_tokens"],
                         "n_segments": valid.index["n_segments"]}
         _disjoint(ds, valid)
+    if ds.layout == "index" and not sources:
+        for d in (ds, valid):
+            if d is not None:
+                _index_sources(d)
     if sources:
         corpora = _sources(index, sources)
         lengths = read_lengths(corpora)
@@ -127,6 +131,23 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
             result.mixture = [{"prefix": s["prefix"], "factor": s.get("factor", 1.0)}
                               for s in index["sources"]]
     return result
+
+
+def _index_sources(ds) -> None:
+    """An index-layout dataset's tokens are its sources': without --source too, their
+    checksums, and every segment inside its source document (what reading a pack checks)."""
+    corpora = ds.sources()
+    for c in corpora:
+        c.verify_checksums()
+    lengths = read_lengths(corpora).astype(np.int64)
+    for k in range(ds.n_shards):
+        sh = ds.shard(k)
+        doc, off = np.asarray(sh.seg_doc, np.int64), np.asarray(sh.seg_offset, np.int64)
+        past = (off < 0) | (off + np.asarray(sh.seg_length, np.int64) > lengths[doc])
+        if past.any():
+            i = int(np.flatnonzero(past)[0])
+            raise VerifyError(f"{sh.name} segment {i:,}: reaches past the end of its source "
+                              f"document {int(doc[i]):,} ({int(lengths[doc[i]]):,} tokens)")
 
 
 def _disjoint(train, valid) -> None:

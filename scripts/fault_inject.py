@@ -1,7 +1,8 @@
 """Kill ``packtool tokenize`` and ``packtool pack`` at random moments and check what is left.
 
 Each trial starts ``python -m packtool tokenize|pack`` (half of them replacing a previous
-output with --overwrite), sends SIGKILL, SIGTERM or SIGINT after a random delay (seeded;
+output with --overwrite; ``pack`` is the index layout, ``pack-tokens`` the tokens layout, where
+the checkout has ``--layout``), sends SIGKILL, SIGTERM or SIGINT after a random delay (seeded;
 three in four while a clean run was writing its files, one in four anywhere), then checks:
 
 1. no output under its final name unless it is complete and valid (``packtool verify``); after
@@ -67,11 +68,24 @@ def make_inputs(work: Path, root: Path, n_docs: int) -> dict:
         "pack": lambda out: ["pack", str(src / "c"), "-L", "512", "--shard-size", "20000",
                              "-o", str(out), "-q"],
     }
+    if has_layout(root):
+        commands["pack"] = lambda out: ["pack", str(src / "c"), "-L", "512", "--shard-size",
+                                        "20000", "-o", str(out), "-q", "--layout", "index"]
+        commands["pack-tokens"] = lambda out: ["pack", str(src / "c"), "-L", "512",
+                                               "--shard-size", "20000", "-o", str(out), "-q",
+                                               "--layout", "tokens"]
     prev = work / "prev"
     prev.mkdir()
     for name, cmd in commands.items():
         _check_run(root, cmd(prev / name))
     return {"commands": commands, "prev": prev}
+
+
+def has_layout(root: Path) -> bool:
+    """Whether the checkout's pack writes two layouts (``--layout index|tokens``)."""
+    r = subprocess.run(_cli(root, ["pack", "--help"]), env=_env(root), cwd=root,
+                       capture_output=True, text=True)
+    return "--layout" in r.stdout
 
 
 def _check_run(root: Path, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -83,19 +97,20 @@ def _check_run(root: Path, args: list[str], timeout: float = 600) -> subprocess.
 
 
 def _output_files(cmd: str, out: Path) -> list[Path]:
-    if cmd == "pack":
+    if cmd.startswith("pack"):
         return [out]
     return [Path(f"{out}{s}") for s in (".bin", ".boundaries", ".mask", ".json")]
 
 
 def _present(cmd: str, out: Path) -> bool:
     """An output under its final name: the manifest (readers trust only what it names)."""
-    return (out / "index.json").exists() if cmd == "pack" else Path(f"{out}.json").exists()
+    return (out / "index.json").exists() if cmd.startswith("pack") else Path(
+        f"{out}.json").exists()
 
 
 def _fingerprint(cmd: str, out: Path) -> str | None:
     h = hashlib.sha256()
-    files = sorted(p for p in out.rglob("*") if p.is_file()) if cmd == "pack" else \
+    files = sorted(p for p in out.rglob("*") if p.is_file()) if cmd.startswith("pack") else \
         [p for p in _output_files(cmd, out) if p.exists()]
     if not files:
         return None
@@ -191,14 +206,14 @@ def clean_run_timing(root: Path, inputs: dict, cmd: str, work: Path) -> tuple[fl
 
 
 def campaign(root: Path, work: Path, kills: int, seed: int, n_docs: int = 4000,
-             commands=("tokenize", "pack"), log=print) -> dict:
+             commands=None, log=print) -> dict:
     """Run ``kills`` trials per command and signal; {(cmd, sig): [failure or None, ...]}.
     Three kills in four land while the run writes its files (from just before the first
     temporary appears to just after a clean run ends), one in four anywhere in the run."""
     rng = random.Random(seed)
     inputs = make_inputs(work, root, n_docs)
     results = {}
-    for cmd in commands:
+    for cmd in commands or list(inputs["commands"]):
         first, total = clean_run_timing(root, inputs, cmd, work)
         log(f"{cmd}: a clean run takes {total:.2f}s, writing from {first:.2f}s")
         for sig in SIGNALS:
@@ -215,11 +230,11 @@ def campaign(root: Path, work: Path, kills: int, seed: int, n_docs: int = 4000,
 
 
 def table(results: dict) -> str:
-    lines = [f"{'command':10} {'signal':8} {'kills tried':>11} {'clean':>6}"]
+    lines = [f"{'command':11} {'signal':8} {'kills tried':>11} {'clean':>6}"]
     for (cmd, sig), rows in results.items():
-        lines.append(f"{cmd:10} {sig:8} {len(rows):>11} {rows.count(None):>6}")
+        lines.append(f"{cmd:11} {sig:8} {len(rows):>11} {rows.count(None):>6}")
     total = [r for rows in results.values() for r in rows]
-    lines.append(f"{'total':19} {len(total):>11} {total.count(None):>6}")
+    lines.append(f"{'total':20} {len(total):>11} {total.count(None):>6}")
     return "\n".join(lines)
 
 
@@ -229,7 +244,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--docs", type=int, default=4000, help="documents in the test corpus")
     ap.add_argument("--root", type=Path, default=ROOT, help="the packtool checkout to test")
-    ap.add_argument("--commands", nargs="+", default=["tokenize", "pack"])
+    ap.add_argument("--commands", nargs="+", default=None,
+                    help="tokenize, pack, pack-tokens (default: all the checkout has)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="packtool-faults-") as work:
         results = campaign(args.root.resolve(), Path(work), args.kills, args.seed, args.docs,

@@ -1,12 +1,20 @@
-"""Flip random bytes in a token corpus and a packed dataset; count what catches each flip.
+"""Flip random bytes in a token corpus and packed datasets; count what catches each flip.
 
     python scripts/flip_probe.py [--flips 300] [--seed 0] [--workdir bench-out/flips]
 
-For every flip (one byte XOR a random non-zero mask, in a random file of the output, at a
-random offset), on a fresh copy: does loading and reading everything (``open_tokens`` +
-every document, ``open_packed`` + every pack) raise a packtool error ("caught at load"), return
-the pristine data (a flip in a byte nobody reads, e.g. JSON whitespace), or return different
-data silently; and does ``packtool verify`` exit 1. Prints one table. Runs on whatever
+For every flip (one byte XOR a random non-zero mask, in a random file, at a random offset),
+on a fresh copy: does loading and reading everything (``open_tokens`` + every document,
+``open_packed`` + every pack) raise a packtool error ("caught at load"), return the pristine
+data (a flip in a byte nobody reads, e.g. JSON whitespace), or return different data
+silently; and does ``packtool verify`` exit 1. Datasets:
+
+- ``token corpus``: PREFIX.bin, .boundaries, .json;
+- ``packed index``: a packed dataset of ``--layout index`` (segment tables only: the tokens
+  are read from the corpus), a flip in its own files;
+- ``index source``: the same dataset, the flip in the corpus it reads its tokens from;
+- ``packed tokens``: a packed dataset of ``--layout tokens`` (the tokens stored too).
+
+A checkout without ``--layout`` (one packed layout) probes ``packed`` alone. Runs on whatever
 ``packtool`` is importable (put a checkout first on PYTHONPATH to measure another version).
 """
 
@@ -24,16 +32,21 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build(work: Path) -> tuple[Path, Path]:
-    corpus, packed = work / "c", work / "p"
+def build(work: Path) -> dict:
+    """The corpus ``c`` and its packed datasets, built once per workdir."""
+    corpus = work / "c"
+    layouts = ("index", "tokens") if "--layout" in run("pack", "--help").stdout else (None,)
+    datasets = {layout: work / (f"p-{layout}" if layout else "p") for layout in layouts}
     if not (work / "done").exists():
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         run("tokenize", str(ROOT / "fixtures" / "corpus" / "part-0.jsonl"), "-t",
             str(ROOT / "fixtures" / "tokenizer"), "--eos", "<|eos|>", "-o", str(corpus), "-q")
-        run("pack", str(corpus), "-L", "256", "--shard-size", "20000", "-o", str(packed), "-q")
+        for layout, out in datasets.items():
+            run("pack", str(corpus), "-L", "256", "--shard-size", "20000", "-o", str(out), "-q",
+                *(["--layout", layout] if layout else []))
         (work / "done").touch()
-    return corpus, packed
+    return {"corpus": corpus, "datasets": datasets}
 
 
 def run(*args) -> subprocess.CompletedProcess:
@@ -67,23 +80,40 @@ def same(a, b) -> bool:
     return True
 
 
-def probe(kind: str, original: Path, files: list[Path], reader, flips: int, rng, work: Path):
-    pristine = reader(original)
+def corpus_files(corpus: Path) -> list[Path]:
+    return [Path(str(corpus) + s) for s in (".bin", ".boundaries", ".json")]
+
+
+def copy_corpus(corpus: Path, folder: Path) -> Path:
+    for f in corpus_files(corpus):
+        shutil.copy(f, folder / f.name)
+    return folder / corpus.name
+
+
+def probe(kind: str, built: dict, flips: int, rng, work: Path) -> dict:
+    """``kind``: "token corpus", "packed <layout>" or "index source"."""
+    corpus = built["corpus"]
+    layout = {"packed index": "index", "index source": "index", "packed tokens": "tokens"}
+    dataset = built["datasets"].get(layout.get(kind))
+    reader = read_corpus if kind == "token corpus" else read_packed
+    pristine = reader(corpus if kind == "token corpus" else dataset)
     counts = {"caught at load": 0, "unchanged data": 0, "silently different": 0,
               "crashed": 0, "caught by verify": 0}
     for _ in range(flips):
-        trial = work / f"trial-{kind}"
+        trial = work / f"trial-{kind.replace(' ', '-')}"
         shutil.rmtree(trial, ignore_errors=True)
-        if original.is_dir():
-            shutil.copytree(original, trial)
-            target = trial / rng.choice(files).name
-            path = trial
+        trial.mkdir()
+        # the dataset and its corpus side by side, as built (index layout: ../c)
+        copied = copy_corpus(corpus, trial)
+        if kind == "token corpus":
+            path, target = copied, trial / rng.choice(corpus_files(corpus)).name
         else:
-            trial.mkdir()
-            for f in files:
-                shutil.copy(f, trial / f.name)
-            target = trial / rng.choice(files).name
-            path = trial / original.name
+            path = trial / dataset.name
+            shutil.copytree(dataset, path)
+            if kind == "index source":
+                target = trial / rng.choice(corpus_files(corpus)).name
+            else:
+                target = path / rng.choice(sorted(p.name for p in dataset.iterdir()))
         data = bytearray(target.read_bytes())
         if not data:
             continue
@@ -120,15 +150,16 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out" / "flips")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    corpus, packed = build(a.workdir)
-    token_files = [Path(str(corpus) + s) for s in (".bin", ".boundaries", ".json")]
-    packed_files = sorted(packed.iterdir())
+    built = build(a.workdir.resolve())
+    kinds = ["token corpus"]
+    if None in built["datasets"]:
+        kinds.append("packed")
+    else:
+        kinds += ["packed index", "index source", "packed tokens"]
     print(f"{'dataset':<14} {'flips':>6} {'at load':>8} {'unchanged':>10} {'silent':>7} "
           f"{'crashed':>8} {'verify':>7}")
-    for kind, original, files, reader in (
-            ("token corpus", corpus, token_files, read_corpus),
-            ("packed", packed, packed_files, read_packed)):
-        c = probe(kind.split()[0], original, files, reader, a.flips, rng, a.workdir)
+    for kind in kinds:
+        c = probe(kind, built, a.flips, rng, a.workdir.resolve())
         print(f"{kind:<14} {a.flips:>6} {c['caught at load']:>8} {c['unchanged data']:>10} "
               f"{c['silently different']:>7} {c['crashed']:>8} {c['caught by verify']:>7}",
               flush=True)
