@@ -18,9 +18,10 @@ What a user can observe, whatever kills a run (SIGKILL included) and whenever:
   run's data beside another's manifest. A directory (``pack``) is swapped in with one
   ``renameat2(RENAME_EXCHANGE)``, falling back to the journaled rename-aside + rename. Ctrl-C
   and SIGTERM are deferred during a commit and, if one arrived, the commit is undone.
-- **Recovery on the next run.** Under the lock, a journal left by a dead process is finished
-  (its new manifest was in place) or undone (the previous output restored), and temporaries
-  of dead processes are removed; the run says how many bytes it reclaimed.
+- **Recovery on the next run** (:mod:`packtool._temps`). Under the lock, a journal left by a
+  dead process is finished (its new manifest was in place) or undone (the previous output
+  restored), and temporaries of dead processes are removed; the run says how many bytes it
+  reclaimed.
 - **Durable.** Data files and their folder are fsynced before the commit point (the manifest's
   or the directory's rename), the folder after it: a power cut never leaves a manifest naming
   data that is not on disk.
@@ -44,69 +45,25 @@ from pathlib import Path
 
 from . import _locks, _signals
 from ._io import create
+from ._temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this module's API too
+    _KINDS,
+    _finish,
+    _size,
+    _temp_name,
+    _undo,
+    clear_temporaries,
+    final_name,
+    journal_path,
+    reclaim,
+    remove_path,
+    temp_name,
+)
 from .errors import PacktoolError
 
 EXCHANGE = True  # use renameat2(RENAME_EXCHANGE) where the kernel and file system have it
 FSYNC = os.environ.get("PACKTOOL_FSYNC", "1") != "0"  # durable commits (0: off, to measure)
-_KINDS = "tmp|old|commit|jtmp"
-_SUFFIXES = r"(?:\.(?:bin|boundaries|mask|json))?"  # a token prefix's files share its lock
-
-
-def _temp_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:
-    tag = tag or f"{os.getpid()}-{secrets.token_hex(3)}"
-    return path.with_name(f".{path.name}.{kind}-{tag}")
-
-
-def journal_path(key: Path) -> Path:
-    """The journal of a commit of ``key`` (written and removed under ``key``'s lock)."""
-    return key.with_name(f".{key.name}.journal")
-
-
-def final_name(path: str | Path) -> Path:
-    """The output a temporary name stands for (``.o.bin.tmp-12-ab3f`` -> ``o.bin``): errors
-    name what the user asked for, never a hidden file. Other paths are returned unchanged."""
-    p = Path(path)
-    for parent in (p, *p.parents):
-        m = re.fullmatch(rf"\.(.+)\.(?:{_KINDS})-\d+-[0-9a-f]+", parent.name)
-        if m:
-            return parent.with_name(m.group(1)) / p.relative_to(parent)
-    return p
-
-
-def remove_path(path: Path) -> None:
-    """A file, link or folder, gone (a folder's contents too; a link is not followed)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
 
 _remove = remove_path
-
-
-def _size(path: Path) -> int:
-    try:
-        if path.is_dir() and not path.is_symlink():
-            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        return path.lstat().st_size
-    except OSError:
-        return 0
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # at first acquisition nothing of ours is in flight: a reused pid's leftover
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError, IndexError):  # a killed child not yet reaped is a zombie
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
 
 
 # ---------------------------------------------------------------------------------- lock
@@ -149,150 +106,6 @@ def make_parents(output: Path) -> list[Path]:
             raise PacktoolError(f"cannot create the folder {d} for {output}: "
                                 f"{e.strerror or e}") from None
     return missing
-
-
-# ------------------------------------------------------------------------------ recovery
-def _leftovers(output: Path) -> list[tuple[Path, str, int]]:
-    """Temporaries of ``output``: of its own files (``.o.bin.tmp-PID-X``), and of the parts of
-    a multi-part corpus and their manifests (``.o.part-00001.bin.tmp-…``,
-    ``..o.part.json.tmp-…``, a part commit's journal ``.o.part-commit.commit-…``)."""
-    name = re.escape(output.name)
-    stem = rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.(?:part[-.][\w.-]*|plan\.json))"
-    pattern = re.compile(rf"{stem}\.({_KINDS})-(\d+)-[0-9a-f]+")
-    journal = re.compile(rf"{stem}\.journal")
-    lock = re.compile(rf"{stem}\.lock")
-    found = []
-    for n in os.listdir(output.parent):
-        m = pattern.fullmatch(n)
-        if m:
-            found.append((output.parent / n, m.group(1), int(m.group(2))))
-        elif journal.fullmatch(n):
-            found.append((output.parent / n, "journal", 0))
-        elif lock.fullmatch(n):
-            found.append((output.parent / n, "lock", 0))
-    return found
-
-
-def _inner_leftovers(folder: Path) -> list[tuple[Path, str, int]]:
-    """Temporaries of dead jobs inside an output being assembled (a pack's staging folder:
-    ``.shard-00003.tmp-PID-X``, ``.index.tmp-PID-X``)."""
-    found = []
-    if not folder.is_dir() or folder.is_symlink():
-        return found
-    for sub in (folder, folder / "valid"):
-        if not sub.is_dir() or sub.is_symlink():
-            continue
-        for p in sub.iterdir():
-            m = re.fullmatch(rf"\.[\w.-]+?\.({_KINDS})-(\d+)-[0-9a-f]+", p.name)
-            if m:
-                found.append((p, m.group(1), int(m.group(2))))
-            elif re.fullmatch(r"\.[\w.-]+\.lock", p.name):
-                found.append((p, "lock", 0))
-    return found
-
-
-def clear_temporaries(folder: Path) -> None:
-    """Every temporary inside an output being assembled, whoever left it, and its jobs' lock
-    files that nobody holds: called once all its jobs are done (a Ray worker killed mid-job
-    leaves a temporary that its retry does not reuse, and its job's lock file)."""
-    for path, kind, _ in _inner_leftovers(folder):
-        if kind == "lock":
-            _locks.remove_if_free(path)
-        else:
-            _remove(path)
-
-
-def temp_name(path: Path, kind: str = "tmp") -> Path:
-    """A new temporary name for ``path`` (``.NAME.tmp-PID-RAND``), reclaimed once its pid
-    is dead."""
-    return _temp_name(Path(os.path.abspath(path)), kind)
-
-
-def reclaim(output: Path, inside: Path | None = None, scan: bool = True) -> list[str]:
-    """Under ``output``'s lock: finish or undo commits of dead runs, then remove their
-    temporaries (beside ``output``, and inside ``inside``, an output being assembled).
-    ``scan=False``: only this output's own journal (one ``stat``: a part's commit), the
-    temporaries are left to the run's own reclaim. Returns one note per action, for the
-    run's warnings."""
-    notes = []
-    own = journal_path(output)
-    if own.exists():
-        notes.append(f"{output}: " + _recover(own) + " (a run was killed mid-commit)")
-    if not scan:
-        return notes
-    found = _leftovers(output) + (_inner_leftovers(inside) if inside is not None else [])
-    for path, kind, _ in found:
-        if kind == "journal" and path != own:
-            notes += _recover_other(path)
-    for path, kind, _ in found:  # a part's or a commit's lock left by a killed process
-        if kind == "lock":
-            _locks.remove_if_free(path)
-    leftovers = [x for x in found if x[1] not in ("journal", "lock")
-                 and not _pid_alive(x[2])]
-    for path, kind, pid in leftovers:
-        if kind == "commit":  # a journal named by its pid (written by an older packtool)
-            notes.append(f"{output}: " + _recover(path) + f" (pid {pid} was killed mid-commit)")
-    nbytes, pids = 0, set()
-    for path, kind, pid in leftovers:
-        if kind != "commit" and (path.exists() or path.is_symlink()):
-            nbytes += _size(path)
-            pids.add(pid)
-            _remove(path)
-    if pids:
-        notes.append(f"reclaimed {nbytes:,} bytes of temporary files beside {output} left by "
-                     f"{len(pids)} interrupted run(s) (pid {', '.join(map(str, sorted(pids)))})")
-    return notes
-
-
-def _recover_other(journal: Path) -> list[str]:
-    """A journal of another key (a part's commit): recovered under that key's lock, unless a
-    live process holds it (its commit is under way)."""
-    key = journal.with_name(journal.name[1:-len(".journal")])
-    try:
-        with _locks.hold(lock_path(key), "exclusive", f"output {key}"):
-            if not journal.exists():
-                return []
-            return [f"{key}: " + _recover(journal) + " (a run was killed mid-commit)"]
-    except PacktoolError:
-        return []
-
-
-def _recover(journal: Path) -> str:
-    try:
-        entries = [[Path(x) if x else None for x in e] for e in json.loads(journal.read_text())]
-    except (OSError, ValueError):  # killed while writing the journal: nothing was renamed yet
-        _remove(journal)
-        return "removed an incomplete commit journal; the previous output is unchanged"
-    if _committed(entries):
-        _finish(entries, journal)
-        return "completed an interrupted commit: its new output was already in place"
-    _undo(entries)
-    _remove(journal)
-    return "undid an interrupted commit: the previous output is back in place"
-
-
-def _committed(entries) -> bool:
-    temp, final, _ = entries[-1]  # the manifest (or the one directory) moves in last
-    return temp is not None and not temp.exists() and final.exists()
-
-
-def _finish(entries, journal: Path) -> None:
-    _remove(journal)
-    for _, _, aside in entries:
-        if aside is not None:
-            _remove(aside)
-
-
-def _undo(entries) -> None:
-    """Back to the state before the commit, whatever step it stopped at: a final whose
-    temporary is gone is the new one (remove it); an aside is the old one (put it back)."""
-    for temp, final, aside in entries:
-        if temp is not None and not temp.exists() and final.exists():
-            _remove(final)
-        if aside is not None and aside.exists():
-            os.replace(aside, final)
-        if temp is not None:
-            _remove(temp)
 
 
 # -------------------------------------------------------------------------------- commit
