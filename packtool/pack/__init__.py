@@ -94,9 +94,11 @@ def owned(folder: Path) -> None:
     try:
         idx = read_index(folder)
     except PacktoolError as e:
+        held = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+        shown = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10 else "")
         raise PacktoolError(f"--overwrite only replaces a previous packtool output: {folder} is "
-                            f"not a packtool packed dataset ({e}); choose another --out"
-                            ) from None
+                            f"not a packtool packed dataset ({e}); it holds {shown}: choose "
+                            "another --out") from None
     names = {INDEX} | {f["name"] for sh in idx["shards"] for f in sh["files"].values()}
     if idx.get("held_out"):
         names.add(VALID)
