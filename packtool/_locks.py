@@ -59,10 +59,11 @@ def _open(lock: Path) -> int:
                                 "regular files: remove the link") from None
         raise
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size:
         os.close(fd)
-        raise PacktoolError(f"{lock} is not packtool's lock file (not a regular file of one "
-                            "link); remove it if no packtool run is using it")
+        raise PacktoolError(f"{lock} is not packtool's lock file (an empty regular file of one "
+                            "link); move it away if it is yours, remove it if no packtool run is "
+                            "using it")
     return fd
 
 
@@ -130,7 +131,7 @@ def remove_if_free(lock: Path) -> bool:
         return False
     try:
         st = os.fstat(fd)
-        if lock in _held or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        if lock in _held or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size:
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if _same_file(fd, lock):  # one that opens it meanwhile retries on its own file

@@ -201,12 +201,13 @@ def _commands(built, out: Path) -> dict:
 
 @pytest.mark.parametrize("command", ["tokenize", "tokenize-parts", "tokenize-task", "pack",
                                      "pack-task", "export"])
-@pytest.mark.parametrize("plant", ["symlink", "dangling", "hardlink"])
+@pytest.mark.parametrize("plant", ["symlink", "dangling", "hardlink", "file"])
 def test_no_lock_is_ever_followed_or_truncated(tmp_path, built, monkeypatch, command, plant):
     """``ln -s ../victim.txt o/.C.lock; packtool tokenize ... -o o/C`` overwrote victim.txt;
     a dangling link created its target. Every lock a run takes (found by running it once),
-    planted as a link to a user's file, is refused by name; the file is unchanged, a dangling
-    link's target is never created."""
+    planted as a link to a user's file (or a user's own file at that name), is refused by
+    name; the file is unchanged (never written, truncated or removed), a dangling link's
+    target is never created."""
     first = tmp_path / "first"
     first.mkdir()
     seen = _record_locks(monkeypatch)
@@ -224,15 +225,19 @@ def test_no_lock_is_ever_followed_or_truncated(tmp_path, built, monkeypatch, com
             lock.symlink_to("../victim.txt")
         elif plant == "dangling":
             lock.symlink_to("../created.txt")
-        else:
+        elif plant == "hardlink":
             os.link(victim, lock)
+        else:  # a user's own file at the name: it has content, packtool's locks never do
+            lock.write_text("the user's data\n")
         r = run(*_commands(built, d / "o" / "C")[command])
         assert r.exit_code == 1, (name, r.output)
         assert name in r.output and ("symbolic link" in r.output
                                      or "not packtool's lock file" in r.output), r.output
         assert victim.read_text() == "the user's data\n", name
         assert not (d / "created.txt").exists(), name
-        assert lock.is_symlink() == (plant != "hardlink")
+        assert lock.is_symlink() == (plant in ("symlink", "dangling"))
+        if plant == "file":
+            assert lock.read_text() == "the user's data\n"
 
 
 def test_temporaries_are_never_opened_through_a_link(tmp_path):
