@@ -8,9 +8,11 @@
 Two writers of one part (two array tasks given the same part) serialize on the part's lock:
 the second waits, then finds the part finished and skips it.
 
-The tokenizer (and the fast engine's load-time probe) is loaded once per process and reused by
-every part the process writes (:func:`setup`), so a plan of many small parts pays that fixed
-cost once, on a local run and on each Ray worker.
+The tokenizer is loaded once per process, the engine selected (its load-time probe run) once
+per run and per Ray worker process, and both reused by every part it writes (:func:`setup`),
+so a plan of many small parts pays that fixed cost once: 2,000 one-file parts took 123 s with
+a probe per part and a folder listing per part commit, 15-27 s now
+(scripts/bench_small_files.py).
 """
 
 from __future__ import annotations
