@@ -99,6 +99,10 @@ def _open(src: str | Path, kind: str):
 
 
 def _source_paths(source, kind: str) -> list[Path]:
+    from .storage import is_url
+
+    if is_url(source.directory if kind == "packed" else source.prefix):
+        return []  # a remote source is never a local output
     if kind == "packed":
         return [Path(os.path.abspath(source.directory))]
     from .formats.tokens import prefix_paths

@@ -160,23 +160,38 @@ def check(value, spec: Spec, path: Path | str, fix: str) -> None:
 
 
 # --------------------------------------------------------------------------- reading
-def load_json(path: Path) -> object:
-    """A JSON file, refusing a symbolic link (a manifest is never followed elsewhere)."""
-    path = Path(path)
+def read_json_bytes(path, read=None) -> tuple[object, bytes]:
+    """A JSON file and its bytes, refusing a symbolic link (a manifest is never followed
+    elsewhere); ``read(name)`` reads a remote one (its path is then a URL)."""
     try:
-        if path.is_symlink():
-            raise FormatError(f"{path} is a symbolic link; packtool reads its manifests only "
-                              "as regular files: copy the file itself")
-        return json.loads(path.read_text(encoding="utf-8"))
+        if read is not None:
+            raw = read(str(path).rstrip("/").rsplit("/", 1)[-1])
+        else:
+            path = Path(path)
+            if path.is_symlink():
+                raise FormatError(f"{path} is a symbolic link; packtool reads its manifests "
+                                  "only as regular files: copy the file itself")
+            raw = path.read_bytes()
+        return json.loads(raw.decode("utf-8")), raw
     except FileNotFoundError:
         raise FormatError(f"{path} not found; is this the output of packtool?") from None
     except (OSError, ValueError) as e:
         raise FormatError(f"{path}: unreadable manifest ({e})") from None
 
 
-def read_manifest(path: Path, expected_format: str, versions: int | tuple) -> dict:
-    """A manifest of ``expected_format`` in one of ``versions``, else :class:`FormatError`."""
-    meta = load_json(path)
+def load_json(path, read=None) -> object:
+    """A JSON file (see :func:`read_json_bytes`)."""
+    return read_json_bytes(path, read)[0]
+
+
+def read_manifest(path, expected_format: str, versions: int | tuple, read=None,
+                  raw: list | None = None) -> dict:
+    """A manifest of ``expected_format`` in one of ``versions``, else :class:`FormatError`
+    (``read``: how a remote one is read, see :func:`read_json_bytes`; ``raw``, a list, gets
+    the bytes read, whose sha256 binds what was read to what refers to it)."""
+    meta, data = read_json_bytes(path, read)
+    if raw is not None:
+        raw.append(data)
     if not isinstance(meta, dict) or meta.get("format") != expected_format:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise FormatError(f"{path}: format is {got!r}, expected {expected_format!r}")

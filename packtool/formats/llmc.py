@@ -137,7 +137,6 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
                   shard_tokens: int | None = None, eos_id: int | None = None, **_) -> dict:
     """A token corpus as llm.c GPT-2 token shards in directory ``out``."""
     from ._marker import export_owned, write_marker
-    from .tokens import prefix_paths
 
     if corpus.dtype.itemsize != 2:
         raise PacktoolError(
@@ -176,7 +175,7 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
         try:
             for part in corpus.parts:  # one token stream over the parts, in order
                 ends = np.asarray(part.ends, dtype=np.int64)
-                with open(prefix_paths(part.prefix)["bin"], "rb") as src:
+                with open(part.file("bin"), "rb") as src:
                     _copy_part(src, ends, len(ends), stream, buf_in, buf_out,
                                None if ends_with_eos else eos, tick)
         finally:

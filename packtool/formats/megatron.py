@@ -144,7 +144,6 @@ def _append_bytes(f, arr: np.ndarray, tick) -> None:
 def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: bool = True,
                   **_) -> dict:
     """A token corpus as a Megatron indexed dataset: one sequence per document."""
-    from ..formats.tokens import prefix_paths
 
     if corpus.n_tokens == 0:
         raise PacktoolError(f"{corpus.prefix} holds no tokens; nothing to export")
@@ -169,9 +168,9 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
             yield np.arange(lo, min(n + 1, lo + CHUNK), dtype=np.int64)
 
     with atomic_files([bin_path, idx_path], overwrite) as (tmp_bin, tmp_idx):
-        bins = [prefix_paths(q.prefix)["bin"] for q in corpus.parts]
+        bins = [q.file("bin") for q in corpus.parts]  # a remote part: its verified copy
         if len(bins) == 1:
-            mode, why = _link_or_copy(bins[0], tmp_bin, link)
+            mode, why = _link_or_copy(bins[0], tmp_bin, link and not corpus.parts[0].remote)
         else:  # one .bin of all parts in order: the corpus's global document order
             _concatenate(bins, tmp_bin)
             mode, why = "copy", f"{len(bins)} parts concatenated"

@@ -107,11 +107,9 @@ def owned(folder: Path) -> None:
 
 
 def _plan_digest(options: PackOptions, corpora: list, factors: list[float]) -> str:
-    from .._io import sha256_file
-    from ..formats.tokens import prefix_paths
 
     common = {"packtool": __version__, "options": asdict(options), "factors": factors,
-              "sources": [sha256_file(prefix_paths(c.prefix)["json"]) for c in corpora]}
+              "sources": [c.file_sha256 for c in corpora]}
     return hashlib.sha256(json.dumps(common, sort_keys=True).encode()).hexdigest()
 
 

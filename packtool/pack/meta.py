@@ -8,9 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import sha256_file
 from ..formats.packed import VALID, attention_costs, mask_storage, v2_dtypes
-from ..formats.tokens import prefix_paths
 from ..metrics import histogram_metrics
 from ..plan import PackLayout, PackOptions
 
@@ -133,7 +131,7 @@ def source_entry(c, folder: Path) -> dict:
     prefix = Path(os.path.abspath(c.prefix))
     return {"prefix": str(prefix),
             "path": os.path.relpath(prefix, os.path.abspath(folder)),
-            "manifest_sha256": sha256_file(prefix_paths(c.prefix)["json"]),
+            "manifest_sha256": c.file_sha256,
             "n_docs": len(c), "n_tokens": c.n_tokens, "dtype": c.dtype.name,
             "tokenizer_sha256": c.meta["tokenizer"]["sha256"]}
 

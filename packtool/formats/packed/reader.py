@@ -14,14 +14,14 @@ sha256 on first read, as :func:`packtool.open_tokens` does.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..._io import check_once, crc32_file, sha256_file
+from ..._io import check_once, crc32_file
 from ...errors import FormatError, PacktoolError
+from ...storage import is_url
 from .._manifest import check, check_digest, confined_file, confined_name, read_manifest
 from .layout import derive, fold_shift, pack_offsets, unpack_mask, v1_segments
 from .schema import (
@@ -44,13 +44,19 @@ class ValidationError(FormatError):
     """The first violation found in a packed dataset (names shard, pack and token)."""
 
 
-def read_index(directory: Path) -> dict:
-    """index.json, checked: schema of its version, digest, every file name confined."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FormatError(f"{directory} is not a directory; pass the --out of packtool pack")
-    path = directory / INDEX
-    index = read_manifest(path, FORMAT, READABLE)
+def read_index(directory, place=None) -> dict:
+    """index.json, checked: schema of its version, digest, every file name confined
+    (``place``: a :class:`packtool.storage.place.Place` of a remote ``directory``)."""
+    if place is not None and place.remote:
+        path = place.path(INDEX)
+        index = read_manifest(path, FORMAT, READABLE, place.read_bytes)
+    else:
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise FormatError(f"{directory} is not a directory; pass the --out of packtool "
+                              "pack")
+        path = directory / INDEX
+        index = read_manifest(path, FORMAT, READABLE)
     check_digest(index, DIGEST_KEY, path, FIX)
     check(index, SPECS[index["version"]], path, FIX)
     want = {a.name for a in shard_arrays(index)}
@@ -60,12 +66,16 @@ def read_index(directory: Path) -> dict:
                               f"the format has {sorted(want)}; {FIX}")
         for f in sh["files"].values():
             check(f, SHARD_FILE, path, FIX)
-            confined_file(directory / confined_name(f["name"], path), path)
+            name = confined_name(f["name"], path)
+            if place is None or not place.remote:
+                confined_file(Path(directory) / name, path)
     return index
 
 
-def load_array(path: Path, dtype: np.dtype, n: int) -> np.ndarray:
-    """Memory-map a 1-D .npy, refusing anything but ``dtype`` and shape ``(n,)``."""
+def load_array(path: Path, dtype: np.dtype, n: int, name=None) -> np.ndarray:
+    """Memory-map a 1-D .npy, refusing anything but ``dtype`` and shape ``(n,)`` (``name``:
+    the file as a user knows it, when ``path`` is a cached copy)."""
+    name = path if name is None else name
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -75,9 +85,9 @@ def load_array(path: Path, dtype: np.dtype, n: int) -> np.ndarray:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as e:  # numpy's header parser raises anything from a damaged header
-        raise ValidationError(f"{path}: not a readable .npy ({e})") from None
+        raise ValidationError(f"{name}: not a readable .npy ({e})") from None
     if arr.dtype != dtype or arr.shape != (n,):
-        raise ValidationError(f"{path}: holds {arr.dtype} {arr.shape}, expected {dtype} ({n},)")
+        raise ValidationError(f"{name}: holds {arr.dtype} {arr.shape}, expected {dtype} ({n},)")
     return arr
 
 
@@ -91,12 +101,18 @@ def check_crc(path: Path, want: str) -> None:
     check_once(path, want, check_now)
 
 
-def open_shard_arrays(directory: Path, index: dict, k: int, checksums: bool) -> dict:
-    """Shard ``k``'s arrays as memory maps, checked: names, sizes, dtypes, shapes, crc32."""
+def open_shard_arrays(directory, index: dict, k: int, checksums: bool, place=None) -> dict:
+    """Shard ``k``'s arrays as memory maps, checked: names, sizes, dtypes, shapes, crc32 (a
+    remote shard's files are fetched into the cache, their size and crc32 checked then)."""
     sh = index["shards"][k]
     arrays = {}
     for a in shard_arrays(index):
         f = sh["files"][a.name]
+        n = array_length(a, sh["n_tokens"], sh["n_packs"], sh["n_segments"])
+        if place is not None and place.remote:
+            local = place.local(f["name"], {"bytes": f["bytes"], "crc32": f["crc32"]})
+            arrays[a.name] = load_array(local, array_dtype(a, index), n, place.path(f["name"]))
+            continue
         path = confined_file(Path(directory) / f["name"], Path(directory) / INDEX)
         size = path.stat().st_size if path.is_file() else None
         if size == 0:
@@ -104,7 +120,6 @@ def open_shard_arrays(directory: Path, index: dict, k: int, checksums: bool) -> 
         if size is not None and size != f["bytes"]:
             raise ValidationError(f"{path}: {size:,} bytes, {INDEX} says {f['bytes']:,}; the "
                                   f"file is truncated or replaced, {FIX}")
-        n = array_length(a, sh["n_tokens"], sh["n_packs"], sh["n_segments"])
         arrays[a.name] = load_array(path, array_dtype(a, index), n)
         if checksums:
             check_crc(path, f["crc32"])
@@ -162,20 +177,24 @@ def _table(index: dict, sh: dict, arrays: dict) -> Shard:
     return shard
 
 
-def source_location(directory: Path, entry: dict) -> list[Path]:
+def source_location(directory, entry: dict) -> list:
     """Where a source corpus may be: beside the dataset as it was (its path relative to the
-    dataset), then where it was given at pack time."""
+    dataset), then where it was given at pack time (Paths, or URLs)."""
+    from ...storage import normalize
+
     out = []
     if entry.get("path"):
-        out.append(Path(os.path.normpath(Path(directory) / entry["path"])))
-    out.append(Path(entry["prefix"]))
+        out.append(normalize(directory, entry["path"]))
+    out.append(entry["prefix"] if is_url(entry["prefix"]) else Path(entry["prefix"]))
     return out
 
 
-def open_sources_of(directory: Path, index: dict, override=None, checksums: bool = True):
+def open_sources_of(directory, index: dict, override=None, checksums: bool = True,
+                    storage_options: dict | None = None, cache=None):
     """The source corpora an index-layout dataset reads its tokens from, each checked
     against the manifest sha256 the index recorded."""
-    from ..tokens import open_tokens, prefix_paths
+    from ...storage.place import place_of
+    from ..tokens import open_tokens
 
     recorded = index["sources"]
     if override is not None and len(override) != len(recorded):
@@ -183,21 +202,27 @@ def open_sources_of(directory: Path, index: dict, override=None, checksums: bool
                             f"{len(recorded)}: {', '.join(s['prefix'] for s in recorded)}")
     corpora = []
     for k, src in enumerate(recorded):
-        places = [Path(override[k])] if override is not None else source_location(directory,
-                                                                                   src)
-        found = next((p for p in places if prefix_paths(p)["json"].is_file()), None)
+        places = [override[k]] if override is not None else source_location(directory, src)
+        found = None
+        for p in places:
+            where, stem = place_of(p, storage_options, cache)
+            if where.is_file(f"{stem}.json"):
+                found = p
+                break
         if found is None:
             raise FormatError(
                 f"{directory}: its source {src['prefix']} is missing (looked for "
-                f"{' and '.join(str(prefix_paths(p)['json']) for p in places)}); an index-layout "
+                f"{' and '.join(f'{p}.json' for p in places)}); an index-layout "
                 "dataset reads its tokens from it: put it back, pass its new place "
                 "(open_packed(dir, sources=[...]) or --source), or pack with --layout tokens")
-        if sha256_file(prefix_paths(found)["json"]) != src["manifest_sha256"]:
+        corpus = open_tokens(found, checksums=checksums, storage_options=storage_options,
+                             cache=cache)
+        if corpus.file_sha256 != src["manifest_sha256"]:
             raise FormatError(
                 f"{directory}: its source {found} is not the corpus it was packed from (the "
                 f"manifest's sha256 differs from the one recorded); re-pack it, or restore "
                 "that corpus")
-        corpora.append(open_tokens(found, checksums=checksums))
+        corpora.append(corpus)
     return corpora
 
 
@@ -209,13 +234,19 @@ class PackedReader:
     >>> batch = collate_numpy([ds[0], ds[1]])         # one [1, N] row for flash-attention varlen
 
     ``sources``: for an index-layout dataset whose source corpora moved, their prefixes now
-    (in the order the dataset was packed from).
+    (in the order the dataset was packed from). ``directory`` may be a URL (``s3://...``;
+    ``storage_options`` for its filesystem, ``cache`` a :class:`packtool.storage.cache.Cache`
+    for its fetched files: see :mod:`packtool.storage`).
     """
 
-    def __init__(self, directory: str | Path, checksums: bool = True, sources=None):
-        self.directory = Path(directory)
+    def __init__(self, directory: str | Path, checksums: bool = True, sources=None,
+                 storage_options: dict | None = None, cache=None):
+        from ...storage.place import Place
+
+        self.place = Place(directory, storage_options, cache)
+        self.directory = self.place.folder
         self.checksums = checksums
-        self.index = read_index(self.directory)
+        self.index = read_index(self.directory, self.place)
         self.version = int(self.index["version"])
         self.layout = self.index.get("layout", "tokens")  # version 1 stores tokens
         self.seq_len = int(self.index["seq_len"])
@@ -248,7 +279,8 @@ class PackedReader:
         if sh is not None and self._last == k:
             return sh
         if sh is None:
-            arrays = open_shard_arrays(self.directory, self.index, k, self.checksums)
+            arrays = open_shard_arrays(self.directory, self.index, k, self.checksums,
+                                       self.place)
             sh = self._shards[k] = _table(self.index, self.index["shards"][k], arrays)
         self._lru.pop(k, None)
         self._lru[k] = None
@@ -262,7 +294,8 @@ class PackedReader:
         """The source corpora (the index layout reads its tokens from them)."""
         if self._sources is None:
             self._sources = open_sources_of(self.directory, self.index, self._override,
-                                            self.checksums)
+                                            self.checksums, self.place.storage_options,
+                                            self.place.cache_if_any())
         return self._sources
 
     def locate(self, i: int) -> tuple[int, int]:
@@ -377,10 +410,12 @@ class PackedReader:
             yield self[i]
 
 
-def open_packed(directory: str | Path, checksums: bool = True, sources=None) -> PackedReader:
+def open_packed(directory: str | Path, checksums: bool = True, sources=None,
+                storage_options: dict | None = None, cache=None) -> PackedReader:
     """Open a directory written by ``packtool pack`` (refuses unknown format versions).
 
     The index is checked at once (digest, keys, file names); each shard when first used
     (sizes, dtypes, offsets) and, with ``checksums``, its files' crc32, once per process.
-    An index-layout dataset opens its source corpora on the first token read."""
-    return PackedReader(directory, checksums, sources)
+    An index-layout dataset opens its source corpora on the first token read. A URL
+    (``s3://bucket/packed``) reads through :mod:`packtool.storage`."""
+    return PackedReader(directory, checksums, sources, storage_options, cache)

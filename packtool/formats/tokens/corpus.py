@@ -29,15 +29,18 @@ def memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
 
 @dataclass(eq=False)
 class TokenPart:
-    """One part of a corpus, boundaries LOCAL to its ``.bin``.
+    """One part of a corpus, boundaries LOCAL to its ``.bin``; its files are ``NAME.bin``,
+    ``NAME.boundaries`` (``NAME.mask``) in ``place`` (a local folder, or a URL whose files are
+    fetched into the cache, verified, when first used: :mod:`packtool.storage`).
 
     With ``checksums`` (the default of :func:`open_tokens`), the first use of ``tokens`` or
-    ``mask`` re-hashes that file against the manifest once per file per process (sha256,
+    ``mask`` re-hashes a local file against the manifest once per file per process (sha256,
     ~1.4 GB/s here; the same file opened again, or already checked by ``pack``, costs
     nothing): a flipped byte is an error, never silently different tokens. Lengths come from
     the boundaries alone, so ``stats`` never pays for it."""
 
-    prefix: Path          # the part's files are prefix.bin, prefix.boundaries, prefix.mask
+    place: object         # packtool.storage.place.Place
+    name: str
     entry: dict           # the manifest's part entry (counts, inputs, checksums)
     dtype: np.dtype
     with_mask: bool
@@ -45,16 +48,32 @@ class TokenPart:
     _maps: dict | None = field(default=None, repr=False)
     _lengths: np.ndarray | None = field(default=None, repr=False)
 
+    @property
+    def remote(self) -> bool:
+        return self.place.remote
+
+    @property
+    def prefix(self):
+        """The part's prefix as a user sees it (a Path, or a URL)."""
+        return self.place.path(self.name)
+
+    def path(self, key: str):
+        """``NAME.key`` as a user sees it."""
+        return self.place.path(f"{self.name}.{key}")
+
+    def file(self, key: str) -> Path:
+        """A local path to ``NAME.key`` (for a remote part, its verified cached copy)."""
+        return self.place.local(f"{self.name}.{key}", self.entry["checksums"][key])
+
     def _map(self, key: str) -> np.ndarray:
         with _open_lock:
             if self._maps is None:
                 n_docs, n_tokens = self.entry["n_docs"], self.entry["n_tokens"]
-                paths = prefix_paths(self.prefix)
-                self._maps = {"bin": memmap(paths["bin"], self.dtype, n_tokens),
-                              "boundaries": memmap(paths["boundaries"], np.dtype("<i8"),
-                                                    n_docs)}
+                self._maps = {"bin": memmap(self.file("bin"), self.dtype, n_tokens),
+                              "boundaries": memmap(self.file("boundaries"), np.dtype("<i8"),
+                                                   n_docs)}
                 if self.with_mask:
-                    self._maps["mask"] = memmap(paths["mask"], np.dtype("u1"), n_tokens)
+                    self._maps["mask"] = memmap(self.file("mask"), np.dtype("u1"), n_tokens)
             _open[id(self)] = self
             _open.move_to_end(id(self))
             while len(_open) > OPEN_PARTS:  # views handed out keep their own map alive
@@ -62,27 +81,25 @@ class TokenPart:
                 old._maps = None
             return self._maps[key]
 
+    def _checked(self, key: str) -> None:
+        if self.checksums and not self.place.remote:  # a remote file: verified when fetched
+            check_file(self.path(key), self.entry["checksums"][key])
+
     @property
     def tokens(self) -> np.ndarray:
-        if self.checksums:
-            check_file(prefix_paths(self.prefix)["bin"], self.entry["checksums"]["bin"])
+        self._checked("bin")
         return self._map("bin")
 
     @property
     def mask(self) -> np.ndarray | None:
         if not self.with_mask:
             return None
-        if self.checksums:
-            check_file(prefix_paths(self.prefix)["mask"], self.entry["checksums"]["mask"])
+        self._checked("mask")
         return self._map("mask")
 
     @property
     def ends(self) -> np.ndarray:
         return self._map("boundaries")
-
-    @property
-    def name(self) -> str:
-        return self.prefix.name
 
     @property
     def lengths(self) -> np.ndarray:
@@ -97,13 +114,18 @@ class TokenPart:
     def __len__(self) -> int:
         return int(self.entry["n_docs"])
 
-    def files(self) -> list[Path]:
-        paths = prefix_paths(self.prefix)
-        return [paths[k] for k in DATA_KEYS if k in self.entry["checksums"]]
+    def files(self) -> list:
+        """The part's data files as a user sees them (Paths, or URLs)."""
+        return [self.path(k) for k in DATA_KEYS if k in self.entry["checksums"]]
 
     def verify_checksums(self) -> None:
-        """Re-hash the part's data files and compare with its entry (a full read)."""
-        verify_part_files(self.prefix, self.entry)
+        """Re-hash the part's data files and compare with its entry (a full read; a remote
+        file is fetched, and so verified, into the cache)."""
+        if self.place.remote:
+            for key in self.entry["checksums"]:
+                self.file(key)
+        else:
+            verify_part_files(self.prefix, self.entry)
 
 
 def verify_part_files(prefix: Path, entry: dict) -> None:
@@ -159,6 +181,7 @@ class TokenCorpus:
     prefix: Path
     meta: dict
     parts: list[TokenPart]
+    file_sha256: str = ""  # sha256 of PREFIX.json's bytes as read at open
     _ends: np.ndarray | None = field(default=None, repr=False)
     _lengths: np.ndarray | None = field(default=None, repr=False)
 

@@ -5,6 +5,7 @@ everything at once (what ``packtool verify PREFIX`` runs)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,6 @@ from .schema import (
     part_manifest_path,
     part_name,
     plan_digest,
-    prefix_paths,
     split_prefix,
 )
 
@@ -80,13 +80,19 @@ def _check_bound(meta: dict, parts: list[dict], path: Path) -> None:
                           f"comes from another run; {FIX}")
 
 
-def _check_part_manifest(folder: Path, name: str, entry: dict, meta: dict) -> None:
+def _check_part_manifest(place, name: str, entry: dict, meta: dict) -> None:
     """The part's own manifest, when present (it is hidden, so a copy may leave it behind),
     must be the run's record of this very entry."""
-    path = part_manifest_path(folder, name)
-    if not path.is_file() or path.is_symlink():
-        return
-    m = load_json(path)
+    if place.remote:
+        path = place.path(part_manifest_path(Path("."), name).name)
+        if not place.is_file(path.rsplit("/", 1)[-1]):
+            return
+        m = load_json(path, place.read_bytes)
+    else:
+        path = part_manifest_path(place.folder, name)
+        if not path.is_file() or path.is_symlink():
+            return
+        m = load_json(path)
     check(m, PART_MANIFEST, path, FIX)
     same = (m["index"] == entry["index"] and m["digest"] == entry["digest"]
             and m["plan_digest"] == meta["plan"]["digest"] and m["part"] == entry)
@@ -125,49 +131,58 @@ def check_boundaries(ends: np.ndarray, n_tokens: int, path: Path, chunk: int = 1
                           f"{n_empty:,}; {FIX}")
 
 
-def open_part(prefix: Path, entry: dict, dtype: np.dtype, with_mask: bool,
-              checksums: bool = True, manifest: Path | None = None) -> TokenPart:
+def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
+              checksums: bool = True, manifest=None) -> TokenPart:
     """One part's files, checked: each a regular file or a link inside the folder, sizes
-    against the entry, boundaries in range (read once, then unmapped)."""
-    paths = prefix_paths(prefix)
+    against the entry, boundaries in range (read once, then unmapped). A remote part's files
+    are checked when fetched (size, sha256), its boundaries on first use."""
+    part = TokenPart(place=place, name=name, entry=entry, dtype=dtype, with_mask=with_mask,
+                     checksums=checksums)
+    if with_mask and "mask" not in entry["checksums"]:
+        raise FormatError(f"{manifest}: the corpus has a mask but part {name!r} lists no mask "
+                          f"checksum; {FIX}")
     n_docs, n_tokens = entry["n_docs"], entry["n_tokens"]
+    if place.remote:  # fetched now (8 bytes a document), verified whole; .bin on first use
+        ends = part.file("boundaries")
+        check_boundaries(memmap(ends, np.dtype("<i8"), n_docs), n_tokens,
+                         part.path("boundaries"), n_empty=entry.get("n_empty"))
+        return part
     sizes = [("bin", n_tokens * dtype.itemsize), ("boundaries", n_docs * 8)]
     if with_mask:
         sizes.append(("mask", n_tokens))
     for key, want in sizes:
-        confined_file(paths[key], manifest or paths["json"])
+        path = confined_file(part.path(key), manifest or place.path(f"{name}.json"))
         try:
-            got = paths[key].stat().st_size
+            got = path.stat().st_size
         except FileNotFoundError:
-            raise FormatError(f"{paths[key]} is missing (the manifest expects it)") from None
+            raise FormatError(f"{path} is missing (the manifest expects it)") from None
         if got != want:
             raise FormatError(
-                f"{paths[key]} has {got:,} bytes but the manifest says {want:,}; the file is "
+                f"{path} has {got:,} bytes but the manifest says {want:,}; the file is "
                 f"truncated or belongs to another corpus. {FIX[0].upper()}{FIX[1:]}")
-    if with_mask and "mask" not in entry["checksums"]:
-        raise FormatError(f"{manifest}: the corpus has a mask but part {prefix.name!r} lists "
-                          f"no mask checksum; {FIX}")
     if checksums:  # 8 bytes a document, read anyway: a shifted boundary is never silent
-        check_file(paths["boundaries"], entry["checksums"]["boundaries"])
-    check_boundaries(memmap(paths["boundaries"], np.dtype("<i8"), n_docs), n_tokens,
-                     paths["boundaries"], n_empty=entry.get("n_empty"))
-    return TokenPart(prefix=prefix, entry=entry, dtype=dtype, with_mask=with_mask,
-                     checksums=checksums)
+        check_file(part.path("boundaries"), entry["checksums"]["boundaries"])
+    check_boundaries(memmap(part.path("boundaries"), np.dtype("<i8"), n_docs), n_tokens,
+                     part.path("boundaries"), n_empty=entry.get("n_empty"))
+    return part
 
 
-def _renamed(name: str, meta: dict, prefix: Path) -> str:
+def _renamed(name: str, meta: dict, prefix_name: str) -> str:
     """A part's file stem for a corpus whose files were renamed together (``a.*`` ->
     ``b.*``, as version 1 allowed): names written under the prefix the plan records follow
     the manifest's current name."""
     was = (meta.get("plan") or {}).get("prefix")
-    if isinstance(was, str) and was and was != prefix.name and (
+    if isinstance(was, str) and was and was != prefix_name and (
             name == was or name.startswith(was + ".part-")):
-        return prefix.name + name[len(was):]
+        return prefix_name + name[len(was):]
     return name
 
 
-def open_tokens(prefix: str | Path, checksums: bool = True) -> TokenCorpus:
-    """Open the corpus ``PREFIX.json`` describes (written by ``packtool tokenize``).
+def open_tokens(prefix, checksums: bool = True, storage_options: dict | None = None,
+                cache=None) -> TokenCorpus:
+    """Open the corpus ``PREFIX.json`` describes (written by ``packtool tokenize``): a local
+    prefix, or a URL (``s3://bucket/corpus``; see :mod:`packtool.storage`: ``storage_options``
+    for the filesystem, ``cache`` a :class:`packtool.storage.cache.Cache` for its files).
 
     Always checked at open (cheap): the manifest against its schema and (version 3) its
     digest, part names and positions, every file's size, and every part's boundaries
@@ -175,30 +190,35 @@ def open_tokens(prefix: str | Path, checksums: bool = True) -> TokenCorpus:
     file. With ``checksums`` a part's ``.bin``/``.mask`` is re-hashed on its first read, once
     per process (see :class:`TokenPart`); :meth:`TokenCorpus.verify_checksums` hashes all.
     """
+    from ...storage.place import place_of
+
     prefix = split_prefix(prefix)
-    path = prefix_paths(prefix)["json"]
-    meta = read_manifest(path, FORMAT, READABLE)
+    place, stem = place_of(prefix, storage_options, cache)
+    path = place.path(f"{stem}.json")
+    raw: list = []
+    meta = read_manifest(path, FORMAT, READABLE, place.read_bytes if place.remote else None,
+                         raw=raw)
     entries = _part_entries(meta, path)
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")
     parts = []
     for q in entries:
-        name = _renamed(q["name"], meta, prefix)
+        name = _renamed(q["name"], meta, stem)
         if meta["version"] >= 3:
-            _check_part_manifest(prefix.parent, name, q, meta)
-        parts.append(open_part(prefix.parent / name, q, dtype, bool(meta.get("mask")),
-                               checksums, path))
-    return TokenCorpus(prefix=prefix, meta=meta, parts=parts)
+            _check_part_manifest(place, name, q, meta)
+        parts.append(open_part(place, name, q, dtype, bool(meta.get("mask")), checksums, path))
+    return TokenCorpus(prefix=prefix, meta=meta, parts=parts,
+                       file_sha256=hashlib.sha256(raw[0]).hexdigest())
 
 
-def validate_tokens(prefix: str | Path) -> TokenCorpus:
+def validate_tokens(prefix, storage_options: dict | None = None) -> TokenCorpus:
     """Everything :func:`open_tokens` checks, plus every file's sha256 and mask values in
     {0, 1}: what ``packtool verify PREFIX`` runs."""
-    corpus = open_tokens(prefix)
+    corpus = open_tokens(prefix, storage_options=storage_options)
     corpus.verify_checksums()
     vocab = int(corpus.meta.get("vocab_size") or 0)
     for q in corpus.parts:
         if q.mask is not None and len(q.tokens) and int(np.asarray(q.mask).max()) > 1:
-            raise FormatError(f"{prefix_paths(q.prefix)['mask']}: values other than 0 and 1")
+            raise FormatError(f"{q.path('mask')}: values other than 0 and 1")
         trained = int(np.asarray(q.mask).sum(dtype=np.int64)) if q.mask is not None else len(
             q.tokens)
         if q.entry.get("n_trained_tokens", trained) != trained:
@@ -207,8 +227,7 @@ def validate_tokens(prefix: str | Path) -> TokenCorpus:
         if vocab and len(q.tokens):
             top = int(np.asarray(q.tokens).max())
             if top >= vocab:
-                raise FormatError(f"{prefix_paths(q.prefix)['bin']}: token id {top:,} >= "
-                                  f"vocab_size {vocab:,}")
+                raise FormatError(f"{q.path('bin')}: token id {top:,} >= vocab_size {vocab:,}")
     return corpus
 
 

@@ -140,8 +140,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= UINT16_MAX_VOCAB else np.dtype("<u4")
 
 
-def split_prefix(path: str | Path) -> Path:
-    """Accept ``PREFIX`` or any of its files (``PREFIX.json``...) and return ``PREFIX``."""
+def split_prefix(path):
+    """Accept ``PREFIX`` or any of its files (``PREFIX.json``...) and return ``PREFIX`` (a
+    Path; a URL stays a str)."""
+    if "://" in str(path):
+        s = str(path)
+        for suffix in SUFFIXES:
+            if s.endswith(suffix):
+                return s[:-len(suffix)]
+        return s
     p = Path(path)
     if p.suffix in SUFFIXES and not Path(str(p) + ".json").exists():
         return p.with_suffix("")

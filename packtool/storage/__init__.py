@@ -1,0 +1,111 @@
+"""Where packtool's files live: a local folder, or any fsspec URL (``s3://``, ``gs://``,
+``hf://``, ``az://``, ...), through fsspec and its maintained backends (s3fs, gcsfs,
+huggingface_hub's HfFileSystem), installed as extras (``pip install 'packtool[s3]'``).
+
+Credentials come from where each backend looks (environment, config files, instance roles);
+``storage_options`` (``--storage-options JSON``) passes anything else, e.g. an endpoint URL::
+
+    open_packed("s3://bucket/packed", storage_options={"client_kwargs":
+                {"endpoint_url": "http://127.0.0.1:9000"}})
+
+Reading: manifests are read directly; data files are fetched into a local cache
+(:mod:`.cache`), each verified against its checksum once when fetched, then memory-mapped.
+Writing: :mod:`.publish` (data objects first, each verified, the manifest last: the commit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from pathlib import Path
+
+from ..errors import PacktoolError
+
+# protocol -> the extra that installs its backend
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hf", "az": "azure",
+          "abfs": "azure", "abfss": "azure"}
+PIP = {"s3": "s3fs", "gcs": "gcsfs", "hf": "huggingface_hub", "azure": "adlfs"}
+
+
+def is_url(path) -> bool:
+    """A remote location (``scheme://...``, but not ``file://``)."""
+    s = str(path)
+    return "://" in s and not s.startswith("file://")
+
+
+def protocol(url: str) -> str:
+    return str(url).split("://", 1)[0]
+
+
+def parse_options(text: str | dict | None) -> dict:
+    """``--storage-options`` JSON (or a dict) as a dict, refused by name if not an object."""
+    if text is None or isinstance(text, dict):
+        return dict(text or {})
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise PacktoolError(f"--storage-options {text!r}: not JSON ({e}); give an object, e.g. "
+                            "'{\"client_kwargs\": {\"endpoint_url\": \"http://host:9000\"}}'"
+                            ) from None
+    if not isinstance(value, dict):
+        raise PacktoolError(f"--storage-options {text!r}: a JSON object is needed, got "
+                            f"{type(value).__name__}")
+    return value
+
+
+_FILESYSTEMS: dict = {}
+
+
+def filesystem(url: str, storage_options: dict | None = None):
+    """The fsspec filesystem for ``url`` (one per protocol and options in a process), and the
+    path within it. A missing backend is an error naming the pip command."""
+    try:
+        import fsspec
+    except ImportError:
+        raise PacktoolError(f"{url}: reading and writing URLs needs fsspec: pip install "
+                            "'packtool[s3]' (or [gcs], [hf])") from None
+    proto = protocol(url)
+    key = (proto, json.dumps(storage_options or {}, sort_keys=True, default=str))
+    if key not in _FILESYSTEMS:
+        try:
+            cls = fsspec.get_filesystem_class(proto)
+        except (ImportError, ValueError) as e:
+            extra = EXTRAS.get(proto)
+            how = (f"pip install 'packtool[{extra}]' (it installs {PIP[extra]})" if extra
+                   else "install the fsspec backend for it")
+            raise PacktoolError(f"{url}: no filesystem for {proto}:// here ({e}); {how}"
+                                ) from None
+        try:
+            _FILESYSTEMS[key] = cls(**(storage_options or {}))
+        except Exception as e:  # a backend's own validation of the options
+            raise PacktoolError(f"{url}: cannot open {proto}:// with --storage-options "
+                                f"{storage_options!r}: {type(e).__name__}: {e}") from None
+    fs = _FILESYSTEMS[key]
+    return fs, fs._strip_protocol(url)
+
+
+def join(base, *names: str):
+    """``base`` / names, for a local folder (a Path) or a URL (a str)."""
+    if is_url(base):
+        return posixpath.join(str(base), *names)
+    return Path(base).joinpath(*names)
+
+
+def parent(path):
+    if is_url(path):
+        proto, rest = str(path).split("://", 1)
+        return f"{proto}://{posixpath.dirname(rest.rstrip('/'))}"
+    return Path(path).parent
+
+
+def basename(path) -> str:
+    return posixpath.basename(str(path).rstrip("/")) if is_url(path) else Path(path).name
+
+
+def normalize(base, relative: str):
+    """``relative`` (a path a manifest recorded, ``../c``) resolved against ``base``."""
+    if is_url(base):
+        proto, rest = str(base).split("://", 1)
+        return f"{proto}://{posixpath.normpath(posixpath.join(rest, relative))}"
+    return Path(os.path.normpath(Path(base) / relative))

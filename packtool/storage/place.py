@@ -1,0 +1,96 @@
+"""A folder of packtool files, local or remote, as the readers see it: manifests read as text,
+data files as local paths to memory-map (remote ones fetched into the cache, verified).
+
+    place = Place("s3://bucket/corpora", storage_options, cache)
+    meta = json.loads(place.read_text("web.json"))
+    path = place.local("web.bin", {"bytes": ..., "sha256": ...})   # a verified local copy
+
+For a local folder ``local`` is the file itself (its checksum is checked by the reader, once
+per process, as before); nothing is copied.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import basename, filesystem, is_url, join, normalize, parent
+
+
+class Place:
+    def __init__(self, folder, storage_options: dict | None = None, cache=None):
+        self.remote = is_url(folder)
+        self.folder = str(folder).rstrip("/") if self.remote else Path(folder)
+        self.storage_options = storage_options or {}
+        self._cache = cache
+        if self.remote:
+            self.fs, self.root = filesystem(self.folder, self.storage_options)
+
+    def __repr__(self) -> str:
+        return f"Place({self.folder!s})"
+
+    @property
+    def cache(self):
+        if self._cache is None:
+            from .cache import Cache
+
+            self._cache = Cache()
+        return self._cache
+
+    def cache_if_any(self):
+        """The cache given or made so far (None: none yet; a local place never makes one)."""
+        return self._cache
+
+    def path(self, name: str):
+        """The file's name as a user sees it (a Path, or the URL)."""
+        return join(self.folder, name)
+
+    def sub(self, name: str) -> Place:
+        return Place(join(self.folder, name), self.storage_options, self._cache)
+
+    def at(self, relative: str) -> Place:
+        """The place of a path a manifest recorded relative to this folder (``../corpus``'s
+        folder)."""
+        return Place(parent(normalize(self.folder, relative)), self.storage_options,
+                     self._cache)
+
+    def _remote(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def exists(self, name: str) -> bool:
+        if self.remote:
+            return self.fs.exists(self._remote(name))
+        p = self.path(name)
+        return p.exists() or p.is_symlink()
+
+    def is_file(self, name: str) -> bool:
+        if self.remote:
+            return self.fs.isfile(self._remote(name))
+        return self.path(name).is_file()
+
+    def read_bytes(self, name: str) -> bytes:
+        if self.remote:
+            return self.fs.cat_file(self._remote(name))
+        return self.path(name).read_bytes()
+
+    def read_text(self, name: str) -> str:
+        return self.read_bytes(name).decode("utf-8")
+
+    def size(self, name: str) -> int | None:
+        """Bytes, or None if there is no such file."""
+        try:
+            if self.remote:
+                return int(self.fs.info(self._remote(name))["size"])
+            return self.path(name).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def local(self, name: str, expect: dict) -> Path:
+        """A local path to the file: itself (local), or its verified copy in the cache."""
+        if not self.remote:
+            return self.path(name)
+        return self.cache.get(self.fs, self._remote(name), str(self.path(name)), expect)
+
+
+def place_of(path, storage_options: dict | None = None, cache=None) -> tuple[Place, str]:
+    """(the folder's place, the file or prefix name) of a path or URL."""
+    return Place(parent(path), storage_options, cache), basename(path)
