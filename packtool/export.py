@@ -85,7 +85,9 @@ class ExportResult:
 
 def source_kind(src: str | Path) -> str:
     """'packed' for a directory holding index.json, else 'corpus' (a token-file prefix)."""
-    return "packed" if (Path(src) / "index.json").is_file() else "corpus"
+    from .storage import kind_of
+
+    return kind_of(src)
 
 
 def _open(src: str | Path, kind: str):

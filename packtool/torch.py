@@ -42,12 +42,22 @@ class TorchPackedDataset(torch.utils.data.Dataset):
 
     Items are dicts of tensors (input_ids, labels, position_ids int64; doc_ids, cu_seqlens
     int32; max_seqlen int). With ``pad_to`` every item has that length (see
-    ``PackedReader.get`` in packtool.formats.packed for the pad conventions).
+    ``PackedReader.get`` in packtool.formats.packed for the pad conventions). ``directory``
+    may be a URL (``s3://bucket/packed``): ``storage_options`` for its filesystem,
+    ``cache_dir``/``cache_limit`` for the node's cache of its files (ranks of one node share
+    it; :mod:`packtool.storage.cache`).
     """
 
     def __init__(self, directory, pad_to: int | None = None, pad_id: int = 0,
-                 pad_multiple: int | None = None, per_segment: bool = False):
-        self.packed = open_packed(directory)
+                 pad_multiple: int | None = None, per_segment: bool = False,
+                 storage_options: dict | None = None, cache_dir=None,
+                 cache_limit: int | None = None):
+        cache = None
+        if cache_dir is not None or cache_limit is not None:
+            from .storage.cache import Cache
+
+            cache = Cache(cache_dir, cache_limit)
+        self.packed = open_packed(directory, storage_options=storage_options, cache=cache)
         self.pad_to, self.pad_id = pad_to, pad_id
         self.pad_multiple, self.per_segment = pad_multiple, per_segment
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import sha256_file
 from .errors import PacktoolError
 from .formats.packed import VALID, ValidationError, validate_packed
-from .formats.tokens import open_tokens, prefix_paths, read_lengths, validate_tokens
+from .formats.tokens import open_tokens, read_lengths, validate_tokens
+from .storage import is_url, join, kind_of, parent
 
 VerifyError = ValidationError
 CHUNK_TOKENS = 1 << 23
@@ -75,7 +75,10 @@ class VerifyResult:
 
 
 def verify(path: str | Path, sources: list[str | Path] | None = None) -> VerifyResult:
-    """A packed directory (with optional sources) or a token-corpus prefix."""
+    """A packed directory (with optional sources) or a token-corpus prefix (local, or a URL:
+    :mod:`packtool.storage`)."""
+    if is_url(path):
+        return _verify_url(str(path), sources)
     p = Path(path)
     if p.is_dir():
         return verify_packed(p, sources)
@@ -89,23 +92,40 @@ def verify(path: str | Path, sources: list[str | Path] | None = None) -> VerifyR
     return VerifyResult(str(corpus.prefix), "tokens", corpus.n_tokens, n_docs=len(corpus))
 
 
+def _verify_url(path: str, sources) -> VerifyResult:
+    from .formats.tokens import split_prefix
+    from .storage.place import place_of
+
+    if kind_of(path) == "packed":
+        return verify_packed(path, sources)
+    where, stem = place_of(split_prefix(path))
+    if not where.is_file(f"{stem}.json"):
+        raise PacktoolError(f"{path}: neither a packed dataset (no index.json in it) nor a "
+                            f"token corpus (no {stem}.json); pass the --out of packtool pack "
+                            "or packtool tokenize")
+    if sources:
+        raise PacktoolError(f"{path} is a token corpus; --source applies to packed directories")
+    corpus = validate_tokens(split_prefix(path))
+    return VerifyResult(str(corpus.prefix), "tokens", corpus.n_tokens, n_docs=len(corpus))
+
+
 def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
                   ) -> VerifyResult:
     """Run every check (also on the held-out split in ``directory/valid``, and that no
     document is in both); return a :class:`VerifyResult` or raise :class:`VerifyError`."""
-    directory = Path(directory)
+    directory = directory if is_url(directory) else Path(directory)
     ds = validate_packed(directory)
     index = ds.index
     if index.get("split") == "valid" and sources:
-        raise PacktoolError(f"{directory} is the held-out split of {directory.parent}: verify "
-                            f"{directory.parent} --source ... checks both splits against the "
-                            "sources")
+        up = parent(directory)
+        raise PacktoolError(f"{directory} is the held-out split of {up}: verify "
+                            f"{up} --source ... checks both splits against the sources")
     result = VerifyResult(str(directory), "packed", index["n_tokens"], n_docs=index["n_docs"],
                           n_packs=index["n_packs"], n_segments=index["n_segments"],
                           n_shards=len(index["shards"]), layout=ds.layout)
     valid = None
     if index.get("held_out"):
-        valid = validate_packed(directory / index["held_out"]["path"])
+        valid = validate_packed(join(directory, index["held_out"]["path"]))
         if valid.index.get("split") != "valid":
             raise VerifyError(f"{valid.directory}: not the held-out split of {directory}")
         result.valid = {"n_packs": valid.index["n_packs"], "n_tokens": valid.index["n_tokens"],
@@ -162,7 +182,7 @@ def _disjoint(train, valid) -> None:
 
 
 def valid_dir(ds) -> Path:
-    return ds.directory / VALID
+    return join(ds.directory, VALID)
 
 
 def _sources(index: dict, specs) -> list:
@@ -182,10 +202,10 @@ def _sources(index: dict, specs) -> list:
                 raise VerifyError(f"--source {spec}: the dataset was packed with factor "
                                   f"{rec.get('factor', 1.0):g} for this source, not "
                                   f"{float(tail):g}")
-        if sha256_file(prefix_paths(prefix)["json"]) != rec["manifest_sha256"]:
+        c = open_tokens(prefix)
+        if c.file_sha256 != rec["manifest_sha256"]:
             raise VerifyError(f"--source {prefix} is not the corpus that was packed (manifest "
                               f"sha256 differs from {rec['prefix']}'s)")
-        c = open_tokens(prefix)
         c.verify_checksums()  # a corrupt source must not vouch for the packs
         corpora.append(c)
     return corpora

@@ -17,7 +17,11 @@ from ..errors import PacktoolError
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="packtool")
-def cli():
+@click.option("--storage-options", metavar="JSON", default=None,
+              help="For s3://, gs://, hf:// ... paths: the fsspec filesystem's options as a JSON "
+                   "object, e.g. '{\"endpoint_url\": \"http://127.0.0.1:9000\"}' "
+                   "(credentials come from the usual places; docs/STORAGE.md).")
+def cli(storage_options):
     """Turn raw text corpora into packed, padding-free LLM training data.
 
     \b
@@ -27,6 +31,10 @@ def cli():
         packtool verify out/packed --source out/corpus
         packtool stats out/corpus --algos all
     """
+    if storage_options:
+        from ..storage import set_default_options
+
+        run(set_default_options, storage_options)
 
 
 def run(fn, *args, **kwargs):

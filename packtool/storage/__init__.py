@@ -55,6 +55,21 @@ def parse_options(text: str | dict | None) -> dict:
 
 
 _FILESYSTEMS: dict = {}
+ENV = "PACKTOOL_STORAGE_OPTIONS"
+
+
+def default_options() -> dict:
+    """What ``--storage-options`` (or ``$PACKTOOL_STORAGE_OPTIONS``, which the CLI sets so
+    worker processes see it too) gives every URL that is opened without its own options."""
+    return parse_options(os.environ.get(ENV) or None)
+
+
+def set_default_options(text: str | dict | None) -> None:
+    """The CLI's ``--storage-options``: checked now, then kept in the environment (Ray's
+    local workers and subprocesses inherit it)."""
+    value = parse_options(text)
+    if value:
+        os.environ[ENV] = json.dumps(value)
 
 
 def filesystem(url: str, storage_options: dict | None = None):
@@ -66,7 +81,9 @@ def filesystem(url: str, storage_options: dict | None = None):
         raise PacktoolError(f"{url}: reading and writing URLs needs fsspec: pip install "
                             "'packtool[s3]' (or [gcs], [hf])") from None
     proto = protocol(url)
-    key = (proto, json.dumps(storage_options or {}, sort_keys=True, default=str))
+    if storage_options is None:
+        storage_options = default_options()
+    key = (proto, json.dumps(storage_options, sort_keys=True, default=str))
     if key not in _FILESYSTEMS:
         try:
             cls = fsspec.get_filesystem_class(proto)
@@ -77,12 +94,22 @@ def filesystem(url: str, storage_options: dict | None = None):
             raise PacktoolError(f"{url}: no filesystem for {proto}:// here ({e}); {how}"
                                 ) from None
         try:
-            _FILESYSTEMS[key] = cls(**(storage_options or {}))
+            _FILESYSTEMS[key] = cls(**storage_options)
         except Exception as e:  # a backend's own validation of the options
             raise PacktoolError(f"{url}: cannot open {proto}:// with --storage-options "
                                 f"{storage_options!r}: {type(e).__name__}: {e}") from None
     fs = _FILESYSTEMS[key]
     return fs, fs._strip_protocol(url)
+
+
+def kind_of(path) -> str:
+    """'packed' for a folder holding index.json (local or remote), else 'corpus' (a token
+    corpus prefix)."""
+    if is_url(path):
+        from .place import Place
+
+        return "packed" if Place(path).is_file("index.json") else "corpus"
+    return "packed" if (Path(path) / "index.json").is_file() else "corpus"
 
 
 def join(base, *names: str):

@@ -20,7 +20,7 @@ class Place:
     def __init__(self, folder, storage_options: dict | None = None, cache=None):
         self.remote = is_url(folder)
         self.folder = str(folder).rstrip("/") if self.remote else Path(folder)
-        self.storage_options = storage_options or {}
+        self.storage_options = storage_options  # None: the defaults (--storage-options)
         self._cache = cache
         if self.remote:
             self.fs, self.root = filesystem(self.folder, self.storage_options)

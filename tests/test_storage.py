@@ -1,0 +1,175 @@
+"""Object storage against a real S3 server (moto's ThreadedMotoServer on 127.0.0.1, started
+here): reading corpora and packed datasets (both layouts) from a bucket through the verified
+cache, the CLI with --storage-options, corrupted and missing objects refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+from conftest import CORPUS, ROOT, TOKENIZER  # noqa: E402
+from storage_server import S3  # noqa: E402
+
+from packtool import open_packed, open_tokens  # noqa: E402
+from packtool.errors import FormatError, PacktoolError  # noqa: E402
+from packtool.storage.cache import Cache  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def s3():
+    server = S3()
+    yield server
+    server.stop()
+
+
+def cli(*args, env=None, check=True):
+    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    if check:
+        assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """A corpus and both packed layouts of it, made locally: what the bucket must equal."""
+    d = tmp_path_factory.mktemp("local")
+    cli("tokenize", CORPUS, "-t", TOKENIZER, "--eos", "<|eos|>", "-o", d / "data" / "c", "-q")
+    for layout in ("tokens", "index"):
+        cli("pack", d / "data" / "c", "-L", 128, "--layout", layout, "--valid-docs", 3,
+            "-o", d / "data" / layout, "-q")
+    return d
+
+
+def upload(s3, local_dir, bucket: str) -> str:
+    s3.fs.put(str(local_dir / "data"), f"{bucket}/", recursive=True)
+    return f"s3://{bucket}/data"
+
+
+def same_packs(a, b) -> None:
+    assert len(a) == len(b) and len(a) > 0
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert x.keys() == y.keys()
+        for k in x:
+            assert np.array_equal(np.asarray(x[k]), np.asarray(y[k])), (i, k)
+
+
+def test_corpus_and_both_layouts_read_from_a_bucket_equal_local(s3, local, tmp_path):
+    url = upload(s3, local, s3.bucket())
+    cache = Cache(tmp_path / "cache")
+    c_local, c_remote = open_tokens(local / "data" / "c"), open_tokens(
+        f"{url}/c", storage_options=s3.options, cache=cache)
+    assert len(c_local) == len(c_remote)
+    for i in range(len(c_local)):
+        assert np.array_equal(c_local[i], c_remote[i])
+    for layout in ("tokens", "index"):
+        remote = open_packed(f"{url}/{layout}", storage_options=s3.options, cache=cache)
+        same_packs(open_packed(local / "data" / layout), remote)
+        same_packs(open_packed(local / "data" / layout / "valid"),
+                   open_packed(f"{url}/{layout}/valid", storage_options=s3.options, cache=cache))
+    fetched = sorted(p.name for p in (tmp_path / "cache" / "objects").iterdir())
+    assert fetched and all(not n.startswith(".") for n in fetched)  # no temporaries left
+
+
+def test_torch_dataset_reads_a_bucket_through_its_cache(s3, local, tmp_path):
+    torch = pytest.importorskip("torch")
+    from packtool.torch import TorchPackedDataset
+
+    url = upload(s3, local, s3.bucket())
+    ds = TorchPackedDataset(f"{url}/index", storage_options=s3.options,
+                            cache_dir=tmp_path / "cache")
+    ref = open_packed(local / "data" / "index")
+    for i in range(len(ds)):
+        assert torch.equal(ds[i]["input_ids"], torch.from_numpy(ref[i]["input_ids"]))
+    assert any((tmp_path / "cache" / "objects").iterdir())
+
+
+def test_cli_verify_and_export_from_a_bucket(s3, local, tmp_path):
+    url = upload(s3, local, s3.bucket())
+    env = {**s3.env, "PACKTOOL_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("PACKTOOL_STORAGE_OPTIONS")
+    opts = ["--storage-options", json.dumps(s3.options)]
+    for layout in ("tokens", "index"):
+        r = cli(*opts, "verify", f"{url}/{layout}", "--source", f"{url}/c", "--json", env=env)
+        assert json.loads(r.stdout)["sources_checked"]
+    assert json.loads(cli(*opts, "verify", f"{url}/c", "--json", env=env).stdout)["n_docs"]
+    for layout in ("tokens", "index"):
+        cli(*opts, "export", f"{url}/{layout}", "--format", "parquet", "-o",
+            tmp_path / f"remote-{layout}.parquet", "-q", env=env)
+        cli("export", local / "data" / layout, "--format", "parquet", "-o",
+            tmp_path / f"local-{layout}.parquet", "-q")
+        import pyarrow.parquet as pq
+
+        assert pq.read_table(tmp_path / f"remote-{layout}.parquet").equals(
+            pq.read_table(tmp_path / f"local-{layout}.parquet"))
+
+
+def test_a_corrupted_object_is_refused_at_load_and_by_verify(s3, local, tmp_path):
+    bucket = s3.bucket()
+    url = upload(s3, local, bucket)
+    index = json.loads(s3.fs.cat_file(f"{bucket}/data/tokens/index.json"))
+    name = index["shards"][0]["files"]["seg_length"]["name"]
+    data = bytearray(s3.fs.cat_file(f"{bucket}/data/tokens/{name}"))
+    data[-1] ^= 0xFF
+    s3.fs.pipe_file(f"{bucket}/data/tokens/{name}", bytes(data))
+    with pytest.raises(FormatError, match=name):
+        open_packed(f"{url}/tokens", storage_options=s3.options,
+                    cache=Cache(tmp_path / "cache"))[0]
+    r = cli("verify", f"{url}/tokens", env={**s3.env, "PACKTOOL_CACHE_DIR": str(
+        tmp_path / "cache2")}, check=False)
+    assert r.returncode == 1 and name in r.stderr
+    assert not [p for p in (tmp_path / "cache2" / "objects").iterdir() if name in p.name]
+
+    bin_name = "c.bin" if s3.fs.exists(f"{bucket}/data/c.bin") else None
+    bin_name = bin_name or next(p.rsplit("/", 1)[-1] for p in s3.fs.ls(f"{bucket}/data")
+                                if p.endswith(".bin"))
+    data = bytearray(s3.fs.cat_file(f"{bucket}/data/{bin_name}"))
+    data[0] ^= 0x01
+    s3.fs.pipe_file(f"{bucket}/data/{bin_name}", bytes(data))
+    with pytest.raises(FormatError, match=bin_name):
+        open_packed(f"{url}/index", storage_options=s3.options,
+                    cache=Cache(tmp_path / "cache3"))[0]
+
+
+def test_a_missing_object_and_a_missing_backend_are_named(s3, local, tmp_path):
+    bucket = s3.bucket()
+    url = upload(s3, local, bucket)
+    index = json.loads(s3.fs.cat_file(f"{bucket}/data/tokens/index.json"))
+    name = index["shards"][0]["files"]["seg_doc"]["name"]
+    s3.fs.rm(f"{bucket}/data/tokens/{name}")
+    with pytest.raises(FormatError, match="missing"):
+        open_packed(f"{url}/tokens", storage_options=s3.options,
+                    cache=Cache(tmp_path / "cache"))[0]
+    with pytest.raises(PacktoolError, match="no filesystem|pip install"):
+        open_tokens("nosuchproto://bucket/c")
+    with pytest.raises(PacktoolError, match="storage-options"):
+        from packtool.storage import parse_options
+
+        parse_options("[1, 2]")
+
+
+def test_cache_is_bounded_and_shared(s3, local, tmp_path):
+    url = upload(s3, local, s3.bucket())
+    one = Cache(tmp_path / "cache", cache_limit=1)  # keeps only the file just fetched
+    ds = open_packed(f"{url}/tokens", storage_options=s3.options, cache=one)
+    for i in range(len(ds)):
+        ds[i]
+    left = list((tmp_path / "cache" / "objects").iterdir())
+    assert len(left) == 1
+    # a second reader on the node (another rank) finds the file already there: no fetch
+    other = Cache(tmp_path / "cache")
+    before = {p.name: p.stat().st_mtime_ns for p in left}
+    ds2 = open_packed(f"{url}/tokens", storage_options=s3.options, cache=other)
+    ds2[len(ds2) - 1]
+    assert {p.name for p in (tmp_path / "cache" / "objects").iterdir()} >= set(before)
+    assert os.environ.get("AWS_ACCESS_KEY_ID") == "testing"
