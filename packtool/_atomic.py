@@ -46,17 +46,17 @@ from pathlib import Path
 from . import _locks, _signals
 from ._io import create
 from ._temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this module's API too
-    _KINDS,
-    _finish,
-    _size,
-    _temp_name,
-    _undo,
+    TEMP_KINDS,
     clear_temporaries,
     final_name,
+    finish,
     journal_path,
     reclaim,
     remove_path,
+    size_of,
+    tagged_name,
     temp_name,
+    undo,
 )
 from .errors import PacktoolError
 
@@ -112,7 +112,7 @@ def make_parents(output: Path) -> list[Path]:
 def _write_journal(journal: Path, entries) -> None:
     # its own kind: with a one-file output the key is that file, whose data temporary is
     # ``.NAME.tmp-TAG``; the journal's must not be the same name (reclaimable too)
-    tmp = _temp_name(journal.with_name(journal.name[1:-len(".journal")]), "jtmp")
+    tmp = tagged_name(journal.with_name(journal.name[1:-len(".journal")]), "jtmp")
     try:
         with create(tmp) as f:
             f.write(json.dumps([[str(x) if x else None for x in e] for e in entries]).encode())
@@ -178,11 +178,11 @@ def _commit(entries: list[tuple[Path | None, Path, Path | None]], journal: Path)
                 fsync_path(d)
             _signals.check()
         except BaseException:
-            _undo(entries)
+            undo(entries)
             _remove(journal)
             raise
         _signals.committed()
-        _finish(entries, journal)
+        finish(entries, journal)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -219,7 +219,7 @@ def commit_dir(tmp: Path, path: Path) -> None:
             fsync_path(path.parent)
             _remove(tmp)  # the previous output, now under the temporary name
             return None
-    return _commit([(tmp, path, _temp_name(path, "old"))], journal_path(path))
+    return _commit([(tmp, path, tagged_name(path, "old"))], journal_path(path))
 
 
 # ----------------------------------------------------------------------------- full disk
@@ -228,7 +228,7 @@ def no_space(err: OSError, output: Path, temps: list[Path], kept: str | None = N
     """A full disk, worded for the output the user asked for (never a temporary): what the
     run needed or had written, what is free, and what stays (``kept``: finished parts that a
     re-run reuses), after removing ``temps``."""
-    written = sum(_size(t) for t in temps)
+    written = sum(size_of(t) for t in temps)
     for t in temps:
         _remove(t)
     free = shutil.disk_usage(output.parent).free
@@ -288,14 +288,14 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
             print(f"packtool: {note}", file=sys.stderr)
         refuse_existing_files(paths, overwrite)
         tag = f"{os.getpid()}-{secrets.token_hex(3)}"
-        temps = [_temp_name(p, "tmp", tag) for p in paths]
+        temps = [tagged_name(p, "tmp", tag) for p in paths]
         try:
             yield temps
         except BaseException as e:
             _discard(e, label or key, temps)
-        entries = [(None, Path(os.path.abspath(p)), _temp_name(Path(p), "old", tag))
+        entries = [(None, Path(os.path.abspath(p)), tagged_name(Path(p), "old", tag))
                    for p in remove if Path(p).exists()]
-        entries += [(t, p, _temp_name(p, "old", tag)) for t, p in zip(temps, paths, strict=True)]
+        entries += [(t, p, tagged_name(p, "old", tag)) for t, p in zip(temps, paths, strict=True)]
         try:
             _commit(entries, journal_path(key))
         except BaseException as e:
@@ -325,7 +325,7 @@ def atomic_dir(path: Path, overwrite: bool = False, owned=None):
         for note in notes:
             print(f"packtool: {note}", file=sys.stderr)
         check_replaceable(path, overwrite, owned)
-        tmp = _temp_name(path)
+        tmp = tagged_name(path)
         tmp.mkdir()
         try:
             yield tmp
@@ -362,7 +362,7 @@ def check_replaceable(path: Path, overwrite: bool, owned) -> None:
 def unexpected(folder: Path, expected: set[str], what: str) -> None:
     """Refuse ``folder`` unless every entry in it is in ``expected`` or one of packtool's
     own hidden files (locks, temporaries of dead runs)."""
-    hidden = re.compile(rf"\..+\.(?:lock|(?:{_KINDS})-\d+-[0-9a-f]+)")
+    hidden = re.compile(rf"\..+\.(?:lock|(?:{TEMP_KINDS})-\d+-[0-9a-f]+)")
     extra = sorted(n for n in os.listdir(folder) if n not in expected
                    and not hidden.fullmatch(n))
     if extra:

@@ -20,11 +20,11 @@ from pathlib import Path
 from . import _locks
 from .errors import PacktoolError
 
-_KINDS = "tmp|old|commit|jtmp"
+TEMP_KINDS = "tmp|old|commit|jtmp"
 _SUFFIXES = r"(?:\.(?:bin|boundaries|mask|json))?"  # a token prefix's files share its lock
 
 
-def _temp_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:
+def tagged_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:
     tag = tag or f"{os.getpid()}-{secrets.token_hex(3)}"
     return path.with_name(f".{path.name}.{kind}-{tag}")
 
@@ -39,7 +39,7 @@ def final_name(path: str | Path) -> Path:
     name what the user asked for, never a hidden file. Other paths are returned unchanged."""
     p = Path(path)
     for parent in (p, *p.parents):
-        m = re.fullmatch(rf"\.(.+)\.(?:{_KINDS})-\d+-[0-9a-f]+", parent.name)
+        m = re.fullmatch(rf"\.(.+)\.(?:{TEMP_KINDS})-\d+-[0-9a-f]+", parent.name)
         if m:
             return parent.with_name(m.group(1)) / p.relative_to(parent)
     return p
@@ -57,7 +57,7 @@ def remove_path(path: Path) -> None:
 _remove = remove_path
 
 
-def _size(path: Path) -> int:
+def size_of(path: Path) -> int:
     try:
         if path.is_dir() and not path.is_symlink():
             return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -88,7 +88,7 @@ def _leftovers(output: Path) -> list[tuple[Path, str, int]]:
     ``..o.part.json.tmp-…``, a part commit's journal ``.o.part-commit.commit-…``)."""
     name = re.escape(output.name)
     stem = rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.(?:part[-.][\w.-]*|plan\.json))"
-    pattern = re.compile(rf"{stem}\.({_KINDS})-(\d+)-[0-9a-f]+")
+    pattern = re.compile(rf"{stem}\.({TEMP_KINDS})-(\d+)-[0-9a-f]+")
     journal = re.compile(rf"{stem}\.journal")
     lock = re.compile(rf"{stem}\.lock")
     found = []
@@ -113,7 +113,7 @@ def _inner_leftovers(folder: Path) -> list[tuple[Path, str, int]]:
         if not sub.is_dir() or sub.is_symlink():
             continue
         for p in sub.iterdir():
-            m = re.fullmatch(rf"\.[\w.-]+?\.({_KINDS})-(\d+)-[0-9a-f]+", p.name)
+            m = re.fullmatch(rf"\.[\w.-]+?\.({TEMP_KINDS})-(\d+)-[0-9a-f]+", p.name)
             if m:
                 found.append((p, m.group(1), int(m.group(2))))
             elif re.fullmatch(r"\.[\w.-]+\.lock", p.name):
@@ -135,7 +135,7 @@ def clear_temporaries(folder: Path) -> None:
 def temp_name(path: Path, kind: str = "tmp") -> Path:
     """A new temporary name for ``path`` (``.NAME.tmp-PID-RAND``), reclaimed once its pid
     is dead."""
-    return _temp_name(Path(os.path.abspath(path)), kind)
+    return tagged_name(Path(os.path.abspath(path)), kind)
 
 
 def reclaim(output: Path, inside: Path | None = None, scan: bool = True) -> list[str]:
@@ -165,7 +165,7 @@ def reclaim(output: Path, inside: Path | None = None, scan: bool = True) -> list
     nbytes, pids = 0, set()
     for path, kind, pid in leftovers:
         if kind != "commit" and (path.exists() or path.is_symlink()):
-            nbytes += _size(path)
+            nbytes += size_of(path)
             pids.add(pid)
             _remove(path)
     if pids:
@@ -194,9 +194,9 @@ def _recover(journal: Path) -> str:
         _remove(journal)
         return "removed an incomplete commit journal; the previous output is unchanged"
     if _committed(entries):
-        _finish(entries, journal)
+        finish(entries, journal)
         return "completed an interrupted commit: its new output was already in place"
-    _undo(entries)
+    undo(entries)
     _remove(journal)
     return "undid an interrupted commit: the previous output is back in place"
 
@@ -206,14 +206,14 @@ def _committed(entries) -> bool:
     return temp is not None and not temp.exists() and final.exists()
 
 
-def _finish(entries, journal: Path) -> None:
+def finish(entries, journal: Path) -> None:
     _remove(journal)
     for _, _, aside in entries:
         if aside is not None:
             _remove(aside)
 
 
-def _undo(entries) -> None:
+def undo(entries) -> None:
     """Back to the state before the commit, whatever step it stopped at: a final whose
     temporary is gone is the new one (remove it); an aside is the old one (put it back)."""
     for temp, final, aside in entries:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from .chat.sandbox import DEFAULT_MAX_RENDER_CHARS as MAX_RENDER_CHARS
+from .chat.sandbox import DEFAULT_RENDER_TIMEOUT as RENDER_TIMEOUT
 from .errors import PacktoolError
 from .sources import DEFAULT_MAX_RECORD_BYTES, MEMORY_PER_RECORD_BYTE, TXT_SPLITS
 
@@ -22,8 +24,6 @@ ENGINES = ("auto", "hf", "gigatoken", "fastokens", "tokie")  # = engines.ENGINE_
 ENGINE_CHECKS = ("sample", "full", "off")
 DEFAULT_PART_BYTES = 256 << 20  # small input files are grouped into parts of about this much
 LONG_RECORD_WARN_BYTES = 8 << 20  # the reader warns once per run about a record this large
-MAX_RENDER_CHARS = 1 << 25   # chat: a rendered conversation's limit (packtool.chat)
-RENDER_TIMEOUT = 10.0        # chat: seconds one rendering may take
 
 
 def opt(default, help: str, *flags: str, type="str", **kw):

@@ -20,6 +20,42 @@ _FIELDS = ("format", "version", "epoch", "step", "consumed", "world_size", "batc
 def check_state(state, sampler) -> tuple[int, np.ndarray]:
     """(epoch, consumed per class) of a well-formed state of ``sampler``'s epoch order, or a
     PacktoolError naming the field, its value, what it must be, and what to do."""
+    _check_form(state)
+    epoch = _count(state, "epoch", 0)
+    _count(state, "step", 0, sampler.n_packs)  # a step holds at least one pack
+    _count(state, "world_size", 1)
+    _count(state, "batch_size", 1)
+    _check_order(state, sampler)
+    return epoch, _consumed(state, sampler)
+
+
+def _count(state, key: str, lo: int, hi: int | None = None) -> int:
+    v = state[key]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo \
+            or (hi is not None and v > hi):
+        limit = f"an integer >= {lo}" + (f" and <= {hi:,}" if hi is not None else "")
+        raise PacktoolError(f"sampler state has {key}={v!r}: it must be {limit}; the state "
+                            "is corrupt, save it again")
+    return int(v)
+
+
+def _check_order(state, sampler) -> None:
+    """The state belongs to this sampler's epoch order (same seed, packs, costs...)."""
+    for key, mine in (("seed", sampler.seed), ("n_packs", sampler.n_packs),
+                      ("drop_last", sampler.drop_last), ("balance", sampler.balance),
+                      ("cost_ratio", sampler.cost_ratio),
+                      ("costs_sha256", sampler.fingerprint)):
+        if state[key] != mine:
+            raise PacktoolError(
+                f"sampler state has {key}={state[key]!r} but this sampler has {key}={mine!r}: "
+                "the state belongs to another epoch order, and resuming would repeat and skip "
+                f"packs; build the sampler with the saved {key}"
+                + (" (the same packed dataset and per-pack costs)"
+                   if key in ("n_packs", "costs_sha256") else ""))
+
+
+def _check_form(state) -> None:
+    """A mapping of this format and version, with every field."""
     if not isinstance(state, Mapping):
         raise PacktoolError(f"sampler state must be a dict (from PackSampler.state_dict()), got "
                             f"{type(state).__name__}")
@@ -40,30 +76,9 @@ def check_state(state, sampler) -> tuple[int, np.ndarray]:
         raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
                             "not made by PackSampler.state_dict(); save it again")
 
-    def count(key, lo, hi=None):
-        v = state[key]
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo \
-                or (hi is not None and v > hi):
-            limit = f"an integer >= {lo}" + (f" and <= {hi:,}" if hi is not None else "")
-            raise PacktoolError(f"sampler state has {key}={v!r}: it must be {limit}; the state "
-                                "is corrupt, save it again")
-        return int(v)
 
-    epoch = count("epoch", 0)
-    count("step", 0, sampler.n_packs)  # a step holds at least one pack
-    count("world_size", 1)
-    count("batch_size", 1)
-    for key, mine in (("seed", sampler.seed), ("n_packs", sampler.n_packs),
-                      ("drop_last", sampler.drop_last), ("balance", sampler.balance),
-                      ("cost_ratio", sampler.cost_ratio),
-                      ("costs_sha256", sampler.fingerprint)):
-        if state[key] != mine:
-            raise PacktoolError(
-                f"sampler state has {key}={state[key]!r} but this sampler has {key}={mine!r}: "
-                "the state belongs to another epoch order, and resuming would repeat and skip "
-                f"packs; build the sampler with the saved {key}"
-                + (" (the same packed dataset and per-pack costs)"
-                   if key in ("n_packs", "costs_sha256") else ""))
+
+def _consumed(state, sampler) -> np.ndarray:
     consumed = state["consumed"]
     if not isinstance(consumed, (list, tuple, np.ndarray)) or len(consumed) != sampler.n_classes:
         raise PacktoolError(f"sampler state has consumed={consumed!r}: it must list "
@@ -77,4 +92,4 @@ def check_state(state, sampler) -> tuple[int, np.ndarray]:
                                 f"0..{int(sampler.class_sizes[k]):,} (the packs of cost class "
                                 f"{k}); the state is corrupt, save it again")
         out[k] = int(v)
-    return epoch, out
+    return out

@@ -88,10 +88,33 @@ def parse_model(data: bytes) -> dict:
     return {"pieces": pieces, "trainer": trainer, "normalizer": norm}
 
 
+def _normalizer(norm: dict):
+    """sentencepiece's normalization (charsmap, whitespace, dummy prefix) as tokenizers'."""
+    from tokenizers import Regex, normalizers
+
+    steps = []
+    charsmap = norm.get(_N_CHARSMAP, b"")
+    if charsmap:
+        steps.append(normalizers.Precompiled(charsmap))
+    strip = norm.get(_N_REMOVE_EXTRA_WS, 1)
+    if strip:
+        # sentencepiece drops leading spaces and collapses runs of spaces (not other
+        # whitespace, not a literal "▁"), then, once spaces are "▁", drops trailing "▁"s
+        steps += [normalizers.Replace(Regex(r"\A +"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    steps.append(normalizers.Replace(" ", "▁"))
+    if strip:
+        steps.append(normalizers.Replace(Regex("▁+\\z"), ""))
+    if norm.get(_N_DUMMY_PREFIX, 1):
+        # in the normalizer, not Metaspace's prepend_scheme: that one skips the prefix when
+        # the text already starts with "▁" or lost leading spaces, sentencepiece does not
+        steps.append(normalizers.Prepend("▁"))
+    return normalizers.Sequence(steps)
+
+
 def convert(data: bytes):
     """A `tokenizers.Tokenizer` that encodes like ``SentencePieceProcessor.encode`` (no BOS/EOS:
     packtool adds them with ``--bos``/``--eos``)."""
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE as BPEModel
     from tokenizers.models import Unigram
 
@@ -127,23 +150,7 @@ def convert(data: bytes):
     else:
         kind = {3: "word", 4: "char"}.get(model_type, model_type)
         raise ValueError(f"model_type {kind!r}: only BPE and Unigram models are supported")
-    steps = []
-    charsmap = norm.get(_N_CHARSMAP, b"")
-    if charsmap:
-        steps.append(normalizers.Precompiled(charsmap))
-    strip = norm.get(_N_REMOVE_EXTRA_WS, 1)
-    if strip:
-        # sentencepiece drops leading spaces and collapses runs of spaces (not other
-        # whitespace, not a literal "▁"), then, once spaces are "▁", drops trailing "▁"s
-        steps += [normalizers.Replace(Regex(r"\A +"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
-    steps.append(normalizers.Replace(" ", "▁"))
-    if strip:
-        steps.append(normalizers.Replace(Regex("▁+\\z"), ""))
-    if norm.get(_N_DUMMY_PREFIX, 1):
-        # in the normalizer, not Metaspace's prepend_scheme: that one skips the prefix when
-        # the text already starts with "▁" or lost leading spaces, sentencepiece does not
-        steps.append(normalizers.Prepend("▁"))
-    tok.normalizer = normalizers.Sequence(steps)
+    tok.normalizer = _normalizer(norm)
     if user_defined:  # sentencepiece emits them whole and never merges across them
         pattern = "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")

@@ -1,5 +1,6 @@
 """The design holds: no import cycle anywhere in packtool/, no private name imported from
-another module, no module of a thousand lines (issue 19)."""
+another module (a private module's helpers included: what another module uses is public),
+no module over 400 lines, no function over 60 (issue 19)."""
 
 import ast
 from pathlib import Path
@@ -101,9 +102,6 @@ def test_no_private_name_imported_across_modules():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module is not None and (
                     node.level or node.module.startswith("packtool")):
-                last = node.module.split(".")[-1]
-                if last.startswith("_") and not last.startswith("__"):
-                    continue  # a private module is the package's own helper: names from it
                 for a in node.names:
                     if a.name.startswith("_") and not a.name.startswith("__"):
                         bad.append(f"{name}: {a.name} from {node.module}")
@@ -114,12 +112,12 @@ def test_modules_and_functions_stay_small():
     big_modules, big_functions = [], []
     for name, path in modules().items():
         src = path.read_text()
-        if len(src.splitlines()) > 460:
+        if len(src.splitlines()) > 400:
             big_modules.append(f"{name} ({len(src.splitlines())} lines)")
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 n = node.end_lineno - node.lineno + 1
-                if n > 80:
+                if n > 60:
                     big_functions.append(f"{name}.{node.name} ({n} lines)")
     assert not big_modules, big_modules
     assert not big_functions, big_functions

@@ -103,10 +103,10 @@ def test_deeply_nested_json_is_a_bad_record(tmp_path, tokenizer, parser, monkeyp
     orjson's 1,024 levels; an older orjson parses it and then finds no text field) is a bad
     record: a clear error naming file and line, or skipped and counted. Which reason a parser
     version gives is its business; that the record is refused by name and counted is ours."""
-    import packtool.sources as sources
+    import packtool.sources.jsonl as jsonl
 
     if parser == "json":
-        monkeypatch.setattr(sources, "_parse_json", lambda line: (json.loads(line), False))
+        monkeypatch.setattr(jsonl, "_parse_json", lambda line: (json.loads(line), False))
     else:
         pytest.importorskip("orjson")
     p = tmp_path / "a.jsonl"

@@ -111,7 +111,8 @@ def test_work_limit_makes_a_cut_short_solve_reproducible():
 @pytest.mark.parametrize("capacity", [8192, 131_072])
 def test_large_capacity_stays_tractable(capacity):
     """Past MAX_DP_CELLS the pricing runs on a coarser grid and still packs, within budget."""
-    from packtool.packers.optimal import MAX_DP_CELLS, _histogram_problem
+    from packtool.packers._lp import MAX_DP_CELLS
+    from packtool.packers._lp import histogram_problem as _histogram_problem
 
     rng = np.random.default_rng(5)
     lengths = np.clip(rng.lognormal(np.log(capacity / 3), 0.8, 2000), 1, capacity).astype(np.int64)

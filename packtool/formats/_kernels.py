@@ -6,7 +6,7 @@ from .._numba import njit
 
 
 @njit
-def _gather(src, src_start, length, dst, dst_start):
+def gather(src, src_start, length, dst, dst_start):
     for s in range(src_start.shape[0]):
         a, b = src_start[s], dst_start[s]
         for j in range(length[s]):
@@ -14,26 +14,13 @@ def _gather(src, src_start, length, dst, dst_start):
 
 
 @njit
-def _fill(dst, dst_start, length, value):
+def fill(dst, dst_start, length, value):
     for s in range(dst_start.shape[0]):
         dst[dst_start[s]:dst_start[s] + length[s]] = value
 
 
 @njit
-def _fill_sidecars(seg_len, pack_nseg, pos_out, doc_out):
-    t = 0
-    s = 0
-    for p in range(pack_nseg.shape[0]):
-        for k in range(pack_nseg[p]):
-            for j in range(seg_len[s]):
-                pos_out[t] = j
-                doc_out[t] = k
-                t += 1
-            s += 1
-
-
-@njit
-def _check_shard(pack_offsets, seg_offsets, cu, pos, doc, seq_len):
+def check_shard(pack_offsets, seg_offsets, cu, pos, doc, seq_len):
     """Return (code, pack, token) of the first violation, or (0, -1, -1). Every offset is
     checked before it indexes an array."""
     n_packs = pack_offsets.shape[0] - 1

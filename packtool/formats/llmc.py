@@ -133,20 +133,8 @@ def _copy_part(src, ends, n, stream, buf_in, buf_out, eos, tick) -> None:
         lo = hi
 
 
-def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
-                  shard_tokens: int | None = None, eos_id: int | None = None, **_) -> dict:
-    """A token corpus as llm.c GPT-2 token shards in directory ``out``."""
-    from ._marker import export_owned, write_marker
-
-    if corpus.dtype.itemsize != 2:
-        raise PacktoolError(
-            f"{corpus.prefix}: its vocabulary of {int(corpus.meta.get('vocab_size') or 0):,} ids "
-            f"needs uint32 tokens, but llm.c's GPT-2 shards (magic {MAGIC}) hold uint16 ids < "
-            f"{UINT16_IDS:,}; use --format megatron, or a tokenizer of <= {UINT16_IDS:,} ids")
-    per_shard = DEFAULT_SHARD_TOKENS if shard_tokens is None else int(shard_tokens)
-    if not 1 <= per_shard <= MAX_SHARD_TOKENS:
-        raise PacktoolError(f"--shard-tokens {per_shard:,} is outside 1..{MAX_SHARD_TOKENS:,} "
-                            "(llm.c stores the count in an int32)")
+def _eos(corpus, eos_id: int | None) -> tuple[bool, int]:
+    """(documents already end with EOS, the EOS id between documents)."""
     ends_with_eos = corpus.meta.get("eos_id") is not None
     if ends_with_eos:
         if eos_id is not None and int(eos_id) != int(corpus.meta["eos_id"]):
@@ -162,6 +150,24 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
         eos = int(eos_id)
         if not 0 <= eos < UINT16_IDS:
             raise PacktoolError(f"--eos-id {eos} does not fit uint16 (0..{UINT16_IDS - 1})")
+    return ends_with_eos, eos
+
+
+def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
+                  shard_tokens: int | None = None, eos_id: int | None = None, **_) -> dict:
+    """A token corpus as llm.c GPT-2 token shards in directory ``out``."""
+    from ._marker import export_owned, write_marker
+
+    if corpus.dtype.itemsize != 2:
+        raise PacktoolError(
+            f"{corpus.prefix}: its vocabulary of {int(corpus.meta.get('vocab_size') or 0):,} ids "
+            f"needs uint32 tokens, but llm.c's GPT-2 shards (magic {MAGIC}) hold uint16 ids < "
+            f"{UINT16_IDS:,}; use --format megatron, or a tokenizer of <= {UINT16_IDS:,} ids")
+    per_shard = DEFAULT_SHARD_TOKENS if shard_tokens is None else int(shard_tokens)
+    if not 1 <= per_shard <= MAX_SHARD_TOKENS:
+        raise PacktoolError(f"--shard-tokens {per_shard:,} is outside 1..{MAX_SHARD_TOKENS:,} "
+                            "(llm.c stores the count in an int32)")
+    ends_with_eos, eos = _eos(corpus, eos_id)
     n = len(corpus)
     total = corpus.n_tokens + (0 if ends_with_eos else n)
     if total == 0:

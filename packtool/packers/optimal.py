@@ -41,177 +41,21 @@ from .._numba import njit
 from ..errors import PacktoolError
 from . import PackerOptions, Packing, bfd, report
 from ._common import expand_groups
+from ._lp import (
+    DEFAULT_WORK_LIMIT,
+    MAX_COLUMNS,
+    MAX_DP_CELLS,
+    Budget,
+    Master,
+    column_generation,
+    greedy_patterns,
+    histogram_problem,
+    initial_patterns,
+    lp_bound,
+    price,
+)
 
-DEFAULT_WORK_LIMIT = 4_000_000_000  # pricing DP cells: ~4 s at L=4096 here; same result anywhere
-MAX_COLUMNS = 20_000
-MAX_DP_CELLS = 400_000_000
-
-
-class _Budget:
-    """Pricing work (DP cells) and, only when asked for, wall-clock time. Work makes a stop
-    reproducible: the same input stops at the same column on any machine."""
-
-    def __init__(self, work_limit: int, deadline: float | None = None):
-        self.limit, self.deadline, self.spent = work_limit, deadline, 0
-
-    def spend(self, bounds: np.ndarray, capacity: int) -> None:
-        pieces = sum(int(b).bit_length() for b in bounds[bounds > 0])  # binary splitting
-        self.spent += pieces * (capacity + 1)
-
-    def exhausted(self) -> bool:
-        return self.spent >= self.limit or (
-            self.deadline is not None and time.perf_counter() > self.deadline)
-
-
-@njit
-def _price(weights, values, bounds, capacity):
-    """Bounded knapsack: maximise sum values*a s.t. sum weights*a <= capacity, a <= bounds.
-
-    Binary splitting turns item i into copies of 1, 2, 4, ... units; a 0/1 DP over
-    capacity keeps a take-bit per (copy, capacity) to rebuild the pattern.
-    """
-    m = weights.shape[0]
-    n_items = 0
-    for i in range(m):
-        b = bounds[i]
-        k = 1
-        while b > 0:
-            n_items += 1
-            b -= min(k, b)
-            k *= 2
-    item_of = np.empty(n_items, np.int64)
-    mult = np.empty(n_items, np.int64)
-    t = 0
-    for i in range(m):
-        b = bounds[i]
-        k = 1
-        while b > 0:
-            c = min(k, b)
-            item_of[t] = i
-            mult[t] = c
-            t += 1
-            b -= c
-            k *= 2
-    dp = np.zeros(capacity + 1)
-    take = np.zeros((n_items, capacity + 1), np.bool_)
-    for t in range(n_items):
-        w = weights[item_of[t]] * mult[t]
-        v = values[item_of[t]] * mult[t]
-        if w > capacity:
-            continue
-        for c in range(capacity, w - 1, -1):
-            cand = dp[c - w] + v
-            if cand > dp[c] + 1e-12:
-                dp[c] = cand
-                take[t, c] = True
-    pattern = np.zeros(m, np.int64)
-    c = capacity
-    for t in range(n_items - 1, -1, -1):
-        if take[t, c]:
-            pattern[item_of[t]] += mult[t]
-            c -= weights[item_of[t]] * mult[t]
-    return dp[capacity], pattern
-
-
-class _Master:
-    """The restricted master LP in HiGHS, columns added as pricing finds them."""
-
-    def __init__(self, demand: np.ndarray):
-        import highspy
-
-        self.inf = highspy.kHighsInf
-        self.h = highspy.Highs()
-        self.h.setOptionValue("output_flag", False)
-        self.h.setOptionValue("threads", 1)
-        m = demand.size
-        self.h.addRows(m, demand.astype(np.float64), np.full(m, self.inf), 0,
-                       np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0))
-        self.columns: list[np.ndarray] = []
-        self.seen: set[bytes] = set()
-
-    def add(self, pattern: np.ndarray) -> bool:
-        key = pattern.tobytes()
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        idx = np.flatnonzero(pattern).astype(np.int32)
-        self.h.addCol(1.0, 0.0, self.inf, idx.size, idx, pattern[idx].astype(np.float64))
-        self.columns.append(pattern)
-        return True
-
-    def set_demand(self, demand: np.ndarray) -> None:
-        for i, d in enumerate(demand):
-            self.h.changeRowBounds(i, float(d), self.inf)
-
-    def solve(self):
-        self.h.run()
-        sol = self.h.getSolution()
-        return (self.h.getInfo().objective_function_value, np.asarray(sol.col_value),
-                np.asarray(sol.row_dual))
-
-
-def _column_generation(master, weights, demand, capacity, budget, max_columns):
-    """Solve the LP for ``demand``; returns (z, x, converged, pricing value)."""
-    bounds = np.minimum(demand, capacity // weights)
-    while True:
-        z, x, y = master.solve()
-        y = np.maximum(y, 0.0)
-        active = (y > 1e-9) & (bounds > 0)
-        vals = np.where(active, y, 0.0)
-        item_bounds = np.where(active, bounds, 0)
-        budget.spend(item_bounds, capacity)
-        value, pattern = _price(weights, vals, item_bounds, capacity)
-        if value <= 1.0 + 1e-9:
-            return z, x, True, value
-        if budget.exhausted() or len(master.columns) >= max_columns:
-            return z, x, False, value
-        if not master.add(pattern):
-            return z, x, True, value  # numerical tie: nothing new to add
-
-
-@njit
-def _greedy_patterns(weights, demand, capacity, max_patterns):
-    """First-fit-decreasing patterns over the histogram (weights sorted descending by the
-    caller's order), each used as often as the demand allows: a feasible warm start."""
-    m = weights.shape[0]
-    left = demand.copy()
-    pats = np.zeros((max_patterns, m), np.int32)
-    n = 0
-    while n < max_patterns:
-        room = capacity
-        any_left = False
-        for i in range(m):
-            if left[i] > 0:
-                any_left = True
-                k = min(left[i], room // weights[i])
-                pats[n, i] = k
-                room -= k * weights[i]
-        if not any_left:
-            break
-        times = left.max()
-        for i in range(m):
-            if pats[n, i] > 0:
-                times = min(times, left[i] // pats[n, i])
-        times = max(times, 1)
-        for i in range(m):
-            left[i] = max(left[i] - pats[n, i] * times, 0)
-        n += 1
-    return pats[:n]
-
-
-def _initial_patterns(weights, demand, capacity, max_patterns: int = 1000):
-    order = np.argsort(-weights, kind="stable")
-    greedy = _greedy_patterns(weights[order], demand[order], capacity, max_patterns)
-    pats = []
-    for row in greedy:
-        p = np.zeros_like(demand)
-        p[order] = row
-        pats.append(p)
-    for i in range(weights.size):  # one single-length pattern per length: always feasible
-        p = np.zeros_like(demand)
-        p[i] = min(demand[i], capacity // weights[i])
-        pats.append(p)
-    return pats
+__all__ = ["DEFAULT_WORK_LIMIT", "MAX_COLUMNS", "MAX_DP_CELLS", "lp_bound", "pack", "solve"]
 
 
 _WARM = []
@@ -224,47 +68,13 @@ def _warm_up() -> None:
     tiny = np.array([1, 2, 3], np.int64)
     bfd.bfd_ids(tiny, 4)
     bfd.bfd_count(np.array([0, 1, 1, 1, 0], np.int64), 4)
-    _price(tiny, np.ones(3), np.ones(3, np.int64), 4)
-    _greedy_patterns(tiny, np.ones(3, np.int64), 4, 4)
+    price(tiny, np.ones(3), np.ones(3, np.int64), 4)
+    greedy_patterns(tiny, np.ones(3, np.int64), 4, 4)
     expand_groups(tiny, 4, np.array([1], np.int64), np.array([-1], np.int64),
                   np.array([1], np.int64))
     _by_pack(np.zeros(3, np.int64), tiny, 1)
     _dense(np.zeros(3, np.int64), 1)
     _WARM.append(True)
-
-
-def _histogram_problem(lengths, capacity, max_dp_cells):
-    """Round lengths up to a grid step (1 unless the pricing DP would be too big)."""
-    step = 1
-    while True:
-        units_cap = capacity // step
-        u = np.minimum(-(-lengths // step), units_cap)
-        hist = np.bincount(u, minlength=units_cap + 1)
-        present = np.flatnonzero(hist[1:]) + 1
-        splits = np.log2(np.maximum(np.minimum(hist[present], units_cap // present), 1)) + 1
-        if units_cap * splits.sum() <= max_dp_cells or units_cap <= 64:
-            return step, units_cap, u, present.astype(np.int64), hist[present].astype(np.int64)
-        step *= 2
-
-
-def lp_bound(lengths, capacity: int, work_limit: int = 10 * DEFAULT_WORK_LIMIT) -> tuple[int, bool]:
-    """ceil of the cutting-stock LP optimum (a lower bound on packs) and whether it converged
-    (if not, Farley's bound is returned, still valid)."""
-    lengths = np.asarray(lengths, np.int64)
-    lengths = lengths[lengths > 0]
-    if lengths.size == 0:
-        return 0, True
-    step, cap, _, weights, demand = _histogram_problem(lengths, capacity, MAX_DP_CELLS)
-    if step != 1:
-        raise PacktoolError(f"lp_bound needs the exact length grid; at seq_len {capacity:,} "
-                            "the pricing problem is too large for it")
-    master = _Master(demand)
-    for p in _initial_patterns(weights, demand, cap):
-        master.add(p)
-    z, _, converged, value = _column_generation(master, weights, demand, cap,
-                                                _Budget(work_limit), MAX_COLUMNS)
-    lp = z if converged else z / max(value, 1.0)
-    return int(np.ceil(lp - 1e-6)), converged
 
 
 def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIMIT,
@@ -287,24 +97,37 @@ def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIM
     if time_limit is not None:  # keep back what the per-document passes will cost
         reserve = 2 * (time.perf_counter() - t0)
         deadline = t0 + max(time_limit - reserve, 0.1 * time_limit)
-    budget = _Budget(work_limit, deadline)
+    budget = Budget(work_limit, deadline)
     info = {"bfd_packs": bfd_packs, "lp_value": None, "lp_bound": None, "converged": None,
             "grid_step": 1, "columns": 0, "work": 0, "used": "bfd"}
     info["l2_bound"] = l2_bound(lengths, capacity)
     if bfd_packs <= max(l1_bound(lengths, capacity), info["l2_bound"]):
         return bfd.bfd_ids(lengths, capacity), info  # BFD meets a lower bound: it is optimal
-    step, units_cap, u, weights, demand = _histogram_problem(lengths, capacity, max_dp_cells)
+    step, units_cap, u, weights, demand = histogram_problem(lengths, capacity, max_dp_cells)
     info["grid_step"] = step
-    master = _Master(demand)
-    for p in _initial_patterns(weights, demand, units_cap):
+    master = Master(demand)
+    for p in initial_patterns(weights, demand, units_cap):
         master.add(p)
-    z, x, converged, value = _column_generation(master, weights, demand, units_cap, budget,
+    z, x, converged, value = column_generation(master, weights, demand, units_cap, budget,
                                                 max_columns)
     lp = z if converged else z / max(value, 1.0)   # Farley's bound when not converged
     info.update(lp_value=float(z), converged=bool(converged),
                 lp_bound=int(np.ceil(lp - 1e-6)) if step == 1 else None)
 
-    # rounding: floors of the LP, re-solved on what is left
+    chosen = _round(master, x, weights, demand, units_cap, budget, max_columns)
+    info["columns"] = len(master.columns)
+    info["work"] = budget.spent
+    packs, n_packs = _documents(chosen, master, weights, u, units_cap, lengths, capacity)
+    info["packs"] = n_packs
+    if n_packs >= bfd_packs:
+        return bfd.bfd_ids(lengths, capacity), info
+    info["used"] = "lp"
+    return packs, info
+
+
+def _round(master, x, weights, demand, units_cap, budget, max_columns) -> dict[int, int]:
+    """Copies of each pattern: floors of the LP, re-solved on what is left, until nothing is
+    left or the budget is spent."""
     chosen: dict[int, int] = {}
     left = demand.copy()
     while left.sum() > 0 and not budget.exhausted():
@@ -321,11 +144,13 @@ def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIM
         if left.sum() == 0:
             break
         master.set_demand(left)
-        z, x, _, _ = _column_generation(master, weights, left, units_cap, budget, max_columns)
-    info["columns"] = len(master.columns)
-    info["work"] = budget.spent
+        _, x, _, _ = column_generation(master, weights, left, units_cap, budget, max_columns)
+    return chosen
 
-    # patterns -> groups -> documents; the rest by best fit
+
+def _documents(chosen, master, weights, u, units_cap, lengths, capacity):
+    """Patterns -> groups -> documents; what no pattern took, by best fit; then the emptiest
+    packs re-packed. (pack ids, pack count)."""
     g_count, g_parent, g_len = [], [], []
     for j in sorted(chosen):
         parent = -1
@@ -343,12 +168,7 @@ def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIM
         sub = bfd.bfd_ids(lengths[rest], capacity)
         packs[rest] = sub + n_packs
         n_packs += int(sub.max()) + 1
-    packs, n_packs = _repack_emptiest(lengths, packs, n_packs, capacity)
-    info["packs"] = n_packs
-    if n_packs >= bfd_packs:
-        return bfd.bfd_ids(lengths, capacity), info
-    info["used"] = "lp"
-    return packs, info
+    return _repack_emptiest(lengths, packs, n_packs, capacity)
 
 
 @njit

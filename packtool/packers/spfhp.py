@@ -60,12 +60,8 @@ def _spfhp(hist, capacity, max_depth, strict):
             k = 1 if strict else min(max_depth, capacity // length, todo)
             while n_groups + k + 2 > cap_groups:  # grow the arrays
                 cap_groups *= 2
-                g_count = _grow(g_count, cap_groups, 0)
-                g_parent = _grow(g_parent, cap_groups, -1)
-                g_len = _grow(g_len, cap_groups, 0)
-                g_depth = _grow(g_depth, cap_groups, 0)
-                g_next = _grow(g_next, cap_groups, -1)
-                open_count = _grow(open_count, cap_groups, 0)
+                g_count, g_parent, g_len, g_depth, g_next, open_count = _grown(
+                    g_count, g_parent, g_len, g_depth, g_next, open_count, cap_groups)
             if room >= length:
                 g = head[room]
                 take = min(open_count[g], todo)
@@ -84,14 +80,8 @@ def _spfhp(hist, capacity, max_depth, strict):
                 left = room - length
             else:
                 # fits nowhere: open packs of k documents of this length (a chain of k nodes)
-                parent = -1
-                for d in range(k):
-                    new = n_groups
-                    n_groups += 1
-                    g_parent[new] = parent
-                    g_len[new] = length
-                    g_depth[new] = d + 1
-                    parent = new
+                new = _chain(g_parent, g_len, g_depth, n_groups, k, length)
+                n_groups = new + 1
                 take = todo // k
                 todo -= take * k
                 left = capacity - k * length
@@ -103,9 +93,27 @@ def _spfhp(hist, capacity, max_depth, strict):
                 head[left] = new
                 tree_set(tree, size, left, 1)
     # packs still open are final as they are
-    for g in range(n_groups):
-        g_count[g] += open_count[g]
-    return g_count[:n_groups], g_parent[:n_groups], g_len[:n_groups]
+    return g_count[:n_groups] + open_count[:n_groups], g_parent[:n_groups], g_len[:n_groups]
+
+
+@njit
+def _chain(g_parent, g_len, g_depth, n_groups, k, length):
+    """k new groups, each the parent of the next (packs of k documents of ``length``); the
+    last one's index."""
+    parent = -1
+    for d in range(k):
+        new = n_groups + d
+        g_parent[new] = parent
+        g_len[new] = length
+        g_depth[new] = d + 1
+        parent = new
+    return parent
+
+
+@njit
+def _grown(g_count, g_parent, g_len, g_depth, g_next, open_count, n):
+    return (_grow(g_count, n, 0), _grow(g_parent, n, -1), _grow(g_len, n, 0),
+            _grow(g_depth, n, 0), _grow(g_next, n, -1), _grow(open_count, n, 0))
 
 
 @njit

@@ -1,21 +1,21 @@
 """The packed format (``packtool.packed``, version 2; version 1 read): what ``pack`` writes
 and ``open_packed`` reads. Schema (``schema.py``), the layout's arithmetic (``layout.py``),
-writer (``writer.py``), the one reader (``reader.py``) and the validator (``validate.py``);
+writer (``writer.py``), its files opened and checked (``files.py``), the one reader
+(``reader.py``) and the validator (``validate.py``);
 the files are written up in docs/FORMAT.md."""
 
 from .._manifest import digest as _digest
-from .layout import attention_costs, derive, labels_from, pack_offsets, token_ends, v1_segments
-from .reader import (
-    PackedReader,
+from .files import (
     Shard,
     ValidationError,
     check_crc,
     load_array,
-    open_packed,
     open_sources_of,
     read_index,
     source_location,
 )
+from .layout import attention_costs, derive, labels_from, pack_offsets, token_ends, v1_segments
+from .reader import PackedReader, open_packed
 from .schema import (
     DIGEST_KEY,
     FORMAT,

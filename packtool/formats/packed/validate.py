@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import ValidationError
 from .layout import fold_shift
-from .reader import PackedReader, ValidationError
+from .reader import PackedReader
 from .schema import INDEX
 
 _V1_MESSAGES = {
@@ -30,10 +31,10 @@ _V1_MESSAGES = {
 def _check_v1(sh, seq_len: int) -> None:
     """Version 1 stores positions and segment ids per token: each must be what the segment
     lengths say."""
-    from .._kernels import _check_shard
+    from .._kernels import check_shard
 
     a = sh.arrays
-    code, p, t = _check_shard(a["pack_offsets"], a["seg_offsets"], a["cu_seqlens"],
+    code, p, t = check_shard(a["pack_offsets"], a["seg_offsets"], a["cu_seqlens"],
                               a["position_ids"], a["doc_ids"], seq_len)
     if code:
         raise ValidationError(f"{sh.name} pack {p} (token {t}): {_V1_MESSAGES[code]}")

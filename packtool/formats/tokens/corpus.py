@@ -326,7 +326,7 @@ def gather(corpora: list[TokenCorpus], doc: np.ndarray, offset: np.ndarray,
            dst_mask: np.ndarray | None = None) -> None:
     """:meth:`TokenCorpus.gather` over several corpora whose documents are numbered one after
     another (the sources of a pack, in order)."""
-    from .._kernels import _fill, _gather
+    from .._kernels import fill, gather
 
     parts = [q for c in corpora for q in c.parts]
     base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
@@ -343,8 +343,8 @@ def gather(corpora: list[TokenCorpus], doc: np.ndarray, offset: np.ndarray,
         src = start + offset[m]
         if (offset[m] < 0).any() or (src + length[m] > end).any():
             raise FormatError(f"{part.prefix}: a segment reaches past the end of its document")
-        _gather(part.tokens, src, length[m], dst, dst_start[m])
+        gather(part.tokens, src, length[m], dst, dst_start[m])
         if dst_mask is not None and part.mask is not None:
-            _gather(part.mask, src, length[m], dst_mask, dst_start[m])
+            gather(part.mask, src, length[m], dst_mask, dst_start[m])
         elif dst_mask is not None:  # a corpus without a mask is trained on everywhere
-            _fill(dst_mask, dst_start[m], length[m], 1)
+            fill(dst_mask, dst_start[m], length[m], 1)

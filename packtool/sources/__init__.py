@@ -1,0 +1,62 @@
+"""Input corpora: find the files, stream their documents as ``str`` with record numbers.
+
+Supported kinds (by file name):
+
+==================  =========================================================
+``.jsonl/.json``    one JSON object per line; blank lines are not records
+``.jsonl.gz``       the same, gzip-compressed (also ``.json.gz``)
+``.jsonl.zst``      the same, zstd-compressed (also ``.json.zst``, ``.jsonl.zstd``)
+``.parquet``        read in record batches of at most ~64 MiB (never whole into memory)
+``.arrow``          Arrow IPC, stream or file format (what ``datasets.save_to_disk`` writes)
+``.txt``            one document per file, or per line / blank-line paragraph
+==================  =========================================================
+
+A directory is read recursively; a folder it cannot list is an error, and the metadata files of a
+``datasets.save_to_disk`` folder (``state.json``, ``dataset_info.json``, ``dataset_dict.json``)
+are not corpus files: its ``state.json`` names the ``.arrow`` files to read.
+
+Every record-level problem raises :class:`PacktoolError` naming the file, the record and the
+fix, unless ``skip_bad_records`` is set, in which case it is counted per input file. A record over
+``max_record_bytes`` (default 64 MiB) is such a problem: tokenizing one record takes up to
+about 210x its size in memory (``MEMORY_PER_RECORD_BYTE``; a 16 MB line of Japanese peaked at
+3.4 GB RSS), so the limit is what keeps a stray giant record from taking the machine down.
+JSONL and text lines over the limit are skipped in 1 MiB pieces, never held whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import PacktoolError
+from .columnar import PARQUET_BATCH_BYTES, iter_arrow, iter_parquet
+from .discover import KINDS, SUPPORTED, expand_inputs, file_kind
+from .jsonl import iter_jsonl
+from .records import (
+    DEFAULT_MAX_RECORD_BYTES,
+    MEMORY_PER_RECORD_BYTE,
+    InputStats,
+    ReadOptions,
+    utf8_size,
+)
+from .txt import TXT_SPLITS, iter_txt
+
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "KINDS", "MEMORY_PER_RECORD_BYTE", "PARQUET_BATCH_BYTES",
+           "TXT_SPLITS", "InputStats", "ReadOptions", "expand_inputs", "file_kind",
+           "iter_documents", "utf8_size"]
+
+
+def iter_documents(path: Path, opts: ReadOptions, stats: InputStats, progress=lambda n: None):
+    """Yield the text of every record of ``path`` in order, counting into ``stats``."""
+    kind = file_kind(path)
+    if kind in ("jsonl", "jsonl.gz", "jsonl.zst"):
+        return iter_jsonl(path, kind, opts, stats, progress)
+    if kind == "parquet":
+        return iter_parquet(path, opts, stats, progress)
+    if kind == "arrow":
+        return iter_arrow(path, opts, stats, progress)
+    if kind == "txt":
+        if opts.mode != "text":
+            raise PacktoolError(f"{path}: .txt files hold plain text; prompt/completion and "
+                                "messages need JSONL or Parquet records")
+        return iter_txt(path, opts, stats, progress)
+    raise PacktoolError(f"{path}: unsupported file type; supported: {SUPPORTED}")

@@ -1,0 +1,84 @@
+"""``packtool stats``: what padding costs on a corpus, what packing saves, which packer to use.
+
+For a token corpus (or bare lengths), per sequence length L, documents become *segments*
+under ``--overflow`` exactly as ``pack`` makes them (default ``split``: a document of n > L
+tokens is ceil(n / L) segments), so every figure describes the pipeline ``pack`` would run:
+
+    padding_waste        1 - tokens / (segments * L)        every segment padded to L
+    batch_padding_waste  the same for batches of B padded to their longest segment, in
+                         random order (``_grouped``: sorted by length, the best case)
+    max_speedup          segments * L / tokens              padded steps / perfectly packed steps
+    lower_bound_packs    ceil(tokens / L)                   L1; also L2 (and LP with optimal)
+
+``algos`` runs each registered packer on the segments (nothing is written; the same call as
+``pack``, so ``packs`` equals what ``pack`` writes with the same options and seed) and ranks
+them by packs, then time. Kernels are compiled before the clock starts (``compile_seconds``
+says how long that took). The packing factor p (segments per pack) drives the advice: a
+packed batch holds p times as many sequences, so divide the batch size (or accumulation
+steps) by p to keep sequences per optimizer step, or, for small p, keep the batch and use
+beta := beta ** p for Adam/LAMB (Krell et al., 2021).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PacktoolError
+from .corpus import (
+    DEFAULT_SEQ_LENS,
+    advice,
+    batch_padding_waste,
+    compare_algos,
+    corpus_report,
+    parse_algos,
+    seq_len_report,
+)
+from .packed import packed_report
+from .render import plot_corpus, render_corpus, render_packed
+
+__all__ = ["DEFAULT_SEQ_LENS", "StatsResult", "advice", "batch_padding_waste", "compare_algos",
+           "corpus_report", "packed_report", "parse_algos", "plot_corpus", "render_corpus",
+           "render_packed", "seq_len_report", "stats"]
+
+@dataclass
+class StatsResult:
+    report: dict
+    lengths: np.ndarray | None   # for --plot (corpus reports only)
+
+    def summary(self) -> str:
+        if self.report["kind"] == "packed":
+            return render_packed(self.report)
+        return render_corpus(self.report)
+
+    def to_json(self) -> dict:
+        return self.report
+
+
+def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_size: int = 8,
+          algos: str | None = None, **options) -> StatsResult:
+    """``packtool stats``: a packed directory, token-file prefixes, or a lengths file.
+    ``options``: seed, overflow and the packer options (max_depth, work_limit...)."""
+    if paths and lengths_file:
+        raise PacktoolError("give token-file prefixes / a packed directory, or --lengths, not both")
+    if len(paths) == 1 and Path(paths[0]).is_dir():
+        return StatsResult(packed_report(paths[0]), None)
+    if lengths_file:
+        from ..lengths import load_lengths
+
+        lengths, source = load_lengths(lengths_file), lengths_file
+    elif paths:
+        from ..pack import open_sources
+
+        corpora = open_sources(list(paths))
+        lengths = np.concatenate([c.lengths for c in corpora])
+        source = ", ".join(paths)
+    else:
+        raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory "
+                            "or --lengths FILE")
+    seed, overflow = options.pop("seed", 0), options.pop("overflow", "split")
+    rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size, parse_algos(algos),
+                        seed, options, source, overflow)
+    return StatsResult(rep, lengths)

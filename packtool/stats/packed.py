@@ -1,0 +1,54 @@
+"""Figures of a packed dataset, from its index and segment tables (no token is read)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .corpus import ATTN_RANKS
+
+
+def packed_report(directory: str | Path) -> dict:
+    """Report for a packed dataset from index.json and the small per-pack arrays only."""
+    from ..formats.packed import open_packed
+
+    ds = open_packed(directory)
+    idx = ds.index
+    seg_per_pack, fill = [], []
+    for k in range(ds.n_shards):  # the segment tables only: no token is read
+        sh = ds.shard(k)
+        seg_per_pack.append(np.diff(np.asarray(sh.pack_seg, np.int64)))
+        fill.append(np.diff(sh.po))
+    seg_per_pack = np.concatenate(seg_per_pack) if seg_per_pack else np.empty(0, np.int64)
+    fill = np.concatenate(fill) / idx["seq_len"] if fill else np.empty(0)
+    keys = ("n_packs", "n_tokens", "n_segments", "efficiency", "lower_bound_packs", "gap_percent",
+            "l2_bound_packs", "lp_bound_packs", "lp_converged", "best_bound_packs",
+            "gap_to_best_bound_percent",
+            "packing_factor", "seq_len", "algo", "overflow", "layout", "n_docs", "n_empty",
+            "n_overlong",
+            "n_split", "n_split_pieces", "n_truncated", "n_truncated_tokens", "n_dropped",
+            "n_dropped_tokens")
+    rep = {"kind": "packed", "source": str(directory), **{k: idx.get(k) for k in keys}}
+    rep["sources"] = [{k: src.get(k) for k in ("prefix", "n_docs", "n_tokens", "factor",
+                                               "docs_used", "tokens_used", "token_share")}
+                      for src in idx["sources"]]
+    rep["held_out"] = idx.get("held_out")
+    values, counts = np.unique(seg_per_pack, return_counts=True)
+    rep["segments_per_pack"] = {**_dist(seg_per_pack), "counts": {
+        str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}}
+    rep["pack_fill"] = _dist(fill)
+    from ..sampler import attention_costs, step_imbalance
+
+    costs = attention_costs(ds)
+    rep["attention_imbalance"] = step_imbalance(costs, ATTN_RANKS)
+    rep["attention_imbalance_balanced"] = step_imbalance(costs, ATTN_RANKS, balanced=True)
+    return rep
+
+
+def _dist(x: np.ndarray) -> dict:
+    if x.size == 0:
+        return {"min": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "max": 0}
+    p10, p50, p90 = np.percentile(x, [10, 50, 90])
+    return {"min": float(x.min()), "p10": float(p10), "mean": float(x.mean()), "p50": float(p50),
+            "p90": float(p90), "max": float(x.max())}
