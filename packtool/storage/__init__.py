@@ -130,6 +130,20 @@ def basename(path) -> str:
     return posixpath.basename(str(path).rstrip("/")) if is_url(path) else Path(path).name
 
 
+def relative(target, base) -> str | None:
+    """``target``'s path relative to the folder ``base`` (both local, or URLs of one bucket),
+    or None when there is none (a local target of a remote base, another bucket)."""
+    t, b = str(target), str(base)
+    if is_url(t) != is_url(b):
+        return None
+    if not is_url(t):
+        return os.path.relpath(os.path.abspath(t), os.path.abspath(b))
+    (tp, tr), (bp, br) = t.split("://", 1), b.split("://", 1)
+    if tp != bp or tr.split("/", 1)[0] != br.split("/", 1)[0]:
+        return None
+    return posixpath.relpath(tr, br)
+
+
 def normalize(base, relative: str):
     """``relative`` (a path a manifest recorded, ``../c``) resolved against ``base``."""
     if is_url(base):

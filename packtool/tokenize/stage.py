@@ -29,6 +29,7 @@ from ..formats.tokens import (
     read_part_manifest,
 )
 from ..options import TokenizeOptions
+from ..storage import is_url
 from .part import PartJob, check_part, new_run, run_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 
@@ -49,6 +50,7 @@ class TokenizeResult:
     executor: str = "local"
     engine: dict = field(default_factory=dict)  # what ran, and why faster ones did not
     n_tokens_tokenized: int | None = None  # by this run (skipped parts excluded); None: all
+    published: str = ""   # an object-store output: what was uploaded (packtool.storage)
 
     @property
     def tokens_per_second(self) -> float:
@@ -82,7 +84,8 @@ class TokenizeResult:
             + (f", {self.n_parts_skipped} already finished and verified, skipped"
                if self.n_parts_skipped else "")
             + self.engine_text()
-        ) + "".join(f"\nwarning: {w}" for w in self.warnings)
+        ) + (f"\n{self.published}" if self.published else "") + "".join(
+            f"\nwarning: {w}" for w in self.warnings)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -104,6 +107,10 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     run = run or RunOptions()
     run.check()
     opts.check()
+    if is_url(out):  # each part made where it runs, then published: packtool.tokenize.remote
+        from .remote import tokenize_to_store
+
+        return tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
     check_out(out)
     with output_lock(out, shared=run.one_task) as notes:
         result = _tokenize(inputs, tokenizer, out, opts, progress, run)
@@ -293,19 +300,43 @@ def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -
     part is checked in full (sha256 of every file, and its inputs' content) and a missing
     or corrupt one refused, by name."""
     if manifests is None:
-        manifests, bad = [], []
-        for k, q in enumerate(plan.parts):
-            m, why = check_part(plan, k)
-            if m is None:
-                bad.append(f"part {q.index} ({q.name}): {why}")
-            manifests.append(m)
-        if bad:
-            shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20
-                                           else "")
-            raise PacktoolError(
-                f"{len(bad)} of {len(plan.parts)} parts of {plan.prefix} are not finished: "
-                f"{shown}. Run the tasks that own them again (or the same command without "
-                "--finalize): finished parts are skipped, these are redone")
+        manifests = checked_parts(plan, lambda k: check_part(plan, k))
+    manifest, moved = assemble(plan, manifests)
+    paths = [plan.part_manifest(q) for q, _ in moved] + [plan.json_path]
+    with atomic_files(paths, True, key=plan.json_path) as tmps:
+        for tmp, (_, body) in zip(tmps, moved, strict=False):
+            write_new(tmp, json.dumps(body, indent=1, ensure_ascii=False) + "\n")
+        write_new(tmps[-1], json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    _remove_stale_parts(plan)
+    for done in (_plan_file(plan), _retired(plan)):
+        with contextlib.suppress(FileNotFoundError):
+            done.unlink()
+    return manifest
+
+
+def checked_parts(plan: TokenizePlan, check) -> list[dict]:
+    """Every part's manifest (``check(k)`` -> (manifest or None, why)), or an error naming
+    each part that is missing or corrupt."""
+    manifests, bad = [], []
+    for k, q in enumerate(plan.parts):
+        m, why = check(k)
+        if m is None:
+            bad.append(f"part {q.index} ({q.name}): {why}")
+        manifests.append(m)
+    if bad:
+        shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
+        raise PacktoolError(
+            f"{len(bad)} of {len(plan.parts)} parts of {plan.prefix} are not finished: "
+            f"{shown}. Run the tasks that own them again (or the same command without "
+            "--finalize): finished parts are skipped, these are redone")
+    return manifests
+
+
+def assemble(plan: TokenizePlan, manifests: list[dict]) -> tuple[dict, list]:
+    """``PREFIX.json`` of the finished parts (made with the same settings, else refused),
+    and the parts reused from an earlier plan (inputs added, removed or changed elsewhere),
+    whose own manifests still name that plan: [(part, manifest naming this plan)], to be
+    committed with it."""
     metas = [m["meta"] for m in manifests]
     meta = {k: v for k, v in metas[0].items() if k != "engine"}
     for q, m in zip(plan.parts, metas, strict=True):
@@ -317,23 +348,12 @@ def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -
                                 f"({q.name}.*) and run it again")
     meta["engine"] = merge_engines([m["engine"] for m in metas])
     manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry())
-    # parts reused from an earlier plan (inputs added, removed or changed elsewhere) still
-    # name that plan: their own manifests move to this one in the same commit as PREFIX.json
-    moved = []
-    for q in plan.parts:
-        own = read_part_manifest(plan.part_manifest(q))
-        if own is not None and own["plan_digest"] != plan.digest:
-            moved.append((plan.part_manifest(q), {**own, "plan_digest": plan.digest}))
-    paths = [path for path, _ in moved] + [plan.json_path]
-    with atomic_files(paths, True, key=plan.json_path) as tmps:
-        for tmp, (_, body) in zip(tmps, moved, strict=False):
-            write_new(tmp, json.dumps(body, indent=1, ensure_ascii=False) + "\n")
-        write_new(tmps[-1], json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
-    _remove_stale_parts(plan)
-    for done in (_plan_file(plan), _retired(plan)):
-        with contextlib.suppress(FileNotFoundError):
-            done.unlink()
-    return manifest
+    moved = [(q, {**{k: v for k, v in m.items() if k not in ("warnings", "seconds",
+                                                              "skipped")},
+                  "plan_digest": plan.digest})
+             for q, m in zip(plan.parts, manifests, strict=True)
+             if m["plan_digest"] != plan.digest]
+    return manifest, moved
 
 
 def _remove_stale_parts(plan: TokenizePlan) -> None:

@@ -231,8 +231,17 @@ def validate_tokens(prefix, storage_options: dict | None = None) -> TokenCorpus:
     return corpus
 
 
-def read_part_manifest(path: Path) -> dict | None:
-    """A part's own manifest, checked against its schema; None when there is none."""
+def read_part_manifest(path, place=None) -> dict | None:
+    """A part's own manifest, checked against its schema; None when there is none
+    (``place``: a :class:`packtool.storage.place.Place` it is read from, ``path`` its name
+    there)."""
+    if place is not None:
+        if not place.exists(str(path)):
+            return None
+        where = place.path(str(path))
+        m = load_json(where, place.read_bytes)
+        check(m, PART_MANIFEST, where, FIX)
+        return m
     if not path.exists() and not path.is_symlink():
         return None
     m = load_json(path)
