@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import PacktoolError
 from .formats.packed import open_packed, source_location
-from .formats.tokens import prefix_paths
+from .storage.place import place_of
 
 
 @dataclass
@@ -81,9 +81,12 @@ class Sources:
         self.entries = []   # per source: (prefix, first global doc, parts, inputs table)
         base = 0
         for src in ds.index["sources"]:
-            path = next((p for p in source_location(ds.directory, src)
-                         if prefix_paths(p)["json"].is_file()), None)
-            meta = json.loads(prefix_paths(path)["json"].read_text()) if path else None
+            meta = None
+            for p in source_location(ds.directory, src):  # local or in a store
+                place, stem = place_of(p, ds.place.storage_options, ds.place.cache_if_any())
+                if place.is_file(f"{stem}.json"):
+                    meta = json.loads(place.read_bytes(f"{stem}.json"))
+                    break
             self.entries.append((src["prefix"], base, _inputs(meta, src)))
             base += int(src["n_docs"])
         self.bases = np.array([e[1] for e in self.entries] + [base], np.int64)

@@ -238,19 +238,6 @@ def test_interrupted_driver_resumes(inputs, reference, tmp_path):
 # --------------------------------------------------------------------------------- Ray
 
 
-@pytest.fixture(scope="session")
-def ray_instance():
-    ray = pytest.importorskip("ray")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)  # workers import us
-    # the workers import packtool, and this module for the stand-in jobs of the fault tests
-    workers = os.pathsep.join([os.environ["PYTHONPATH"], str(ROOT / "tests")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": workers}})
-    yield ray
-    ray.shutdown()
-
-
 def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference, tmp_path):
     res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(part_bytes=1),
                          run=RunOptions(executor="ray"))

@@ -15,19 +15,11 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from conftest import CORPUS, ROOT, TOKENIZER  # noqa: E402
-from storage_server import S3  # noqa: E402
+from conftest import CORPUS, ROOT, TOKENIZER
 
-from packtool import open_packed, open_tokens  # noqa: E402
-from packtool.errors import FormatError, PacktoolError  # noqa: E402
-from packtool.storage.cache import Cache  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def s3():
-    server = S3()
-    yield server
-    server.stop()
+from packtool import open_packed, open_tokens
+from packtool.errors import FormatError, PacktoolError
+from packtool.storage.cache import Cache
 
 
 def cli(*args, env=None, check=True):

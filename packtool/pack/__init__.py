@@ -36,6 +36,7 @@ from ..formats.packed import INDEX, VALID, index, read_index
 from ..formats.tokens import open_tokens, read_lengths
 from ..mixture import mixture_plan, parse_source
 from ..plan import PackOptions, plan_pack
+from ..storage import is_url
 from . import jobs as pj
 from .meta import (
     METRIC_KEYS,
@@ -58,7 +59,7 @@ def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list:
     corpora = [open_tokens(p) for p in prefixes]
     seen = set()
     for c in corpora:
-        key = c.prefix.resolve()
+        key = c.prefix if is_url(c.prefix) else Path(c.prefix).resolve()
         if key in seen:
             raise PacktoolError(f"token files {c.prefix} given twice; to use a corpus more than "
                                 f"once give it a repeat factor ({c.prefix}:2.0) instead")
@@ -137,6 +138,11 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
     run = run or RunOptions()
     run.check()
     options.check()
+    if is_url(out):  # made here, then published: packtool.pack.remote
+        from .remote import pack_to_store
+
+        return pack_to_store(pack, prefixes, str(out), options, overwrite=overwrite,
+                             progress=progress, verify_sources=verify_sources, run=run)
     out = Path(os.path.abspath(out))
     with output_lock(out, shared=run.one_task) as notes:
         result = _pack(prefixes, out, options, run, overwrite, progress, verify_sources)
@@ -150,7 +156,9 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
     corpora = open_sources([prefix for prefix, _ in specs])
     factors = [factor for _, factor in specs]
     for c in corpora:
-        src = c.prefix.resolve()
+        if is_url(c.prefix):
+            continue
+        src = Path(c.prefix).resolve()
         if out == src.parent or out in src.parents:
             raise PacktoolError(f"--out {out} contains the source {c.prefix}; write the packed "
                                 "dataset to a directory of its own")

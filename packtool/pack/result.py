@@ -26,6 +26,7 @@ class PackResult:
     sources: list[dict] = field(default_factory=list)   # per source: factor, used, share
     valid: dict | None = None                           # the held-out split's counts
     warnings: list[str] = field(default_factory=list)
+    published: str = ""   # an object-store output: what was uploaded (packtool.storage)
 
     @property
     def efficiency(self) -> float:
@@ -67,6 +68,7 @@ class PackResult:
             v = self.valid
             lines.append(f"  held out: {v['n_docs_held_out']:,} documents -> {v['path']}: "
                          f"{v['n_packs']:,} packs, {v['n_tokens']:,} tokens")
+        lines += [self.published] if self.published else []
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 

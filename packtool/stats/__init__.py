@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PacktoolError
+from ..storage import is_url, kind_of
 from .corpus import (
     DEFAULT_SEQ_LENS,
     advice,
@@ -63,7 +64,8 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
     ``options``: seed, overflow and the packer options (max_depth, work_limit...)."""
     if paths and lengths_file:
         raise PacktoolError("give token-file prefixes / a packed directory, or --lengths, not both")
-    if len(paths) == 1 and Path(paths[0]).is_dir():
+    if len(paths) == 1 and (kind_of(paths[0]) == "packed" or (  # a folder, or a URL of one
+            not is_url(paths[0]) and Path(paths[0]).is_dir())):
         return StatsResult(packed_report(paths[0]), None)
     if lengths_file:
         from ..lengths import load_lengths

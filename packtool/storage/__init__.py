@@ -93,8 +93,14 @@ def filesystem(url: str, storage_options: dict | None = None):
                    else "install the fsspec backend for it")
             raise PacktoolError(f"{url}: no filesystem for {proto}:// here ({e}); {how}"
                                 ) from None
+        # no listings cache: other processes (Ray workers, array tasks) write the same
+        # prefixes, and a stale listing would hide their objects from a resume or finalize
+        fresh = {"use_listings_cache": False, **storage_options}
         try:
-            _FILESYSTEMS[key] = cls(**storage_options)
+            try:
+                _FILESYSTEMS[key] = cls(**fresh)
+            except TypeError:  # a backend without fsspec's listings cache
+                _FILESYSTEMS[key] = cls(**storage_options)
         except Exception as e:  # a backend's own validation of the options
             raise PacktoolError(f"{url}: cannot open {proto}:// with --storage-options "
                                 f"{storage_options!r}: {type(e).__name__}: {e}") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -94,3 +95,44 @@ def require_url(out) -> str:
     if not is_url(out):
         raise PacktoolError(f"{out} is not a URL")
     return str(out).rstrip("/")
+
+
+def fetch_tokenizer(url: str) -> Path:
+    """A tokenizer at a URL (a ``tokenizer.json``, a ``.model``, or a model folder holding
+    one, with its ``tokenizer_config.json``: the chat template), copied into
+    ``CACHE_DIR/tokenizers/<hash of URL and ETags>/`` once, and its local path. Each Ray
+    worker or array task fetches its own copy: no shared file system is needed."""
+    from . import filesystem
+    from .cache import default_dir
+
+    fs, path = filesystem(url)
+    path = path.rstrip("/")
+    wanted = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    if fs.isdir(path):
+        files = {n: f"{path}/{n}" for n in wanted if fs.isfile(f"{path}/{n}")}
+        if not ({"tokenizer.json", "tokenizer.model"} & set(files)):
+            raise PacktoolError(f"tokenizer {url}: holds no tokenizer.json or tokenizer.model")
+    elif fs.isfile(path):
+        folder = path.rsplit("/", 1)[0]
+        files = {basename(path): path}
+        if fs.isfile(f"{folder}/tokenizer_config.json"):
+            files["tokenizer_config.json"] = f"{folder}/tokenizer_config.json"
+    else:
+        raise PacktoolError(f"tokenizer {url}: no such object or prefix")
+    tags = [str(fs.info(p).get("ETag") or fs.info(p).get("size")) for p in files.values()]
+    key = hashlib.sha256(json.dumps([url, sorted(files), tags]).encode()).hexdigest()[:20]
+    dest = default_dir() / "tokenizers" / key
+    if not dest.is_dir():
+        tmp = dest.with_name(f".{key}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+        tmp.mkdir(parents=True)
+        try:
+            for name, rpath in files.items():
+                fs.get_file(rpath, str(tmp / name))
+            os.replace(tmp, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    main = next(n for n in ("tokenizer.json", "tokenizer.model", *files) if n in files)
+    return dest / main

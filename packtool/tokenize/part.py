@@ -41,6 +41,7 @@ from ..formats.tokens import (
 )
 from ..options import TokenizeOptions
 from ..sources import ReadOptions, as_input, content_unchanged
+from ..storage import is_url
 from ..tokenizer import id_space, load_tokenizer, refuse_doubled_specials, special_token_id
 from . import pipeline
 from .encode import make_encoder
@@ -218,7 +219,8 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id,
                           None if mode == "messages" else eos_id, mode, engine=engine)
     meta = {"dtype": dtype.name, "vocab_size": vocab_size,
-            "tokenizer": {"path": str(tok_path), "sha256": tok_sha256},
+            "tokenizer": {"path": str(tokenizer) if is_url(tokenizer) else str(tok_path),
+                          "sha256": tok_sha256},
             "bos_id": bos_id, "eos_id": eos_id,
             "options": {"text_field": opts.text_field, "txt_split": opts.txt_split,
                         "skip_bad_records": opts.skip_bad_records,

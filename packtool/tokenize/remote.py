@@ -34,8 +34,10 @@ from ..storage import basename, default_options, parent
 from ..storage.place import Place
 from ..storage.publish import Published, StoreLock, put_object, remove_leftovers, upload
 from ..storage.stage_out import scratch_dir
+from .assemble import assemble, checked_parts
 from .part import PartJob, new_run, run_part
 from .plan import TokenizePlan, plan_tokenize
+from .result import TokenizeResult, merge_engines
 
 PLAN_FORMAT = "packtool.tokens.plan"
 
@@ -180,8 +182,6 @@ def _begin(place: Place, plan: TokenizePlan, url: str, opts: TokenizeOptions,
 
 def _finalize(place: Place, plan: TokenizePlan, jobs: list, manifests: list | None,
               url: str) -> tuple[dict, list[str]]:
-    from .stage import assemble, checked_parts
-
     if manifests is None:
         manifests = checked_parts(plan, lambda k: check_remote_part(jobs[k], place))
     manifest, moved = assemble(plan, manifests)
@@ -205,7 +205,6 @@ def _finalize(place: Place, plan: TokenizePlan, jobs: list, manifests: list | No
 def tokenize_to_store(inputs, tokenizer, url: str, opts: TokenizeOptions, progress: bool,
                       run: RunOptions):
     from ..storage.stage_out import require_url
-    from .stage import TokenizeResult, merge_engines
 
     url = require_url(url)
     t0 = time.perf_counter()
