@@ -1,8 +1,8 @@
 """The packed format (``packtool.packed``, version 2; version 1 read): what ``pack`` writes
 and ``open_packed`` reads. Schema (``schema.py``), the layout's arithmetic (``layout.py``),
 writer (``writer.py``), its files opened and checked (``files.py``), the one reader
-(``reader.py``) and the validator (``validate.py``);
-the files are written up in docs/FORMAT.md."""
+(``reader.py``), the validator (``validate.py``) and the entries a pack's jobs leave in its
+staging folder (``entries.py``); the files are written up in docs/FORMAT.md."""
 
 from .._manifest import digest as _digest
 from .files import (
