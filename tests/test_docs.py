@@ -23,6 +23,15 @@ def test_index_keys_documented(key):
     assert key in QUOTED, f"index.json key {key!r} missing from docs/FORMAT.md"
 
 
+@pytest.mark.parametrize("key", [f"{kind}:{k}" for kind, keys in (
+    ("shard", packed.entries.SHARD_ENTRY_KEYS), ("group", packed.entries.GROUP_ENTRY_KEYS),
+    ("split", packed.entries.SPLIT_KEYS)) for k in keys])
+def test_job_entry_keys_documented(key):
+    """Every key of a pack job's entry file (.shard-K.entry.json, .group-G.entry.json)."""
+    kind, name = key.split(":")
+    assert name in QUOTED, f"{kind} entry key {name!r} missing from docs/FORMAT.md"
+
+
 @pytest.mark.parametrize("suffix", [f.suffix for f in tokens.SCHEMA] + [".json"])
 def test_token_files_documented(suffix):
     assert f"`PREFIX{suffix}`" in DOC, f"PREFIX{suffix} missing from docs/FORMAT.md"
@@ -39,6 +48,8 @@ def test_writers_refuse_undocumented_keys():
         packed.index({"new_key": 1}, [])
     with pytest.raises(RuntimeError, match="not in the schema"):
         tokens.corpus_manifest({"new_key": 1}, [], {})
+    with pytest.raises(RuntimeError, match="not in the schema"):
+        packed.entries.group_entry("0" * 64, 0, {"train": {"new_key": 1}})
 
 
 def test_cli_starts_without_heavy_imports():

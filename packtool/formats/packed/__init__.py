@@ -5,6 +5,7 @@ writer (``writer.py``), its files opened and checked (``files.py``), the one rea
 staging folder (``entries.py``); the files are written up in docs/FORMAT.md."""
 
 from .._manifest import digest as _digest
+from . import entries
 from .files import (
     Shard,
     ValidationError,
@@ -37,7 +38,8 @@ from .writer import ShardWriter, index, shard_name
 __all__ = [
     "DIGEST_KEY", "FORMAT", "IGNORE_INDEX", "INDEX", "INDEX_KEYS", "LAYOUTS", "SCHEMA",
     "V1_SCHEMA", "VALID", "VERSION", "PackedReader", "Shard", "ShardWriter",
-    "ValidationError", "attention_costs", "check_crc", "derive", "index", "index_digest",
+    "ValidationError", "attention_costs", "check_crc", "derive", "entries", "index",
+    "index_digest",
     "labels_from", "load_array", "mask_storage", "open_packed", "open_sources_of", "pack_offsets",
     "read_index", "shard_arrays", "shard_name", "source_location", "token_ends",
     "v1_segments", "v2_dtypes", "validate_packed",
