@@ -1,11 +1,11 @@
 """``pack --group-docs G`` at corpus scale: each job plans *and* writes one group of G
 consecutive documents, so no process ever holds the whole corpus's lengths::
 
-    driver    a streaming pass over the boundaries: per source its non-empty count; the
-              mixture's held-out and extra-copy documents drawn as sorted lists
-              (:func:`packtool.pack.selection.sparse_selection`: the global plan's draws, in
-              memory of the sample); one job per group with its slice of those lists.
-              Memory: O(groups + selection), ~8 bytes per selected document.
+    driver    streaming passes over the boundaries: per source its non-empty count; the
+              mixture's held-out and extra-copy documents drawn as bitmaps
+              (:func:`packtool.pack.selection.selection_bits`: the global plan's draws, never
+              8 bytes a document); one job per group with its slice of those bitmaps.
+              Memory: O(groups) + 2 bits a document.
     job g     lengths of its documents read from the boundaries, planned on their own (packs
               shuffled in the group with the seed's stream keyed by g), shards
               shard-GGGGG-KKK written with the group's entry .group-GGGGG.entry.json (counts,
@@ -42,13 +42,14 @@ from ..options import PackOptions
 from ..plan import plan_pack
 from .jobs import Target, gatherer, sources
 from .meta import histogram
-from .selection import sparse_selection
+from .selection import get_bits, selection_bits
 
 
 @dataclass(frozen=True)
 class GroupJob:
-    """Group ``g``: global documents lo..hi-1; ``held``/``extra``: its documents held out /
-    given one more copy (global indices); ``whole``: floor(factor) per source."""
+    """Group ``g``: global documents lo..hi-1; ``held``/``extra``: bitmaps of its documents
+    (``np.packbits``, bitorder little, bit i = document lo+i) held out / given one more copy;
+    ``whole``: floor(factor) per source."""
 
     g: int
     lo: int
@@ -86,17 +87,12 @@ def group_jobs(corpora, factors: list[float], options: PackOptions, target: Targ
                digest: str) -> list[GroupJob]:
     sizes = [len(c) for c in corpora]
     base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    held, extra = sparse_selection(_source_chunks(corpora), sizes, factors, options)
-    held_g = np.concatenate([b + h for b, h in zip(base[:-1], held, strict=True)]
-                            or [np.empty(0, np.int64)])
-    extra_g = np.concatenate([b + e for b, e in zip(base[:-1], extra, strict=True)]
-                             or [np.empty(0, np.int64)])
+    held, extra = selection_bits(_source_chunks(corpora), sizes, factors, options)
     g_size = options.group_docs
     jobs = []
     for g, lo in enumerate(range(0, int(base[-1]), g_size)):
         hi = min(lo + g_size, int(base[-1]))
-        h = held_g[np.searchsorted(held_g, lo):np.searchsorted(held_g, hi)]
-        e = extra_g[np.searchsorted(extra_g, lo):np.searchsorted(extra_g, hi)]
+        h, e = (np.packbits(get_bits(b, lo, hi), bitorder="little") for b in (held, extra))
         jobs.append(GroupJob(g, lo, hi, h, e, tuple(int(f) for f in factors),
                              tuple(int(b) for b in base), options, target, digest,
                              _range_tokens(corpora, lo, hi)))
@@ -124,16 +120,15 @@ def _range_tokens(corpora, lo: int, hi: int) -> int:
 def _repeats(job: GroupJob) -> tuple[np.ndarray | None, np.ndarray]:
     """(copies per document of the group, or None for "each once"; held-out mask)."""
     n = job.hi - job.lo
-    held = np.zeros(n, bool)
-    held[job.held - job.lo] = True
-    if all(w == 1 for w in job.whole) and not job.extra.size and not held.any():
+    held, extra = get_bits(job.held, 0, n), get_bits(job.extra, 0, n)
+    if all(w == 1 for w in job.whole) and not extra.any() and not held.any():
         return None, held
     reps = np.zeros(n, np.int64)
     for k, w in enumerate(job.whole):
         a, b = max(job.base[k], job.lo), min(job.base[k + 1], job.hi)
         if b > a:
             reps[a - job.lo:b - job.lo] = w
-    reps[job.extra - job.lo] += 1
+    reps[extra] += 1
     reps[held] = 0
     return reps, held
 
