@@ -15,7 +15,7 @@ kernels take ``cu_seqlens``; Hugging Face models derive it from ``position_ids``
 boundary (the ``DataCollatorWithFlattening`` convention); with SFT/chat sources they are also
 -100 wherever the loss mask is 0.
 
-Measured (scripts/bench_pack.py --reader): the derivation of one 8,192-token pack of ~16
+Measured (scripts/bench_reader.py): the derivation of one 8,192-token pack of ~16
 segments costs a few microseconds in one numba pass, far below the token read.
 """
 
