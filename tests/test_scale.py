@@ -238,6 +238,8 @@ def test_interrupted_driver_resumes(inputs, reference, tmp_path):
 # --------------------------------------------------------------------------------- Ray
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference, tmp_path):
     res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(part_bytes=1),
                          run=RunOptions(executor="ray"))
@@ -251,6 +253,7 @@ def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference
     assert run_cli("verify", tmp_path / "p_ray", "--source", tmp_path / "c").exit_code == 0
 
 
+@pytest.mark.ray
 def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, tmp_path):
     """SIGKILL the Ray worker writing a part (its pid is in the temporary file's name): Ray
     retries the task, the output is the same bytes."""
@@ -306,6 +309,8 @@ def slow_shard(job, tick):
         pack_jobs.ShardWriter = real
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_ray_worker_killed_mid_shard_leaves_nothing(ray_instance, reference, tmp_path,
                                                     monkeypatch):
     """SIGKILL the Ray worker while its shard's files sit in ``.shard-K.tmp-PID/`` inside the
@@ -336,6 +341,8 @@ def test_ray_worker_killed_mid_shard_leaves_nothing(ray_instance, reference, tmp
     assert run_cli("verify", tmp_path / "p", "--source", reference / "c").exit_code == 0
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_ray_driver_interrupted_then_rerun_resumes(ray_instance, inputs, reference, tmp_path):
     """A driver process joined to the running Ray instance is interrupted; the same command
     again skips the parts already finished."""
