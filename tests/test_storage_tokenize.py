@@ -203,6 +203,7 @@ def dies_mid_upload(job, tick):
     return remote.run_remote_part(job, tick)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_ray_without_a_shared_file_system_and_a_task_killed_mid_upload(
         ray_instance, s3, bucket, reference, tmp_path, monkeypatch):

@@ -1,11 +1,10 @@
-"""An output at a URL, made by a stage's local code in a staging folder and then published
-(:mod:`.publish`): what ``pack`` and ``tokenize`` share when ``--out`` is ``s3://...``.
+"""Local folders for outputs bound for a store (:mod:`.publish`): a scratch folder per process
+for the jobs in flight, and a tokenizer at a URL fetched once into the cache.
 
-The staging folder is ``CACHE_DIR/staging/<hash of the URL>/``: local to this machine,
-packtool's own (it is removed before a run and after a successful publish). A run
-interrupted during the upload leaves no manifest at the URL; the same command makes the
-output again (outputs are deterministic: the same bytes) and uploads only the objects that
-are not already there, verified.
+A job's scratch folder is ``CACHE_DIR/staging/<hash of the URL>/<host>-<pid>-<random>/``:
+local to the process (a Ray worker on another node has its own), removed when the job is
+published; a killed process's is removed by the next job of its host. Local disk holds the
+jobs in flight, not the output.
 """
 
 from __future__ import annotations
@@ -21,17 +20,6 @@ from pathlib import Path
 
 from ..errors import PacktoolError
 from . import basename, is_url
-
-
-def refuse_distributed(url: str, run) -> None:
-    """Ray and array tasks write into one folder every worker sees; a URL output is staged on
-    this machine, so they are refused until each task publishes its own objects."""
-    if run is not None and (run.executor != "local" or run.tasks is not None or run.finalize):
-        raise PacktoolError(
-            f"--out {url}: an object-store output is made on this machine and published when "
-            "complete, so --executor ray, --tasks and --finalize need a local or shared --out "
-            "(write there, then copy with fsspec/aws s3 sync); inputs and sources may still be "
-            "URLs")
 
 
 @contextlib.contextmanager
@@ -67,28 +55,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def staging_root(url: str) -> Path:
-    from .cache import default_dir
-
-    key = hashlib.sha256(url.encode()).hexdigest()[:16]
-    root = default_dir() / "staging" / key
-    if root.is_symlink():
-        raise PacktoolError(f"{root} is a symbolic link; packtool stages only in a folder of "
-                            "its own: remove it")
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    return root
-
-
-def local_name(url: str, root: Path) -> Path:
-    return root / basename(url)
-
-
-def cleanup(root: Path) -> None:
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def require_url(out) -> str:

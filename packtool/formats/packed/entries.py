@@ -104,14 +104,19 @@ def _made(kind: str, body: dict) -> dict:
     return body
 
 
-def read_entry(path: Path, kind: str) -> tuple[dict | None, str]:
+def read_entry(path, kind: str, place=None) -> tuple[dict | None, str]:
     """(the entry, "") of a job entry of ``kind`` that is readable and fits its schema, else
-    (None, why): "missing", or what is wrong with it."""
+    (None, why): "missing", or what is wrong with it. ``place``: a
+    :class:`packtool.storage.place.Place` it is read from (``path``: its name there)."""
     version, spec = _SPECS[kind]
     try:
-        if path.is_symlink():
+        if place is not None:
+            m = json.loads(place.read_bytes(str(path)))
+            path = place.path(str(path))
+        elif path.is_symlink():
             return None, f"{path} is a symbolic link, not an entry packtool wrote"
-        m = json.loads(path.read_text())
+        else:
+            m = json.loads(path.read_text())
     except FileNotFoundError:
         return None, "missing"
     except (OSError, ValueError) as e:
@@ -137,6 +142,19 @@ def shards_of(entry: dict) -> list[dict]:
     if entry["format"] == SHARD_ENTRY:
         return [entry["entry"]]
     return [sh for s in entry["splits"].values() for sh in s["shards"]]
+
+
+def check_objects(place, prefix: str, shards: list[dict]) -> str:
+    """"" when every file of ``shards`` is an object of ``place`` (under ``prefix``: "" or
+    "valid/") of its listed size, else why not. (Their content is checked when read.)"""
+    for sh in shards:
+        for f in sh["files"].values():
+            size = place.size(prefix + f["name"])
+            if size != f["bytes"]:
+                where = place.path(prefix + f["name"])
+                return (f"{where} is missing" if size is None else
+                        f"{where} has {size:,} bytes, its entry {f['bytes']:,}")
+    return ""
 
 
 def check_files(folder: Path, shards: list[dict], checksums: bool = True) -> str:
