@@ -27,6 +27,7 @@ from .errors import PacktoolError
 from .formats.packed import VALID, ValidationError, validate_packed
 from .formats.tokens import open_tokens, read_lengths, validate_tokens
 from .storage import is_url, join, kind_of, parent
+from .verify_rules import expected_holdout
 
 VerifyError = ValidationError
 CHUNK_TOKENS = 1 << 23
@@ -215,27 +216,21 @@ def _sources(index: dict, specs) -> list:
 def expected_copies(index: dict, lengths: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(copies of each document in the training packs, held-out mask), from the index's
     seed, factors and held-out request, by the rules docs/FORMAT.md states: held out, per
-    source, round(share * non-empty documents) of them (at least one), drawn without
-    replacement by ``default_rng([seed, 1, k])``; each other document floor(factor) times,
+    source, :func:`packtool.verify_rules.expected_holdout` of its non-empty documents, drawn
+    without replacement by ``default_rng([seed, 1, k])``; each other document floor(factor) times,
     plus one for round(frac(factor) * eligible) of them drawn by ``default_rng([seed, 2, k])``.
     """
     seed = int(index["seed"])
     held_req = index.get("held_out") or {}
     factors = [float(s.get("factor", 1.0)) for s in index["sources"]]
-    total = sum(x.size for x in lengths)
+    wants = expected_holdout(held_req, [int(np.count_nonzero(x)) for x in lengths],
+                             sum(x.size for x in lengths)) if held_req else None
     copies, held = [], []
     for k, (n_k, factor) in enumerate(zip(lengths, factors, strict=True)):
         h = np.zeros(n_k.size, bool)
-        if held_req:
-            nonempty = np.flatnonzero(n_k > 0)
-            if nonempty.size:
-                share = (held_req["valid_fraction"]
-                         if held_req.get("valid_fraction") is not None
-                         else held_req["valid_docs"] / total)
-                want = min(max(1, round(share * nonempty.size)), nonempty.size)
-                h[np.random.default_rng([seed, 1, k]).choice(nonempty, size=want,
-                                                              replace=False)] = True
-            del nonempty
+        if wants and wants[k]:
+            h[np.random.default_rng([seed, 1, k]).choice(np.flatnonzero(n_k > 0), size=wants[k],
+                                                          replace=False)] = True
         c = np.full(n_k.size, int(factor), np.uint16)
         c[h] = 0
         extra = round((factor - int(factor)) * (n_k.size - int(h.sum())))

@@ -34,7 +34,7 @@ from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
 from ..formats.packed import INDEX, VALID, index, read_index
 from ..formats.tokens import open_tokens, read_lengths
-from ..mixture import mixture_plan, parse_source
+from ..mixture import mixture_plan, resolve_source
 from ..plan import PackOptions, plan_pack
 from . import jobs as pj
 from .meta import (
@@ -146,7 +146,7 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
 
 def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources) -> PackResult:
     t0 = time.perf_counter()
-    specs = [parse_source(p) for p in prefixes]
+    specs = [resolve_source(p) for p in prefixes]
     corpora = open_sources([prefix for prefix, _ in specs])
     factors = [factor for _, factor in specs]
     for c in corpora:
@@ -210,7 +210,8 @@ class _Global:
         t0 = time.perf_counter()
         self.corpora, self.factors, self.options = corpora, factors, options
         lengths = read_lengths(corpora)
-        repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options)
+        repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options,
+                                     [str(c.prefix) for c in corpora])
         self.layout = plan_pack(lengths, options, repeats)
         valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
         del lengths, repeats, held

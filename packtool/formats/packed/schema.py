@@ -145,7 +145,8 @@ _SOURCE = obj({"prefix": string(), "path": string(True), "manifest_sha256": hexs
                "tokens_used": count(), "token_share": number(0, 1)})
 _HELD_OUT = obj({"path": one_of(VALID), "valid_docs": nullable(count(1)),
                  "valid_fraction": nullable(number(0, 1)), "n_docs_held_out": count(),
-                 "n_packs": count(), "n_tokens": count()})
+                 "n_packs": count(), "n_tokens": count(),
+                 "rule": Key(one_of(2), "", optional=True)})
 _COUNT_KEYS = ("n_packs", "n_docs", "n_empty", "n_overlong", "n_split", "n_split_pieces",
                "n_truncated", "n_truncated_tokens", "n_dropped", "n_dropped_tokens",
                "n_segments", "n_tokens")
