@@ -78,6 +78,7 @@ def output_lock(output: str | Path, shared: bool = False, scan: bool = True):
     only ``output``'s own journal, see :func:`reclaim`). Missing parent folders are created,
     and removed again if the run fails and they are still empty."""
     output = Path(os.path.abspath(output))
+    check_output_name(output)
     lock = lock_path(output)
     created = make_parents(output)
     try:
@@ -88,6 +89,18 @@ def output_lock(output: str | Path, shared: bool = False, scan: bool = True):
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def check_output_name(output: Path) -> None:
+    """An output is a name of its own (not ``/``) that JSON and Parquet can record (UTF-8)."""
+    if not output.name:
+        raise PacktoolError(f"--out {output} names no file or folder of its own; give a path "
+                            f"inside a folder, e.g. {output / 'packed'}")
+    try:
+        str(output).encode("utf-8")
+    except UnicodeEncodeError:
+        raise PacktoolError(f"--out {str(output)!r} is not valid UTF-8; packtool records output "
+                            "names in JSON manifests (and Parquet files): rename it") from None
 
 
 def make_parents(output: Path) -> list[Path]:

@@ -178,6 +178,9 @@ class PackOptions:
                 1 <= self.seq_len < 2**31):
             raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
                                 f"{self.seq_len!r}")
+        from .packers import check_seq_len_memory
+
+        check_seq_len_memory(self.seq_len, [self.algo])
         for name, value, allowed in (("--overflow", self.overflow, OVERFLOW),
                                      ("--layout", self.layout, LAYOUTS),
                                      ("--balance", self.balance, BALANCE)):

@@ -25,6 +25,7 @@ from .._manifest import (
     anything,
     boolean,
     count,
+    dict_of,
     hexstr,
     integer,
     list_of,
@@ -138,7 +139,7 @@ SHARD_KEYS = {
     "name": Key(string(True), "the shard's name (shard-KKKKK)"),
     "n_packs": Key(count(), "packs"), "n_segments": Key(count(), "segments"),
     "n_tokens": Key(count(), "tokens"),
-    "files": Key(obj({}), "per array: {name, crc32, bytes}"),
+    "files": Key(dict_of(_FILE), "per array: {name, crc32, bytes}"),
 }
 _SOURCE = obj({"prefix": string(), "path": string(True), "manifest_sha256": hexstr(64),
                "n_docs": count(), "n_tokens": count(), "factor": number(0), "docs_used": count(),
