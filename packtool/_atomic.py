@@ -37,7 +37,6 @@ import ctypes
 import errno
 import json
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -51,6 +50,7 @@ from ._temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this mo
     final_name,
     finish,
     journal_path,
+    left_by_us,
     reclaim,
     remove_path,
     size_of,
@@ -78,6 +78,7 @@ def output_lock(output: str | Path, shared: bool = False, scan: bool = True):
     only ``output``'s own journal, see :func:`reclaim`). Missing parent folders are created,
     and removed again if the run fails and they are still empty."""
     output = Path(os.path.abspath(output))
+    check_output_name(output)
     lock = lock_path(output)
     created = make_parents(output)
     try:
@@ -88,6 +89,18 @@ def output_lock(output: str | Path, shared: bool = False, scan: bool = True):
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def check_output_name(output: Path) -> None:
+    """An output is a name of its own (not ``/``) that JSON and Parquet can record (UTF-8)."""
+    if not output.name:
+        raise PacktoolError(f"--out {output} names no file or folder of its own; give a path "
+                            f"inside a folder, e.g. {output / 'packed'}")
+    try:
+        str(output).encode("utf-8")
+    except UnicodeEncodeError:
+        raise PacktoolError(f"--out {str(output)!r} is not valid UTF-8; packtool records output "
+                            "names in JSON manifests (and Parquet files): rename it") from None
 
 
 def make_parents(output: Path) -> list[Path]:
@@ -272,7 +285,8 @@ def _key(paths: list[Path]) -> Path:
 
 @contextlib.contextmanager
 def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None = None,
-                 remove: list[Path] = (), label: Path | None = None, scan: bool = True):
+                 remove: list[Path] = (), label: Path | None = None, scan: bool = True,
+                 owned=None):
     """Yield temporary paths for ``paths``; on success commit them all, else delete them.
 
     The last path is the commit point: make it the manifest. ``remove``: files of a previous
@@ -280,6 +294,9 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
     (``key``, default the common prefix of the names) is held throughout; errors name
     ``label`` (default ``key``), the output the user asked for. ``scan=False``: a commit of
     one part of a larger output, whose run reclaims the folder (see :func:`reclaim`).
+    ``owned(existing)``: with ``overwrite``, the writer's proof that the files already at
+    ``paths`` are its own output (it raises, naming what is not); without it the caller has
+    proven them before (a tokenize part, from the manifests that list it).
     """
     paths = [Path(os.path.abspath(p)) for p in paths]
     key = Path(os.path.abspath(key)) if key else _key(paths)
@@ -287,6 +304,9 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
         for note in notes:
             print(f"packtool: {note}", file=sys.stderr)
         refuse_existing_files(paths, overwrite)
+        existing = [p for p in paths if p.exists() or p.is_symlink()]
+        if existing and owned is not None:
+            owned(existing)
         tag = f"{os.getpid()}-{secrets.token_hex(3)}"
         temps = [tagged_name(p, "tmp", tag) for p in paths]
         try:
@@ -361,10 +381,9 @@ def check_replaceable(path: Path, overwrite: bool, owned) -> None:
 
 def unexpected(folder: Path, expected: set[str], what: str) -> None:
     """Refuse ``folder`` unless every entry in it is in ``expected`` or one of packtool's
-    own hidden files (locks, temporaries of dead runs)."""
-    hidden = re.compile(rf"\..+\.(?:lock|(?:{TEMP_KINDS})-\d+-[0-9a-f]+)")
+    own hidden files (:func:`left_by_us`)."""
     extra = sorted(n for n in os.listdir(folder) if n not in expected
-                   and not hidden.fullmatch(n))
+                   and not left_by_us(folder / n))
     if extra:
         shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
                                          else "")

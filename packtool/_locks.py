@@ -48,6 +48,20 @@ def holders(fd: int) -> list[int]:
     return sorted(set(pids) - {os.getpid()})
 
 
+def lock_like(st: os.stat_result) -> bool:
+    """What a lock file of packtool's is: an empty regular file of one link (it never
+    writes into one, so a file with content, a link or a folder is someone else's)."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and not st.st_size
+
+
+def is_lock_file(path: Path) -> bool:
+    """``path`` (not followed) is shaped as packtool's lock files are (:func:`lock_like`)."""
+    try:
+        return lock_like(os.lstat(path))
+    except OSError:
+        return False
+
+
 def _open(lock: Path) -> int:
     """Open (or create) a lock file: never through a symbolic link, only a regular file of
     one link, never truncated."""
@@ -58,8 +72,7 @@ def _open(lock: Path) -> int:
             raise PacktoolError(f"{lock} is a symbolic link; packtool's lock files are its own "
                                 "regular files: remove the link") from None
         raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size:
+    if not lock_like(os.fstat(fd)):
         os.close(fd)
         raise PacktoolError(f"{lock} is not packtool's lock file (an empty regular file of one "
                             "link); move it away if it is yours, remove it if no packtool run is "
@@ -130,8 +143,7 @@ def remove_if_free(lock: Path) -> bool:
     except OSError:
         return False
     try:
-        st = os.fstat(fd)
-        if lock in _held or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size:
+        if lock in _held or not lock_like(os.fstat(fd)):
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if _same_file(fd, lock):  # one that opens it meanwhile retries on its own file

@@ -21,7 +21,7 @@ from . import _locks
 from .errors import PacktoolError
 
 TEMP_KINDS = "tmp|old|commit|jtmp"
-_SUFFIXES = r"(?:\.(?:bin|boundaries|mask|json))?"  # a token prefix's files share its lock
+_SUFFIXES = r"(?:\.(?:bin|boundaries|mask|json|idx))?"  # files of one prefix share its lock
 
 
 def tagged_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:
@@ -66,7 +66,8 @@ def size_of(path: Path) -> int:
         return 0
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a temporary's pid may still be writing it (our own pid: no, see below)."""
     if pid == os.getpid():
         return False  # at first acquisition nothing of ours is in flight: a reused pid's leftover
     try:
@@ -81,13 +82,28 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_OUR_TEMP = re.compile(rf"\.[\w.-]+?\.(?:{TEMP_KINDS})-(\d+)-[0-9a-f]+")
+_OUR_LOCK = re.compile(r"\.[\w.-]+\.lock")
+
+
+def left_by_us(path: Path) -> bool:
+    """A hidden entry packtool provably left in an output: a lock file shaped as its locks
+    are (an empty regular file of one link, see :func:`packtool._locks.lock_like`), or a
+    temporary of its naming (``.NAME.tmp-PID-HEX``) whose pid is dead, as reclaim requires.
+    A user's ``.notes.lock`` with content, or a live process's file, is not ours."""
+    if _OUR_LOCK.fullmatch(path.name):
+        return _locks.is_lock_file(path)
+    m = _OUR_TEMP.fullmatch(path.name)
+    return bool(m) and not pid_alive(int(m.group(1)))
+
+
 # ------------------------------------------------------------------------------ recovery
 def _leftovers(output: Path) -> list[tuple[Path, str, int]]:
     """Temporaries of ``output``: of its own files (``.o.bin.tmp-PID-X``), and of the parts of
     a multi-part corpus and their manifests (``.o.part-00001.bin.tmp-…``,
     ``..o.part.json.tmp-…``, a part commit's journal ``.o.part-commit.commit-…``)."""
     name = re.escape(output.name)
-    stem = rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.(?:part[-.][\w.-]*|plan\.json))"
+    stem = rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.(?:part[-.][\w.-]*|plan\.json|export\.json))"
     pattern = re.compile(rf"{stem}\.({TEMP_KINDS})-(\d+)-[0-9a-f]+")
     journal = re.compile(rf"{stem}\.journal")
     lock = re.compile(rf"{stem}\.lock")
@@ -158,7 +174,7 @@ def reclaim(output: Path, inside: Path | None = None, scan: bool = True) -> list
         if kind == "lock":
             _locks.remove_if_free(path)
     leftovers = [x for x in found if x[1] not in ("journal", "lock")
-                 and not _pid_alive(x[2])]
+                 and not pid_alive(x[2])]
     for path, kind, pid in leftovers:
         if kind == "commit":  # a journal named by its pid (written by an older packtool)
             notes.append(f"{output}: " + _recover(path) + f" (pid {pid} was killed mid-commit)")

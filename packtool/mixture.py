@@ -6,10 +6,14 @@ options, so ``verify`` recomputes them (with its own code) to check a dataset.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from .errors import PacktoolError
 from .plan import PackOptions
+
+MAX_FACTOR = 1000  # a larger factor packs every document over 1,000 times: a typo, not a mix
 
 
 def parse_source(spec: str) -> tuple[str, float]:
@@ -20,11 +24,47 @@ def parse_source(spec: str) -> tuple[str, float]:
             factor = float(tail)
         except ValueError:
             return str(spec), 1.0
-        if not (0 <= factor < 1e6) or factor != factor:
-            raise PacktoolError(f"{spec}: repeat factor {tail} must be a number from 0 to "
-                                "999,999 (2.0 = every document twice, 0.5 = a seeded half)")
+        if not (0 <= factor <= MAX_FACTOR) or factor != factor:
+            raise PacktoolError(
+                f"{spec}: repeat factor {tail} must be a number from 0 to {MAX_FACTOR:,} (2.0 = "
+                "every document twice, 0.5 = a seeded half, 0 = none in training); a factor "
+                f"of {tail} would pack every document {tail} times")
         return head, factor
     return str(spec), 1.0
+
+
+def resolve_source(spec: str) -> tuple[str, float]:
+    """:func:`parse_source`, checked against the files there (local paths): ``c:2`` when
+    both ``c.json`` and ``c:2.json`` exist is refused as ambiguous; ``c:2`` with no ``c``
+    says that ``:2`` was read as a factor; a raw input (``prose.jsonl``) points to
+    ``packtool tokenize``."""
+    from .formats.tokens import split_prefix
+    from .storage import is_url
+
+    prefix, factor = parse_source(spec)
+    if is_url(spec):
+        return prefix, factor
+    whole = Path(f"{split_prefix(spec)}.json")
+    if prefix != str(spec):
+        head = Path(f"{split_prefix(prefix)}.json")
+        if whole.exists() and head.exists():
+            raise PacktoolError(
+                f"{spec} is ambiguous: {whole} (the corpus {spec}) and {head} (the corpus "
+                f"{prefix} with repeat factor {factor:g}) both exist; rename one of them")
+        if whole.exists():
+            return str(spec), 1.0
+        if not head.exists():
+            raise PacktoolError(
+                f"{head} not found: in {spec}, ':{spec.rpartition(':')[2]}' was read as a "
+                f"repeat factor of the corpus {prefix}; give the --out PREFIX of packtool "
+                "tokenize (PREFIX:FACTOR to repeat it)")
+        return prefix, factor
+    if not whole.exists() and Path(spec).is_file():
+        raise PacktoolError(
+            f"{spec} is not token files (no {whole.name}): pack takes the --out PREFIX of "
+            f"packtool tokenize; tokenize it first: packtool tokenize {spec} --tokenizer "
+            f"TOKENIZER --out PREFIX, then packtool pack PREFIX")
+    return prefix, factor
 
 
 def _sub_seed(seed: int, domain: int, k: int) -> np.random.Generator:
@@ -34,32 +74,69 @@ def _sub_seed(seed: int, domain: int, k: int) -> np.random.Generator:
     return seeds.rng(seed, {1: "mixture.held_out", 2: "mixture.repeats"}[domain], k)
 
 
+def holdout_counts(nonempty: list[int], valid_docs: int | None = None,
+                   valid_fraction: float | None = None) -> list[int]:
+    """How many of each source's non-empty documents are held out. Never a source's last
+    one: a source keeps at least one document for training. ``valid_docs``: exactly that many
+    in all, apportioned in proportion to the sources' non-empty documents (largest remainder,
+    ties to the earlier source; what a capped source cannot give goes to the others);
+    ``valid_fraction``: round(fraction x m) of each source's m, at least 1 where m >= 2::
+
+        --valid-docs 1 over c (50 documents) and b (1):  c 1, b 0   (1 in all, b still trains)
+        --valid-fraction 0.999999 over c (50):           c 49       (one left for training)
+    """
+    if valid_docs is not None and valid_fraction is not None:
+        raise PacktoolError("give --valid-docs or --valid-fraction, not both")
+    m = [int(x) for x in nonempty]
+    cap = [max(x - 1, 0) for x in m]
+    if valid_fraction is not None:
+        if not 0 < valid_fraction < 1:
+            raise PacktoolError(f"--valid-fraction {valid_fraction}: must be above 0 and "
+                                "below 1")
+        return [min(max(1, round(valid_fraction * x)), c) if x >= 2 else 0
+                for x, c in zip(m, cap, strict=True)]
+    if valid_docs is None:
+        return [0] * len(m)
+    if not cap or sum(cap) < 1:
+        raise PacktoolError(
+            f"--valid-docs {valid_docs}: no document can be held out: the sources hold "
+            f"{sum(m):,} non-empty document(s) and each keeps at least one for training; "
+            "drop --valid-docs or add documents")
+    if not 1 <= valid_docs <= sum(cap):
+        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to {sum(cap):,} (the "
+                            "non-empty documents, less one per source for training)")
+    counts, left = [0] * len(m), valid_docs
+    while left:  # each round either places all that is left or fills a source to its cap
+        room = [k for k in range(len(m)) if counts[k] < cap[k]]
+        weight = sum(m[k] for k in room)
+        quota = {k: divmod(left * m[k], weight) for k in room}
+        rest = left - sum(q for q, _ in quota.values())
+        for k in sorted(room, key=lambda k: -quota[k][1])[:rest]:  # stable: earlier first
+            quota[k] = (quota[k][0] + 1, 0)
+        for k in room:
+            add = min(quota[k][0], cap[k] - counts[k])
+            counts[k] += add
+            left -= add
+    return counts
+
+
 def held_out(lengths: np.ndarray, sizes: list[int], seed: int, valid_docs: int | None = None,
              valid_fraction: float | None = None) -> np.ndarray:
     """Boolean mask of the documents held out for validation: whole non-empty documents, a
-    seeded sample of each source in proportion to its size (``valid_docs`` in all, or
-    ``valid_fraction`` of each source), at least one from every source that has any."""
+    seeded sample of each source of :func:`holdout_counts` of them."""
     mask = np.zeros(lengths.size, bool)
     if valid_docs is None and valid_fraction is None:
         return mask
-    if valid_docs is not None and valid_fraction is not None:
-        raise PacktoolError("give --valid-docs or --valid-fraction, not both")
-    total = int(sum(sizes))
     nonempty = lengths > 0
-    if valid_docs is not None and not 1 <= valid_docs < int(nonempty.sum()):
-        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to "
-                            f"{int(nonempty.sum()) - 1:,}"
-                            " (the non-empty documents, less one for training)")
-    if valid_fraction is not None and not 0 < valid_fraction < 1:
-        raise PacktoolError(f"--valid-fraction {valid_fraction}: must be above 0 and below 1")
-    base = 0
-    for k, n in enumerate(sizes):
-        docs = base + np.flatnonzero(nonempty[base:base + n])
-        share = valid_fraction if valid_fraction is not None else valid_docs / total
-        want = min(max(1, round(share * docs.size)), docs.size) if docs.size else 0
-        pick = _sub_seed(seed, 1, k).choice(docs, size=want, replace=False) if want else docs[:0]
-        mask[pick] = True
-        base += n
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    counts = holdout_counts([int(nonempty[a:b].sum()) for a, b in zip(bounds[:-1], bounds[1:],
+                                                                      strict=True)],
+                            valid_docs, valid_fraction)
+    for k, want in enumerate(counts):
+        if want:
+            base = int(bounds[k])
+            docs = base + np.flatnonzero(nonempty[base:int(bounds[k + 1])])
+            mask[_sub_seed(seed, 1, k).choice(docs, size=want, replace=False)] = True
     return mask
 
 
@@ -84,37 +161,63 @@ def doc_repeats(sizes: list[int], factors: list[float], seed: int,
 
 
 def mixture_plan(lengths: np.ndarray, sizes: list[int], factors: list[float],
-                 options: PackOptions) -> tuple[np.ndarray | None, np.ndarray]:
+                 options: PackOptions, names: list[str] | None = None
+                 ) -> tuple[np.ndarray | None, np.ndarray]:
     """(copies per document for the training packs, or None for "each once"; held-out mask).
-    A pure function of the inputs and options: ``verify`` recomputes it to check a pack."""
+    A pure function of the inputs and options: ``verify`` recomputes it to check a pack.
+    Refused (:func:`refuse_idle`): an empty training set, or a source that adds nothing."""
     valid = held_out(lengths, sizes, options.seed, options.valid_docs, options.valid_fraction)
-    if all(f == 1 for f in factors) and not valid.any():
-        return None, valid
-    return doc_repeats(sizes, factors, options.seed, exclude=valid), valid
+    reps = None if all(f == 1 for f in factors) and not valid.any() else doc_repeats(
+        sizes, factors, options.seed, exclude=valid)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    trained, nonempty = [], []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        used = lengths[a:b] > 0
+        nonempty.append(int(used.sum()))
+        trained.append(int((used & (reps[a:b] > 0)).sum()) if reps is not None else nonempty[-1])
+    refuse_idle(trained, nonempty, factors, names)
+    return reps, valid
 
 
-def sparse_selection(chunks, sizes: list[int], factors: list[float], options: PackOptions
+def refuse_idle(trained: list[int], nonempty: list[int], factors: list[float],
+                names: list[str] | None = None) -> None:
+    """An empty training set is refused, and so is a source that adds no document to it
+    (its factor rounds to no copy, or it holds no non-empty document): unless asked for,
+    with factor 0 (``PREFIX:0``: held-out documents only, or none)."""
+    for k, (t, m, f) in enumerate(zip(trained, nonempty, factors, strict=True)):
+        name = names[k] if names else f"source {k + 1} (in the order given)"
+        if f > 0 and not t:
+            why = ("it holds no non-empty document" if not m else
+                   f"factor {f:g} selects none of its {m:,} non-empty documents")
+            fix = "" if not m else f"raise its factor ({1 / m:.3g} selects one document), "
+            raise PacktoolError(
+                f"{name} would add nothing to the training packs: {why}; {fix}drop it, or "
+                f"give it as {names[k] if names else 'PREFIX'}:0 to keep it out of training on "
+                "purpose")
+    if not sum(trained):
+        raise PacktoolError(
+            "the training set would be empty (no document of any source is packed for "
+            "training: factors 0, or every document held out); raise a factor or hold out "
+            "fewer documents")
+
+
+def sparse_selection(chunks, sizes: list[int], factors: list[float], options: PackOptions,
+                     names: list[str] | None = None
                      ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The documents :func:`mixture_plan` holds out and gives an extra copy, per source, as
     sorted local document indices, in memory that grows with the selection, not the corpus:
     the same seeded draws (a draw of ranks among the source's candidates), mapped to
     documents by a streaming pass. ``chunks(k)`` yields source k's lengths a chunk at a time.
-    Everything else gets ``floor(factor)`` copies; held-out documents none."""
-    held_all, extra_all = [], []
-    valid_docs, valid_fraction = options.valid_docs, options.valid_fraction
+    Everything else gets ``floor(factor)`` copies; held-out documents none. Refused as
+    :func:`mixture_plan` refuses."""
+    held_all, extra_all, trained = [], [], []
     nonempty = [sum(int(np.count_nonzero(c)) for c in chunks(k)) for k in range(len(sizes))]
-    if valid_docs is not None and not 1 <= valid_docs < sum(nonempty):
-        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to "
-                            f"{sum(nonempty) - 1:,} (the non-empty documents, less one for "
-                            "training)")
-    total = int(sum(sizes))
+    wants = holdout_counts(nonempty, options.valid_docs, options.valid_fraction)
     for k, (n, factor) in enumerate(zip(sizes, factors, strict=True)):
         held = np.empty(0, np.int64)
-        m = nonempty[k]
-        if (valid_docs is not None or valid_fraction is not None) and m:
-            share = valid_fraction if valid_fraction is not None else valid_docs / total
-            want = min(max(1, round(share * m)), m)
-            ranks = np.sort(_sub_seed(options.seed, 1, k).choice(m, size=want, replace=False))
+        if wants[k]:
+            ranks = np.sort(_sub_seed(options.seed, 1, k).choice(nonempty[k], size=wants[k],
+                                                                 replace=False))
             held = _nonempty_docs(chunks(k), ranks)
         frac = factor - int(factor)
         extra = round(frac * (n - held.size))
@@ -126,7 +229,20 @@ def sparse_selection(chunks, sizes: list[int], factors: list[float], options: Pa
             picks = ranks + np.searchsorted(skip, ranks, side="right")
         held_all.append(held)
         extra_all.append(picks.astype(np.int64))
+        trained.append(nonempty[k] - held.size if int(factor) else _count_nonempty(
+            chunks(k), picks))
+    refuse_idle(trained, nonempty, factors, names)
     return held_all, extra_all
+
+
+def _count_nonempty(chunks, docs: np.ndarray) -> int:
+    """How many of these local documents (sorted) are non-empty."""
+    found, base = 0, 0
+    for c in chunks:
+        lo, hi = np.searchsorted(docs, [base, base + len(c)])
+        found += int(np.count_nonzero(np.asarray(c)[docs[lo:hi] - base]))
+        base += len(c)
+    return found
 
 
 def _nonempty_docs(chunks, ranks: np.ndarray) -> np.ndarray:

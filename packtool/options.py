@@ -145,11 +145,14 @@ class PackOptions:
     time_limit: float | None = opt(None, "optimal: also stop after this many seconds (the "
                                    "result may then differ between runs; the index records "
                                    "that).", type=("float", 0, False))
-    valid_docs: int | None = opt(None, "Hold out this many whole documents (seeded, per source "
-                                 "in proportion) and pack them into OUT/valid.",
+    valid_docs: int | None = opt(None, "Hold out exactly this many whole non-empty documents "
+                                 "(seeded, apportioned to the sources in proportion) and pack "
+                                 "them into OUT/valid. Never a source's last document: every "
+                                 "source keeps at least one for training.",
                                  type=("int", 1, None))
     valid_fraction: float | None = opt(None, "Hold out this fraction of each source's documents "
-                                       "instead.", type=("float", 0, True, 1, True))
+                                       "instead (at least one of a source of two or more, "
+                                       "never its last).", type=("float", 0, True, 1, True))
     group_docs: int | None = opt(None, "Pack consecutive groups of this many documents "
                                  "independently (bounds the packer's memory and time at 1e9 "
                                  "documents; docs/SCALE.md: its cost).", type=("int", 1, None))
@@ -175,6 +178,9 @@ class PackOptions:
                 1 <= self.seq_len < 2**31):
             raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
                                 f"{self.seq_len!r}")
+        from .packers import check_seq_len_memory
+
+        check_seq_len_memory(self.seq_len, [self.algo])
         for name, value, allowed in (("--overflow", self.overflow, OVERFLOW),
                                      ("--layout", self.layout, LAYOUTS),
                                      ("--balance", self.balance, BALANCE)):

@@ -56,9 +56,35 @@ def load_tokenizer(tok: str | Path):
             f"cannot read tokenizer {path} ({str(e).splitlines()[0][:200]}); "
             "pass a Hugging Face tokenizer.json or a SentencePiece .model"
         ) from None
+    check_model(tokenizer, path)
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer, path
+
+
+def check_model(tokenizer, path: Path) -> None:
+    """Refuse a tokenizer that is valid JSON but cannot give byte-identical, complete outputs,
+    naming the setting: BPE ``dropout`` (merges skipped at random: two runs differ), an empty
+    vocabulary (every document 0 tokens), an ``unk_token`` missing from a WordLevel or
+    WordPiece vocabulary (the first unknown word fails the run mid-way)."""
+    import json
+
+    model = json.loads(tokenizer.to_str()).get("model") or {}
+    kind, vocab = model.get("type"), model.get("vocab")
+    fix = f"fix it in {path} (or save the tokenizer again without it)"
+    if kind == "BPE" and model.get("dropout"):
+        raise PacktoolError(
+            f"tokenizer {path}: model.dropout is {model['dropout']}: BPE dropout skips merges at "
+            f"random, so two runs give different tokens; set it to null: {fix}")
+    if vocab is not None and not len(vocab):
+        raise PacktoolError(f"tokenizer {path}: model.vocab is empty ({kind}): every document "
+                            f"would be 0 tokens; {fix}")
+    unk = model.get("unk_token")
+    if kind in ("WordLevel", "WordPiece") and isinstance(vocab, dict) and unk not in vocab:
+        raise PacktoolError(
+            f"tokenizer {path}: model.unk_token {unk!r} is not in model.vocab ({kind}): the "
+            f"first word outside the vocabulary would fail the run; add it to the vocabulary "
+            f"or set unk_token to one of its tokens: {fix}")
 
 
 def special_token_id(tokenizer, token: str, flag: str) -> int:

@@ -245,6 +245,37 @@ def test_builtin_template_warns_once(tmp_path, model):
     assert res.warnings == [] and "built-in" not in res.summary()
 
 
+def test_bare_tokenizer_json_needs_eos_and_trains_on_it(tmp_path):
+    """A folder with only tokenizer.json (no tokenizer_config.json, so no template and no
+    eos_token) and --messages-field: without --eos it is refused by name (the built-in
+    template would write no end-of-turn token: a model that never learns to stop); with
+    --eos TOKEN the decoded output has TOKEN after each assistant turn, trained (mask 1)."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
+    p = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONV}] * 3)
+    r = run_cli(p, "-t", bare, "-o", tmp_path / "o", "--messages-field", "messages")
+    assert r.exit_code == 1 and "--eos" in r.output and str(bare) in r.output, r.output
+    assert not list(tmp_path.glob("o*"))
+    r = run_cli(p, "-t", bare, "-o", tmp_path / "o", "--messages-field", "messages",
+                "--eos", "<|eos|>")
+    assert r.exit_code == 0, r.output
+    tok = Tokenizer.from_file(str(TOKENIZER))
+    eos = tok.token_to_id("<|eos|>")
+    c = packtool.open_tokens(tmp_path / "o")
+    ids, mask = c[0].tolist(), c.doc_mask(0).tolist()
+    text = tok.decode(ids, skip_special_tokens=False)
+    replies = [m["content"] for m in CONV if m["role"] == "assistant"]
+    assert [text.index(r) < text.index("<|eos|>", text.index(r)) for r in replies] == \
+        [True, True]
+    at = [i for i, t in enumerate(ids) if t == eos]
+    assert len(at) == len(replies), text  # once per assistant turn, nowhere else
+    for i, reply in zip(at, replies, strict=True):
+        assert mask[i] == 1, "the end-of-turn token is trained"
+        assert tok.decode(ids[:i], skip_special_tokens=False).rstrip().endswith(reply)
+    assert mask[:3] == [0, 0, 0], "the user's turn is not trained"
+
+
 # -- --special-tokens with --bos/--eos ----------------------------------------------------------
 
 @pytest.fixture()

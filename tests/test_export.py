@@ -151,7 +151,8 @@ def test_megatron_corpus_hardlinks_bin_and_reads_back(tmp_path, corpus):
     assert os.stat(out_bin).st_ino == os.stat(f"{corpus.prefix}.bin").st_ino
     r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "m" / "corpus", "-q",
             "--overwrite")  # replacing a link to the same file leaves no temporary behind
-    assert r.exit_code == 0 and sorted(os.listdir(tmp_path / "m")) == ["corpus.bin", "corpus.idx"]
+    assert r.exit_code == 0 and sorted(os.listdir(tmp_path / "m")) == [
+        ".corpus.export.json", "corpus.bin", "corpus.idx"]
     mds = megatron_dataset(tmp_path / "m" / "corpus")
     assert len(mds) == len(corpus) and mds.index.dtype == np.uint16
     assert mds.document_indices.tolist() == list(range(len(corpus) + 1))

@@ -134,3 +134,102 @@ def test_a_document_in_both_splits_is_caught(tmp_path, sources):
 def test_duplicate_source_suggests_a_factor(tmp_path, sources):
     with pytest.raises(packtool.PacktoolError, match=r"web:2.0\) instead"):
         pack_corpus([sources / "web", sources / "web"], tmp_path / "p", 128)
+
+
+# ------------------------------- issue 18 2.8: ambiguity, empty training sets, idle sources
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """``c`` (50 documents), ``b`` (1), ``e`` (none), and ``c.jsonl``, a raw input."""
+    from packtool.synth import make_documents
+
+    d = tmp_path_factory.mktemp("small")
+    docs = make_documents(51, seed=4, median_words=30, max_words=100)
+    write_jsonl(d / "c.jsonl", [{"text": t} for t in docs[:50]])
+    write_jsonl(d / "b.jsonl", [{"text": docs[50]}])
+    (d / "e.jsonl").write_text("")
+    for name in ("c", "b", "e"):
+        r = CliRunner().invoke(cli, ["tokenize", str(d / f"{name}.jsonl"), "-t",
+                                     str(TOKENIZER), "-o", str(d / name), "-q"])
+        assert r.exit_code == 0, r.output
+    return d
+
+
+def _pack(small, tmp_path, *args):
+    r = CliRunner().invoke(cli, ["pack", *[str(a) for a in args], "-L", "128", "-o",
+                                 str(tmp_path / "o"), "-q", "--json"])
+    return r, (json.loads(r.stdout) if r.exit_code == 0 else None)
+
+
+def test_a_factor_and_a_corpus_of_that_name_are_ambiguous(small, tmp_path):
+    import shutil
+
+    for s in (".json", ".bin", ".boundaries"):
+        shutil.copy(small / f"c{s}", tmp_path / f"c{s}")
+        shutil.copy(small / f"c{s}", tmp_path / f"c:2{s}")
+    r, _ = _pack(small, tmp_path, tmp_path / "c:2")
+    assert r.exit_code == 1 and "ambiguous" in r.output, r.output
+    assert "c:2.json" in r.output and "c.json" in r.output
+    (tmp_path / "c.json").unlink()  # only the corpus named c:2 is left: it is meant
+    r, out = _pack(small, tmp_path, tmp_path / "c:2")
+    assert r.exit_code == 0 and out["sources"][0]["factor"] == 1.0, r.output
+
+
+@pytest.mark.parametrize("specs,extra,match", [
+    (["c:0"], [], "training set would be empty"),
+    (["c:0", "b:0"], [], "training set would be empty"),
+    (["c:1e-9"], [], r"c would add nothing .* factor 1e-09 selects none of its 50"),
+    (["c", "b:0.4"], [], r"b would add nothing"),
+    (["c", "e"], [], r"e would add nothing .* holds no non-empty document"),
+    (["c:999999"], [], r"repeat factor 999999 must be a number from 0 to 1,000"),
+    (["x:2"], [], r"':2' was read as a repeat factor of the corpus .*x"),
+    (["c.jsonl"], [], r"packtool tokenize .*c.jsonl"),
+    (["e"], ["--valid-docs", "1"], r"--valid-docs 1: no document can be held out"),
+    (["c", "b"], ["--valid-docs", "50"], r"--valid-docs 50: must be from 1 to 49"),
+])
+def test_empty_or_idle_mixtures_are_refused(small, tmp_path, specs, extra, match):
+    import re
+
+    r, _ = _pack(small, tmp_path, *[small / s for s in specs], *extra)
+    assert r.exit_code == 1, r.output
+    assert re.search(match, r.output), r.output
+    assert "Traceback" not in r.output and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("group", [[], ["--group-docs", "20"]])
+def test_holdout_is_exact_and_never_empties_a_source(small, tmp_path, group):
+    """``c b --valid-docs 1`` held out b's only document and 2 documents in all (at least one
+    per source): now exactly 1, and every source keeps a document for training."""
+    r, out = _pack(small, tmp_path, small / "c", small / "b", "--valid-docs", 1, *group)
+    assert r.exit_code == 0, r.output
+    assert out["valid"]["n_docs_held_out"] == 1
+    by = {s["prefix"].rsplit("/", 1)[-1]: s for s in out["sources"]}
+    assert by["b"]["docs_used"] == 1 and by["c"]["docs_used"] == 49
+    v = CliRunner().invoke(cli, ["verify", str(tmp_path / "o"), "-s", str(small / "c"), "-s",
+                                 str(small / "b")])
+    assert v.exit_code == 0, v.output
+    # --valid-fraction 0.999999 left no document for training: one stays
+    r, out = _pack(small, tmp_path, small / "c", "--valid-fraction", 0.999999, "--overwrite",
+                   *group)
+    assert r.exit_code == 0 and out["n_packs"] >= 1 and out["valid"]["n_docs_held_out"] == 49
+    # a source at factor 0 on purpose: its documents serve the held-out split only
+    r, out = _pack(small, tmp_path, f"{small / 'c'}:0", small / "b", "--valid-docs", 3,
+                   "--overwrite", *group)
+    assert r.exit_code == 0 and out["valid"]["n_docs_held_out"] == 3, r.output
+
+
+def test_holdout_counts_match_verifys_own_rule():
+    from packtool.mixture import holdout_counts
+    from packtool.verify.rules import expected_holdout
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        m = [int(x) for x in rng.integers(0, 30, rng.integers(1, 5))]
+        if sum(max(x - 1, 0) for x in m) < 1:
+            continue
+        n = int(rng.integers(1, sum(max(x - 1, 0) for x in m) + 1))
+        got = holdout_counts(m, valid_docs=n)
+        assert sum(got) == n and all(g <= max(x - 1, 0) for g, x in zip(got, m, strict=True))
+        assert got == expected_holdout({"rule": 2, "valid_docs": n}, m, sum(m))
+        f = float(rng.uniform(0.01, 0.99))
+        assert holdout_counts(m, valid_fraction=f) == expected_holdout(
+            {"rule": 2, "valid_docs": None, "valid_fraction": f}, m, sum(m))

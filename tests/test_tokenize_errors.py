@@ -160,6 +160,50 @@ def test_unreadable_tokenizer(tmp_path):
     assert not list(tmp_path.glob("out*"))
 
 
+def _tiny_tokenizer(kind: str):
+    """Tokenizers valid as JSON but unusable (issue 18 2.11 / 4), built in-process."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = {
+        "bpe-dropout": lambda: models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")],
+                                          dropout=0.5),
+        "bpe-empty": lambda: models.BPE(vocab={}, merges=[]),
+        "wordlevel-no-unk": lambda: models.WordLevel(vocab={"a": 0, "b": 1},
+                                                     unk_token="[UNK]"),
+        "wordpiece-no-unk": lambda: models.WordPiece(vocab={"a": 0, "b": 1},
+                                                     unk_token="[UNK]"),
+    }[kind]()
+    t = Tokenizer(model)
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    return t
+
+
+@pytest.mark.parametrize("kind,setting", [
+    ("bpe-dropout", "model.dropout is 0.5"), ("bpe-empty", "model.vocab is empty"),
+    ("wordlevel-no-unk", "model.unk_token '[UNK]' is not in model.vocab"),
+    ("wordpiece-no-unk", "model.unk_token '[UNK]' is not in model.vocab"),
+])
+def test_unusable_tokenizer_is_refused_at_load(tmp_path, kind, setting):
+    """BPE dropout gave different tokens on two identical runs, an empty vocabulary 0 tokens
+    for every document with exit 0, and a WordLevel tokenizer whose unk_token is not in its
+    vocabulary a traceback from the Rust encoder at the first unknown word."""
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "ab ab ba c"}] * 3)
+    _tiny_tokenizer(kind).save(str(tmp_path / "tok.json"))
+    r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(tmp_path / "tok.json"),
+                                 "-o", str(tmp_path / "out"), "-q"])
+    assert r.exit_code == 1 and setting in r.output and "tok.json" in r.output, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert not list(tmp_path.glob("out*"))
+    # the same tokenizer without the setting is usable
+    if kind == "bpe-dropout":
+        data = json.loads((tmp_path / "tok.json").read_text())
+        data["model"]["dropout"] = None
+        (tmp_path / "tok.json").write_text(json.dumps(data))
+        r = CliRunner().invoke(cli, ["tokenize", str(p), "-t", str(tmp_path / "tok.json"),
+                                     "-o", str(tmp_path / "out"), "-q"])
+        assert r.exit_code == 0, r.output
+
+
 def test_existing_output_refused_unless_overwrite(tmp_path):
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
     assert cli_tokenize(tmp_path, p).exit_code == 0

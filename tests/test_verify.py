@@ -47,7 +47,8 @@ def test_verify_draws_are_the_plans(sources, held):
     lengths = np.concatenate([c.lengths for c in corpora])
     reps, held_mask = mixture_plan(lengths, [len(c) for c in corpora], factors, opts)
     index = {"seed": 9, "sources": [{"factor": f} for f in factors],
-             "held_out": {"valid_docs": None, "valid_fraction": None, **held} if held else None}
+             "held_out": ({"valid_docs": None, "valid_fraction": None, "rule": 2, **held}
+                          if held else None)}
     sel = Selection(index, corpora)
     train = np.concatenate([sel.copies(k, 0, len(c))[0] for k, c in enumerate(corpora)])
     valid = np.concatenate([sel.copies(k, 0, len(c))[1] for k, c in enumerate(corpora)])

@@ -86,11 +86,13 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
 def pack(prefixes, out, overwrite, quiet, as_json, **kw):
     """Pack tokenized PREFIXES (packed together as one corpus) into packs of --seq-len tokens.
 
-    A prefix may carry a repeat factor, PREFIX:FACTOR: 2.0 uses every document twice, 0.5 a
-    seeded half; copies of a document never share a pack. Writes index.json and shards of
-    each pack's segments (source document, offset, length); with --layout tokens the packs'
-    tokens too. See docs/FORMAT.md. The sources' checksums are verified before the dataset
-    is committed.
+    A prefix may carry a repeat factor, PREFIX:FACTOR (0 to 1,000): 2.0 uses every document
+    twice, 0.5 a seeded half; copies of a document never share a pack. An empty training set
+    is refused, and so is a source that would add nothing to it (its factor selects no
+    document, or it has none) unless given as PREFIX:0 (held-out documents only). Writes
+    index.json and shards of each pack's segments (source document, offset, length); with
+    --layout tokens the packs' tokens too. See docs/FORMAT.md. The sources' checksums are
+    verified before the dataset is committed.
 
     \b
     Example:

@@ -1,14 +1,22 @@
-"""The small manifest every directory export carries beside the trainer's own files.
+"""The small manifest every export carries beside the trainer's own files.
 
-It names what was exported from where, and marks the directory as ours, so --overwrite
-replaces a previous export but never a directory of someone else's files. Trainers ignore it
-(they glob *.bin, *.parquet or read index.json), and the leading underscore makes pyarrow's
-and Hugging Face's directory discovery skip it, as they skip Spark's _SUCCESS.
+It names what was exported from where, and marks the output as ours, so --overwrite
+replaces a previous export but never someone else's files. A directory export holds
+``_packtool-export.json``: trainers ignore it (they glob *.bin, *.parquet or read
+index.json), and the leading underscore makes pyarrow's and Hugging Face's directory
+discovery skip it, as they skip Spark's _SUCCESS. An export of single files (Megatron's
+``PREFIX.bin``/``PREFIX.idx``, one ``OUT.parquet``) has a hidden sidecar ``.KEY.export.json``
+instead, committed last with them (its digest over its content), listing each file with the
+size and modification time it was committed with: --overwrite replaces only files it lists,
+unchanged; a user's own ``m.bin`` at that name is refused, by name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 from pathlib import Path
 
 from ..errors import PacktoolError
@@ -16,9 +24,11 @@ from ._manifest import (
     check,
     check_digest,
     confined_name,
+    count,
     digest,
     list_of,
     obj,
+    one_of,
     read_manifest,
     string,
 )
@@ -60,3 +70,69 @@ def export_owned(folder: Path) -> None:
     from .._atomic import unexpected
 
     unexpected(Path(folder), {MARKER, *body["files"]}, "export")
+
+
+# ------------------------------------------------------------- exports of single files
+SIDECAR_FORMAT, SIDECAR_VERSION = "packtool.export.files", 1
+_FILE = obj({"name": string(True), "bytes": count(), "mtime_ns": count()})
+_SIDECAR = obj({"export_format": string(True), "source": string(), "files": list_of(_FILE),
+                DIGEST_KEY: string(True), "format": one_of(SIDECAR_FORMAT)})
+
+
+def sidecar_path(key: Path) -> Path:
+    """The hidden manifest of a single-file export whose output is ``key``."""
+    return key.with_name(f".{key.name}.export.json")
+
+
+@contextlib.contextmanager
+def export_files(paths: list[Path], key: Path, overwrite: bool, fmt: str, source):
+    """:func:`packtool._atomic.atomic_files` for an export of single files: yields their
+    temporaries; commits them with the sidecar (written last, from the temporaries' sizes
+    and times, which a rename keeps). With --overwrite, files already at ``paths`` are
+    replaced only when the sidecar proves them ours (:func:`files_owned`)."""
+    from .._atomic import atomic_files
+    from .._io import write_new
+
+    side = sidecar_path(Path(os.path.abspath(key)))
+    paths = [Path(os.path.abspath(p)) for p in paths]
+    with atomic_files([*paths, side], overwrite, key=key,
+                      owned=lambda found: files_owned(side, paths, found)) as temps:
+        yield temps[:-1]
+        files = []
+        for p, t in zip(paths, temps, strict=False):
+            st = os.lstat(t)
+            files.append({"name": p.name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+        src = getattr(source, "directory", None) or getattr(source, "prefix", None)
+        body = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "export_format": fmt,
+                "source": str(src), "files": files}
+        body[DIGEST_KEY] = digest(body, DIGEST_KEY)
+        write_new(temps[-1], json.dumps(body, indent=1) + "\n")
+
+
+def files_owned(side: Path, paths: list[Path], found: list[Path]) -> None:
+    """Prove the files ``found`` at an export's ``paths`` our previous export: its sidecar
+    is valid (format, schema, digest) and lists each, a regular file of the size and
+    modification time it was committed with. Else a refusal naming them."""
+    names = ", ".join(str(p) for p in found if p != side) or str(side)
+    fix = "move them away if they are yours, remove them if not, or choose another --out"
+    try:
+        if side.is_symlink() or not side.exists():
+            raise PacktoolError(f"no {side.name} beside them says packtool wrote them")
+        body = read_manifest(side, SIDECAR_FORMAT, SIDECAR_VERSION)
+        check(body, _SIDECAR, side, fix)
+        check_digest(body, DIGEST_KEY, side, fix)
+        listed = {f["name"]: f for f in body["files"]}
+        for p in found:
+            if p == side:
+                continue
+            f = listed.get(p.name)
+            if f is None:
+                raise PacktoolError(f"{side.name} does not list {p.name}")
+            st = os.lstat(p)
+            if not stat.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != (
+                    f["bytes"], f["mtime_ns"]):
+                raise PacktoolError(f"{p.name} changed since packtool exported it (size or "
+                                    f"modification time differ from {side.name})")
+    except PacktoolError as e:
+        raise PacktoolError(f"--overwrite refused for {names}: not provably packtool's "
+                            f"export ({e}); {fix}") from None

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_files
 from .._io import create
 from ..errors import FormatError, PacktoolError
+from ._marker import export_files
 
 HEADER = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -167,7 +167,8 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
         for lo in range(0, n + 1, CHUNK):
             yield np.arange(lo, min(n + 1, lo + CHUNK), dtype=np.int64)
 
-    with atomic_files([bin_path, idx_path], overwrite) as (tmp_bin, tmp_idx):
+    with export_files([bin_path, idx_path], bin_path.with_suffix(""), overwrite, "megatron",
+                      corpus) as (tmp_bin, tmp_idx):
         bins = [q.file("bin") for q in corpus.parts]  # a remote part: its verified copy
         if len(bins) == 1:
             mode, why = _link_or_copy(bins[0], tmp_bin, link and not corpus.parts[0].remote)
@@ -217,7 +218,8 @@ def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
             base += int(s["n_segments"])
 
     written = 0
-    with atomic_files([bin_path, idx_path], overwrite) as (tmp_bin, tmp_idx):
+    with export_files([bin_path, idx_path], bin_path.with_suffix(""), overwrite, "megatron",
+                      ds) as (tmp_bin, tmp_idx):
         with create(tmp_bin) as f:
             for k, s in enumerate(shards):
                 stored = ds.shard(k).arrays.get("tokens")

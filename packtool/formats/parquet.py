@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_dir, atomic_files
+from .._atomic import atomic_dir
 from ..errors import PacktoolError
 from .packed import IGNORE_INDEX
 
@@ -76,7 +76,7 @@ def _export(ds, out: Path, overwrite: bool, tick, make_table, fmt: str, suffix: 
             compression: str, use_dictionary: bool) -> dict:
     import pyarrow.parquet as pq
 
-    from ._marker import export_owned, write_marker
+    from ._marker import export_files, export_owned, write_marker
 
     shards = ds.index["shards"]
     if not len(ds):
@@ -93,7 +93,7 @@ def _export(ds, out: Path, overwrite: bool, tick, make_table, fmt: str, suffix: 
 
     out = Path(out)
     if out.suffix == ".parquet":
-        with atomic_files([out], overwrite) as (tmp,):
+        with export_files([out], out, overwrite, fmt, ds) as (tmp,):
             with pq.ParquetWriter(tmp, schema, compression=compression,
                                   use_dictionary=use_dictionary) as w:
                 for k in range(len(shards)):

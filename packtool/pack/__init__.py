@@ -183,6 +183,10 @@ def _prepare(out: Path, staging: Path, run: RunOptions, overwrite: bool) -> list
             "pass --overwrite to discard it")
     for p in others:
         remove_path(p)
+    if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
+        raise PacktoolError(f"{staging} is a symbolic link or not a folder; packtool assembles "
+                            f"{out} only in a real folder of its own (never through a link): "
+                            "remove it, or choose another --out")
     if run.finalize and not staging.is_dir():
         raise PacktoolError(f"--finalize: no task of this plan has run for {out} (no "
                             f"{staging.name}); run the array tasks first (--tasks N --task K)")

@@ -18,7 +18,7 @@ from .. import __version__
 from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
-from ..mixture import mixture_plan, parse_source
+from ..mixture import mixture_plan, resolve_source
 from ..plan import PackOptions, plan_pack
 from ..storage import is_url
 from . import jobs as pj
@@ -75,7 +75,7 @@ def plan_digest(options: PackOptions, corpora: list, factors: list[float]) -> st
 def plan_sources(prefixes, options: PackOptions) -> tuple[list, list[float], str, dict]:
     """The sources opened (``PREFIX:FACTOR`` read), the plan's digest, and the dataset's
     dtypes and mask storage: what every way of writing a dataset starts from."""
-    specs = [parse_source(p) for p in prefixes]
+    specs = [resolve_source(p) for p in prefixes]
     corpora = open_sources([prefix for prefix, _ in specs])
     factors = [factor for _, factor in specs]
     digest = plan_digest(options, corpora, factors)
@@ -101,7 +101,8 @@ class Global:
         t0 = time.perf_counter()
         self.corpora, self.factors, self.options = corpora, factors, options
         lengths = read_lengths(corpora)
-        repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options)
+        repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options,
+                                     [str(c.prefix) for c in corpora])
         self.layout = plan_pack(lengths, options, repeats)
         valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
         del lengths, repeats, held

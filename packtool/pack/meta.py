@@ -98,9 +98,12 @@ def _ordered(layout: PackLayout, a: int, b: int) -> np.ndarray:
     return layout.segments(a, b)[2]
 
 
+HOLDOUT_RULE = 2  # 2: packtool.mixture.holdout_counts (exact, never a source's last document)
+
+
 def held_out_entry(options: PackOptions, v: dict) -> dict:
     return {"path": VALID, "valid_docs": options.valid_docs,
-            "valid_fraction": options.valid_fraction,
+            "valid_fraction": options.valid_fraction, "rule": HOLDOUT_RULE,
             "n_docs_held_out": int(sum(s["docs_used"] for s in v["sources"])),
             "n_packs": v["n_packs"], "n_tokens": v["n_tokens"]}
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba import njit
-from ..errors import PacktoolError
+from ..mixture import holdout_counts
 from ..options import PackOptions
 from ..seeds import rng as seeded
 
@@ -92,18 +92,13 @@ def selection_bits(chunks, sizes: list[int], factors: list[float], options: Pack
     lengths a chunk at a time."""
     valid_docs, valid_fraction = options.valid_docs, options.valid_fraction
     nonempty = [sum(int(np.count_nonzero(c)) for c in chunks(k)) for k in range(len(sizes))]
-    if valid_docs is not None and not 1 <= valid_docs < sum(nonempty):
-        raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to "
-                            f"{sum(nonempty) - 1:,} (the non-empty documents, less one for "
-                            "training)")
+    wants = holdout_counts(nonempty, valid_docs, valid_fraction)  # the global plan's rule
     total = int(sum(sizes))
     held, extra = (np.zeros(-(-total // 8), np.uint8) for _ in range(2))
     base = 0
     for k, (n, factor) in enumerate(zip(sizes, factors, strict=True)):
-        m, n_held = nonempty[k], 0
-        if (valid_docs is not None or valid_fraction is not None) and m:
-            share = valid_fraction if valid_fraction is not None else valid_docs / total
-            n_held = min(max(1, round(share * m)), m)
+        m, n_held = nonempty[k], wants[k]
+        if n_held:
             ranks = choice_bits(seeded(options.seed, "mixture.held_out", k), m, n_held)
             _mark(chunks(k), base, ranks, held, lambda c, a: np.asarray(c) > 0)
         n_extra = round((factor - int(factor)) * (n - n_held))

@@ -129,6 +129,58 @@ def check_lengths(lengths, capacity: int, narrow: bool = False) -> np.ndarray:
     return arr
 
 
+# Memory that grows with seq_len L, not with the data: the length histograms (bincount over
+# 0..L), the L2 bound's prefix sums, the room trees of bfd/ffd/optimal (two int64 a node over
+# the next power of two above L). Measured peak RSS per unit of L, `pack` and `stats` with
+# every packer at L = 2**23 and 2**24 on the fixture corpus: 48 bytes (nnlshp 52); 64 leaves
+# room for a tree rounded up to the next power of two. optimal's pricing DP adds its take-bit
+# table, at most _lp.MAX_DP_CELLS bytes whatever --work-limit (which bounds time, not memory).
+BYTES_PER_SEQ_LEN = 64
+DP_TABLE_BYTES = 400_000_000  # = packers._lp.MAX_DP_CELLS (not imported: it loads numba)
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still use: MemAvailable, less where a cgroup limit is lower."""
+    from pathlib import Path
+
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            avail = min(avail or 2**63, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def check_seq_len_memory(seq_len: int, algos=(), available: int | None = None) -> None:
+    """Refuse, before allocating, a --seq-len whose tables would not fit in memory (at
+    -L 2,147,483,647 ``stats --algos optimal`` was OOM-killed at 22 GB): the need is
+    :data:`BYTES_PER_SEQ_LEN` a token of L (+ the DP table for optimal), against what
+    :func:`available_memory` reports."""
+    need = BYTES_PER_SEQ_LEN * int(seq_len) + (DP_TABLE_BYTES if "optimal" in algos else 0)
+    available = available_memory() if available is None else available
+    if available is None or need <= available:
+        return
+    fits = max((available - (DP_TABLE_BYTES if "optimal" in algos else 0))
+               // BYTES_PER_SEQ_LEN, 0)
+    raise PacktoolError(
+        f"-L/--seq-len {int(seq_len):,} needs about {need / 2**30:,.1f} GiB of memory "
+        f"({BYTES_PER_SEQ_LEN} bytes per token of seq_len: length histograms, bounds and the "
+        f"packers' room trees grow with -L, not with the data"
+        + (", plus the optimal packer's 0.4 GB DP table, whatever --work-limit" if "optimal"
+           in algos else "")
+        + f"), and {available / 2**30:,.1f} GiB are available; lower -L (at most about "
+        f"{fits:,} here) or run on a machine with more memory")
+
+
 def check_options(algo: str, options: PackerOptions) -> PackerSpec:
     """The registry entry for ``algo``; refuses options it does not read, by name."""
     if algo not in PACKERS:
@@ -153,6 +205,7 @@ def run_packer(lengths, seq_len: int, algo: str = "bfd",
     options = options or PackerOptions()
     spec = check_options(algo, options)
     arr = check_lengths(lengths, seq_len, spec.narrow)
+    check_seq_len_memory(seq_len, [algo])
     if arr.size == 0 or not arr.any():
         packs = np.full(arr.size, -1, np.int64)
         return Packing(packs, PackerReport(algo, 0, _effective(options, spec)))

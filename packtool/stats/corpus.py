@@ -180,6 +180,9 @@ def corpus_report(lengths: np.ndarray, seq_lens=DEFAULT_SEQ_LENS, batch_size: in
         raise PacktoolError(f"--batch-size must be >= 1, got {batch_size}")
     if not seq_lens or min(seq_lens) < 1:
         raise PacktoolError("--seq-len values must be positive")
+    from ..packers import check_seq_len_memory
+
+    check_seq_len_memory(max(seq_lens), algos or [])
     return {
         "kind": "corpus",
         "source": source,

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
+from .._atomic import check_output_name
 from .._io import sha256_file
 from ..errors import PacktoolError
 from ..formats.tokens import part_manifest_path, part_name, plan_digest
@@ -100,11 +102,7 @@ def check_out(out: str | Path) -> Path:
     if str(out).endswith(("/", "\\")) or prefix.is_dir():
         raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. "
                             f"{prefix / 'corpus'}")
-    try:
-        str(out).encode("utf-8")
-    except UnicodeEncodeError:
-        raise PacktoolError(f"--out {str(out)!r} is not valid UTF-8; packtool records output "
-                            "names in JSON manifests: rename it") from None
+    check_output_name(Path(os.path.abspath(out)))  # the rule every command's --out obeys
     return prefix
 
 

@@ -24,6 +24,7 @@ from ..executors import Jobs, RunOptions, run_jobs
 from ..formats.tokens import (
     FORMAT,
     part_manifest_path,
+    read_corpus_manifest,
     read_part_manifest,
 )
 from ..options import TokenizeOptions
@@ -117,6 +118,13 @@ def _begin(plan: TokenizePlan, opts: TokenizeOptions, run: RunOptions) -> None:
     if plan.json_path.exists() and not opts.overwrite:
         raise PacktoolError(f"output already exists: {plan.json_path}; pass --overwrite to "
                             "replace it or choose another --out")
+    if plan.json_path.exists() or plan.json_path.is_symlink():
+        try:  # only a manifest of ours (format, schema, digest) is ever replaced
+            read_corpus_manifest(plan.json_path)
+        except FormatError as e:
+            raise PacktoolError(f"--overwrite refused: {plan.json_path} is not a packtool token "
+                                f"manifest ({e}); move it away if it is yours, or choose "
+                                "another --out") from None
     _refuse_foreign_files(plan)
     registered = _plan_file(plan)
     if run.one_task:  # registered whole (a link: never seen half-written) unless one is

@@ -2,7 +2,7 @@
 factors and held-out request by the rules docs/FORMAT.md states, with verify's own plain code
 (never :mod:`packtool.mixture` nor the planner's): per source k of n documents,
 
-    held out   min(max(1, round(share * m)), m) of its m non-empty documents, drawn without
+    held out   :func:`.rules.expected_holdout` of its m non-empty documents, drawn without
                replacement by default_rng([seed, 1, k]).choice(m, ...) as ranks among them
     repeated   floor(factor) copies of every other document, one more for
                round(frac(factor) * e) of the e eligible ones: default_rng([seed, 2, k])
@@ -20,6 +20,8 @@ held-out split, nothing. Time: ~0.3 us a draw in the plain loop.
 from __future__ import annotations
 
 import numpy as np
+
+from .rules import expected_holdout
 
 CHUNK = 1 << 18  # documents read at a time: ~30 MB of temporaries in all
 
@@ -75,16 +77,14 @@ class Selection:
         self.whole = [int(float(s.get("factor", 1.0))) for s in index["sources"]]
         self.held, self.extra = [], []
         req = index.get("held_out") or {}
-        total = sum(len(c) for c in corpora)
+        nonempty = [sum(int(np.count_nonzero(x)) for x in source_lengths(c)) for c in corpora]
+        wants = (expected_holdout(req, nonempty, sum(len(c) for c in corpora)) if req
+                 else [0] * len(corpora))
         for k, c in enumerate(corpora):
             n = len(c)
             held = np.zeros(-(-n // 8), np.uint8)
-            m = sum(int(np.count_nonzero(x)) for x in source_lengths(c))
-            n_held = 0
-            if req and m:
-                share = (req["valid_fraction"] if req.get("valid_fraction") is not None
-                         else req["valid_docs"] / total)
-                n_held = min(max(1, round(share * m)), m)
+            m, n_held = nonempty[k], wants[k]
+            if n_held:
                 ranks = choice_marks(np.random.default_rng([self.seed, 1, k]), m, n_held)
                 held = self._place(c, ranks, lambda x, a: x > 0)
             factor = float(index["sources"][k].get("factor", 1.0))

@@ -25,6 +25,7 @@ from .._manifest import (
     anything,
     boolean,
     count,
+    dict_of,
     hexstr,
     integer,
     list_of,
@@ -138,14 +139,15 @@ SHARD_KEYS = {
     "name": Key(string(True), "the shard's name (shard-KKKKK)"),
     "n_packs": Key(count(), "packs"), "n_segments": Key(count(), "segments"),
     "n_tokens": Key(count(), "tokens"),
-    "files": Key(obj({}), "per array: {name, crc32, bytes}"),
+    "files": Key(dict_of(_FILE), "per array: {name, crc32, bytes}"),
 }
 _SOURCE = obj({"prefix": string(), "path": nullable(string(True)), "manifest_sha256": hexstr(64),
                "n_docs": count(), "n_tokens": count(), "factor": number(0), "docs_used": count(),
                "tokens_used": count(), "token_share": number(0, 1)})
 _HELD_OUT = obj({"path": one_of(VALID), "valid_docs": nullable(count(1)),
                  "valid_fraction": nullable(number(0, 1)), "n_docs_held_out": count(),
-                 "n_packs": count(), "n_tokens": count()})
+                 "n_packs": count(), "n_tokens": count(),
+                 "rule": Key(one_of(2), "", optional=True)})
 _COUNT_KEYS = ("n_packs", "n_docs", "n_empty", "n_overlong", "n_split", "n_split_pieces",
                "n_truncated", "n_truncated_tokens", "n_dropped", "n_dropped_tokens",
                "n_segments", "n_tokens")

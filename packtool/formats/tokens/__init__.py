@@ -36,6 +36,7 @@ from .reader import (
     check_boundaries,
     open_part,
     open_tokens,
+    read_corpus_manifest,
     read_part_manifest,
     validate_tokens,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "READABLE", "SCHEMA", "SUFFIXES", "UINT16_MAX_VOCAB", "VERSION", "TokenCorpus",
     "TokenPart", "TokenWriter", "check_boundaries", "corpus_manifest", "gather", "open_part",
     "open_tokens", "part_manifest_path", "part_name", "plan_digest", "prefix_paths",
-    "read_lengths", "read_lengths_range", "read_part_manifest", "split_prefix", "token_dtype",
+    "read_corpus_manifest", "read_lengths", "read_lengths_range", "read_part_manifest",
+    "split_prefix", "token_dtype",
     "validate_tokens", "verify_part_files",
 ]

@@ -231,6 +231,15 @@ def validate_tokens(prefix, storage_options: dict | None = None) -> TokenCorpus:
     return corpus
 
 
+def read_corpus_manifest(path: Path) -> dict:
+    """A corpus manifest ``PREFIX.json``, checked as :func:`open_tokens` checks it (format,
+    version, schema, digest, parts bound together) without opening its data files: what
+    proves a manifest packtool's before --overwrite replaces it."""
+    meta = read_manifest(path, FORMAT, READABLE)
+    _part_entries(meta, path)
+    return meta
+
+
 def read_part_manifest(path, place=None) -> dict | None:
     """A part's own manifest, checked against its schema; None when there is none
     (``place``: a :class:`packtool.storage.place.Place` it is read from, ``path`` its name
