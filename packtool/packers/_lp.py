@@ -5,6 +5,9 @@ pricing kernel for new columns, a work budget that makes a stop reproducible, an
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 
 import numpy as np
@@ -83,6 +86,41 @@ def price(weights, values, bounds, capacity):
     return dp[capacity], pattern
 
 
+def quiet_highs():
+    """A ``highspy.Highs`` that prints nothing. HiGHS writes its banner ("Running HiGHS
+    1.16.0 ...: Copyright ...") from C straight to file descriptor 1 while the first instance
+    of a process is made, before any option can be set, so ``output_flag`` alone left it in
+    the stdout of ``pack --json``; file descriptor 1 points at /dev/null for that call only,
+    and ``output_flag`` silences every later solve."""
+    import highspy
+
+    with _stdout_to_devnull():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
+
+
+@contextlib.contextmanager
+def _stdout_to_devnull():
+    """File descriptor 1 (what C code writes to) on /dev/null meanwhile; Python's own
+    buffered output is flushed first, so none of it is lost or misplaced."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no fd 1 at all: nothing to protect
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
 class Master:
     """The restricted master LP in HiGHS, columns added as pricing finds them."""
 
@@ -90,8 +128,7 @@ class Master:
         import highspy
 
         self.inf = highspy.kHighsInf
-        self.h = highspy.Highs()
-        self.h.setOptionValue("output_flag", False)
+        self.h = quiet_highs()
         self.h.setOptionValue("threads", 1)
         m = demand.size
         self.h.addRows(m, demand.astype(np.float64), np.full(m, self.inf), 0,
