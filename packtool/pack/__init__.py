@@ -30,6 +30,7 @@ from .._atomic import (
     temp_name,
     unexpected,
 )
+from .._progress import shown
 from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
 from ..formats.packed import INDEX, VALID, index, read_index
@@ -45,7 +46,7 @@ from .meta import (
     metrics,
     storage,
 )
-from .result import PackResult
+from .result import PackResult, split_warning
 
 __all__ = ["PackResult", "open_sources", "owned", "pack", "pack_corpus"]
 
@@ -161,8 +162,9 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
     stored = storage(corpora, options, longest_document(corpora))
     target = pj.Target(str(staging), tuple(str(c.prefix) for c in corpora), stored["dtypes"],
                        options.layout, stored["mask_storage"])
-    flow = _Grouped(corpora, factors, options, target, digest) if options.group_docs else \
-        _Global(corpora, factors, options, target, digest)
+    with shown(progress):  # a packer that runs long (optimal, nnlshp) shows it is working
+        flow = _Grouped(corpora, factors, options, target, digest) if options.group_docs \
+            else _Global(corpora, factors, options, target, digest)
     notes = _prepare(out, staging, run, overwrite)
     pj.provide_sources(target.prefixes, corpora)
     local = not run.one_task and not run.finalize
@@ -186,6 +188,7 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
         raise
     res = flow.result(out, time.perf_counter() - t0, notes, idx)
     res.sources_verified = verify_sources
+    res.warnings += split_warning(res.counts, options.seq_len)
     return res
 
 

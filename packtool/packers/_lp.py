@@ -122,9 +122,10 @@ def _stdout_to_devnull():
 
 
 class Master:
-    """The restricted master LP in HiGHS, columns added as pricing finds them."""
+    """The restricted master LP in HiGHS, columns added as pricing finds them; ``tick(1)``
+    is called for each (a progress bar's step)."""
 
-    def __init__(self, demand: np.ndarray):
+    def __init__(self, demand: np.ndarray, tick=None):
         import highspy
 
         self.inf = highspy.kHighsInf
@@ -135,6 +136,7 @@ class Master:
                        np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0))
         self.columns: list[np.ndarray] = []
         self.seen: set[bytes] = set()
+        self.tick = tick
 
     def add(self, pattern: np.ndarray) -> bool:
         key = pattern.tobytes()
@@ -144,6 +146,8 @@ class Master:
         idx = np.flatnonzero(pattern).astype(np.int32)
         self.h.addCol(1.0, 0.0, self.inf, idx.size, idx, pattern[idx].astype(np.float64))
         self.columns.append(pattern)
+        if self.tick is not None:
+            self.tick(1)
         return True
 
     def set_demand(self, demand: np.ndarray) -> None:
