@@ -2,8 +2,10 @@
 
 It names what was exported from where, and marks the directory as ours, so --overwrite
 replaces a previous export but never a directory of someone else's files. Trainers ignore it
-(they glob *.bin, *.parquet or read index.json), and the leading underscore makes pyarrow's
-and Hugging Face's directory discovery skip it, as they skip Spark's _SUCCESS.
+(they glob *.bin, *.parquet or read index.json). It is a hidden file: pyarrow's and Hugging
+Face's directory discovery skip it, and so does a glob, which the old name did not escape
+(``datasets.load_dataset("parquet", data_files="DIR/*")`` read ``_packtool-export.json`` as
+a Parquet shard and failed). Exports written under the old name are still ours to replace.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from ._manifest import (
     string,
 )
 
-MARKER = "_packtool-export.json"
+MARKER = ".packtool-export.json"
+OLD_MARKER = "_packtool-export.json"  # exports before issue 18; read for --overwrite only
 MARKER_FORMAT, MARKER_VERSION = "packtool.export", 2
 DIGEST_KEY = "marker_sha256"
 _SPEC = obj({"export_format": string(True), "source": string(), "files": list_of(string(True)),
@@ -45,8 +48,11 @@ def write_marker(directory: Path, fmt: str, source, files: list[str], **extra) -
 
 def export_owned(folder: Path) -> None:
     """Prove ``folder`` an export of ours: a valid marker (format, schema, digest) and
-    nothing in the folder but the marker and the files it lists."""
-    path = Path(folder) / MARKER
+    nothing in the folder but the marker and the files it lists (an export made before the
+    marker was renamed is proven by its marker under the old name)."""
+    marker = OLD_MARKER if not (Path(folder) / MARKER).exists() and (
+        Path(folder) / OLD_MARKER).is_file() else MARKER
+    path = Path(folder) / marker
     fix = "choose another --out"
     try:
         body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION)
@@ -59,4 +65,4 @@ def export_owned(folder: Path) -> None:
                             f"export ({e}); choose another --out") from None
     from .._atomic import unexpected
 
-    unexpected(Path(folder), {MARKER, *body["files"]}, "export")
+    unexpected(Path(folder), {marker, *body["files"]}, "export")
