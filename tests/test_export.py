@@ -373,6 +373,38 @@ def test_parquet_packed_megatron_bridge_layout(tmp_path, which, out, request):
     assert hf[len(ds) - 1]["input_ids"] == ds[len(ds) - 1]["input_ids"].tolist()
 
 
+def test_a_glob_over_a_parquet_export_reads_the_shards_alone(tmp_path, packed):
+    """Issue 18.6: ``load_dataset("parquet", data_files="DIR/*")`` read packtool's marker
+    as a shard and failed; the marker is hidden now, and a glob does not pick it up."""
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "pq"
+    assert run(packed.directory, "--format", "parquet", "--out", out, "-q").exit_code == 0
+    assert (out / MARKER).is_file() and MARKER.startswith(".")
+    hf = datasets.load_dataset("parquet", data_files=f"{out}/*", split="train",
+                               cache_dir=str(tmp_path / "hf"))
+    assert hf.num_rows == len(packed)
+    assert hf[0]["input_ids"] == packed[0]["input_ids"].tolist()
+
+
+def test_an_export_marked_under_the_old_name_is_still_ours(tmp_path, corpus):
+    """An export written before the marker was renamed (_packtool-export.json) is replaced
+    by --overwrite, leaving only the new marker; the old name beside the user's file is
+    still refused."""
+    from packtool.formats._marker import OLD_MARKER
+
+    out = tmp_path / "o"
+    args = (corpus.prefix, "--format", "llmc", "--eos-id", 2, "--out", out, "-q")
+    assert run(*args).exit_code == 0
+    (out / MARKER).rename(out / OLD_MARKER)
+    assert run(*args, "--overwrite").exit_code == 0
+    assert (out / MARKER).is_file() and not (out / OLD_MARKER).exists()
+    (out / MARKER).rename(out / OLD_MARKER)
+    (out / "notes.txt").write_text("mine")
+    r = run(*args, "--overwrite")
+    assert r.exit_code == 1 and "notes.txt" in r.output
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 # ---------------------------------------------------------------- rules every export keeps
 
 

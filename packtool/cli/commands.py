@@ -105,8 +105,12 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
 
     opts = build(PackOptions, kw)
     runopts = build(RunOptions, kw)
-    emit(run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
-             run=runopts), as_json, quiet)
+    result = run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
+                 run=runopts)
+    emit(result, as_json, quiet)
+    if quiet or as_json:  # the summary, when printed, carries them
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
 
 
 @cli.command()
@@ -159,7 +163,8 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
     """
     from .. import stats as st
 
-    result = run(st.stats, list(paths), lengths_file, seq_len, batch_size, algos, **kw)
+    result = run(st.stats, list(paths), lengths_file, seq_len, batch_size, algos,
+                 progress=True, **kw)
     if plot_path:
         if result.lengths is None:
             raise click.ClickException("--plot draws a corpus report; pass token files or "

@@ -25,6 +25,7 @@ from .._atomic import (
     temp_name,
     unexpected,
 )
+from .._progress import shown
 from ..errors import PacktoolError
 from ..executors import RunOptions, run_jobs
 from ..formats.packed import INDEX, VALID, index, read_index
@@ -32,7 +33,7 @@ from ..plan import PackOptions
 from ..storage import is_url
 from .flow import open_sources, plan_flow, plan_sources
 from .meta import held_out_entry
-from .result import PackResult
+from .result import PackResult, split_warning
 
 __all__ = ["PackResult", "open_sources", "owned", "pack", "pack_corpus"]
 
@@ -57,9 +58,10 @@ def owned(folder: Path) -> None:
         idx = read_index(folder)
     except PacktoolError as e:
         held = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
-        shown = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10 else "")
+        listing = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10
+                                           else "")
         raise PacktoolError(f"--overwrite only replaces a previous packtool output: {folder} is "
-                            f"not a packtool packed dataset ({e}); it holds {shown}: choose "
+                            f"not a packtool packed dataset ({e}); it holds {listing}: choose "
                             "another --out") from None
     names = {INDEX} | {f["name"] for sh in idx["shards"] for f in sh["files"].values()}
     if idx.get("held_out"):
@@ -117,7 +119,8 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
     # fail before the work (an array task too: it only reads OUT), and again at the end
     check_replaceable(out, overwrite, owned)
     staging = staging_dir(out, digest, run)
-    flow = plan_flow(corpora, factors, options, digest, stored, str(staging))
+    with shown(progress):  # a packer that runs long (optimal, nnlshp) shows it is working
+        flow = plan_flow(corpora, factors, options, digest, stored, str(staging))
     notes = _prepare(out, staging, run, overwrite)
     local = not run.one_task and not run.finalize
     try:
@@ -140,6 +143,7 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
         raise
     res = flow.result(out, time.perf_counter() - t0, notes, idx)
     res.sources_verified = verify_sources
+    res.warnings += split_warning(res.counts, options.seq_len)
     return res
 
 

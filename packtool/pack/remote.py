@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .._progress import shown
 from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
 from ..formats._manifest import check_digest
@@ -38,6 +39,7 @@ from ..storage.stage_out import require_url, scratch_dir
 from .flow import plan_flow, plan_sources
 from .jobs import ShardJob
 from .meta import held_out_entry
+from .result import split_warning
 
 LOCK = ".packtool.lock"
 MARKER = ".packtool-plan.json"
@@ -208,7 +210,8 @@ def pack_to_store(prefixes, url: str, options, *, overwrite: bool, progress: boo
     storage_options = default_options()
     place = Place(url, storage_options)
     corpora, factors, digest, stored = plan_sources(prefixes, options)
-    flow = plan_flow(corpora, factors, options, digest, stored, staging="")
+    with shown(progress):  # a packer that runs long (optimal, nnlshp) shows it is working
+        flow = plan_flow(corpora, factors, options, digest, stored, staging="")
     lock = contextlib.nullcontext() if run.one_task else StoreLock(
         place.fs, f"{place.root}/{LOCK}", str(place.path(LOCK)))
     with lock:
@@ -231,6 +234,7 @@ def pack_to_store(prefixes, url: str, options, *, overwrite: bool, progress: boo
         idx, removed = _commit(place, url, splits)
     res = flow.result(url, time.perf_counter() - t0, [], idx)
     res.sources_verified = verify_sources
+    res.warnings += split_warning(res.counts, options.seq_len)
     res.published = (f"published to {url}: index.json last, every shard verified on upload"
                      + (f"; {len(removed):,} leftover objects of an earlier run removed"
                         if removed else ""))
