@@ -192,3 +192,39 @@ def test_ray_publishes_every_shard_without_a_shared_file_system(ray_instance, s3
     pack([f"s3://{bucket}/data/c"], f"s3://{bucket}/p", opts, run=RunOptions(executor="ray"))
     pack([str(local / "c")], tmp_path / "p", opts)
     same_dataset(objects(s3, f"{bucket}/p"), tmp_path / "p")
+
+
+@pytest.mark.parametrize("fmt,src,out", [("megatron", "c", "m/corpus"), ("llmc", "c", "llmc"),
+                                         ("parquet", "p", "pq")])
+def test_export_to_a_bucket_makes_the_local_files(s3, bucket, local, tmp_path, fmt, src, out):
+    """Single files (megatron's .bin/.idx beside their hidden sidecar) or a directory (its
+    marker last): the objects are a local export's files; a second export needs
+    --overwrite, and objects not ours are never replaced."""
+    env = env_of(s3, tmp_path)
+    cli("pack", local / "c", *PACK, "-o", tmp_path / "p")
+    cli("pack", f"s3://{bucket}/data/c", *PACK, "-o", f"s3://{bucket}/data/p", env=env)
+    extra: list = []
+    url = f"s3://{bucket}/x/{out}"
+    r = cli("export", f"s3://{bucket}/data/{src}", "--format", fmt, *extra, "-o", url, env=env)
+    assert "published" in r.stderr
+    (tmp_path / "l" / out).parent.mkdir(parents=True, exist_ok=True)
+    cli("export", (local if src == "c" else tmp_path) / src, "--format", fmt, *extra, "-o",
+        tmp_path / "l" / out, "-q")
+    remote = objects(s3, f"{bucket}/x")
+    mine = files(tmp_path / "l")
+    assert set(remote) == set(mine)
+    for name, data in mine.items():
+        if "export.json" not in name:  # the markers name their source
+            assert remote[name] == data, name
+    r = cli("export", f"s3://{bucket}/data/{src}", "--format", fmt, *extra, "-o", url, env=env,
+            check=False)
+    assert r.returncode == 1 and "--overwrite" in r.stderr
+    cli("export", f"s3://{bucket}/data/{src}", "--format", fmt, *extra, "-o", url,
+        "--overwrite", "-q", env=env)
+    assert set(objects(s3, f"{bucket}/x")) == set(mine)
+    s3.fs.pipe_file(f"{bucket}/y/{out}.bin" if fmt == "megatron" else f"{bucket}/y/{out}/a.txt",
+                    b"mine")
+    r = cli("export", f"s3://{bucket}/data/{src}", "--format", fmt, *extra, "-o",
+            f"s3://{bucket}/y/{out}", "--overwrite", "-q", env=env, check=False)
+    assert r.returncode == 1 and ("a.txt" in r.stderr or ".bin" in r.stderr), r.stderr
+    assert set(objects(s3, f"{bucket}/y").values()) == {b"mine"}
