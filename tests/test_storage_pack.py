@@ -228,3 +228,21 @@ def test_export_to_a_bucket_makes_the_local_files(s3, bucket, local, tmp_path, f
             f"s3://{bucket}/y/{out}", "--overwrite", "-q", env=env, check=False)
     assert r.returncode == 1 and ("a.txt" in r.stderr or ".bin" in r.stderr), r.stderr
     assert set(objects(s3, f"{bucket}/y").values()) == {b"mine"}
+
+
+def test_stats_and_which_read_a_bucket(s3, bucket, local, tmp_path):
+    env = env_of(s3, tmp_path)
+    cli("pack", f"s3://{bucket}/data/c", *PACK, "-o", f"s3://{bucket}/p", env=env)
+    cli("pack", local / "c", *PACK, "-o", tmp_path / "p")
+    remote = json.loads(cli("stats", f"s3://{bucket}/p", "--json", env=env).stdout)
+    mine = json.loads(cli("stats", tmp_path / "p", "--json").stdout)
+    assert {k: v for k, v in remote.items() if k not in ("source", "sources")} == {
+        k: v for k, v in mine.items() if k not in ("source", "sources")}
+    step = ["--epoch", 0, "--step", 3, "--world-size", 2, "--batch-size", 2, "--json"]
+    remote = json.loads(cli("which", f"s3://{bucket}/p", *step, env=env).stdout)
+    mine = json.loads(cli("which", tmp_path / "p", *step).stdout)
+    strip = [{**s, "document": {k: v for k, v in s["document"].items() if k != "source"}}
+             for s in mine["segments"]]
+    assert [{**s, "document": {k: v for k, v in s["document"].items() if k != "source"}}
+            for s in remote["segments"]] == strip and strip
+    assert all(s["document"]["input"] for s in remote["segments"])  # manifests read remotely
