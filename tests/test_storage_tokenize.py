@@ -224,3 +224,18 @@ def test_ray_without_a_shared_file_system_and_a_task_killed_mid_upload(
     assert res.executor == "ray" and res.n_parts == 4
     assert data_objects(s3, bucket, "out") == local_files(reference)
     assert listing(s3, bucket, "out") == expected_objects(s3, bucket, "out")
+
+
+def test_a_store_without_an_atomic_create_is_refused_unless_asked(tmp_path, monkeypatch):
+    """fsspec's default create-if-absent checks, then writes: two writers could both pass.
+    A backend without a conditional put (here fsspec's in-memory one) is refused by name
+    unless PACKTOOL_UNSAFE_STORE_LOCK=1 makes one writer at a time the user's business."""
+    from packtool.errors import PacktoolError
+
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PACKTOOL_STORAGE_OPTIONS", raising=False)
+    with pytest.raises(PacktoolError, match="no atomic create-if-absent.*UNSAFE_STORE_LOCK"):
+        tokenize_files([str(CORPUS / "part-0.jsonl")], str(TOKENIZER), "memory://o/c")
+    monkeypatch.setenv("PACKTOOL_UNSAFE_STORE_LOCK", "1")
+    res = tokenize_files([str(CORPUS / "part-0.jsonl")], str(TOKENIZER), "memory://o/c")
+    assert res.n_docs > 0 and open_tokens("memory://o/c").n_tokens == res.n_tokens

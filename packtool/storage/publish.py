@@ -110,6 +110,17 @@ def _stale(lock: dict) -> bool:
     return False
 
 
+# backends whose pipe_file(mode="create") is a conditional put, atomic on the server: s3fs
+# (If-None-Match: *; AWS S3, R2, MinIO) and gcsfs (ifGenerationMatch=0). fsspec's default
+# checks that the object is absent, then writes: two writers can both pass.
+ATOMIC_CREATE = {"s3", "s3a", "gs", "gcs"}
+
+
+def atomic_create(fs) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    return bool(ATOMIC_CREATE & set(protocols))
+
+
 class _Held(PacktoolError):
     """The lock object is another live run's."""
 
@@ -124,6 +135,12 @@ class StoreLock:
         self.token = os.urandom(8).hex()
 
     def _put(self, body: bytes) -> None:
+        if not atomic_create(self.fs) and os.environ.get(LOCK_ENV) != "1":
+            raise PacktoolError(
+                f"{self.url}: this store's fsspec backend has no atomic create-if-absent "
+                "(fsspec's default checks, then writes), so two writers could not be kept "
+                f"apart; set {LOCK_ENV}=1 to write anyway (one writer at a time is then "
+                "yours to ensure; docs/STORAGE.md)")
         try:
             self.fs.pipe_file(self.rpath, body, mode="create")
         except (TypeError, NotImplementedError, ValueError) as e:
