@@ -76,6 +76,19 @@ def emit(result, as_json: bool, quiet: bool, out=None, warnings: bool = False) -
             click.echo(f"warning: {w}", err=True)
 
 
+def _interrupted(signal) -> int:
+    """Say how a run stopped by Ctrl-C or SIGTERM left its output; the exit code."""
+    from .. import _signals
+
+    term = bool(_signals.received) and _signals.received[-1] == signal.SIGTERM
+    what = "Terminated" if term else "Interrupted"
+    if _signals.after_commit():  # past the point of no return: say so, do not claim less
+        click.echo(f"{what} after the output was complete: it is in place.", err=True)
+    else:
+        click.echo(f"{what}: no output was written.", err=True)
+    return 143 if term else 130
+
+
 def main() -> None:
     """Run the CLI, then leave with ``os._exit`` once the library has removed its temporaries:
     a worker thread still inside a tokenizer call or a runaway template cannot hold the exit
@@ -94,20 +107,22 @@ def main() -> None:
         _signals.check()
     except (click.exceptions.Abort, KeyboardInterrupt):
         _signals.hold()
-        term = bool(_signals.received) and _signals.received[-1] == signal.SIGTERM
-        what = "Terminated" if term else "Interrupted"
-        if _signals.after_commit():  # past the point of no return: say so, do not claim less
-            click.echo(f"{what} after the output was complete: it is in place.", err=True)
-        else:
-            click.echo(f"{what}: no output was written.", err=True)
-        code = 143 if term else 130
+        code = _interrupted(signal)
     except click.ClickException as e:
         _signals.hold()
-        e.show()
-        code = e.exit_code
+        if _signals.received:  # the signal's exception, raised inside a library's callback,
+            code = _interrupted(signal)  # came back as another error (a Rust panic's text)
+        else:
+            e.show()
+            code = e.exit_code
     except click.exceptions.Exit as e:
         _signals.hold()
         code = e.exit_code
+    except BaseException:  # a signal's exception that a library turned into another one
+        _signals.hold()
+        if not _signals.received:
+            raise
+        code = _interrupted(signal)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
