@@ -106,9 +106,12 @@ def _glob_reads(case, out, err):
 
 
 GLOB = """
-import datasets
-ds = datasets.load_dataset("parquet", data_files="out/x/*", split="train",
-                           cache_dir="hf-cache")
+import sys, datasets
+try:
+    ds = datasets.load_dataset("parquet", data_files="out/x/*", split="train",
+                               cache_dir="hf-cache")
+except Exception as e:  # the reader's call failed: the export is not what it says
+    sys.exit(f"Error: load_dataset('parquet', data_files='out/x/*'): {e}")
 print(ds.num_rows, "rows ok")
 """
 ASSIGN = """

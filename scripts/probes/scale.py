@@ -89,7 +89,7 @@ def probes(ctx: Ctx) -> list[Probe]:
                    "--finalize", "-q"]] + [
                   ["pack", "c", "-L", "64", "-o", "out/p", "--tasks", "2", "--task", str(k),
                    "--overwrite", "-q"] for k in (0, 1)],
-              expect="ok", check=_stale_shards, check_kind="files left"),
+              expect="ok", check=_stale_shards, check_kind="files left", mutable=("out/*",)),
         Probe("a dead run's temporary beside the output is reclaimed", "5",
               ["tokenize", "good.jsonl", "-t", ctx.tok, "-o", "out/c", "-q"],
               lambda c: c.write("out/.c.bin.tmp-999999-0a1b2c3d", "junk"), needs=("corpus",),
