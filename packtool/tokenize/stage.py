@@ -324,14 +324,18 @@ def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -
                                 f"than part 0 ({', '.join(diff)} differ); delete its files "
                                 f"({q.name}.*) and run it again")
     meta["engine"] = merge_engines([m["engine"] for m in metas])
-    manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry())
     # parts reused from an earlier plan (inputs added, removed or changed elsewhere) still
-    # name that plan: their own manifests move to this one in the same commit as PREFIX.json
-    moved = []
+    # name that plan: their own manifests move to this one in the same commit as PREFIX.json,
+    # which records the digest of each part's manifest as it will be on disk
+    moved, bodies = [], []
     for q in plan.parts:
         own = read_part_manifest(plan.part_manifest(q))
-        if own is not None and own["plan_digest"] != plan.digest:
-            moved.append((plan.part_manifest(q), {**own, "plan_digest": plan.digest}))
+        if own["plan_digest"] != plan.digest:
+            own = {**own, "plan_digest": plan.digest}
+            moved.append((plan.part_manifest(q), own))
+        bodies.append(own)
+    manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry(),
+                               bodies)
     paths = [path for path, _ in moved] + [plan.json_path]
     with atomic_files(paths, True, key=plan.json_path) as tmps:
         for tmp, (_, body) in zip(tmps, moved, strict=False):
