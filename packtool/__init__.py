@@ -24,14 +24,16 @@ _LAZY = {
     "PACKERS": "packers",
     "PackOptions": "options",
     "plan_pack": "plan",
-    "pack": "pack",
     "pack_corpus": "pack",
     "TokenizeOptions": "options",
     "tokenize_files": "tokenize",
     "RunOptions": "executors",
-    "verify": "verify",
     "verify_packed": "verify",
 }
+# ``pack`` and ``verify`` are not here: they are submodules too, and importing a submodule
+# sets the package's attribute to it, so ``packtool.pack`` would be the function or the
+# module depending on import order. The functions: ``from packtool.pack import pack``,
+# ``from packtool.verify import verify`` (or ``pack_corpus``, ``verify_packed`` above).
 
 __all__ = ["FormatError", "PacktoolError", "__version__", *_LAZY]
 

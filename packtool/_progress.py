@@ -1,4 +1,19 @@
-"""The one progress bar every command shows; no heavy import (the CLI loads it at start)."""
+"""The one progress bar every command shows; no heavy import (the CLI loads it at start).
+
+Two kinds: :func:`progress_bar` for work with a known total (tokens, bytes), and
+:func:`activity` for work deep inside the library that reports few or no steps (the optimal
+packer's LP, one NNLS solve of 15-36 s): it shows only where the caller asked for progress
+(:func:`shown`, set by ``pack(progress=True)`` and the CLI), only once the work has lasted
+``delay`` seconds, and its clock moves even when no step is reported. Both write to stderr:
+stdout stays the command's answer (``--json``)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+
+_SHOWN = contextvars.ContextVar("packtool_progress_shown", default=False)
 
 
 def progress_bar(total: int, desc: str, unit: str = "tok", enabled: bool = True):
@@ -10,3 +25,58 @@ def progress_bar(total: int, desc: str, unit: str = "tok", enabled: bool = True)
 
     return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, dynamic_ncols=True,
                 mininterval=0.5, **({"unit_divisor": 1024} if unit == "B" else {}))
+
+
+@contextlib.contextmanager
+def shown(enabled: bool = True):
+    """Let :func:`activity` bars show meanwhile (in this thread / context only)."""
+    token = _SHOWN.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _SHOWN.reset(token)
+
+
+def _no_step(n: int = 1, **postfix) -> None:
+    """The step callback of an activity nobody watches."""
+
+
+@contextlib.contextmanager
+def activity(desc: str, unit: str | None = None, delay: float = 1.0):
+    """Yields ``step(n=1, **postfix)``. Under :func:`shown` a line (``desc``, the steps
+    counted in ``unit`` if given, elapsed time, the last postfix) appears once the work has
+    lasted ``delay`` seconds; a daemon thread redraws it every half second, so a long solve
+    that reports no step still shows its clock moving (while the solver releases the GIL, as
+    packtool's numba kernels and HiGHS do; for one that holds it, as scipy's NNLS does, pass
+    ``delay=0`` so the line says what is running before it starts). Elsewhere nothing is
+    shown and ``step`` costs a call."""
+    if not _SHOWN.get():
+        yield _no_step
+        return
+    from tqdm import tqdm
+
+    counted = "{n_fmt} " + unit + "s, " if unit else ""
+    bar = tqdm(total=None, desc=desc, unit=unit or "it", delay=delay, mininterval=0.5,
+               miniters=0, dynamic_ncols=True,
+               bar_format="{desc}: " + counted + "{elapsed} elapsed{postfix}")
+    lock, done = threading.Lock(), threading.Event()
+
+    def step(n: int = 1, **postfix) -> None:
+        with lock:
+            if postfix:
+                bar.set_postfix(postfix, refresh=False)
+            bar.update(n)
+
+    def clock() -> None:
+        while not done.wait(0.5):
+            with lock:
+                bar.update(0)  # redraws past `delay` and `mininterval`, like any update
+
+    ticker = threading.Thread(target=clock, name="packtool-progress", daemon=True)
+    ticker.start()
+    try:
+        yield step
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()  # a bar never shown (under `delay`) leaves nothing behind

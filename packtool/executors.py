@@ -152,7 +152,17 @@ def _no_tick(n: int) -> None:
     """The progress callback of a job run without a bar (or on a Ray worker)."""
 
 
-def _ray_job(run, item):
+# what the driver's environment gives every job, wherever it runs (a Ray worker started
+# before this run, or on another node, has its own environment)
+CARRIED_ENV = ("PACKTOOL_STORAGE_OPTIONS",)
+
+
+def _ray_job(run, item, env: dict):
+    for k in CARRIED_ENV:
+        if k in env:
+            os.environ[k] = env[k]
+        else:
+            os.environ.pop(k, None)
     return run(item, _no_tick)
 
 
@@ -163,7 +173,8 @@ def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, i
     with ray_session(run.ray_address) as ray:
         remote = ray.remote(num_cpus=run.ray_cpus, max_retries=run.max_retries)(_ray_job)
         fn = ray.put(jobs.run)
-        refs = {remote.remote(fn, jobs.items[k]): k for k in mine}
+        env = {k: os.environ[k] for k in CARRIED_ENV if k in os.environ}
+        refs = {remote.remote(fn, jobs.items[k], env): k for k in mine}
         try:
             while refs:
                 done, _ = ray.wait(list(refs), num_returns=1)

@@ -28,6 +28,7 @@ from pathlib import Path
 from ._progress import progress_bar
 from .errors import PacktoolError
 from .formats._marker import MARKER, write_marker  # noqa: F401 - the marker's public names
+from .storage import is_url
 
 # (format, source kind) -> "module:function" in packtool.formats; imported on use so that
 # `packtool --help` and the formats a user does not ask for import nothing heavy
@@ -154,7 +155,9 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
                                 for f, k in sorted(used_by))
             raise PacktoolError(f"{flag} applies to {where} only; drop it for --format {fmt}")
     source = _open(src, kind)
-    _refuse_self_overwrite(source, kind, Path(out))
+    remote = is_url(out)
+    if not remote:
+        _refuse_self_overwrite(source, kind, Path(out))
     if kind == "corpus":  # before anything is written (a hard link reads nothing)
         source.verify_checksums()
     module, fn = writer.split(":")
@@ -163,8 +166,13 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
     bar = progress_bar(n_tokens, f"export {fmt}", enabled=progress)
     t0 = time.perf_counter()
     try:
-        info = write(source, Path(out), overwrite=overwrite,
-                     tick=bar.update if bar is not None else _no_tick, **options)
+        tick = bar.update if bar is not None else _no_tick
+        if remote:  # written here, then published: packtool.export_remote
+            from .export_remote import export_to_store
+
+            info = export_to_store(write, source, str(out), overwrite, tick, options)
+        else:
+            info = write(source, Path(out), overwrite=overwrite, tick=tick, **options)
     finally:
         if bar is not None:
             bar.close()

@@ -58,8 +58,9 @@ class TokenizeOptions:
     completion_field: str | None = opt(None, "SFT: key of the completion (loss on it).")
     messages_field: str | None = opt(None, "Chat: key of a [{role, content}, ...] list, "
                                      "rendered with the chat template.")
-    chat_template: str | None = opt(None, "Jinja chat template file (default: "
-                                    "tokenizer_config.json's, else built-in).", type="path")
+    chat_template: str | None = opt(None, "Jinja chat template file, local (default: "
+                                    "tokenizer_config.json's, which a tokenizer at a URL "
+                                    "brings; else built-in).", type="path")
     train_on: str = opt("assistant", "Chat: which tokens the loss mask keeps.",
                         type=("choice", ("assistant", "all")), show_default=True)
     max_record_bytes: int = opt(DEFAULT_MAX_RECORD_BYTES, "Largest record in bytes (default "

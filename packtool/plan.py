@@ -6,7 +6,7 @@ assignment, order, shard boundaries, counts). No disk access, so tests check a p
     order    = packs shuffled with --seed (or the packer's order with --no-shuffle)
     shards   = consecutive packs of about --shard-size tokens
 
-Memory, lean by design (scripts/bench_pack.py --memory): a segment is an index into the
+Memory, lean by design (scripts/bench_scale_memory.py): a segment is an index into the
 table the overflow policy makes of the documents (one entry per document, more only for the
 few documents split into pieces), so the plan holds per segment its length (int32) and its
 place in the output (int64), and per pack its segment count: the document and offset of a

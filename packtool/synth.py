@@ -63,39 +63,59 @@ def make_documents(n_docs: int, **kw) -> list[str]:
 
 
 def write_token_corpus(prefix, lengths, *, vocab_size: int = 32_000, seed: int = 0,
-                       chunk_docs: int = 1 << 20, mask: bool = False) -> dict:
-    """A valid one-part token corpus at ``prefix`` (``PREFIX.json``, ``.bin``,
-    ``.boundaries``, with ``mask`` a ``.mask``) of documents of ``lengths`` with seeded random
-    ids, written a chunk of documents at a time (memory flat), without a tokenizer: for
-    benchmarks and scale tests of pack, verify and the readers. ~0.5 GB/s here. Returns the
-    manifest."""
+                       chunk_docs: int = 1 << 20, mask: bool = False, parts: int = 1) -> dict:
+    """A valid token corpus at ``prefix`` (``PREFIX.json``, ``.bin``, ``.boundaries``, with
+    ``mask`` a ``.mask``; with ``parts`` > 1 that many parts of consecutive documents,
+    ``PREFIX.part-KKKKK.*``) of documents of ``lengths`` with seeded random ids, written a
+    chunk of documents at a time (memory flat), without a tokenizer: for benchmarks and scale
+    tests of pack, verify and the readers. ~0.5 GB/s here. Returns the manifest."""
+    import hashlib
     import json
     from pathlib import Path
 
     from ._io import write_new
-    from .formats.tokens import TokenWriter, corpus_manifest, plan_digest, token_dtype
+    from .formats.tokens import (
+        PART_FORMAT,
+        PART_VERSION,
+        TokenWriter,
+        corpus_manifest,
+        part_manifest_path,
+        part_name,
+        plan_digest,
+        token_dtype,
+    )
 
     prefix = Path(prefix)
     lengths = np.asarray(lengths, np.int64)
     dtype = token_dtype(vocab_size)
     rng = np.random.default_rng(seed)
-    paths = {k: Path(f"{prefix}.{k}") for k in ("bin", "boundaries", "mask")}
-    writer = TokenWriter(paths, mask)
-    for a in range(0, lengths.size, chunk_docs):
-        n = lengths[a:a + chunk_docs]
-        ids = rng.integers(0, vocab_size, size=int(n.sum()), dtype=np.uint32).astype(dtype)
-        m = rng.integers(0, 2, size=ids.size, dtype=np.uint8) if mask else None
-        writer.write(n, ids, m)
-    digest = "0" * 64
-    entry = writer.finish(prefix.name, 0, digest, [{"path": "synthetic", "kind": None,
-                                                     "n_docs": int(lengths.size)}])
+    cuts = np.linspace(0, lengths.size, parts + 1).astype(np.int64)
+    entries = []
+    for k in range(parts):
+        name = part_name(prefix.name, k, parts)
+        paths = {x: prefix.with_name(f"{name}.{x}") for x in ("bin", "boundaries", "mask")}
+        writer = TokenWriter(paths, mask)
+        for a in range(int(cuts[k]), int(cuts[k + 1]), chunk_docs):
+            n = lengths[a:min(a + chunk_docs, int(cuts[k + 1]))]
+            ids = rng.integers(0, vocab_size, size=int(n.sum()), dtype=np.uint32).astype(dtype)
+            m = rng.integers(0, 2, size=ids.size, dtype=np.uint8) if mask else None
+            writer.write(n, ids, m)
+        digest = hashlib.sha256(f"synthetic {seed} part {k}".encode()).hexdigest()
+        entries.append(writer.finish(name, k, digest, [
+            {"path": "synthetic", "kind": None, "n_docs": int(cuts[k + 1] - cuts[k])}]))
     meta = {"dtype": dtype.name, "vocab_size": vocab_size,
             "tokenizer": {"path": "synthetic", "sha256": "0" * 64}, "bos_id": None,
             "eos_id": None, "options": {"synthetic": True, "seed": seed},
             "engine": {"name": "synthetic"}}
-    plan = {"policy": "synthetic", "n_parts": 1, "digest": plan_digest([digest]),
-            "prefix": prefix.name}
-    manifest = corpus_manifest(meta, [entry], plan)
+    plan = {"policy": "synthetic", "n_parts": parts,
+            "digest": plan_digest([q["digest"] for q in entries]), "prefix": prefix.name}
+    own = [{"format": PART_FORMAT, "version": PART_VERSION, "index": k, "digest": q["digest"],
+            "plan_digest": plan["digest"], "part": q, "meta": meta}
+           for k, q in enumerate(entries)]  # each part's own manifest, as tokenize writes it
+    for body in own:
+        write_new(part_manifest_path(prefix.parent, body["part"]["name"]),
+                  json.dumps(body, indent=1) + "\n")
+    manifest = corpus_manifest(meta, entries, plan, own)
     write_new(Path(f"{prefix}.json"), json.dumps(manifest, indent=1) + "\n")
     return manifest
 

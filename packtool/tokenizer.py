@@ -12,7 +12,14 @@ from .errors import PacktoolError
 
 def resolve_tokenizer_path(tok: str | Path) -> Path:
     """A ``tokenizer.json``, a SentencePiece ``*.model``, or a folder holding one (the
-    ``tokenizer.json`` first, as Hugging Face loads it)."""
+    ``tokenizer.json`` first, as Hugging Face loads it), local or at a URL (fetched once into
+    the cache: :func:`packtool.storage.stage_out.fetch_tokenizer`)."""
+    from .storage import is_url
+
+    if is_url(tok):
+        from .storage.stage_out import fetch_tokenizer
+
+        return fetch_tokenizer(str(tok))
     p = Path(tok)
     if p.is_dir():
         if (p / "tokenizer.json").is_file():

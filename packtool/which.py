@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import PacktoolError
 from .formats.packed import open_packed, source_location
-from .formats.tokens import prefix_paths
+from .storage.place import place_of
 
 
 @dataclass
@@ -81,23 +81,36 @@ class Sources:
         self.entries = []   # per source: (prefix, first global doc, parts, inputs table)
         base = 0
         for src in ds.index["sources"]:
-            path = next((p for p in source_location(ds.directory, src)
-                         if prefix_paths(p)["json"].is_file()), None)
-            meta = json.loads(prefix_paths(path)["json"].read_text()) if path else None
+            meta = None
+            for p in source_location(ds.directory, src):  # local or in a store
+                place, stem = place_of(p, ds.place.storage_options, ds.place.cache_if_any())
+                if place.is_file(f"{stem}.json"):
+                    meta = json.loads(place.read_bytes(f"{stem}.json"))
+                    break
             self.entries.append((src["prefix"], base, _inputs(meta, src)))
             base += int(src["n_docs"])
         self.bases = np.array([e[1] for e in self.entries] + [base], np.int64)
 
     def document(self, doc: int) -> Document:
-        k = int(np.searchsorted(self.bases, doc, side="right")) - 1
-        prefix, base, table = self.entries[k]
-        local = doc - base
-        if table is None:
-            return Document(doc, prefix, None, None, "?")
-        i = int(np.searchsorted(table["first"], local, side="right")) - 1
-        inp = table["inputs"][i]
-        return Document(doc, prefix, inp.get("path"), record_number(inp, local - table[
-            "first"][i]), table["parts"][i])
+        return self.documents(np.array([doc], np.int64))[0]
+
+    def documents(self, docs: np.ndarray) -> list[Document]:
+        """Where each of the global documents ``docs`` came from (vectorised: a step of 8 x 4
+        packs holds thousands of segments)."""
+        docs = np.asarray(docs, np.int64)
+        src = np.searchsorted(self.bases, docs, side="right") - 1
+        out = []
+        for k, d, local in zip(src.tolist(), docs.tolist(), (docs - self.bases[src]).tolist(),
+                               strict=True):
+            prefix, _, table = self.entries[k]
+            if table is None:
+                out.append(Document(d, prefix, None, None, "?"))
+                continue
+            i = int(np.searchsorted(table["first"], local, side="right")) - 1
+            rec = table["records"][i](local - int(table["first"][i]))
+            out.append(Document(d, prefix, table["inputs"][i].get("path"), rec,
+                                table["parts"][i]))
+        return out
 
     def find(self, path: str, record: int) -> int:
         """The global document of ``record`` of input file ``path``."""
@@ -125,7 +138,19 @@ def _inputs(meta: dict | None, src: dict) -> dict | None:
             first.append(at)
             names.append(q["name"])
             at += int(inp.get("n_docs", 0))
-    return {"inputs": inputs, "first": np.array(first or [0], np.int64), "parts": names}
+    return {"inputs": inputs, "first": np.array(first or [0], np.int64), "parts": names,
+            "records": [_record_numbers(inp) for inp in inputs]}
+
+
+def _record_numbers(inp: dict):
+    """local document -> its record number (1-based), made once per input file: the
+    (local+1)-th number that is not a gap (skipped record, blank line); None when blank lines
+    were counted but not located (a corpus written before packtool recorded them)."""
+    if inp.get("blank_lines") and "blank_records" not in inp:
+        return lambda local: None
+    gaps = _gaps(inp)
+    before = gaps - np.arange(gaps.size)  # non-gap numbers up to each gap, plus one
+    return lambda local: int(local + 1 + np.searchsorted(before, local + 1, side="right"))
 
 
 def _gaps(inp: dict) -> np.ndarray:
@@ -136,18 +161,8 @@ def _gaps(inp: dict) -> np.ndarray:
 
 def record_number(inp: dict, local: int) -> int | None:
     """The record number (1-based) of the file's ``local``-th document: its position plus the
-    non-documents before it. None when blank lines were counted but not located (a corpus
-    written before packtool recorded them)."""
-    if inp.get("blank_lines") and "blank_records" not in inp:
-        return None
-    gaps = _gaps(inp)
-    rec = local + 1
-    for g in gaps:  # few: each gap before the record moves it one down
-        if g <= rec:
-            rec += 1
-        else:
-            break
-    return int(rec)
+    non-documents (gaps) before it."""
+    return _record_numbers(inp)(local)
 
 
 def document_of(inp: dict, record: int, prefix: str) -> int:
@@ -190,10 +205,10 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_si
         for pack in sched[step][r].tolist():
             docs, offs, lens = ds.segments(pack)
             at = 0
-            for d, o, n in zip(docs.tolist(), offs.tolist(), lens.tolist(), strict=True):
-                res.segments.append(Segment(pack, r, sources.document(int(d)),
-                                            (int(o), int(o + n)), (at, at + int(n))))
-                at += int(n)
+            for d, o, n in zip(sources.documents(docs), offs.tolist(), lens.tolist(),
+                               strict=True):
+                res.segments.append(Segment(pack, r, d, (o, o + n), (at, at + n)))
+                at += n
     return res
 
 

@@ -11,6 +11,35 @@ CORPUS = FIXTURES / "corpus"
 
 
 @pytest.fixture(scope="session")
+def ray_instance():
+    """A local Ray instance of 2 CPUs for the session; its workers import this checkout's
+    packtool, and the tests' own modules (stand-in jobs of the fault tests)."""
+    import os
+
+    ray = pytest.importorskip("ray")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
+    workers = os.pathsep.join([os.environ["PYTHONPATH"], str(ROOT / "tests")])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": workers}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A real S3 server for the session (moto's ThreadedMotoServer on 127.0.0.1, a free
+    port): see storage_server.py."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from storage_server import S3
+
+    server = S3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     from tokenizers import Tokenizer
 

@@ -25,8 +25,11 @@ class S3:
     empty bucket, ``env`` what a subprocess needs to reach it."""
 
     def __init__(self):
+        import logging
+
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         os.environ.update(CREDENTIALS)
         self.port = free_port()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)

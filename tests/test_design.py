@@ -121,3 +121,13 @@ def test_modules_and_functions_stay_small():
                     big_functions.append(f"{name}.{node.name} ({n} lines)")
     assert not big_modules, big_modules
     assert not big_functions, big_functions
+
+
+def test_public_names_are_the_same_whatever_was_imported_first():
+    """A lazy public name must not share its name with a submodule (importing the submodule
+    would replace it on the package)."""
+    import packtool
+
+    clash = [n for n, mod in packtool._LAZY.items() if (PKG / n).is_dir()
+             or (PKG / f"{n}.py").is_file()]
+    assert not clash, clash

@@ -23,6 +23,15 @@ def test_index_keys_documented(key):
     assert key in QUOTED, f"index.json key {key!r} missing from docs/FORMAT.md"
 
 
+@pytest.mark.parametrize("key", [f"{kind}:{k}" for kind, keys in (
+    ("shard", packed.entries.SHARD_ENTRY_KEYS), ("group", packed.entries.GROUP_ENTRY_KEYS),
+    ("split", packed.entries.SPLIT_KEYS)) for k in keys])
+def test_job_entry_keys_documented(key):
+    """Every key of a pack job's entry file (.shard-K.entry.json, .group-G.entry.json)."""
+    kind, name = key.split(":")
+    assert name in QUOTED, f"{kind} entry key {name!r} missing from docs/FORMAT.md"
+
+
 @pytest.mark.parametrize("suffix", [f.suffix for f in tokens.SCHEMA] + [".json"])
 def test_token_files_documented(suffix):
     assert f"`PREFIX{suffix}`" in DOC, f"PREFIX{suffix} missing from docs/FORMAT.md"
@@ -39,6 +48,8 @@ def test_writers_refuse_undocumented_keys():
         packed.index({"new_key": 1}, [])
     with pytest.raises(RuntimeError, match="not in the schema"):
         tokens.corpus_manifest({"new_key": 1}, [], {})
+    with pytest.raises(RuntimeError, match="not in the schema"):
+        packed.entries.group_entry("0" * 64, 0, {"train": {"new_key": 1}})
 
 
 def test_cli_starts_without_heavy_imports():
@@ -57,3 +68,41 @@ def test_cli_starts_without_heavy_imports():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]
     assert out == "[]", out
+
+
+def format_snippet() -> str:
+    """The plain-numpy reader of docs/FORMAT.md, as written there."""
+    at = DOC.index("Reading either layout with plain numpy")
+    start = DOC.index("```python\n", at) + len("```python\n")
+    return DOC[start:DOC.index("```", start)]
+
+
+@pytest.mark.parametrize("layout,vocab", [("index", 500), ("tokens", 500), ("tokens", 40_000)])
+def test_format_snippet_reads_a_pack(tmp_path, layout, vocab):
+    """docs/FORMAT.md's plain-numpy block reads pack j of shard 0 as open_packed does: a
+    source of three parts with a loss mask, one of one part without, both layouts (the
+    tokens layout with the mask folded into the id's top bit, and 1 bit a token)."""
+    import numpy as np
+
+    import packtool
+    from packtool.synth import lognormal_lengths, write_token_corpus
+
+    write_token_corpus(tmp_path / "a", lognormal_lengths(300, median=30, cap=200, seed=1),
+                       vocab_size=vocab, seed=1, mask=True, parts=3)
+    write_token_corpus(tmp_path / "b", lognormal_lengths(200, median=30, cap=200, seed=2),
+                       vocab_size=vocab, seed=2)
+    out = tmp_path / "packed"
+    packtool.pack_corpus([tmp_path / "a", tmp_path / "b"], out, 128, layout=layout)
+    ds = packtool.open_packed(out)
+    stored = {("index", 500): "source", ("tokens", 500): "folded", ("tokens", 40_000): "bits"}
+    assert ds.index["mask_storage"] == stored[layout, vocab]
+    assert len(ds.index["sources"]) == 2
+    for j in (0, ds.index["shards"][0]["n_packs"] - 1):
+        names = {}
+        exec(format_snippet().replace('d, j = "out/packed", 0', f"d, j = {str(out)!r}, {j}"),
+             names)
+        ex = ds[j]
+        for key, want in (("tokens", "input_ids"), ("labels", "labels"),
+                          ("positions", "position_ids"), ("cu_seqlens", "cu_seqlens")):
+            assert np.array_equal(names[key], ex[want]), (layout, key)
+        assert (names["labels"] == -100).sum() > len(names["cu_seqlens"]) - 1  # the mask

@@ -19,6 +19,7 @@ from conftest import ROOT, TOKENIZER, write_jsonl
 import packtool
 from packtool import _locks
 from packtool.cli import cli
+from packtool.export import MARKER
 from packtool.synth import make_documents
 
 
@@ -144,7 +145,7 @@ def test_export_overwrite_refuses_a_folder_that_is_not_ours(tmp_path, built, mar
     out = tmp_path / "o"
     assert run("export", built / "c", "--format", "llmc", "--eos-id", 0, "-o", out, "-q"
                ).exit_code == 0
-    path = out / "_packtool-export.json"
+    path = out / MARKER
     if marker == "{}":
         path.write_text("{}")
     elif marker == "edited":

@@ -38,17 +38,28 @@ def tiny_model(kind: str, attn: str, vocab: int):
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory):
+def corpus_dir(tmp_path_factory):
     from packtool.synth import make_documents
 
     d = tmp_path_factory.mktemp("eq")
     docs = make_documents(40, seed=21, median_words=25, max_words=200)
     write_jsonl(d / "a.jsonl", [{"text": t} for t in docs])
     tokenize_files([str(d / "a.jsonl")], TOKENIZER, d / "c", TokenizeOptions(eos="<|eos|>"))
+    return d
+
+
+@pytest.fixture(scope="module", params=["index"])
+def packed(request, corpus_dir):
+    """The corpus packed in a layout (index by default; tests name "tokens" too): the reader
+    derives every per-token array from the segments either way."""
     import packtool
 
-    pack_corpus([d / "c"], d / "p", 256, "bfd")
-    return open_packed(d / "p"), packtool.open_tokens(d / "c")
+    d, layout = corpus_dir, request.param
+    if not (d / f"p-{layout}").exists():
+        pack_corpus([d / "c"], d / f"p-{layout}", 256, "bfd", layout=layout)
+    ds = open_packed(d / f"p-{layout}")
+    assert ds.layout == layout
+    return ds, packtool.open_tokens(d / "c")
 
 
 def per_token_loss(logits, labels):
@@ -74,7 +85,8 @@ def alone(model, corpus, ex):
     return torch.cat(outs), loss, n
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("packed,attn", [("index", "eager"), ("index", "sdpa"),
+                                         ("tokens", "sdpa")], indirect=["packed"])
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_packed_rows_equal_documents_alone(packed, kind, attn):
     ds, corpus = packed
@@ -104,6 +116,7 @@ def test_packed_rows_equal_documents_alone(packed, kind, attn):
     print(f"\n{kind}/{attn}: max |logit diff| packed vs alone = {worst:.2e}")
 
 
+@pytest.mark.parametrize("packed", ["index", "tokens"], indirect=True)
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_collate_flattened_row(packed, kind):
     from packtool.torch import TorchPackedDataset, collate_tensors, model_inputs

@@ -77,26 +77,54 @@ def corpus(tmp_path_factory, docs):
     return packtool.open_tokens(d / "c")
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory, corpus):
-    d = tmp_path_factory.mktemp("packed")
-    pack_corpus([corpus.prefix], d / "p", 96, "bfd", shard_size=1500)
-    ds = open_packed(d / "p")
-    assert len(ds.index["shards"]) > 1
+def packed_in(directory, prefix, layout: str):
+    out = directory / f"p-{layout}"
+    if not out.exists():
+        pack_corpus([prefix], out, 96, "bfd", shard_size=1500, layout=layout)
+    ds = open_packed(out)
+    assert len(ds.index["shards"]) > 1 and ds.layout == layout
     return ds
 
 
 @pytest.fixture(scope="module")
-def sft_packed(tmp_path_factory):
+def packed_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("packed")
+
+
+@pytest.fixture(scope="module")
+def packed(packed_dir, corpus):
+    return packed_in(packed_dir, corpus.prefix, "index")
+
+
+@pytest.fixture(scope="module")
+def packed_tokens(packed_dir, corpus):
+    """The tokens layout: the exports read the shards' own tokens."""
+    return packed_in(packed_dir, corpus.prefix, "tokens")
+
+
+@pytest.fixture(scope="module")
+def sft_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("sft")
     rows = [{"q": "Tell me a story " * (i % 7 + 1), "a": " Once upon a time" * (i % 5 + 1)}
             for i in range(60)]
     p = write_jsonl(d / "pc.jsonl", rows)
     tokenize_files([str(p)], TOKENIZER, d / "pc",
                    TokenizeOptions(prompt_field="q", completion_field="a"))
-    pack_corpus([d / "pc"], d / "p", 96, "bfd", shard_size=1500)
-    ds = open_packed(d / "p")
-    assert ds.index["loss_mask"] and len(ds.index["shards"]) > 1
+    return d
+
+
+@pytest.fixture(scope="module")
+def sft_packed(sft_dir):
+    ds = packed_in(sft_dir, sft_dir / "pc", "index")
+    assert ds.index["loss_mask"]
+    return ds
+
+
+@pytest.fixture(scope="module")
+def sft_packed_tokens(sft_dir):
+    """The tokens layout of an SFT corpus: its loss mask folded into the token words."""
+    ds = packed_in(sft_dir, sft_dir / "pc", "tokens")
+    assert ds.index["loss_mask"] and ds.index["mask_storage"] == "folded"
     return ds
 
 
@@ -171,7 +199,7 @@ def test_megatron_uint32_corpus_as_int32(tmp_path):
         segments(ds[p]) for p in range(len(ds))]
 
 
-@pytest.mark.parametrize("which", ["packed", "sft_packed"])
+@pytest.mark.parametrize("which", ["packed", "sft_packed", "packed_tokens", "sft_packed_tokens"])
 def test_megatron_packed_segments_and_packs(tmp_path, which, request):
     ds = request.getfixturevalue(which)
     res = export(ds.directory, "megatron", tmp_path / "m")
@@ -252,7 +280,7 @@ def test_llmc_refuses_uint32_vocabulary(tmp_path):
 # ---------------------------------------------------------------- MosaicML Streaming
 
 
-@pytest.mark.parametrize("which", ["packed", "sft_packed"])
+@pytest.mark.parametrize("which", ["packed", "sft_packed", "packed_tokens", "sft_packed_tokens"])
 def test_mds_reads_back_with_streaming_dataset(tmp_path, which, request):
     ds = request.getfixturevalue(which)
     r = run(ds.directory, "--format", "mds", "--out", tmp_path / "mds", "-q")
@@ -269,8 +297,9 @@ def test_mds_reads_back_with_streaming_dataset(tmp_path, which, request):
             {"loss_mask"} if has_mask else set())
         for k in ("input_ids", "position_ids", "cu_seqlens", "labels"):
             assert got[k].dtype == np.int32 and got[k].tolist() == ex[k].tolist(), (i, k)
-        if has_mask:
-            _, mask = ds.tokens(i)
+        if has_mask:  # the mask as the reader unfolds it, whatever its storage
+            k, j = ds.locate(i)
+            mask = ds.read_range(k, j, j + 1)["mask"]
             assert got["loss_mask"].dtype == np.uint8
             assert got["loss_mask"].tolist() == mask.tolist()
 
@@ -314,8 +343,9 @@ def check_bridge_row(i, input_ids, loss_mask, seq_start_id):
     assert all(a <= b for a, b in zip(seq_start_id, seq_start_id[1:], strict=False)), i
 
 
-@pytest.mark.parametrize("which", ["packed", "sft_packed"])
-@pytest.mark.parametrize("out", ["x.idx.parquet", "xdir"])
+@pytest.mark.parametrize("which,out", [
+    ("packed", "x.idx.parquet"), ("packed", "xdir"), ("sft_packed", "x.idx.parquet"),
+    ("sft_packed", "xdir"), ("packed_tokens", "xdir"), ("sft_packed_tokens", "x.idx.parquet")])
 def test_parquet_packed_megatron_bridge_layout(tmp_path, which, out, request):
     ds = request.getfixturevalue(which)
     r = run(ds.directory, "--format", "parquet-packed", "--out", tmp_path / out, "-q")
@@ -341,6 +371,38 @@ def test_parquet_packed_megatron_bridge_layout(tmp_path, which, out, request):
     data_files = [str(f) for f in files]
     hf = datasets.load_dataset("parquet", data_files=data_files, split="train")
     assert hf[len(ds) - 1]["input_ids"] == ds[len(ds) - 1]["input_ids"].tolist()
+
+
+def test_a_glob_over_a_parquet_export_reads_the_shards_alone(tmp_path, packed):
+    """Issue 18.6: ``load_dataset("parquet", data_files="DIR/*")`` read packtool's marker
+    as a shard and failed; the marker is hidden now, and a glob does not pick it up."""
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "pq"
+    assert run(packed.directory, "--format", "parquet", "--out", out, "-q").exit_code == 0
+    assert (out / MARKER).is_file() and MARKER.startswith(".")
+    hf = datasets.load_dataset("parquet", data_files=f"{out}/*", split="train",
+                               cache_dir=str(tmp_path / "hf"))
+    assert hf.num_rows == len(packed)
+    assert hf[0]["input_ids"] == packed[0]["input_ids"].tolist()
+
+
+def test_an_export_marked_under_the_old_name_is_still_ours(tmp_path, corpus):
+    """An export written before the marker was renamed (_packtool-export.json) is replaced
+    by --overwrite, leaving only the new marker; the old name beside the user's file is
+    still refused."""
+    from packtool.formats._marker import OLD_MARKER
+
+    out = tmp_path / "o"
+    args = (corpus.prefix, "--format", "llmc", "--eos-id", 2, "--out", out, "-q")
+    assert run(*args).exit_code == 0
+    (out / MARKER).rename(out / OLD_MARKER)
+    assert run(*args, "--overwrite").exit_code == 0
+    assert (out / MARKER).is_file() and not (out / OLD_MARKER).exists()
+    (out / MARKER).rename(out / OLD_MARKER)
+    (out / "notes.txt").write_text("mine")
+    r = run(*args, "--overwrite")
+    assert r.exit_code == 1 and "notes.txt" in r.output
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 # ---------------------------------------------------------------- rules every export keeps

@@ -220,7 +220,7 @@ def test_holdout_is_exact_and_never_empties_a_source(small, tmp_path, group):
 
 def test_holdout_counts_match_verifys_own_rule():
     from packtool.mixture import holdout_counts
-    from packtool.verify_rules import expected_holdout
+    from packtool.verify.rules import expected_holdout
 
     rng = np.random.default_rng(0)
     for _ in range(300):

@@ -158,6 +158,22 @@ def test_spfhp_equal_lengths_share_packs():
     assert assign_packs([100] * 1000, 4096, "spfhp", strict=True).max() + 1 == 1000
 
 
+def test_assign_packs_overflow_is_a_library_way_out():
+    """Issue 18.6: the README's assign_packs(corpus.lengths, 4096) raised on any corpus with
+    a longer document, and its error named a CLI option the function lacked."""
+    with pytest.raises(PacktoolError, match=r"overflow='truncate' or 'drop' to assign_packs"):
+        assign_packs([1, 9], 8)
+    assert assign_packs([3, 9, 2, 6], 8, overflow="drop").tolist() == [1, -1, 0, 0]
+    trunc = assign_packs([3, 9, 2, 6], 8, overflow="truncate")
+    assert trunc[1] not in trunc[[0, 2, 3]]  # the long one fills a pack of its own
+    assert np.array_equal(trunc, assign_packs([3, 8, 2, 6], 8))
+    assert assign_packs([3, 9], 8, overflow="truncate", balance="attention").min() == 0
+    with pytest.raises(PacktoolError, match="choose error, truncate or drop.*make_segments"):
+        assign_packs([1, 9], 8, overflow="split")
+    with pytest.raises(PacktoolError, match="negative"):
+        assign_packs([1, -1], 8, overflow="truncate")
+
+
 def test_wrapper_errors():
     with pytest.raises(PacktoolError, match="unknown packer"):
         assign_packs([1], 8, "nope")

@@ -24,16 +24,26 @@ def all_ranks(n, world, **kw):
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory):
+def corpus_dir(tmp_path_factory):
     import packtool
-    from packtool.formats.packed import open_packed
 
     d = tmp_path_factory.mktemp("sampler")
     fx = ROOT / "fixtures"
     packtool.tokenize_files([str(fx / "corpus" / "part-0.jsonl")], fx / "tokenizer", d / "c",
                             packtool.tokenize.TokenizeOptions(eos="<|eos|>"))
-    packtool.pack_corpus([d / "c"], d / "p", 256, "bfd")
-    return open_packed(d / "p")
+    return d
+
+
+@pytest.fixture(scope="module", params=["index"])
+def packed(request, corpus_dir):
+    """The corpus packed in a layout (index by default; tests name "tokens" too)."""
+    import packtool
+    from packtool.formats.packed import open_packed
+
+    out = corpus_dir / f"p-{request.param}"
+    if not out.exists():
+        packtool.pack_corpus([corpus_dir / "c"], out, 256, "bfd", layout=request.param)
+    return open_packed(out)
 
 
 @pytest.mark.parametrize("n,world,batch", [(10, 3, 1), (37, 4, 2), (64, 8, 4), (5, 1, 5)])
@@ -251,6 +261,7 @@ def test_bad_arguments():
         PackSampler(10, rank=0, world_size=2, balance=np.ones(10), cost_ratio=1.0)
 
 
+@pytest.mark.parametrize("packed", ["index", "tokens"], indirect=True)
 def test_attention_costs_match_cu_seqlens(packed):
     naive = [float((np.diff(packed[i]["cu_seqlens"]).astype(np.int64) ** 2).sum())
              for i in range(len(packed))]
@@ -355,8 +366,9 @@ def stateful_run(ds, kind, workers, epoch, stop=None, state=None, sampler_kw=Non
     return out, None, s
 
 
-@pytest.mark.parametrize("kind", ["sampler", "batch_sampler"])
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("packed,kind,workers", [
+    ("index", "sampler", 0), ("index", "sampler", 2), ("index", "batch_sampler", 0),
+    ("index", "batch_sampler", 2), ("tokens", "batch_sampler", 2)], indirect=["packed"])
 def test_stateful_dataloader_resumes_at_batch_n(packed, kind, workers):
     """torchdata's StatefulDataLoader: a checkpoint after N batches resumes at batch N exactly,
     with workers prefetching ahead of the loop (2 workers x prefetch 2), and the next epoch
@@ -443,6 +455,7 @@ def test_pad_example_row_and_segments():
     assert flat["cu_seq_lens_q"].tolist() == [0, 3, 7, 10, 14, 16]
 
 
+@pytest.mark.parametrize("packed", ["index", "tokens"], indirect=True)
 def test_get_pad_multiple(packed):
     for i in range(5):
         plain = packed[i]
@@ -458,6 +471,7 @@ def test_get_pad_multiple(packed):
         packed.get(0, pad_to=100)
 
 
+@pytest.mark.parametrize("packed", ["index", "tokens"], indirect=True)
 def test_per_segment_padding_keeps_logits_and_loss(packed):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -238,19 +238,8 @@ def test_interrupted_driver_resumes(inputs, reference, tmp_path):
 # --------------------------------------------------------------------------------- Ray
 
 
-@pytest.fixture(scope="session")
-def ray_instance():
-    ray = pytest.importorskip("ray")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)  # workers import us
-    # the workers import packtool, and this module for the stand-in jobs of the fault tests
-    workers = os.pathsep.join([os.environ["PYTHONPATH"], str(ROOT / "tests")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": workers}})
-    yield ray
-    ray.shutdown()
-
-
+@pytest.mark.ray
+@pytest.mark.slow
 def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference, tmp_path):
     res = tokenize_files([str(inputs)], TOKENIZER, tmp_path / "c", TokenizeOptions(part_bytes=1),
                          run=RunOptions(executor="ray"))
@@ -264,6 +253,7 @@ def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference
     assert run_cli("verify", tmp_path / "p_ray", "--source", tmp_path / "c").exit_code == 0
 
 
+@pytest.mark.ray
 def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, tmp_path):
     """SIGKILL the Ray worker writing a part (its pid is in the temporary file's name): Ray
     retries the task, the output is the same bytes."""
@@ -319,6 +309,8 @@ def slow_shard(job, tick):
         pack_jobs.ShardWriter = real
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_ray_worker_killed_mid_shard_leaves_nothing(ray_instance, reference, tmp_path,
                                                     monkeypatch):
     """SIGKILL the Ray worker while its shard's files sit in ``.shard-K.tmp-PID/`` inside the
@@ -349,6 +341,8 @@ def test_ray_worker_killed_mid_shard_leaves_nothing(ray_instance, reference, tmp
     assert run_cli("verify", tmp_path / "p", "--source", reference / "c").exit_code == 0
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_ray_driver_interrupted_then_rerun_resumes(ray_instance, inputs, reference, tmp_path):
     """A driver process joined to the running Ray instance is interrupted; the same command
     again skips the parts already finished."""

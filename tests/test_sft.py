@@ -94,7 +94,8 @@ def test_chat_template_file_option(tmp_path, chatml_model):
     assert trained_text(tok, c[0].tolist(), c.doc_mask(0).tolist()) == "An answer\n"
 
 
-def test_prompt_completion_round_trip_to_labels(tmp_path, tokenizer):
+@pytest.mark.parametrize("layout", ["index", "tokens"])
+def test_prompt_completion_round_trip_to_labels(tmp_path, tokenizer, layout):
     rows = [{"q": f"Question {i}: what is {i} plus {i}?", "a": f" It is {2 * i}."}
             for i in range(40)]
     p = write_jsonl(tmp_path / "pc.jsonl", rows)
@@ -108,9 +109,10 @@ def test_prompt_completion_round_trip_to_labels(tmp_path, tokenizer):
         ci = tokenizer.encode(r["a"], add_special_tokens=False).ids
         assert c[i].tolist() == [bos, *pi, *ci, eos]
         assert c.doc_mask(i).tolist() == [0] * (1 + len(pi)) + [1] * (len(ci) + 1)
-    pack_corpus([tmp_path / "pc"], tmp_path / "p", 64, "bfd")
+    pack_corpus([tmp_path / "pc"], tmp_path / "p", 64, "bfd", layout=layout)
     assert verify_packed(tmp_path / "p", [tmp_path / "pc"]).summary().startswith("OK")
     ds = open_packed(tmp_path / "p")
+    assert ds.index["mask_storage"] == {"index": "source", "tokens": "folded"}[layout]
     seen = 0
     for j in range(len(ds)):
         ex = ds[j]
@@ -149,13 +151,14 @@ def test_prompt_needs_completion(tmp_path):
         tokenize_files([str(p)], TOKENIZER, tmp_path / "o", TokenizeOptions(prompt_field="q"))
 
 
-def test_export_parquet_reads_back(tmp_path, tokenizer):
+@pytest.mark.parametrize("layout", ["index", "tokens"])
+def test_export_parquet_reads_back(tmp_path, tokenizer, layout):
     rows = [{"q": "Tell me a story " * (i % 7 + 1), "a": " Once upon a time" * (i % 5 + 1)}
             for i in range(60)]
     p = write_jsonl(tmp_path / "pc.jsonl", rows)
     tokenize_files([str(p)], TOKENIZER, tmp_path / "pc",
                    TokenizeOptions(prompt_field="q", completion_field="a"))
-    pack_corpus([tmp_path / "pc"], tmp_path / "p", 96, "bfd", shard_size=1500)
+    pack_corpus([tmp_path / "pc"], tmp_path / "p", 96, "bfd", shard_size=1500, layout=layout)
     ds = open_packed(tmp_path / "p")
     runner = CliRunner()
     for out in ("x.parquet", "xdir"):

@@ -15,19 +15,11 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from conftest import CORPUS, ROOT, TOKENIZER  # noqa: E402
-from storage_server import S3  # noqa: E402
+from conftest import CORPUS, ROOT, TOKENIZER
 
-from packtool import open_packed, open_tokens  # noqa: E402
-from packtool.errors import FormatError, PacktoolError  # noqa: E402
-from packtool.storage.cache import Cache  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def s3():
-    server = S3()
-    yield server
-    server.stop()
+from packtool import open_packed, open_tokens
+from packtool.errors import FormatError, PacktoolError
+from packtool.storage.cache import Cache
 
 
 def cli(*args, env=None, check=True):
@@ -173,3 +165,34 @@ def test_cache_is_bounded_and_shared(s3, local, tmp_path):
     ds2[len(ds2) - 1]
     assert {p.name for p in (tmp_path / "cache" / "objects").iterdir()} >= set(before)
     assert os.environ.get("AWS_ACCESS_KEY_ID") == "testing"
+
+
+RANK = """
+import json, sys
+import numpy as np
+from packtool import open_packed
+from packtool.storage.cache import Cache
+url, cache, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+ds = open_packed(url, storage_options=options, cache=Cache(cache))
+print(json.dumps([int(np.asarray(ds[i]["input_ids"]).sum()) for i in range(len(ds))]))
+"""
+
+
+def test_ranks_on_one_node_share_the_cache_safely(s3, local, tmp_path):
+    """Four processes read one remote dataset through one cache folder at once: each file is
+    fetched once (no temporary left, one entry per object), every rank reads the same data."""
+    url = upload(s3, local, s3.bucket())
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, f"{url}/tokens",
+                               str(tmp_path / "cache"), json.dumps(s3.options)], cwd=ROOT,
+                              env=s3.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    sums = {o for o, _ in outs}
+    ref = open_packed(local / "data" / "tokens")
+    assert sums == {json.dumps([int(np.asarray(ref[i]["input_ids"]).sum())
+                                for i in range(len(ref))]) + "\n"}
+    entries = sorted((tmp_path / "cache" / "objects").iterdir())
+    index = json.loads(s3.fs.cat_file(url.removeprefix("s3://") + "/tokens/index.json"))
+    n_files = sum(len(sh["files"]) for sh in index["shards"])
+    assert len(entries) == n_files and not [p for p in entries if p.name.startswith(".")]

@@ -78,3 +78,19 @@ def test_cli(tmp_path):
     assert r.exit_code == 0 and "document" in r.output, r.output
     r = CliRunner().invoke(cli, ["which", str(tmp_path / "p")])
     assert r.exit_code == 2 and "--step" in r.output
+
+
+def test_record_numbers_skip_the_gaps_as_a_plain_loop_does():
+    """The vectorised record number of a document equals the obvious count: walk the records,
+    skipping gaps (bad records skipped, blank lines), until the document's turn."""
+    from packtool.which import document_of, record_number
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        gaps = sorted(set(rng.integers(1, 2 * n + 2, size=int(rng.integers(0, n))).tolist()))
+        inp = {"path": "f", "n_docs": n, "skipped_records": gaps}
+        records = [r for r in range(1, n + len(gaps) + 1) if r not in set(gaps)][:n]
+        for local in range(n):
+            assert record_number(inp, local) == records[local]
+            assert document_of(inp, records[local], "c") == local

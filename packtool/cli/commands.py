@@ -28,10 +28,12 @@ PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--tokenizer", "-t", required=True,
-              help="A tokenizer.json, a SentencePiece .model, or a model folder holding one.")
+              help="A tokenizer.json, a SentencePiece .model, or a model folder holding one "
+                   "(a local path or a URL: s3://, gs://, hf://).")
 @click.option("--out", "-o", required=True,
               help="Output prefix: writes PREFIX.json and its parts' .bin, .boundaries "
-                   "(folders are made).")
+                   "(folders are made); a URL (s3://bucket/corpus) publishes each part to the "
+                   "store, PREFIX.json last.")
 @fields(TokenizeOptions, *TOKENIZE_FIELDS)
 @fields(RunOptions, *RUN_FIELDS, "ray_cpus")
 @click.option("--plan", "show_plan", is_flag=True,
@@ -41,7 +43,8 @@ PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
     """Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, Arrow and .txt INPUTS.
 
-    INPUTS are files, directories (every supported file inside, sorted) or globs. Every
+    INPUTS are files, directories (every supported file inside, sorted) or globs, local or
+    URLs (s3://bucket/raw/, gs://b/*.parquet; docs/STORAGE.md). Every
     record becomes one document, in input order, with its full token sequence. With
     --prompt-field/--completion-field or --messages-field it also writes a loss mask (1 =
     trained on) for supervised fine-tuning.
@@ -77,7 +80,9 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
 
 @cli.command()
 @click.argument("prefixes", nargs=-1, required=True)
-@click.option("--out", "-o", required=True, help="Output directory (must not exist or be empty).")
+@click.option("--out", "-o", required=True,
+              help="Output directory (must not exist or be empty), or a URL (s3://bucket/packed: "
+                   "each shard published, index.json last).")
 @fields(PackOptions, *PACK_FIELDS)
 @fields(RunOptions, *RUN_FIELDS)
 @overwrite_option
@@ -105,19 +110,24 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
 
     opts = build(PackOptions, kw)
     runopts = build(RunOptions, kw)
-    emit(run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
-             run=runopts), as_json, quiet)
+    result = run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
+                 run=runopts)
+    emit(result, as_json, quiet)
+    if quiet or as_json:  # the summary, when printed, carries them
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
 
 
 @cli.command()
 @click.argument("path")
 @click.option("--source", "-s", "sources", multiple=True,
-              help="Token-file prefix the dataset was packed from (repeat, in order): also check "
-                   "that every source token appears exactly as the overflow policy says.")
+              help="Token-file prefix (or URL) the dataset was packed from (repeat, in order): "
+                   "also check that every source token appears exactly as the overflow policy "
+                   "says.")
 @json_option
 def verify(path, sources, as_json):
     """Check a packed directory (checksums, shapes, every invariant, optionally the sources)
-    or a token-corpus PREFIX (manifest, sizes, boundaries, checksums).
+    or a token-corpus PREFIX (manifest, sizes, boundaries, checksums); either may be a URL.
 
     Exit 0 with one OK line, or 1 naming the first violation.
 
@@ -134,7 +144,8 @@ def verify(path, sources, as_json):
 @cli.command()
 @click.argument("paths", nargs=-1)
 @click.option("--lengths", "lengths_file", type=click.Path(dir_okay=False),
-              help="Report on lengths alone: a .npy of document lengths or a length,count CSV.")
+              help="Report on lengths alone: a local .npy of document lengths or a "
+                   "length,count CSV (a small file: copy it here from a store).")
 @fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, "seed",
         seq_len={"required": False, "multiple": True, "help": "Sequence length to evaluate "
                  "(repeat; default 512 1024 2048 4096 8192)."})
@@ -142,12 +153,13 @@ def verify(path, sources, as_json):
               help="Batch size for the dynamic-padding figures.")
 @click.option("--algos", default=None, help="'all' or a comma list of packers to compare.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
-              help="Write a PNG: length histogram and padding waste per seq_len.")
+              help="Write a PNG here (a local file: a picture to look at, not a dataset): "
+                   "length histogram and padding waste per seq_len.")
 @json_option
 def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, **kw):
     """Padding waste, what packing saves and how each packer does.
 
-    PATHS are token-file prefixes (one corpus), or one packed directory; or pass
+    PATHS are token-file prefixes (one corpus), or one packed directory, local or URLs; or pass
     --lengths FILE instead. Documents longer than a seq_len are counted as --overflow
     makes them, the same as pack, so predicted packs are the packs pack writes.
 
@@ -159,7 +171,8 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
     """
     from .. import stats as st
 
-    result = run(st.stats, list(paths), lengths_file, seq_len, batch_size, algos, **kw)
+    result = run(st.stats, list(paths), lengths_file, seq_len, batch_size, algos,
+                 progress=True, **kw)
     if plot_path:
         if result.lengths is None:
             raise click.ClickException("--plot draws a corpus report; pass token files or "
@@ -175,7 +188,8 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
               help="Target format; docs/EXPORT.md says which trainer reads which.")
 @click.option("--out", "-o", required=True,
               help="megatron: a prefix (writes OUT.bin, OUT.idx); parquet*: a .parquet file or "
-                   "a directory; llmc, mds: a directory.")
+                   "a directory; llmc, mds: a directory. A URL publishes the export there, "
+                   "its marker last.")
 @click.option("--shard-tokens", type=click.IntRange(1), default=None,
               help="llmc: tokens per shard (default 100,000,000, as llm.c's fineweb.py).")
 @click.option("--eos-id", type=click.IntRange(0), default=None,
@@ -187,7 +201,8 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
 @quiet_option
 @json_option
 def export(src, fmt, out, shard_tokens, eos_id, copy_bin, overwrite, quiet, as_json):
-    """Export SRC, a token-file prefix or a packed directory, in a trainer's native format.
+    """Export SRC, a token-file prefix or a packed directory (local or a URL), in a trainer's
+    native format.
 
     \b
     megatron        Megatron-LM/NeMo .bin/.idx    corpus or packed
@@ -212,7 +227,8 @@ def export(src, fmt, out, shard_tokens, eos_id, copy_bin, overwrite, quiet, as_j
 
 @cli.command()
 @click.option("--fixtures", type=click.Path(file_okay=False), default=None,
-              help="Folder with tokenizer/ and corpus/ (default: the repository's fixtures/).")
+              help="Local folder with tokenizer/ and corpus/ (default: the repository's "
+                   "fixtures/; the demo runs on this machine).")
 @click.option("--out", "-o", default="demo-out", show_default=True, help="Where to write.")
 @fields(PackOptions, "seq_len", "algo",
         seq_len={"required": False, "help": "Tokens per pack (default 512)."})
@@ -248,7 +264,8 @@ def demo(fixtures, out, seq_len, algo):
 def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance, as_json):
     """Name the source documents of a training step, or where an input record went.
 
-    From the segment tables and the sources' manifests alone (no token is read): source
+    PATH is a packed directory or its URL. From the segment tables and the sources'
+    manifests alone (no token is read): source
     prefix, input file, record number (line or row) and token range of every segment of the
     step's packs, as PackSampler schedules them with the same settings.
 

@@ -2,13 +2,16 @@
 
 It names what was exported from where, and marks the output as ours, so --overwrite
 replaces a previous export but never someone else's files. A directory export holds
-``_packtool-export.json``: trainers ignore it (they glob *.bin, *.parquet or read
-index.json), and the leading underscore makes pyarrow's and Hugging Face's directory
-discovery skip it, as they skip Spark's _SUCCESS. An export of single files (Megatron's
-``PREFIX.bin``/``PREFIX.idx``, one ``OUT.parquet``) has a hidden sidecar ``.KEY.export.json``
-instead, committed last with them (its digest over its content), listing each file with the
-size and modification time it was committed with: --overwrite replaces only files it lists,
-unchanged; a user's own ``m.bin`` at that name is refused, by name.
+``.packtool-export.json``: trainers ignore it (they glob *.bin, *.parquet or read
+index.json), and it is a hidden file: pyarrow's and Hugging Face's directory discovery skip
+it, and so does a glob, which the old name did not escape
+(``datasets.load_dataset("parquet", data_files="DIR/*")`` read ``_packtool-export.json`` as
+a Parquet shard and failed; exports written under the old name are still ours to replace).
+An export of single files (Megatron's ``PREFIX.bin``/``PREFIX.idx``, one ``OUT.parquet``)
+has a hidden sidecar ``.KEY.export.json`` instead, committed last with them (its digest over
+its content), listing each file with the size and modification time it was committed with:
+--overwrite replaces only files it lists, unchanged; a user's own ``m.bin`` at that name is
+refused, by name.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from ._manifest import (
     string,
 )
 
-MARKER = "_packtool-export.json"
+MARKER = ".packtool-export.json"
+OLD_MARKER = "_packtool-export.json"  # exports before issue 18; read for --overwrite only
 MARKER_FORMAT, MARKER_VERSION = "packtool.export", 2
 DIGEST_KEY = "marker_sha256"
 _SPEC = obj({"export_format": string(True), "source": string(), "files": list_of(string(True)),
@@ -55,8 +59,11 @@ def write_marker(directory: Path, fmt: str, source, files: list[str], **extra) -
 
 def export_owned(folder: Path) -> None:
     """Prove ``folder`` an export of ours: a valid marker (format, schema, digest) and
-    nothing in the folder but the marker and the files it lists."""
-    path = Path(folder) / MARKER
+    nothing in the folder but the marker and the files it lists (an export made before the
+    marker was renamed is proven by its marker under the old name)."""
+    marker = OLD_MARKER if not (Path(folder) / MARKER).exists() and (
+        Path(folder) / OLD_MARKER).is_file() else MARKER
+    path = Path(folder) / marker
     fix = "choose another --out"
     try:
         body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION)
@@ -69,7 +76,7 @@ def export_owned(folder: Path) -> None:
                             f"export ({e}); choose another --out") from None
     from .._atomic import unexpected
 
-    unexpected(Path(folder), {MARKER, *body["files"]}, "export")
+    unexpected(Path(folder), {marker, *body["files"]}, "export")
 
 
 # ------------------------------------------------------------- exports of single files

@@ -2,7 +2,7 @@
 
     DIR/index.json            MDS's own index (version 2), read by streaming.StreamingDataset
     DIR/shard.00000.mds ...   samples, 64 MB per shard (MDSWriter's default), uncompressed
-    DIR/_packtool-export.json  what was exported from where
+    DIR/.packtool-export.json what was exported from where (hidden: globs skip it)
 
     sample columns (MDS encodings)
       input_ids     ndarray:int32   tokens of the pack

@@ -1,5 +1,5 @@
 """Packs as Parquet rows, in two column sets (OUT ending in ``.parquet`` is one file; anything
-else a directory with one file per packed shard and a _packtool-export.json)::
+else a directory with one file per packed shard and a .packtool-export.json)::
 
     parquet          Hugging Face: datasets.load_dataset("parquet", data_files=...)
       input_ids     list<int32>   tokens of the pack

@@ -8,16 +8,11 @@ and puts the dataset in place. A local run is the one-task case of that path.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
-from .. import __version__
 from .._atomic import (
     check_replaceable,
     clear_temporaries,
@@ -30,49 +25,17 @@ from .._atomic import (
     temp_name,
     unexpected,
 )
+from .._progress import shown
 from ..errors import PacktoolError
-from ..executors import Jobs, RunOptions, run_jobs
+from ..executors import RunOptions, run_jobs
 from ..formats.packed import INDEX, VALID, index, read_index
-from ..formats.tokens import open_tokens, read_lengths
-from ..mixture import mixture_plan, resolve_source
-from ..plan import PackOptions, plan_pack
-from . import jobs as pj
-from .meta import (
-    METRIC_KEYS,
-    group_index_meta,
-    held_out_entry,
-    index_meta,
-    metrics,
-    storage,
-)
-from .result import PackResult
+from ..plan import PackOptions
+from ..storage import is_url
+from .flow import open_sources, plan_flow, plan_sources
+from .meta import held_out_entry
+from .result import PackResult, split_warning
 
 __all__ = ["PackResult", "open_sources", "owned", "pack", "pack_corpus"]
-
-
-def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list:
-    """Open token corpora to pack together (one tokenizer, each once); with ``checksums``
-    re-hash every source file first, so a corrupt source never reaches a shard."""
-    if not prefixes:
-        raise PacktoolError("no token files given; pass the --out PREFIX of packtool tokenize")
-    corpora = [open_tokens(p) for p in prefixes]
-    seen = set()
-    for c in corpora:
-        key = c.prefix.resolve()
-        if key in seen:
-            raise PacktoolError(f"token files {c.prefix} given twice; to use a corpus more than "
-                                f"once give it a repeat factor ({c.prefix}:2.0) instead")
-        seen.add(key)
-    shas = {c.meta["tokenizer"]["sha256"] for c in corpora}
-    if len(shas) > 1:
-        raise PacktoolError(
-            "the token files were made with different tokenizers (sha256 "
-            + ", ".join(sorted(s[:12] for s in shas))
-            + "); re-tokenize them with one tokenizer before packing them together")
-    if checksums:
-        for c in corpora:
-            c.verify_checksums()
-    return corpora
 
 
 def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo: str = "bfd",
@@ -95,22 +58,16 @@ def owned(folder: Path) -> None:
         idx = read_index(folder)
     except PacktoolError as e:
         held = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
-        shown = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10 else "")
+        listing = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10
+                                           else "")
         raise PacktoolError(f"--overwrite only replaces a previous packtool output: {folder} is "
-                            f"not a packtool packed dataset ({e}); it holds {shown}: choose "
+                            f"not a packtool packed dataset ({e}); it holds {listing}: choose "
                             "another --out") from None
     names = {INDEX} | {f["name"] for sh in idx["shards"] for f in sh["files"].values()}
     if idx.get("held_out"):
         names.add(VALID)
         owned(folder / VALID)
     unexpected(folder, names, "packed dataset")
-
-
-def _plan_digest(options: PackOptions, corpora: list, factors: list[float]) -> str:
-
-    common = {"packtool": __version__, "options": asdict(options), "factors": factors,
-              "sources": [c.file_sha256 for c in corpora]}
-    return hashlib.sha256(json.dumps(common, sort_keys=True).encode()).hexdigest()
 
 
 def staging_dir(out: Path, digest: str, run: RunOptions) -> Path:
@@ -137,6 +94,11 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
     run = run or RunOptions()
     run.check()
     options.check()
+    if is_url(out):  # each job written where it runs, then published: packtool.pack.remote
+        from .remote import pack_to_store
+
+        return pack_to_store(prefixes, str(out), options, overwrite=overwrite,
+                             progress=progress, verify_sources=verify_sources, run=run)
     out = Path(os.path.abspath(out))
     with output_lock(out, shared=run.one_task) as notes:
         result = _pack(prefixes, out, options, run, overwrite, progress, verify_sources)
@@ -146,25 +108,20 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
 
 def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources) -> PackResult:
     t0 = time.perf_counter()
-    specs = [resolve_source(p) for p in prefixes]
-    corpora = open_sources([prefix for prefix, _ in specs])
-    factors = [factor for _, factor in specs]
+    corpora, factors, digest, stored = plan_sources(prefixes, options)
     for c in corpora:
-        src = c.prefix.resolve()
+        if is_url(c.prefix):
+            continue
+        src = Path(c.prefix).resolve()
         if out == src.parent or out in src.parents:
             raise PacktoolError(f"--out {out} contains the source {c.prefix}; write the packed "
                                 "dataset to a directory of its own")
     # fail before the work (an array task too: it only reads OUT), and again at the end
     check_replaceable(out, overwrite, owned)
-    digest = _plan_digest(options, corpora, factors)
     staging = staging_dir(out, digest, run)
-    stored = storage(corpora, options, longest_document(corpora))
-    target = pj.Target(str(staging), tuple(str(c.prefix) for c in corpora), stored["dtypes"],
-                       options.layout, stored["mask_storage"])
-    flow = _Grouped(corpora, factors, options, target, digest) if options.group_docs else \
-        _Global(corpora, factors, options, target, digest)
+    with shown(progress):  # a packer that runs long (optimal, nnlshp) shows it is working
+        flow = plan_flow(corpora, factors, options, digest, stored, str(staging))
     notes = _prepare(out, staging, run, overwrite)
-    pj.provide_sources(target.prefixes, corpora)
     local = not run.one_task and not run.finalize
     try:
         run_jobs(flow.jobs(), run, progress)
@@ -172,7 +129,7 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
             return flow.result(out, time.perf_counter() - t0, [
                 f"{run.describe()}: wrote its share of the shards; run --finalize once every "
                 "task is done to write index.json"])
-        splits = flow.finalize(out, staging, stored, run)
+        splits = flow.finalize(out, stored, run)
         verify_sources = verify_sources and options.layout == "tokens"
         if verify_sources:
             for c in corpora:
@@ -186,134 +143,8 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
         raise
     res = flow.result(out, time.perf_counter() - t0, notes, idx)
     res.sources_verified = verify_sources
+    res.warnings += split_warning(res.counts, options.seq_len)
     return res
-
-
-def longest_document(corpora) -> int:
-    """The longest document's tokens, from the boundaries (a streaming pass)."""
-    longest = 0
-    for c in corpora:
-        for q in c.parts:
-            prev = np.int64(0)
-            for a in range(0, len(q), 1 << 20):
-                e = np.asarray(q.ends[a:a + (1 << 20)], np.int64)
-                if e.size:
-                    longest = max(longest, int(np.diff(e, prepend=prev).max()))
-                    prev = e[-1]
-    return longest
-
-
-class _Global:
-    """One plan of the whole corpus in this process; shard jobs write it."""
-
-    def __init__(self, corpora, factors, options: PackOptions, target, digest):
-        t0 = time.perf_counter()
-        self.corpora, self.factors, self.options = corpora, factors, options
-        lengths = read_lengths(corpora)
-        repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options,
-                                     [str(c.prefix) for c in corpora])
-        self.layout = plan_pack(lengths, options, repeats)
-        valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
-        del lengths, repeats, held
-        self.assign_seconds = time.perf_counter() - t0
-        self.layouts = ({"valid": valid, "train": self.layout} if valid is not None
-                        else {"train": self.layout})
-        self.shards = pj.shard_jobs(self.layouts, {"plan": digest}, target)
-
-    def jobs(self) -> Jobs:
-        return Jobs(self.shards, pj.write_shard, self.shards.weights, lambda j: j.label(),
-                    "pack")
-
-    def finalize(self, out: Path, staging: Path, stored: dict, run: RunOptions) -> dict:
-        """Every shard of the plan checked (size, and crc32 unless this process just wrote
-        them all); {split: (index meta without held_out, shard entries)}."""
-        entries, bad = {}, []
-        for i in range(len(self.shards)):
-            job = self.shards.header(i)
-            entry, why = pj.check_shard(job, checksums=run.finalize)
-            if entry is None:
-                bad.append(f"{job.label()}: {why}")
-            entries[(job.split, job.k)] = entry
-        _refuse_missing(out, bad, len(self.shards), "shards")
-        return {split: (lambda held, final, lay=layout, sp=split: index_meta(
-                    lay, self.corpora, self.factors, sp, held, final, stored),
-                        [entries[(split, k)] for k in range(layout.n_shards)], layout.options)
-                for split, layout in self.layouts.items()}
-
-    @staticmethod
-    def remove_entries(staging: Path) -> None:
-        pj.remove_entries(staging)
-
-    def result(self, out: Path, seconds: float, warnings: list[str],
-               idx: dict | None = None) -> PackResult:
-        lay = self.layout
-        return PackResult(
-            out=str(out), algo=self.options.algo, seq_len=self.options.seq_len,
-            n_packs=lay.n_packs, n_tokens=lay.counts["n_tokens"],
-            n_segments=lay.counts["n_segments"], counts=lay.counts, n_shards=lay.n_shards,
-            layout=self.options.layout, assign_seconds=self.assign_seconds,
-            metrics=metrics(lay) if idx is None else {k: idx[k] for k in METRIC_KEYS},
-            solver=lay.report.to_json() if idx is None else idx["solver"], seconds=seconds,
-            sources_verified=False, sources=[] if idx is None else idx["sources"],
-            valid=None if idx is None else idx["held_out"],
-            warnings=warnings + list(lay.report.warnings))
-
-
-class _Grouped:
-    """--group-docs G: one job per group plans and writes it (packtool.pack.groups)."""
-
-    def __init__(self, corpora, factors, options: PackOptions, target, digest):
-        from . import groups
-
-        t0 = time.perf_counter()
-        self.g = groups
-        self.corpora, self.factors, self.options = corpora, factors, options
-        self.groups = groups.group_jobs(corpora, factors, options, target, digest)
-        self.assign_seconds = time.perf_counter() - t0
-
-    def jobs(self) -> Jobs:
-        return Jobs(self.groups, self.g.write_group, [j.n_tokens for j in self.groups],
-                    lambda j: j.label(), "pack")
-
-    def finalize(self, out: Path, staging: Path, stored: dict, run: RunOptions) -> dict:
-        entries, bad = [], []
-        for job in self.groups:
-            entry, why = self.g.check_group(job, checksums=run.finalize)
-            if entry is None:
-                bad.append(f"{job.label()}: {why}")
-            entries.append(entry)
-        _refuse_missing(out, bad, len(self.groups), "groups")
-        self.combined = {s: self.g.combine(entries, s) for s in ("valid", "train")}
-        return {split: (lambda held, final, c=c, split=split: group_index_meta(
-                    c, self.options, self.corpora, self.factors, split, held, final, stored),
-                        c["shards"], self.options)
-                for split, c in self.combined.items() if c is not None}
-
-    def remove_entries(self, staging: Path) -> None:
-        self.g.remove_group_entries(staging)
-
-    def result(self, out: Path, seconds: float, warnings: list[str],
-               idx: dict | None = None) -> PackResult:
-        c = getattr(self, "combined", {}).get("train")
-        counts = c["counts"] if c else {}
-        return PackResult(
-            out=str(out), algo=self.options.algo, seq_len=self.options.seq_len,
-            n_packs=idx["n_packs"] if idx else 0, n_tokens=idx["n_tokens"] if idx else 0,
-            n_segments=idx["n_segments"] if idx else 0, counts=counts,
-            n_shards=len(idx["shards"]) if idx else 0, layout=self.options.layout,
-            assign_seconds=self.assign_seconds,
-            metrics={k: idx[k] for k in METRIC_KEYS} if idx else {},
-            solver=idx["solver"] if idx else {}, seconds=seconds, sources_verified=False,
-            sources=idx["sources"] if idx else [], valid=idx["held_out"] if idx else None,
-            warnings=warnings)
-
-
-def _refuse_missing(out: Path, bad: list[str], n: int, what: str) -> None:
-    if bad:
-        shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
-        raise PacktoolError(f"{len(bad)} of {n} {what} of {out} are not written: {shown}. "
-                            f"Run the tasks that own them again (finished {what} are "
-                            "skipped)")
 
 
 def _commit(out: Path, staging: Path, splits: dict, overwrite: bool, remove_entries) -> dict:

@@ -1,19 +1,23 @@
 """``pack --group-docs G`` at corpus scale: each job plans *and* writes one group of G
 consecutive documents, so no process ever holds the whole corpus's lengths::
 
-    driver    a streaming pass over the boundaries: per source its non-empty count; the
-              mixture's held-out and extra-copy documents drawn as sparse lists
-              (:func:`packtool.mixture.sparse_selection`, the same draws as a global plan);
-              one job per group with its slice of those lists. Memory: O(groups + selection).
+    driver    streaming passes over the boundaries: per source its non-empty count; the
+              mixture's held-out and extra-copy documents drawn as bitmaps
+              (:func:`packtool.pack.selection.selection_bits`: the global plan's draws, never
+              8 bytes a document); one job per group with its slice of those bitmaps.
+              Memory: O(groups) + 2 bits a document.
     job g     lengths of its documents read from the boundaries, planned on their own (packs
               shuffled in the group with the seed's stream keyed by g), shards
-              shard-GGGGG-KKK written with the group's entry (counts, the length histogram,
-              per-source use) last. Memory: O(G + one shard).
+              shard-GGGGG-KKK written with the group's entry .group-GGGGG.entry.json (counts,
+              the length histogram, per-source use; its schema in
+              :mod:`packtool.formats.packed.entries`) last. Memory: O(G + one shard).
     finalize  index.json from the group entries, in order: counts and histograms add up, so
               the efficiency and the L1/L2 bounds are those of the whole dataset.
 
-Packs are shuffled within each group; the training sampler shuffles across the dataset.
-Measured on synthetic corpora (scripts/bench_pack.py --memory): see docs/SCALE.md.
+Packs are shuffled within each group; the training sampler shuffles across the dataset. The
+documents a group holds out or repeats are the global plan's, so a grouped dataset holds the
+same segments as a global one (its packs differ: each group is packed on its own).
+Measured on synthetic corpora (scripts/bench_scale_memory.py): see docs/SCALE.md.
 """
 
 from __future__ import annotations
@@ -31,22 +35,21 @@ import numpy as np
 
 from .. import _locks
 from .._io import write_new
-from ..errors import FormatError
-from ..formats.packed import VALID, ShardWriter, attention_costs, check_crc
+from ..formats.packed import VALID, ShardWriter, attention_costs
+from ..formats.packed import entries as fe
 from ..formats.tokens import read_lengths_range
-from ..mixture import sparse_selection
 from ..options import PackOptions
 from ..plan import plan_pack
-from .jobs import Target, gatherer, read_json, sources
+from .jobs import Target, gatherer, sources
 from .meta import histogram
-
-GROUP_FORMAT = "packtool.packed.group"
+from .selection import get_bits, selection_bits
 
 
 @dataclass(frozen=True)
 class GroupJob:
-    """Group ``g``: global documents lo..hi-1; ``held``/``extra``: its documents held out /
-    given one more copy (global indices); ``whole``: floor(factor) per source."""
+    """Group ``g``: global documents lo..hi-1; ``held``/``extra``: bitmaps of its documents
+    (``np.packbits``, bitorder little, bit i = document lo+i) held out / given one more copy;
+    ``whole``: floor(factor) per source."""
 
     g: int
     lo: int
@@ -65,7 +68,7 @@ class GroupJob:
 
     @property
     def entry_path(self) -> Path:
-        return Path(self.target.staging) / f".group-{self.g:05d}.entry.json"
+        return Path(self.target.staging) / fe.group_entry_name(self.g)
 
 
 def _source_chunks(corpora, chunk: int = 1 << 20):
@@ -84,17 +87,12 @@ def group_jobs(corpora, factors: list[float], options: PackOptions, target: Targ
                digest: str) -> list[GroupJob]:
     sizes = [len(c) for c in corpora]
     base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    held, extra = sparse_selection(_source_chunks(corpora), sizes, factors, options)
-    held_g = np.concatenate([b + h for b, h in zip(base[:-1], held, strict=True)]
-                            or [np.empty(0, np.int64)])
-    extra_g = np.concatenate([b + e for b, e in zip(base[:-1], extra, strict=True)]
-                             or [np.empty(0, np.int64)])
+    held, extra = selection_bits(_source_chunks(corpora), sizes, factors, options)
     g_size = options.group_docs
     jobs = []
     for g, lo in enumerate(range(0, int(base[-1]), g_size)):
         hi = min(lo + g_size, int(base[-1]))
-        h = held_g[np.searchsorted(held_g, lo):np.searchsorted(held_g, hi)]
-        e = extra_g[np.searchsorted(extra_g, lo):np.searchsorted(extra_g, hi)]
+        h, e = (np.packbits(get_bits(b, lo, hi), bitorder="little") for b in (held, extra))
         jobs.append(GroupJob(g, lo, hi, h, e, tuple(int(f) for f in factors),
                              tuple(int(b) for b in base), options, target, digest,
                              _range_tokens(corpora, lo, hi)))
@@ -122,16 +120,15 @@ def _range_tokens(corpora, lo: int, hi: int) -> int:
 def _repeats(job: GroupJob) -> tuple[np.ndarray | None, np.ndarray]:
     """(copies per document of the group, or None for "each once"; held-out mask)."""
     n = job.hi - job.lo
-    held = np.zeros(n, bool)
-    held[job.held - job.lo] = True
-    if all(w == 1 for w in job.whole) and not job.extra.size and not held.any():
+    held, extra = get_bits(job.held, 0, n), get_bits(job.extra, 0, n)
+    if all(w == 1 for w in job.whole) and not extra.any() and not held.any():
         return None, held
     reps = np.zeros(n, np.int64)
     for k, w in enumerate(job.whole):
         a, b = max(job.base[k], job.lo), min(job.base[k + 1], job.hi)
         if b > a:
             reps[a - job.lo:b - job.lo] = w
-    reps[job.extra - job.lo] += 1
+    reps[extra] += 1
     reps[held] = 0
     return reps, held
 
@@ -162,27 +159,17 @@ def _split_stats(layout, job: GroupJob, shards: list[dict]) -> dict:
 
 def check_group(job: GroupJob, checksums: bool = True) -> tuple[dict | None, str]:
     """(the group's entry, "") when group ``job`` is written and intact, else (None, why)."""
-    m = read_json(job.entry_path)
+    m, why = fe.read_entry(job.entry_path, fe.GROUP_ENTRY)
     if m is None:
-        return None, "missing"
-    if not isinstance(m, dict) or m.get("format") != GROUP_FORMAT or m.get("digest") != \
-            job.digest:
+        return None, why
+    if m["digest"] != job.digest or m["g"] != job.g:
         return None, "made from another plan (digest differs)"
-    try:
-        for split, stats in m["splits"].items():
-            folder = Path(job.target.staging) / (VALID if split == "valid" else "")
-            for sh in stats["shards"]:
-                for f in sh["files"].values():
-                    path = folder / f["name"]
-                    if path.is_symlink() or not path.is_file() or \
-                            path.stat().st_size != f["bytes"]:
-                        return None, f"{path} is missing or of the wrong size"
-                    if checksums:
-                        check_crc(path, f["crc32"])
-    except FormatError as e:
-        return None, f"corrupt: {e}"
-    except (KeyError, TypeError, AttributeError) as e:
-        return None, f"unreadable entry ({e})"
+    staging = Path(job.target.staging)
+    for split, stats in m["splits"].items():
+        why = fe.check_files(staging / VALID if split == "valid" else staging,
+                             stats["shards"], checksums)
+        if why:
+            return None, why
     return m, ""
 
 
@@ -237,8 +224,7 @@ def _plan_and_write(job: GroupJob, tmp: Path, tick) -> dict:
             entry = writer.write(k, first, doc + job.lo, off, length, tick)
             shards.append(_rename(tmp, entry, split, job.g, k))
         splits[split] = _split_stats(layout, job, shards)
-    return {"format": GROUP_FORMAT, "version": 1, "digest": job.digest, "g": job.g,
-            "splits": splits}
+    return fe.group_entry(job.digest, job.g, splits)
 
 
 def _rename(tmp: Path, entry: dict, split: str, g: int, k: int) -> dict:

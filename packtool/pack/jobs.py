@@ -7,6 +7,7 @@ tasks), so there is one way a shard is written and committed::
         shard-00003.*.npy                                re-run or another task finds it)
         .shard-00003.entry.json   the shard's index entry + the job's digest: written last,
                                   so a shard is finished when its entry is there and intact
+                                  (its schema: packtool.formats.packed.entries)
         valid/...                 the held-out split's shards, the same way
     finalize: every entry checked, index.json written (valid/ first), entries removed, the
               staging folder renamed to OUT (swapped with a previous OUT of ours).
@@ -31,11 +32,8 @@ import numpy as np
 
 from .. import _locks
 from .._io import write_new
-from ..errors import FormatError
-from ..formats.packed import VALID, ShardWriter, check_crc, shard_name
-
-ENTRY_FORMAT = "packtool.packed.shard"
-ENTRY_VERSION = 2
+from ..formats.packed import VALID, ShardWriter, shard_name
+from ..formats.packed import entries as fe
 
 
 @dataclass(frozen=True)
@@ -74,7 +72,7 @@ class ShardJob:
 
     @property
     def entry_path(self) -> Path:
-        return self.folder / f".{shard_name(self.k)}.entry.json"
+        return self.folder / fe.shard_entry_name(self.k)
 
     def label(self) -> str:
         return f"{self.split} shard {self.k} ({shard_name(self.k)})"
@@ -143,39 +141,16 @@ def sources(prefixes: tuple[str, ...]) -> list:
 
 
 # ------------------------------------------------------------------------ one shard
-def read_json(path: Path):
-    try:
-        if path.is_symlink():
-            return {}
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-
-
 def check_shard(job: ShardJob, checksums: bool = True) -> tuple[dict | None, str]:
     """(the shard's index entry, "") when shard ``job`` is written and intact (its entry of
     the same digest, every file's size and crc32), else (None, why)."""
-    m = read_json(job.entry_path)
+    m, why = fe.read_entry(job.entry_path, fe.SHARD_ENTRY)
     if m is None:
-        return None, "missing"
-    if not isinstance(m, dict) or m.get("format") != ENTRY_FORMAT:
-        return None, f"{job.entry_path} is not a shard entry"
-    if m.get("digest") != job.digest:
+        return None, why
+    if m["digest"] != job.digest:
         return None, "made from another plan (digest differs)"
-    try:
-        for f in m["entry"]["files"].values():
-            path = job.folder / f["name"]
-            if path.is_symlink() or not path.is_file() or path.stat().st_size != f["bytes"]:
-                return None, f"{path} is missing or of the wrong size"
-            if checksums:
-                check_crc(path, f["crc32"])
-    except FormatError as e:
-        return None, f"corrupt: {e}"
-    except (KeyError, TypeError, AttributeError) as e:
-        return None, f"unreadable entry ({e})"
-    return m["entry"], ""
+    why = fe.check_files(job.folder, [m["entry"]], checksums)
+    return (None, why) if why else (m["entry"], "")
 
 
 def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
@@ -198,9 +173,7 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
                                  gather=None if corpora is None else gatherer(corpora))
             entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
                                  job.seg_length, tick)
-            write_new(tmp / "entry.json", json.dumps(
-                {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, "digest": job.digest,
-                 "entry": entry}))
+            write_new(tmp / "entry.json", json.dumps(fe.shard_entry(job.digest, entry)))
             from .._atomic import fsync_path, fsync_tree
 
             fsync_tree(tmp)

@@ -11,6 +11,7 @@ import numpy as np
 from ..formats.packed import VALID, attention_costs, mask_storage, v2_dtypes
 from ..metrics import histogram_metrics
 from ..plan import PackLayout, PackOptions
+from ..storage import is_url, relative
 
 METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
                "lp_bound_packs", "lp_converged", "best_bound_packs",
@@ -131,9 +132,8 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
 
 
 def source_entry(c, folder: Path) -> dict:
-    prefix = Path(os.path.abspath(c.prefix))
-    return {"prefix": str(prefix),
-            "path": os.path.relpath(prefix, os.path.abspath(folder)),
+    prefix = c.prefix if is_url(c.prefix) else Path(os.path.abspath(c.prefix))
+    return {"prefix": str(prefix), "path": relative(prefix, folder),
             "manifest_sha256": c.file_sha256,
             "n_docs": len(c), "n_tokens": c.n_tokens, "dtype": c.dtype.name,
             "tokenizer_sha256": c.meta["tokenizer"]["sha256"]}

@@ -122,9 +122,10 @@ def check_lengths(lengths, capacity: int, narrow: bool = False) -> np.ndarray:
         if hi > capacity:
             i = int(np.argmax(arr))
             raise PacktoolError(
-                f"document {i:,} has {hi:,} tokens > seq_len {capacity:,}; split, truncate or "
-                "drop over-long documents first (packtool pack --overflow split|truncate|drop) "
-                "or raise seq_len"
+                f"document {i:,} has {hi:,} tokens > seq_len {capacity:,}; pass "
+                "overflow='truncate' or 'drop' to assign_packs (a pack id per document), cut "
+                "documents into segments first (packtool.plan.make_segments; the CLI: pack "
+                "--overflow split|truncate|drop) or raise seq_len"
             )
     return arr
 
@@ -217,17 +218,24 @@ def run_packer(lengths, seq_len: int, algo: str = "bfd",
 
 
 def assign_packs(lengths, seq_len: int, algo: str = "bfd", seed: int = 0,
-                 balance: str = "none", balance_ranks: int = 8, **options) -> np.ndarray:
+                 balance: str = "none", balance_ranks: int = 8, overflow: str = "error",
+                 **options) -> np.ndarray:
     """Pack id of every document (see :func:`run_packer` for the report).
     ``balance="attention"`` numbers the packs so that every ``balance_ranks`` consecutive
     ids are of like attention cost (:mod:`packtool.balance`): the same packs, in an order for
-    one pack per rank per step.
+    one pack per rank per step. A document longer than ``seq_len`` is refused
+    (``overflow="error"``), packed as its first ``seq_len`` tokens (``"truncate"``) or left
+    out with id -1 (``"drop"``); a split document would need several ids, so splitting is
+    :func:`packtool.plan.make_segments`'s (and ``packtool pack --overflow split``'s).
 
     >>> assign_packs([3, 5, 2, 6], 8, algo="bfd").tolist()
     [1, 1, 0, 0]
+    >>> assign_packs([3, 9, 2, 6], 8, overflow="drop").tolist()
+    [1, -1, 0, 0]
     """
     if balance not in ("none", "attention"):
         raise PacktoolError(f"balance {balance!r}: choose none or attention")
+    lengths = _overflow(lengths, seq_len, overflow)
     known = {f.name for f in fields(PackerOptions)}
     bad = sorted(set(options) - known)
     if bad:
@@ -248,6 +256,22 @@ def assign_packs(lengths, seq_len: int, algo: str = "bfd", seed: int = 0,
             np.arange(n_packs)
         packs = np.where(ok, new_id[np.maximum(packs, 0)], -1)
     return packs
+
+
+def _overflow(lengths, seq_len: int, overflow: str):
+    """``lengths`` as ``assign_packs``'s overflow policy makes them (checked later)."""
+    import numpy as np
+
+    if overflow == "error":
+        return lengths
+    if overflow not in ("truncate", "drop"):
+        raise PacktoolError(f"overflow {overflow!r}: choose error, truncate or drop (a split "
+                            "document needs several pack ids: packtool.plan.make_segments)")
+    arr = np.asarray(lengths)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        return arr  # refused by check_lengths, with its message
+    return np.minimum(arr, seq_len) if overflow == "truncate" else np.where(
+        arr > seq_len, 0, arr)
 
 
 def _effective(options: PackerOptions, spec: PackerSpec) -> dict:

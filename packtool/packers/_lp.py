@@ -5,6 +5,9 @@ pricing kernel for new columns, a work budget that makes a stop reproducible, an
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 
 import numpy as np
@@ -83,21 +86,57 @@ def price(weights, values, bounds, capacity):
     return dp[capacity], pattern
 
 
-class Master:
-    """The restricted master LP in HiGHS, columns added as pricing finds them."""
+def quiet_highs():
+    """A ``highspy.Highs`` that prints nothing. HiGHS writes its banner ("Running HiGHS
+    1.16.0 ...: Copyright ...") from C straight to file descriptor 1 while the first instance
+    of a process is made, before any option can be set, so ``output_flag`` alone left it in
+    the stdout of ``pack --json``; file descriptor 1 points at /dev/null for that call only,
+    and ``output_flag`` silences every later solve."""
+    import highspy
 
-    def __init__(self, demand: np.ndarray):
+    with _stdout_to_devnull():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
+
+
+@contextlib.contextmanager
+def _stdout_to_devnull():
+    """File descriptor 1 (what C code writes to) on /dev/null meanwhile; Python's own
+    buffered output is flushed first, so none of it is lost or misplaced."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no fd 1 at all: nothing to protect
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
+class Master:
+    """The restricted master LP in HiGHS, columns added as pricing finds them; ``tick(1)``
+    is called for each (a progress bar's step)."""
+
+    def __init__(self, demand: np.ndarray, tick=None):
         import highspy
 
         self.inf = highspy.kHighsInf
-        self.h = highspy.Highs()
-        self.h.setOptionValue("output_flag", False)
+        self.h = quiet_highs()
         self.h.setOptionValue("threads", 1)
         m = demand.size
         self.h.addRows(m, demand.astype(np.float64), np.full(m, self.inf), 0,
                        np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0))
         self.columns: list[np.ndarray] = []
         self.seen: set[bytes] = set()
+        self.tick = tick
 
     def add(self, pattern: np.ndarray) -> bool:
         key = pattern.tobytes()
@@ -107,6 +146,8 @@ class Master:
         idx = np.flatnonzero(pattern).astype(np.int32)
         self.h.addCol(1.0, 0.0, self.inf, idx.size, idx, pattern[idx].astype(np.float64))
         self.columns.append(pattern)
+        if self.tick is not None:
+            self.tick(1)
         return True
 
     def set_demand(self, demand: np.ndarray) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._progress import activity
 from ..errors import PacktoolError
 from . import PackerOptions, Packing, depth_warning, report
 from ._common import expand_groups
@@ -81,11 +82,22 @@ def strategies(units: int, depth: int) -> list[tuple[int, ...]]:
     return out
 
 
+def _solve(A: np.ndarray, w: np.ndarray, hist: np.ndarray, capacity: int) -> np.ndarray:
+    """min ||w (A x - hist)||, x >= 0: scipy's NNLS, which holds the GIL for its 7-30 s (so
+    its progress line shows before it starts, not as it goes)."""
+    from scipy.optimize import nnls
+
+    n = A.shape[1]
+    if not hist.any():
+        return np.zeros(n)
+    with activity(f"nnlshp: NNLS over {n:,} strategies at L={capacity:,} (~30 s at 22,000)",
+                  delay=0):
+        return nnls(w[:, None] * A, w * hist, maxiter=max(50 * n, 1000))[0]
+
+
 def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """NNLSHP with at most ``options.max_depth`` documents per pack (default 3);
     deterministic. Warns when the depth cap, not the lengths, limits how full packs get."""
-    from scipy.optimize import nnls
-
     depth = DEFAULT_MAX_DEPTH if options.max_depth is None else int(options.max_depth)
     if depth < 1:
         raise PacktoolError(f"--max-depth must be >= 1, got {depth}")
@@ -106,11 +118,7 @@ def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     np.add.at(A, (np.array(rows), np.array(cols)), 1.0)
     w = np.ones(units)
     w[: max(1, SHORT_CUTOFF // step)] = SHORT_WEIGHT
-    if hist.any():
-        x, _ = nnls(w[:, None] * A, w * hist, maxiter=max(50 * len(strats), 1000))
-    else:
-        x = np.zeros(len(strats))
-    repeat = np.rint(x).astype(np.int64)
+    repeat = np.rint(_solve(A, w, hist, capacity)).astype(np.int64)
     residual = hist.astype(np.int64) - (A @ repeat).astype(np.int64)
     repeat = list(repeat)
     for u in np.flatnonzero(residual > 0) + 1:

@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from .._numba import njit
+from .._progress import activity
 from ..errors import PacktoolError
 from . import PackerOptions, Packing, bfd, report
 from ._common import expand_groups
@@ -79,10 +80,11 @@ def _warm_up() -> None:
 
 def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIMIT,
           time_limit: float | None = None, max_columns: int = MAX_COLUMNS,
-          max_dp_cells: int = MAX_DP_CELLS) -> tuple[np.ndarray, dict]:
+          max_dp_cells: int = MAX_DP_CELLS, tick=None) -> tuple[np.ndarray, dict]:
     """Pack ids plus a report: ``lp_value``, ``lp_bound``, ``converged``, ``bfd_packs``,
     ``used``, ``grid_step``, ``columns``, ``work``. Bounded by ``work_limit`` pricing cells
-    (reproducible); ``time_limit`` adds a wall-clock limit (then the result may vary)."""
+    (reproducible); ``time_limit`` adds a wall-clock limit (then the result may vary).
+    ``tick(1)`` is called for every LP column (progress)."""
     from ..bounds import l1_bound, l2_bound
 
     if time_limit is not None:
@@ -105,7 +107,7 @@ def solve(lengths: np.ndarray, capacity: int, work_limit: int = DEFAULT_WORK_LIM
         return bfd.bfd_ids(lengths, capacity), info  # BFD meets a lower bound: it is optimal
     step, units_cap, u, weights, demand = histogram_problem(lengths, capacity, max_dp_cells)
     info["grid_step"] = step
-    master = Master(demand)
+    master = Master(demand, tick)
     for p in initial_patterns(weights, demand, units_cap):
         master.add(p)
     z, x, converged, value = column_generation(master, weights, demand, units_cap, budget,
@@ -248,7 +250,8 @@ def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     work = DEFAULT_WORK_LIMIT if options.work_limit is None else int(options.work_limit)
     if work < 0 or (options.time_limit is not None and options.time_limit < 0):
         raise PacktoolError("--work-limit and --time-limit must be >= 0")
-    packs, info = solve(lengths, capacity, work, options.time_limit)
+    with activity(f"optimal: LP at L={capacity:,}", unit="column") as tick:
+        packs, info = solve(lengths, capacity, work, options.time_limit, tick=tick)
     rep = report("optimal", packs, options, grid_step=info["grid_step"],
                  lp_value=info["lp_value"], lp_bound=info["lp_bound"],
                  lp_converged=info["converged"], columns=info["columns"], work=info["work"],

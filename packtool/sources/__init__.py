@@ -25,11 +25,10 @@ JSONL and text lines over the limit are skipped in 1 MiB pieces, never held whol
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..errors import PacktoolError
 from .columnar import PARQUET_BATCH_BYTES, iter_arrow, iter_parquet
 from .discover import KINDS, SUPPORTED, expand_inputs, file_kind
+from .files import RemoteInput, as_input, content_hash, content_unchanged, identity
 from .jsonl import iter_jsonl
 from .records import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -41,11 +40,12 @@ from .records import (
 from .txt import TXT_SPLITS, iter_txt
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "KINDS", "MEMORY_PER_RECORD_BYTE", "PARQUET_BATCH_BYTES",
-           "TXT_SPLITS", "InputStats", "ReadOptions", "expand_inputs", "file_kind",
-           "iter_documents", "utf8_size"]
+           "TXT_SPLITS", "InputStats", "ReadOptions", "RemoteInput", "as_input", "content_hash",
+           "content_unchanged", "expand_inputs", "file_kind", "identity", "iter_documents",
+           "utf8_size"]
 
 
-def iter_documents(path: Path, opts: ReadOptions, stats: InputStats, progress=lambda n: None):
+def iter_documents(path, opts: ReadOptions, stats: InputStats, progress=lambda n: None):
     """Yield the text of every record of ``path`` in order, counting into ``stats``."""
     kind = file_kind(path)
     if kind in ("jsonl", "jsonl.gz", "jsonl.zst"):

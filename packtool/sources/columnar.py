@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import PacktoolError
+from .files import input_size, is_remote, open_input
 from .records import BadRecord, InputStats, ReadOptions, corrupt, too_large, utf8_size
 
 PARQUET_BATCH_BYTES = 64 << 20  # rows per Parquet batch: about this much decoded text
@@ -16,8 +17,9 @@ def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    source = open_input(path, ranges=True) if is_remote(path) else path  # range reads
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(source)
         md = pf.metadata
     except (pa.ArrowException, OSError) as e:
         raise corrupt(path, "parquet", e) from None
@@ -27,29 +29,34 @@ def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> 
     # documents are not decoded at once (and progress moves within a row group)
     row_bytes = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) / n_rows
     rows = max(1, min(opts.parquet_batch_rows, int(PARQUET_BATCH_BYTES // max(row_bytes, 1.0))))
-    size = path.stat().st_size
+    size = input_size(path)
 
     def batches():
         for batch in pf.iter_batches(batch_size=rows, columns=columns):
             yield batch, size * batch.num_rows / n_rows
 
-    yield from _iter_batches(path, "parquet", batches(), size, opts, stats, progress)
+    try:
+        yield from _iter_batches(path, "parquet", batches(), size, opts, stats, progress)
+    finally:
+        pf.close()
 
 
 def iter_arrow(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
     """Arrow IPC: the file format (starts with ``ARROW1``) or the stream format (what
-    ``datasets.save_to_disk`` writes), read one record batch at a time from a memory map."""
+    ``datasets.save_to_disk`` writes), read one record batch at a time from a memory map (an
+    object in a store: from its stream)."""
     import pyarrow as pa
 
     try:
-        src = pa.memory_map(str(path))
+        src = (pa.PythonFile(open_input(path, ranges=True), mode="r") if is_remote(path)
+               else pa.memory_map(str(path)))
         is_file = src.read(6) == b"ARROW1"
         src.seek(0)
         reader = pa.ipc.open_file(src) if is_file else pa.ipc.open_stream(src)
     except (pa.ArrowException, OSError) as e:
         raise corrupt(path, "arrow", e) from None
     columns = _columns(path, reader.schema.names, opts)
-    size = path.stat().st_size
+    size = input_size(path)
 
     def batches():
         if is_file:

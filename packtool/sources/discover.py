@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 
 from ..errors import PacktoolError
+from ..storage import is_url
+from .files import RemoteInput
 
 KINDS = {
     ".jsonl": "jsonl",
@@ -36,12 +38,16 @@ def file_kind(path: Path) -> str | None:
     return None
 
 
-def expand_inputs(inputs: list[str]) -> list[Path]:
-    """Files as given; directories as all supported files inside (recursive, sorted); globs."""
+def expand_inputs(inputs: list[str]) -> list:
+    """Files as given; directories as all supported files inside (recursive, sorted); globs.
+    URLs (``s3://bucket/corpus/``, ``gs://b/*.parquet``) likewise, as :class:`RemoteInput`."""
     if not inputs:
         raise PacktoolError("no input given; pass files, directories or globs")
-    out: list[Path] = []
+    out: list = []
     for arg in inputs:
+        if is_url(arg):
+            out.extend(_expand_remote(str(arg)))
+            continue
         p = Path(arg)
         if p.is_dir():
             found = sorted(_walk(p, set()))
@@ -65,17 +71,57 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
             raise PacktoolError(f"{p}: no such file or directory")
     seen: dict = {}
     for p in out:
-        key = p.resolve()
+        key = p if isinstance(p, RemoteInput) else p.resolve()
         if key in seen:
             raise PacktoolError(
                 f"{p} is given twice (also as {seen[key]}); each input is read once")
         seen[key] = p
+        if isinstance(p, RemoteInput):
+            continue
         try:
             open(p, "rb").close()
         except OSError as e:
             raise PacktoolError(
                 f"{p}: cannot open ({e.strerror}); check the path and permissions") from None
     return out
+
+
+def _expand_remote(arg: str) -> list[RemoteInput]:
+    """The objects a URL names: one object, every supported object under a prefix
+    (recursive, sorted, hidden names and packtool's own manifests left out), or a glob's."""
+    from ..storage import filesystem, protocol
+
+    fs, path = filesystem(arg)
+    proto = protocol(arg)
+
+    def url(p: str) -> RemoteInput:
+        return RemoteInput(f"{proto}://{p}")
+
+    if glob.has_magic(path):
+        found = [url(p) for p in sorted(fs.glob(path)) if fs.isfile(p)]
+        found = [f for f in found if file_kind(f) and not f.name.startswith(".")]
+        if not found:
+            raise PacktoolError(f"pattern {arg!r} matches no supported objects ({SUPPORTED})")
+        return found
+    if fs.isfile(path):
+        if file_kind(url(path)) is None:
+            raise PacktoolError(f"{arg}: unsupported file type; supported: {SUPPORTED} "
+                                "(rename the object or convert it)")
+        return [url(path)]
+    if not fs.isdir(path):
+        raise PacktoolError(f"{arg}: no such object or prefix")
+    found = []
+    for p in sorted(fs.find(path)):
+        f = url(p)
+        if any(part.startswith(".") for part in p[len(path):].split("/")) or not file_kind(f):
+            continue
+        if f.name.endswith(".json") and fs.cat_file(p, start=0, end=256).find(
+                b'"format": "packtool.') >= 0:
+            continue  # packtool's own manifest beside its inputs
+        found.append(f)
+    if not found:
+        raise PacktoolError(f"{arg} holds no supported objects ({SUPPORTED})")
+    return found
 
 
 def _walk(folder: Path, seen: set) -> list[Path]:

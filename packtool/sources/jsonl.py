@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import PacktoolError
+from .files import input_size, open_input
 from .records import BadRecord, InputStats, ReadOptions, corrupt, read_lines, too_large
 
 
-def _open_jsonl(path: Path, kind: str):
-    raw = open(path, "rb")  # noqa: SIM115 (closed by the caller's `with raw`)
+def _open_jsonl(path, kind: str):
+    raw = open_input(path)  # closed by the caller's `with raw`
     if kind == "jsonl.gz":
         return raw, gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "jsonl.zst":
@@ -124,7 +125,7 @@ def _refuse_array(path, lineno: int) -> None:
 
 def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                progress) -> Iterator[str]:
-    if kind != "jsonl" and path.stat().st_size == 0:
+    if kind != "jsonl" and input_size(path) == 0:
         raise PacktoolError(
             f"{path}: 0 bytes, not a valid {kind.split('.')[1]} stream (even an empty corpus "
             "compresses to a few bytes); remove the file or re-compress it"

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import PacktoolError
+from .files import input_size, open_input, read_all
 from .records import BadRecord, InputStats, ReadOptions, read_lines, too_large
 
 TXT_SPLITS = ("file", "line", "blank-line")
@@ -82,14 +83,14 @@ def iter_txt(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iter
     limit = opts.max_record_bytes
     try:
         if split == "file":
-            size = path.stat().st_size
-            data = path.read_bytes() if size <= limit else None
+            size = input_size(path)
+            data = read_all(path) if size <= limit else None
             progress(size)
             text = _emit(data, 1, size, path, opts, stats)
             if text is not None:
                 yield text
             return
-        with open(path, "rb") as f:
+        with open_input(path) as f:
             pieces = (_by_line if split == "line" else _by_paragraph)(f, limit, progress)
             for data, first_line, size in pieces:
                 text = _emit(data, first_line, size, path, opts, stats)

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .._progress import shown
 from ..errors import PacktoolError
+from ..storage import is_url, kind_of
 from .corpus import (
     DEFAULT_SEQ_LENS,
     advice,
@@ -58,12 +60,14 @@ class StatsResult:
 
 
 def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_size: int = 8,
-          algos: str | None = None, **options) -> StatsResult:
+          algos: str | None = None, progress: bool = False, **options) -> StatsResult:
     """``packtool stats``: a packed directory, token-file prefixes, or a lengths file.
-    ``options``: seed, overflow and the packer options (max_depth, work_limit...)."""
+    ``options``: seed, overflow and the packer options (max_depth, work_limit...);
+    ``progress``: a packer that runs long (optimal, nnlshp) shows it on stderr."""
     if paths and lengths_file:
         raise PacktoolError("give token-file prefixes / a packed directory, or --lengths, not both")
-    if len(paths) == 1 and Path(paths[0]).is_dir():
+    if len(paths) == 1 and (kind_of(paths[0]) == "packed" or (  # a folder, or a URL of one
+            not is_url(paths[0]) and Path(paths[0]).is_dir())):
         return StatsResult(packed_report(paths[0]), None)
     if lengths_file:
         from ..lengths import load_lengths
@@ -79,6 +83,7 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
         raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory "
                             "or --lengths FILE")
     seed, overflow = options.pop("seed", 0), options.pop("overflow", "split")
-    rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size, parse_algos(algos),
-                        seed, options, source, overflow)
+    with shown(progress):
+        rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size,
+                            parse_algos(algos), seed, options, source, overflow)
     return StatsResult(rep, lengths)

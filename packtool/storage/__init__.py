@@ -93,8 +93,14 @@ def filesystem(url: str, storage_options: dict | None = None):
                    else "install the fsspec backend for it")
             raise PacktoolError(f"{url}: no filesystem for {proto}:// here ({e}); {how}"
                                 ) from None
+        # no listings cache: other processes (Ray workers, array tasks) write the same
+        # prefixes, and a stale listing would hide their objects from a resume or finalize
+        fresh = {"use_listings_cache": False, **storage_options}
         try:
-            _FILESYSTEMS[key] = cls(**storage_options)
+            try:
+                _FILESYSTEMS[key] = cls(**fresh)
+            except TypeError:  # a backend without fsspec's listings cache
+                _FILESYSTEMS[key] = cls(**storage_options)
         except Exception as e:  # a backend's own validation of the options
             raise PacktoolError(f"{url}: cannot open {proto}:// with --storage-options "
                                 f"{storage_options!r}: {type(e).__name__}: {e}") from None
@@ -128,6 +134,20 @@ def parent(path):
 
 def basename(path) -> str:
     return posixpath.basename(str(path).rstrip("/")) if is_url(path) else Path(path).name
+
+
+def relative(target, base) -> str | None:
+    """``target``'s path relative to the folder ``base`` (both local, or URLs of one bucket),
+    or None when there is none (a local target of a remote base, another bucket)."""
+    t, b = str(target), str(base)
+    if is_url(t) != is_url(b):
+        return None
+    if not is_url(t):
+        return os.path.relpath(os.path.abspath(t), os.path.abspath(b))
+    (tp, tr), (bp, br) = t.split("://", 1), b.split("://", 1)
+    if tp != bp or tr.split("/", 1)[0] != br.split("/", 1)[0]:
+        return None
+    return posixpath.relpath(tr, br)
 
 
 def normalize(base, relative: str):

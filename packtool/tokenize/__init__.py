@@ -6,7 +6,8 @@ manifest (:mod:`.stage`)."""
 from ..options import TokenizeOptions
 from .encode import make_encoder
 from .plan import Part, TokenizePlan, group_files, plan_tokenize
-from .stage import TokenizeResult, finalize_tokenize, tokenize_files
+from .result import TokenizeResult
+from .stage import finalize_tokenize, tokenize_files
 
 __all__ = ["Part", "TokenizeOptions", "TokenizePlan", "TokenizeResult", "finalize_tokenize",
            "group_files", "make_encoder", "plan_tokenize", "tokenize_files"]

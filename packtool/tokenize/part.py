@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .. import _locks
 from .._atomic import atomic_files
-from .._io import crc32_file, sha256_file, write_new
+from .._io import sha256_file, write_new
 from ..engines import EngineMismatch, engine_manifest, mismatch_warning, select_engine
 from ..errors import FormatError, PacktoolError
 from ..formats.tokens import (
@@ -40,7 +40,8 @@ from ..formats.tokens import (
     verify_part_files,
 )
 from ..options import TokenizeOptions
-from ..sources import ReadOptions
+from ..sources import ReadOptions, as_input, content_unchanged
+from ..storage import is_url
 from ..tokenizer import id_space, load_tokenizer, refuse_doubled_specials, special_token_id
 from . import pipeline
 from .encode import make_encoder
@@ -144,8 +145,7 @@ def check_part(plan: TokenizePlan, k: int, inputs: bool = True) -> tuple[dict | 
     if inputs:
         for entry in m["part"]["inputs"]:
             content = entry.get("content")
-            if content is None or not Path(entry["path"]).is_file() or crc32_file(
-                    Path(entry["path"])) != content["crc32"]:
+            if content is None or not content_unchanged(as_input(entry["path"]), content):
                 return None, f"its input {entry['path']} changed since it was tokenized"
     return m, ""
 
@@ -219,7 +219,8 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id,
                           None if mode == "messages" else eos_id, mode, engine=engine)
     meta = {"dtype": dtype.name, "vocab_size": vocab_size,
-            "tokenizer": {"path": str(tok_path), "sha256": tok_sha256},
+            "tokenizer": {"path": str(tokenizer) if is_url(tokenizer) else str(tok_path),
+                          "sha256": tok_sha256},
             "bos_id": bos_id, "eos_id": eos_id,
             "options": {"text_field": opts.text_field, "txt_split": opts.txt_split,
                         "skip_bad_records": opts.skip_bad_records,
@@ -253,7 +254,7 @@ def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
     plan, opts, part = job.plan, job.opts, job.part
     t0 = time.perf_counter()
     s = setup(plan.tokenizer, opts, fallback)
-    paths = [Path(p) for p in part.inputs]
+    paths = [as_input(p) for p in part.inputs]
     files = prefix_paths(plan.part_prefix(part))
     with_mask = opts.mode != "text"
     workers = opts.workers or os.cpu_count() or 1

@@ -30,30 +30,32 @@ from pathlib import Path
 
 import numpy as np
 
-from .._io import crc32_file
 from ..engines import sample_picks
 from ..errors import PacktoolError
-from ..sources import MEMORY_PER_RECORD_BYTE, InputStats, file_kind, iter_documents, utf8_size
+from ..sources import (
+    MEMORY_PER_RECORD_BYTE,
+    InputStats,
+    content_hash,
+    file_kind,
+    identity,
+    iter_documents,
+    utf8_size,
+)
 
 _DONE = object()
 
 
-def file_identity(path: Path) -> tuple:
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
-
-
-def _unchanged(path: Path, before: tuple, error: Exception | None = None) -> None:
+def _unchanged(path, before: tuple, error: Exception | None = None) -> None:
     """Raise, naming ``path``, if it is not the file it was when reading began."""
     try:
-        same = file_identity(path) == before
-    except OSError:
+        same = identity(path) == before
+    except (OSError, PacktoolError):
         same = False
     if not same:
         raise PacktoolError(
-            f"{path} changed while it was being tokenized (its size, modification time or "
-            "inode differs from when reading began" + (f"; reading it then failed: {error}"
-                                                       if error is not None else "")
+            f"{path} changed while it was being tokenized (its size, modification time, "
+            "inode or the store's ETag/version differs from when reading began"
+            + (f"; reading it then failed: {error}" if error is not None else "")
             + "); tokenize it again once it is no longer being written") from None
 
 
@@ -93,7 +95,7 @@ class Reader(threading.Thread):
     def _read(self, path: Path, batch: list, nbytes: int) -> tuple[list, int] | None:
         stats = InputStats(path=str(path), kind=file_kind(path))
         self.stats.append(stats)
-        before = file_identity(path)
+        before = identity(path)
         try:
             for record in iter_documents(path, self.read_opts, stats, self._progress):
                 batch.append(record)
@@ -109,14 +111,14 @@ class Reader(threading.Thread):
             _unchanged(path, before, e)
             raise
         try:
-            crc = crc32_file(path)
+            content = content_hash(path, before)
         except OSError as e:  # removed or replaced meanwhile
             _unchanged(path, before, e)
             raise
         # after the hash too: the hash must be of the bytes just tokenized, or a resume would
         # trust tokens of the old content under the new content's hash
         _unchanged(path, before)
-        stats.content = {"bytes": before[0], "crc32": crc}
+        stats.content = content
         return batch, nbytes
 
     def run(self) -> None:

@@ -19,7 +19,8 @@ from .._io import sha256_file
 from ..errors import PacktoolError
 from ..formats.tokens import part_manifest_path, part_name, plan_digest
 from ..options import TokenizeOptions
-from ..sources import expand_inputs
+from ..sources import RemoteInput, expand_inputs, identity
+from ..storage import basename, is_url
 from ..tokenizer import resolve_tokenizer_path
 
 # options that change no output byte (threads, batching, engine: a fast engine is proven equal
@@ -105,11 +106,18 @@ def check_out(out: str | Path) -> Path:
     return prefix
 
 
+def check_url(out: str) -> str:
+    if str(out).endswith("/"):
+        raise PacktoolError(f"--out {out} ends with '/': give a prefix, e.g. {out}corpus")
+    return str(out)
+
+
 def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
                   opts: TokenizeOptions) -> TokenizePlan:
     """The parts of a tokenize run. Refuses an input that is also one of the outputs."""
     opts.check()
-    prefix = check_out(out)
+    remote = is_url(out)  # an object store: only the name matters here (tokenize.remote)
+    prefix = Path(basename(check_url(out))) if remote else check_out(out)
     paths = expand_inputs(inputs)
     for p in paths:
         try:
@@ -118,18 +126,17 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
             raise PacktoolError(f"input {str(p)!r}: the name is not valid UTF-8; packtool "
                                 "records input names in JSON manifests: rename the file"
                                 ) from None
-    stats = [p.stat() for p in paths]
+    ids = [identity(p) for p in paths]  # local: size, mtime...; an object: size, ETag
     tok_path = resolve_tokenizer_path(tokenizer)
     common = {"packtool": __version__, "tokenizer_sha256": sha256_file(tok_path),
               "options": {k: v for k, v in dataclasses.asdict(opts).items()
                           if k not in NOT_IN_DIGEST}}
-    groups = group_files([st.st_size for st in stats], opts.part_bytes)
+    groups = group_files([i[0] for i in ids], opts.part_bytes)
     parts = []
     for k, g in enumerate(groups):
         name = part_name(prefix.name, k, len(groups))
-        files = [[str(paths[i]), stats[i].st_size, stats[i].st_mtime_ns] for i in g]
-        parts.append(Part(k, name, tuple(str(paths[i]) for i in g),
-                          sum(stats[i].st_size for i in g),
+        files = [[str(paths[i]), *ids[i][:2]] for i in g]
+        parts.append(Part(k, name, tuple(str(paths[i]) for i in g), sum(ids[i][0] for i in g),
                           _sha({**common, "name": name, "files": files})))
     policy = ("one part per input file" if opts.part_bytes == 1
               else f"consecutive input files grouped up to {opts.part_bytes:,} bytes")
@@ -140,7 +147,7 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
         outputs |= {(prefix.parent / f"{q.name}{s}").resolve()
                     for s in (".bin", ".boundaries", ".mask")}
     for p in paths:
-        if p.resolve() in outputs:
+        if not remote and not isinstance(p, RemoteInput) and p.resolve() in outputs:
             raise PacktoolError(f"input {p} is also an output of --out {out}; choose another "
                                 "--out")
     return plan

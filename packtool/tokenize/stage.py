@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .._atomic import atomic_files, output_lock, reclaim
@@ -24,71 +23,16 @@ from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
 from ..formats.tokens import (
     FORMAT,
-    corpus_manifest,
     part_manifest_path,
     read_corpus_manifest,
     read_part_manifest,
 )
 from ..options import TokenizeOptions
+from ..storage import is_url
+from .assemble import assemble, checked_parts
 from .part import PartJob, check_part, new_run, run_part
 from .plan import TokenizePlan, check_out, plan_tokenize
-
-
-@dataclass
-class TokenizeResult:
-    prefix: str
-    n_docs: int
-    n_tokens: int
-    n_empty: int
-    n_skipped: int
-    dtype: str
-    seconds: float
-    inputs: list[dict] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    n_parts: int = 1
-    n_parts_skipped: int = 0        # parts found finished and verified (resume)
-    executor: str = "local"
-    engine: dict = field(default_factory=dict)  # what ran, and why faster ones did not
-    n_tokens_tokenized: int | None = None  # by this run (skipped parts excluded); None: all
-
-    @property
-    def tokens_per_second(self) -> float:
-        done = self.n_tokens if self.n_tokens_tokenized is None else self.n_tokens_tokenized
-        return done / self.seconds if self.seconds else 0.0
-
-    def engine_text(self) -> str:
-        e = self.engine
-        if not e or "name" not in e:
-            return ""
-        text = f"; engine {e['name']} {e.get('version', '')}".rstrip()
-        if e.get("checked_docs") is not None:
-            text += f" ({e['checked_docs']:,} documents checked against tokenizers: identical)"
-        if e.get("not_used"):
-            text += "; not used: " + "; ".join(f"{k}: {v}" for k, v in e["not_used"].items())
-        if e.get("fallback"):
-            text += f"; fell back to the reference: {e['fallback']}"
-        return text
-
-    def summary(self) -> str:
-        skipped = f", {self.n_skipped:,} bad records skipped" if self.n_skipped else ""
-        if self.executor == "finalize":
-            return (f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens "
-                    f"({self.dtype}) in {self.n_parts} parts, every part checked (sha256); "
-                    f"manifest written in {self.seconds:.1f}s")
-        return (
-            f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens ({self.dtype}), "
-            f"{self.n_empty:,} empty{skipped} in {self.seconds:.1f}s "
-            f"({self.tokens_per_second / 1e6:.2f}M tokens/s tokenized)"
-            + (f"; {self.n_parts} parts ({self.executor})" if self.n_parts > 1 else "")
-            + (f", {self.n_parts_skipped} already finished and verified, skipped"
-               if self.n_parts_skipped else "")
-            + self.engine_text()
-        ) + "".join(f"\nwarning: {w}" for w in self.warnings)
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["tokens_per_second"] = self.tokens_per_second
-        return d
+from .result import TokenizeResult, merge_engines
 
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
@@ -105,6 +49,10 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     run = run or RunOptions()
     run.check()
     opts.check()
+    if is_url(out):  # each part made where it runs, then published: packtool.tokenize.remote
+        from .remote import tokenize_to_store
+
+        return tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
     check_out(out)
     with output_lock(out, shared=run.one_task) as notes:
         result = _tokenize(inputs, tokenizer, out, opts, progress, run)
@@ -268,75 +216,15 @@ def _refuse_foreign_files(plan: TokenizePlan) -> None:
                                 "--overwrite; move them away or choose another --out")
 
 
-def merge_engines(engines: list[dict]) -> dict:
-    """One ``engine`` entry for the corpus: what ran (the same everywhere, else per part) and
-    the checks summed over the parts."""
-    keys = ("name", "version", "requested", "check")
-    if any(tuple(e.get(k) for k in keys) != tuple(engines[0].get(k) for k in keys)
-           for e in engines):
-        return {"per_part": engines}
-    out = {k: engines[0].get(k) for k in keys}
-    if "family" in engines[0]:
-        out["family"] = engines[0]["family"]
-    if "checked_docs" in engines[0]:
-        out["checked_docs"] = sum(e.get("checked_docs", 0) for e in engines)
-        out["checked_tokens"] = sum(e.get("checked_tokens", 0) for e in engines)
-        out["result"] = "identical"
-    reasons: dict = {}
-    for e in engines:  # engine name -> why it was not used (the same for every part, mostly)
-        for name, why in (e.get("not_used") or {}).items():
-            reasons.setdefault(name, why)
-    if reasons:
-        out["not_used"] = reasons
-    fallbacks = [f"part {i}: {e['fallback']}" for i, e in enumerate(engines)
-                 if e.get("fallback")]
-    if fallbacks:
-        out["fallback"] = "; ".join(fallbacks)
-    return out
-
-
 def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -> dict:
     """Write ``PREFIX.json`` once every part of ``plan`` is finished. ``manifests`` (from
     the run just made, each read back from disk) skip the re-check; without them every
     part is checked in full (sha256 of every file, and its inputs' content) and a missing
     or corrupt one refused, by name."""
     if manifests is None:
-        manifests, bad = [], []
-        for k, q in enumerate(plan.parts):
-            m, why = check_part(plan, k)
-            if m is None:
-                bad.append(f"part {q.index} ({q.name}): {why}")
-            manifests.append(m)
-        if bad:
-            shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20
-                                           else "")
-            raise PacktoolError(
-                f"{len(bad)} of {len(plan.parts)} parts of {plan.prefix} are not finished: "
-                f"{shown}. Run the tasks that own them again (or the same command without "
-                "--finalize): finished parts are skipped, these are redone")
-    metas = [m["meta"] for m in manifests]
-    meta = {k: v for k, v in metas[0].items() if k != "engine"}
-    for q, m in zip(plan.parts, metas, strict=True):
-        other = {k: v for k, v in m.items() if k != "engine"}
-        if other != meta:
-            diff = sorted(k for k in set(other) | set(meta) if other.get(k) != meta.get(k))
-            raise PacktoolError(f"part {q.index} ({q.name}) was made with other settings "
-                                f"than part 0 ({', '.join(diff)} differ); delete its files "
-                                f"({q.name}.*) and run it again")
-    meta["engine"] = merge_engines([m["engine"] for m in metas])
-    # parts reused from an earlier plan (inputs added, removed or changed elsewhere) still
-    # name that plan: their own manifests move to this one in the same commit as PREFIX.json,
-    # which records the digest of each part's manifest as it will be on disk
-    moved, bodies = [], []
-    for q in plan.parts:
-        own = read_part_manifest(plan.part_manifest(q))
-        if own["plan_digest"] != plan.digest:
-            own = {**own, "plan_digest": plan.digest}
-            moved.append((plan.part_manifest(q), own))
-        bodies.append(own)
-    manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry(),
-                               bodies)
-    paths = [path for path, _ in moved] + [plan.json_path]
+        manifests = checked_parts(plan, lambda k: check_part(plan, k))
+    manifest, moved = assemble(plan, manifests)
+    paths = [plan.part_manifest(q) for q, _ in moved] + [plan.json_path]
     with atomic_files(paths, True, key=plan.json_path) as tmps:
         for tmp, (_, body) in zip(tmps, moved, strict=False):
             write_new(tmp, json.dumps(body, indent=1, ensure_ascii=False) + "\n")

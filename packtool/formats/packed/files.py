@@ -129,7 +129,7 @@ class Shard:
     po: np.ndarray = field(init=False)
 
     def __post_init__(self):
-        self.po = pack_offsets(np.asarray(self.seg_length, np.int64), self.pack_seg)
+        self.po = pack_offsets(self.seg_length, self.pack_seg)
 
     @property
     def n_packs(self) -> int:

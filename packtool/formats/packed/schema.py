@@ -141,7 +141,7 @@ SHARD_KEYS = {
     "n_tokens": Key(count(), "tokens"),
     "files": Key(dict_of(_FILE), "per array: {name, crc32, bytes}"),
 }
-_SOURCE = obj({"prefix": string(), "path": string(True), "manifest_sha256": hexstr(64),
+_SOURCE = obj({"prefix": string(), "path": nullable(string(True)), "manifest_sha256": hexstr(64),
                "n_docs": count(), "n_tokens": count(), "factor": number(0), "docs_used": count(),
                "tokens_used": count(), "token_share": number(0, 1)})
 _HELD_OUT = obj({"path": one_of(VALID), "valid_docs": nullable(count(1)),

@@ -46,10 +46,12 @@ def _check_tokens(sh, ds: PackedReader) -> None:
     vocab = int(ds.index.get("vocab_size") or 0)
     if not vocab or "tokens" not in sh.arrays or not sh.arrays["tokens"].size:
         return
-    top = int(np.asarray(sh.arrays["tokens"]).max())
-    if ds.index.get("mask_storage") == "folded":
-        top = int((np.asarray(sh.arrays["tokens"]) & ((1 << fold_shift(ds.token_dtype)) - 1))
-                  .max())
+    tokens, top = sh.arrays["tokens"], 0
+    folded = ds.index.get("mask_storage") == "folded"
+    keep = (1 << fold_shift(ds.token_dtype)) - 1
+    for a in range(0, tokens.size, 1 << 22):  # a chunk at a time: no copy of the shard
+        chunk = np.asarray(tokens[a:a + (1 << 22)])
+        top = max(top, int((chunk & keep).max() if folded else chunk.max()))
     if top >= vocab:
         raise ValidationError(f"{sh.name}: token id {top:,} >= vocab_size {vocab:,}")
 

@@ -262,8 +262,17 @@ def read_corpus_manifest(path: Path) -> dict:
     return meta
 
 
-def read_part_manifest(path: Path) -> dict | None:
-    """A part's own manifest, checked against its schema; None when there is none."""
+def read_part_manifest(path, place=None) -> dict | None:
+    """A part's own manifest, checked against its schema; None when there is none
+    (``place``: a :class:`packtool.storage.place.Place` it is read from, ``path`` its name
+    there)."""
+    if place is not None:
+        if not place.exists(str(path)):
+            return None
+        where = place.path(str(path))
+        m = load_json(where, place.read_bytes)
+        check(m, PART_MANIFEST, where, FIX)
+        return m
     if not path.exists() and not path.is_symlink():
         return None
     m = load_json(path)

@@ -69,11 +69,23 @@ DATA_KEYS = tuple(f.suffix[1:] for f in SCHEMA)  # "bin", "boundaries", "mask"
 _SHA = obj({"sha256": hexstr(64), "bytes": count()})
 _CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True)},
                  extra=False)
+_CONTENT_KEYS = obj({"bytes": count(), "crc32": Key(hexstr(8), "", optional=True),
+                    "fingerprint": Key(string(True), "", optional=True)})
+
+
+def _content(v):
+    """A local input's crc32, or an object's fingerprint (its store's ETag or version)."""
+    problem = _CONTENT_KEYS(v)
+    if problem is None and ("crc32" in v) == ("fingerprint" in v):
+        return "an object with crc32 (a local input) or fingerprint (an object's ETag/version)"
+    return problem
+
+
 _INPUT = obj({"path": string(), "kind": nullable(string()), "n_docs": count(),
               "blank_lines": Key(count(), "", optional=True),
               "skipped": Key(dict_of(count()), "", optional=True),
               "skipped_records": Key(list_of(count()), "", optional=True),
-              "content": Key(obj({"bytes": count(), "crc32": hexstr(8)}), "", optional=True)})
+              "content": Key(_content, "", optional=True)})
 
 PART_KEYS = {  # every key of a part entry (manifest "parts", and the part's .NAME.part.json)
     "name": Key(string(True), "the part's file name stem: NAME.bin, NAME.boundaries, NAME.mask"),
@@ -183,6 +195,7 @@ def plan_digest(part_digests: list[str]) -> str:
 
 def part_manifest_digest(m: dict) -> str:
     """sha256 of a part's own manifest as the corpus manifest records it (``PARTS_KEY``)."""
+    m = json.loads(json.dumps(m, ensure_ascii=False))  # as read back from its JSON file
     return hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
 
 

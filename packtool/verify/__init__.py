@@ -1,5 +1,5 @@
 """``packtool verify``: prove a packed dataset (or a token corpus) intact and that it loses or
-mixes nothing. The checks of each format live with the format (its validator); this module
+mixes nothing. The checks of each format live with the format (its validator); this package
 adds what needs both, computed with its own plain code and never the writer's, so that a bug
 in the planner or the gather kernel cannot vouch for itself:
 
@@ -7,13 +7,17 @@ in the planner or the gather kernel cannot vouch for itself:
    keys, file names, sizes, dtypes, crc32 of every file, every pack's invariants;
 2. with sources (``--source PREFIX...``): the source manifests are the ones packed (sha256)
    and their files match their checksums; the held-out documents and the mixture's copies
-   are recomputed from the recorded seed and factors; every segment a document must become
-   under the overflow policy (:func:`expected_segments`, written here from the definition) is
-   in the packs exactly as often as asked, and nothing else is; every stored token (and loss
-   mask) equals the source's, compared with plain numpy indexing.
+   are recomputed from the recorded seed and factors (:mod:`.draws`); every segment a
+   document must become under the overflow policy is in the packs exactly as often as
+   asked, and nothing else is (:mod:`.segments`: fingerprints of both multisets, a
+   document's miscount named by one more pass); every stored token (and loss mask) equals
+   the source's, compared with plain numpy indexing.
 
-Measured (tests/test_verify.py's corpus aside, ``python scripts/bench_pack.py --verify``):
-the recomputation costs about as much as reading the sources once.
+It streams: the sources a chunk of 2**18 documents at a time (their boundaries), the packs a
+shard at a time. Memory: one shard's arrays and one chunk, plus 2 bits a document per source
+with a mixture or a held-out split (and, while a sample above 2% of a source is drawn, a byte
+per candidate): no per-document array otherwise (docs/SCALE.md has the measured bytes per
+document and the time against pack's, scripts/bench_scale_memory.py).
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import PacktoolError
-from .formats.packed import VALID, ValidationError, validate_packed
-from .formats.tokens import open_tokens, read_lengths, validate_tokens
-from .storage import is_url, join, kind_of, parent
-from .verify_rules import expected_holdout
+from ..errors import PacktoolError
+from ..formats.packed import VALID, ValidationError, validate_packed
+from ..formats.tokens import open_tokens, validate_tokens
+from ..storage import is_url, join, kind_of, parent
+from . import segments as sg
+from .draws import Selection
 
 VerifyError = ValidationError
 CHUNK_TOKENS = 1 << 23
@@ -94,8 +99,8 @@ def verify(path: str | Path, sources: list[str | Path] | None = None) -> VerifyR
 
 
 def _verify_url(path: str, sources) -> VerifyResult:
-    from .formats.tokens import split_prefix
-    from .storage.place import place_of
+    from ..formats.tokens import split_prefix
+    from ..storage.place import place_of
 
     if kind_of(path) == "packed":
         return verify_packed(path, sources)
@@ -137,14 +142,7 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
             if d is not None:
                 _index_sources(d)
     if sources:
-        corpora = _sources(index, sources)
-        lengths = read_lengths(corpora)
-        sizes = np.cumsum([0] + [len(c) for c in corpora])
-        copies, held = expected_copies(index, [lengths[a:b] for a, b in
-                                               zip(sizes[:-1], sizes[1:], strict=True)])
-        if valid is not None:
-            _check(valid, corpora, _count(valid, held.astype(np.uint16), lengths))
-        _check(ds, corpora, _count(ds, copies, lengths))
+        _against_sources(ds, valid, _sources(index, sources))
         result.sources_checked = True
         result.policy = {k: index[k] for k in ("n_truncated", "n_truncated_tokens",
                                                "n_dropped", "n_dropped_tokens")}
@@ -156,27 +154,43 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
 
 def _index_sources(ds) -> None:
     """An index-layout dataset's tokens are its sources': without --source too, their
-    checksums, and every segment inside its source document (what reading a pack checks)."""
+    checksums, and every segment inside its source document (what reading a pack checks),
+    a shard at a time (two boundary reads a segment)."""
     corpora = ds.sources()
     for c in corpora:
         c.verify_checksums()
-    lengths = read_lengths(corpora).astype(np.int64)
-    for k in range(ds.n_shards):
-        sh = ds.shard(k)
-        doc, off = np.asarray(sh.seg_doc, np.int64), np.asarray(sh.seg_offset, np.int64)
-        past = (off < 0) | (off + np.asarray(sh.seg_length, np.int64) > lengths[doc])
+    parts = [q for c in corpora for q in c.parts]
+    for sh, s0, doc, off, length in sg.shard_chunks(ds):
+        start, end = _doc_span(parts, doc)
+        past = (off < 0) | (off + length > end - start)
         if past.any():
             i = int(np.flatnonzero(past)[0])
-            raise VerifyError(f"{sh.name} segment {i:,}: reaches past the end of its source "
-                              f"document {int(doc[i]):,} ({int(lengths[doc[i]]):,} tokens)")
+            raise VerifyError(f"{sh.name} segment {s0 + i:,}: reaches past the end of its "
+                              f"source document {int(doc[i]):,} ({int(end[i] - start[i]):,} "
+                              "tokens)")
+
+
+def _doc_span(parts: list, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) in its part's .bin of each document (global index), from the parts'
+    boundaries: two reads a document, nothing per document of the corpus held."""
+    base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
+    which = np.searchsorted(base, doc, side="right") - 1
+    start, end = np.zeros(doc.size, np.int64), np.zeros(doc.size, np.int64)
+    for p in np.unique(which).tolist():
+        m = which == p
+        local = doc[m] - base[p]
+        ends = parts[p].ends
+        end[m] = np.asarray(ends[local], np.int64)
+        start[m] = np.where(local > 0, np.asarray(ends[np.maximum(local - 1, 0)], np.int64), 0)
+    return start, end
 
 
 def _disjoint(train, valid) -> None:
     """No document of the held-out packs (few) is in the training packs."""
-    held = np.unique(np.concatenate([np.asarray(valid.shard(k).seg_doc, np.int64)
-                                     for k in range(valid.n_shards)] or [np.empty(0, int)]))
-    for k in range(train.n_shards):
-        both = np.intersect1d(np.asarray(train.shard(k).seg_doc, np.int64), held)
+    held = np.unique(np.concatenate([doc for *_, doc, _, _ in sg.shard_chunks(valid)]
+                                    or [np.empty(0, np.int64)]))
+    for _, _, doc, _, _ in sg.shard_chunks(train):
+        both = np.intersect1d(doc, held)
         if both.size:
             raise VerifyError(f"source document {int(both[0]):,} is in the training packs and "
                               f"in the held-out packs ({valid_dir(train)})")
@@ -213,136 +227,36 @@ def _sources(index: dict, specs) -> list:
 
 
 # ------------------------------------------------------- what the packs must hold, recomputed
-def expected_copies(index: dict, lengths: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(copies of each document in the training packs, held-out mask), from the index's
-    seed, factors and held-out request, by the rules docs/FORMAT.md states: held out, per
-    source, :func:`packtool.verify_rules.expected_holdout` of its non-empty documents, drawn
-    without replacement by ``default_rng([seed, 1, k])``; each other document floor(factor) times,
-    plus one for round(frac(factor) * eligible) of them drawn by ``default_rng([seed, 2, k])``.
-    """
-    seed = int(index["seed"])
-    held_req = index.get("held_out") or {}
-    factors = [float(s.get("factor", 1.0)) for s in index["sources"]]
-    wants = expected_holdout(held_req, [int(np.count_nonzero(x)) for x in lengths],
-                             sum(x.size for x in lengths)) if held_req else None
-    copies, held = [], []
-    for k, (n_k, factor) in enumerate(zip(lengths, factors, strict=True)):
-        h = np.zeros(n_k.size, bool)
-        if wants and wants[k]:
-            h[np.random.default_rng([seed, 1, k]).choice(np.flatnonzero(n_k > 0), size=wants[k],
-                                                          replace=False)] = True
-        c = np.full(n_k.size, int(factor), np.uint16)
-        c[h] = 0
-        extra = round((factor - int(factor)) * (n_k.size - int(h.sum())))
-        if extra:
-            eligible = np.flatnonzero(~h)
-            c[np.random.default_rng([seed, 2, k]).choice(eligible, size=extra,
-                                                          replace=False)] += 1
-        copies.append(c)
-        held.append(h)
-    return np.concatenate(copies), np.concatenate(held)
-
-
-class Expected:
-    """What the packs of one split must hold, per entry of the source documents' segment
-    table (a document's pieces under ``--overflow split`` one after another, else one entry
-    a document): how many copies. Counted against the shards with its own plain code, a
-    shard at a time: per entry 1 byte, per document ~6 bytes in all."""
-
-    def __init__(self, lengths: np.ndarray, copies: np.ndarray, seq_len: int, overflow: str):
-        self.n, self.seq_len, self.overflow = lengths, seq_len, overflow
-        over = np.flatnonzero(lengths > seq_len)
-        self.split = over if overflow == "split" else over[:0]
-        pieces = -(-lengths[self.split].astype(np.int64) // seq_len)
-        self.extra = np.concatenate([[0], np.cumsum(pieces - 1)])  # before each split doc
-        keep = (copies > 0) & (lengths > 0)
-        if overflow == "drop":
-            keep[over] = False
-        per_doc = copies.copy()
-        per_doc[~keep] = 0
-        if self.split.size:
-            reps = np.ones(lengths.size, np.int32)
-            reps[self.split] = pieces
-            self.want = np.repeat(per_doc, reps)        # copies per entry
-        else:
-            self.want = per_doc
-        self.got = np.zeros(self.want.size, np.uint16)  # copies found
-
-    def entry(self, doc: np.ndarray, offset: np.ndarray) -> np.ndarray:
-        j = np.searchsorted(self.split, doc, side="left")
-        return doc + self.extra[j] + offset // self.seq_len
-
-    def count(self, doc: np.ndarray, offset: np.ndarray, length: np.ndarray, where) -> None:
-        """Check each segment is one the policy makes of its document, and count it."""
-        n_docs = self.n.size
-        ok = (doc >= 0) & (doc < n_docs) & (offset >= 0) & (length >= 1)
-        d = np.where(ok, doc, 0)
-        n = self.n[d].astype(np.int64)
-        L = self.seq_len
-        if self.overflow == "split":
-            ok &= (offset % L == 0) & (offset < n) & (length == np.minimum(L, n - offset))
-        elif self.overflow == "truncate":
-            ok &= (offset == 0) & (length == np.minimum(n, L))
-        else:
-            ok &= (offset == 0) & (length == n) & (n <= L)
-        if not ok.all():
-            i = int(np.flatnonzero(~ok)[0])
-            raise VerifyError(f"{where}: segment mismatch: (document {int(doc[i]):,}, offset "
-                              f"{int(offset[i]):,}, length {int(length[i]):,}) is not one "
-                              f"--overflow {self.overflow} makes of its source document: "
-                              "tokens lost, duplicated or moved")
-        e, c = np.unique(self.entry(doc, offset), return_counts=True)
-        self.got[e] += c.astype(np.uint16)
-
-    def check(self, where) -> None:
-        bad = np.flatnonzero(self.got != self.want)
-        if bad.size:
-            e = int(bad[0])
-            doc, off = self._locate(e)
-            raise VerifyError(
-                f"{where}: source document {doc:,} (offset {off:,}) is in the packs "
-                f"{int(self.got[e])} time(s), expected {int(self.want[e])}: segment mismatch, "
-                f"tokens lost, duplicated or moved (the shards hold {int(self.got.sum()):,} "
-                f"segments, the sources under --overflow {self.overflow} and the mixture "
-                f"make {int(self.want.sum()):,})")
-
-    def _locate(self, e: int) -> tuple[int, int]:
-        first = self.split + self.extra[:-1]  # entry of each split document's first piece
-        j = int(np.searchsorted(first, e, side="right")) - 1
-        if j >= 0 and e < first[j] + self.extra[j + 1] - self.extra[j] + 1:
-            return int(self.split[j]), (e - int(first[j])) * self.seq_len
-        return e - int(self.extra[j + 1] if j >= 0 else 0), 0
-
-
-def _count(ds, copies: np.ndarray, lengths: np.ndarray) -> Expected:
+def _against_sources(ds, valid, corpora) -> None:
+    """Each split's segments are those the sources make under the policy and the mixture
+    (:mod:`.segments`), then (tokens layout) its tokens the sources' (the index layout reads
+    these very tokens from the sources)."""
     index = ds.index
-    exp = Expected(lengths, copies, int(index["seq_len"]), index["overflow"])
-    for k in range(ds.n_shards):
-        sh = ds.shard(k)
-        doc = np.asarray(sh.seg_doc, np.int64)
-        ok = doc < lengths.size
-        if not ok.all():  # a document past the sources: named as such
-            raise VerifyError(f"{ds.directory} {sh.name}: source document "
-                              f"{int(doc[~ok][0]):,} does not exist (the sources hold "
-                              f"{lengths.size:,})")
-        exp.count(doc, np.asarray(sh.seg_offset, np.int64),
-                  np.asarray(sh.seg_length, np.int64), f"{ds.directory} {sh.name}")
-    return exp
-
-
-def _check(ds, corpora, exp: Expected) -> None:
-    exp.check(ds.directory)
-    if ds.layout == "tokens":  # the index layout reads these very tokens from the sources
-        for k in range(ds.n_shards):
-            _compare_tokens(ds, k, corpora)
+    seq_len, overflow = int(index["seq_len"]), index["overflow"]
+    n_docs = sum(len(c) for c in corpora)
+    sel = Selection(index, corpora)
+    keys = sg.fresh_keys()
+    splits = {"train": ds} if valid is None else {"valid": valid, "train": ds}
+    want = {s: sg.Tally(n_docs, keys) for s in splits}
+    sg.expected(corpora, sel, seq_len, overflow, want)
+    for split, d in splits.items():
+        got = sg.Tally(n_docs, keys)
+        sg.packed(d, got, seq_len, overflow, n_docs)
+        bucket = want[split].first_difference(got)
+        if bucket is not None:
+            sg.name_difference(d, corpora, sel, split, bucket, want[split], got, overflow)
+        if d.layout == "tokens":
+            for k in range(d.n_shards):
+                _compare_tokens(d, k, corpora)
 
 
 def _source_tokens(corpora, doc, offset, length) -> tuple[np.ndarray, np.ndarray]:
     """The tokens (and loss mask, 1 without one) of segments, by plain numpy indexing into
-    each part's memory map."""
+    each part's memory map (the documents' starts read from its boundaries)."""
     parts = [q for c in corpora for q in c.parts]
     base = np.cumsum([0] + [len(q) for q in parts])
     which = np.searchsorted(base, doc, side="right") - 1
+    start = _doc_span(parts, doc)[0]
     pos = np.concatenate([[0], np.cumsum(length)]).astype(np.int64)
     toks = np.empty(int(pos[-1]), np.int64)
     mask = np.ones(int(pos[-1]), np.uint8)
@@ -353,7 +267,7 @@ def _source_tokens(corpora, doc, offset, length) -> tuple[np.ndarray, np.ndarray
         cs = np.concatenate([[0], np.cumsum(ls)]).astype(np.int64)
         within = np.arange(cs[-1], dtype=np.int64) - np.repeat(cs[:-1], ls)
         dst = np.repeat(pos[sel], ls) + within
-        src = np.repeat(q.starts[doc[sel] - base[p]] + offset[sel], ls) + within
+        src = np.repeat(start[sel] + offset[sel], ls) + within
         toks[dst] = np.asarray(q.tokens)[src]
         if q.mask is not None:
             mask[dst] = np.asarray(q.mask)[src]

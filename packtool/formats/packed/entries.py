@@ -1,0 +1,174 @@
+"""The packed format's job entries: the hidden files a pack leaves in its staging folder, one
+per finished job, renamed in after the job's shard files, so that a job is finished when its
+entry is there, readable, of this plan, and every file it lists has its size and crc32::
+
+    .shard-KKKKK.entry.json  packtool.packed.shard v2  one shard of a global plan: the shard's
+                                                       index.json entry and the job's digest
+    .group-GGGGG.entry.json  packtool.packed.group v1  one group of --group-docs: per split its
+                                                       shards' entries and the figures finalize
+                                                       adds up (counts, length histogram, ...)
+
+Like index.json they are versioned and checked against their schema on read (a test checks
+docs/FORMAT.md against ``SHARD_ENTRY_KEYS``, ``GROUP_ENTRY_KEYS`` and ``SPLIT_KEYS``); an entry
+that is not one (another format or version, a missing key, a file name that is not a plain
+name) counts as not written, named, so the job is done again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...errors import FormatError
+from .._manifest import (
+    Key,
+    check,
+    confined_name,
+    count,
+    dict_of,
+    hexstr,
+    list_of,
+    number,
+    obj,
+    one_of,
+)
+from .files import check_crc
+from .schema import SHARD_FILE, SHARD_KEYS
+
+SHARD_ENTRY = "packtool.packed.shard"
+SHARD_ENTRY_VERSION = 2
+GROUP_ENTRY = "packtool.packed.group"
+GROUP_ENTRY_VERSION = 1
+FIX = "the job is written again"
+
+_SHARD = obj({**SHARD_KEYS, "files": Key(dict_of(SHARD_FILE), "per array: {name, crc32, bytes}")})
+SHARD_ENTRY_KEYS = {  # .shard-KKKKK.entry.json
+    "format": Key(one_of(SHARD_ENTRY), '"packtool.packed.shard"'),
+    "version": Key(one_of(SHARD_ENTRY_VERSION), "2"),
+    "digest": Key(hexstr(64), "sha256 of the job: the plan's options and sources, the split, "
+                  "the shard's number and its segments"),
+    "entry": Key(_SHARD, "the shard's entry in index.json's shards (name, counts, files)"),
+}
+SPLIT_KEYS = {  # one split of a group entry
+    "shards": Key(list_of(_SHARD), "the group's shards of this split, as index.json lists them"),
+    "n_packs": Key(count(), "packs"),
+    "counts": Key(dict_of(count()), "the plan's counts (n_docs, n_segments, n_tokens, ...)"),
+    "hist": Key(dict_of(count()), "segments per length, {length: count}, lengths with any"),
+    "report": Key(obj({}), "the packer's report (PackerReport.to_json())"),
+    "imbalance": Key(list_of(number(0)), "[sum over blocks of max/mean attention cost, "
+                     "blocks counted]"),
+    "tokens_used": Key(list_of(count()), "per source: tokens in this split's packs"),
+    "docs_used": Key(list_of(count()), "per source: document copies in this split's packs"),
+}
+GROUP_ENTRY_KEYS = {  # .group-GGGGG.entry.json
+    "format": Key(one_of(GROUP_ENTRY), '"packtool.packed.group"'),
+    "version": Key(one_of(GROUP_ENTRY_VERSION), "1"),
+    "digest": Key(hexstr(64), "sha256 of the plan (options, sources, factors, version)"),
+    "g": Key(count(), "the group's number: documents g*G .. (g+1)*G-1"),
+    "splits": Key(dict_of(obj(SPLIT_KEYS)), '"train" and, with a held-out split, "valid"'),
+}
+_SPECS = {SHARD_ENTRY: (SHARD_ENTRY_VERSION, obj(SHARD_ENTRY_KEYS)),
+          GROUP_ENTRY: (GROUP_ENTRY_VERSION, obj(GROUP_ENTRY_KEYS))}
+
+
+def shard_entry_name(k: int) -> str:
+    return f".shard-{k:05d}.entry.json"
+
+
+def group_entry_name(g: int) -> str:
+    return f".group-{g:05d}.entry.json"
+
+
+def shard_entry(digest: str, entry: dict) -> dict:
+    """The entry of a finished shard job (``entry``: the writer's index entry)."""
+    return _made(SHARD_ENTRY, {"format": SHARD_ENTRY, "version": SHARD_ENTRY_VERSION,
+                               "digest": digest, "entry": entry})
+
+
+def group_entry(digest: str, g: int, splits: dict) -> dict:
+    """The entry of a finished group job: per split, :data:`SPLIT_KEYS`."""
+    return _made(GROUP_ENTRY, {"format": GROUP_ENTRY, "version": GROUP_ENTRY_VERSION,
+                               "digest": digest, "g": g, "splits": splits})
+
+
+def _made(kind: str, body: dict) -> dict:
+    """A writer's entry checked against its schema (a key the schema lacks is a bug here)."""
+    spec = _SPECS[kind][1]
+    keys = SHARD_ENTRY_KEYS if kind == SHARD_ENTRY else GROUP_ENTRY_KEYS
+    unknown = set(body) - set(keys)
+    if kind == GROUP_ENTRY:
+        unknown |= {k for s in body["splits"].values() for k in s} - set(SPLIT_KEYS)
+    if unknown:
+        raise RuntimeError(f"{kind} entry keys not in the schema: {sorted(unknown)}")
+    check(json.loads(json.dumps(body)), spec, kind, "a bug in packtool")
+    return body
+
+
+def read_entry(path, kind: str, place=None) -> tuple[dict | None, str]:
+    """(the entry, "") of a job entry of ``kind`` that is readable and fits its schema, else
+    (None, why): "missing", or what is wrong with it. ``place``: a
+    :class:`packtool.storage.place.Place` it is read from (``path``: its name there)."""
+    version, spec = _SPECS[kind]
+    try:
+        if place is not None:
+            m = json.loads(place.read_bytes(str(path)))
+            path = place.path(str(path))
+        elif path.is_symlink():
+            return None, f"{path} is a symbolic link, not an entry packtool wrote"
+        else:
+            m = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, ValueError) as e:
+        return None, f"{path}: unreadable entry ({e})"
+    if not isinstance(m, dict) or m.get("format") != kind:
+        got = m.get("format") if isinstance(m, dict) else type(m).__name__
+        return None, f"{path}: format {got!r}, not a {kind} entry"
+    if m.get("version") != version or isinstance(m.get("version"), bool):
+        return None, (f"{path}: {kind} version {m.get('version')!r}, this packtool reads "
+                      f"version {version}")
+    try:
+        check(m, spec, path, FIX)
+        for sh in shards_of(m):
+            for f in sh["files"].values():
+                confined_name(f["name"], path)
+    except FormatError as e:
+        return None, str(e)
+    return m, ""
+
+
+def shards_of(entry: dict) -> list[dict]:
+    """The shard entries a job entry lists (every split of a group)."""
+    if entry["format"] == SHARD_ENTRY:
+        return [entry["entry"]]
+    return [sh for s in entry["splits"].values() for sh in s["shards"]]
+
+
+def check_objects(place, prefix: str, shards: list[dict]) -> str:
+    """"" when every file of ``shards`` is an object of ``place`` (under ``prefix``: "" or
+    "valid/") of its listed size, else why not. (Their content is checked when read.)"""
+    for sh in shards:
+        for f in sh["files"].values():
+            size = place.size(prefix + f["name"])
+            if size != f["bytes"]:
+                where = place.path(prefix + f["name"])
+                return (f"{where} is missing" if size is None else
+                        f"{where} has {size:,} bytes, its entry {f['bytes']:,}")
+    return ""
+
+
+def check_files(folder: Path, shards: list[dict], checksums: bool = True) -> str:
+    """"" when every file of ``shards`` is in ``folder`` as listed (a regular file of its
+    size and, with ``checksums``, its crc32), else why not."""
+    try:
+        for sh in shards:
+            for f in sh["files"].values():
+                path = folder / f["name"]
+                if path.is_symlink() or not path.is_file() or \
+                        path.stat().st_size != f["bytes"]:
+                    return f"{path} is missing or of the wrong size"
+                if checksums:
+                    check_crc(path, f["crc32"])
+    except FormatError as e:
+        return f"corrupt: {e}"
+    return ""

@@ -1,0 +1,209 @@
+"""How a pack run's plan becomes jobs and an index: :class:`Global` plans the whole corpus in
+this process and hands out one job per shard (:mod:`.jobs`); :class:`Grouped` (``--group-docs
+G``) hands out one job per group of documents, each planning and writing its own shards
+(:mod:`.groups`). Both check every job's output at finalize, wherever it was written (the
+staging folder, or a store: ``check``), and say what the index of each split holds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import PacktoolError
+from ..executors import Jobs, RunOptions
+from ..formats.tokens import open_tokens, read_lengths
+from ..mixture import mixture_plan, resolve_source
+from ..plan import PackOptions, plan_pack
+from ..storage import is_url
+from . import jobs as pj
+from .meta import METRIC_KEYS, group_index_meta, index_meta, metrics, storage
+from .result import PackResult
+
+
+def longest_document(corpora) -> int:
+    """The longest document's tokens, from the boundaries (a streaming pass)."""
+    longest = 0
+    for c in corpora:
+        for q in c.parts:
+            prev = np.int64(0)
+            for a in range(0, len(q), 1 << 20):
+                e = np.asarray(q.ends[a:a + (1 << 20)], np.int64)
+                if e.size:
+                    longest = max(longest, int(np.diff(e, prepend=prev).max()))
+                    prev = e[-1]
+    return longest
+
+
+def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list:
+    """Open token corpora to pack together (one tokenizer, each once); with ``checksums``
+    re-hash every source file first, so a corrupt source never reaches a shard."""
+    if not prefixes:
+        raise PacktoolError("no token files given; pass the --out PREFIX of packtool tokenize")
+    corpora = [open_tokens(p) for p in prefixes]
+    seen = set()
+    for c in corpora:
+        key = c.prefix if is_url(c.prefix) else Path(c.prefix).resolve()
+        if key in seen:
+            raise PacktoolError(f"token files {c.prefix} given twice; to use a corpus more than "
+                                f"once give it a repeat factor ({c.prefix}:2.0) instead")
+        seen.add(key)
+    shas = {c.meta["tokenizer"]["sha256"] for c in corpora}
+    if len(shas) > 1:
+        raise PacktoolError(
+            "the token files were made with different tokenizers (sha256 "
+            + ", ".join(sorted(s[:12] for s in shas))
+            + "); re-tokenize them with one tokenizer before packing them together")
+    if checksums:
+        for c in corpora:
+            c.verify_checksums()
+    return corpora
+
+
+def plan_digest(options: PackOptions, corpora: list, factors: list[float]) -> str:
+
+    common = {"packtool": __version__, "options": asdict(options), "factors": factors,
+              "sources": [c.file_sha256 for c in corpora]}
+    return hashlib.sha256(json.dumps(common, sort_keys=True).encode()).hexdigest()
+
+
+def plan_sources(prefixes, options: PackOptions) -> tuple[list, list[float], str, dict]:
+    """The sources opened (``PREFIX:FACTOR`` read), the plan's digest, and the dataset's
+    dtypes and mask storage: what every way of writing a dataset starts from."""
+    specs = [resolve_source(p) for p in prefixes]
+    corpora = open_sources([prefix for prefix, _ in specs])
+    factors = [factor for _, factor in specs]
+    digest = plan_digest(options, corpora, factors)
+    return corpora, factors, digest, storage(corpora, options, longest_document(corpora))
+
+
+def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
+              staging: str):
+    """The run's plan as jobs writing into ``staging`` (a :class:`Global` plan, or
+    :class:`Grouped` with ``--group-docs``); this process's opened sources handed to them."""
+    target = pj.Target(staging, tuple(str(c.prefix) for c in corpora), stored["dtypes"],
+                       options.layout, stored["mask_storage"])
+    flow = Grouped(corpora, factors, options, target, digest) if options.group_docs else \
+        Global(corpora, factors, options, target, digest)
+    pj.provide_sources(target.prefixes, corpora)
+    return flow
+
+
+class Global:
+    """One plan of the whole corpus in this process; shard jobs write it."""
+
+    def __init__(self, corpora, factors, options: PackOptions, target, digest):
+        t0 = time.perf_counter()
+        self.corpora, self.factors, self.options = corpora, factors, options
+        lengths = read_lengths(corpora)
+        repeats, held = mixture_plan(lengths, [len(c) for c in corpora], factors, options,
+                                     [str(c.prefix) for c in corpora])
+        self.layout = plan_pack(lengths, options, repeats)
+        valid = plan_pack(lengths, options, held.astype(np.int64)) if held.any() else None
+        del lengths, repeats, held
+        self.assign_seconds = time.perf_counter() - t0
+        self.layouts = ({"valid": valid, "train": self.layout} if valid is not None
+                        else {"train": self.layout})
+        self.shards = pj.shard_jobs(self.layouts, {"plan": digest}, target)
+
+    def jobs(self) -> Jobs:
+        return Jobs(self.shards, pj.write_shard, self.shards.weights, lambda j: j.label(),
+                    "pack")
+
+    def finalize(self, out, stored: dict, run: RunOptions, check=None) -> dict:
+        """Every shard of the plan checked (``check(job)``, by default its files in the
+        staging folder: size, and crc32 unless this process just wrote them all);
+        {split: (index meta without held_out, shard entries)}."""
+        entries, bad = {}, []
+        for i in range(len(self.shards)):
+            job = self.shards.header(i)
+            entry, why = (check or (lambda j: pj.check_shard(j, checksums=run.finalize)))(job)
+            if entry is None:
+                bad.append(f"{job.label()}: {why}")
+            entries[(job.split, job.k)] = entry
+        refuse_missing(out, bad, len(self.shards), "shards")
+        return {split: (lambda held, final, lay=layout, sp=split: index_meta(
+                    lay, self.corpora, self.factors, sp, held, final, stored),
+                        [entries[(split, k)] for k in range(layout.n_shards)], layout.options)
+                for split, layout in self.layouts.items()}
+
+    @staticmethod
+    def remove_entries(staging: Path) -> None:
+        pj.remove_entries(staging)
+
+    def result(self, out: Path, seconds: float, warnings: list[str],
+               idx: dict | None = None) -> PackResult:
+        lay = self.layout
+        return PackResult(
+            out=str(out), algo=self.options.algo, seq_len=self.options.seq_len,
+            n_packs=lay.n_packs, n_tokens=lay.counts["n_tokens"],
+            n_segments=lay.counts["n_segments"], counts=lay.counts, n_shards=lay.n_shards,
+            layout=self.options.layout, assign_seconds=self.assign_seconds,
+            metrics=metrics(lay) if idx is None else {k: idx[k] for k in METRIC_KEYS},
+            solver=lay.report.to_json() if idx is None else idx["solver"], seconds=seconds,
+            sources_verified=False, sources=[] if idx is None else idx["sources"],
+            valid=None if idx is None else idx["held_out"],
+            warnings=warnings + list(lay.report.warnings))
+
+
+class Grouped:
+    """--group-docs G: one job per group plans and writes it (packtool.pack.groups)."""
+
+    def __init__(self, corpora, factors, options: PackOptions, target, digest):
+        from . import groups
+
+        t0 = time.perf_counter()
+        self.g = groups
+        self.corpora, self.factors, self.options = corpora, factors, options
+        self.groups = groups.group_jobs(corpora, factors, options, target, digest)
+        self.assign_seconds = time.perf_counter() - t0
+
+    def jobs(self) -> Jobs:
+        return Jobs(self.groups, self.g.write_group, [j.n_tokens for j in self.groups],
+                    lambda j: j.label(), "pack")
+
+    def finalize(self, out, stored: dict, run: RunOptions, check=None) -> dict:
+        entries, bad = [], []
+        for job in self.groups:
+            entry, why = (check or (lambda j: self.g.check_group(j, checksums=run.finalize)))(
+                job)
+            if entry is None:
+                bad.append(f"{job.label()}: {why}")
+            entries.append(entry)
+        refuse_missing(out, bad, len(self.groups), "groups")
+        self.combined = {s: self.g.combine(entries, s) for s in ("valid", "train")}
+        return {split: (lambda held, final, c=c, split=split: group_index_meta(
+                    c, self.options, self.corpora, self.factors, split, held, final, stored),
+                        c["shards"], self.options)
+                for split, c in self.combined.items() if c is not None}
+
+    def remove_entries(self, staging: Path) -> None:
+        self.g.remove_group_entries(staging)
+
+    def result(self, out: Path, seconds: float, warnings: list[str],
+               idx: dict | None = None) -> PackResult:
+        c = getattr(self, "combined", {}).get("train")
+        counts = c["counts"] if c else {}
+        return PackResult(
+            out=str(out), algo=self.options.algo, seq_len=self.options.seq_len,
+            n_packs=idx["n_packs"] if idx else 0, n_tokens=idx["n_tokens"] if idx else 0,
+            n_segments=idx["n_segments"] if idx else 0, counts=counts,
+            n_shards=len(idx["shards"]) if idx else 0, layout=self.options.layout,
+            assign_seconds=self.assign_seconds,
+            metrics={k: idx[k] for k in METRIC_KEYS} if idx else {},
+            solver=idx["solver"] if idx else {}, seconds=seconds, sources_verified=False,
+            sources=idx["sources"] if idx else [], valid=idx["held_out"] if idx else None,
+            warnings=warnings)
+
+
+def refuse_missing(out: Path, bad: list[str], n: int, what: str) -> None:
+    if bad:
+        shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
+        raise PacktoolError(f"{len(bad)} of {n} {what} of {out} are not written: {shown}. "
+                            f"Run the tasks that own them again (finished {what} are "
+                            "skipped)")

@@ -1,0 +1,266 @@
+"""Writing to object storage, where there is no rename. An output is made of jobs (tokenize
+parts, pack shards); each job is written on this machine's disk by the ordinary local code
+(its checks, temporaries and atomic commit), then *published*, and its local files removed
+(local disk holds the jobs in flight, not the output):
+
+1. **Lock**: a lock object (``.NAME.lock``) created with a conditional put (``If-None-Match:
+   *``, which S3, GCS and R2 honour): a second writer of the output is refused, naming the
+   holder. A store that cannot put conditionally is refused with that reason unless
+   ``PACKTOOL_UNSAFE_STORE_LOCK=1`` (then one writer at a time is the user's business).
+2. **Data objects**, each uploaded (multipart past ``CHUNK``) and verified: its size, and
+   where the store gives an MD5 ETag, that ETag against the local bytes' (multipart form
+   too). An object already there with the same size and ETag is not sent again.
+3. **The job's record last** (a part's ``.NAME.part.json``, a shard's entry): a job is
+   finished on the store when its record is there and its objects have the sizes it lists,
+   so the same command after an interruption skips finished jobs (resume).
+4. **The manifest last of all** (``PREFIX.json``, ``index.json``): the commit point, after
+   every job. A reader never sees a manifest whose objects are incomplete. An ``--overwrite``
+   deletes the old manifest first (readers stop seeing the old output before any object of
+   it changes), as a local ``--overwrite`` retires its manifest first.
+5. **Leftovers**: objects of ours (by name) that the new manifest does not list, left by an
+   earlier or interrupted run, are removed after the commit, and counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import PacktoolError
+
+CHUNK = 64 << 20      # multipart part size (s3fs's own default is 50 MiB)
+LOCK_ENV = "PACKTOOL_UNSAFE_STORE_LOCK"
+
+
+@dataclass
+class Published:
+    url: str
+    uploaded: int = 0          # objects sent
+    skipped: int = 0           # already there, verified (a resumed run)
+    bytes_sent: int = 0
+    removed: list[str] = field(default_factory=list)   # leftovers reclaimed
+    seconds: float = 0.0
+
+    def note(self) -> str:
+        s = (f"published to {self.url}: {self.uploaded:,} objects uploaded "
+             f"({self.bytes_sent / 1e6:,.1f} MB), each verified")
+        if self.skipped:
+            s += f", {self.skipped:,} already there (verified, not sent again)"
+        if self.removed:
+            s += f"; {len(self.removed):,} leftover objects of an earlier run removed"
+        return s
+
+
+def _md5_etags(path: Path, chunk: int) -> set[str]:
+    """The ETags S3 gives ``path``'s bytes: the MD5 of a single put, and the multipart form
+    (MD5 of the parts' MD5s, ``-N``) for parts of ``chunk`` bytes."""
+    whole, parts = hashlib.md5(), []
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            whole.update(block)
+            parts.append(hashlib.md5(block).digest())
+    out = {whole.hexdigest()}
+    if len(parts) > 1:
+        out.add(f"{hashlib.md5(b''.join(parts)).hexdigest()}-{len(parts)}")
+    return out
+
+
+def _remote_state(fs, rpath: str) -> tuple[int, str | None] | None:
+    try:
+        info = fs.info(rpath)
+    except FileNotFoundError:
+        return None
+    etag = info.get("ETag") or info.get("etag")
+    return int(info.get("size", -1)), (str(etag).strip('"') if etag else None)
+
+
+def _same(state, size: int, etags: set[str]) -> bool:
+    if state is None or state[0] != size:
+        return False
+    return state[1] is None or state[1] in etags or not _looks_md5(state[1])
+
+
+def _looks_md5(etag: str) -> bool:
+    head = etag.split("-", 1)[0]
+    return len(head) == 32 and all(c in "0123456789abcdef" for c in head.lower())
+
+
+_HELD: set[str] = set()   # tokens of the store locks this process holds now
+
+
+def _stale(lock: dict) -> bool:
+    """A lock left by a run of this host that is over: its process is gone, or it is this
+    process and the run that took it has ended (its release failed: the store was down)."""
+    if lock.get("host") != socket.gethostname() or not isinstance(lock.get("pid"), int):
+        return False
+    if lock["pid"] == os.getpid():
+        return lock.get("token") not in _HELD
+    try:
+        os.kill(lock["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+# backends whose pipe_file(mode="create") is a conditional put, atomic on the server: s3fs
+# (If-None-Match: *; AWS S3, R2, MinIO) and gcsfs (ifGenerationMatch=0). fsspec's default
+# checks that the object is absent, then writes: two writers can both pass.
+ATOMIC_CREATE = {"s3", "s3a", "gs", "gcs"}
+
+
+def atomic_create(fs) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    return bool(ATOMIC_CREATE & set(protocols))
+
+
+class _Held(PacktoolError):
+    """The lock object is another live run's."""
+
+
+class StoreLock:
+    """A lock object created by a conditional put; removed on release. One left by a dead run
+    of this host is taken over; one of another host is named (delete it if no run is
+    writing)."""
+
+    def __init__(self, fs, rpath: str, url: str, wait: bool = False):
+        self.fs, self.rpath, self.url, self.wait = fs, rpath, url, wait
+        self.token = os.urandom(8).hex()
+
+    def _put(self, body: bytes) -> None:
+        if not atomic_create(self.fs) and os.environ.get(LOCK_ENV) != "1":
+            raise PacktoolError(
+                f"{self.url}: this store's fsspec backend has no atomic create-if-absent "
+                "(fsspec's default checks, then writes), so two writers could not be kept "
+                f"apart; set {LOCK_ENV}=1 to write anyway (one writer at a time is then "
+                "yours to ensure; docs/STORAGE.md)")
+        try:
+            self.fs.pipe_file(self.rpath, body, mode="create")
+        except (TypeError, NotImplementedError, ValueError) as e:
+            if os.environ.get(LOCK_ENV) != "1":
+                raise PacktoolError(
+                    f"{self.url}: this store cannot create an object conditionally ({e}), so "
+                    f"two writers could not be kept apart; set {LOCK_ENV}=1 to write anyway "
+                    "(one writer at a time is then yours to ensure)") from None
+            self.fs.pipe_file(self.rpath, body)
+
+    def __enter__(self):
+        delay = 0.2
+        while True:
+            try:
+                return self._take()
+            except _Held:
+                if not self.wait:
+                    raise
+            time.sleep(delay)  # another writer of the same job: it finishes, then we skip it
+            delay = min(2 * delay, 5.0)
+
+    def _take(self):
+        body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                           "time": time.time(), "token": self.token}).encode()
+        try:
+            self._put(body)
+        except FileExistsError:
+            try:
+                held = json.loads(self.fs.cat_file(self.rpath))
+            except Exception:  # unreadable, or gone meanwhile: still not ours to take
+                held = {}
+            if not _stale(held):
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(held.get("time", 0)))
+                holder = (f"pid {held.get('pid')} on {held.get('host')} since {when}"
+                          if held else "another run")
+                raise _Held(f"{self.url} is held by {holder}: another run is writing "
+                            "this output; wait for it, or delete that lock object if no run "
+                            "is") from None
+            self.fs.rm_file(self.rpath)  # a dead run's: taken over
+            try:
+                self._put(body)
+            except FileExistsError:
+                raise PacktoolError(f"{self.url}: another run took the lock just now; wait "
+                                    "for it") from None
+        _HELD.add(self.token)
+        return self
+
+    def __exit__(self, *exc):
+        _HELD.discard(self.token)
+        with contextlib.suppress(Exception):  # a store that is down keeps it: stale, see above
+            self.fs.rm_file(self.rpath)
+        return False
+
+
+def put_object(fs, rpath: str, data: bytes, url: str) -> None:
+    """A small object (a record, a manifest) in one put, its size checked."""
+    fs.pipe_file(rpath, data)
+    state = _remote_state(fs, rpath)
+    if state is None or state[0] != len(data):
+        raise PacktoolError(f"{url} did not arrive whole; run the command again")
+
+
+def remove_leftovers(fs, root: str, keep: set[str], ours) -> list[str]:
+    """Objects under ``root`` (names relative to it) for which ``ours(name)`` holds and that
+    ``keep`` does not list: removed, and returned."""
+    removed = []
+    for rpath in fs.find(root):
+        name = rpath[len(root) + 1:]
+        if name not in keep and ours(name):
+            fs.rm_file(rpath)
+            removed.append(name)
+    return removed
+
+
+def upload(fs, local: Path, rpath: str, result: Published) -> None:
+    """One data object, verified; not sent again when already there with the same bytes."""
+    size = local.stat().st_size
+    etags = _md5_etags(local, CHUNK)
+    if _same(_remote_state(fs, rpath), size, etags):
+        result.skipped += 1
+        return
+    fs.put_file(str(local), rpath, chunksize=CHUNK)
+    state = _remote_state(fs, rpath)
+    if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
+                                             and state[1] not in etags):
+        raise PacktoolError(f"s3://{rpath}: the uploaded object does not match {local} (size "
+                            f"or MD5 differs); nothing was committed: run the command again")
+    result.uploaded += 1
+    result.bytes_sent += size
+
+
+def publish(local_root: Path, files: list[str], manifests: list[str], place, lock_name: str,
+            ours, existing_ok) -> Published:
+    """Upload ``files`` (relative to ``local_root``) into ``place`` verified, then
+    ``manifests`` in order (the last one is the commit), under a lock object; then remove
+    leftovers: objects under ``place`` for which ``ours(name)`` is true and that are not
+    published now. ``existing_ok(raw_bytes)`` is called with the current last manifest, if
+    any, and must raise unless it may be replaced."""
+    t0 = time.perf_counter()
+    fs, root = place.fs, place.root
+    result = Published(str(place.folder))
+    with StoreLock(fs, f"{root}/{lock_name}", str(place.path(lock_name))):
+        commit = f"{root}/{manifests[-1]}"
+        if fs.exists(commit):
+            existing_ok(fs.cat_file(commit))
+            fs.rm_file(commit)  # the old output stops being visible before anything changes
+        for name in files:
+            upload(fs, local_root / name, f"{root}/{name}", result)
+        for name in manifests:  # written whole: a small object is one put
+            data = (local_root / name).read_bytes()
+            fs.pipe_file(f"{root}/{name}", data)
+            state = _remote_state(fs, f"{root}/{name}")
+            if state is None or state[0] != len(data):
+                raise PacktoolError(f"{place.path(name)}: the manifest did not arrive whole; "
+                                    "run the command again")
+        keep = set(files) | set(manifests) | {lock_name}
+        for rpath in fs.find(root):
+            name = rpath[len(root) + 1:]
+            if name not in keep and ours(name):
+                fs.rm_file(rpath)
+                result.removed.append(name)
+    result.seconds = time.perf_counter() - t0
+    return result
