@@ -10,6 +10,34 @@ TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.json"
 CORPUS = FIXTURES / "corpus"
 
 
+def packtool_process(*args, env=None, check=True):
+    """``python -m packtool ARGS`` in a fresh process from the repository root: its exit
+    code and output (a failure with ``check``, and never a traceback)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    if check:
+        assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def stop_server_after(s3, n: int, real):
+    """An upload function that stops the S3 server before its (n+1)th upload (the fault
+    tests of a store that goes down mid-run)."""
+    sent = []
+
+    def upload(fs, path, rpath, result):
+        if len(sent) == n:
+            s3.stop()
+        sent.append(rpath)
+        real(fs, path, rpath, result)
+
+    return upload
+
+
 @pytest.fixture(scope="session")
 def ray_instance():
     """A local Ray instance of 2 CPUs for the session; its workers import this checkout's

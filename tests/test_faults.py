@@ -267,7 +267,7 @@ def test_stale_temporaries_of_dead_runs_are_reclaimed(tmp_path, corpus):
         assert f"reclaimed 1,234 bytes of temporary files beside {tmp_path / 'out'}" \
             in r.output, r.output
         assert f"(pid {dead})" in r.output
-        warnings = json.loads(res.output[res.output.index("{"):])["warnings"]
+        warnings = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])[0]["warnings"]
         assert any("reclaimed 5,000 bytes" in w for w in warnings), warnings
         assert _hidden(tmp_path) == [kept.name]  # a live process's file is not touched
     finally:

@@ -16,19 +16,11 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 from conftest import CORPUS, ROOT, TOKENIZER
+from conftest import packtool_process as cli
 
 from packtool import open_packed, open_tokens
 from packtool.errors import FormatError, PacktoolError
 from packtool.storage.cache import Cache
-
-
-def cli(*args, env=None, check=True):
-    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
-    if check:
-        assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
 
 
 @pytest.fixture(scope="module")

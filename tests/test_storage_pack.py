@@ -7,8 +7,6 @@ own shards, the driver (or --finalize) writing the index last."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,8 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from conftest import CORPUS, ROOT, TOKENIZER
+from conftest import CORPUS, TOKENIZER, stop_server_after
+from conftest import packtool_process as cli
 
 from packtool import open_packed
 from packtool.executors import RunOptions
@@ -27,13 +26,6 @@ from packtool.storage.cache import Cache
 PACK = ["-L", 128, "--valid-docs", 3, "--shard-size", 20_000, "-q"]
 
 
-def cli(*args, env=None, check=True):
-    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
-    if check:
-        assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
 
 
 @pytest.fixture(scope="module")
@@ -146,15 +138,8 @@ def test_server_down_mid_upload_then_the_same_command_completes(s3, bucket, loca
     monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PACKTOOL_STORAGE_OPTIONS", json.dumps(
         {**s3.options, "config_kwargs": {"retries": {"max_attempts": 1}}}))
-    real, sent = remote.upload, []
-
-    def stops_after_five(fs, path, rpath, result):
-        if len(sent) == 5:
-            s3.stop()
-        sent.append(rpath)
-        real(fs, path, rpath, result)
-
-    monkeypatch.setattr(remote, "upload", stops_after_five)
+    real = remote.upload
+    monkeypatch.setattr(remote, "upload", stop_server_after(s3, 5, real))
     url = f"s3://{bucket}/p"
     opts = PackOptions(seq_len=128, valid_docs=3, shard_size=20_000)
     with pytest.raises(Exception):  # noqa: B017 - whatever the client raises, the run fails

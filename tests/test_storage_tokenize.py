@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from conftest import CORPUS, ROOT, TOKENIZER
+from conftest import CORPUS, TOKENIZER, stop_server_after
+from conftest import packtool_process as cli
 
 from packtool import open_tokens
 from packtool.executors import RunOptions
@@ -25,13 +24,6 @@ from packtool.tokenize import tokenize_files
 PART_BYTES = 200_000  # the bundled corpus in 4 parts
 
 
-def cli(*args, env=None, check=True):
-    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
-    if check:
-        assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
 
 
 @pytest.fixture(scope="module")
@@ -152,15 +144,8 @@ def test_server_down_mid_upload_then_the_same_command_resumes(s3, bucket, refere
     monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PACKTOOL_STORAGE_OPTIONS", json.dumps(
         {**s3.options, "config_kwargs": {"retries": {"max_attempts": 1}}}))
-    real, sent = remote.upload, []
-
-    def stops_after_three(fs, path, rpath, result):
-        if len(sent) == 3:
-            s3.stop()
-        sent.append(rpath)
-        real(fs, path, rpath, result)
-
-    monkeypatch.setattr(remote, "upload", stops_after_three)
+    real = remote.upload
+    monkeypatch.setattr(remote, "upload", stop_server_after(s3, 3, real))
     url = f"s3://{bucket}/out/c"
     opts = TokenizeOptions(eos="<|eos|>", part_bytes=PART_BYTES)
     with pytest.raises(Exception):  # noqa: B017 - whatever the client raises, the run fails

@@ -63,13 +63,17 @@ def run(fn, *args, **kwargs):
                                    "smaller --seq-len/--work-limit needs less") from None
 
 
-def emit(result, as_json: bool, quiet: bool, out=None) -> None:
+def emit(result, as_json: bool, quiet: bool, out=None, warnings: bool = False) -> None:
     """Every command's result: JSON on stdout with --json, else its summary (on ``out``:
-    stdout for verify/stats, whose summary is the answer; stderr for the others)."""
+    stdout for verify/stats, whose summary is the answer; stderr for the others).
+    ``warnings``: the result's warnings go to stderr when no summary carries them."""
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1))
     elif not quiet:
         click.echo(result.summary(), err=out != "stdout")
+    if warnings and (quiet or as_json):
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
 
 
 def main() -> None:

@@ -72,10 +72,7 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
         return
     result = run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet,
                  run=runopts)
-    emit(result, as_json, quiet)
-    if quiet or as_json:  # the summary, when printed, carries them
-        for w in result.warnings:
-            click.echo(f"warning: {w}", err=True)
+    emit(result, as_json, quiet, warnings=True)
 
 
 @cli.command()
@@ -112,10 +109,7 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
     runopts = build(RunOptions, kw)
     result = run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
                  run=runopts)
-    emit(result, as_json, quiet)
-    if quiet or as_json:  # the summary, when printed, carries them
-        for w in result.warnings:
-            click.echo(f"warning: {w}", err=True)
+    emit(result, as_json, quiet, warnings=True)
 
 
 @cli.command()

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._temps import pid_alive
 from ..errors import PacktoolError
 
 CHUNK = 64 << 20      # multipart part size (s3fs's own default is 50 MiB)
@@ -101,13 +102,7 @@ def _stale(lock: dict) -> bool:
         return False
     if lock["pid"] == os.getpid():
         return lock.get("token") not in _HELD
-    try:
-        os.kill(lock["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not pid_alive(lock["pid"])
 
 
 # backends whose pipe_file(mode="create") is a conditional put, atomic on the server: s3fs

@@ -18,6 +18,7 @@ import shutil
 import socket
 from pathlib import Path
 
+from .._temps import pid_alive
 from ..errors import PacktoolError
 from . import basename, is_url
 
@@ -37,7 +38,8 @@ def scratch_dir(url: str):
     host = socket.gethostname()
     for old in base.iterdir():
         h, _, rest = old.name.rpartition("-")[0].rpartition("-")
-        if h == host and rest.isdigit() and not _alive(int(rest)):
+        if h == host and rest.isdigit() and int(rest) != os.getpid() \
+                and not pid_alive(int(rest)):
             shutil.rmtree(old, ignore_errors=True)
     folder = base / f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
     folder.mkdir()
@@ -45,16 +47,6 @@ def scratch_dir(url: str):
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def require_url(out) -> str:

@@ -142,12 +142,18 @@ def check_part(plan: TokenizePlan, k: int, inputs: bool = True) -> tuple[dict | 
         verify_part_files(plan.part_prefix(part), m["part"])
     except FormatError as e:
         return None, f"corrupt: {e}"
-    if inputs:
-        for entry in m["part"]["inputs"]:
-            content = entry.get("content")
-            if content is None or not content_unchanged(as_input(entry["path"]), content):
-                return None, f"its input {entry['path']} changed since it was tokenized"
-    return m, ""
+    changed = inputs_changed(m["part"]["inputs"]) if inputs else None
+    return (None, changed) if changed else (m, "")
+
+
+def inputs_changed(entries: list[dict]) -> str | None:
+    """Why a finished part's inputs no longer are what it was made from (the content hash
+    recorded when each was read: a local file's crc32, an object's ETag/version), or None."""
+    for entry in entries:
+        content = entry.get("content")
+        if content is None or not content_unchanged(as_input(entry["path"]), content):
+            return f"its input {entry['path']} changed since it was tokenized"
+    return None
 
 
 def run_part(job: PartJob, tick) -> tuple[dict, bool]:

@@ -29,13 +29,12 @@ from ..executors import Jobs, RunOptions, run_jobs
 from ..formats._manifest import check_digest
 from ..formats.tokens import DIGEST_KEY, FORMAT, part_manifest_path, read_part_manifest
 from ..options import TokenizeOptions
-from ..sources import as_input, content_unchanged
 from ..storage import basename, default_options, parent
 from ..storage.place import Place
 from ..storage.publish import Published, StoreLock, put_object, remove_leftovers, upload
 from ..storage.stage_out import scratch_dir
 from .assemble import assemble, checked_parts
-from .part import PartJob, new_run, run_part
+from .part import PartJob, inputs_changed, new_run, run_part
 from .plan import TokenizePlan, plan_tokenize
 from .result import TokenizeResult, merge_engines
 
@@ -87,11 +86,8 @@ def check_remote_part(job: RemotePartJob, place: Place) -> tuple[dict | None, st
             return None, (f"{place.path(f'{part.name}.{key}')} is missing" if size is None else
                           f"{place.path(f'{part.name}.{key}')} has {size:,} bytes, its record "
                           f"{want['bytes']:,}")
-    for entry in m["part"]["inputs"]:
-        content = entry.get("content")
-        if content is None or not content_unchanged(as_input(entry["path"]), content):
-            return None, f"its input {entry['path']} changed since it was tokenized"
-    return m, ""
+    changed = inputs_changed(m["part"]["inputs"])
+    return (None, changed) if changed else (m, "")
 
 
 def run_remote_part(job: RemotePartJob, tick) -> tuple[dict, bool]:
