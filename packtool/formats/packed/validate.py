@@ -74,9 +74,11 @@ def _check_offsets(sh, seq_len: int) -> None:
     """Every segment starts at a multiple of seq_len in its document: only --overflow split
     cuts a document, every seq_len tokens."""
     off = np.asarray(sh.seg_offset)
-    bad = np.flatnonzero(off % seq_len) if off.size else off
-    if bad.size:
-        i = int(bad[0])
+    for a in range(0, off.size, 1 << 22):  # int64 a chunk at a time (offsets may be uint8)
+        bad = np.flatnonzero(off[a:a + (1 << 22)].astype(np.int64) % seq_len)
+        if not bad.size:
+            continue
+        i = a + int(bad[0])
         raise ValidationError(
             f"{sh.name}: segment {i:,} starts at token {int(off[i]):,} of its document, not a "
             f"multiple of seq_len {seq_len:,} (--overflow split cuts every seq_len tokens): "

@@ -149,6 +149,7 @@ _V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums",)} | 
     DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY]})
 SPECS = {1: _V1, 2: _V2, 3: _V3}
 
+PART_MANIFEST_KEYS = ("format", "version", "index", "digest", "plan_digest", "part", "meta")
 PART_MANIFEST = obj({"format": one_of(PART_FORMAT), "version": one_of(PART_VERSION),
                      "index": count(), "digest": hexstr(64), "plan_digest": hexstr(64),
                      "part": obj(PART_KEYS), "meta": obj({"dtype": MANIFEST_KEYS["dtype"]})})
