@@ -252,7 +252,7 @@ def no_space(err: OSError, output: Path, temps: list[Path], kept: str | None = N
     else:
         need = (f"it needs more than the free space ({free:,} bytes are free on its file "
                 f"system; it filled up after {written:,} bytes of the output were written)")
-    left = (f"; {kept} stay and a re-run reuses them" if kept
+    left = (f"; {kept} stay, and the same command run again resumes from them" if kept
             else " (nothing was written)")
     return PacktoolError(f"no space left on device for {output}: {need}{left}; free space or "
                          "choose another --out")
@@ -286,7 +286,7 @@ def _key(paths: list[Path]) -> Path:
 @contextlib.contextmanager
 def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None = None,
                  remove: list[Path] = (), label: Path | None = None, scan: bool = True,
-                 owned=None):
+                 owned=None, kept=None):
     """Yield temporary paths for ``paths``; on success commit them all, else delete them.
 
     The last path is the commit point: make it the manifest. ``remove``: files of a previous
@@ -296,7 +296,8 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
     one part of a larger output, whose run reclaims the folder (see :func:`reclaim`).
     ``owned(existing)``: with ``overwrite``, the writer's proof that the files already at
     ``paths`` are its own output (it raises, naming what is not); without it the caller has
-    proven them before (a tokenize part, from the manifests that list it).
+    proven them before (a tokenize part, from the manifests that list it). ``kept()``: what
+    of the output stays if the disk fills up (finished parts), for the error.
     """
     paths = [Path(os.path.abspath(p)) for p in paths]
     key = Path(os.path.abspath(key)) if key else _key(paths)
@@ -312,21 +313,21 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
         try:
             yield temps
         except BaseException as e:
-            _discard(e, label or key, temps)
+            _discard(e, label or key, temps, kept)
         entries = [(None, Path(os.path.abspath(p)), tagged_name(Path(p), "old", tag))
                    for p in remove if Path(p).exists()]
         entries += [(t, p, tagged_name(p, "old", tag)) for t, p in zip(temps, paths, strict=True)]
         try:
             _commit(entries, journal_path(key))
         except BaseException as e:
-            _discard(e, label or key, temps)
+            _discard(e, label or key, temps, kept)
 
 
-def _discard(e: BaseException, label: Path, temps: list[Path]):
+def _discard(e: BaseException, label: Path, temps: list[Path], kept=None):
     """Remove a failed run's temporaries and re-raise (a full disk as a clear error naming
-    ``label``, the output the user asked for)."""
+    ``label``, the output the user asked for, and what ``kept()`` says stays)."""
     if is_enospc(e):
-        raise _no_space(e, label, temps) from None
+        raise _no_space(e, label, temps, kept() if kept else None) from None
     for t in temps:
         _remove(t)
     raise e

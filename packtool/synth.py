@@ -74,7 +74,16 @@ def write_token_corpus(prefix, lengths, *, vocab_size: int = 32_000, seed: int =
     from pathlib import Path
 
     from ._io import write_new
-    from .formats.tokens import TokenWriter, corpus_manifest, part_name, plan_digest, token_dtype
+    from .formats.tokens import (
+        PART_FORMAT,
+        PART_VERSION,
+        TokenWriter,
+        corpus_manifest,
+        part_manifest_path,
+        part_name,
+        plan_digest,
+        token_dtype,
+    )
 
     prefix = Path(prefix)
     lengths = np.asarray(lengths, np.int64)
@@ -100,7 +109,13 @@ def write_token_corpus(prefix, lengths, *, vocab_size: int = 32_000, seed: int =
             "engine": {"name": "synthetic"}}
     plan = {"policy": "synthetic", "n_parts": parts,
             "digest": plan_digest([q["digest"] for q in entries]), "prefix": prefix.name}
-    manifest = corpus_manifest(meta, entries, plan)
+    own = [{"format": PART_FORMAT, "version": PART_VERSION, "index": k, "digest": q["digest"],
+            "plan_digest": plan["digest"], "part": q, "meta": meta}
+           for k, q in enumerate(entries)]  # each part's own manifest, as tokenize writes it
+    for body in own:
+        write_new(part_manifest_path(prefix.parent, body["part"]["name"]),
+                  json.dumps(body, indent=1) + "\n")
+    manifest = corpus_manifest(meta, entries, plan, own)
     write_new(Path(f"{prefix}.json"), json.dumps(manifest, indent=1) + "\n")
     return manifest
 

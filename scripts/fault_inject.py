@@ -132,9 +132,10 @@ def trial(root: Path, inputs: dict, cmd: str, sig: str, delay: float, overwrite:
     d = Path(tempfile.mkdtemp(dir=work, prefix=f"{cmd}-{sig}-"))
     out = d / "out"
     if overwrite:
-        for p in (inputs["prev"]).iterdir():
-            if p.name == cmd or p.name.startswith(cmd + "."):
-                target = d / ("out" + p.name[len(cmd):])
+        for p in (inputs["prev"]).iterdir():  # its files and its parts' hidden manifests
+            if p.name == cmd or p.name.startswith((cmd + ".", f".{cmd}.")):
+                dot = "." if p.name.startswith(".") else ""
+                target = d / (dot + "out" + p.name[len(dot + cmd):])
                 (shutil.copytree if p.is_dir() else shutil.copy2)(p, target)
     before = _fingerprint(cmd, out)
     args = inputs["commands"][cmd](out) + (["--overwrite"] if overwrite else [])

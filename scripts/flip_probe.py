@@ -85,7 +85,8 @@ def corpus_files(corpus: Path) -> list[Path]:
 
 
 def copy_corpus(corpus: Path, folder: Path) -> Path:
-    for f in corpus_files(corpus):
+    """The files flips land in, and the part's own hidden manifest a corpus requires."""
+    for f in corpus_files(corpus) + [corpus.with_name(f".{corpus.name}.part.json")]:
         shutil.copy(f, folder / f.name)
     return folder / corpus.name
 

@@ -16,20 +16,22 @@ Token corpus (4 parts, one per input file; another corpus ``B`` of 4 other files
   below the largest id; ``tokenizer``: the tokenizer's sha256 replaced.
 
 each at two levels: ``edit`` (the above, names and positions as the edit leaves them) and
-``forge`` (also every entry renumbered to its new position and named after it, and the plan's
-digest recomputed from the parts' digests), and with the parts' hidden manifests
+``forge`` (also every entry renumbered to its new position and named after it, the plan's
+digest recomputed from the parts' digests, and the digests the corpus manifest keeps of the
+parts' manifests, ``part_manifests_sha256``), and with the parts' hidden manifests
 (``.NAME.part.json``) ``left`` as the run wrote them, ``edited`` to agree with the new
-manifest, or ``removed``. Packed dataset (index layout, and tokens layout where the checkout
-writes it): ``seq_len``, ``n_tokens`` and a shard's ``n_packs`` edited; two values of a
-shard's array swapped (its crc32 and size recomputed); the source pointed at corpus B (its
-manifest sha256, counts recorded).
+manifest, or ``removed`` (a version-3 corpus requires them). Packed dataset (index layout,
+and tokens layout where the checkout writes it): ``seq_len``, ``n_tokens`` and a shard's
+``n_packs`` edited; two values of a shard's array swapped (its crc32 and size recomputed);
+the source pointed at corpus B (its manifest sha256, counts recorded).
 
 Each tampered copy is judged three ways, each in a fresh process: ``load`` (open it and read
 every document or pack), ``verify`` (``packtool verify``), and for a packed dataset ``verify
 --source`` with the untouched corpus. ``accepted`` means the strongest check passed it. A
-``forge`` with hidden manifests edited or removed is a different corpus consistent in every
-byte (the names, positions and digests anyone can compute): it is reported apart, as what no
-check without a secret key or the original inputs can refuse.
+``forge`` with the hidden manifests edited is a different corpus consistent in every byte
+(the names, positions and digests anyone can compute): it is reported apart, as what no check
+without a secret key or the original inputs can refuse. (With them removed it is not: a
+version-3 corpus requires them.)
 
 Runs the packtool of ``--root`` (default: this checkout), e.g. ``--root /tmp/before``.
 """
@@ -181,6 +183,13 @@ class Corpus:
                         if key in m:
                             body["meta"][key] = m[key]
                 path.write_text(json.dumps(body, indent=1))
+        if forge and "part_manifests_sha256" in m:  # the corpus's record of those manifests
+            m["part_manifests_sha256"] = [
+                hashlib.sha256(json.dumps(json.loads(self.hidden(q["name"]).read_text()),
+                                          sort_keys=True).encode()).hexdigest()
+                if self.hidden(q["name"]).exists() else "0" * 64 for q in self.parts]
+            m["manifest_sha256"] = digest(m, "manifest_sha256")
+            (self.folder / "c.json").write_text(json.dumps(m, indent=1))
 
 
 def t_zero_docs(c: Corpus, b: Corpus) -> None:
@@ -332,7 +341,7 @@ def campaign(root: Path, work: Path, log=print) -> list[dict]:
                 tamper(c, b)
                 c.save(level == "forge", hidden, original)
                 res = judge(root, "tokens", d / "c", None)
-                forgery = level == "forge" and hidden != "left"
+                forgery = level == "forge" and hidden == "edited"
                 rows.append({"target": "token corpus", "tamper": name, "level": level,
                              "hidden": hidden, "forgery": forgery, **res,
                              "accepted": res["verify"]})

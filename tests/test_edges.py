@@ -333,14 +333,15 @@ def _judge(prefix: Path) -> tuple[bool, bool]:
     return loaded, run("verify", prefix).exit_code == 0
 
 
-@pytest.mark.parametrize("hidden", ["left", "removed"])
+@pytest.mark.parametrize("hidden", ["left", "edited", "removed"])
 @pytest.mark.parametrize("tamper", ["zero-docs", "reorder", "duplicate", "drop", "swap",
                                     "counts", "vocab", "tokenizer"])
 def test_tampered_corpus_is_refused(tmp_path, two_corpora, tamper, hidden):
     """Each tamper of scripts/tamper_probe.py with the totals, file checksums and the
-    manifest's digest recomputed: verify refuses it; so does reading it, except for what
-    only a full read can see (an id beyond vocab_size) or what only the parts' own manifests
-    record (the tokenizer) once they are removed."""
+    manifest's digest recomputed: reading refuses it, and so does verify, whatever was done
+    to the parts' own manifests: left (they disagree), edited to agree (the corpus manifest
+    records their digests), removed (a version-3 corpus requires them: the tokenizer's
+    sha256 replaced passed with them removed or edited)."""
     tp = _probe()
     shutil.copytree(two_corpora / "a", tmp_path / "a")
     c, b = tp.Corpus(tmp_path / "a"), tp.Corpus(two_corpora / "b")
@@ -348,21 +349,27 @@ def test_tampered_corpus_is_refused(tmp_path, two_corpora, tamper, hidden):
     tp.TOKEN_TAMPERS[tamper](c, b)
     c.save(False, hidden, original)
     loaded, verified = _judge(tmp_path / "a" / "c")
-    if tamper == "tokenizer" and hidden == "removed":  # nothing left that says otherwise
-        assert loaded and verified
-        return
-    assert not verified
-    assert loaded == (tamper == "vocab" and hidden == "removed")
+    assert not loaded and not verified
+
+
+def test_a_missing_part_manifest_is_refused_by_name(tmp_path, two_corpora):
+    shutil.copytree(two_corpora / "a", tmp_path / "a")
+    (tmp_path / "a" / ".c.part-00002.part.json").unlink()
+    r = run("verify", tmp_path / "a" / "c")
+    assert r.exit_code == 1 and ".c.part-00002.part.json is missing" in r.output, r.output
+    assert "incomplete" in r.output
 
 
 @pytest.mark.parametrize("tamper", ["reorder", "duplicate", "drop", "swap"])
 def test_forged_parts_are_refused_while_their_own_manifests_remain(tmp_path, two_corpora,
                                                                     tamper):
     """Parts renumbered and renamed to their new positions and the plan digest recomputed:
-    the parts' own manifests, written by the runs that made them, still refuse them (and a
-    duplicated part's digest, which names its position, is refused without them)."""
+    the parts' own manifests, written by the runs that made them, still refuse them, and
+    with them removed the corpus is incomplete; only with them edited to agree and their
+    digests recomputed in the corpus manifest (every digest of every file) does a different
+    corpus pass: see the probe's docstring."""
     tp = _probe()
-    for hidden in ("left", "removed"):
+    for hidden in ("left", "removed", "edited"):
         d = tmp_path / hidden
         shutil.copytree(two_corpora / "a", d)
         c, b = tp.Corpus(d), tp.Corpus(two_corpora / "b")
@@ -370,9 +377,9 @@ def test_forged_parts_are_refused_while_their_own_manifests_remain(tmp_path, two
         tp.TOKEN_TAMPERS[tamper](c, b)
         c.save(True, hidden, original)
         loaded, verified = _judge(d / "c")
-        if hidden == "left" or tamper == "duplicate":
+        if hidden != "edited" or tamper == "duplicate":
             assert not loaded and not verified, hidden
-        else:  # a consistent corpus of other parts: see the probe's docstring
+        else:  # a consistent corpus of other parts: the forgery the probe reports apart
             assert loaded and verified
 
 
@@ -380,7 +387,7 @@ def test_forged_parts_are_refused_while_their_own_manifests_remain(tmp_path, two
 def test_tamper_probe_campaign(tmp_path):
     rows = _probe().campaign(ROOT, tmp_path, log=lambda s: None)
     accepted = [(r["tamper"], r["hidden"]) for r in rows if r["accepted"] and not r["forgery"]]
-    assert accepted == [("tokenizer", "edited"), ("tokenizer", "removed")], accepted
+    assert accepted == [], accepted
 
 
 # ------------------------------------------- 2.5 / 2.6: inputs edited in place or mid-read

@@ -358,3 +358,126 @@ def test_fault_injection_campaign(tmp_path):
     assert len(results) == 9  # tokenize, pack (index layout), pack-tokens x 3 signals
     failures = {k: [r for r in rows if r] for k, rows in results.items()}
     assert not any(failures.values()), failures
+
+
+# ------------------------------------------ issue 18 §5, §6: what the audit found untested
+def test_small_files_are_grouped_into_parts_by_default(tmp_path):
+    """No --part-bytes: 40 small files are one part (DEFAULT_PART_BYTES), not 40: the
+    per-part costs are paid once."""
+    from packtool.options import DEFAULT_PART_BYTES
+
+    d = tmp_path / "in"
+    d.mkdir()
+    docs = make_documents(80, seed=2, median_words=20, max_words=60)
+    for k in range(40):
+        write_jsonl(d / f"f{k:02d}.jsonl", [{"text": t} for t in docs[2 * k:2 * k + 2]])
+    r = _cli("tokenize", d, "-t", TOKENIZER, "-o", tmp_path / "c", "-q", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_parts"] == 1
+    meta = json.loads((tmp_path / "c.json").read_text())
+    assert meta["plan"]["n_parts"] == 1 and len(meta["parts"][0]["inputs"]) == 40
+    assert f"{DEFAULT_PART_BYTES:,}" in meta["plan"]["policy"]
+
+
+def _record_commit(monkeypatch):
+    """Every fsync (by the path of its descriptor) and every rename, in order."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(a, b, *args, **kw):
+        events.append(("rename", str(a), str(b)))
+        real_replace(a, b, *args, **kw)
+    monkeypatch.setattr(_atomic, "FSYNC", True)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+def _at(events, kind, pred) -> list[int]:
+    return [i for i, e in enumerate(events) if e[0] == kind and pred(e)]
+
+
+def test_commit_fsyncs_data_and_folder_before_the_manifest_then_the_folder(
+        tmp_path, corpus, monkeypatch):
+    """Durability (§5): the data files and their folder reach the disk before the manifest's
+    rename (the commit point), and the folder again after it: a power cut never leaves a
+    manifest naming data that is not on disk."""
+    events = _record_commit(monkeypatch)
+    out = tmp_path / "out"
+    assert _cli(*_tokenize_args(corpus, out)).exit_code == 0
+    manifest = _at(events, "rename", lambda e: e[2] == f"{out}.json")
+    assert len(manifest) == 1, events
+    m = manifest[0]
+    for suffix in (".bin", ".boundaries"):
+        renamed = _at(events, "rename", lambda e, s=suffix: e[2] == f"{out}{s}")
+        temp = events[renamed[0]][1]
+        synced = _at(events, "fsync", lambda e, t=temp: e[1] == t)
+        assert synced and synced[0] < renamed[0] < m, (suffix, events)
+    folder = _at(events, "fsync", lambda e: e[1] == str(tmp_path))
+    assert any(i < m for i in folder) and any(i > m for i in folder), events
+    # pack: the staged folder's files and the staged folder before it is renamed into place,
+    # the parent after
+    events.clear()
+    assert _cli(*_pack_args(corpus, tmp_path / "p")).exit_code == 0
+    swap = _at(events, "rename", lambda e: e[2] == str(tmp_path / "p"))[0]
+    staged = events[swap][1]
+    assert _at(events, "fsync", lambda e: e[1] == f"{staged}/index.json")[0] < swap
+    assert _at(events, "fsync", lambda e: e[1] == staged)[-1] < swap
+    assert _at(events, "fsync", lambda e: e[1] == str(tmp_path))[-1] > swap
+
+
+def test_large_record_warning_gives_the_memory_it_takes(tmp_path):
+    """The warning's figure is MEMORY_PER_RECORD_BYTE times the record (measured by
+    scripts/bench_record_memory.py), once per run, naming file and line."""
+    from packtool.sources import MEMORY_PER_RECORD_BYTE
+    from packtool.tokenize import TokenizeOptions, tokenize_files
+
+    text = "word " * 300_000  # 1.5 MB
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "short"}, {"text": text}, {"text": text}])
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        tokenize_files([str(p)], TOKENIZER, tmp_path / "out",
+                       TokenizeOptions(long_record_warn_bytes=1 << 20))
+    size = len(text.encode())
+    want = (f"a.jsonl line 2: a {size / 1e6:.1f} MB record; tokenizing it takes up to about "
+            f"{MEMORY_PER_RECORD_BYTE}x its size in memory "
+            f"(~{size * MEMORY_PER_RECORD_BYTE / 1e9:.1f} GB)")
+    assert want in err.getvalue() and err.getvalue().count("MB record") == 1, err.getvalue()
+
+
+def test_full_disk_in_a_multi_part_tokenize_says_what_stays(tmp_path, monkeypatch):
+    """§6: ENOSPC in part 2 of 3 said "(nothing was written)" and named c.part-00002 while
+    parts 0 and 1 stayed: now it names the output, the finished parts, and that a re-run
+    resumes from them (and it does)."""
+    from packtool import _io
+
+    d = tmp_path / "in"
+    d.mkdir()
+    docs = make_documents(90, seed=3, median_words=30, max_words=200)
+    for k in range(3):
+        write_jsonl(d / f"f{k}.jsonl", [{"text": t} for t in docs[30 * k:30 * (k + 1)]])
+    real = _io.HashingWriter.write
+
+    def write(self, array):
+        if "part-00002" in os.readlink(f"/proc/self/fd/{self._f.fileno()}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, array)
+    monkeypatch.setattr(_io.HashingWriter, "write", write)
+    out = tmp_path / "c"
+    args = ["tokenize", d, "-t", TOKENIZER, "-o", out, "--part-bytes", 1, "-q"]
+    r = _cli(*args)
+    assert r.exit_code == 1, r.output
+    assert f"no space left on device for {out}:" in r.output, r.output
+    assert "part-00002:" not in r.output and "nothing was written" not in r.output
+    assert "2 finished part(s) of it (c.part-00000, c.part-00001) stay" in r.output
+    assert "run again resumes" in r.output
+    monkeypatch.setattr(_io.HashingWriter, "write", real)
+    r = _cli(*args, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["n_parts_skipped"] == 2, r.output

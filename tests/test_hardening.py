@@ -32,8 +32,10 @@ def built(tmp_path_factory):
 
 
 def copy_corpus(built, dst):
+    """The corpus's files and its part's own (hidden) manifest, which a corpus requires."""
     for suffix in (".bin", ".boundaries", ".json"):
         shutil.copy(str(built / "c") + suffix, str(dst) + suffix)
+    shutil.copy(built / ".c.part.json", dst.parent / ".c.part.json")
     return dst
 
 

@@ -219,3 +219,27 @@ def test_seq_len_memory_is_measured_from_the_machine():
     check_seq_len_memory(1 << 20, ["optimal"], available=(1 << 20) * BYTES_PER_SEQ_LEN + 4e8)
     with pytest.raises(packtool.PacktoolError, match="at most about 1,048,576 here"):
         check_seq_len_memory(1 << 21, ["bfd"], available=(1 << 20) * BYTES_PER_SEQ_LEN)
+
+
+# --------------------------------------------- seq_len edited, seen without the sources
+@pytest.mark.parametrize("layout", ["index", "tokens"])
+def test_plain_verify_catches_an_edited_seq_len(tmp_path, built, layout):
+    """seq_len doubled in index.json (digest recomputed) passed plain verify, refused only
+    by verify --source: the figures derived from it (efficiency, L1) give it away, and when
+    they are recomputed too, the pieces of a split document (cut every seq_len tokens)."""
+    out = tmp_path / "p"
+    assert run("pack", built / "c", "-L", 64, "--layout", layout, "-o", out, "-q"
+               ).exit_code == 0
+    i = json.loads((out / "index.json").read_text())
+    assert i["n_split"] > 0
+    i["seq_len"] *= 2
+    i["index_sha256"] = index_digest(i)
+    (out / "index.json").write_text(json.dumps(i))
+    r = run("verify", out)
+    assert r.exit_code == 1 and "efficiency" in r.output and "seq_len 128" in r.output, r.output
+    i["efficiency"] = i["n_tokens"] / (i["n_packs"] * i["seq_len"])
+    i["lower_bound_packs"] = -(-i["n_tokens"] // i["seq_len"])
+    i["index_sha256"] = index_digest(i)
+    (out / "index.json").write_text(json.dumps(i))
+    r = run("verify", out)
+    assert r.exit_code == 1 and "not a multiple of seq_len 128" in r.output, r.output

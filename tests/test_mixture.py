@@ -163,6 +163,7 @@ def _pack(small, tmp_path, *args):
 def test_a_factor_and_a_corpus_of_that_name_are_ambiguous(small, tmp_path):
     import shutil
 
+    shutil.copy(small / ".c.part.json", tmp_path / ".c.part.json")  # c's own, kept by c:2
     for s in (".json", ".bin", ".boundaries"):
         shutil.copy(small / f"c{s}", tmp_path / f"c{s}")
         shutil.copy(small / f"c{s}", tmp_path / f"c:2{s}")

@@ -198,7 +198,8 @@ def test_verify_catches_inconsistent_content_with_valid_checksums(tmp_path, corp
     tamper("pack_seg", swap, "offsets are not increasing")
     tamper("seg_length", shift, "mismatch", with_sources=True)
     tamper("tokens", swap, "differs from its source document", with_sources=True)
-    tamper("seg_offset", lambda a: a.__setitem__(0, a[0] + 1), "mismatch", with_sources=True)
+    # a piece starts at a multiple of seq_len: caught without the sources
+    tamper("seg_offset", lambda a: a.__setitem__(0, a[0] + 1), "not a multiple of seq_len")
 
 
 def test_verify_wrong_source(tmp_path, corpus):
@@ -247,6 +248,7 @@ def test_overwrite_never_deletes_foreign_directories(tmp_path, corpus):
     d.mkdir()
     for suffix in (".bin", ".boundaries", ".json"):
         shutil.copy(corpus / f"a{suffix}", d / f"corpus{suffix}")
+    shutil.copy(corpus / ".a.part.json", d / ".a.part.json")  # renamed a -> corpus: still read
     with pytest.raises(packtool.PacktoolError, match="contains the source"):
         pack_corpus([d / "corpus"], d, 128, overwrite=True)
     (tmp_path / "other").mkdir()
@@ -261,8 +263,9 @@ def test_overwrite_never_deletes_foreign_directories(tmp_path, corpus):
 def test_verify_source_checksums(tmp_path, corpus):
     import shutil
 
-    for suffix in (".bin", ".boundaries", ".json"):
-        shutil.copy(corpus / f"a{suffix}", tmp_path / f"a{suffix}")
+    for suffix in (".bin", ".boundaries", ".json", ".part.json"):  # a corpus and its
+        name = f".a{suffix}" if suffix == ".part.json" else f"a{suffix}"  # hidden manifest
+        shutil.copy(corpus / name, tmp_path / name)
     pack_corpus([tmp_path / "a"], tmp_path / "p", 128)
     data = bytearray((tmp_path / "a.bin").read_bytes())
     data[10] ^= 1

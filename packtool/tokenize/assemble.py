@@ -5,7 +5,7 @@ corpus manifest built."""
 from __future__ import annotations
 
 from ..errors import PacktoolError
-from ..formats.tokens import corpus_manifest
+from ..formats.tokens import PART_MANIFEST_KEYS, corpus_manifest
 from .plan import TokenizePlan
 from .result import merge_engines
 
@@ -43,10 +43,12 @@ def assemble(plan: TokenizePlan, manifests: list[dict]) -> tuple[dict, list]:
                                 f"than part 0 ({', '.join(diff)} differ); delete its files "
                                 f"({q.name}.*) and run it again")
     meta["engine"] = merge_engines([m["engine"] for m in metas])
-    manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry())
-    moved = [(q, {**{k: v for k, v in m.items() if k not in ("warnings", "seconds",
-                                                              "skipped")},
-                  "plan_digest": plan.digest})
-             for q, m in zip(plan.parts, manifests, strict=True)
+    # each part's own manifest as it will be on disk (this plan's digest): PREFIX.json
+    # records the digest of each, binding them to it
+    bodies = [{**{k: m[k] for k in PART_MANIFEST_KEYS}, "plan_digest": plan.digest}
+              for m in manifests]  # (a run's extras: warnings, seconds, published... left)
+    manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry(),
+                               bodies)
+    moved = [(q, body) for q, m, body in zip(plan.parts, manifests, bodies, strict=True)
              if m["plan_digest"] != plan.digest]
     return manifest, moved

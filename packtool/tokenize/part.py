@@ -239,6 +239,23 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
     return Setup(tok, tok_path, dtype, meta, read_opts, engine, encode, warnings)
 
 
+def finished_parts(plan: TokenizePlan, but: int) -> str | None:
+    """The parts of ``plan`` finished on disk (their manifests, of this plan's digest, in
+    place), ``but`` one: what a failed run leaves for the next to resume from."""
+    def done_(q) -> bool:
+        try:
+            m = read_part_manifest(plan.part_manifest(q))
+        except FormatError:
+            return False
+        return m is not None and m["digest"] == q.digest
+
+    done = [q.name for q in plan.parts if q.index != but and done_(q)]
+    if not done:
+        return None
+    shown = ", ".join(done[:3]) + (f" and {len(done) - 3} more" if len(done) > 3 else "")
+    return f"{len(done)} finished part(s) of it ({shown})"
+
+
 def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
     plan, opts, part = job.plan, job.opts, job.part
     t0 = time.perf_counter()
@@ -257,7 +274,8 @@ def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
         stale.append(plan.json_path)
     prefix = plan.part_prefix(part)
     key = prefix.with_name(f"{prefix.name}.part-commit")
-    with atomic_files(outputs, True, key=key, remove=stale, label=prefix, scan=False) as tmp:
+    with atomic_files(outputs, True, key=key, remove=stale, label=plan.prefix, scan=False,
+                      kept=lambda: finished_parts(plan, job.k)) as tmp:
         keys = ["bin", "boundaries"] + (["mask"] if with_mask else []) + ["json"]
         writer = TokenWriter(dict(zip(keys, tmp, strict=True)), with_mask)
         reader = pipeline.Reader(paths, s.read_opts, opts.batch_size, opts.batch_bytes,

@@ -5,6 +5,7 @@ totals, token ids inside the id space). What a dataset must hold given its sourc
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,35 @@ def _check_tokens(sh, ds: PackedReader) -> None:
         raise ValidationError(f"{sh.name}: token id {top:,} >= vocab_size {vocab:,}")
 
 
+def _check_seq_len(index: dict, where: str) -> None:
+    """The figures index.json derives from seq_len agree with it: efficiency and the L1
+    bound. (An edit of seq_len alone is caught here; one that recomputes them too is caught
+    by the segment offsets when a document was split, else only by verify --source.)"""
+    L, n, p = int(index["seq_len"]), int(index["n_tokens"]), int(index["n_packs"])
+    l1, eff = -(-n // L), (n / (p * L) if p else 1.0)
+    if index.get("lower_bound_packs", l1) != l1 or not math.isclose(
+            index.get("efficiency", eff), eff, rel_tol=1e-9):
+        raise ValidationError(
+            f"{where}: efficiency {index.get('efficiency')} and lower_bound_packs "
+            f"{index.get('lower_bound_packs')} are not those of n_tokens {n:,} in n_packs {p:,} "
+            f"of seq_len {L:,} ({eff:.6g}, {l1:,}): the index was edited; re-run packtool pack")
+
+
+def _check_offsets(sh, seq_len: int) -> None:
+    """Every segment starts at a multiple of seq_len in its document: only --overflow split
+    cuts a document, every seq_len tokens."""
+    off = np.asarray(sh.seg_offset)
+    for a in range(0, off.size, 1 << 22):  # int64 a chunk at a time (offsets may be uint8)
+        bad = np.flatnonzero(off[a:a + (1 << 22)].astype(np.int64) % seq_len)
+        if not bad.size:
+            continue
+        i = a + int(bad[0])
+        raise ValidationError(
+            f"{sh.name}: segment {i:,} starts at token {int(off[i]):,} of its document, not a "
+            f"multiple of seq_len {seq_len:,} (--overflow split cuts every seq_len tokens): "
+            f"{INDEX}'s seq_len was edited or the shard is another dataset's")
+
+
 def validate_packed(directory: str | Path, checksums: bool = True):
     """Check a packed directory against the schema: index digest and keys, file names,
     sizes, dtypes, crc32, every invariant of every pack. Returns the opened reader (its
@@ -63,8 +93,10 @@ def validate_packed(directory: str | Path, checksums: bool = True):
     index = ds.index
     n_docs = sum(s["n_docs"] for s in index["sources"]) if index["version"] >= 2 else None
     totals = {"n_packs": 0, "n_tokens": 0, "n_segments": 0}
+    _check_seq_len(index, f"{str(ds.directory).rstrip('/')}/{INDEX}")
     for k, entry in enumerate(index["shards"]):
         sh = ds.shard(k)
+        _check_offsets(sh, ds.seq_len)
         if index["version"] == 1:
             _check_v1(sh, ds.seq_len)
         if n_docs is not None and sh.seg_doc.size and int(np.max(sh.seg_doc)) >= n_docs:

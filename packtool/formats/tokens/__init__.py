@@ -46,6 +46,7 @@ from .schema import (
     MANIFEST_KEYS,
     PART_FORMAT,
     PART_KEYS,
+    PART_MANIFEST_KEYS,
     PART_VERSION,
     READABLE,
     SCHEMA,
@@ -63,7 +64,8 @@ from .schema import (
 from .writer import TokenWriter
 
 __all__ = [
-    "DIGEST_KEY", "FORMAT", "MANIFEST_KEYS", "PART_FORMAT", "PART_KEYS", "PART_VERSION",
+    "DIGEST_KEY", "FORMAT", "MANIFEST_KEYS", "PART_FORMAT", "PART_KEYS", "PART_MANIFEST_KEYS",
+    "PART_VERSION",
     "READABLE", "SCHEMA", "SUFFIXES", "UINT16_MAX_VOCAB", "VERSION", "TokenCorpus",
     "TokenPart", "TokenWriter", "check_boundaries", "corpus_manifest", "gather", "open_part",
     "open_tokens", "part_manifest_path", "part_name", "plan_digest", "prefix_paths",

@@ -18,8 +18,10 @@ from .schema import (
     FIX,
     FORMAT,
     PART_MANIFEST,
+    PARTS_KEY,
     READABLE,
     SPECS,
+    part_manifest_digest,
     part_manifest_path,
     part_name,
     plan_digest,
@@ -80,19 +82,33 @@ def _check_bound(meta: dict, parts: list[dict], path: Path) -> None:
                           f"comes from another run; {FIX}")
 
 
-def _check_part_manifest(place, name: str, entry: dict, meta: dict) -> None:
-    """The part's own manifest, when present (it is hidden, so a copy may leave it behind),
-    must be the run's record of this very entry."""
-    if place.remote:
-        path = place.path(part_manifest_path(Path("."), name).name)
-        if not place.is_file(path.rsplit("/", 1)[-1]):
-            return
-        m = load_json(path, place.read_bytes)
-    else:
-        path = part_manifest_path(place.folder, name)
-        if not path.is_file() or path.is_symlink():
-            return
-        m = load_json(path)
+def _find_part_manifest(place, names: list[str]):
+    """(path, found) of the first of ``names`` (the part's current name, then the name it was
+    written under: a corpus renamed a.* -> b.* may leave its hidden files as they were)."""
+    for name in names:
+        hidden = part_manifest_path(Path("."), name).name
+        if place.remote:
+            path, found = place.path(hidden), place.is_file(hidden)
+        else:
+            path = part_manifest_path(place.folder, name)
+            found = path.is_file() and not path.is_symlink()
+        if found:
+            return path, True
+    return (place.path(part_manifest_path(Path("."), names[0]).name) if place.remote
+            else part_manifest_path(place.folder, names[0])), False
+
+
+def _check_part_manifest(place, names: list[str], k: int, entry: dict, meta: dict) -> None:
+    """The part's own manifest (version 3): required, the run's record of this very entry,
+    and (where the corpus manifest records it) of the digest the corpus manifest bound."""
+    name = names[0]
+    path, found = _find_part_manifest(place, names)
+    if not found:
+        raise FormatError(
+            f"{path} is missing: the corpus is incomplete (each part's own manifest, hidden "
+            f"beside its files, is part of it: copy the folder, or {name}.* with "
+            f".{name}.part.json); restore it or re-run packtool tokenize")
+    m = load_json(path, place.read_bytes if place.remote else None)
     check(m, PART_MANIFEST, path, FIX)
     same = (m["index"] == entry["index"] and m["digest"] == entry["digest"]
             and m["plan_digest"] == meta["plan"]["digest"] and m["part"] == entry)
@@ -100,8 +116,14 @@ def _check_part_manifest(place, name: str, entry: dict, meta: dict) -> None:
         raise FormatError(f"{path} disagrees with its entry in the corpus manifest (position, "
                           f"digest, counts, inputs or checksums): the manifest was edited; "
                           f"{FIX}")
-    settings = {k: v for k, v in m["meta"].items() if k != "engine"}
-    differ = sorted(k for k, v in settings.items() if meta.get(k) != v)
+    bound = meta.get(PARTS_KEY)
+    if bound is not None and (len(bound) != len(meta["parts"])
+                              or bound[k] != part_manifest_digest(m)):
+        raise FormatError(f"{path} is not the part manifest {meta['plan']['prefix']}.json "
+                          f"records ({PARTS_KEY}[{k}]): it was edited or comes from another "
+                          f"corpus; {FIX}")
+    settings = {key: v for key, v in m["meta"].items() if key != "engine"}
+    differ = sorted(key for key, v in settings.items() if meta.get(key) != v)
     if differ:
         raise FormatError(f"{path}: the part was made with other settings than the corpus "
                           f"manifest says ({', '.join(differ)} differ): the manifest was edited "
@@ -201,10 +223,10 @@ def open_tokens(prefix, checksums: bool = True, storage_options: dict | None = N
     entries = _part_entries(meta, path)
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")
     parts = []
-    for q in entries:
+    for k, q in enumerate(entries):
         name = _renamed(q["name"], meta, stem)
         if meta["version"] >= 3:
-            _check_part_manifest(place, name, q, meta)
+            _check_part_manifest(place, list(dict.fromkeys([name, q["name"]])), k, q, meta)
         parts.append(open_part(place, name, q, dtype, bool(meta.get("mask")), checksums, path))
     return TokenCorpus(prefix=prefix, meta=meta, parts=parts,
                        file_sha256=hashlib.sha256(raw[0]).hexdigest())

@@ -8,7 +8,10 @@ digest of the manifest itself; every part entry carries its position (``index``)
 ``digest`` (of the inputs, tokenizer and options it was made from), the plan's ``digest`` is
 the digest of those, and a part's files are named after its position. A part reordered,
 duplicated, dropped or taken from another corpus breaks one of these, and its own
-``.NAME.part.json`` (written by the run that made it) must agree with its entry.
+``.NAME.part.json`` (written by the run that made it) is required, must agree with its entry,
+and must be the one whose sha256 the corpus manifest records (``part_manifests_sha256``):
+editing a corpus then takes recomputing every digest of every file, a forgery that no check
+without a secret or the original inputs can refuse.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ PART_FORMAT = "packtool.tokens.part"
 PART_VERSION = 2
 UINT16_MAX_VOCAB = 65_536
 DIGEST_KEY = "manifest_sha256"
+PARTS_KEY = "part_manifests_sha256"
 FIX = "re-run packtool tokenize"
 
 
@@ -125,6 +129,9 @@ MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a t
                 "version 2+: how the inputs were split into parts (policy, n_parts, prefix, "
                 "digest)", optional=True),
     "created_by": Key(string(), '"packtool X.Y.Z"'),
+    PARTS_KEY: Key(list_of(hexstr(64)), "version 3: per part, in order, the sha256 of its "
+                   "own manifest .NAME.part.json (json.dumps(m, sort_keys=True)): binds the "
+                   "parts' manifests to this one", optional=True),
     DIGEST_KEY: Key(hexstr(64), "version 3: sha256 of the manifest without this key",
                     optional=True),
 }
@@ -139,9 +146,10 @@ _V2 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count
            "mask": Key(boolean(), "", optional=True), "plan": Key(obj({}), "", optional=True)})
 _V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums",)} | {
     "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
-    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec})
+    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY]})
 SPECS = {1: _V1, 2: _V2, 3: _V3}
 
+PART_MANIFEST_KEYS = ("format", "version", "index", "digest", "plan_digest", "part", "meta")
 PART_MANIFEST = obj({"format": one_of(PART_FORMAT), "version": one_of(PART_VERSION),
                      "index": count(), "digest": hexstr(64), "plan_digest": hexstr(64),
                      "part": obj(PART_KEYS), "meta": obj({"dtype": MANIFEST_KEYS["dtype"]})})
@@ -186,10 +194,17 @@ def plan_digest(part_digests: list[str]) -> str:
     return hashlib.sha256(json.dumps(part_digests, sort_keys=True).encode()).hexdigest()
 
 
-def corpus_manifest(meta: dict, parts: list[dict], plan: dict) -> dict:
+def part_manifest_digest(m: dict) -> str:
+    """sha256 of a part's own manifest as the corpus manifest records it (``PARTS_KEY``)."""
+    m = json.loads(json.dumps(m, ensure_ascii=False))  # as read back from its JSON file
+    return hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
+
+
+def corpus_manifest(meta: dict, parts: list[dict], plan: dict,
+                    part_manifests: list[dict] | None = None) -> dict:
     """The version-3 ``PREFIX.json`` of ``parts`` (entries in order) around the caller's
-    ``meta`` (dtype, tokenizer, options, engine...): totals are the parts' sums, and its own
-    digest last."""
+    ``meta`` (dtype, tokenizer, options, engine...): totals are the parts' sums, the digests
+    of the parts' own manifests (``part_manifests``, as on disk), and its own digest last."""
     from .._manifest import digest
 
     with_mask = "mask" in parts[0]["checksums"] if parts else False
@@ -200,6 +215,8 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict) -> dict:
                 "n_trained_tokens": sum(q["n_trained_tokens"] for q in parts),
                 "inputs": [i for q in parts for i in q["inputs"]],
                 "parts": parts, "plan": plan, "created_by": f"packtool {__version__}"}
+    if part_manifests is not None:
+        manifest[PARTS_KEY] = [part_manifest_digest(m) for m in part_manifests]
     unknown = set(manifest) - set(MANIFEST_KEYS)
     if unknown:  # a key must be documented in MANIFEST_KEYS (and so in FORMAT.md)
         raise RuntimeError(f"manifest keys not in the schema: {sorted(unknown)}")
