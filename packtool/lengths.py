@@ -7,6 +7,7 @@ packer that only looks at lengths.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,10 @@ def load_histogram_csv(path: str | Path, max_docs: int = MAX_HISTOGRAM_DOCS) -> 
         with open(path, "rb") as f:
             first = f.readline().split(b",")
         header = len(first) != 2 or not all(x.strip().isdigit() for x in first)
-        rows = np.loadtxt(path, delimiter=",", skiprows=int(header), dtype=np.int64, ndmin=2)
+        with warnings.catch_warnings():  # an empty file: said below, not as numpy's warning
+            warnings.simplefilter("ignore", UserWarning)
+            rows = np.loadtxt(path, delimiter=",", skiprows=int(header), dtype=np.int64,
+                              ndmin=2)
     except (OSError, ValueError) as e:
         raise PacktoolError(f"{path}: not a 'length,count' CSV ({e})") from None
     if rows.size == 0:
@@ -56,10 +60,17 @@ def load_histogram_csv(path: str | Path, max_docs: int = MAX_HISTOGRAM_DOCS) -> 
 
 
 def load_lengths(path: str | Path) -> np.ndarray:
-    """Lengths from a ``.npy`` (1-D integers) or a ``length,count`` histogram ``.csv``."""
+    """Lengths from a ``.npy`` (1-D integers) or a ``length,count`` histogram ``.csv``; one
+    that holds no document is refused (a report on nothing would say nothing true)."""
     path = Path(path)
-    if path.suffix == ".csv":
-        return load_histogram_csv(path)
+    arr = load_histogram_csv(path) if path.suffix == ".csv" else _load_npy(path)
+    if arr.size == 0:
+        raise PacktoolError(f"{path} holds no document lengths; give a .npy of lengths or a "
+                            "length,count CSV with at least one document")
+    return arr
+
+
+def _load_npy(path: Path) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:

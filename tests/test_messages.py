@@ -47,6 +47,24 @@ def test_a_seq_len_that_splits_many_documents_is_warned_of(corpora, tmp_path):
     assert not [w for w in res.warnings if "--overflow split" in w]
 
 
+def test_a_held_out_split_of_most_documents_is_warned_of(corpora, tmp_path):
+    """--valid-fraction 0.9 for 0.09: the run does what was asked (a source keeps at least
+    one document) and says how little training is left."""
+    res = pack_corpus([corpora / "web"], tmp_path / "p", 256, valid_fraction=0.9)
+    (w,) = [w for w in res.warnings if "held out for validation" in w]
+    assert f"{res.valid['n_docs_held_out']:,} of 200 documents" in w and "training keeps" in w
+    res = pack_corpus([corpora / "web"], tmp_path / "q", 256, valid_fraction=0.1)
+    assert not [w for w in res.warnings if "held out" in w]
+
+
+def test_a_lengths_file_of_no_document_is_refused(tmp_path):
+    (tmp_path / "e.csv").write_text("")
+    np.save(tmp_path / "e.npy", np.empty(0, np.int64))
+    for name in ("e.csv", "e.npy"):
+        r = CliRunner().invoke(cli, ["stats", "--lengths", str(tmp_path / name), "-L", "64"])
+        assert r.exit_code == 1 and "holds no document lengths" in r.output, r.output
+
+
 def test_split_share_counts_copies_and_pieces_exactly():
     # 3 of 10 documents split into 7 pieces: 10 - 3 + 7 = 14 segments
     counts = {"n_split": 3, "n_split_pieces": 7, "n_segments": 14}

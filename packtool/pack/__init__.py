@@ -33,7 +33,7 @@ from ..plan import PackOptions
 from ..storage import is_url
 from .flow import open_sources, plan_flow, plan_sources
 from .meta import held_out_entry
-from .result import PackResult, split_warning
+from .result import PackResult, run_warnings
 
 __all__ = ["PackResult", "open_sources", "owned", "pack", "pack_corpus"]
 
@@ -143,7 +143,7 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
         raise
     res = flow.result(out, time.perf_counter() - t0, notes, idx)
     res.sources_verified = verify_sources
-    res.warnings += split_warning(res.counts, options.seq_len)
+    res.warnings += run_warnings(res, options.seq_len)
     return res
 
 

@@ -39,7 +39,7 @@ from ..storage.stage_out import require_url, scratch_dir
 from .flow import plan_flow, plan_sources
 from .jobs import ShardJob
 from .meta import held_out_entry
-from .result import split_warning
+from .result import run_warnings
 
 LOCK = ".packtool.lock"
 MARKER = ".packtool-plan.json"
@@ -234,7 +234,7 @@ def pack_to_store(prefixes, url: str, options, *, overwrite: bool, progress: boo
         idx, removed = _commit(place, url, splits)
     res = flow.result(url, time.perf_counter() - t0, [], idx)
     res.sources_verified = verify_sources
-    res.warnings += split_warning(res.counts, options.seq_len)
+    res.warnings += run_warnings(res, options.seq_len)
     res.published = (f"published to {url}: index.json last, every shard verified on upload"
                      + (f"; {len(removed):,} leftover objects of an earlier run removed"
                         if removed else ""))

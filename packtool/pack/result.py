@@ -27,6 +27,23 @@ def split_warning(counts: dict, seq_len: int) -> list[str]:
             "percentiles) or use --overflow truncate or drop"]
 
 
+def holdout_warning(valid: dict | None, sources: list[dict]) -> list[str]:
+    """A warning when the held-out split takes most of the documents (--valid-fraction 0.9
+    for 0.09, say): the run did what was asked, but the training set is the smaller part."""
+    total = sum(int(s.get("n_docs", 0)) for s in sources)
+    held = int((valid or {}).get("n_docs_held_out") or 0)
+    if not total or held <= total / 2:
+        return []
+    return [f"{held:,} of {total:,} documents ({100 * held / total:.1f}%) are held out for "
+            f"validation; training keeps {total - held:,}: if that was not meant, lower "
+            "--valid-fraction or --valid-docs"]
+
+
+def run_warnings(res, seq_len: int) -> list[str]:
+    """What a finished pack run warns about, from what it did."""
+    return split_warning(res.counts, seq_len) + holdout_warning(res.valid, res.sources)
+
+
 @dataclass
 class PackResult:
     out: str

@@ -19,6 +19,23 @@ def _other_tokenizer(case) -> None:
     edit_json(case.dir / "b.json", lambda m: m["tokenizer"].__setitem__("sha256", "1" * 64))
 
 
+OUT = ("out", "out/*", "out/*/*", "out/*/*/*")
+
+
+def _warned_and_trains(case, stdout: str, stderr: str) -> str | None:
+    if "held out for validation" not in stderr:
+        return "no warning that most documents were held out"
+    return None if case.json("out/p/index.json")["n_packs"] > 0 else "no training pack"
+
+
+def _trains_on(name: str):
+    def check(case, stdout: str, stderr: str) -> str | None:
+        src = [s for s in case.json("out/p/index.json")["sources"]
+               if s["prefix"].rsplit("/", 1)[-1] == name]
+        return None if src and src[0]["docs_used"] >= 1 else f"{name} trains on nothing"
+    return check
+
+
 def mixture_probes(ctx: Ctx) -> list[Probe]:
     def pack(*sources, extra=()):
         return ["pack", *sources, "-L", "64", "-o", "out/p", "-q", *extra]
@@ -32,9 +49,12 @@ def mixture_probes(ctx: Ctx) -> list[Probe]:
         m("a:0 (nothing of the only source)", pack("a:0")),
         m("a:1e-9", pack("a:1e-9")),
         m("a:0 b:0 (an all-zero mixture)", pack("a:0", "b:0")),
-        m("--valid-fraction 0.999999", pack("a", extra=("--valid-fraction", "0.999999"))),
+        # held-out splits never take a source's last document (held_out rule 2): these work,
+        # the first saying how little training is left, the second training on `one`
+        m("--valid-fraction 0.999999", pack("a", extra=("--valid-fraction", "0.999999")),
+          expect="ok", mutable=OUT, check=_warned_and_trains),
         m("a source whose only document is held out", pack("a", "one", extra=(
-            "--valid-docs", "5")), on_accept="silently accepted"),
+            "--valid-docs", "5")), expect="ok", mutable=OUT, check=_trains_on("one")),
         m("a:999999 (50 documents)", pack("a:999999"), timeout=90),
         m("a:1e400", pack("a:1e400")),
         m("a:nan", pack("a:nan")),
