@@ -129,8 +129,6 @@ class _Fill:
     def __init__(self, writer: ShardWriter, po, table, dtype):
         self.writer, self.po, self.table, self.dtype = writer, po, table, dtype
         self.ps = np.asarray(table["pack_seg"], np.int64)
-        self.seg_len = np.asarray(table["seg_length"], np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(self.seg_len)]).astype(np.int64)
         size = min(int(po[-1]), CHUNK_TOKENS + int(np.diff(po).max(initial=0)))
         self.bufs = [np.empty(size, dtype) for _ in range(2)]
         self.masks = [np.empty(size, np.uint8) if writer.mask_storage else None
@@ -150,9 +148,12 @@ class _Fill:
         a, b, t_a, t_b = (int(x) for x in (self.ps[j], self.ps[j1], self.po[j], self.po[j1]))
         dst = self.bufs[k][:t_b - t_a]
         mask = None if self.masks[k] is None else self.masks[k][:t_b - t_a]
+        lengths = np.asarray(self.table["seg_length"][a:b], np.int64)  # the chunk's only
+        starts = np.zeros(lengths.size, np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
         self.writer.gather(np.asarray(self.table["seg_doc"][a:b], np.int64),
-                           np.asarray(self.table["seg_offset"][a:b], np.int64),
-                           self.seg_len[a:b], dst, self.starts[a:b] - t_a, mask)
+                           np.asarray(self.table["seg_offset"][a:b], np.int64), lengths, dst,
+                           starts, mask)
         if self.writer.mask_storage == "folded":
             dst |= mask.astype(self.dtype) << self.dtype.type(self.dtype.itemsize * 8 - 1)
         return dst, mask
