@@ -48,14 +48,14 @@ from .selection import get_bits, selection_bits
 @dataclass(frozen=True)
 class GroupJob:
     """Group ``g``: global documents lo..hi-1; ``held``/``extra``: bitmaps of its documents
-    (``np.packbits``, bitorder little, bit i = document lo+i) held out / given one more copy;
-    ``whole``: floor(factor) per source."""
+    (``np.packbits``, bitorder little, bit i = document lo+i) held out / given one more copy,
+    or None when the plan draws none; ``whole``: floor(factor) per source."""
 
     g: int
     lo: int
     hi: int
-    held: np.ndarray
-    extra: np.ndarray
+    held: np.ndarray | None
+    extra: np.ndarray | None
     whole: tuple[int, ...]
     base: tuple[int, ...]        # first global document of each source, then the total
     options: PackOptions
@@ -92,7 +92,8 @@ def group_jobs(corpora, factors: list[float], options: PackOptions, target: Targ
     jobs = []
     for g, lo in enumerate(range(0, int(base[-1]), g_size)):
         hi = min(lo + g_size, int(base[-1]))
-        h, e = (np.packbits(get_bits(b, lo, hi), bitorder="little") for b in (held, extra))
+        h, e = (None if b is None else np.packbits(get_bits(b, lo, hi), bitorder="little")
+                for b in (held, extra))
         jobs.append(GroupJob(g, lo, hi, h, e, tuple(int(f) for f in factors),
                              tuple(int(b) for b in base), options, target, digest,
                              _range_tokens(corpora, lo, hi)))
@@ -120,7 +121,8 @@ def _range_tokens(corpora, lo: int, hi: int) -> int:
 def _repeats(job: GroupJob) -> tuple[np.ndarray | None, np.ndarray]:
     """(copies per document of the group, or None for "each once"; held-out mask)."""
     n = job.hi - job.lo
-    held, extra = get_bits(job.held, 0, n), get_bits(job.extra, 0, n)
+    held, extra = (np.zeros(n, bool) if b is None else get_bits(b, 0, n)
+                   for b in (job.held, job.extra))
     if all(w == 1 for w in job.whole) and not extra.any() and not held.any():
         return None, held
     reps = np.zeros(n, np.int64)

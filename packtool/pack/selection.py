@@ -85,13 +85,17 @@ def get_bits(bits: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def selection_bits(chunks, sizes: list[int], factors: list[float], options: PackOptions
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(held out, given one copy more than floor(factor)): bitmaps over every document of
     the sources (global indices), the global plan's draws (ranks among each source's
     candidates) mapped to documents by streaming passes; ``chunks(k)`` yields source k's
-    lengths a chunk at a time."""
+    lengths a chunk at a time. (None, None) when there is nothing to draw (no held-out split,
+    whole factors): no byte per document at all."""
     valid_docs, valid_fraction = options.valid_docs, options.valid_fraction
-    nonempty = [sum(int(np.count_nonzero(c)) for c in chunks(k)) for k in range(len(sizes))]
+    if valid_docs is None and valid_fraction is None and all(f == int(f) for f in factors):
+        return None, None
+    nonempty = [sum(int(np.count_nonzero(c)) for c in chunks(k)) if valid_docs is not None
+                or valid_fraction is not None else 0 for k in range(len(sizes))]
     if valid_docs is not None and not 1 <= valid_docs < sum(nonempty):
         raise PacktoolError(f"--valid-docs {valid_docs}: must be from 1 to "
                             f"{sum(nonempty) - 1:,} (the non-empty documents, less one for "
