@@ -307,14 +307,16 @@ class _Grouped:
                     lambda j: j.label(), "pack")
 
     def finalize(self, out: Path, staging: Path, stored: dict, run: RunOptions) -> dict:
-        entries, bad = [], []
-        for job in self.groups:
+        folded, bad = {s: self.g.Combined() for s in ("valid", "train")}, []
+        for job in self.groups:  # folded as checked: one entry in memory at a time
             entry, why = self.g.check_group(job, checksums=run.finalize)
             if entry is None:
                 bad.append(f"{job.label()}: {why}")
-            entries.append(entry)
+                continue
+            for split, part in entry["splits"].items():
+                folded[split].add(part)
         _refuse_missing(out, bad, len(self.groups), "groups")
-        self.combined = {s: self.g.combine(entries, s) for s in ("valid", "train")}
+        self.combined = {s: c.result() for s, c in folded.items()}
         return {split: (lambda held, final, c=c, split=split: group_index_meta(
                     c, self.options, self.corpora, self.factors, split, held, final, stored),
                         c["shards"], self.options)

@@ -134,11 +134,9 @@ def group_index_meta(combined: dict, options: PackOptions, corpora: list, factor
     seq_len = options.seq_len
     hist = np.zeros(seq_len + 1, np.int64)
     hist[:combined["hist"].size] = combined["hist"]
-    first = combined["reports"][0]
-    report = PackerReport(**{**first, "n_packs": combined["n_packs"], "lp_value": None,
-                             "lp_bound": None, "lp_converged": None,
-                             "warnings": list(dict.fromkeys(
-                                 w for r in combined["reports"] for w in r.get("warnings", [])))})
+    report = PackerReport(**{**combined["report"], "n_packs": combined["n_packs"],
+                             "lp_value": None, "lp_bound": None, "lp_converged": None,
+                             "warnings": combined["warnings"]})
     tokens, docs = combined["tokens_used"], combined["docs_used"]
     all_tokens = max(int(sum(tokens)), 1)
     sources = [{**source_entry(c, folder), "factor": factors[k], "docs_used": int(docs[k]),
