@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=100_000)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--workdir", default=str(ROOT / "bench-out" / "scale-memory"))
+    ap.add_argument("--only", default="",
+                    help="comma-separated words: run only the rows whose name has one "
+                         "(e.g. group,verify); the re-pack runs when 'repack' is one")
     a = ap.parse_args()
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -64,10 +67,18 @@ def main() -> None:
               ["--layout", "index", "--group-docs", str(a.group)]),
              (f"pack, tokens layout, --group-docs {a.group:,}",
               ["--layout", "tokens", "--group-docs", str(a.group)])]
+    only = [w for w in a.only.split(",") if w]
+
+    def wanted(name: str) -> bool:
+        return not only or any(w in name for w in only)
+
     table: dict[str, dict[int, tuple[float, float, float]]] = {}
     for n in sizes:
         src = corpus(work, n)
+        verify = wanted("verify")
         for name, extra in cases:
+            if not wanted(name) and not (verify and "group" not in name):
+                continue
             out = work / f"p{n}"
             shutil.rmtree(out, ignore_errors=True)
             table.setdefault(name, {})[n] = run(["pack", str(src), "-L", str(a.seq_len), "-o",
@@ -78,7 +89,7 @@ def main() -> None:
                 keep = work / f"p{n}-{extra[1]}"
                 shutil.rmtree(keep, ignore_errors=True)
                 out.rename(keep)
-        for layout in ("index", "tokens"):
+        for layout in ("index", "tokens") if verify else ():
             name = f"verify --source ({layout} layout)"
             table.setdefault(name, {})[n] = run(["verify", str(work / f"p{n}-{layout}"),
                                                  "--source", str(src)])
@@ -96,6 +107,8 @@ def main() -> None:
         slope = (m1 - m0) / (n1 - n0) if n1 != n0 else m1 / n1
         print(f"| {name} | " + " | ".join(cells)
               + f" | {slope:.1f} | {(m1 + slope * (1e10 - n1)) / 2**30:,.1f} GiB |")
+    if not wanted("repack"):
+        return
     big = max(sizes)
     src = corpus(work, big)
     before = {s: os.stat(f"{src}{s}").st_mtime_ns for s in (".bin", ".boundaries", ".json")}
