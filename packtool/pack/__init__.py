@@ -157,6 +157,8 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
                                 "dataset to a directory of its own")
     # fail before the work (an array task too: it only reads OUT), and again at the end
     check_replaceable(out, overwrite, owned)
+    verify_sources = verify_sources and options.layout == "tokens"
+    check = SourceCheck(corpora) if verify_sources and not run.one_task else None  # meanwhile
     digest = _plan_digest(options, corpora, factors)
     staging = staging_dir(out, digest, run)
     stored = storage(corpora, options, longest_document(corpora))
@@ -167,8 +169,6 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
     notes = _prepare(out, staging, run, overwrite)
     pj.provide_sources(target.prefixes, corpora)
     local = not run.one_task and not run.finalize
-    verify_sources = verify_sources and options.layout == "tokens"
-    check = SourceCheck(corpora) if verify_sources and not run.one_task else None
     try:
         run_jobs(flow.jobs(), run, progress)
         if run.one_task:
