@@ -97,12 +97,21 @@ def npy_header(dtype: np.dtype, n: int) -> bytes:
 
 
 class NpyWriter(HashingWriter):
-    """Stream a 1-D .npy of known length in chunks, hashing (crc32) as it goes."""
+    """Stream a 1-D .npy of known length in chunks, hashing (crc32) as it goes; with
+    ``reserve_space`` its whole size is allocated first (:func:`reserve`), so a full disk
+    is an error naming the bytes needed before any is written."""
 
-    def __init__(self, path: Path, dtype: np.dtype, n: int):
+    def __init__(self, path: Path, dtype: np.dtype, n: int, reserve_space: bool = False,
+                 label: str | Path | None = None):
         super().__init__(path, "crc32")
         self.dtype, self.n, self.written = dtype, n, 0
         header = np.frombuffer(npy_header(dtype, n), dtype=np.uint8)
+        if reserve_space:
+            try:
+                reserve(path, header.size + n * np.dtype(dtype).itemsize, label)
+            except BaseException:
+                self.abort()
+                raise
         super().write(header)
 
     def write(self, array: np.ndarray) -> None:
@@ -140,41 +149,6 @@ def reserve(path: Path, nbytes: int, label: str | Path | None = None) -> None:
             # beyond what the file already holds: packtool._atomic adds the run's other files
             err.needed = nbytes - os.fstat(f.fileno()).st_size
             raise err from None
-
-
-class NpyMap:
-    """A 1-D .npy of known length filled in place through a memory map (no write copies),
-    hashed (crc32) chunk by chunk in order as the chunks are completed. Its space is reserved
-    before the map is made (see :func:`reserve`)."""
-
-    def __init__(self, path: Path, dtype: np.dtype, n: int, label: str | Path | None = None):
-        self.path, self.n = path, n
-        header = npy_header(np.dtype(dtype), n)
-        with create(path) as f:
-            f.write(header)
-        reserve(path, len(header) + n * np.dtype(dtype).itemsize, label)
-        self.array = (np.lib.format.open_memmap(path, mode="r+") if n
-                      else np.empty(0, np.dtype(dtype)))
-        self._h = Crc32()
-        self._h.update(header)
-        self.nbytes = len(header) + n * np.dtype(dtype).itemsize
-        self.hashed = 0
-
-    def hash_upto(self, end: int) -> None:
-        """Hash elements [hashed, end): call in order once they are written."""
-        self._h.update(memoryview(self.array[self.hashed:end]).cast("B"))
-        self.hashed = end
-
-    def close(self) -> dict:
-        if self.hashed != self.n:
-            raise RuntimeError(f"{self.path}: {self.hashed} of {self.n} elements hashed")
-        del self.array  # no msync: the kernel writes the pages back lazily, as for write()
-        return {"crc32": self._h.hexdigest(), "bytes": self.nbytes}
-
-    def abort(self) -> None:
-        self.array = None
-
-
 
 
 _CHECKED: set = set()

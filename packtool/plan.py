@@ -166,6 +166,7 @@ class PackLayout:
     pack_nseg: np.ndarray        # segments per pack, output order (int32)
     shard_starts: np.ndarray     # first pack of each shard, then n_packs
     report: PackerReport
+    sums: tuple | None = field(default=None, repr=False)  # see pack_sums
 
     @property
     def n_packs(self) -> int:
@@ -213,10 +214,32 @@ class PackLayout:
             return self.rounds[0].table_length[self.order]
         return self.segments()[2]
 
+    def pack_sums(self, chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens as int64, attention cost as float64: the sum of squared segment lengths)
+        per pack, made once, about ``chunk`` segments at a time, and kept: 16 bytes a pack,
+        one gather of the segment lengths for the shard plan, the jobs' weights and the
+        index's figures (at 1e8 documents each gather took ~2.6 s)."""
+        if self.sums is None:
+            first = self.seg_first
+            tokens = np.empty(self.n_packs, np.int64)
+            costs = np.empty(self.n_packs, np.float64)
+            p0 = 0
+            while p0 < self.n_packs:
+                p1 = int(np.searchsorted(first, first[p0] + chunk, side="right")) - 1
+                p1 = min(max(p1, p0 + 1), self.n_packs)
+                a, b = int(first[p0]), int(first[p1])
+                lengths = (self.rounds[0].table_length[self.order[a:b]]
+                           if len(self.rounds) == 1 else self.segments(a, b)[2])
+                tokens[p0:p1] = np.add.reduceat(lengths, first[p0:p1] - a, dtype=np.int64)
+                sq = lengths.astype(np.float64)
+                costs[p0:p1] = np.add.reduceat(sq * sq, first[p0:p1] - a)
+                p0 = p1
+            self.sums = (tokens, costs)
+        return self.sums
+
     def pack_lengths(self) -> np.ndarray:
-        if not self.n_packs:
-            return np.zeros(0, np.int64)
-        return np.add.reduceat(self.ordered_lengths(), self.seg_first[:-1], dtype=np.int64)
+        """Tokens per pack (int64)."""
+        return self.pack_sums()[0]
 
     def shard(self, k: int) -> tuple[slice, slice]:
         """(packs, segments) of shard k as slices into pack_nseg and the output order."""

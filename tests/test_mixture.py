@@ -196,6 +196,21 @@ def test_empty_or_idle_mixtures_are_refused(small, tmp_path, specs, extra, match
     assert "Traceback" not in r.output and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("specs,extra,match", [
+    (["c:1e-9"], [], r"c would add nothing"),
+    (["c", "b:0.4"], [], r"b would add nothing"),
+    (["c", "e"], [], r"e would add nothing .* holds no non-empty document"),
+    (["c:0", "b:0"], [], "training set would be empty"),
+])
+def test_grouped_plans_refuse_idle_mixtures_too(small, tmp_path, specs, extra, match):
+    """--group-docs draws the mixture apart from the global planner (bitmaps, streaming):
+    it refuses what the global plan refuses."""
+    import re
+
+    r, _ = _pack(small, tmp_path, *[small / s for s in specs], *extra, "--group-docs", 20)
+    assert r.exit_code == 1 and re.search(match, r.output), r.output
+
+
 @pytest.mark.parametrize("group", [[], ["--group-docs", "20"]])
 def test_holdout_is_exact_and_never_empties_a_source(small, tmp_path, group):
     """``c b --valid-docs 1`` held out b's only document and 2 documents in all (at least one

@@ -274,6 +274,25 @@ def test_verify_source_checksums(tmp_path, corpus):
         verify_packed(tmp_path / "p", [tmp_path / "a"])
 
 
+def test_tokens_layout_refuses_a_corrupt_source_checked_while_writing(tmp_path, corpus):
+    """The tokens layout copies its sources' bytes: their sha256 runs in a thread while the
+    shards are written, and a flipped byte (same size) fails the pack before anything is
+    committed; intact, the result says the sources were verified."""
+    import shutil
+
+    for name in ("a.bin", "a.boundaries", "a.json", ".a.part.json"):
+        shutil.copy(corpus / name, tmp_path / name)
+    res = pack_corpus([tmp_path / "a"], tmp_path / "ok", 128, layout="tokens")
+    assert res.sources_verified
+    data = bytearray((tmp_path / "a.bin").read_bytes())
+    data[10] ^= 1
+    (tmp_path / "a.bin").write_bytes(bytes(data))
+    with pytest.raises(packtool.PacktoolError, match=r"a\.bin: sha256"):
+        pack_corpus([tmp_path / "a"], tmp_path / "p", 128, layout="tokens")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.part.json", "a.bin",
+                                                          "a.boundaries", "a.json", "ok"]
+
+
 def test_verify_says_what_the_policy_removed(tmp_path, corpus):
     """Issue 11.6: after --overflow truncate, verify said "every source token accounted for"
     although most tokens were cut away by request; it now names what was cut, and drop."""

@@ -31,7 +31,7 @@ from ..executors import RunOptions, run_jobs
 from ..formats.packed import INDEX, VALID, index, read_index
 from ..plan import PackOptions
 from ..storage import is_url
-from .flow import open_sources, plan_flow, plan_sources
+from .flow import SourceCheck, open_sources, plan_flow, plan_sources
 from .meta import held_out_entry
 from .result import PackResult, run_warnings
 
@@ -118,6 +118,8 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
                                 "dataset to a directory of its own")
     # fail before the work (an array task too: it only reads OUT), and again at the end
     check_replaceable(out, overwrite, owned)
+    verify_sources = verify_sources and options.layout == "tokens"
+    check = SourceCheck(corpora) if verify_sources and not run.one_task else None  # meanwhile
     staging = staging_dir(out, digest, run)
     with shown(progress):  # a packer that runs long (optimal, nnlshp) shows it is working
         flow = plan_flow(corpora, factors, options, digest, stored, str(staging))
@@ -130,10 +132,8 @@ def _pack(prefixes, out: Path, options, run, overwrite, progress, verify_sources
                 f"{run.describe()}: wrote its share of the shards; run --finalize once every "
                 "task is done to write index.json"])
         splits = flow.finalize(out, stored, run)
-        verify_sources = verify_sources and options.layout == "tokens"
-        if verify_sources:
-            for c in corpora:
-                c.verify_checksums()
+        if check is not None:
+            check.wait()
         idx = _commit(out, staging, splits, overwrite, flow.remove_entries)
     except BaseException as e:
         if is_enospc(e):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats.packed import VALID, attention_costs, mask_storage, v2_dtypes
+from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..metrics import histogram_metrics
 from ..plan import PackLayout, PackOptions
 from ..storage import is_url, relative
@@ -24,11 +24,15 @@ def balance_entry(options: PackOptions) -> dict | None:
     return {"objective": options.balance, "ranks": options.balance_ranks}
 
 
-def histogram(layout: PackLayout) -> np.ndarray:
-    """How many segments have each length 0..seq_len (over every copy round)."""
+def histogram(layout: PackLayout, chunk: int = 1 << 22) -> np.ndarray:
+    """How many segments have each length 0..seq_len (over every copy round), a chunk at a
+    time (bincount of the whole table made an int64 copy of it: 8 B a document, 4 s at 1e8)."""
     size = layout.options.seq_len + 1
-    return sum((np.bincount(r.table_length, minlength=size) for r in layout.rounds),
-               np.zeros(size, np.int64))
+    out = np.zeros(size, np.int64)
+    for r in layout.rounds:
+        for a in range(0, r.table_length.size, chunk):
+            out += np.bincount(r.table_length[a:a + chunk], minlength=size)
+    return out
 
 
 def metrics(layout: PackLayout) -> dict:
@@ -70,32 +74,17 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
             "sources": source_entries(layout, corpora, factors, folder)}
 
 
-def imbalance(layout: PackLayout, ranks: int | None = None, chunk: int = 1 << 20
-              ) -> float | None:
+def imbalance(layout: PackLayout, ranks: int | None = None) -> float | None:
     """Mean over blocks of ``ranks`` consecutive packs of max/mean attention cost: what one
-    pack per rank per step costs in stragglers (docs/TRAINING.md). About ``chunk`` segments
-    at a time (memory: one chunk's)."""
+    pack per rank per step costs in stragglers (docs/TRAINING.md), from the packs' costs
+    the layout keeps (:meth:`PackLayout.pack_sums`)."""
     ranks = ranks or layout.options.balance_ranks
-    first = layout.seg_first
-    end = layout.n_packs // ranks * ranks
-    total, counted, p0 = 0.0, 0, 0
-    while p0 < end:
-        p1 = int(np.searchsorted(first, first[p0] + chunk, side="right")) - 1
-        p1 = min(end, max(p0 + ranks, (p1 - p0) // ranks * ranks + p0))
-        lengths = _ordered(layout, int(first[p0]), int(first[p1]))
-        costs = attention_costs(lengths, first[p0:p1 + 1] - first[p0]).reshape(-1, ranks)
-        mean = costs.mean(axis=1)
-        ok = mean > 0
-        total += float((costs.max(axis=1)[ok] / mean[ok]).sum())
-        counted += int(ok.sum())
-        p0 = p1
-    return total / counted if counted else None
-
-
-def _ordered(layout: PackLayout, a: int, b: int) -> np.ndarray:
-    if len(layout.rounds) == 1:
-        return layout.rounds[0].table_length[layout.order[a:b]]
-    return layout.segments(a, b)[2]
+    costs = layout.pack_sums()[1]
+    blocks = costs[:costs.size // ranks * ranks].reshape(-1, ranks)
+    mean = blocks.mean(axis=1)
+    ok = mean > 0
+    return float((blocks.max(axis=1)[ok] / mean[ok]).sum()) / int(ok.sum()) if ok.any() \
+        else None
 
 
 HOLDOUT_RULE = 2  # 2: packtool.mixture.holdout_counts (exact, never a source's last document)
@@ -148,11 +137,9 @@ def group_index_meta(combined: dict, options: PackOptions, corpora: list, factor
     seq_len = options.seq_len
     hist = np.zeros(seq_len + 1, np.int64)
     hist[:combined["hist"].size] = combined["hist"]
-    first = combined["reports"][0]
-    report = PackerReport(**{**first, "n_packs": combined["n_packs"], "lp_value": None,
-                             "lp_bound": None, "lp_converged": None,
-                             "warnings": list(dict.fromkeys(
-                                 w for r in combined["reports"] for w in r.get("warnings", [])))})
+    report = PackerReport(**{**combined["report"], "n_packs": combined["n_packs"],
+                             "lp_value": None, "lp_bound": None, "lp_converged": None,
+                             "warnings": combined["warnings"]})
     tokens, docs = combined["tokens_used"], combined["docs_used"]
     all_tokens = max(int(sum(tokens)), 1)
     sources = [{**source_entry(c, folder), "factor": factors[k], "docs_used": int(docs[k]),

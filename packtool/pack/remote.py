@@ -36,7 +36,7 @@ from ..storage import default_options
 from ..storage.place import Place
 from ..storage.publish import Published, StoreLock, put_object, remove_leftovers, upload
 from ..storage.stage_out import require_url, scratch_dir
-from .flow import plan_flow, plan_sources
+from .flow import SourceCheck, plan_flow, plan_sources
 from .jobs import ShardJob
 from .meta import held_out_entry
 from .result import run_warnings
@@ -214,9 +214,11 @@ def pack_to_store(prefixes, url: str, options, *, overwrite: bool, progress: boo
         flow = plan_flow(corpora, factors, options, digest, stored, staging="")
     lock = contextlib.nullcontext() if run.one_task else StoreLock(
         place.fs, f"{place.root}/{LOCK}", str(place.path(LOCK)))
+    verify_sources = verify_sources and options.layout == "tokens"
     with lock:
         if not run.finalize:
             _begin(place, url, digest, overwrite, run)
+        sources_check = SourceCheck(corpora) if verify_sources and not run.one_task else None
         jobs = flow.jobs()
         remote = RemoteJobs(jobs.items, jobs.run, url, storage_options)
         run_jobs(Jobs(remote, run_remote, jobs.weights, lambda j: j.label(), "pack"), run,
@@ -227,10 +229,8 @@ def pack_to_store(prefixes, url: str, options, *, overwrite: bool, progress: boo
                 "every task is done to write index.json"])
         splits = flow.finalize(url, stored, run, check=lambda inner: check_remote(
             RemoteJob(inner, jobs.run, url, storage_options), place))
-        verify_sources = verify_sources and options.layout == "tokens"
-        if verify_sources:
-            for c in corpora:
-                c.verify_checksums()
+        if sources_check is not None:
+            sources_check.wait()
         idx, removed = _commit(place, url, splits)
     res = flow.result(url, time.perf_counter() - t0, [], idx)
     res.sources_verified = verify_sources

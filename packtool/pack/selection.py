@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba import njit
-from ..mixture import holdout_counts
+from ..mixture import holdout_counts, refuse_idle
 from ..options import PackOptions
 from ..seeds import rng as seeded
 
@@ -84,14 +84,22 @@ def get_bits(bits: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return raw[lo & 7:(lo & 7) + hi - lo].astype(bool)
 
 
-def selection_bits(chunks, sizes: list[int], factors: list[float], options: PackOptions
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def selection_bits(chunks, sizes: list[int], factors: list[float], options: PackOptions,
+                   names: list[str] | None = None
+                   ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(held out, given one copy more than floor(factor)): bitmaps over every document of
     the sources (global indices), the global plan's draws (ranks among each source's
     candidates) mapped to documents by streaming passes; ``chunks(k)`` yields source k's
-    lengths a chunk at a time."""
+    lengths a chunk at a time. (None, None) when there is nothing to draw (no held-out split,
+    whole factors): no byte per document at all. An empty training set, or a source that
+    adds nothing to it, is refused (:func:`packtool.mixture.refuse_idle`), as the global
+    plan refuses it."""
     valid_docs, valid_fraction = options.valid_docs, options.valid_fraction
     nonempty = [sum(int(np.count_nonzero(c)) for c in chunks(k)) for k in range(len(sizes))]
+    if valid_docs is None and valid_fraction is None and all(f == int(f) for f in factors):
+        refuse_idle([m if f >= 1 else 0 for m, f in zip(nonempty, factors, strict=True)],
+                    nonempty, factors, names)
+        return None, None
     wants = holdout_counts(nonempty, valid_docs, valid_fraction)  # the global plan's rule
     total = int(sum(sizes))
     held, extra = (np.zeros(-(-total // 8), np.uint8) for _ in range(2))
@@ -108,7 +116,27 @@ def selection_bits(chunks, sizes: list[int], factors: list[float], options: Pack
             _mark(chunks(k), base, ranks, extra,
                   lambda c, a: ~get_bits(held, a, a + len(c)))
         base += n
+    refuse_idle(_trained(chunks, sizes, factors, nonempty, wants, extra), nonempty, factors,
+                names)
     return held, extra
+
+
+def _trained(chunks, sizes, factors, nonempty, wants, extra) -> list[int]:
+    """Per source, its non-empty documents with a copy in the training packs: all but the
+    held-out ones from a factor of 1 or more; else those given the extra copy."""
+    out, base = [], 0
+    for k, (n, f) in enumerate(zip(sizes, factors, strict=True)):
+        if f >= 1:
+            out.append(nonempty[k] - wants[k])
+        else:
+            got, at = 0, base
+            for c in chunks(k):
+                got += int(np.count_nonzero((np.asarray(c) > 0) & get_bits(extra, at,
+                                                                         at + len(c))))
+                at += len(c)
+            out.append(got)
+        base += n
+    return out
 
 
 def _mark(chunks, base: int, ranks: np.ndarray, out: np.ndarray, candidate) -> None:

@@ -35,7 +35,7 @@ from . import segments as sg
 from .draws import Selection
 
 VerifyError = ValidationError
-CHUNK_TOKENS = 1 << 23
+CHUNK_TOKENS = 1 << 20  # tokens compared at a time: ~60 bytes each in temporaries
 
 
 @dataclass

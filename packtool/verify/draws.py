@@ -12,9 +12,10 @@ sample, and verify calls it; above, it shuffles ``arange(n)`` (8 bytes a candida
 verify makes the same set from the same draws (the shuffle's ``integers`` calls, i = n-1 down
 to n-size) by Floyd's rule taken in ascending i, a plain loop over a byte per candidate.
 
-Memory: the results as bitmaps (1 bit a document each); while a sample above n/50 is drawn,
-1 byte a candidate and 4 bytes a draw (8 past 2**32 candidates); with neither a mixture nor a
-held-out split, nothing. Time: ~0.3 us a draw in the plain loop.
+Memory: the results as bitmaps (1 bit a document each, only for what is drawn); while a
+sample above n/50 is drawn, 1 byte a candidate and 4 bytes a draw (8 past 2**32
+candidates); with neither a fractional factor nor a held-out split, nothing. Time: ~0.3 us
+a draw in the plain loop.
 """
 
 from __future__ import annotations
@@ -77,23 +78,23 @@ class Selection:
         self.whole = [int(float(s.get("factor", 1.0))) for s in index["sources"]]
         self.held, self.extra = [], []
         req = index.get("held_out") or {}
-        nonempty = [sum(int(np.count_nonzero(x)) for x in source_lengths(c)) for c in corpora]
+        nonempty = [sum(int(np.count_nonzero(x)) for x in source_lengths(c)) if req else 0
+                    for c in corpora]
         wants = (expected_holdout(req, nonempty, sum(len(c) for c in corpora)) if req
                  else [0] * len(corpora))
         for k, c in enumerate(corpora):
             n = len(c)
-            held = np.zeros(-(-n // 8), np.uint8)
+            held = extra = None  # nothing drawn: no bitmap
             m, n_held = nonempty[k], wants[k]
             if n_held:
                 ranks = choice_marks(np.random.default_rng([self.seed, 1, k]), m, n_held)
                 held = self._place(c, ranks, lambda x, a: x > 0)
             factor = float(index["sources"][k].get("factor", 1.0))
             n_extra = round((factor - int(factor)) * (n - n_held))
-            extra = np.zeros_like(held)
             if n_extra:
                 ranks = choice_marks(np.random.default_rng([self.seed, 2, k]), n - n_held,
                                      n_extra)
-                extra = self._place(c, ranks, lambda x, a, h=held: ~bits(h, a, a + x.size))
+                extra = self._place(c, ranks, lambda x, a, h=held: ~_bits(h, a, a + x.size))
             self.held.append(held)
             self.extra.append(extra)
 
@@ -111,14 +112,16 @@ class Selection:
 
     def copies(self, k: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """(training copies, held-out copies) of source k's documents a..b-1 (uint32)."""
-        held = bits(self.held[k], a, b)
+        held = _bits(self.held[k], a, b)
         train = np.full(b - a, self.whole[k], np.uint32)
-        train += bits(self.extra[k], a, b)
+        train += _bits(self.extra[k], a, b)
         train[held] = 0
         return train, held.astype(np.uint32)
 
 
-def bits(bitmap: np.ndarray, a: int, b: int) -> np.ndarray:
-    """Bits a..b-1 of a bitmap (bitorder little) as booleans."""
+def _bits(bitmap: np.ndarray | None, a: int, b: int) -> np.ndarray:
+    """Bits a..b-1 of a bitmap (bitorder little) as booleans (None: all false)."""
+    if bitmap is None:
+        return np.zeros(b - a, bool)
     raw = np.unpackbits(bitmap[a >> 3:-(-b // 8)], bitorder="little")
     return raw[a & 7:(a & 7) + b - a].astype(bool)

@@ -2,9 +2,12 @@
 ``tokens`` layout its tokens gathered from the sources; :func:`index` assembles
 ``index.json`` from the shards' entries, refusing a key the schema does not document.
 
-Per-token arrays are filled in place through memory maps whose space is reserved first
-(``posix_fallocate``), so a full disk is an error before any page is written, never a SIGBUS;
-chunks of ``CHUNK_TOKENS`` are gathered and hashed in order.
+The tokens file is written as a copy is: its space reserved first (``posix_fallocate``: a
+full disk is an error before any byte is written), then chunks of ``CHUNK_TOKENS`` gathered
+segment by segment from the sources into one buffer and written from it, hashed (crc32)
+while hot, in order. Filling a memory map instead cost a page fault per 4 KB written and
+left every page dirty at once (bench_pack.py section 4: 0.29 GB/s for the gather, vs ~1 GB/s
+into a buffer).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import __version__
-from ..._io import NpyMap, NpyWriter
+from ..._io import NpyWriter
 from .._manifest import digest
 from .layout import pack_offsets
 from .schema import DIGEST_KEY, FORMAT, INDEX_KEYS, VERSION, array_length, shard_arrays
@@ -75,39 +78,37 @@ class ShardWriter:
             raise
 
     def _tokens(self, name, po, table, tick) -> dict:
-        """The packs' tokens (and loss mask), a chunk of packs at a time."""
+        """The packs' tokens (and loss mask), a chunk of packs at a time: a thread gathers
+        chunk k+1 into one buffer while this one hashes and writes chunk k from the other."""
+        from concurrent.futures import ThreadPoolExecutor
+
         dtype = np.dtype(self.dtypes["token"])
         n_tok = int(po[-1])
-        ps = np.asarray(table["pack_seg"], np.int64)
-        seg_len = np.asarray(table["seg_length"], np.int64)
-        starts = np.concatenate([[0], np.cumsum(seg_len)]).astype(np.int64)
-        tokens = NpyMap(self.directory / f"{name}.tokens.npy", dtype, n_tok)
+        tokens = NpyWriter(self.directory / f"{name}.tokens.npy", dtype, n_tok,
+                           reserve_space=True)
         bits = (NpyWriter(self.directory / f"{name}.loss_mask.npy", np.dtype("u1"),
                           -(-n_tok // 8)) if self.mask_storage == "bits" else None)
+        fill = _Fill(self, po, table, dtype)
         carry = np.zeros(0, np.uint8)
         try:
-            j, n_packs = 0, ps.size - 1
-            while j < n_packs:
-                j1 = int(np.searchsorted(po, po[j] + CHUNK_TOKENS, side="right")) - 1
-                j1 = min(max(j1, j + 1), n_packs)
-                a, b, t_a, t_b = int(ps[j]), int(ps[j1]), int(po[j]), int(po[j1])
-                mask = np.empty(t_b - t_a, np.uint8) if self.mask_storage else None
-                dst = tokens.array[t_a:t_b]
-                self.gather(np.asarray(table["seg_doc"][a:b], np.int64),
-                            np.asarray(table["seg_offset"][a:b], np.int64), seg_len[a:b], dst,
-                            starts[a:b] - t_a, mask)
-                if self.mask_storage == "folded":
-                    shift = dtype.itemsize * 8 - 1
-                    dst |= (mask.astype(dtype) << dtype.type(shift))
-                elif bits is not None:
-                    carry = np.concatenate([carry, mask])
-                    whole = carry.size // 8 * 8
-                    bits.write(np.packbits(carry[:whole], bitorder="little"))
-                    carry = carry[whole:]
-                tokens.hash_upto(t_b)
-                if tick is not None:
-                    tick(t_b - t_a)
-                j = j1
+            with ThreadPoolExecutor(1, thread_name_prefix="packtool-gather") as pool:
+                chunks = enumerate(fill.chunks())  # chunk k fills buffer k % 2
+                ahead = [pool.submit(fill, c, k % 2) for k, c in (next(chunks, (0, None)),
+                                                                  next(chunks, (1, None)))
+                         if c is not None]
+                while ahead:
+                    dst, mask = ahead.pop(0).result()
+                    if bits is not None:
+                        carry = np.concatenate([carry, mask])
+                        whole = carry.size // 8 * 8
+                        bits.write(np.packbits(carry[:whole], bitorder="little"))
+                        carry = carry[whole:]
+                    tokens.write(dst)  # then its buffer is free for the chunk after next
+                    k, c = next(chunks, (0, None))
+                    if c is not None:
+                        ahead.append(pool.submit(fill, c, k % 2))
+                    if tick is not None:
+                        tick(dst.size)
             out = {"tokens": {"name": f"{name}.tokens.npy", **tokens.close()}}
             if bits is not None:
                 if carry.size:
@@ -119,6 +120,45 @@ class ShardWriter:
             if bits is not None:
                 bits.abort()
             raise
+
+
+class _Fill:
+    """Chunks of packs of about CHUNK_TOKENS tokens, each gathered from the sources into one
+    of two buffers (and the loss mask folded into the token word where it is stored so)."""
+
+    def __init__(self, writer: ShardWriter, po, table, dtype):
+        self.writer, self.po, self.table, self.dtype = writer, po, table, dtype
+        self.ps = np.asarray(table["pack_seg"], np.int64)
+        size = min(int(po[-1]), CHUNK_TOKENS + int(np.diff(po).max(initial=0)))
+        self.bufs = [np.empty(size, dtype) for _ in range(2)]
+        self.masks = [np.empty(size, np.uint8) if writer.mask_storage else None
+                      for _ in range(2)]
+
+    def chunks(self):
+        """(first pack, end pack) of each chunk, in order."""
+        j, n_packs, po = 0, self.ps.size - 1, self.po
+        while j < n_packs:
+            j1 = int(np.searchsorted(po, po[j] + CHUNK_TOKENS, side="right")) - 1
+            j1 = min(max(j1, j + 1), n_packs)
+            yield j, j1
+            j = j1
+
+    def __call__(self, chunk: tuple[int, int], k: int):
+        j, j1 = chunk
+        a, b, t_a, t_b = (int(x) for x in (self.ps[j], self.ps[j1], self.po[j], self.po[j1]))
+        dst = self.bufs[k][:t_b - t_a]
+        mask = None if self.masks[k] is None else self.masks[k][:t_b - t_a]
+        lengths = np.asarray(self.table["seg_length"][a:b], np.int64)  # the chunk's only
+        starts = np.zeros(lengths.size, np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        doc = np.asarray(self.table["seg_doc"][a:b], np.int64)
+        by_source = np.argsort(doc, kind="stable")  # read the sources in order: ~30% faster
+        self.writer.gather(doc[by_source],
+                           np.asarray(self.table["seg_offset"][a:b], np.int64)[by_source],
+                           lengths[by_source], dst, starts[by_source], mask)
+        if self.writer.mask_storage == "folded":
+            dst |= mask.astype(self.dtype) << self.dtype.type(self.dtype.itemsize * 8 - 1)
+        return dst, mask
 
 
 def index(meta: dict, shards: list[dict]) -> dict:

@@ -22,9 +22,12 @@ _open_lock = threading.Lock()
 
 
 def memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    """A read-only map of ``path`` as a plain ndarray view (np.memmap's Python-level
+    __getitem__ and __array_finalize__ cost ~2 us a slice: a reader slices several times a
+    pack); the view keeps the map alive."""
     if count == 0:
         return np.empty(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,)).view(np.ndarray)
 
 
 @dataclass(eq=False)
@@ -47,6 +50,7 @@ class TokenPart:
     checksums: bool = True
     _maps: dict | None = field(default=None, repr=False)
     _lengths: np.ndarray | None = field(default=None, repr=False)
+    _verified: set = field(default_factory=set, repr=False)  # keys checked for these maps
 
     @property
     def remote(self) -> bool:
@@ -68,6 +72,7 @@ class TokenPart:
     def _map(self, key: str) -> np.ndarray:
         with _open_lock:
             if self._maps is None:
+                self._verified = set()  # a new map of the file: checked again on first use
                 n_docs, n_tokens = self.entry["n_docs"], self.entry["n_tokens"]
                 self._maps = {"bin": memmap(self.file("bin"), self.dtype, n_tokens),
                               "boundaries": memmap(self.file("boundaries"), np.dtype("<i8"),
@@ -81,21 +86,24 @@ class TokenPart:
                 old._maps = None
             return self._maps[key]
 
-    def _checked(self, key: str) -> None:
-        if self.checksums and not self.place.remote:  # a remote file: verified when fetched
-            check_file(self.path(key), self.entry["checksums"][key])
+    def _checked(self, key: str) -> np.ndarray:
+        """The map of ``NAME.key``, its file checked once per map (a reader reads it per
+        pack: the check's stat and path resolution cost ~10 us a call)."""
+        array = self._map(key)
+        if self.checksums and not self.place.remote and key not in self._verified:
+            check_file(self.path(key), self.entry["checksums"][key])  # remote: when fetched
+            self._verified.add(key)
+        return array
 
     @property
     def tokens(self) -> np.ndarray:
-        self._checked("bin")
-        return self._map("bin")
+        return self._checked("bin")
 
     @property
     def mask(self) -> np.ndarray | None:
         if not self.with_mask:
             return None
-        self._checked("mask")
-        return self._map("mask")
+        return self._checked("mask")
 
     @property
     def ends(self) -> np.ndarray:
