@@ -42,6 +42,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -108,7 +109,12 @@ def _children_usage(before: dict | None = None) -> dict:
 
 def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
                  check: str = "sample", tokenizer: Path = TOKENIZER) -> dict:
-    """Wall seconds, CPU seconds, tokens and peak RSS of the CLI in a fresh process."""
+    """Wall seconds, CPU seconds, tokens and peak RSS of the CLI in a fresh process, writing
+    prefix ``out/tok`` in the emptied folder ``out``: a finished part left by the previous
+    repeat would be skipped as a resume (--overwrite keeps verified parts of the same plan)
+    and timed as a run."""
+    shutil.rmtree(out, ignore_errors=True)
+    out = out / "tok"
     cmd = [sys.executable, "-c",
            "import sys; from packtool.cli import main; sys.argv=sys.argv[1:]\n"
            "try: main()\nexcept SystemExit: pass\n" + _RUSAGE,
@@ -127,9 +133,11 @@ def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
         usage = json.loads(lines[-1])
     except (IndexError, ValueError):  # the CLI left through os._exit: the children's usage
         usage = _children_usage(before)
+    if summary["n_parts_skipped"]:
+        sys.exit(f"packtool --engine {engine} skipped parts of {out}: not a timed run")
     meta = json.loads(out.with_suffix(".json").read_text())
     return {"seconds": seconds, "cpu": usage["cpu"], "tokens": summary["n_tokens"],
-            "rss": usage["rss"], "engine": meta["engine"]}
+            "rss": usage["rss"], "engine": meta["engine"], "prefix": out}
 
 
 def run_raw(corpus: Path, workers: int, batch: int = 1024, python_threads: bool = False) -> dict:
@@ -338,7 +346,7 @@ def bench_issue22(args) -> None:
                     check = check.removeprefix("check-") or "sample"
                     out = args.workdir / f"tok-{kind}-{n}-{name.replace('/', '-')}"
                     r = run_packtool(src, out, args.workers, engine, check, tok)
-                    r["digest"] = _digest(out)
+                    r["digest"] = _digest(r["prefix"])
                     tries[name].append(r)
             runs = {k: best(v) for k, v in tries.items()}
             if args.datatrove and n <= 4:
