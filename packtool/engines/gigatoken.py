@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tokenizer import tokenizer_json
 from .base import Engine, EngineRefused, narrow, version
 
 UNSUPPORTED = {"model": {"WordPiece", "Unigram", "WordLevel"}}
@@ -85,7 +86,7 @@ def _add(lengths, ids, prefix, suffix):
 def load(path, reference) -> Engine:
     import gigatoken
 
-    backend = gigatoken.Tokenizer.from_json(reference.to_str()).backend
+    backend = gigatoken.Tokenizer.from_json(tokenizer_json(reference)[0]).backend
     wrap = _wrap(reference)
 
     def encode(texts, add_special, dtype):

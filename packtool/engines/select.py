@@ -28,7 +28,6 @@ selection records, for every faster engine, why it was not used.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PacktoolError
+from ..tokenizer import tokenizer_json
 from . import fastokens, gigatoken, ranking, tokie
 from .base import Engine, EngineMismatch, EngineRefused
 from .base import hf as _hf
@@ -70,7 +70,7 @@ def _probe_texts(reference) -> list[str]:
 def _spec(reference) -> dict:
     """The reference's own ``tokenizer.json`` (truncation and padding off): what every engine
     is given, also for a converted SentencePiece ``.model``."""
-    return json.loads(reference.to_str())
+    return tokenizer_json(reference)[1]
 
 
 def _declared_refusal(name: str, spec: dict) -> str | None:
@@ -102,7 +102,7 @@ def _json_path(path: Path, reference) -> Path:
 
     if not _JSON_DIR:
         _JSON_DIR.append(tempfile.TemporaryDirectory(prefix="packtool-spm-"))
-    text = reference.to_str()
+    text = tokenizer_json(reference)[0]
     out = Path(_JSON_DIR[0].name) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
     if not out.exists():
         out.write_text(text, encoding="utf-8")
