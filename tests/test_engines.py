@@ -170,6 +170,26 @@ def families(tmp_path_factory):
     return out
 
 
+def test_id_space_is_what_get_vocab_says(families, tmp_path):
+    """packtool.tokenizer.id_space reads the JSON; the reference is the library's vocabulary."""
+    from packtool.tokenizer import id_space, load_tokenizer
+
+    def reference(tok):
+        vocab = tok.get_vocab(with_added_tokens=True)
+        return max(max(vocab.values()) + 1, tok.get_vocab_size(with_added_tokens=True))
+
+    sparse = json.loads(families["gpt2_byte_bpe"][0].read_text())
+    sparse["added_tokens"].append({**sparse["added_tokens"][-1], "id": 100_000,
+                                   "content": "<|far|>"})  # the library renumbers it
+    (tmp_path / "sparse.json").write_text(json.dumps(sparse))
+    paths = [path for path, _ in families.values()] + [tmp_path / "sparse.json"]
+    for path in paths:
+        tok, _ = load_tokenizer(path)
+        assert id_space(tok) == reference(tok), path
+        fresh = Tokenizer.from_file(str(path))  # not loaded by packtool: serialized afresh
+        assert id_space(fresh) == reference(fresh), path
+
+
 def _loaded(path, ref, add_special):
     """Engines that accept the family (a refusal is allowed; it must come at load)."""
     got = {}
