@@ -46,6 +46,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,18 +95,21 @@ def make_corpus(path: Path, size_mb: int, seed: int = 0, kind: str = "prose") ->
     return path
 
 
-_RUSAGE = ("import resource, sys, json\nru = resource.getrusage(resource.RUSAGE_SELF)\n"
-           "print(json.dumps({'rss': ru.ru_maxrss * 1024, 'cpu': ru.ru_utime + ru.ru_stime}),"
-           " file=sys.stderr)\n")
-
-
-def _children_usage(before: dict | None = None) -> dict:
-    """CPU seconds of finished child processes (since ``before``) and their peak RSS."""
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = ru.ru_utime + ru.ru_stime - (before["cpu"] if before else 0.0)
-    return {"cpu": cpu, "rss": ru.ru_maxrss * 1024}
+def timed(cmd: list, env: dict | None = None, cwd=None) -> dict:
+    """Run ``cmd`` to its end: wall seconds, and the CPU seconds (user + sys) and peak RSS of
+    that process alone (``os.wait4``; RUSAGE_CHILDREN's peak is the largest of every child
+    so far, and packtool leaves through os._exit), its output and exit code."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
+        _, status, ru = os.wait4(p.pid, 0)
+        seconds = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"seconds": seconds, "cpu": ru.ru_utime + ru.ru_stime, "rss": ru.ru_maxrss * 1024,
+                "stdout": out.read().decode(), "stderr": err.read().decode(),
+                "returncode": p.returncode}
 
 
 def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
@@ -116,29 +120,18 @@ def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
     and timed as a run."""
     shutil.rmtree(out, ignore_errors=True)
     out = out / "tok"
-    cmd = [sys.executable, "-c",
-           "import sys; from packtool.cli import main; sys.argv=sys.argv[1:]\n"
-           "try: main()\nexcept SystemExit: pass\n" + _RUSAGE,
-           "packtool", "tokenize", str(corpus), "-t", str(tokenizer), "-o", str(out), "--overwrite",
-           "-q", "--json", "-j", str(workers), "--engine", engine, "--engine-check", check]
-    before = _children_usage()
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-    seconds = time.perf_counter() - t0
-    if p.returncode or not p.stdout.strip():
-        sys.exit(f"packtool --engine {engine} failed:\n{p.stderr[-3000:]}")
-    summary = json.loads(p.stdout)
-    lines = p.stderr.strip().splitlines()
-    try:
-        usage = json.loads(lines[-1])
-    except (IndexError, ValueError):  # the CLI left through os._exit: the children's usage
-        usage = _children_usage(before)
+    cmd = [sys.executable, "-m", "packtool", "tokenize", str(corpus), "-t", str(tokenizer),
+           "-o", str(out), "--overwrite", "-q", "--json", "-j", str(workers), "--engine", engine,
+           "--engine-check", check]
+    p = timed(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if p["returncode"] or not p["stdout"].strip():
+        sys.exit(f"packtool --engine {engine} failed:\n{p['stderr'][-3000:]}")
+    summary = json.loads(p["stdout"])
     if summary["n_parts_skipped"]:
         sys.exit(f"packtool --engine {engine} skipped parts of {out}: not a timed run")
     meta = json.loads(out.with_suffix(".json").read_text())
-    return {"seconds": seconds, "cpu": usage["cpu"], "tokens": summary["n_tokens"],
-            "rss": usage["rss"], "engine": meta["engine"], "prefix": out}
+    return {"seconds": p["seconds"], "cpu": p["cpu"], "tokens": summary["n_tokens"],
+            "rss": p["rss"], "engine": meta["engine"], "prefix": out}
 
 
 def run_raw(corpus: Path, workers: int, batch: int = 1024, python_threads: bool = False) -> dict:
@@ -181,15 +174,15 @@ from datatrove.pipeline.tokens import DocumentTokenizer
 corpus, tok = Path(sys.argv[1]), sys.argv[2]
 out = tempfile.mkdtemp(prefix="dt-out-")
 t0 = time.perf_counter()
+dt = DocumentTokenizer(out, tokenizer_name_or_path=tok, eos_token=None, shuffle_documents=False)
 LocalPipelineExecutor(
     pipeline=[JsonlReader(str(corpus), glob_pattern="*.jsonl", text_key="text") if corpus.is_dir()
               else JsonlReader(str(corpus.parent), glob_pattern=corpus.name, text_key="text"),
-              DocumentTokenizer(out, tokenizer_name_or_path=tok, eos_token=None,
-                                shuffle_documents=False)],
+              dt],
     tasks=1, workers=1, logging_dir=tempfile.mkdtemp(prefix="dt-logs-"),
     skip_completed=False).run()
 seconds = time.perf_counter() - t0
-tokens = sum(p.stat().st_size for p in Path(out).rglob("*.ds")) // 2  # uint16 tokens
+tokens = sum(p.stat().st_size for p in Path(out).rglob("*.ds")) // dt.token_size
 import resource
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"seconds": seconds, "tokens": tokens, "rss": ru.ru_maxrss * 1024,
@@ -216,15 +209,11 @@ def run_datatrove(corpus: Path, workdir: Path, workers: int, tokenizer: Path = T
         (venv / "ok").touch()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["RAYON_NUM_THREADS"] = str(workers)
-    t0 = time.perf_counter()
-    p = subprocess.run([str(py), "-c", DATATROVE_CODE, str(corpus), str(tokenizer)],
-                       capture_output=True, text=True, env=env, cwd=workdir)
-    seconds = time.perf_counter() - t0
-    if p.returncode:
-        sys.exit(f"datatrove failed:\n{p.stderr[-3000:]}")
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    r["seconds"] = seconds  # the whole process, as for packtool
-    return r
+    p = timed([str(py), "-c", DATATROVE_CODE, str(corpus), str(tokenizer)], env=env, cwd=workdir)
+    if p["returncode"]:
+        sys.exit(f"datatrove failed:\n{p['stderr'][-3000:]}")
+    r = json.loads(p["stdout"].strip().splitlines()[-1])
+    return {**r, "seconds": p["seconds"], "cpu": p["cpu"], "rss": p["rss"]}  # whole process
 
 
 def best(runs: list[dict]) -> dict:
@@ -303,15 +292,11 @@ offsets.astype(np.int64).tofile(out + ".boundaries")
 
 
 def run_gigatoken_script(src: Path, tokenizer: Path, out: Path) -> dict:
-    t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", GIGATOKEN_CODE + _RUSAGE, str(src), str(tokenizer),
-                        str(out)], capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    if p.returncode:
-        sys.exit(f"gigatoken script failed:\n{p.stderr[-3000:]}")
-    usage = json.loads(p.stderr.strip().splitlines()[-1])
+    p = timed([sys.executable, "-c", GIGATOKEN_CODE, str(src), str(tokenizer), str(out)])
+    if p["returncode"]:
+        sys.exit(f"gigatoken script failed:\n{p['stderr'][-3000:]}")
     ids = np.fromfile(f"{out}.bin", np.uint32)
-    return {"seconds": seconds, "cpu": usage["cpu"], "rss": usage["rss"], "tokens": len(ids),
+    return {"seconds": p["seconds"], "cpu": p["cpu"], "rss": p["rss"], "tokens": len(ids),
             "digest": hashlib.sha256(ids.tobytes()).hexdigest(), "engine": {"name": "gigatoken"}}
 
 
