@@ -12,9 +12,10 @@ checker threads compare with the reference beside the pipeline. Each worker runs
 tokenizer's batch call with the Rust-side thread pool switched off
 (``TOKENIZERS_PARALLELISM=false`` during the run): the worker threads are the parallelism.
 
-Every input is stat-ed before and after it is read and hashed (crc32 of its bytes, ~3 GB/s)
-once read: a file rewritten while it was being read is an error naming it, and the hash lets
-a resume trust a finished part only while its inputs are unchanged.
+Every input is stat-ed before and after it is read and hashed (crc32 of its bytes, taken as a
+local JSONL file is read, or by reading it again, ~3 GB/s): a file rewritten while it was
+being read is an error naming it, and the hash lets a resume trust a finished part only while
+its inputs are unchanged.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ class Reader(threading.Thread):
         except Exception as e:  # a bad record read from a file being rewritten: say that
             _unchanged(path, before, e)
             raise
-        try:
-            content = content_hash(path, before)
+        try:  # the JSONL reader hashed a local file as it read it; others are read again
+            content = stats.content or content_hash(path, before)
         except OSError as e:  # removed or replaced meanwhile
             _unchanged(path, before, e)
             raise
