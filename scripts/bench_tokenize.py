@@ -98,21 +98,30 @@ def make_corpus(path: Path, size_mb: int, seed: int = 0, kind: str = "prose") ->
     return path
 
 
+TIME = "/usr/bin/time"  # GNU time: the peak RSS of the process it starts
+
+
 def timed(cmd: list, env: dict | None = None, cwd=None) -> dict:
-    """Run ``cmd`` to its end: wall seconds, and the CPU seconds (user + sys) and peak RSS of
-    that process alone (``os.wait4``; RUSAGE_CHILDREN's peak is the largest of every child
-    so far, and packtool leaves through os._exit), its output and exit code."""
+    """Run ``cmd`` to its end: wall seconds, the CPU seconds (user + sys) of that process
+    alone (``os.wait4``) and its peak RSS (GNU time's %M: a child forked from this process
+    carries this process's peak over exec, and RUSAGE_CHILDREN's is the largest of every
+    child so far), its output and exit code."""
+    wrap = [TIME, "-f", "peak-rss-kib %M"] if os.path.exists(TIME) else []
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
+        p = subprocess.Popen(wrap + cmd, stdout=out, stderr=err, env=env, cwd=cwd)
         _, status, ru = os.wait4(p.pid, 0)
         seconds = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return {"seconds": seconds, "cpu": ru.ru_utime + ru.ru_stime, "rss": ru.ru_maxrss * 1024,
-                "stdout": out.read().decode(), "stderr": err.read().decode(),
-                "returncode": p.returncode}
+        stderr = err.read().decode()
+        rss = float("nan")
+        if wrap and stderr.rstrip().rsplit("\n", 1)[-1].startswith("peak-rss-kib "):
+            stderr, _, last = stderr.rstrip().rpartition("\n")
+            rss = int(last.split()[1]) * 1024
+        return {"seconds": seconds, "cpu": ru.ru_utime + ru.ru_stime, "rss": rss,
+                "stdout": out.read().decode(), "stderr": stderr, "returncode": p.returncode}
 
 
 def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
