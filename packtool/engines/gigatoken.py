@@ -32,7 +32,7 @@ tokenizers (hf)             1.1          0.9          1
   (trailing garbage, a missing closing brace), takes the first of duplicate keys (Python:
   the last), has no nested fields and reads one JSONL file on one thread: 0.29-0.36 s for
   50 MB of prose, against 0.12 s for packtool's reader plus 0.22 s for ``encode_batch``
-  on two threads at once. So packtool keeps its own JSONL reader (see packtool.fastread).
+  on two threads at once. So packtool keeps its own JSONL reader (packtool.sources.jsonl).
 """
 
 from __future__ import annotations

@@ -168,11 +168,10 @@ class Selection:
 
     The sample check runs beside the pipeline, not in it: a worker encodes its batch, hands the
     sampled documents (texts and the engine's ids) to a checker thread and goes on, so the
-    in-order writer never waits for the reference. Measured (2 shared cores, 100 MB synthetic
-    JSONL, 57k documents, fastokens): the sample is 277 documents, 183k tokens (0.5%), about
-    0.17 s of reference CPU, lost in the run-to-run noise of a 1.2-2.3 s run. Inside the
-    workers the same check took 0.4-0.7 s of wall time: the batch holding the first 200
-    documents held the in-order writer, and with it the reader. At most ``2 * workers``
+    in-order writer never waits for the reference. Inside the workers the check took 0.4-0.7 s
+    of wall time (100 MB synthetic JSONL, fastokens, before the sample's byte budget): the
+    batch holding the first 200 documents held the in-order writer, and with it the reader.
+    What the sample is and costs: :mod:`.sample`. At most ``2 * workers``
     checks wait (memory stays flat); a difference is raised by the next ``encode`` call or on
     leaving :meth:`checking`. ``full`` re-encodes each batch in its worker, since the reference
     then sets the pace anyway: 22.9 s instead of 1.2 s, the cost of an ``hf`` run."""
