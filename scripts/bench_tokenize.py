@@ -2,8 +2,9 @@
 the raw `tokenizers` batch call and datatrove's DocumentTokenizer.
 
     python scripts/bench_tokenize.py --issue22 [--datatrove] [--size-mb 50] [--repeat 3]
-        [--slow-repeat N] [--shapes 1,4,2000]   # prose + code, 1/4/2,000 files, the 70k
-        # byte-level BPE of bench_corpora.py, every engine, the gigatoken script, datatrove
+        [--slow-repeat N] [--shapes 1,4,2000] [--check-cost]   # prose + code, 1/4/2,000
+        # files, the 70k byte-level BPE of bench_corpora.py, every engine, the gigatoken
+        # script, datatrove
     python scripts/bench_tokenize.py [--size-mb 100] [--corpora prose,mixed] [--repeat 3]
         [--workdir bench-out] [--engines hf,fastokens,tokie,auto,auto/check-off,auto/check-full]
         [--datatrove] [--flat]
@@ -15,7 +16,8 @@ per shape, interleaved, whole processes: packtool with each --engine, and
 boundaries, as the issue's 10-line script). The token streams of every run are compared
 (byte-identical to --engine hf, and the script's to packtool's); ratios are wall time (and
 CPU time) over the gigatoken script's and datatrove's; auto with --engine-check off gives the
-sample check's cost; a last table checks the issue's targets. --slow-repeat: fewer repeats
+sample check's cost (--check-cost: its own CPU, measured directly); a last table checks the
+issue's targets. --slow-repeat: fewer repeats
 of --engine hf and datatrove, which take 20-60 s a run here (the ratios rest on the fast runs).
 
 Generates synthetic JSONL corpora of --size-mb (cached in --workdir): `prose` (packtool.synth:
@@ -374,12 +376,47 @@ def _print_shape(title: str, runs: dict) -> None:
               f"{a['cpu'] - b['cpu']:+.2f} s ({(a['cpu'] - b['cpu']) / a['cpu']:+.0%})")
 
 
+def check_cost(corpus: Path, tok: Path, workers: int, workdir: Path) -> None:
+    """The sample check's own cost: the reference (`tokenizers`, its thread pool off, as on
+    packtool's checker threads) re-encoding exactly the documents the check picks, CPU
+    seconds in this process, against the CPU of a whole ``--engine auto`` run."""
+    import resource
+
+    import orjson
+    from tokenizers import Tokenizer
+
+    from packtool.engines import sample_picks
+
+    texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
+    sizes = np.array([len(t.encode("utf-8", "surrogatepass")) for t in texts], np.int64)
+    picks, state = sample_picks(0, sizes)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    ref = Tokenizer.from_file(str(tok))
+    sub = [texts[i] for i in picks]
+    cpu = []
+    for _ in range(3):
+        c0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        ref.encode_batch_fast(sub, add_special_tokens=False)
+        cpu.append(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - c0)
+    auto = best([run_packtool(corpus, workdir / "tok-check-cost", workers, "auto", "sample", tok)
+                 for _ in range(3)])
+    print(f"  {corpus.name}: the check re-encodes {len(picks)} of {len(sizes):,} documents, "
+          f"{state.checked:,} of {state.seen:,} bytes ({state.checked / state.seen:.2%}): "
+          f"{min(cpu):.3f} s of reference CPU = {min(cpu) / auto['cpu']:.1%} of a whole auto "
+          f"run's {auto['cpu']:.2f} s CPU ({auto['seconds']:.2f} s wall)")
+
+
 def bench_issue22(args) -> None:
     from bench_corpora import bpe_tokenizer, code_corpus, prose_corpus, split_files
 
     tok = args.tokenizer.resolve() if args.tokenizer else bpe_tokenizer(args.workdir)
     names = args.engines.split(",")
     summary = []
+    if args.check_cost:
+        print(f"== the sample check's own cost (load {os.getloadavg()})")
+        for make in (prose_corpus, code_corpus):
+            check_cost(make(args.workdir, args.size_mb), tok, args.workers, args.workdir)
+        return
     print(f"load before: {os.getloadavg()}; {args.workers} threads; fastest of {args.repeat} "
           f"(hf, datatrove: of {args.slow_repeat})")
     for kind, make in (("prose", prose_corpus), ("code", code_corpus)):
@@ -422,6 +459,9 @@ def main() -> None:
     ap.add_argument("--issue22", action="store_true",
                     help="prose and code corpora, 1/4/2,000 files, the gigatoken script (above)")
     ap.add_argument("--shapes", default="1,4,2000", help="--issue22: numbers of files")
+    ap.add_argument("--check-cost", action="store_true",
+                    help="--issue22: only the sample check's own CPU (the reference on exactly "
+                         "the documents it picks) against a whole auto run, per corpus")
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="--issue22: tokenizer (default: the 70k BPE of bench_corpora.py)")
     args = ap.parse_args()
