@@ -78,8 +78,9 @@ class TokenizeOptions:
                       "matches it (pip install 'packtool[fast]').", type=("choice", ENGINES),
                       show_default=True)
     engine_check: str = opt("sample", "Compare a fast engine with the reference on a sample of "
-                            "documents, on all of them, or not at all (a load-time probe "
-                            "always runs).", type=("choice", ENGINE_CHECKS), show_default=True)
+                            "documents (at most 64 KiB + 0.2% of the bytes read), on all of "
+                            "them, or not at all (a load-time probe always runs).",
+                            type=("choice", ENGINE_CHECKS), show_default=True)
     part_bytes: int = opt(DEFAULT_PART_BYTES, "Group consecutive input files into parts of up "
                           "to this many bytes (a file is never split; 1 = one part per "
                           "file).", type=("int", 1, None), show_default=True)

@@ -5,6 +5,7 @@ the refusals that keep an output what its flags say."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .errors import PacktoolError
@@ -48,6 +49,7 @@ def load_tokenizer(tok: str | Path):
         from .spm import load_model
 
         tokenizer, _ = load_model(path)
+        _remember(tokenizer)
         return tokenizer, path
     try:
         tokenizer = Tokenizer.from_file(str(path))
@@ -56,20 +58,59 @@ def load_tokenizer(tok: str | Path):
             f"cannot read tokenizer {path} ({str(e).splitlines()[0][:200]}); "
             "pass a Hugging Face tokenizer.json or a SentencePiece .model"
         ) from None
-    check_model(tokenizer, path)
     tokenizer.no_truncation()
     tokenizer.no_padding()
+    check_model(_remember(tokenizer)[1], path)
     return tokenizer, path
 
 
-def check_model(tokenizer, path: Path) -> None:
+_JSON: dict[int, tuple] = {}  # id -> (tokenizer, text, spec), for what load_tokenizer made
+
+
+def _remember(tokenizer) -> tuple[str, dict]:
+    text = tokenizer.to_str()
+    entry = (tokenizer, text, parse_json(text))
+    while len(_JSON) >= 4:
+        del _JSON[next(iter(_JSON))]
+    _JSON[id(tokenizer)] = entry
+    return entry[1], entry[2]
+
+
+def tokenizer_json(tokenizer) -> tuple[str, dict]:
+    """The tokenizer's own ``tokenizer.json`` text (``to_str()``: truncation and padding as
+    set) and its parse. Made once for a tokenizer :func:`load_tokenizer` returned (packtool
+    never changes one after): the load check, the engine selection and gigatoken's loader
+    each asked for them, and for the 70k BPE of scripts/bench_corpora.py (1.9 MB of JSON)
+    each to_str took 40 ms of CPU and each json.loads 66 ms (orjson: 42 ms). Any other
+    tokenizer is serialized afresh."""
+    hit = _JSON.get(id(tokenizer))
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1], hit[2]
+    text = tokenizer.to_str()
+    return text, parse_json(text)
+
+
+def parse_json(text: str):
+    """``json.loads``, through orjson when installed (``packtool[fast]``), which refuses a
+    few things JSON allows (lone surrogate escapes, integers over 64 bits): those go to
+    ``json.loads``."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads(text)
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
+def check_model(spec: dict, path: Path) -> None:
     """Refuse a tokenizer that is valid JSON but cannot give byte-identical, complete outputs,
     naming the setting: BPE ``dropout`` (merges skipped at random: two runs differ), an empty
     vocabulary (every document 0 tokens), an ``unk_token`` missing from a WordLevel or
-    WordPiece vocabulary (the first unknown word fails the run mid-way)."""
-    import json
-
-    model = json.loads(tokenizer.to_str()).get("model") or {}
+    WordPiece vocabulary (the first unknown word fails the run mid-way). ``spec``: the
+    tokenizer's parsed JSON (:func:`tokenizer_json`)."""
+    model = spec.get("model") or {}
     kind, vocab = model.get("type"), model.get("vocab")
     fix = f"fix it in {path} (or save the tokenizer again without it)"
     if kind == "BPE" and model.get("dropout"):
@@ -100,10 +141,19 @@ def special_token_id(tokenizer, token: str, flag: str) -> int:
 
 
 def id_space(tokenizer) -> int:
-    """Ids run 0..id_space-1: the dtype must hold the largest id, not just the count."""
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    return max(max(vocab.values(), default=-1) + 1,
-               tokenizer.get_vocab_size(with_added_tokens=True))
+    """Ids run 0..id_space-1: the dtype must hold the largest id, not just the count. Read
+    from the tokenizer's JSON (:func:`tokenizer_json`): the model's vocabulary (a token -> id
+    map, or for Unigram a list in id order) and the added tokens, which is what
+    ``get_vocab(with_added_tokens=True)`` holds; that call built a 70k-entry dict, 55 ms of
+    CPU for the 70k BPE."""
+    spec = tokenizer_json(tokenizer)[1]
+    vocab = (spec.get("model") or {}).get("vocab")
+    top = max((t["id"] for t in spec.get("added_tokens") or ()), default=-1)
+    if isinstance(vocab, dict):
+        top = max(top, max(vocab.values(), default=-1))
+    elif isinstance(vocab, list):
+        top = max(top, len(vocab) - 1)
+    return max(top + 1, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def refuse_doubled_specials(tok, opts, bos_id, eos_id) -> None:

@@ -1,8 +1,10 @@
 """Benchmark `packtool tokenize` end to end, per engine, against a minimal gigatoken script,
 the raw `tokenizers` batch call and datatrove's DocumentTokenizer.
 
-    python scripts/bench_tokenize.py --issue22 [--datatrove]   # prose + code, 1/4/2,000 files,
-        # the 70k byte-level BPE of bench_corpora.py, every engine and the gigatoken script
+    python scripts/bench_tokenize.py --issue22 [--datatrove] [--size-mb 50] [--repeat 3]
+        [--slow-repeat N] [--shapes 1,4,2000] [--check-cost]   # prose + code, 1/4/2,000
+        # files, the 70k byte-level BPE of bench_corpora.py, every engine, the gigatoken
+        # script, datatrove
     python scripts/bench_tokenize.py [--size-mb 100] [--corpora prose,mixed] [--repeat 3]
         [--workdir bench-out] [--engines hf,fastokens,tokie,auto,auto/check-off,auto/check-full]
         [--datatrove] [--flat]
@@ -12,8 +14,11 @@ Python's standard library), each as 1 file, 4 files and 2,000 files of the same 
 per shape, interleaved, whole processes: packtool with each --engine, and
 `gigatoken-script` (GIGATOKEN_CODE below: encode_files on the JSONL files, write .bin and
 boundaries, as the issue's 10-line script). The token streams of every run are compared
-(byte-identical to --engine hf, and the script's to packtool's); ratios are wall time over
-the gigatoken script's and datatrove's.
+(byte-identical to --engine hf, and the script's to packtool's); ratios are wall time (and
+CPU time) over the gigatoken script's and datatrove's; auto with --engine-check off gives the
+sample check's cost (--check-cost: its own CPU, measured directly); a last table checks the
+issue's targets. --slow-repeat: fewer repeats
+of --engine hf and datatrove, which take 20-60 s a run here (the ratios rest on the fast runs).
 
 Generates synthetic JSONL corpora of --size-mb (cached in --workdir): `prose` (packtool.synth:
 Zipf words from a 20k vocabulary, some accented/CJK/emoji words) and `mixed` (the same with one
@@ -39,11 +44,14 @@ show that memory stays flat.
 from __future__ import annotations
 
 import argparse
+import compileall
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,44 +100,52 @@ def make_corpus(path: Path, size_mb: int, seed: int = 0, kind: str = "prose") ->
     return path
 
 
-_RUSAGE = ("import resource, sys, json\nru = resource.getrusage(resource.RUSAGE_SELF)\n"
-           "print(json.dumps({'rss': ru.ru_maxrss * 1024, 'cpu': ru.ru_utime + ru.ru_stime}),"
-           " file=sys.stderr)\n")
+TIME = "/usr/bin/time"  # GNU time: the peak RSS of the process it starts
 
 
-def _children_usage(before: dict | None = None) -> dict:
-    """CPU seconds of finished child processes (since ``before``) and their peak RSS."""
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = ru.ru_utime + ru.ru_stime - (before["cpu"] if before else 0.0)
-    return {"cpu": cpu, "rss": ru.ru_maxrss * 1024}
+def timed(cmd: list, env: dict | None = None, cwd=None) -> dict:
+    """Run ``cmd`` to its end: wall seconds, the CPU seconds (user + sys) of that process
+    alone (``os.wait4``) and its peak RSS (GNU time's %M: a child forked from this process
+    carries this process's peak over exec, and RUSAGE_CHILDREN's is the largest of every
+    child so far), its output and exit code."""
+    wrap = [TIME, "-f", "peak-rss-kib %M"] if os.path.exists(TIME) else []
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(wrap + cmd, stdout=out, stderr=err, env=env, cwd=cwd)
+        _, status, ru = os.wait4(p.pid, 0)
+        seconds = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stderr = err.read().decode()
+        rss = float("nan")
+        if wrap and stderr.rstrip().rsplit("\n", 1)[-1].startswith("peak-rss-kib "):
+            stderr, _, last = stderr.rstrip().rpartition("\n")
+            rss = int(last.split()[1]) * 1024
+        return {"seconds": seconds, "cpu": ru.ru_utime + ru.ru_stime, "rss": rss,
+                "stdout": out.read().decode(), "stderr": stderr, "returncode": p.returncode}
 
 
 def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
                  check: str = "sample", tokenizer: Path = TOKENIZER) -> dict:
-    """Wall seconds, CPU seconds, tokens and peak RSS of the CLI in a fresh process."""
-    cmd = [sys.executable, "-c",
-           "import sys; from packtool.cli import main; sys.argv=sys.argv[1:]\n"
-           "try: main()\nexcept SystemExit: pass\n" + _RUSAGE,
-           "packtool", "tokenize", str(corpus), "-t", str(tokenizer), "-o", str(out), "--overwrite",
-           "-q", "--json", "-j", str(workers), "--engine", engine, "--engine-check", check]
-    before = _children_usage()
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-    seconds = time.perf_counter() - t0
-    if p.returncode or not p.stdout.strip():
-        sys.exit(f"packtool --engine {engine} failed:\n{p.stderr[-3000:]}")
-    summary = json.loads(p.stdout)
-    lines = p.stderr.strip().splitlines()
-    try:
-        usage = json.loads(lines[-1])
-    except (IndexError, ValueError):  # the CLI left through os._exit: the children's usage
-        usage = _children_usage(before)
+    """Wall seconds, CPU seconds, tokens and peak RSS of the CLI in a fresh process, writing
+    prefix ``out/tok`` in the emptied folder ``out``: a finished part left by the previous
+    repeat would be skipped as a resume (--overwrite keeps verified parts of the same plan)
+    and timed as a run."""
+    shutil.rmtree(out, ignore_errors=True)
+    out = out / "tok"
+    cmd = [sys.executable, "-m", "packtool", "tokenize", str(corpus), "-t", str(tokenizer),
+           "-o", str(out), "--overwrite", "-q", "--json", "-j", str(workers), "--engine", engine,
+           "--engine-check", check]
+    p = timed(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if p["returncode"] or not p["stdout"].strip():
+        sys.exit(f"packtool --engine {engine} failed:\n{p['stderr'][-3000:]}")
+    summary = json.loads(p["stdout"])
+    if summary["n_parts_skipped"]:
+        sys.exit(f"packtool --engine {engine} skipped parts of {out}: not a timed run")
     meta = json.loads(out.with_suffix(".json").read_text())
-    return {"seconds": seconds, "cpu": usage["cpu"], "tokens": summary["n_tokens"],
-            "rss": usage["rss"], "engine": meta["engine"]}
+    return {"seconds": p["seconds"], "cpu": p["cpu"], "tokens": summary["n_tokens"],
+            "rss": p["rss"], "engine": meta["engine"], "prefix": out}
 
 
 def run_raw(corpus: Path, workers: int, batch: int = 1024, python_threads: bool = False) -> dict:
@@ -172,15 +188,15 @@ from datatrove.pipeline.tokens import DocumentTokenizer
 corpus, tok = Path(sys.argv[1]), sys.argv[2]
 out = tempfile.mkdtemp(prefix="dt-out-")
 t0 = time.perf_counter()
+dt = DocumentTokenizer(out, tokenizer_name_or_path=tok, eos_token=None, shuffle_documents=False)
 LocalPipelineExecutor(
     pipeline=[JsonlReader(str(corpus), glob_pattern="*.jsonl", text_key="text") if corpus.is_dir()
               else JsonlReader(str(corpus.parent), glob_pattern=corpus.name, text_key="text"),
-              DocumentTokenizer(out, tokenizer_name_or_path=tok, eos_token=None,
-                                shuffle_documents=False)],
+              dt],
     tasks=1, workers=1, logging_dir=tempfile.mkdtemp(prefix="dt-logs-"),
     skip_completed=False).run()
 seconds = time.perf_counter() - t0
-tokens = sum(p.stat().st_size for p in Path(out).rglob("*.ds")) // 2  # uint16 tokens
+tokens = sum(p.stat().st_size for p in Path(out).rglob("*.ds")) // dt.token_size
 import resource
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"seconds": seconds, "tokens": tokens, "rss": ru.ru_maxrss * 1024,
@@ -207,15 +223,11 @@ def run_datatrove(corpus: Path, workdir: Path, workers: int, tokenizer: Path = T
         (venv / "ok").touch()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["RAYON_NUM_THREADS"] = str(workers)
-    t0 = time.perf_counter()
-    p = subprocess.run([str(py), "-c", DATATROVE_CODE, str(corpus), str(tokenizer)],
-                       capture_output=True, text=True, env=env, cwd=workdir)
-    seconds = time.perf_counter() - t0
-    if p.returncode:
-        sys.exit(f"datatrove failed:\n{p.stderr[-3000:]}")
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    r["seconds"] = seconds  # the whole process, as for packtool
-    return r
+    p = timed([str(py), "-c", DATATROVE_CODE, str(corpus), str(tokenizer)], env=env, cwd=workdir)
+    if p["returncode"]:
+        sys.exit(f"datatrove failed:\n{p['stderr'][-3000:]}")
+    r = json.loads(p["stdout"].strip().splitlines()[-1])
+    return {**r, "seconds": p["seconds"], "cpu": p["cpu"], "rss": p["rss"]}  # whole process
 
 
 def best(runs: list[dict]) -> dict:
@@ -294,15 +306,11 @@ offsets.astype(np.int64).tofile(out + ".boundaries")
 
 
 def run_gigatoken_script(src: Path, tokenizer: Path, out: Path) -> dict:
-    t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", GIGATOKEN_CODE + _RUSAGE, str(src), str(tokenizer),
-                        str(out)], capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    if p.returncode:
-        sys.exit(f"gigatoken script failed:\n{p.stderr[-3000:]}")
-    usage = json.loads(p.stderr.strip().splitlines()[-1])
+    p = timed([sys.executable, "-c", GIGATOKEN_CODE, str(src), str(tokenizer), str(out)])
+    if p["returncode"]:
+        sys.exit(f"gigatoken script failed:\n{p['stderr'][-3000:]}")
     ids = np.fromfile(f"{out}.bin", np.uint32)
-    return {"seconds": seconds, "cpu": usage["cpu"], "rss": usage["rss"], "tokens": len(ids),
+    return {"seconds": p["seconds"], "cpu": p["cpu"], "rss": p["rss"], "tokens": len(ids),
             "digest": hashlib.sha256(ids.tobytes()).hexdigest(), "engine": {"name": "gigatoken"}}
 
 
@@ -317,52 +325,119 @@ def _digest(prefix: Path) -> str:
     return h.hexdigest()
 
 
+def _issue22_shape(src: Path, kind: str, n: int, tok: Path, names: list, args) -> dict:
+    """Every run of one corpus shape, interleaved (whole processes): the fastest of
+    ``--repeat`` each, hf and datatrove the fastest of ``--slow-repeat``."""
+    slow, label = {"hf"}, f"{kind}-{n}"
+    tries: dict[str, list] = {k: [] for k in ["gigatoken-script", *names]}
+    for rep in range(args.repeat):
+        out = args.workdir / f"gt-{label}"
+        tries["gigatoken-script"].append(run_gigatoken_script(src, tok, out))
+        for name in names:
+            if name in slow and rep >= args.slow_repeat:
+                continue
+            engine, _, check = name.partition("/")
+            check = check.removeprefix("check-") or "sample"
+            out = args.workdir / f"tok-{label}-{name.replace('/', '-')}"
+            r = run_packtool(src, out, args.workers, engine, check, tok)
+            r["digest"] = _digest(r["prefix"])
+            tries[name].append(r)
+    runs = {k: best(v) for k, v in tries.items()}
+    if args.datatrove and n <= 4:
+        runs["datatrove"] = best([run_datatrove(src, args.workdir, args.workers, tok)
+                                  for _ in range(args.slow_repeat)])
+        runs["datatrove"]["engine"] = {"name": "tokenizers (datatrove)"}
+    return runs
+
+
+def _print_shape(title: str, runs: dict) -> None:
+    from packtool.engines import engine_summary
+
+    ref = runs.get("hf", runs["gigatoken-script"])
+    g, dt = runs["gigatoken-script"], runs.get("datatrove")
+    print(f"\n== {title}, {g['tokens']:,} tokens")
+    print(f"  {'run':18s} {'wall s':>7s} {'x gt-script':>11s} {'x dtrove':>8s} "
+          f"{'CPU s':>6s} {'CPU x gt':>8s} {'RSS MiB':>7s}  same tokens  engine")
+    for name, r in runs.items():
+        same = "-" if "digest" not in r else ("yes" if r["digest"] == ref["digest"] else "NO")
+        vs_dt = f"{dt['seconds'] / r['seconds']:8.2f}" if dt else f"{'':8s}"
+        e = r["engine"]
+        what = (engine_summary(e) if "version" in e else e["name"])[:100]
+        print(f"  {name:18s} {r['seconds']:7.2f} {r['seconds'] / g['seconds']:11.2f} {vs_dt} "
+              f"{r['cpu']:6.2f} {r['cpu'] / g['cpu']:8.2f} {r['rss'] / 2**20:7.0f}  {same:11s}"
+              f"  {what}")
+        if same == "NO":
+            print(f"  !! {name}: different tokens from --engine hf")
+    if "auto" in runs and "auto/check-off" in runs:
+        a, b = runs["auto"], runs["auto/check-off"]
+        wall = a["seconds"] - b["seconds"]
+        print(f"  the sample check (auto - auto/check-off): wall {wall:+.2f} s"
+              f" ({wall / a['seconds']:+.0%} of auto), CPU "
+              f"{a['cpu'] - b['cpu']:+.2f} s ({(a['cpu'] - b['cpu']) / a['cpu']:+.0%})")
+
+
+def check_cost(corpus: Path, tok: Path, workers: int, workdir: Path) -> None:
+    """The sample check's own cost: the reference (`tokenizers`, its thread pool off, as on
+    packtool's checker threads) re-encoding exactly the documents the check picks, CPU
+    seconds in this process, against the CPU of a whole ``--engine auto`` run."""
+    import resource
+
+    import orjson
+    from tokenizers import Tokenizer
+
+    from packtool.engines import sample_picks
+
+    texts = [orjson.loads(line)["text"] for line in corpus.open("rb")]
+    sizes = np.array([len(t.encode("utf-8", "surrogatepass")) for t in texts], np.int64)
+    picks, state = sample_picks(0, sizes)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    ref = Tokenizer.from_file(str(tok))
+    sub = [texts[i] for i in picks]
+    cpu = []
+    for _ in range(3):
+        c0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        ref.encode_batch_fast(sub, add_special_tokens=False)
+        cpu.append(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - c0)
+    auto = best([run_packtool(corpus, workdir / "tok-check-cost", workers, "auto", "sample", tok)
+                 for _ in range(3)])
+    print(f"  {corpus.name}: the check re-encodes {len(picks)} of {len(sizes):,} documents, "
+          f"{state.checked:,} of {state.seen:,} bytes ({state.checked / state.seen:.2%}): "
+          f"{min(cpu):.3f} s of reference CPU = {min(cpu) / auto['cpu']:.1%} of a whole auto "
+          f"run's {auto['cpu']:.2f} s CPU ({auto['seconds']:.2f} s wall)")
+
+
 def bench_issue22(args) -> None:
     from bench_corpora import bpe_tokenizer, code_corpus, prose_corpus, split_files
 
-    from packtool.engines import engine_summary
-
-    tok = args.tokenizer or bpe_tokenizer(args.workdir)
+    tok = args.tokenizer.resolve() if args.tokenizer else bpe_tokenizer(args.workdir)
     names = args.engines.split(",")
-    rows = []
+    summary = []
+    if args.check_cost:
+        print(f"== the sample check's own cost (load {os.getloadavg()})")
+        for make in (prose_corpus, code_corpus):
+            check_cost(make(args.workdir, args.size_mb), tok, args.workers, args.workdir)
+        return
+    print(f"load before: {os.getloadavg()}; {args.workers} threads; fastest of {args.repeat} "
+          f"(hf, datatrove: of {args.slow_repeat})")
     for kind, make in (("prose", prose_corpus), ("code", code_corpus)):
         one = make(args.workdir, args.size_mb)
         for n in (int(x) for x in args.shapes.split(",")):
             src = one if n == 1 else split_files(one, n)
-            tries: dict[str, list] = {k: [] for k in ["gigatoken-script", *names]}
-            for _ in range(args.repeat):  # interleaved
-                out = args.workdir / f"gt-{kind}-{n}"
-                tries["gigatoken-script"].append(run_gigatoken_script(src, tok, out))
-                for name in names:
-                    engine, _, check = name.partition("/")
-                    check = check.removeprefix("check-") or "sample"
-                    out = args.workdir / f"tok-{kind}-{n}-{name.replace('/', '-')}"
-                    r = run_packtool(src, out, args.workers, engine, check, tok)
-                    r["digest"] = _digest(out)
-                    tries[name].append(r)
-            runs = {k: best(v) for k, v in tries.items()}
-            if args.datatrove and n <= 4:
-                runs["datatrove"] = best([run_datatrove(src, args.workdir, args.workers, tok)
-                                          for _ in range(args.repeat)])
-                runs["datatrove"]["engine"] = {"name": "tokenizers (datatrove)"}
-            ref = runs.get("hf", runs["gigatoken-script"])
-            g = runs["gigatoken-script"]
-            print(f"\n== {kind}, {n} file(s), {one.stat().st_size / 1e6:,.0f} MB, "
-                  f"{g['tokens']:,} tokens, {args.workers} threads, best of {args.repeat}")
-            print(f"  {'run':18s} {'wall s':>7s} {'x gt-script':>11s} {'x dtrove':>8s} "
-                  f"{'CPU s':>6s} {'RSS MiB':>7s}  same tokens  engine")
-            for name, r in runs.items():
-                same = "-" if "digest" not in r else (
-                    "yes" if r["digest"] == ref["digest"] else "NO")
-                dt = runs.get("datatrove")
-                vs_dt = f"{dt['seconds'] / r['seconds']:8.2f}" if dt else f"{'':8s}"
-                e = r["engine"]
-                what = (engine_summary(e) if "version" in e else e["name"])[:110]
-                print(f"  {name:18s} {r['seconds']:7.2f} {r['seconds'] / g['seconds']:11.2f} "
-                      f"{vs_dt} {r['cpu']:6.2f} {r['rss'] / 2**20:7.0f}  {same:11s}  {what}")
-                rows.append((kind, n, name, r["seconds"]))
-                if same == "NO":
-                    print(f"  !! {name}: different tokens from --engine hf")
+            runs = _issue22_shape(src, kind, n, tok, names, args)
+            _print_shape(f"{kind}, {n} file(s), {one.stat().st_size / 1e6:,.0f} MB", runs)
+            summary.append((f"{kind} x{n}", runs))
+    print(f"\n== targets (load now {os.getloadavg()})")
+    print(f"  {'shape':12s} {'auto / gt-script':>16s} {'(CPU)':>6s} {'datatrove / auto':>16s} "
+          f"{'check, % of auto wall':>22s} {'(CPU)':>6s}")
+    for shape, runs in summary:
+        a, g, dt = runs.get("auto"), runs["gigatoken-script"], runs.get("datatrove")
+        off = runs.get("auto/check-off")
+        if a is None:
+            continue
+        print(f"  {shape:12s} {a['seconds'] / g['seconds']:16.2f} {a['cpu'] / g['cpu']:6.2f} "
+              + (f"{dt['seconds'] / a['seconds']:16.2f}" if dt else f"{'-':>16s}")
+              + (f" {(a['seconds'] - off['seconds']) / a['seconds']:22.1%}"
+                 f" {(a['cpu'] - off['cpu']) / a['cpu']:6.1%}" if off else ""))
 
 
 def main() -> None:
@@ -371,6 +446,9 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=100)
     ap.add_argument("--corpora", default="prose,mixed")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--slow-repeat", type=int, default=None,
+                    help="--issue22: repeats of --engine hf and datatrove (20-60 s a run here; "
+                         "default: --repeat)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--flat", action="store_true", help="also run a 3x corpus to show flat memory")
@@ -381,14 +459,21 @@ def main() -> None:
     ap.add_argument("--issue22", action="store_true",
                     help="prose and code corpora, 1/4/2,000 files, the gigatoken script (above)")
     ap.add_argument("--shapes", default="1,4,2000", help="--issue22: numbers of files")
+    ap.add_argument("--check-cost", action="store_true",
+                    help="--issue22: only the sample check's own CPU (the reference on exactly "
+                         "the documents it picks) against a whole auto run, per corpus")
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="--issue22: tokenizer (default: the 70k BPE of bench_corpora.py)")
     args = ap.parse_args()
     args.workdir = args.workdir.resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    # packtool's bytecode, as an installed package has it: with PYTHONDONTWRITEBYTECODE set
+    # (as here) a checkout is compiled again by every process, ~0.1 s of CPU each
+    compileall.compile_dir(ROOT / "packtool", quiet=1)
     if args.issue22:
         if args.engines == ap.get_default("engines"):
-            args.engines = "auto,hf,gigatoken,fastokens,tokie"
+            args.engines = "auto,auto/check-off,hf,gigatoken,fastokens,tokie"
+        args.slow_repeat = args.slow_repeat or args.repeat
         if args.size_mb == ap.get_default("size_mb"):
             args.size_mb = 50
         bench_issue22(args)

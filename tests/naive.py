@@ -179,3 +179,33 @@ def derive(seg_lengths, ids, mask=None):
         cu.append(t)
     return {"input_ids": input_ids, "labels": labels, "position_ids": positions,
             "doc_ids": doc_ids, "cu_seqlens": cu}
+
+
+def splitmix_unit(i, seed=0):
+    """splitmix64 of ``i`` (plain integers, mod 2**64) as a float in [0, 1)."""
+    m = (1 << 64) - 1
+    z = (i * 0x9E3779B97F4A7C15 + seed) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    z ^= z >> 31
+    return (z >> 11) * 2.0 ** -53
+
+
+def sample_picks(sizes, first, rate, growth, budget_bytes, budget_share, seed=0):
+    """The engine check's sample, one document at a time: the first ``first``, those whose
+    ``splitmix_unit`` is under ``rate`` and each one more than ``growth`` times as long as the
+    last so taken, each taken while the bytes checked stay within ``budget_bytes`` plus one
+    in ``budget_share`` of the bytes seen up to it."""
+    picked, longest, seen, checked = [], 0, 0, 0
+    for i, size in enumerate(sizes):
+        seen += size
+        grows = size > longest * growth
+        if not (i < first or splitmix_unit(i, seed) < rate or grows):
+            continue
+        if checked + size > budget_bytes + seen // budget_share:
+            continue
+        picked.append(i)
+        checked += size
+        if grows:
+            longest = size
+    return picked

@@ -7,6 +7,7 @@ generated text, with and without the post-processor; an engine may instead refus
 
 import json
 
+import naive
 import numpy as np
 import pytest
 from conftest import CORPUS, TOKENIZER, write_jsonl
@@ -167,6 +168,26 @@ def families(tmp_path_factory):
         ref = Tokenizer.from_file(str(path))
         out[name] = (path, ref)
     return out
+
+
+def test_id_space_is_what_get_vocab_says(families, tmp_path):
+    """packtool.tokenizer.id_space reads the JSON; the reference is the library's vocabulary."""
+    from packtool.tokenizer import id_space, load_tokenizer
+
+    def reference(tok):
+        vocab = tok.get_vocab(with_added_tokens=True)
+        return max(max(vocab.values()) + 1, tok.get_vocab_size(with_added_tokens=True))
+
+    sparse = json.loads(families["gpt2_byte_bpe"][0].read_text())
+    sparse["added_tokens"].append({**sparse["added_tokens"][-1], "id": 100_000,
+                                   "content": "<|far|>"})  # the library renumbers it
+    (tmp_path / "sparse.json").write_text(json.dumps(sparse))
+    paths = [path for path, _ in families.values()] + [tmp_path / "sparse.json"]
+    for path in paths:
+        tok, _ = load_tokenizer(path)
+        assert id_space(tok) == reference(tok), path
+        fresh = Tokenizer.from_file(str(path))  # not loaded by packtool: serialized afresh
+        assert id_space(fresh) == reference(fresh), path
 
 
 def _loaded(path, ref, add_special):
@@ -420,46 +441,61 @@ def test_the_check_sample_is_what_the_manifest_says(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
     out, meta = _run(tmp_path, "s", [tmp_path / "in.jsonl"], "auto", workers=2, batch_size=300)
     c = open_tokens(out)
-    sizes = np.array([len(d) for d in docs])
-    picks, longest = engines.sample_picks(0, sizes, 0)  # the whole corpus as one batch
+    sizes = np.array([len(d.encode()) for d in docs])
+    picks, state = engines.sample_picks(0, sizes)  # the whole corpus as one batch
     e = meta["engine"]
     assert e["checked_docs"] == len(picks)
     assert e["checked_tokens"] == int(c.lengths[picks].sum())
-    # the first FIRST_DOCS, about 1 in 1,000 of all, and the longest within GROWTH
+    # small documents: the first FIRST_DOCS, about 1 in 1,000 of all, and the longest within
+    # GROWTH all fit in the budget
     assert set(range(engines.FIRST_DOCS)) <= set(picks.tolist())
-    assert longest in sizes[picks] and sizes.max() <= longest * engines.GROWTH
+    assert state.longest in sizes[picks] and sizes.max() <= state.longest * engines.GROWTH
     assert engines.FIRST_DOCS + 1 <= len(picks) <= engines.FIRST_DOCS + 40
+    assert state.checked == sizes[picks].sum() <= engines.BUDGET_BYTES
 
 
-def _by_length(sizes):
-    """The length rule, one document at a time (the obvious reference)."""
-    picked, last = [], 0
-    for i, size in enumerate(sizes.tolist()):
-        if size > last * engines.GROWTH:
-            picked.append(i)
-            last = size
-    return picked
+def _naive_picks(sizes):
+    return naive.sample_picks(sizes.tolist(), engines.FIRST_DOCS, engines.RANDOM_RATE,
+                              engines.GROWTH, engines.BUDGET_BYTES, engines.BUDGET_SHARE,
+                              engines.SEED)
 
 
-@pytest.mark.parametrize("order", ["random", "ascending"])
+@pytest.mark.parametrize("order", ["random", "ascending", "small"])
 def test_sample_picks_do_not_depend_on_batching(order):
     rng = np.random.default_rng(3)
     sizes = rng.integers(0, 100_000, 20_000)
     if order == "ascending":  # a corpus sorted by length: every document is a new maximum
         sizes = np.sort(sizes)
-    whole, _ = engines.sample_picks(0, sizes, 0)
+    if order == "small":
+        sizes //= 200
+    whole, state = engines.sample_picks(0, sizes)
+    assert whole.tolist() == _naive_picks(sizes)  # one document at a time
     for cut in (1, 7, 1000, 4096):
-        parts, longest = [], 0
+        parts, got_state = [], None
         for start in range(0, len(sizes), cut):
-            got, longest = engines.sample_picks(start, sizes[start:start + cut], longest)
+            got, got_state = engines.sample_picks(start, sizes[start:start + cut], got_state)
             parts.append(got + start)
         assert np.array_equal(np.concatenate(parts), whole), cut
-    by_length = _by_length(sizes)
-    assert set(by_length) <= set(whole.tolist())
-    assert len(by_length) <= np.log(sizes.max()) / np.log(engines.GROWTH) + 1
-    random = np.setdiff1d(whole, np.r_[np.arange(engines.FIRST_DOCS), by_length])
-    assert 5 <= len(random) <= 40  # ~20 of 20,000 at 1/1,000
-    assert len(whole) < 300  # never a full check in disguise
+        assert got_state == state
+    # never over budget: a few tenths of a percent of the bytes, never a full check in disguise
+    assert state.checked == sizes[whole].sum()
+    assert state.checked <= engines.BUDGET_BYTES + sizes.sum() // engines.BUDGET_SHARE
+    assert len(whole) < 300
+    if order == "small":  # 250 bytes a document on average: the budget holds every rule
+        assert set(range(engines.FIRST_DOCS)) <= set(whole.tolist())
+        assert sizes.max() <= state.longest * engines.GROWTH
+        assert len(whole) > engines.FIRST_DOCS + 5
+
+
+def test_the_check_budget_waits_for_a_long_document():
+    """A document over the budget is checked once enough of the corpus has been read, and
+    the budget, not the document count, bounds the checked bytes."""
+    big = engines.BUDGET_BYTES * 4
+    sizes = np.array([big] + [1000] * 400_000 + [big])
+    picks, state = engines.sample_picks(0, sizes)
+    assert 0 not in picks.tolist()  # over the budget at the start
+    assert len(sizes) - 1 in picks.tolist()  # 400 MB read: the budget has grown past it
+    assert picks.tolist() == _naive_picks(sizes)
 
 
 def test_the_manifest_is_the_same_whatever_workers_and_batch_size(tmp_path):
@@ -469,9 +505,11 @@ def test_the_manifest_is_the_same_whatever_workers_and_batch_size(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
     runs = [(1, 1024), (2, 1), (2, 333), (3, 50)]
     manifests = set()
-    for workers, batch in runs:
-        out, meta = _run(tmp_path, "out", [tmp_path / "in.jsonl"], "auto", workers=workers,
-                         batch_size=batch, overwrite=True)
+    for workers, batch in runs:  # each in a folder of its own: a run over a finished part
+        folder = tmp_path / f"w{workers}-b{batch}"  # of the same plan would skip it (resume)
+        folder.mkdir()
+        out, meta = _run(folder, "out", [tmp_path / "in.jsonl"], "auto", workers=workers,
+                         batch_size=batch)
         assert meta["engine"]["name"] == FIRST and meta["engine"]["checked_docs"] > 200
         manifests.add(out.with_suffix(".json").read_bytes())
     assert len(manifests) == 1

@@ -349,3 +349,33 @@ def test_tokenize_bar_moves_with_each_batch(tmp_path, monkeypatch):
                    progress=True)
     assert len(set(seen)) == 30, "the bar must advance with every batch written"
     assert seen == sorted(seen) and seen[-1] == p.stat().st_size
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "jsonl.zst", "skipped tail"])
+def test_the_hash_taken_while_reading_is_the_files_crc32(tmp_path, kind, monkeypatch):
+    """The JSONL reader hashes a local input as it reads it instead of reading it again: what
+    it records must be the crc32 of every byte of the file (a gzip member's trailing zero
+    padding, a record skipped for its size included), the hash a resume recomputes, so an
+    unchanged input's part is skipped and an edited one redone."""
+    import zlib
+
+    import zstandard
+
+    lines = b"".join(json.dumps({"text": f"document {i} " * (i % 7)}).encode() + b"\n"
+                     for i in range(3000))
+    if kind == "skipped tail":
+        lines += json.dumps({"text": "x" * 5000}).encode() + b"\n"
+    data = {"jsonl.gz": lambda b: gzip.compress(b) + bytes(512),
+            "jsonl.zst": lambda b: zstandard.ZstdCompressor().compress(b)}.get(kind, bytes)(lines)
+    path = tmp_path / ("in." + ("jsonl" if kind == "skipped tail" else kind))
+    path.write_bytes(data)
+    out = tmp_path / "c"
+    opts = TokenizeOptions(max_record_bytes=4096, skip_bad_records=kind == "skipped tail")
+    with monkeypatch.context() as m:  # read once: never again to hash it
+        m.setattr("packtool._io.crc32_file", lambda p: pytest.fail(f"{p} read again"))
+        tokenize_files([str(path)], TOKENIZER, out, opts)
+    entry = json.loads(out.with_suffix(".json").read_text())["parts"][0]["inputs"][0]
+    assert entry["content"] == {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    again = tokenize_files([str(path)], TOKENIZER, out,
+                           TokenizeOptions(**{**opts.__dict__, "overwrite": True}))
+    assert again.n_parts_skipped == 1

@@ -1,29 +1,35 @@
 """Tokenizer engines: the `tokenizers` library as the reference, faster Rust engines verified
 against it (:mod:`.select`), one module per engine (:mod:`.fastokens`, :mod:`.tokie`,
 :mod:`.gigatoken`), and the measured order ``--engine auto`` tries them in per tokenizer
-family (:mod:`.ranking`)."""
+family (:mod:`.ranking`); the run-time check's sample in :mod:`.sample`."""
 
 from .base import Engine, EngineMismatch, EngineRefused, flatten
+from .sample import (
+    BUDGET_BYTES,
+    BUDGET_SHARE,
+    FIRST_DOCS,
+    GROWTH,
+    RANDOM_RATE,
+    SEED,
+    Sampled,
+    sample_picks,
+)
 from .select import (
     CHECKS,
     ENGINE_NAMES,
     FASTEST_FIRST,
-    FIRST_DOCS,
-    GROWTH,
     LOADERS,
-    RANDOM_RATE,
-    SEED,
     Selection,
     engine_manifest,
     engine_summary,
     first_difference,
     load_engine,
     mismatch_warning,
-    sample_picks,
     select_engine,
 )
 
-__all__ = ["CHECKS", "ENGINE_NAMES", "FASTEST_FIRST", "FIRST_DOCS", "GROWTH", "LOADERS",
-           "RANDOM_RATE", "SEED", "Engine", "EngineMismatch", "EngineRefused", "Selection",
-           "engine_manifest", "engine_summary", "first_difference", "flatten", "load_engine",
-           "mismatch_warning", "sample_picks", "select_engine"]
+__all__ = ["BUDGET_BYTES", "BUDGET_SHARE", "CHECKS", "ENGINE_NAMES", "FASTEST_FIRST",
+           "FIRST_DOCS", "GROWTH", "LOADERS", "RANDOM_RATE", "SEED", "Engine", "EngineMismatch",
+           "EngineRefused", "Sampled", "Selection", "engine_manifest", "engine_summary",
+           "first_difference", "flatten", "load_engine", "mismatch_warning", "sample_picks",
+           "select_engine"]

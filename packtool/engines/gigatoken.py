@@ -32,13 +32,14 @@ tokenizers (hf)             1.1          0.9          1
   (trailing garbage, a missing closing brace), takes the first of duplicate keys (Python:
   the last), has no nested fields and reads one JSONL file on one thread: 0.29-0.36 s for
   50 MB of prose, against 0.12 s for packtool's reader plus 0.22 s for ``encode_batch``
-  on two threads at once. So packtool keeps its own JSONL reader (see packtool.fastread).
+  on two threads at once. So packtool keeps its own JSONL reader (packtool.sources.jsonl).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..tokenizer import tokenizer_json
 from .base import Engine, EngineRefused, narrow, version
 
 UNSUPPORTED = {"model": {"WordPiece", "Unigram", "WordLevel"}}
@@ -85,7 +86,7 @@ def _add(lengths, ids, prefix, suffix):
 def load(path, reference) -> Engine:
     import gigatoken
 
-    backend = gigatoken.Tokenizer.from_json(reference.to_str()).backend
+    backend = gigatoken.Tokenizer.from_json(tokenizer_json(reference)[0]).backend
     wrap = _wrap(reference)
 
     def encode(texts, add_special, dtype):

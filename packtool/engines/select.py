@@ -9,12 +9,13 @@ promise kept:
    token in context) and must match the reference on every probe text, else it is refused
    with the first difference.
 2. **During the run** (``check="sample"``), the engine's output is compared with the reference
-   on a sample that is a pure function of the corpus (:func:`sample_picks`): the first
+   on a sample that is a pure function of the corpus (:mod:`.sample`): the first
    ``FIRST_DOCS`` documents, a ``RANDOM_RATE`` of all documents drawn by a hash of their global
    index, and the longest documents (where rare paths hide): in input order, each one more
-   than ``GROWTH`` times as long as the last so checked. The same corpus checks the same
-   documents whatever the workers and batch size, so the manifest is byte-identical between
-   runs. ``check="full"`` re-encodes everything.
+   than ``GROWTH`` times as long as the last so checked; all within a byte budget, so that
+   the check costs a few percent of the run. The same corpus checks the same documents
+   whatever the workers and batch size, so the manifest is byte-identical between runs.
+   ``check="full"`` re-encodes everything.
 3. **On any difference** ``auto`` raises :class:`EngineMismatch`; ``tokenize_files`` discards
    the partial output and runs again with the reference, saying why. Output files are
    byte-identical whichever engine ran.
@@ -27,7 +28,6 @@ selection records, for every faster engine, why it was not used.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PacktoolError
+from ..tokenizer import tokenizer_json
 from . import fastokens, gigatoken, ranking, tokie
 from .base import Engine, EngineMismatch, EngineRefused
 from .base import hf as _hf
@@ -42,10 +43,6 @@ from .base import hf as _hf
 FASTEST_FIRST = ranking.FAST_ENGINES  # every fast engine; auto's order is per family
 ENGINE_NAMES = ("auto", "hf", *FASTEST_FIRST)
 CHECKS = ("sample", "full", "off")
-FIRST_DOCS = 200         # documents checked at the start of the corpus
-RANDOM_RATE = 1 / 1000   # then this fraction of documents, seeded
-GROWTH = 1.25            # and each document this much longer than the last so checked
-SEED = 0
 
 # component types an engine declares it cannot reproduce (found by tests/test_engines.py or
 # stated by the engine's own documentation); the probe catches the rest at load
@@ -73,7 +70,7 @@ def _probe_texts(reference) -> list[str]:
 def _spec(reference) -> dict:
     """The reference's own ``tokenizer.json`` (truncation and padding off): what every engine
     is given, also for a converted SentencePiece ``.model``."""
-    return json.loads(reference.to_str())
+    return tokenizer_json(reference)[1]
 
 
 def _declared_refusal(name: str, spec: dict) -> str | None:
@@ -105,7 +102,7 @@ def _json_path(path: Path, reference) -> Path:
 
     if not _JSON_DIR:
         _JSON_DIR.append(tempfile.TemporaryDirectory(prefix="packtool-spm-"))
-    text = reference.to_str()
+    text = tokenizer_json(reference)[0]
     out = Path(_JSON_DIR[0].name) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
     if not out.exists():
         out.write_text(text, encoding="utf-8")
@@ -165,53 +162,16 @@ def first_difference(engine: Engine, reference: Engine, texts: list[str],
     return "the batch's total differs"
 
 
-def _unit(index: np.ndarray) -> np.ndarray:
-    """A uniform [0, 1) number per global document index (splitmix64 of ``index`` and ``SEED``):
-    the random sample depends on where a document is in the corpus, nothing else."""
-    with np.errstate(over="ignore"):
-        z = index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(SEED)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-
-
-def sample_picks(start: int, sizes: np.ndarray, longest: int) -> tuple[np.ndarray, int]:
-    """Which documents of a batch the sample check re-encodes, and the new ``longest``.
-
-    ``start``: the global index of the batch's first document; ``sizes``: its documents'
-    characters; ``longest``: the characters of the last document checked for its length (0 at
-    the start). Checked: global index < ``FIRST_DOCS``; ``_unit(index) < RANDOM_RATE``; and, in
-    input order, every document more than ``GROWTH`` times as long as the last one checked for
-    its length: the longest documents, where rare paths hide, at most
-    log(largest) / log(``GROWTH``) of them (~80 for 64 MiB), even when a corpus is sorted by
-    length (checking every new maximum would then re-encode everything), and the corpus's
-    longest document is within ``GROWTH`` of one checked. A pure function of the corpus, called
-    in input order: the same corpus checks the same documents whatever ``--workers`` and
-    ``--batch-size``."""
-    n = len(sizes)
-    if not n:
-        return np.zeros(0, np.int64), longest
-    index = np.arange(start, start + n, dtype=np.int64)
-    chosen = (index < FIRST_DOCS) | (_unit(index) < RANDOM_RATE)
-    for i in np.flatnonzero(sizes > longest * GROWTH).tolist():  # the candidates, in order
-        if sizes[i] > longest * GROWTH:
-            chosen[i] = True
-            longest = int(sizes[i])
-    return np.flatnonzero(chosen), longest
-
-
 @dataclass
 class Selection:
     """The engine a run uses, how it is checked, and what the check found.
 
     The sample check runs beside the pipeline, not in it: a worker encodes its batch, hands the
     sampled documents (texts and the engine's ids) to a checker thread and goes on, so the
-    in-order writer never waits for the reference. Measured (2 shared cores, 100 MB synthetic
-    JSONL, 57k documents, fastokens): the sample is 277 documents, 183k tokens (0.5%), about
-    0.17 s of reference CPU, lost in the run-to-run noise of a 1.2-2.3 s run. Inside the
-    workers the same check took 0.4-0.7 s of wall time: the batch holding the first 200
-    documents held the in-order writer, and with it the reader. At most ``2 * workers``
+    in-order writer never waits for the reference. Inside the workers the check took 0.4-0.7 s
+    of wall time (100 MB synthetic JSONL, fastokens, before the sample's byte budget): the
+    batch holding the first 200 documents held the in-order writer, and with it the reader.
+    What the sample is and costs: :mod:`.sample`. At most ``2 * workers``
     checks wait (memory stays flat); a difference is raised by the next ``encode`` call or on
     leaving :meth:`checking`. ``full`` re-encodes each batch in its worker, since the reference
     then sets the pace anyway: 22.9 s instead of 1.2 s, the cost of an ``hf`` run."""

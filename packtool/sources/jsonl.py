@@ -13,17 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import PacktoolError
-from .files import input_size, open_input
+from .files import input_size, open_hashed
 from .records import BadRecord, InputStats, ReadOptions, corrupt, read_lines, too_large
 
 
 def _open_jsonl(path, kind: str):
-    raw = open_input(path)  # closed by the caller's `with raw`
+    """(the file, its decompressed stream, finish: the file's content hash, open_hashed)."""
+    raw, finish = open_hashed(path)  # closed by the caller's `with raw`
     if kind == "jsonl.gz":
-        return raw, gzip.GzipFile(fileobj=raw, mode="rb")
+        return raw, gzip.GzipFile(fileobj=raw, mode="rb"), finish
     if kind == "jsonl.zst":
-        return raw, io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20)
-    return raw, raw
+        return raw, io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20), finish
+    return raw, raw, finish
 
 
 class _ZstdFrames(io.RawIOBase):
@@ -130,7 +131,7 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
             f"{path}: 0 bytes, not a valid {kind.split('.')[1]} stream (even an empty corpus "
             "compresses to a few bytes); remove the file or re-compress it"
         )
-    raw, f = _open_jsonl(path, kind)
+    raw, f, finish = _open_jsonl(path, kind)
     errors = _decompress_errors()
     text_field = opts.text_field if opts.mode == "text" else None
     lineno = last_pos = 0
@@ -166,5 +167,6 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                 last_pos = pos
                 yield text
             progress(raw.tell() - last_pos)
+            stats.content = finish()  # every byte, as read (a gzip member's padding too)
     except OSError as e:
         raise PacktoolError(f"{path}: read error ({e})") from None

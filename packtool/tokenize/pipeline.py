@@ -12,9 +12,10 @@ checker threads compare with the reference beside the pipeline. Each worker runs
 tokenizer's batch call with the Rust-side thread pool switched off
 (``TOKENIZERS_PARALLELISM=false`` during the run): the worker threads are the parallelism.
 
-Every input is stat-ed before and after it is read and hashed (crc32 of its bytes, ~3 GB/s)
-once read: a file rewritten while it was being read is an error naming it, and the hash lets
-a resume trust a finished part only while its inputs are unchanged.
+Every input is stat-ed before and after it is read and hashed (crc32 of its bytes, taken as a
+local JSONL file is read, or by reading it again, ~3 GB/s): a file rewritten while it was
+being read is an error naming it, and the hash lets a resume trust a finished part only while
+its inputs are unchanged.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engines import sample_picks
+from ..engines import Sampled, sample_picks
 from ..errors import PacktoolError
 from ..sources import (
     MEMORY_PER_RECORD_BYTE,
@@ -60,7 +61,8 @@ def _unchanged(path, before: tuple, error: Exception | None = None) -> None:
 
 
 class Reader(threading.Thread):
-    """Reads every input in order and queues batches of records, cut by count and bytes."""
+    """Reads every input in order and queues batches of records, cut by count and bytes:
+    ``(records, their UTF-8 sizes, input bytes read so far)``."""
 
     def __init__(self, paths, read_opts, batch_size, batch_bytes, maxsize, warn_bytes=None):
         super().__init__(daemon=True, name="packtool-reader")
@@ -70,6 +72,7 @@ class Reader(threading.Thread):
         self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
         self.stats: list[InputStats] = []
         self.bytes_read = 0
+        self.nbytes = 0  # UTF-8 bytes in the batch being filled
         self.stop = threading.Event()
 
     def _put(self, item) -> bool:
@@ -92,7 +95,7 @@ class Reader(threading.Thread):
               f"(~{size * MEMORY_PER_RECORD_BYTE / 1e9:.1f} GB); lower --max-record-bytes to "
               "refuse such records", file=sys.stderr)
 
-    def _read(self, path: Path, batch: list, nbytes: int) -> tuple[list, int] | None:
+    def _read(self, path: Path, batch: list, sizes: list) -> tuple[list, list] | None:
         stats = InputStats(path=str(path), kind=file_kind(path))
         self.stats.append(stats)
         before = identity(path)
@@ -100,18 +103,19 @@ class Reader(threading.Thread):
             for record in iter_documents(path, self.read_opts, stats, self._progress):
                 batch.append(record)
                 size = utf8_size(record)
-                nbytes += size
+                sizes.append(size)
+                self.nbytes += size
                 if self.warn_bytes is not None and size >= self.warn_bytes:
                     self._warn(path, stats, size)
-                if len(batch) >= self.batch_size or nbytes >= self.batch_bytes:
-                    if not self._put((batch, self.bytes_read)):
+                if len(batch) >= self.batch_size or self.nbytes >= self.batch_bytes:
+                    if not self._put((batch, sizes, self.bytes_read)):
                         return None
-                    batch, nbytes = [], 0
+                    batch, sizes, self.nbytes = [], [], 0
         except Exception as e:  # a bad record read from a file being rewritten: say that
             _unchanged(path, before, e)
             raise
-        try:
-            content = content_hash(path, before)
+        try:  # the JSONL reader hashed a local file as it read it; others are read again
+            content = stats.content or content_hash(path, before)
         except OSError as e:  # removed or replaced meanwhile
             _unchanged(path, before, e)
             raise
@@ -119,17 +123,17 @@ class Reader(threading.Thread):
         # trust tokens of the old content under the new content's hash
         _unchanged(path, before)
         stats.content = content
-        return batch, nbytes
+        return batch, sizes
 
     def run(self) -> None:
         try:
-            batch, nbytes = [], 0
+            batch, sizes = [], []
             for path in self.paths:
-                got = self._read(path, batch, nbytes)
+                got = self._read(path, batch, sizes)
                 if got is None:
                     return
-                batch, nbytes = got
-            if batch and not self._put((batch, self.bytes_read)):
+                batch, sizes = got
+            if batch and not self._put((batch, sizes, self.bytes_read)):
                 return
             self._put(_DONE)
         except BaseException as e:  # handed to the consumer, which re-raises it
@@ -160,7 +164,7 @@ def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
             reader.start()
             pending: deque = deque()
             done = False
-            n_submitted, longest = 0, 0
+            n_submitted, sampled = 0, Sampled()
             while not done or pending:
                 while not done and len(pending) < 2 * workers:
                     item = reader.queue.get()
@@ -169,12 +173,11 @@ def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
                     elif isinstance(item, BaseException):
                         raise item
                     else:
-                        records, bytes_read = item
+                        records, sizes, bytes_read = item
                         pick = None
                         if engine.check == "sample":
-                            sizes = np.fromiter(map(utf8_size, records), np.int64,
-                                                count=len(records))
-                            pick, longest = sample_picks(n_submitted, sizes, longest)
+                            pick, sampled = sample_picks(n_submitted, np.array(sizes, np.int64),
+                                                         sampled)
                         n_submitted += len(records)
                         pending.append((pool.submit(encode, records, pick), bytes_read))
                 if not pending:
