@@ -65,14 +65,19 @@ def is_lock_file(path: Path) -> bool:
 def _open(lock: Path) -> int:
     """Open (or create) a lock file: never through a symbolic link, only a regular file of
     one link, never truncated."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise PacktoolError(f"{lock} is a symbolic link; packtool's lock files are its own "
-                                "regular files: remove the link") from None
-        raise
-    if not lock_like(os.fstat(fd)):
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise PacktoolError(f"{lock} is a symbolic link; packtool's lock files are its "
+                                    "own regular files: remove the link") from None
+            raise
+        st = os.fstat(fd)
+        if st.st_nlink or not stat.S_ISREG(st.st_mode):
+            break
+        os.close(fd)  # its holder removed it between our open and our look: open anew
+    if not lock_like(st):
         os.close(fd)
         raise PacktoolError(f"{lock} is not packtool's lock file (an empty regular file of one "
                             "link); move it away if it is yours, remove it if no packtool run is "

@@ -241,6 +241,30 @@ def test_no_lock_is_ever_followed_or_truncated(tmp_path, built, monkeypatch, com
             assert lock.read_text() == "the user's data\n"
 
 
+def test_a_lock_removed_by_its_holder_while_opened_is_opened_anew(tmp_path, monkeypatch):
+    """The race CI hit with four ranks sharing a cache: a waiter opens the lock file, its
+    holder releases (unlinks) it before the waiter looks at it; the waiter then sees a file of
+    no link. That is a lock gone, not a user's file: it opens the name anew and waits on
+    that."""
+    lock = tmp_path / ".entry.lock"
+    lock.touch()
+    real = os.open
+    calls = []
+
+    def open_then_unlinked(path, flags, *mode):
+        fd = real(path, flags, *mode)
+        calls.append(path)
+        if len(calls) == 1:
+            os.unlink(path)  # the holder's release, between our open and our fstat
+        return fd
+
+    monkeypatch.setattr(_locks.os, "open", open_then_unlinked)
+    with _locks.waiting(lock, "cache entry x"):
+        monkeypatch.setattr(_locks.os, "open", real)
+        assert lock.exists()
+    assert len(calls) == 2 and not lock.exists()
+
+
 def test_temporaries_are_never_opened_through_a_link(tmp_path):
     """Files packtool creates (temporaries, journals, manifests) are opened O_EXCL |
     O_NOFOLLOW: a link planted at the name is an error, never written through."""

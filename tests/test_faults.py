@@ -6,6 +6,7 @@ import errno
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,16 +84,20 @@ def test_full_tmpfs_names_the_output_and_leaves_nothing(small_disk, corpus, comm
 
 
 @pytest.mark.parametrize(("command", "where"),
-                         [("tokenize", "write"), ("pack", "write"), ("pack", "fallocate")])
-def test_enospc_from_write_or_fallocate(tmp_path, corpus, monkeypatch, command, where):
-    """ENOSPC from a plain write() (token files, pack's small arrays) or from reserving a
-    memory-mapped file: the same clear error, naming the output, and nothing left."""
+                         [("tokenize", "write"), ("pack", "write"), ("pack", "space-check")])
+def test_enospc_from_write_or_space_check(tmp_path, corpus, monkeypatch, command, where):
+    """ENOSPC from a plain write() (token files, pack's small arrays) or from the look before
+    a large streamed file (the tokens layout's token files): the same clear error, naming
+    the output, and nothing left."""
     from packtool import _io
 
-    if where == "fallocate":
-        def fallocate(fd, offset, n):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    if where == "space-check":
+        real_usage = shutil.disk_usage
+
+        def usage(path):  # a full disk
+            u = real_usage(path)
+            return type(u)(u.total, u.total, 0)
+        monkeypatch.setattr(_io.shutil, "disk_usage", usage)
     else:
         real, calls = _io.HashingWriter.write, []
 
@@ -104,7 +109,7 @@ def test_enospc_from_write_or_fallocate(tmp_path, corpus, monkeypatch, command, 
         monkeypatch.setattr(_io.HashingWriter, "write", write)
     out = tmp_path / "out"
     args = _tokenize_args(corpus, out) if command == "tokenize" else _pack_args(corpus, out)
-    if where == "fallocate":  # the tokens layout fills memory-mapped token files
+    if where == "space-check":  # the tokens layout streams whole token files
         args.append("--layout=tokens")
     r = _cli(*args)
     assert r.exit_code == 1
