@@ -24,6 +24,9 @@ Prints measurements and ratios only (it never asserts on wall-clock time). Secti
                 it copies), the copy a read and a write of the same bytes through an 8 MB
                 buffer, then fsync (shutil.copyfile's copy_file_range never leaves the kernel
                 and may share the extents: no baseline for a program that writes bytes).
+                Each timed step starts after os.sync() and after touching and freeing 3x the
+                corpus's bytes of memory (see warm_memory: this VM's balloon otherwise makes
+                a step's first touch of memory cost up to 10x, by chance of what ran before).
 --quick: 1M lengths, a 1M-doc TRL run, squad11-384 only, a ~10M-token corpus. Every section
 title shows the load average: above 2 on a 2-core machine, timings include contention.
 """
@@ -44,6 +47,7 @@ import numba
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+WARM_FACTOR = 3  # memory touched before a timed step: this many times the corpus's bytes
 sys.path.insert(0, str(ROOT))  # benchmark this work tree, whatever else is installed
 
 from packtool.lengths import load_histogram_csv, reference_histogram  # noqa: E402
@@ -303,10 +307,22 @@ def make_corpus(path: Path, target_mb: float) -> None:
     tmp.rename(path)
 
 
+def warm_memory(nbytes: int) -> None:
+    """Touch ``nbytes`` of memory and free it, right before a timed step. On a VM with free
+    page reporting (virtio-balloon here) memory freed a few seconds earlier has been handed
+    back to the host, and the first touch of each page costs a host fault, inside whatever
+    system call touched it: writing 1.6 GB into the page cache measured 0.4 s right after
+    such a touch and 3.2-4.2 s five seconds later, the same script. Every timed step (the
+    copy and each pack) starts from the same state, so the ratio compares programs."""
+    a = np.ones(max(nbytes, 1) // 8 + 1, np.int64)
+    del a
+
+
 def timed_copy(src: Path, dst: Path) -> float:
     """A read and a write of every byte of ``src`` through an 8 MB user buffer, then fsync:
     what writing the same bytes costs any program (the page cache warm, as for pack)."""
     os.sync()  # every timed step starts with no dirty pages queued for writeback
+    warm_memory(WARM_FACTOR * src.stat().st_size)
     t0 = time.perf_counter()
     with open(src, "rb") as f, open(dst, "wb") as g:
         shutil.copyfileobj(f, g, 1 << 23)
@@ -325,6 +341,7 @@ def _pack_cmd(prefix: Path, out: Path, layout: str | None, root: Path = ROOT) ->
 
 def _plan_alone(prefix: Path) -> float:
     """Seconds to plan the same pack in a fresh process (open, lengths, plan), no writing."""
+    warm_memory(WARM_FACTOR * Path(f"{prefix}.bin").stat().st_size)
     code = ("import sys, time; from packtool.pack import open_sources; "
             "from packtool.formats.tokens import read_lengths; "
             "from packtool.plan import plan_pack; from packtool.options import PackOptions; "
@@ -353,6 +370,8 @@ def _timed_pack(prefix: Path, out: Path, layout: str | None, root: Path) -> tupl
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(root)}
     os.sync()
+    warm_memory(WARM_FACTOR * sum(Path(f"{prefix}{s}").stat().st_size
+                                  for s in (".bin", ".boundaries")))
     t0 = time.perf_counter()
     proc = subprocess.run(_pack_cmd(prefix, out, layout), capture_output=True, text=True,
                           check=True, cwd=root, env=env)
