@@ -6,7 +6,8 @@ reader's throughput from the cache against local files.
                                     [--workdir bench-out/storage]
 
 Every command runs as a whole process (``python -m packtool``: start, read, work, upload,
-exit), interleaved local / store, the fastest of ``--repeat`` kept:
+exit) into an output removed before each run (no resume), the fastest of ``--repeat``
+kept:
 
     tokenize   JSONL (--parts files) -> a prefix          local -> local   vs  s3 -> s3
     pack       the prefix -> packs of 2,048, each layout  local -> local   vs  s3 -> s3
@@ -104,34 +105,74 @@ def main() -> None:
     fs.put(str(work / "in"), f"{bucket}/in", recursive=True)
     env = {**os.environ, **CREDENTIALS, "PACKTOOL_STORAGE_OPTIONS": json.dumps(options),
            "PACKTOOL_CACHE_DIR": str(work / "cache")}
-    tok = ["-t", TOKENIZER, "--eos", "<|eos|>", "-q", "--overwrite"]
+    tok = ["-t", TOKENIZER, "--eos", "<|eos|>", "-q"]
+
+    def fresh(out) -> None:
+        """Each timed run writes a new output (a second run over an existing one would only
+        verify and skip its parts)."""
+        if str(out).startswith("s3://"):
+            if fs.exists(out):
+                fs.rm(out, recursive=True)
+            fs.invalidate_cache()
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+
+    def run(args: list, folder, name: str = "") -> float:
+        fresh(folder)
+        return timed([*args, "-o", f"{folder}/{name}" if name else folder], env)
+
     rows = []
-    local = best(args.repeat, lambda: timed(["tokenize", work / "in", *tok, "-o",
-                                             work / "out" / "c"], env))
-    remote = best(args.repeat, lambda: timed(["tokenize", f"s3://{bucket}/in", *tok, "-o",
-                                              f"s3://{bucket}/out/c"], env))
+    local = best(args.repeat, lambda: run(["tokenize", work / "in", *tok], work / "out", "c"))
+    remote = best(args.repeat, lambda: run(["tokenize", f"s3://{bucket}/in", *tok],
+                                           f"s3://{bucket}/out", "c"))
     rows.append(("tokenize (s3 -> s3 vs local -> local)", local, remote))
     for layout in ("index", "tokens"):
-        pk = ["-L", 2048, "--layout", layout, "-q", "--overwrite"]
-        local = best(args.repeat, lambda pk=pk, layout=layout: timed(
-            ["pack", work / "out" / "c", *pk, "-o", work / "out" / layout], env))
-        remote = best(args.repeat, lambda pk=pk, layout=layout: timed(
-            ["pack", f"s3://{bucket}/out/c", *pk, "-o", f"s3://{bucket}/out/{layout}"], env))
+        pk = ["-L", 2048, "--layout", layout, "-q"]
+        local = best(args.repeat, lambda pk=pk, layout=layout: run(
+            ["pack", work / "out" / "c", *pk], work / layout))
+        remote = best(args.repeat, lambda pk=pk, layout=layout: run(
+            ["pack", f"s3://{bucket}/out/c", *pk], f"s3://{bucket}/{layout}"))
         rows.append((f"pack --layout {layout}", local, remote))
+    def floor(gets: list[str], put: Path) -> float:
+        """The transfer alone, on this server: the objects a command read fetched with
+        s3fs, the folder it wrote uploaded (best of --repeat)."""
+        def once() -> float:
+            scratch = work / "floor"
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir()
+            t0 = time.perf_counter()
+            for k, key in enumerate(gets):
+                fs.get(key, str(scratch / f"{k}-{Path(key).name}"))
+            fs.put(str(put), f"{bucket}/floor", recursive=True)
+            secs = time.perf_counter() - t0
+            fs.rm(f"{bucket}/floor", recursive=True)
+            shutil.rmtree(scratch)
+            return secs
+        return best(args.repeat, once)
+
+    corpus = fs.find(f"{bucket}/out")
+    floors = [floor(fs.find(f"{bucket}/in"), work / "out"),
+              floor([k for k in corpus if not k.endswith((".bin", ".mask"))], work / "index"),
+              floor(corpus, work / "tokens")]
     size = sum(p.stat().st_size for p in (work / "in").iterdir())
     print(f"{size / 1e6:.1f} MB of JSONL in {args.parts} files; fastest of {args.repeat}, "
           "whole processes")
-    print("| run | local | object store | store / local |")
-    print("| --- | --- | --- | --- |")
-    for label, a, b in rows:
-        print(f"| {label} | {a:.2f} s | {b:.2f} s | {b / a:.2f}x |")
+    print("| run | local | object store | store / local | transfer alone | store / (local + "
+          "transfer) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (label, a, b), f in zip(rows, floors, strict=True):
+        print(f"| {label} | {a:.2f} s | {b:.2f} s | {b / a:.2f}x | {f:.2f} s | "
+              f"{b / (a + f):.2f}x |")
+    print("transfer alone: what the command read, fetched (s3fs get), and what it wrote, "
+          "uploaded (s3fs put), on this server: the bytes' own cost, which a faster server "
+          "or link shrinks; the last column is packtool's overhead beyond it")
 
-    n, t_first = read_all(open_packed(work / "out" / "tokens"))  # files checked on first use
-    _, t_local = read_all(open_packed(work / "out" / "tokens"))
+    n, t_first = read_all(open_packed(work / "tokens"))  # files checked on first use
+    _, t_local = read_all(open_packed(work / "tokens"))
     cache = Cache(work / "reader-cache")
-    ds = open_packed(f"s3://{bucket}/out/tokens", storage_options=options, cache=cache)
+    ds = open_packed(f"s3://{bucket}/tokens", storage_options=options, cache=cache)
     _, t_cold = read_all(ds)
-    ds = open_packed(f"s3://{bucket}/out/tokens", storage_options=options, cache=cache)
+    ds = open_packed(f"s3://{bucket}/tokens", storage_options=options, cache=cache)
     _, t_warm = read_all(ds)
     print(f"\nreader, {n:,} tokens in every pack of the tokens layout, in order:")
     print("| from | tokens/s | vs local |")
