@@ -345,6 +345,36 @@ def test_signal_during_commit_undoes_it(tmp_path, corpus, monkeypatch, step):
     assert _hidden(tmp_path) == []
 
 
+@pytest.mark.parametrize("where", ["_retire", "_remove_stale_parts"])
+def test_signal_beside_an_overwrite_leaves_nothing(tmp_path, corpus, monkeypatch, where):
+    """fault_inject.py found it: a SIGTERM just after an --overwrite wrote
+    ``.out.retired.json`` (before the run's clean-up handler was in force) ended the run
+    with it left. A signal right after the retired manifest is written, or right after the
+    new manifest is in place (while the old parts, the plan and the retired manifest are
+    being removed): the run ends by it, the output is whole and verifies, nothing else is
+    left."""
+    from packtool.tokenize import TokenizeOptions, stage, tokenize_files
+
+    out = tmp_path / "out"
+    assert _cli(*_tokenize_args(corpus, out)).exit_code == 0
+    monkeypatch.setattr(_signals, "received", [])
+    real = getattr(stage, where)
+
+    def then_signal(plan):
+        if where == "_retire":
+            real(plan)
+        assert (tmp_path / ".out.retired.json").exists()  # what the run must not leave
+        _signals._on_sigterm(signal.SIGTERM, None)  # delivered right here
+        if where != "_retire":
+            real(plan)
+    monkeypatch.setattr(stage, where, then_signal)
+    with pytest.raises(_signals.Terminated):
+        tokenize_files([str(corpus["jsonl"])], TOKENIZER, out,
+                       TokenizeOptions(overwrite=True, batch_size=16))
+    assert _hidden(tmp_path) == []
+    assert _cli("verify", out).exit_code == 0
+
+
 def test_final_name_maps_temporaries_to_outputs(tmp_path):
     assert _atomic.final_name(tmp_path / ".out.bin.tmp-12-a1b2c3") == tmp_path / "out.bin"
     assert _atomic.final_name(tmp_path / ".p.tmp-9-00ff00" / "shard-00000.tokens.npy") == \

@@ -17,6 +17,7 @@ import os
 import time
 from pathlib import Path
 
+from .. import _signals
 from .._atomic import atomic_files, output_lock, reclaim
 from .._io import write_new
 from ..errors import FormatError, PacktoolError
@@ -66,10 +67,10 @@ def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunO
     new_run()
     plan = plan_tokenize(inputs, tokenizer, out, opts)
     plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
-    if not run.finalize:
-        _begin(plan, opts, run)
-    jobs = [PartJob(plan, k, opts) for k in range(len(plan.parts))]
-    try:
+    try:  # from the retired manifest's writing on: a signal anywhere removes it
+        if not run.finalize:
+            _begin(plan, opts, run)
+        jobs = [PartJob(plan, k, opts) for k in range(len(plan.parts))]
         manifests, skipped = run_jobs(
             Jobs(jobs, run_part, [q.bytes for q in plan.parts], lambda j: j.label(), "tokenize",
                  "B"),
@@ -225,14 +226,19 @@ def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -
         manifests = checked_parts(plan, lambda k: check_part(plan, k))
     manifest, moved = assemble(plan, manifests)
     paths = [plan.part_manifest(q) for q, _ in moved] + [plan.json_path]
-    with atomic_files(paths, True, key=plan.json_path) as tmps:
-        for tmp, (_, body) in zip(tmps, moved, strict=False):
-            write_new(tmp, json.dumps(body, indent=1, ensure_ascii=False) + "\n")
-        write_new(tmps[-1], json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
-    _remove_stale_parts(plan)
-    for done in (_plan_file(plan), _retired(plan)):
-        with contextlib.suppress(FileNotFoundError):
-            done.unlink()
+    # the commit and its clean-up are one step for a signal: one that arrives before the
+    # commit undoes it; one after it waits until nothing stale (old parts, the plan, the
+    # retired manifest) is left beside the new manifest, then ends the run
+    with _signals.deferred():
+        with atomic_files(paths, True, key=plan.json_path) as tmps:
+            for tmp, (_, body) in zip(tmps, moved, strict=False):
+                write_new(tmp, json.dumps(body, indent=1, ensure_ascii=False) + "\n")
+            write_new(tmps[-1], json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        _remove_stale_parts(plan)
+        for done in (_plan_file(plan), _retired(plan)):
+            with contextlib.suppress(FileNotFoundError):
+                done.unlink()
+    _signals.check()
     return manifest
 
 
