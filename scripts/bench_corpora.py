@@ -28,7 +28,7 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def _mixed(doc: str, rng) -> str:
+def mixed_scripts(doc: str, rng) -> str:
     words = doc.split(" ")
     swap = rng.random(len(words)) < 0.2
     for i in swap.nonzero()[0]:
@@ -46,7 +46,7 @@ def iter_prose(seed: int = 0):
     rng = np.random.default_rng(seed)
     while True:
         for d in iter_documents(20_000, seed=seed):
-            yield _mixed(d, rng)
+            yield mixed_scripts(d, rng)
         seed += 1
 
 

@@ -60,18 +60,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 TOKENIZER = ROOT / "fixtures" / "tokenizer" / "tokenizer.json"
-_SCRIPTS = [(0x61, 0x7A), (0x430, 0x44F), (0x4E00, 0x9FFF), (0x627, 0x64A), (0x1F300, 0x1FAFF),
-            (0x30, 0x39)]
-
-
-def _mixed(doc: str, rng) -> str:
-    words = doc.split(" ")
-    swap = rng.random(len(words)) < 0.2
-    for i in swap.nonzero()[0]:
-        lo, hi = _SCRIPTS[rng.integers(len(_SCRIPTS))]
-        words[i] = "".join(map(chr, rng.integers(lo, hi + 1, int(rng.integers(2, 12)))))
-    lines = [" ".join(words[i:i + 12]) for i in range(0, len(words), 12)]
-    return "\n    ".join(lines)
+from bench_corpora import mixed_scripts  # noqa: E402  (the prose of both benchmarks)
 
 
 def make_corpus(path: Path, size_mb: int, seed: int = 0, kind: str = "prose") -> Path:
@@ -89,7 +78,7 @@ def make_corpus(path: Path, size_mb: int, seed: int = 0, kind: str = "prose") ->
         while written < target:
             for d in iter_documents(20_000, seed=seed):
                 if kind == "mixed":
-                    d = _mixed(d, rng)
+                    d = mixed_scripts(d, rng)
                 line = json.dumps({"text": d}, ensure_ascii=False) + "\n"
                 f.write(line)
                 written += len(line.encode("utf-8"))
