@@ -38,6 +38,19 @@ def stop_server_after(s3, n: int, real):
     return upload
 
 
+def server_dies_during_uploads(monkeypatch, tmp_path, s3, module, n: int):
+    """A run's cache, storage options of one attempt per request, and ``module.upload``
+    stopping the server before its (n+1)th upload; returns the real upload, to put back."""
+    import json
+
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PACKTOOL_STORAGE_OPTIONS", json.dumps(
+        {**s3.options, "config_kwargs": {"retries": {"max_attempts": 1}}}))
+    real = module.upload
+    monkeypatch.setattr(module, "upload", stop_server_after(s3, n, real))
+    return real
+
+
 @pytest.fixture(scope="session")
 def ray_instance():
     """A local Ray instance of 2 CPUs for the session; its workers import this checkout's

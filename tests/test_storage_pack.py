@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from conftest import CORPUS, TOKENIZER, stop_server_after
+from conftest import CORPUS, TOKENIZER, server_dies_during_uploads
 from conftest import packtool_process as cli
 
 from packtool import open_packed
@@ -135,11 +135,7 @@ def test_server_down_mid_upload_then_the_same_command_completes(s3, bucket, loca
                                                                 monkeypatch):
     from packtool.pack import pack, remote
 
-    monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PACKTOOL_STORAGE_OPTIONS", json.dumps(
-        {**s3.options, "config_kwargs": {"retries": {"max_attempts": 1}}}))
-    real = remote.upload
-    monkeypatch.setattr(remote, "upload", stop_server_after(s3, 5, real))
+    real = server_dies_during_uploads(monkeypatch, tmp_path, s3, remote, 5)
     url = f"s3://{bucket}/p"
     opts = PackOptions(seq_len=128, valid_docs=3, shard_size=20_000)
     with pytest.raises(Exception):  # noqa: B017 - whatever the client raises, the run fails

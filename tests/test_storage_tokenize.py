@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from conftest import CORPUS, TOKENIZER, stop_server_after
+from conftest import CORPUS, TOKENIZER, server_dies_during_uploads
 from conftest import packtool_process as cli
 
 from packtool import open_tokens
@@ -141,11 +141,7 @@ def test_server_down_mid_upload_then_the_same_command_resumes(s3, bucket, refere
     leaving exactly the corpus."""
     from packtool.tokenize import remote
 
-    monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PACKTOOL_STORAGE_OPTIONS", json.dumps(
-        {**s3.options, "config_kwargs": {"retries": {"max_attempts": 1}}}))
-    real = remote.upload
-    monkeypatch.setattr(remote, "upload", stop_server_after(s3, 3, real))
+    real = server_dies_during_uploads(monkeypatch, tmp_path, s3, remote, 3)
     url = f"s3://{bucket}/out/c"
     opts = TokenizeOptions(eos="<|eos|>", part_bytes=PART_BYTES)
     with pytest.raises(Exception):  # noqa: B017 - whatever the client raises, the run fails
