@@ -240,6 +240,32 @@ class PackSampler:
         key = (epoch, None if done is None else done.tobytes())
         if self._cache_key == key:
             return self._cache
+        steps, out = self._steps(epoch, done)
+        if self.costs is not None and len(steps):
+            slots = balance_steps(self.costs[steps], self.world_size, self.batch_size)
+            steps = np.take_along_axis(steps, slots.reshape(len(steps), -1), axis=1)
+        sched = steps.reshape(len(steps), self.world_size, self.batch_size)
+        self._cache_key, self._cache = key, (sched, out)
+        return self._cache
+
+    def schedule_row(self, epoch: int, i: int) -> np.ndarray:
+        """Row ``i`` of ``global_schedule(epoch)`` ([world_size, batch_size]), balancing only
+        that step (balancing is per step): what ``packtool which`` needs of an epoch."""
+        epoch = int(epoch)
+        done = self._consumed_before(epoch)
+        if self._cache_key == (epoch, None if done is None else done.tobytes()):
+            return self._cache[0][i]
+        steps, _ = self._steps(epoch, done)
+        row = steps[i:i + 1] if i >= 0 else steps[len(steps) + i:len(steps) + i + 1]
+        if not len(row):
+            raise IndexError(f"step {i} of {len(steps)}")
+        if self.costs is not None:
+            slots = balance_steps(self.costs[row], self.world_size, self.batch_size)
+            row = np.take_along_axis(row, slots.reshape(1, -1), axis=1)
+        return row.reshape(self.world_size, self.batch_size)
+
+    def _steps(self, epoch: int, done):
+        """(steps [s, G] of like-cost packs, not yet balanced across ranks; left-out packs)."""
         perm = self.order(epoch)
         g = self.global_batch
         if done is None:
@@ -259,13 +285,7 @@ class PackSampler:
             q += 1
         elif r:
             left, out = left[:q * g], left[q * g:]
-        steps = np.concatenate([full, left.reshape(q, g)])
-        if self.costs is not None and len(steps):
-            slots = balance_steps(self.costs[steps], self.world_size, self.batch_size)
-            steps = np.take_along_axis(steps, slots.reshape(len(steps), -1), axis=1)
-        sched = steps.reshape(len(steps), self.world_size, self.batch_size)
-        self._cache_key, self._cache = key, (sched, out)
-        return self._cache
+        return np.concatenate([full, left.reshape(q, g)]), out
 
     def global_schedule(self, epoch: int | None = None) -> np.ndarray:
         """[steps, world_size, batch_size] pack indices of every rank for ``epoch``, from its

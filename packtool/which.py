@@ -190,10 +190,11 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_si
     sampler with these settings schedules them."""
     ds = open_packed(path, checksums=False)  # structure checked; no full read for a lookup
     sampler = _sampler(ds, world_size, batch_size, seed, balance)
-    sched = sampler.global_schedule(epoch)
-    if not 0 <= step < len(sched):
-        raise PacktoolError(f"--step {step}: epoch {epoch} has steps 0..{len(sched) - 1} at "
+    n_steps = sampler.steps_in(epoch)
+    if not 0 <= step < n_steps:
+        raise PacktoolError(f"--step {step}: epoch {epoch} has steps 0..{n_steps - 1} at "
                             f"world size {world_size} x batch size {batch_size}")
+    row = sampler.schedule_row(epoch, step)
     if rank is not None and not 0 <= rank < world_size:
         raise PacktoolError(f"--rank {rank}: must be from 0 to {world_size - 1}")
     sources = Sources(ds)
@@ -202,7 +203,7 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_si
                       + f" (world size {world_size}, batch size {batch_size}, seed {seed}, "
                       f"balance {balance or 'none'})")
     for r in ([rank] if rank is not None else range(world_size)):
-        for pack in sched[step][r].tolist():
+        for pack in row[r].tolist():
             docs, offs, lens = ds.segments(pack)
             at = 0
             for d, o, n in zip(sources.documents(docs), offs.tolist(), lens.tolist(),

@@ -193,6 +193,33 @@ def test_elastic_resume_every_pack_once(data):
         assert len(trained) - n < g
 
 
+@pytest.mark.parametrize("balanced", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_schedule_row_is_the_schedules_row(balanced, drop_last):
+    """``schedule_row`` (what ``which`` uses: one step balanced, not the epoch) is exactly that
+    row of the whole epoch's schedule, fresh and after an elastic resume."""
+    costs = np.random.default_rng(1).lognormal(0, 1.5, 203) if balanced else None
+    s = PackSampler(203, rank=0, world_size=4, batch_size=3, balance=costs, seed=2,
+                    drop_last=drop_last)
+    fresh = PackSampler(203, rank=0, world_size=4, batch_size=3, balance=costs, seed=2,
+                        drop_last=drop_last)
+    for epoch in (0, 1):
+        sched = s.global_schedule(epoch)
+        assert len(sched) == s.steps_in(epoch)
+        for i in range(len(sched)):
+            assert np.array_equal(fresh.schedule_row(epoch, i), sched[i])
+    r = PackSampler(203, rank=1, world_size=2, batch_size=2, balance=costs, seed=2,
+                    drop_last=drop_last)
+    r.load_state_dict(s.state_dict(5))
+    rows = PackSampler(203, rank=1, world_size=2, batch_size=2, balance=costs, seed=2,
+                       drop_last=drop_last)
+    rows.load_state_dict(s.state_dict(5))
+    sched = r.global_schedule(0)
+    assert all(np.array_equal(rows.schedule_row(0, i), sched[i]) for i in range(len(sched)))
+    with pytest.raises(IndexError):
+        rows.schedule_row(0, len(sched))
+
+
 def test_elastic_two_to_three_and_one():
     """The shapes of the distributed test, on the numpy core: 2 ranks x 2 packs for 3 steps,
     then 3 ranks x 1 pack or 1 rank x 3 packs to the end of the epoch."""

@@ -5,7 +5,7 @@ sha256 the index recorded)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,7 @@ from ..._io import check_once, crc32_file
 from ...errors import FormatError, PacktoolError
 from ...storage import is_url
 from .._manifest import check, check_digest, confined_file, confined_name, read_manifest
-from .layout import pack_offsets, v1_segments
+from .layout import scan_packs, v1_segments
 from .schema import (
     DIGEST_KEY,
     FIX,
@@ -126,10 +126,7 @@ class Shard:
     seg_doc: np.ndarray
     seg_offset: np.ndarray
     seg_length: np.ndarray
-    po: np.ndarray = field(init=False)
-
-    def __post_init__(self):
-        self.po = pack_offsets(self.seg_length, self.pack_seg)
+    po: np.ndarray
 
     @property
     def n_packs(self) -> int:
@@ -147,15 +144,12 @@ def shard_table(index: dict, sh: dict, arrays: dict) -> Shard:
         ps, seg_len = arrays["pack_seg"], arrays["seg_length"]
         doc, off = arrays["seg_doc"], arrays["seg_offset"]
     n_seg, n_packs = sh["n_segments"], sh["n_packs"]
-    bad = (ps.size != n_packs + 1 or (n_packs and (int(ps[0]) != 0 or int(ps[-1]) != n_seg))
-           or (np.diff(ps.astype(np.int64)) <= 0).any() or seg_len.size != n_seg
-           or (n_seg and int(seg_len.min()) <= 0) or int(seg_len.sum(dtype=np.int64))
-           != sh["n_tokens"])
-    if bad:
+    po, bad = scan_packs(seg_len, ps)
+    if bad or ps.size != n_packs + 1 or seg_len.size != n_seg or int(po[-1]) != sh["n_tokens"]:
         raise ValidationError(f"{sh['name']}: pack/segment offsets are not increasing from 0 to "
                               f"the shard's counts (or a segment is empty); the shard is "
                               f"damaged, {FIX}")
-    shard = Shard(sh["name"], arrays, ps, doc, off, seg_len)
+    shard = Shard(sh["name"], arrays, ps, doc, off, seg_len, po)
     if n_packs and int(np.diff(shard.po).max()) > int(index["seq_len"]):
         raise ValidationError(f"{sh['name']}: a pack is longer than seq_len "
                               f"{index['seq_len']:,}; the shard is damaged, {FIX}")
