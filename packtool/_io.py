@@ -10,10 +10,11 @@ import hashlib
 import os
 import shutil
 import threading
-import zlib
 from pathlib import Path
 
 import numpy as np
+
+from ._crc import crc32
 
 
 def create(path: Path, mode: str = "wb"):
@@ -31,8 +32,9 @@ def write_new(path: Path, text: str) -> None:
 
 
 class Crc32:
-    """hashlib-style running CRC-32 (zlib): ~3.3 GB/s here against sha256's ~1.4 GB/s, and it
-    catches every flipped byte (any error burst up to 32 bits)."""
+    """hashlib-style running CRC-32 (:data:`crc32`: ISA-L's where installed and proven equal
+    to zlib's, ~13 GB/s here; zlib's ~3.8 GB/s; sha256 runs ~1.4 GB/s). It catches every
+    flipped byte (any error burst up to 32 bits), not a deliberate forgery."""
 
     name = "crc32"
 
@@ -40,50 +42,65 @@ class Crc32:
         self._crc = 0
 
     def update(self, data) -> None:
-        self._crc = zlib.crc32(data, self._crc)
+        self._crc = crc32(data, self._crc)
 
     def hexdigest(self) -> str:
         return f"{self._crc:08x}"
 
 
-def crc32_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = Crc32()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def _hasher(algorithm: str):
+    return Crc32() if algorithm == "crc32" else hashlib.new(algorithm)
+
+
+def file_digests(path: Path, algorithms=("sha256",), chunk: int = 1 << 23) -> dict:
+    """{algorithm: hex digest} of ``path``'s bytes, every algorithm in one read through one
+    reused buffer (no allocation per chunk: on this VM fresh memory costs a host fault a
+    page)."""
+    hs = {a: _hasher(a) for a in algorithms}
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            for h in hs.values():
+                h.update(view[:n])
+    return {a: h.hexdigest() for a, h in hs.items()}
+
+
+def crc32_file(path: Path, chunk: int = 1 << 23) -> str:
+    return file_digests(path, ("crc32",), chunk)["crc32"]
 
 
 class HashingWriter:
-    """A binary file writer that hashes what it writes (no second pass over the data)."""
+    """A binary file writer that hashes what it writes (no second pass over the data) with
+    each of ``algorithms``: ``close()`` returns {algorithm: hex digest, ..., "bytes": n}."""
 
-    def __init__(self, path: Path, algorithm: str = "sha256"):
+    def __init__(self, path: Path, algorithms=("sha256",)):
         # the writer outlives this call: close() (or the caller's cleanup) closes the file
         self._f = create(path)
-        self._h = Crc32() if algorithm == "crc32" else hashlib.new(algorithm)
+        algorithms = (algorithms,) if isinstance(algorithms, str) else tuple(algorithms)
+        self._hs = [_hasher(a) for a in algorithms]
+        self._names = algorithms
         self.nbytes = 0
 
     def write(self, array: np.ndarray) -> None:
         buf = memoryview(np.ascontiguousarray(array)).cast("B")
-        self._h.update(buf)
+        for h in self._hs:
+            h.update(buf)
         self._f.write(buf)
         self.nbytes += buf.nbytes
 
     def close(self) -> dict:
         self._f.flush()
         self._f.close()
-        return {self._h.name: self._h.hexdigest(), "bytes": self.nbytes}
+        return {**{a: h.hexdigest() for a, h in zip(self._names, self._hs, strict=True)},
+                "bytes": self.nbytes}
 
     def abort(self) -> None:
         self._f.close()
 
 
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def sha256_file(path: Path, chunk: int = 1 << 23) -> str:
+    return file_digests(path, ("sha256",), chunk)["sha256"]
 
 
 def npy_header(dtype: np.dtype, n: int) -> bytes:

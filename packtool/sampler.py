@@ -62,11 +62,8 @@ per rank, and dealt at 2 and 4 packs per rank 1.75 and 1.36, worse than bfd's un
 which leave light packs to pair with heavy ones. The price of like-cost steps: packs of like
 cost train together (8 one-document packs in a step), and packs move in the order: median 13
 steps earlier, 99th percentile 167 steps later, and the packs of classes with fewer than ``G``
-members (a few dozen here, 57 classes) to the epoch's last steps.
-
-Whole-block cost (``attention_costs(ds, linear=12 * d)``): at L=4096 and d=4096 shuffled bfd
-packs are already within 3.3% (max/mean 1.033 at one pack per rank); attention dominates, and
-balance matters, at long context or with small models.
+members (a few dozen here, 57 classes) to the epoch's last steps. Whole-block cost
+(``attention_costs(ds, linear=12 * d)``): see docs/TRAINING.md.
 """
 
 from __future__ import annotations
@@ -241,12 +238,15 @@ class PackSampler:
         if self._cache_key == key:
             return self._cache
         steps, out = self._steps(epoch, done)
+        self._cache_key, self._cache = key, (self._balanced(steps), out)
+        return self._cache
+
+    def _balanced(self, steps: np.ndarray) -> np.ndarray:
+        """Steps [s, G] -> [s, world_size, batch_size], each step's packs dealt to ranks."""
         if self.costs is not None and len(steps):
             slots = balance_steps(self.costs[steps], self.world_size, self.batch_size)
             steps = np.take_along_axis(steps, slots.reshape(len(steps), -1), axis=1)
-        sched = steps.reshape(len(steps), self.world_size, self.batch_size)
-        self._cache_key, self._cache = key, (sched, out)
-        return self._cache
+        return steps.reshape(len(steps), self.world_size, self.batch_size)
 
     def schedule_row(self, epoch: int, i: int) -> np.ndarray:
         """Row ``i`` of ``global_schedule(epoch)`` ([world_size, batch_size]), balancing only
@@ -256,13 +256,9 @@ class PackSampler:
         if self._cache_key == (epoch, None if done is None else done.tobytes()):
             return self._cache[0][i]
         steps, _ = self._steps(epoch, done)
-        row = steps[i:i + 1] if i >= 0 else steps[len(steps) + i:len(steps) + i + 1]
-        if not len(row):
+        if not 0 <= i < len(steps):
             raise IndexError(f"step {i} of {len(steps)}")
-        if self.costs is not None:
-            slots = balance_steps(self.costs[row], self.world_size, self.batch_size)
-            row = np.take_along_axis(row, slots.reshape(1, -1), axis=1)
-        return row.reshape(self.world_size, self.batch_size)
+        return self._balanced(steps[i:i + 1])[0]
 
     def _steps(self, epoch: int, done):
         """(steps [s, G] of like-cost packs, not yet balanced across ranks; left-out packs)."""

@@ -75,3 +75,22 @@ def test_version_2_token_corpora_open_verify_and_pack(legacy, tmp_path, name):
     for d, o, n, a in zip(ex["source_docs"], ex["source_offsets"], np.diff(ex["cu_seqlens"]),
                           ex["cu_seqlens"][:-1], strict=True):
         assert np.array_equal(ex["input_ids"][a:a + n], c[int(d)][o:o + n])
+
+
+def test_a_corpus_without_crc32_is_checked_by_sha256(legacy, tmp_path):
+    """Token corpora written before manifests recorded crc32 are checked on first read (and
+    before pack --layout tokens copies them) by their sha256: a flipped byte is still caught."""
+    src = tmp_path / "c"
+    shutil.copytree(legacy, src, dirs_exist_ok=True)
+    c = packtool.open_tokens(src / "corpus")
+    assert all("crc32" not in f for q in c.parts for f in q.entry["checksums"].values())
+    data = bytearray((src / "corpus.part-00001.bin").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (src / "corpus.part-00001.bin").write_bytes(bytes(data))
+    c = packtool.open_tokens(src / "corpus")
+    with pytest.raises(packtool.FormatError, match=r"corpus\.part-00001\.bin: sha256"):
+        c.parts[1].tokens  # noqa: B018 (the first read checks)
+    r = CliRunner().invoke(cli, ["pack", str(src / "corpus"), "-L", "128", "-o",
+                                 str(tmp_path / "p"), "--layout", "tokens", "-q"])
+    assert r.exit_code == 1 and "corpus.part-00001.bin: sha256" in r.output, r.output
+    assert not (tmp_path / "p").exists()

@@ -243,3 +243,31 @@ def test_plain_verify_catches_an_edited_seq_len(tmp_path, built, layout):
     (out / "index.json").write_text(json.dumps(i))
     r = run("verify", out)
     assert r.exit_code == 1 and "not a multiple of seq_len 128" in r.output, r.output
+
+
+def test_crc32_engine_is_zlibs_and_a_wrong_one_is_refused(monkeypatch):
+    """The fast CRC-32 (ISA-L where installed) gives zlib's value on every length and start;
+    an engine that disagrees is not used (zlib's serves)."""
+    import sys
+    import types
+    import zlib
+
+    import numpy as np
+
+    from packtool import _crc, _io
+
+    data = np.random.default_rng(7).integers(0, 256, 100_003, dtype=np.uint8).tobytes()
+    for n in (0, 1, 7, 64, 4099, len(data)):
+        for start in (0, 1, 0xFFFFFFFF):
+            assert _io.crc32(data[:n], start) == zlib.crc32(data[:n], start)
+    h = _io.Crc32()
+    for i in range(0, len(data), 999):
+        h.update(data[i:i + 999])
+    assert h.hexdigest() == f"{zlib.crc32(data):08x}"
+    wrong = types.ModuleType("isal")
+    wrong.isal_zlib = types.SimpleNamespace(crc32=lambda b, c=0: zlib.crc32(b, c) ^ 1)
+    monkeypatch.setitem(sys.modules, "isal", wrong)
+    monkeypatch.setitem(sys.modules, "isal.isal_zlib", wrong.isal_zlib)
+    assert _crc._fast_crc32() is zlib.crc32
+    monkeypatch.setitem(sys.modules, "isal", None)  # not installed
+    assert _crc._fast_crc32() is zlib.crc32

@@ -80,6 +80,7 @@ def test_manifest_contents(tmp_path, docs):
     assert [i["n_docs"] for i in meta["inputs"]] == [10, len(docs) - 10]
     assert meta["eos_id"] == 2 and meta["bos_id"] is None
     import hashlib
+    import zlib
 
     assert meta["tokenizer"]["sha256"] == hashlib.sha256(TOKENIZER.read_bytes()).hexdigest()
     assert [q["name"] for q in meta["parts"]] == ["out.part-00000", "out.part-00001"]
@@ -88,7 +89,8 @@ def test_manifest_contents(tmp_path, docs):
         assert part["n_docs"] == n and [i["n_docs"] for i in part["inputs"]] == [n]
         for key in ("bin", "boundaries"):
             data = (tmp_path / f"{part['name']}.{key}").read_bytes()
-            expected = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            expected = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+                        "crc32": f"{zlib.crc32(data):08x}"}
             assert part["checksums"][key] == expected
     c = packtool.open_tokens(tmp_path / "out")
     c.verify_checksums()

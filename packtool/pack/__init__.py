@@ -85,9 +85,10 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
     """Plan, write the shards as jobs, finalize. ``prefixes`` may carry repeat factors
     (``web:2.0``); held-out documents (``options.valid_docs``/``valid_fraction``) are packed
     into ``out/valid``. With ``layout="tokens"`` the sources' token files are verified
-    (sha256, a full read, ~1.4 GB/s) before the dataset is committed, since their bytes are
-    copied into it (``verify_sources=False`` skips it and says so); an index-layout dataset
-    copies no token, and its readers verify each source file on its first read.
+    (crc32 where recorded, else sha256: a full read) before the dataset is committed, since
+    their bytes are copied into it (``verify_sources=False`` skips it and says so); an
+    index-layout dataset copies no token, and its readers verify each source file on its
+    first read.
 
     ``run``: where the jobs run (:class:`packtool.executors.RunOptions`). The run holds
     ``out``'s lock throughout (a second run fails at once); array tasks hold it shared."""

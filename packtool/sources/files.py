@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import io
 import os
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._crc import crc32
 from ..errors import PacktoolError
 
 BLOCK = 8 << 20  # bytes per read from a store: few requests, bounded memory
@@ -93,7 +93,7 @@ class _HashedFile(io.RawIOBase):
     def readinto(self, b) -> int:
         n = self._f.readinto(b)
         if n:
-            self.crc = zlib.crc32(memoryview(b)[:n], self.crc)
+            self.crc = crc32(memoryview(b)[:n], self.crc)
             self.nbytes += n
         return n
 

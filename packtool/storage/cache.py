@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import zlib
 from pathlib import Path
 
 from .. import _locks
+from .._crc import crc32
 from ..errors import FormatError, PacktoolError
 
 DEFAULT_LIMIT = 64 << 30
@@ -35,8 +35,11 @@ def default_dir() -> Path:
 
 
 class _Hash:
+    """A fetched file's check as it streams in: its crc32 where the manifest records one
+    (~10x faster than sha256; packtool verify checks sha256 too), else its sha256."""
+
     def __init__(self, expect: dict):
-        self.kind = "sha256" if "sha256" in expect else "crc32" if "crc32" in expect else None
+        self.kind = "crc32" if "crc32" in expect else "sha256" if "sha256" in expect else None
         self.want = expect.get(self.kind)
         self._h = hashlib.sha256() if self.kind == "sha256" else None
         self._crc = 0
@@ -45,7 +48,7 @@ class _Hash:
         if self._h is not None:
             self._h.update(data)
         elif self.kind == "crc32":
-            self._crc = zlib.crc32(data, self._crc)
+            self._crc = crc32(data, self._crc)
 
     def ok(self) -> bool:
         if self.kind is None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..._io import check_once, sha256_file
+from ..._io import check_once, file_digests
 from ...errors import FormatError
 from .schema import DATA_KEYS, FIX, prefix_paths
 
@@ -37,10 +37,11 @@ class TokenPart:
     fetched into the cache, verified, when first used: :mod:`packtool.storage`).
 
     With ``checksums`` (the default of :func:`open_tokens`), the first use of ``tokens`` or
-    ``mask`` re-hashes a local file against the manifest once per file per process (sha256,
-    ~1.4 GB/s here; the same file opened again, or already checked by ``pack``, costs
-    nothing): a flipped byte is an error, never silently different tokens. Lengths come from
-    the boundaries alone, so ``stats`` never pays for it."""
+    ``mask`` re-hashes a local file against the manifest once per file per process (crc32,
+    ~10 GB/s here; sha256, ~1.4 GB/s, for a corpus that records none; the same file opened
+    again, or already checked by ``pack``, costs nothing): a flipped byte is an error, never
+    silently different tokens. Lengths come from the boundaries alone, so ``stats`` never
+    pays for it."""
 
     place: object         # packtool.storage.place.Place
     name: str
@@ -126,28 +127,33 @@ class TokenPart:
         """The part's data files as a user sees them (Paths, or URLs)."""
         return [self.path(k) for k in DATA_KEYS if k in self.entry["checksums"]]
 
-    def verify_checksums(self) -> None:
+    def verify_checksums(self, strong: bool = True) -> None:
         """Re-hash the part's data files and compare with its entry (a full read; a remote
-        file is fetched, and so verified, into the cache)."""
+        file is fetched, and so verified, into the cache). ``strong``: sha256 too, not only
+        the crc32 a first read checks (see :func:`check_file`)."""
         if self.place.remote:
             for key in self.entry["checksums"]:
                 self.file(key)
         else:
-            verify_part_files(self.prefix, self.entry)
+            verify_part_files(self.prefix, self.entry, strong)
 
 
-def verify_part_files(prefix: Path, entry: dict) -> None:
-    """Every data file of a part has the size and sha256 its entry records, else a
+def verify_part_files(prefix: Path, entry: dict, strong: bool = True) -> None:
+    """Every data file of a part has the size and digests its entry records, else a
     :class:`FormatError` naming the file."""
     paths = prefix_paths(prefix)
     for key, want in entry["checksums"].items():
-        check_file(paths[key], want)
+        check_file(paths[key], want, strong)
 
 
-def check_file(path: Path, want: dict) -> None:
-    """Size and sha256 of ``path`` against a manifest entry, once per file per process."""
+def check_file(path: Path, want: dict, strong: bool = False) -> None:
+    """Size and digest of ``path`` against a manifest entry, once per file per process: its
+    crc32 where the entry has one (~10x faster than sha256: a reader's first read, the copy
+    of ``pack --layout tokens``), else sha256; ``strong`` (``verify``): both."""
     if not path.exists():
         raise FormatError(f"{path} is missing (the manifest expects it)")
+    names = [a for a in (("sha256", "crc32") if strong else
+                         ("crc32",) if "crc32" in want else ("sha256",)) if a in want]
 
     def check_now():
         size = path.stat().st_size
@@ -155,13 +161,14 @@ def check_file(path: Path, want: dict) -> None:
             raise FormatError(f"{path} has {size:,} bytes but the manifest says "
                               f"{want['bytes']:,}; the file is truncated or belongs to another "
                               f"corpus. {FIX[0].upper()}{FIX[1:]}")
-        got = sha256_file(path)
-        if got != want["sha256"]:
-            raise FormatError(
-                f"{path}: sha256 {got[:12]}... does not match the manifest's "
-                f"{want['sha256'][:12]}...; the file is corrupt, {FIX}")
+        got = file_digests(path, names)
+        for a in names:
+            if got[a] != want[a]:
+                raise FormatError(
+                    f"{path}: {a} {got[a][:12]}... does not match the manifest's "
+                    f"{want[a][:12]}...; the file is corrupt, {FIX}")
 
-    check_once(path, want["sha256"], check_now)
+    check_once(path, " ".join(f"{a}:{want[a]}" for a in names), check_now)
 
 
 def _multi(corpus: TokenCorpus, what: str):
@@ -280,10 +287,11 @@ class TokenCorpus:
         """Every data file of every part (what a copy of the corpus must carry)."""
         return [f for q in self.parts for f in q.files()]
 
-    def verify_checksums(self) -> None:
-        """Re-hash every part's data files and compare with the manifest (a full read)."""
+    def verify_checksums(self, strong: bool = True) -> None:
+        """Re-hash every part's data files and compare with the manifest (a full read):
+        sha256 and crc32, or with ``strong=False`` the crc32 alone where recorded."""
         for q in self.parts:
-            q.verify_checksums()
+            q.verify_checksums(strong)
 
 
 def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray:

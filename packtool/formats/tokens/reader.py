@@ -1,7 +1,8 @@
 """The token format's reader and validator: ``open_tokens`` checks everything cheap at open
 (the manifest against its schema and digest, part names and positions, every file's size, every
-part's boundaries) and each data file's sha256 on its first read; ``validate_tokens`` hashes
-everything at once (what ``packtool verify PREFIX`` runs)."""
+part's boundaries) and each data file's crc32 (sha256 where none is recorded) on its first
+read; ``validate_tokens`` hashes everything at once, sha256 and crc32 (what ``packtool verify
+PREFIX`` runs)."""
 
 from __future__ import annotations
 
@@ -233,8 +234,8 @@ def open_tokens(prefix, checksums: bool = True, storage_options: dict | None = N
 
 
 def validate_tokens(prefix, storage_options: dict | None = None) -> TokenCorpus:
-    """Everything :func:`open_tokens` checks, plus every file's sha256 and mask values in
-    {0, 1}: what ``packtool verify PREFIX`` runs."""
+    """Everything :func:`open_tokens` checks, plus every file's sha256 (and crc32) and mask
+    values in {0, 1}: what ``packtool verify PREFIX`` runs."""
     corpus = open_tokens(prefix, storage_options=storage_options)
     corpus.verify_checksums()
     vocab = int(corpus.meta.get("vocab_size") or 0)

@@ -66,7 +66,7 @@ SCHEMA = (
 SUFFIXES = (*(f.suffix for f in SCHEMA), ".json")
 DATA_KEYS = tuple(f.suffix[1:] for f in SCHEMA)  # "bin", "boundaries", "mask"
 
-_SHA = obj({"sha256": hexstr(64), "bytes": count()})
+_SHA = obj({"sha256": hexstr(64), "bytes": count(), "crc32": Key(hexstr(8), "", optional=True)})
 _CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True)},
                  extra=False)
 _CONTENT_KEYS = obj({"bytes": count(), "crc32": Key(hexstr(8), "", optional=True),
@@ -97,7 +97,8 @@ PART_KEYS = {  # every key of a part entry (manifest "parts", and the part's .NA
     "n_trained_tokens": Key(count(), "tokens with mask 1"),
     "inputs": Key(list_of(_INPUT), "per input file of the part: path, kind, n_docs, content, "
                   "skipped..."),
-    "checksums": Key(_CHECKSUMS, "sha256 and bytes of each of the part's data files"),
+    "checksums": Key(_CHECKSUMS, "per data file of the part: sha256, bytes and crc32 (corpora "
+                     "made before packtool 0.1.0's crc32 lack it)"),
 }
 _PART_V2 = obj({**{k: v for k, v in PART_KEYS.items() if k not in ("index", "digest")},
                 "n_empty": Key(count(), "", optional=True),
