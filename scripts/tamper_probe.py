@@ -318,14 +318,16 @@ _READ = {
 
 
 def judge(root: Path, kind: str, path: Path, source: Path | None) -> dict:
-    """{check: True if it passed the tampered copy}."""
-    load = subprocess.run([sys.executable, "-c", _READ[kind], str(root), str(path)],
-                          cwd=root, capture_output=True, text=True).returncode == 0
-    out = {"load": load, "verify": packtool(root, "verify", path, check=False).returncode == 0}
+    """{check: True if it passed the tampered copy}: the checks run side by side, each in a
+    process of its own (none writes; they only read the tampered copy)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmds = {"load": [sys.executable, "-c", _READ[kind], str(root), str(path)],
+            "verify": [sys.executable, "-m", "packtool", "verify", str(path)]}
     if source is not None:
-        out["verify --source"] = packtool(root, "verify", path, "--source", source,
-                                          check=False).returncode == 0
-    return out
+        cmds["verify --source"] = [*cmds["verify"], "--source", str(source)]
+    procs = {k: subprocess.Popen(c, cwd=root, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL) for k, c in cmds.items()}
+    return {k: p.wait() == 0 for k, p in procs.items()}
 
 
 def campaign(root: Path, work: Path, log=print) -> list[dict]:
