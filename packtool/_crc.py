@@ -26,3 +26,25 @@ def _fast_crc32():
 
 
 crc32 = _fast_crc32()
+
+
+class Crc32:
+    """hashlib-style running CRC-32 (:data:`crc32`: ISA-L's where installed and proven equal
+    to zlib's, ~13 GB/s here; zlib's ~3.8 GB/s; sha256 runs ~1.4 GB/s). It catches every
+    flipped byte (any error burst up to 32 bits), not a deliberate forgery."""
+
+    name = "crc32"
+
+    def __init__(self):
+        self._crc = 0
+
+    def update(self, data) -> None:
+        self._crc = crc32(data, self._crc)
+
+    def hexdigest(self) -> str:
+        return f"{self._crc:08x}"
+
+
+def hasher(algorithm: str):
+    """A hashlib-style hasher: :class:`Crc32` for "crc32", else hashlib's."""
+    return Crc32() if algorithm == "crc32" else hashlib.new(algorithm)

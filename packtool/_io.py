@@ -6,7 +6,6 @@ packtool format.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import threading
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._crc import crc32
+from ._crc import hasher
 
 
 def create(path: Path, mode: str = "wb"):
@@ -31,32 +30,11 @@ def write_new(path: Path, text: str) -> None:
         f.write(text.encode("utf-8"))
 
 
-class Crc32:
-    """hashlib-style running CRC-32 (:data:`crc32`: ISA-L's where installed and proven equal
-    to zlib's, ~13 GB/s here; zlib's ~3.8 GB/s; sha256 runs ~1.4 GB/s). It catches every
-    flipped byte (any error burst up to 32 bits), not a deliberate forgery."""
-
-    name = "crc32"
-
-    def __init__(self):
-        self._crc = 0
-
-    def update(self, data) -> None:
-        self._crc = crc32(data, self._crc)
-
-    def hexdigest(self) -> str:
-        return f"{self._crc:08x}"
-
-
-def _hasher(algorithm: str):
-    return Crc32() if algorithm == "crc32" else hashlib.new(algorithm)
-
-
 def file_digests(path: Path, algorithms=("sha256",), chunk: int = 1 << 23) -> dict:
     """{algorithm: hex digest} of ``path``'s bytes, every algorithm in one read through one
     reused buffer (no allocation per chunk: on this VM fresh memory costs a host fault a
     page)."""
-    hs = {a: _hasher(a) for a in algorithms}
+    hs = {a: hasher(a) for a in algorithms}
     buf = bytearray(chunk)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
@@ -77,9 +55,8 @@ class HashingWriter:
     def __init__(self, path: Path, algorithms=("sha256",)):
         # the writer outlives this call: close() (or the caller's cleanup) closes the file
         self._f = create(path)
-        algorithms = (algorithms,) if isinstance(algorithms, str) else tuple(algorithms)
-        self._hs = [_hasher(a) for a in algorithms]
-        self._names = algorithms
+        self._hs = [hasher(a) for a in algorithms]
+        self._names = tuple(algorithms)
         self.nbytes = 0
 
     def write(self, array: np.ndarray) -> None:
@@ -123,7 +100,7 @@ class NpyWriter(HashingWriter):
 
     def __init__(self, path: Path, dtype: np.dtype, n: int, reserve_space: bool = False,
                  label: str | Path | None = None):
-        super().__init__(path, "crc32")
+        super().__init__(path, ("crc32",))
         self.dtype, self.n, self.written = dtype, n, 0
         header = np.frombuffer(npy_header(dtype, n), dtype=np.uint8)
         if reserve_space:
@@ -167,15 +144,16 @@ _CHECKED: set = set()
 _CHECKED_LOCK = threading.Lock()
 
 
-def check_once(path: Path, digest: str, check) -> None:
+def check_once(path: Path, digest: str, check, also: tuple = ()) -> None:
     """Run ``check()`` (which raises on a bad file) once per file per process: keyed by the
     path, its size and mtime and the expected ``digest``, so a reader pays one sequential
-    read per file however often it is opened, and a rewritten file is checked again."""
+    read per file however often it is opened, and a rewritten file is checked again. ``also``:
+    weaker checks of the same file that this one settles (marked done with it)."""
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, digest)
+    base = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     with _CHECKED_LOCK:
-        if key in _CHECKED:
+        if (*base, digest) in _CHECKED:
             return
     check()
     with _CHECKED_LOCK:
-        _CHECKED.add(key)
+        _CHECKED.update((*base, d) for d in (digest, *also))

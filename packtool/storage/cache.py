@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from .. import _locks
-from .._crc import crc32
+from .._crc import hasher
 from ..errors import FormatError, PacktoolError
 
 DEFAULT_LIMIT = 64 << 30
@@ -41,20 +41,14 @@ class _Hash:
     def __init__(self, expect: dict):
         self.kind = "crc32" if "crc32" in expect else "sha256" if "sha256" in expect else None
         self.want = expect.get(self.kind)
-        self._h = hashlib.sha256() if self.kind == "sha256" else None
-        self._crc = 0
+        self._h = hasher(self.kind) if self.kind else None
 
     def update(self, data) -> None:
         if self._h is not None:
             self._h.update(data)
-        elif self.kind == "crc32":
-            self._crc = crc32(data, self._crc)
 
     def ok(self) -> bool:
-        if self.kind is None:
-            return True
-        got = self._h.hexdigest() if self._h is not None else f"{self._crc:08x}"
-        return got == self.want
+        return self._h is None or self._h.hexdigest() == self.want
 
 
 class Cache:

@@ -152,8 +152,8 @@ def check_file(path: Path, want: dict, strong: bool = False) -> None:
     of ``pack --layout tokens``), else sha256; ``strong`` (``verify``): both."""
     if not path.exists():
         raise FormatError(f"{path} is missing (the manifest expects it)")
-    names = [a for a in (("sha256", "crc32") if strong else
-                         ("crc32",) if "crc32" in want else ("sha256",)) if a in want]
+    fast = ["crc32" if "crc32" in want else "sha256"]
+    names = [a for a in ("sha256", "crc32") if a in want] if strong else fast
 
     def check_now():
         size = path.stat().st_size
@@ -168,7 +168,11 @@ def check_file(path: Path, want: dict, strong: bool = False) -> None:
                     f"{path}: {a} {got[a][:12]}... does not match the manifest's "
                     f"{want[a][:12]}...; the file is corrupt, {FIX}")
 
-    check_once(path, " ".join(f"{a}:{want[a]}" for a in names), check_now)
+    check_once(path, _key(want, names), check_now, also=(_key(want, fast),))
+
+
+def _key(want: dict, names) -> str:
+    return " ".join(f"{a}:{want[a]}" for a in names)
 
 
 def _multi(corpus: TokenCorpus, what: str):
