@@ -103,13 +103,23 @@ def worker(workdir: Path, mode: str) -> None:
         if mode == "full" and step + 1 == K:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
                         "sampler": s.state_dict(K)}, ckpt)
+    del loader  # its worker process ends before the group does
     schedule = list(sampler().steps())
     everyone = [None] * world
     dist.all_gather_object(everyone, schedule)
-    dist.destroy_process_group()
     (workdir / f"{mode}-{rank}.json").write_text(json.dumps(
         {"losses": losses, "trained": trained, "schedule": schedule, "all": everyone,
          "left_out": s.left_out().tolist(), "start_step": s.first_step()}))
+    # Orderly teardown: no rank leaves while another still talks to it, and DDP (which holds
+    # the gloo group alive past destroy_process_group) goes first. Then skip interpreter
+    # finalization: gloo's threads torn down there abort the process now and then
+    # ("terminate called without an active exception", a torch issue, pytorch#179291),
+    # after every result is on disk.
+    dist.barrier()
+    del ddp
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def launch(workdir: Path, mode: str, world: int = WORLD) -> list[dict]:
