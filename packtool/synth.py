@@ -70,10 +70,10 @@ def write_token_corpus(prefix, lengths, *, vocab_size: int = 32_000, seed: int =
     chunk of documents at a time (memory flat), without a tokenizer: for benchmarks and scale
     tests of pack, verify and the readers. ~0.5 GB/s here. Returns the manifest."""
     import hashlib
-    import json
     from pathlib import Path
 
     from ._io import write_new
+    from .formats._manifest import manifest_text
     from .formats.tokens import (
         PART_FORMAT,
         PART_VERSION,
@@ -114,9 +114,9 @@ def write_token_corpus(prefix, lengths, *, vocab_size: int = 32_000, seed: int =
            for k, q in enumerate(entries)]  # each part's own manifest, as tokenize writes it
     for body in own:
         write_new(part_manifest_path(prefix.parent, body["part"]["name"]),
-                  json.dumps(body, indent=1) + "\n")
+                  manifest_text(body))
     manifest = corpus_manifest(meta, entries, plan, own)
-    write_new(Path(f"{prefix}.json"), json.dumps(manifest, indent=1) + "\n")
+    write_new(Path(f"{prefix}.json"), manifest_text(manifest))
     return manifest
 
 

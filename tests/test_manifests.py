@@ -271,3 +271,22 @@ def test_crc32_engine_is_zlibs_and_a_wrong_one_is_refused(monkeypatch):
     assert _crc._fast_crc32() is zlib.crc32
     monkeypatch.setitem(sys.modules, "isal", None)  # not installed
     assert _crc._fast_crc32() is zlib.crc32
+
+
+def test_manifest_text_reads_back_as_written_and_keeps_lists_of_objects_a_line_each():
+    """The manifest writer (C encoder per element) gives JSON that parses back to the value,
+    non-ASCII as asked, and a list of objects as one line per element."""
+    from packtool.formats._manifest import manifest_text
+
+    value = {"format": "x", "n": 3, "ratio": 0.5, "none": None, "flag": True, "empty": {},
+             "ids": [1, 2, 3], "nested": {"deeper": {"name": "café 東京"}}, "nil": [],
+             "inputs": [{"path": f"/d/{i}.jsonl", "stats": {"records": i, "bad": []}}
+                        for i in range(3)], "pairs": [[1, 2], [3, 4]]}
+    for ascii_only in (True, False):
+        text = manifest_text(value, ensure_ascii=ascii_only)
+        assert text.endswith("}\n") and json.loads(text) == value
+        assert ("café" in text) is (not ascii_only)
+    lines = manifest_text(value).splitlines()
+    assert ' {"path": "/d/1.jsonl", "stats": {"records": 1, "bad": []}},' in [
+        line[1:] for line in lines]
+    assert ' "ids": [1, 2, 3],' in lines

@@ -49,17 +49,16 @@ def test_unreadable_file(tmp_path, monkeypatch):
     if os.geteuid() != 0:
         p.chmod(0)
     else:  # root opens every file whatever its mode: fail the open as EACCES would
-        import builtins
         import errno
 
-        real_open = builtins.open
+        real_open = os.open
 
         def deny(file, *args, **kwargs):
             if str(file) == str(p):
                 raise PermissionError(errno.EACCES, "Permission denied", str(file))
             return real_open(file, *args, **kwargs)
 
-        monkeypatch.setattr(builtins, "open", deny)
+        monkeypatch.setattr(os, "open", deny)
     assert_fails(tmp_path, "cannot open", p)
 
 

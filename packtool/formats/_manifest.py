@@ -47,6 +47,27 @@ def _show(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def manifest_text(value, ensure_ascii: bool = True) -> str:
+    """A manifest's JSON text as packtool writes it: objects indented a space a level, a list
+    of scalars on one line, a list of objects or lists one compact element a line; ends with
+    a newline. ``json.dumps(indent=1)`` runs Python's pure-Python encoder: for a tokenize run
+    of 2,000 small files its manifests took 0.15 s of the run's CPU; here every leaf and
+    list element goes through the C encoder."""
+    compact = json.JSONEncoder(ensure_ascii=ensure_ascii, separators=(", ", ": ")).encode
+
+    def emit(x, pad: str) -> str:
+        if isinstance(x, dict) and x and all(isinstance(k, str) for k in x):
+            inner = pad + " "
+            return ("{\n" + ",\n".join(f"{inner}{compact(k)}: {emit(v, inner)}"
+                                        for k, v in x.items()) + f"\n{pad}}}")
+        if isinstance(x, list | tuple) and any(isinstance(e, dict | list | tuple) for e in x):
+            inner = pad + " "
+            return "[\n" + ",\n".join(inner + compact(e) for e in x) + f"\n{pad}]"
+        return compact(x)
+
+    return emit(value, "") + "\n"
+
+
 # ------------------------------------------------------------------------------ the specs
 def anything() -> Spec:
     return lambda v: None

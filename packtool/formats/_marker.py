@@ -17,7 +17,6 @@ refused, by name.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 from pathlib import Path
@@ -30,6 +29,7 @@ from ._manifest import (
     count,
     digest,
     list_of,
+    manifest_text,
     obj,
     one_of,
     read_manifest,
@@ -52,7 +52,7 @@ def write_marker(directory: Path, fmt: str, source, files: list[str], **extra) -
     body = {"format": MARKER_FORMAT, "version": MARKER_VERSION, "export_format": fmt,
             "source": str(src), "files": files, **extra}
     body[DIGEST_KEY] = digest(body, DIGEST_KEY)
-    text = json.dumps(body, indent=1) + "\n"
+    text = manifest_text(body)
     write_new(directory / MARKER, text)
     return len(text.encode())
 
@@ -113,7 +113,7 @@ def export_files(paths: list[Path], key: Path, overwrite: bool, fmt: str, source
         body = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "export_format": fmt,
                 "source": str(src), "files": files}
         body[DIGEST_KEY] = digest(body, DIGEST_KEY)
-        write_new(temps[-1], json.dumps(body, indent=1) + "\n")
+        write_new(temps[-1], manifest_text(body))
 
 
 def files_owned(side: Path, paths: list[Path], found: list[Path]) -> None:

@@ -8,7 +8,6 @@ and puts the dataset in place. A local run is the one-task case of that path.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from .._atomic import (
 from .._progress import shown
 from ..errors import PacktoolError
 from ..executors import RunOptions, run_jobs
+from ..formats._manifest import manifest_text
 from ..formats.packed import INDEX, VALID, index, read_index
 from ..plan import PackOptions
 from ..storage import is_url
@@ -164,7 +164,7 @@ def _commit(out: Path, staging: Path, splits: dict, overwrite: bool, remove_entr
         idx = index(make_meta(held, final), shards)
         if (folder / INDEX).exists():
             (folder / INDEX).unlink()
-        write_new(folder / INDEX, json.dumps(idx, indent=1) + "\n")
+        write_new(folder / INDEX, manifest_text(idx))
         fsync_path(folder / INDEX)
         if split == "valid":
             held = held_out_entry(options, idx)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from .._progress import shown
 from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
-from ..formats._manifest import check_digest
+from ..formats._manifest import check_digest, manifest_text
 from ..formats.packed import DIGEST_KEY, FORMAT, INDEX, VALID, index
 from ..formats.packed import entries as fe
 from ..storage import default_options
@@ -194,7 +194,7 @@ def _commit(place: Place, url: str, splits: dict) -> tuple[dict, list[str]]:
         prefix = f"{VALID}/" if split == "valid" else ""
         idx = index(make_meta(held, f"{url}/{VALID}" if split == "valid" else url), shards)
         put_object(place.fs, f"{place.root}/{prefix}{INDEX}",
-                   (json.dumps(idx, indent=1) + "\n").encode(), str(place.path(prefix + INDEX)))
+                   manifest_text(idx).encode(), str(place.path(prefix + INDEX)))
         keep |= {prefix + INDEX} | {prefix + f["name"] for sh in shards
                                     for f in sh["files"].values()}
         if split == "valid":

@@ -106,9 +106,9 @@ class _HashedFile(io.RawIOBase):
 
     def finish(self) -> dict:
         """Read what is left: the content hash (:func:`content_hash`) of every byte."""
-        buf = bytearray(1 << 20)
-        while self.readinto(buf):
-            pass
+        while chunk := self._f.read(1 << 20):  # no zeroed buffer for the usual nothing left
+            self.crc = crc32(chunk, self.crc)  # (a 1 MB bytearray a file: 2,000 small files
+            self.nbytes += len(chunk)          # paid 0.1 s to zero them)
         return {"bytes": self.nbytes, "crc32": f"{self.crc:08x}"}
 
 

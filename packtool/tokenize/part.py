@@ -18,7 +18,6 @@ a probe per part and a folder listing per part commit, 15-27 s now
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from .._atomic import atomic_files
 from .._io import sha256_file, write_new
 from ..engines import EngineMismatch, engine_manifest, mismatch_warning, select_engine
 from ..errors import FormatError, PacktoolError
+from ..formats._manifest import manifest_text
 from ..formats.tokens import (
     PART_FORMAT,
     PART_VERSION,
@@ -291,7 +291,7 @@ def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
         manifest = {"format": PART_FORMAT, "version": PART_VERSION, "index": job.k,
                     "digest": part.digest, "plan_digest": plan.digest, "part": entry,
                     "meta": {**s.meta, "engine": engine_manifest(s.engine)}}
-        write_new(tmp[-1], json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        write_new(tmp[-1], manifest_text(manifest, ensure_ascii=False))
     manifest["warnings"] = list(s.warnings)
     manifest["seconds"] = time.perf_counter() - t0
     return manifest

@@ -142,12 +142,19 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
               else f"consecutive input files grouped up to {opts.part_bytes:,} bytes")
     plan = TokenizePlan(prefix, str(tokenizer), tuple(parts), policy,
                         plan_digest([q.digest for q in parts]))
-    outputs = {plan.json_path.resolve()}
-    for q in parts:
-        outputs |= {(prefix.parent / f"{q.name}{s}").resolve()
-                    for s in (".bin", ".boundaries", ".mask")}
-    for p in paths:
-        if not remote and not isinstance(p, RemoteInput) and p.resolve() in outputs:
-            raise PacktoolError(f"input {p} is also an output of --out {out}; choose another "
-                                "--out")
+    if not remote:  # an input is an output (a file there now) if it is the same file
+        outputs = [plan.json_path] + [prefix.parent / f"{q.name}{s}" for q in parts
+                                      for s in (".bin", ".boundaries", ".mask")]
+        there = {(st.st_dev, st.st_ino) for st in map(_stat, outputs) if st is not None}
+        for p, i in zip(paths, ids, strict=True):
+            if not isinstance(p, RemoteInput) and (i[3], i[2]) in there:
+                raise PacktoolError(f"input {p} is also an output of --out {out}; choose "
+                                    "another --out")
     return plan
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None

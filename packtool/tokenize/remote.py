@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
-from ..formats._manifest import check_digest
+from ..formats._manifest import check_digest, manifest_text
 from ..formats.tokens import DIGEST_KEY, FORMAT, part_manifest_path, read_part_manifest
 from ..options import TokenizeOptions
 from ..storage import basename, default_options, parent
@@ -185,10 +185,10 @@ def _finalize(place: Place, plan: TokenizePlan, jobs: list, manifests: list | No
     for q, body in moved:
         name = part_manifest_path(plan.prefix.parent, q.name).name
         put_object(place.fs, f"{place.root}/{name}",
-                   (json.dumps(body, indent=1, ensure_ascii=False) + "\n").encode(),
+                   manifest_text(body, ensure_ascii=False).encode(),
                    str(place.path(name)))
     put_object(place.fs, f"{place.root}/{stem}.json",
-               (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode(),
+               manifest_text(manifest, ensure_ascii=False).encode(),
                f"{url}.json")
     keep = {f"{stem}.json", f".{stem}.lock"}
     for q in manifest["parts"]:

@@ -22,6 +22,7 @@ from .._atomic import atomic_files, output_lock, reclaim
 from .._io import write_new
 from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
+from ..formats._manifest import manifest_text
 from ..formats.tokens import (
     FORMAT,
     part_manifest_path,
@@ -232,8 +233,8 @@ def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -
     with _signals.deferred():
         with atomic_files(paths, True, key=plan.json_path) as tmps:
             for tmp, (_, body) in zip(tmps, moved, strict=False):
-                write_new(tmp, json.dumps(body, indent=1, ensure_ascii=False) + "\n")
-            write_new(tmps[-1], json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+                write_new(tmp, manifest_text(body, ensure_ascii=False))
+            write_new(tmps[-1], manifest_text(manifest, ensure_ascii=False))
         _remove_stale_parts(plan)
         for done in (_plan_file(plan), _retired(plan)):
             with contextlib.suppress(FileNotFoundError):
