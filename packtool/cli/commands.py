@@ -3,12 +3,11 @@ library function and prints its summary (or ``--json``)."""
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ..executors import RunOptions
 from ..export import FORMATS as EXPORT_FORMATS  # a plain tuple; imports nothing heavy
+from ..formats._manifest import manifest_text
 from ..options import PackOptions, TokenizeOptions
 from .app import cli, emit, run
 from .options import build, fields, json_option, overwrite_option, quiet_option
@@ -68,7 +67,7 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
     runopts = build(RunOptions, kw)
     if show_plan:
         plan = run(plan_tokenize, list(inputs), tokenizer, out, opts)
-        click.echo(json.dumps(plan.to_json(), indent=1) if as_json else plan.summary())
+        click.echo(manifest_text(plan.to_json()).rstrip("\n") if as_json else plan.summary())
         return
     result = run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet,
                  run=runopts)
