@@ -78,6 +78,9 @@ def test_pack_to_a_bucket_makes_the_local_files(s3, local, bucket, tmp_path, lay
     r = cli("pack", f"s3://{bucket}/data/c", "--layout", layout, *group, *PACK[:-1], "-o", url,
             env=env)
     assert "published" in r.stderr
+    fetched = {p.name.split("-", 1)[1] for p in (tmp_path / "cache" / "objects").iterdir()}
+    assert "c.boundaries" in fetched  # an index pack reads the boundaries, never the tokens
+    assert ("c.bin" in fetched) is (layout == "tokens")
     cli("pack", local / "c", "--layout", layout, *group, *PACK, "-o", tmp_path / "p")
     same_dataset(objects(s3, f"{bucket}/data/p"), tmp_path / "p")  # no entry, lock, marker
     if layout == "index":  # the source beside it in the bucket, found by the relative path

@@ -71,21 +71,26 @@ class TokenPart:
         return self.place.local(f"{self.name}.{key}", self.entry["checksums"][key])
 
     def _map(self, key: str) -> np.ndarray:
+        """The map of ``NAME.key``, made on first use of that key alone: a part in a store
+        is fetched a file at a time, so what reads only the boundaries (pack's index layout,
+        stats, which) never downloads the tokens (mapping all three at once fetched the
+        whole .bin of every part for an index pack from a bucket)."""
         with _open_lock:
             if self._maps is None:
-                self._verified = set()  # a new map of the file: checked again on first use
-                n_docs, n_tokens = self.entry["n_docs"], self.entry["n_tokens"]
-                self._maps = {"bin": memmap(self.file("bin"), self.dtype, n_tokens),
-                              "boundaries": memmap(self.file("boundaries"), np.dtype("<i8"),
-                                                   n_docs)}
-                if self.with_mask:
-                    self._maps["mask"] = memmap(self.file("mask"), np.dtype("u1"), n_tokens)
+                self._maps = {}
+            array = self._maps.get(key)
+            if array is None:
+                self._verified.discard(key)  # a new map of the file: checked on first use
+                count = self.entry["n_docs" if key == "boundaries" else "n_tokens"]
+                dtype = {"bin": self.dtype, "boundaries": np.dtype("<i8"),
+                         "mask": np.dtype("u1")}[key]
+                array = self._maps[key] = memmap(self.file(key), dtype, count)
             _open[id(self)] = self
             _open.move_to_end(id(self))
             while len(_open) > OPEN_PARTS:  # views handed out keep their own map alive
                 _, old = _open.popitem(last=False)
                 old._maps = None
-            return self._maps[key]
+            return array
 
     def _checked(self, key: str) -> np.ndarray:
         """The map of ``NAME.key``, its file checked once per map (a reader reads it per
