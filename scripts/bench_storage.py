@@ -119,6 +119,7 @@ def main() -> None:
 
     def run(args: list, folder, name: str = "") -> float:
         fresh(folder)
+        shutil.rmtree(work / "cache", ignore_errors=True)  # every run as on a fresh machine
         return timed([*args, "-o", f"{folder}/{name}" if name else folder], env)
 
     rows = []
