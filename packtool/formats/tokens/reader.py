@@ -119,7 +119,7 @@ def _check_part_manifest(place, names: list[str], k: int, entry: dict, meta: dic
                           f"{FIX}")
     bound = meta.get(PARTS_KEY)
     if bound is not None and (len(bound) != len(meta["parts"])
-                              or bound[k] != part_manifest_digest(m)):
+                              or bound[k] != part_manifest_digest(m, read=True)):
         raise FormatError(f"{path} is not the part manifest {meta['plan']['prefix']}.json "
                           f"records ({PARTS_KEY}[{k}]): it was edited or comes from another "
                           f"corpus; {FIX}")

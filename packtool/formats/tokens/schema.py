@@ -195,9 +195,11 @@ def plan_digest(part_digests: list[str]) -> str:
     return hashlib.sha256(json.dumps(part_digests, sort_keys=True).encode()).hexdigest()
 
 
-def part_manifest_digest(m: dict) -> str:
-    """sha256 of a part's own manifest as the corpus manifest records it (``PARTS_KEY``)."""
-    m = json.loads(json.dumps(m, ensure_ascii=False))  # as read back from its JSON file
+def part_manifest_digest(m: dict, read: bool = False) -> str:
+    """sha256 of a part's own manifest as the corpus manifest records it (``PARTS_KEY``);
+    ``read``: ``m`` was read from its JSON file (else it is made what reading it gives)."""
+    if not read:
+        m = json.loads(json.dumps(m, ensure_ascii=False))
     return hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
 
 
