@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import threading
 from pathlib import Path
 
@@ -36,8 +37,10 @@ def file_digests(path: Path, algorithms=("sha256",), chunk: int = 1 << 23) -> di
     page)."""
     hs = {a: hasher(a) for a in algorithms}
     with open(path, "rb", buffering=0) as f:
-        # no larger than the file: zeroing 8 MB for each of 2,000 small parts took 0.65 s
-        buf = bytearray(max(1, min(chunk, os.fstat(f.fileno()).st_size + 1)))
+        # no larger than the file needs: zeroing 8 MB for each of 2,000 small parts took 0.65 s
+        st = os.fstat(f.fileno())
+        need = st.st_size + 1 if stat.S_ISREG(st.st_mode) else chunk
+        buf = bytearray(min(chunk, max(1 << 16, need)))
         view = memoryview(buf)
         while n := f.readinto(buf):
             for h in hs.values():
