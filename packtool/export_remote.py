@@ -100,9 +100,7 @@ def export_to_store(write, source, url: str, overwrite: bool, tick, options: dic
             if local.is_dir():  # a directory export: data objects, then the marker
                 names = sorted(p.relative_to(local).as_posix() for p in local.rglob("*")
                                if p.is_file())
-                last = [n for n in names if n in MARKERS]
-                for n in [n for n in names if n not in last] + last:
-                    _send(folder, local / n, n, sent, last=n in last)
+                _send(folder, local, names, [n for n in names if n in MARKERS], sent)
                 removed = remove_leftovers(folder.fs, folder.root, set(names),
                                            lambda n: n in old)
                 files = [f"{url}/{Path(f).relative_to(local).as_posix()}" for f in info["files"]]
@@ -110,9 +108,8 @@ def export_to_store(write, source, url: str, overwrite: bool, tick, options: dic
                 names = sorted(p.name for p in scratch.iterdir() if p.is_file()
                                and not p.name.endswith(".lock"))
                 _check_files(side_place, url, set(names), overwrite)
-                last = [n for n in names if n.startswith(".")]
-                for n in [n for n in names if n not in last] + last:
-                    _send(side_place, scratch / n, n, sent, last=n in last)
+                _send(side_place, scratch, names, [n for n in names if n.startswith(".")],
+                      sent)
                 removed = []
                 files = [f"{parent(url)}/{Path(f).name}" for f in info["files"]]
     notes = list(info.get("notes", [])) + [
@@ -122,8 +119,10 @@ def export_to_store(write, source, url: str, overwrite: bool, tick, options: dic
     return {**info, "files": files, "notes": notes}
 
 
-def _send(place: Place, path: Path, name: str, sent: Published, last: bool) -> None:
-    if last:  # the commit: one small object
-        put_object(place.fs, f"{place.root}/{name}", path.read_bytes(), str(place.path(name)))
-    else:
-        upload(place.fs, path, f"{place.root}/{name}", sent)
+def _send(place: Place, local: Path, names: list[str], last: list[str],
+          sent: Published) -> None:
+    """The data objects of ``names`` (files under ``local``), then those of ``last`` (the
+    markers, small objects: the commit)."""
+    upload(place.fs, [(local / n, f"{place.root}/{n}") for n in names if n not in last], sent)
+    for n in last:
+        put_object(place.fs, f"{place.root}/{n}", (local / n).read_bytes(), str(place.path(n)))

@@ -29,11 +29,12 @@ def stop_server_after(s3, n: int, real):
     tests of a store that goes down mid-run)."""
     sent = []
 
-    def upload(fs, path, rpath, result):
-        if len(sent) == n:
-            s3.stop()
-        sent.append(rpath)
-        real(fs, path, rpath, result)
+    def upload(fs, files, result):
+        for local, rpath in files:  # one object at a time, so the server dies between two
+            if len(sent) == n:
+                s3.stop()
+            sent.append(rpath)
+            real(fs, [(local, rpath)], result)
 
     return upload
 

@@ -62,5 +62,9 @@ class S3:
         in the server process; tests that restart re-create their bucket)."""
         from moto.server import ThreadedMotoServer
 
+        self.server.stop()  # a no-op when stopped: a running one would hold the port
+        with socket.socket() as s:  # a port still held would fail the server's thread, and
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # start() would wait on
+            s.bind(("127.0.0.1", self.port))  # it for ever: fail here instead
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.server.start()

@@ -176,8 +176,8 @@ def dies_mid_upload(job, tick):
         open(marker, "w").close()
         real = remote.upload
 
-        def upload_then_die(fs, path, rpath, result):
-            real(fs, path, rpath, result)
+        def upload_then_die(fs, files, result):
+            real(fs, files[:1], result)
             os.kill(os.getpid(), signal.SIGKILL)
 
         remote.upload = upload_then_die

@@ -123,10 +123,10 @@ def run_remote(job: RemoteJob, tick) -> tuple[dict, bool]:
             inner = dataclasses.replace(job.inner, target=target)
             result, _ = job.write(inner, tick)
             sent = Published(job.url)
-            for path in sorted(p for p in scratch.rglob("*") if p.is_file()):
-                name = path.relative_to(scratch).as_posix()
-                if not path.name.startswith("."):  # shard files; the entry goes last
-                    upload(place.fs, path, f"{place.root}/{name}", sent)
+            shard_files = sorted(p for p in scratch.rglob("*")  # the entry goes last
+                                 if p.is_file() and not p.name.startswith("."))
+            upload(place.fs, [(p, f"{place.root}/{p.relative_to(scratch).as_posix()}")
+                              for p in shard_files], sent)
             put_object(place.fs, f"{place.root}/{job.entry_name}",
                        (scratch / job.entry_name).read_bytes(), str(place.path(job.entry_name)))
     return result, False

@@ -11,9 +11,43 @@ per process, as before); nothing is copied.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from . import basename, filesystem, is_url, join, normalize, parent
+
+# backends whose find() filters names by a prefix on the server (s3fs, gcsfs): the objects of
+# one job, named alike, are looked up in one listing request
+PREFIX_LISTING = {"s3", "s3a", "gs", "gcs"}
+
+
+def protocols(fs) -> set[str]:
+    return set(fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,))
+
+
+def _state(info: dict | None) -> tuple[int, str | None] | None:
+    if info is None:
+        return None
+    etag = info.get("ETag") or info.get("etag")
+    return int(info.get("size", -1)), (str(etag).strip('"') if etag else None)
+
+
+def object_states(fs, rpaths: list[str]) -> dict[str, tuple[int, str | None] | None]:
+    """(size, ETag or None) of each object of ``rpaths``, None for one that is absent. Where
+    the backend lists by prefix on the server and the names share a stem (a shard's or a
+    part's files), one listing request; else a lookup each (a missing object cost s3fs a
+    HEAD and a LIST)."""
+    folder, _, stem = os.path.commonprefix(list(rpaths)).rpartition("/")
+    if rpaths and folder and stem and protocols(fs) & PREFIX_LISTING:
+        found = fs.find(folder, prefix=stem, detail=True)
+        return {r: _state(found.get(r)) for r in rpaths}
+    out = {}
+    for r in rpaths:
+        try:
+            out[r] = _state(fs.info(r))
+        except FileNotFoundError:
+            out[r] = None
+    return out
 
 
 class Place:
@@ -83,6 +117,13 @@ class Place:
             return self.path(name).stat().st_size
         except FileNotFoundError:
             return None
+
+    def sizes(self, names: list[str]) -> dict[str, int | None]:
+        """:meth:`size` of each of ``names``: for a store, in one listing where it can."""
+        if not self.remote:
+            return {n: self.size(n) for n in names}
+        states = object_states(self.fs, [self._remote(n) for n in names])
+        return {n: None if (s := states[self._remote(n)]) is None else s[0] for n in names}
 
     def local(self, name: str, expect: dict) -> Path:
         """A local path to the file: itself (local), or its verified copy in the cache."""

@@ -29,11 +29,12 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .._temps import pid_alive
 from ..errors import PacktoolError
+from .place import object_states, protocols
 
 CHUNK = 64 << 20      # multipart part size (s3fs's own default is 50 MiB)
 LOCK_ENV = "PACKTOOL_UNSAFE_STORE_LOCK"
@@ -45,17 +46,6 @@ class Published:
     uploaded: int = 0          # objects sent
     skipped: int = 0           # already there, verified (a resumed run)
     bytes_sent: int = 0
-    removed: list[str] = field(default_factory=list)   # leftovers reclaimed
-    seconds: float = 0.0
-
-    def note(self) -> str:
-        s = (f"published to {self.url}: {self.uploaded:,} objects uploaded "
-             f"({self.bytes_sent / 1e6:,.1f} MB), each verified")
-        if self.skipped:
-            s += f", {self.skipped:,} already there (verified, not sent again)"
-        if self.removed:
-            s += f"; {len(self.removed):,} leftover objects of an earlier run removed"
-        return s
 
 
 def _md5_etags(path: Path, chunk: int) -> set[str]:
@@ -70,15 +60,6 @@ def _md5_etags(path: Path, chunk: int) -> set[str]:
     if len(parts) > 1:
         out.add(f"{hashlib.md5(b''.join(parts)).hexdigest()}-{len(parts)}")
     return out
-
-
-def _remote_state(fs, rpath: str) -> tuple[int, str | None] | None:
-    try:
-        info = fs.info(rpath)
-    except FileNotFoundError:
-        return None
-    etag = info.get("ETag") or info.get("etag")
-    return int(info.get("size", -1)), (str(etag).strip('"') if etag else None)
 
 
 def _same(state, size: int, etags: set[str]) -> bool:
@@ -112,8 +93,7 @@ ATOMIC_CREATE = {"s3", "s3a", "gs", "gcs"}
 
 
 def atomic_create(fs) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
-    return bool(ATOMIC_CREATE & set(protocols))
+    return bool(ATOMIC_CREATE & protocols(fs))
 
 
 class _Held(PacktoolError):
@@ -193,7 +173,7 @@ class StoreLock:
 def put_object(fs, rpath: str, data: bytes, url: str) -> None:
     """A small object (a record, a manifest) in one put, its size checked."""
     fs.pipe_file(rpath, data)
-    state = _remote_state(fs, rpath)
+    state = object_states(fs, [rpath])[rpath]
     if state is None or state[0] != len(data):
         raise PacktoolError(f"{url} did not arrive whole; run the command again")
 
@@ -210,52 +190,28 @@ def remove_leftovers(fs, root: str, keep: set[str], ours) -> list[str]:
     return removed
 
 
-def upload(fs, local: Path, rpath: str, result: Published) -> None:
-    """One data object, verified; not sent again when already there with the same bytes."""
-    size = local.stat().st_size
-    etags = _md5_etags(local, CHUNK)
-    if _same(_remote_state(fs, rpath), size, etags):
-        result.skipped += 1
-        return
-    fs.put_file(str(local), rpath, chunksize=CHUNK)
-    state = _remote_state(fs, rpath)
-    if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
-                                             and state[1] not in etags):
-        raise PacktoolError(f"s3://{rpath}: the uploaded object does not match {local} (size "
-                            f"or MD5 differs); nothing was committed: run the command again")
-    result.uploaded += 1
-    result.bytes_sent += size
-
-
-def publish(local_root: Path, files: list[str], manifests: list[str], place, lock_name: str,
-            ours, existing_ok) -> Published:
-    """Upload ``files`` (relative to ``local_root``) into ``place`` verified, then
-    ``manifests`` in order (the last one is the commit), under a lock object; then remove
-    leftovers: objects under ``place`` for which ``ours(name)`` is true and that are not
-    published now. ``existing_ok(raw_bytes)`` is called with the current last manifest, if
-    any, and must raise unless it may be replaced."""
-    t0 = time.perf_counter()
-    fs, root = place.fs, place.root
-    result = Published(str(place.folder))
-    with StoreLock(fs, f"{root}/{lock_name}", str(place.path(lock_name))):
-        commit = f"{root}/{manifests[-1]}"
-        if fs.exists(commit):
-            existing_ok(fs.cat_file(commit))
-            fs.rm_file(commit)  # the old output stops being visible before anything changes
-        for name in files:
-            upload(fs, local_root / name, f"{root}/{name}", result)
-        for name in manifests:  # written whole: a small object is one put
-            data = (local_root / name).read_bytes()
-            fs.pipe_file(f"{root}/{name}", data)
-            state = _remote_state(fs, f"{root}/{name}")
-            if state is None or state[0] != len(data):
-                raise PacktoolError(f"{place.path(name)}: the manifest did not arrive whole; "
-                                    "run the command again")
-        keep = set(files) | set(manifests) | {lock_name}
-        for rpath in fs.find(root):
-            name = rpath[len(root) + 1:]
-            if name not in keep and ours(name):
-                fs.rm_file(rpath)
-                result.removed.append(name)
-    result.seconds = time.perf_counter() - t0
-    return result
+def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
+    """Data objects (local file, remote path), each verified. What is already there with
+    the same size and MD5 is not sent again; the rest are put, then checked against the
+    local bytes (size, and the ETag where it is an MD5). A job's objects share a name stem,
+    so on S3 and GCS the checks before and after are one listing request each: before, a
+    check cost s3fs a HEAD and a LIST per object."""
+    before = object_states(fs, [r for _, r in files])
+    sent = []
+    for local, rpath in files:
+        size, etags = local.stat().st_size, _md5_etags(local, CHUNK)
+        if _same(before[rpath], size, etags):
+            result.skipped += 1
+            continue
+        fs.put_file(str(local), rpath, chunksize=CHUNK)
+        sent.append((local, rpath, size, etags))
+    after = object_states(fs, [r for _, r, _, _ in sent]) if sent else {}
+    for local, rpath, size, etags in sent:
+        state = after[rpath]
+        if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
+                                                 and state[1] not in etags):
+            raise PacktoolError(f"s3://{rpath}: the uploaded object does not match {local} "
+                                "(size or MD5 differs); nothing was committed: run the command "
+                                "again")
+        result.uploaded += 1
+        result.bytes_sent += size

@@ -80,8 +80,9 @@ def check_remote_part(job: RemotePartJob, place: Place) -> tuple[dict | None, st
         return None, "missing"
     if m["digest"] != part.digest or m["index"] != job.k:
         return None, "made from other inputs or options (digest differs)"
+    sizes = place.sizes([f"{part.name}.{key}" for key in m["part"]["checksums"]])
     for key, want in m["part"]["checksums"].items():
-        size = place.size(f"{part.name}.{key}")
+        size = sizes[f"{part.name}.{key}"]
         if size != want["bytes"]:
             return None, (f"{place.path(f'{part.name}.{key}')} is missing" if size is None else
                           f"{place.path(f'{part.name}.{key}')} has {size:,} bytes, its record "
@@ -105,9 +106,9 @@ def run_remote_part(job: RemotePartJob, tick) -> tuple[dict, bool]:
             local = dataclasses.replace(job.plan, prefix=scratch / job.plan.prefix.name)
             manifest, _ = run_part(PartJob(local, job.k, job.opts), tick)
             sent = Published(str(place.folder))
-            for key in manifest["part"]["checksums"]:
-                name = f"{part.name}.{key}"
-                upload(place.fs, scratch / name, f"{place.root}/{name}", sent)
+            upload(place.fs, [(scratch / (name := f"{part.name}.{key}"),
+                               f"{place.root}/{name}") for key in manifest["part"]["checksums"]],
+                   sent)
             record = local.part_manifest(part)
             put_object(place.fs, f"{place.root}/{record.name}", record.read_bytes(),
                        str(place.path(record.name)))

@@ -147,9 +147,10 @@ def shards_of(entry: dict) -> list[dict]:
 def check_objects(place, prefix: str, shards: list[dict]) -> str:
     """"" when every file of ``shards`` is an object of ``place`` (under ``prefix``: "" or
     "valid/") of its listed size, else why not. (Their content is checked when read.)"""
+    sizes = place.sizes([prefix + f["name"] for sh in shards for f in sh["files"].values()])
     for sh in shards:
         for f in sh["files"].values():
-            size = place.size(prefix + f["name"])
+            size = sizes[prefix + f["name"]]
             if size != f["bytes"]:
                 where = place.path(prefix + f["name"])
                 return (f"{where} is missing" if size is None else
