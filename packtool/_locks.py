@@ -21,11 +21,14 @@ import fcntl
 import os
 import stat
 import sys
+import threading
 from pathlib import Path
 
 from .errors import PacktoolError
 
 _held: dict[Path, list] = {}  # lock path -> [fd, depth]: re-entrant within a process
+_waiting: dict[Path, int] = {}  # lock path -> threads of this process in waiting() on it
+_waiting_guard = threading.Lock()
 
 
 def lock_path(output: Path) -> Path:
@@ -184,19 +187,29 @@ def hold(lock: Path, mode: str, what: str):
 def waiting(lock: Path, label: str):
     """An exclusive lock on one part or shard, waiting for another writer (who, when it
     finishes, has made the work a skip for us)."""
-    fd = _open(lock)
+    with _waiting_guard:
+        ours = _waiting.get(lock, 0)  # another thread of this process is on it
+        _waiting[lock] = ours + 1
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print(f"packtool: {label} is being written by another process; waiting for it",
-              file=sys.stderr)
-        os.close(fd)
-        fd = acquire(lock, "wait", label)
-    else:
-        if not _same_file(fd, lock):
+        fd = _open(lock)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not ours:  # a thread of ours (a prefetch, a check) is not worth a line
+                print(f"packtool: {label} is being written by another process; waiting for "
+                      "it", file=sys.stderr)
             os.close(fd)
             fd = acquire(lock, "wait", label)
-    try:
-        yield
+        else:
+            if not _same_file(fd, lock):
+                os.close(fd)
+                fd = acquire(lock, "wait", label)
+        try:
+            yield
+        finally:
+            release(lock, fd)
     finally:
-        release(lock, fd)
+        with _waiting_guard:
+            _waiting[lock] -= 1
+            if not _waiting[lock]:
+                del _waiting[lock]

@@ -210,15 +210,17 @@ def pack_to_store(prefixes, url: str, options, *, overwrite: bool, progress: boo
     storage_options = default_options()
     place = Place(url, storage_options)
     corpora, factors, digest, stored = plan_sources(prefixes, options)
+    verify_sources = verify_sources and options.layout == "tokens"
+    # meanwhile, as a local run: sources in a bucket are fetched into the cache (and checked)
+    # while the plan is made, not after it by the first shard's gathers
+    sources_check = SourceCheck(corpora) if verify_sources and not run.one_task else None
     with shown(progress):  # a packer that runs long (optimal, nnlshp) shows it is working
         flow = plan_flow(corpora, factors, options, digest, stored, staging="")
     lock = contextlib.nullcontext() if run.one_task else StoreLock(
         place.fs, f"{place.root}/{LOCK}", str(place.path(LOCK)))
-    verify_sources = verify_sources and options.layout == "tokens"
     with lock:
         if not run.finalize:
             _begin(place, url, digest, overwrite, run)
-        sources_check = SourceCheck(corpora) if verify_sources and not run.one_task else None
         jobs = flow.jobs()
         remote = RemoteJobs(jobs.items, jobs.run, url, storage_options)
         run_jobs(Jobs(remote, run_remote, jobs.weights, lambda j: j.label(), "pack"), run,

@@ -29,6 +29,7 @@ import json
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +54,13 @@ def _md5_etags(path: Path, chunk: int) -> set[str]:
     (MD5 of the parts' MD5s, ``-N``) for parts of ``chunk`` bytes."""
     whole, parts = hashlib.md5(), []
     with open(path, "rb") as f:
-        while block := f.read(chunk):
+        block = f.read(chunk)
+        while block:
             whole.update(block)
-            parts.append(hashlib.md5(block).digest())
+            after = f.read(chunk)
+            if parts or after:  # one block: its MD5 is the whole's, not computed twice
+                parts.append(hashlib.md5(block).digest())
+            block = after
     out = {whole.hexdigest()}
     if len(parts) > 1:
         out.add(f"{hashlib.md5(b''.join(parts)).hexdigest()}-{len(parts)}")
@@ -198,20 +203,24 @@ def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
     check cost s3fs a HEAD and a LIST per object."""
     before = object_states(fs, [r for _, r in files])
     sent = []
-    for local, rpath in files:
-        size, etags = local.stat().st_size, _md5_etags(local, CHUNK)
-        if _same(before[rpath], size, etags):
-            result.skipped += 1
-            continue
-        fs.put_file(str(local), rpath, chunksize=CHUNK)
-        sent.append((local, rpath, size, etags))
-    after = object_states(fs, [r for _, r, _, _ in sent]) if sent else {}
-    for local, rpath, size, etags in sent:
-        state = after[rpath]
-        if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
-                                                 and state[1] not in etags):
-            raise PacktoolError(f"s3://{rpath}: the uploaded object does not match {local} "
-                                "(size or MD5 differs); nothing was committed: run the command "
-                                "again")
-        result.uploaded += 1
-        result.bytes_sent += size
+    # the local MD5s in a thread (hashlib releases the GIL), meanwhile the puts
+    with ThreadPoolExecutor(1, thread_name_prefix="packtool-md5") as pool:
+        md5s = {r: pool.submit(_md5_etags, local, CHUNK) for local, r in files}
+        for local, rpath in files:
+            size, state = local.stat().st_size, before[rpath]
+            if state is not None and state[0] == size and _same(state, size,
+                                                                 md5s[rpath].result()):
+                result.skipped += 1
+                continue
+            fs.put_file(str(local), rpath, chunksize=CHUNK)
+            sent.append((local, rpath, size))
+        after = object_states(fs, [r for _, r, _ in sent]) if sent else {}
+        for local, rpath, size in sent:
+            state = after[rpath]
+            if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
+                                                     and state[1] not in md5s[rpath].result()):
+                raise PacktoolError(f"s3://{rpath}: the uploaded object does not match {local} "
+                                    "(size or MD5 differs); nothing was committed: run the "
+                                    "command again")
+            result.uploaded += 1
+            result.bytes_sent += size
