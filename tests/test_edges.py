@@ -265,6 +265,43 @@ def test_a_lock_removed_by_its_holder_while_opened_is_opened_anew(tmp_path, monk
     assert len(calls) == 2 and not lock.exists()
 
 
+def test_a_wait_on_another_thread_of_this_process_is_not_called_another_process(tmp_path,
+                                                                                  capfd):
+    """A cache entry fetched by one thread (a tokens-layout pack's source check) and wanted
+    by another (its shard's copy) is waited for quietly; a holder in another process is
+    named as one, and waited for too."""
+    import threading
+
+    lock = tmp_path / ".entry.lock"
+    inside, done = threading.Event(), threading.Event()
+
+    def first():
+        with _locks.waiting(lock, "cache entry x"):
+            inside.set()
+            time.sleep(0.3)
+
+    t = threading.Thread(target=first)
+    t.start()
+    inside.wait()
+    with _locks.waiting(lock, "cache entry x"):  # waits for the thread, silently
+        assert not t.is_alive()
+    t.join()
+    assert "another process" not in capfd.readouterr().err
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; "
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(0.5)", str(lock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with _locks.waiting(lock, "cache entry x"):
+            done.set()
+    finally:
+        holder.wait()
+    assert done.is_set()
+    assert "cache entry x is being written by another process" in capfd.readouterr().err
+
+
 def test_temporaries_are_never_opened_through_a_link(tmp_path):
     """Files packtool creates (temporaries, journals, manifests) are opened O_EXCL |
     O_NOFOLLOW: a link planted at the name is an error, never written through."""
