@@ -513,3 +513,119 @@ def test_the_manifest_is_the_same_whatever_workers_and_batch_size(tmp_path):
         assert meta["engine"]["name"] == FIRST and meta["engine"]["checked_docs"] > 200
         manifests.add(out.with_suffix(".json").read_bytes())
     assert len(manifests) == 1
+
+
+# -- an early start: gigatoken tokenizing while the reference loads in a child process ---------
+
+@pytest.fixture
+def early_start(monkeypatch):
+    """Every part starts early (packtool.engines.early; a real run needs a 16 MB part); the
+    reference processes started are counted, and the in-process reference is forgotten so a
+    test can tell whether it was loaded."""
+    from packtool.engines import early
+    from packtool.tokenize import part
+
+    started = []
+    real = early.ReferenceProcess
+
+    def counted(*a, **kw):
+        started.append(real(*a, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(early, "MIN_BYTES", 0)
+    monkeypatch.setattr(early, "ReferenceProcess", counted)
+    part._tokenizer.cache_clear()
+    yield started
+    part.new_run()  # the last run's reference process ends here
+
+
+def _ordinary(tmp_path, name, inputs, engine="auto", **kw):
+    folder = tmp_path / f"ordinary-{name}"
+    folder.mkdir()
+    return _run(folder, "out", inputs, engine, **kw)
+
+
+def _early(tmp_path, name, inputs, engine="auto", **kw):
+    folder = tmp_path / f"early-{name}"
+    folder.mkdir()
+    return _run(folder, "out", inputs, engine, **kw)
+
+
+@pytest.mark.parametrize("case", ["plain", "eos, check off, several parts", "truncation on"])
+def test_an_early_start_is_the_ordinary_run_byte_for_byte(tmp_path, case, request):
+    from packtool.tokenize import part
+
+    kw, tok = {}, TOKENIZER
+    if case.startswith("eos"):
+        kw = dict(eos="<|eos|>", bos="<|bos|>", engine_check="off", part_bytes=100_000)
+    if case == "truncation on":  # the file asks for truncation and padding: never applied
+        t = Tokenizer.from_file(str(TOKENIZER))
+        t.enable_truncation(8)
+        t.enable_padding(length=64)
+        tok = tmp_path / "trunc.json"
+        t.save(str(tok))
+    want, _ = _ordinary(tmp_path, case, [CORPUS], tokenizer=tok, **kw)
+    started = request.getfixturevalue("early_start")
+    got, meta = _early(tmp_path, case, [CORPUS], tokenizer=tok, **kw)
+    assert len(started) == 1  # one reference process, for every part of the run
+    assert part._tokenizer.cache_info().currsize == 0  # never loaded in this process
+    assert _outputs(got) == _outputs(want)
+    assert got.with_suffix(".json").read_bytes() == want.with_suffix(".json").read_bytes()
+    assert meta["engine"]["name"] == "gigatoken"
+    if case.startswith("eos"):
+        assert len(meta["parts"]) > 1 and meta["eos_id"] is not None
+
+
+def test_an_early_start_whose_probe_fails_is_made_the_ordinary_way(tmp_path, monkeypatch,
+                                                                   early_start):
+    _corrupting(monkeypatch, "a", "gigatoken")  # gigatoken now differs on the load probe
+    got, meta = _early(tmp_path, "probe", [CORPUS])
+    want, _ = _ordinary(tmp_path, "probe", [CORPUS], "hf")
+    assert _outputs(got) == _outputs(want)
+    assert len(early_start) == 1  # the failed confirmation turns the early start off
+    assert meta["engine"]["name"] != "gigatoken"
+    assert "load probe" in meta["engine"]["not_used"]["gigatoken"]
+
+
+def test_an_early_start_that_differs_mid_run_falls_back_to_the_reference(tmp_path, monkeypatch,
+                                                                         early_start):
+    docs = make_documents(3000, seed=4, median_words=10, max_words=40)
+    docs[2500] = "MARKER " + "the longest document " * 200
+    write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
+    want, _ = _ordinary(tmp_path, "mid", [tmp_path / "in.jsonl"], "hf")
+    _corrupting(monkeypatch, "MARKER", "gigatoken")
+    got, meta = _early(tmp_path, "mid", [tmp_path / "in.jsonl"])
+    assert _outputs(got) == _outputs(want)
+    assert meta["engine"]["name"] == "hf" and "MARKER" in meta["engine"]["fallback"]
+
+
+@pytest.mark.parametrize("child", [
+    "import sys; sys.exit(3)",  # dies before a word
+    "import sys, pickle, struct; d = pickle.dumps(('error', 'no')); "  # answers an error
+    "sys.stdout.buffer.write(struct.pack('<Q', len(d)) + d)",
+    "import sys; sys.stdout.buffer.write(b'garbage!' * 3)",  # speaks nonsense
+])
+def test_a_reference_process_that_fails_leaves_the_ordinary_run(tmp_path, monkeypatch,
+                                                               request, child):
+    from packtool.engines import early
+
+    want, _ = _ordinary(tmp_path, "child", [CORPUS])
+    early_start = request.getfixturevalue("early_start")
+    monkeypatch.setattr(early, "_CHILD", child)
+    got, meta = _early(tmp_path, "child", [CORPUS])
+    assert _outputs(got) == _outputs(want)
+    assert got.with_suffix(".json").read_bytes() == want.with_suffix(".json").read_bytes()
+    assert len(early_start) == 1 and early_start[0].proc.poll() is not None
+
+
+def test_a_tokenizer_the_reference_refuses_fails_as_it_would_have(tmp_path, early_start):
+    """gigatoken may load what `tokenizers` refuses: the early start must not make that
+    tokenizer's output, and the error is the ordinary one."""
+    spec = json.loads(TOKENIZER.read_text())
+    spec["decoder"] = {"type": "NoSuchDecoder"}  # gigatoken 0.10 loads it; tokenizers refuses
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(spec))
+    with pytest.raises(packtool_error(), match="cannot read tokenizer"):
+        _early(tmp_path, "bad", [CORPUS], tokenizer=bad)
+    assert not list((tmp_path / "early-bad").iterdir())
+    assert len(early_start) == 1  # started early (wherever gigatoken loads it), then refused

@@ -28,6 +28,7 @@ selection records, for every faster engine, why it was not used.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +38,11 @@ import numpy as np
 from ..errors import PacktoolError
 from ..tokenizer import tokenizer_json
 from . import fastokens, gigatoken, ranking, tokie
-from .base import Engine, EngineMismatch, EngineRefused
+from .base import Engine, EngineMismatch, EngineRefused, Unconfirmed
 from .base import hf as _hf
 
+# select_engine's counters belong to one part; what it decided does not (Selection.fresh)
+_PER_PART = {"checked_docs", "checked_tokens"}
 FASTEST_FIRST = ranking.FAST_ENGINES  # every fast engine; auto's order is per family
 ENGINE_NAMES = ("auto", "hf", *FASTEST_FIRST)
 CHECKS = ("sample", "full", "off")
@@ -190,18 +193,63 @@ class Selection:
     _slots: threading.Semaphore | None = None
     _futures: list = field(default_factory=list)
     _failed: EngineMismatch | None = None
+    _confirming: threading.Thread | None = None    # confirm_early's thread, until joined
+    _unconfirmed: Unconfirmed | None = None
+
+    def fresh(self) -> Selection:
+        """A copy for another part: what was decided, with check counters of its own."""
+        kept = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.init and not f.name.startswith("_") and f.name not in _PER_PART}
+        kept["reasons"] = dict(kept["reasons"])
+        return type(self)(**kept)
+
+    def confirm_early(self, facts, expect: dict, reference: Engine) -> None:
+        """For a selection made before its reference was loaded (:mod:`.early`): on a thread
+        beside the run, wait for ``facts()`` (the ordinary path's decisions), compare them
+        with ``expect`` (what the run started from) and run the load probe against
+        ``reference``; a failure is raised by the next :meth:`encode` and by
+        :meth:`confirmed` as :class:`Unconfirmed`."""
+        def run():
+            try:
+                got = facts()
+                wrong = [k for k, v in expect.items() if got.get(k) != v]
+                if got["family"] != self.family or got["refusal"]:
+                    wrong.append("family")
+                if wrong:
+                    raise Unconfirmed(f"the reference disagrees on {', '.join(wrong)}")
+                diff = first_difference(self.engine, reference, got["probe"], False)
+                if diff:
+                    raise Unconfirmed(f"{self.engine.name} differs on the load probe: {diff}")
+            except Exception as e:
+                self._unconfirmed = e if isinstance(e, Unconfirmed) else Unconfirmed(
+                    f"the load probe failed ({type(e).__name__}: {str(e)[:200]})")
+
+        self._confirming = threading.Thread(target=run, name="packtool-confirm", daemon=True)
+        self._confirming.start()
+
+    def confirmed(self) -> None:
+        """Wait for :meth:`confirm_early`'s thread, if any; raise what it found."""
+        if self._confirming is not None:
+            self._confirming.join()
+            self._confirming = None
+        if self._unconfirmed is not None:
+            raise self._unconfirmed
 
     @contextlib.contextmanager
     def checking(self, workers: int):
         """Run sample checks on ``workers`` checker threads; on normal exit wait for them
-        (raising :class:`EngineMismatch` on a difference), on an error drop the rest."""
+        (raising :class:`EngineMismatch` on a difference) and for the early confirmation, on
+        an error drop the rest."""
         if self.reference is None or self.check != "sample":
             yield self
+            self.confirmed()
             return
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(workers, "packtool-check")
-        self._slots = threading.Semaphore(2 * workers)
+        # the checked bytes are bounded by the sample's budget; more may wait while an
+        # early selection's reference is still loading in its process
+        self._slots = threading.Semaphore(max(2 * workers, 32))
         try:
             yield self
         except BaseException:
@@ -214,7 +262,9 @@ class Selection:
             self._pool = None
 
     def finish(self) -> None:
-        """Wait for every submitted check; raise the first difference found."""
+        """Wait for the early confirmation and every submitted check; raise what failed (a
+        failed confirmation first: the part is then made the ordinary way)."""
+        self.confirmed()
         for f in self._futures:
             f.result()
         self._futures = []
@@ -224,7 +274,10 @@ class Selection:
     def encode(self, texts, add_special, dtype, pick: np.ndarray | None = None):
         """The engine's encode; the documents at ``pick`` (or all, with ``full``) are compared
         with the reference."""
+        if self._unconfirmed is not None:
+            raise self._unconfirmed
         if self._failed is not None:
+            self.confirmed()
             raise self._failed
         lengths, ids = self.engine.encode(texts, add_special, dtype)
         if self.reference is None or not len(texts):
@@ -290,6 +343,27 @@ def select_engine(requested: str, check: str, path: Path, reference, add_special
         raise PacktoolError(f"--engine {requested}: {reasons[requested]}; use --engine auto "
                             "(falls back to tokenizers) or --engine hf")
     return Selection(hf, requested, "none (the reference)", reasons=reasons, family=fam)
+
+
+def early_selection(requested: str, check: str, path: Path, spec: dict, reference: Engine
+                    ) -> Selection | None:
+    """The selection the ordinary path would make for the ``tokenizer.json`` at ``path``
+    (parsed: ``spec``) when that is gigatoken, made without the loaded reference
+    (:mod:`.early`): gigatoken loaded from the file, ``reference`` (the reference process's
+    engine) for its checks. None where the ordinary path must decide: another engine
+    requested or first in the family's order, a declared refusal, a failed load. The caller
+    starts :meth:`Selection.confirm_early` before trusting it."""
+    name, fam = "gigatoken", ranking.family(spec)
+    if (requested not in ("auto", name) or check not in ("sample", "off")
+            or (requested == "auto" and ranking.order(fam)[0] != name)
+            or _declared_refusal(name, spec)):
+        return None
+    try:
+        engine = LOADERS[name](path, None)
+    except Exception:  # not installed, or it cannot load it: the ordinary path says which
+        return None
+    return Selection(engine, requested, check, None if check == "off" else reference,
+                     family=fam)
 
 
 def engine_manifest(sel: Selection) -> dict:

@@ -17,7 +17,6 @@ a probe per part and a folder listing per part commit, 15-27 s now
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from pathlib import Path
 from .. import _locks
 from .._atomic import atomic_files
 from .._io import sha256_file, write_new
-from ..engines import EngineMismatch, engine_manifest, mismatch_warning, select_engine
+from ..engines import EngineMismatch, early, engine_manifest, mismatch_warning, select_engine
+from ..engines.base import Unconfirmed
 from ..errors import FormatError, PacktoolError
 from ..formats._manifest import manifest_text
 from ..formats.tokens import (
@@ -42,7 +42,17 @@ from ..formats.tokens import (
 from ..options import TokenizeOptions
 from ..sources import ReadOptions, as_input, content_unchanged
 from ..storage import is_url
-from ..tokenizer import id_space, load_tokenizer, refuse_doubled_specials, special_token_id
+from ..tokenizer import (
+    check_model,
+    id_space,
+    load_tokenizer,
+    plain_json,
+    refuse_doubled_specials,
+    resolve_tokenizer_path,
+    spec_id_space,
+    spec_token_id,
+    special_token_id,
+)
 from . import pipeline
 from .encode import make_encoder
 from .plan import TokenizePlan
@@ -84,10 +94,6 @@ def _tokenizer_facts(path: str, mtime_ns: int, size: int) -> tuple[int, str]:
     return id_space(_tokenizer(path, mtime_ns)[0]), sha256_file(Path(path))
 
 
-# select_engine's counters (checked_docs...) belong to one part; what it decided does not
-_PER_PART = {"checked_docs", "checked_tokens"}
-
-
 @lru_cache(maxsize=8)
 def _selected(requested: str, check: str, path: str, mtime_ns: int, add_special: bool,
               need_offsets: bool, fallback: str | None):
@@ -103,19 +109,34 @@ def engine_for(opts: TokenizeOptions, tok_path: Path, need_offsets: bool,
     file, and handed to each part as a fresh selection with its own check counters. A plan
     of 2,000 one-file parts paid the probe per part: 55 of the 85 ms a part took (cProfile,
     this machine)."""
-    proto = _selected(opts.engine, opts.engine_check, str(tok_path),
-                      tok_path.stat().st_mtime_ns, opts.special_tokens, need_offsets, fallback)
-    kept = {f.name: getattr(proto, f.name) for f in dataclasses.fields(proto)
-            if f.init and not f.name.startswith("_") and f.name not in _PER_PART}
-    if isinstance(kept.get("reasons"), dict):
-        kept["reasons"] = dict(kept["reasons"])
-    return type(proto)(**kept)
+    return _selected(opts.engine, opts.engine_check, str(tok_path),
+                     tok_path.stat().st_mtime_ns, opts.special_tokens, need_offsets,
+                     fallback).fresh()
+
+
+# (tokenizer path, mtime_ns, size, engine, check, bos, eos) -> (facts, selection, reference
+# process) of this run's early setup (:func:`_early_setup`): one at most, so one child
+_EARLY: dict[tuple, tuple] = {}
+_EARLY_OFF: list = []  # non-empty: an early setup failed its confirmation in this run
 
 
 def new_run() -> None:
     """A run in this process selects its engine afresh (once): what is installed, or a
     test's stand-in engine, may have changed since the last run."""
     _selected.cache_clear()
+    end_run()
+    _EARLY_OFF.clear()
+
+
+def end_run() -> None:
+    """The run is over: its reference process, if it started one, ends."""
+    _forget_early()
+
+
+def _forget_early() -> None:
+    while _EARLY:
+        _, (_, _, remote) = _EARLY.popitem()
+        remote.close()
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -177,9 +198,16 @@ def run_part(job: PartJob, tick) -> tuple[dict, bool]:
 def tokenize_part(job: PartJob, tick) -> dict:
     """Tokenize one part. A fast engine that differs from the reference on a checked
     document fails the part; its partial output is discarded and, with ``--engine auto``,
-    the part starts again with the reference (the manifest's ``engine.fallback`` says why)."""
+    the part starts again with the reference (the manifest's ``engine.fallback`` says why).
+    A part started before its reference was loaded (:func:`_early_setup`) whose engine
+    then fails its confirmation is made again the ordinary way, as are the run's others."""
     try:
-        return _write_part(job, tick)
+        try:
+            return _write_part(job, tick)
+        except Unconfirmed:
+            _EARLY_OFF.append(True)
+            _forget_early()
+            return _write_part(job, tick)
     except EngineMismatch as e:
         if job.opts.engine != "auto":
             raise PacktoolError(f"--engine {job.opts.engine}: {e}; use --engine auto or hf"
@@ -203,18 +231,99 @@ class Setup:
     warnings: list
 
 
-def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = None) -> Setup:
+def _read_opts(opts: TokenizeOptions) -> ReadOptions:
+    return ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
+                       prompt_field=opts.prompt_field, completion_field=opts.completion_field,
+                       messages_field=opts.messages_field,
+                       max_record_bytes=opts.max_record_bytes)
+
+
+def _early_setup(tokenizer: str | Path, opts: TokenizeOptions, big: bool) -> Setup | None:
+    """The setup of a part that starts before its reference is loaded (:mod:`packtool.engines
+    .early`), or None where the ordinary :func:`setup` must run: text mode without the
+    post-processor, ``--engine`` auto or gigatoken (gigatoken first for the family), check
+    sample or off, a ``tokenizer.json``, and a part of at least ``early.MIN_BYTES`` (``big``)
+    or a run whose early engine is already confirmed. Everything taken from the file here
+    (the id space, ``--bos``/``--eos`` ids, the family) is confirmed against the reference
+    before the part commits."""
+    if (_EARLY_OFF or opts.mode != "text" or opts.special_tokens
+            or opts.engine not in ("auto", "gigatoken")
+            or opts.engine_check not in ("sample", "off")):
+        return None
+    tok_path = resolve_tokenizer_path(tokenizer)
+    if tok_path.suffix == ".model":
+        return None
+    key = (str(tok_path), *_stamp(tok_path), opts.engine, opts.engine_check, opts.bos,
+           opts.eos)
+    hit = _EARLY.get(key)
+    if hit is not None:
+        (vocab_size, tok_sha256, bos_id, eos_id), proto, _ = hit
+        sel = proto.fresh()
+    else:
+        if not big:
+            return None
+        from ..engines.early import ReferenceProcess
+        from ..engines.select import early_selection
+
+        try:
+            remote = ReferenceProcess(tok_path, tuple(t for t in (opts.bos, opts.eos) if t))
+        except OSError:
+            return None
+        try:
+            sel = None
+            _, spec, tok_sha256 = plain_json(tok_path)
+            check_model(spec, tok_path)
+            vocab_size = spec_id_space(spec)
+            ids = {t: spec_token_id(spec, t) for t in (opts.bos, opts.eos) if t}
+            if None not in ids.values():
+                sel = early_selection(opts.engine, opts.engine_check, tok_path, spec,
+                                      remote.engine)
+        except (OSError, ValueError, PacktoolError):  # the ordinary path says what is wrong
+            sel = None
+        if sel is None:
+            remote.close()
+            return None
+        bos_id, eos_id = ids.get(opts.bos), ids.get(opts.eos)
+        sel.confirm_early(remote.facts, {"id_space": vocab_size, "ids": ids}, remote.engine)
+        _forget_early()  # another tokenizer or options (a Ray worker's earlier run): one child
+        _EARLY[key] = ((vocab_size, tok_sha256, bos_id, eos_id), sel, remote)
+    dtype = token_dtype(vocab_size)
+    encode = make_encoder(None, dtype, False, bos_id, eos_id, "text", engine=sel)
+    meta = _meta(tokenizer, tok_path, tok_sha256, vocab_size, dtype, bos_id, eos_id, opts, None)
+    return Setup(None, tok_path, dtype, meta, _read_opts(opts), sel, encode, [])
+
+
+def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bos_id, eos_id,
+          opts: TokenizeOptions, template_from) -> dict:
+    return {"dtype": dtype.name, "vocab_size": vocab_size,
+            "tokenizer": {"path": str(tokenizer) if is_url(tokenizer) else str(tok_path),
+                          "sha256": tok_sha256},
+            "bos_id": bos_id, "eos_id": eos_id,
+            "options": {"text_field": opts.text_field, "txt_split": opts.txt_split,
+                        "skip_bad_records": opts.skip_bad_records,
+                        "max_record_bytes": opts.max_record_bytes, "bos": opts.bos,
+                        "eos": opts.eos, "special_tokens": opts.special_tokens,
+                        "mode": opts.mode, "prompt_field": opts.prompt_field,
+                        "completion_field": opts.completion_field,
+                        "messages_field": opts.messages_field, "chat_template": template_from,
+                        "train_on": opts.train_on if opts.mode == "messages" else None}}
+
+
+def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = None,
+          big: bool = False) -> Setup:
+    """What a part needs: :func:`_early_setup` where it applies (``big``: the part is at
+    least ``early.MIN_BYTES``), else the tokenizer loaded and the engine selected here."""
+    if fallback is None:
+        early = _early_setup(tokenizer, opts, big)
+        if early is not None:
+            return early
     tok, tok_path = tokenizer_for(tokenizer)
     bos_id = special_token_id(tok, opts.bos, "--bos") if opts.bos else None
     eos_id = special_token_id(tok, opts.eos, "--eos") if opts.eos else None
     vocab_size, tok_sha256 = _tokenizer_facts(str(tok_path), *_stamp(tok_path))
     dtype = token_dtype(vocab_size)
     mode = opts.mode
-    read_opts = ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
-                            prompt_field=opts.prompt_field,
-                            completion_field=opts.completion_field,
-                            messages_field=opts.messages_field,
-                            max_record_bytes=opts.max_record_bytes)
+    read_opts = _read_opts(opts)
     if opts.special_tokens and (bos_id is not None or eos_id is not None):
         refuse_doubled_specials(tok, opts, bos_id, eos_id)
     template_from, warnings = None, []
@@ -225,18 +334,8 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
     engine = engine_for(opts, tok_path, mode == "messages", fallback)
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id,
                           None if mode == "messages" else eos_id, mode, engine=engine)
-    meta = {"dtype": dtype.name, "vocab_size": vocab_size,
-            "tokenizer": {"path": str(tokenizer) if is_url(tokenizer) else str(tok_path),
-                          "sha256": tok_sha256},
-            "bos_id": bos_id, "eos_id": eos_id,
-            "options": {"text_field": opts.text_field, "txt_split": opts.txt_split,
-                        "skip_bad_records": opts.skip_bad_records,
-                        "max_record_bytes": opts.max_record_bytes, "bos": opts.bos,
-                        "eos": opts.eos, "special_tokens": opts.special_tokens, "mode": mode,
-                        "prompt_field": opts.prompt_field,
-                        "completion_field": opts.completion_field,
-                        "messages_field": opts.messages_field, "chat_template": template_from,
-                        "train_on": opts.train_on if mode == "messages" else None}}
+    meta = _meta(tokenizer, tok_path, tok_sha256, vocab_size, dtype, bos_id, eos_id, opts,
+                 template_from)
     return Setup(tok, tok_path, dtype, meta, read_opts, engine, encode, warnings)
 
 
@@ -260,7 +359,7 @@ def finished_parts(plan: TokenizePlan, but: int) -> str | None:
 def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
     plan, opts, part = job.plan, job.opts, job.part
     t0 = time.perf_counter()
-    s = setup(plan.tokenizer, opts, fallback)
+    s = setup(plan.tokenizer, opts, fallback, big=part.bytes >= early.MIN_BYTES)
     paths = [as_input(p) for p in part.inputs]
     files = prefix_paths(plan.part_prefix(part))
     with_mask = opts.mode != "text"

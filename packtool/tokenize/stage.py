@@ -32,7 +32,7 @@ from ..formats.tokens import (
 from ..options import TokenizeOptions
 from ..storage import is_url
 from .assemble import assemble, checked_parts
-from .part import PartJob, check_part, new_run, run_part
+from .part import PartJob, check_part, end_run, new_run, run_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 from .result import TokenizeResult, merge_engines
 
@@ -51,13 +51,16 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     run = run or RunOptions()
     run.check()
     opts.check()
-    if is_url(out):  # each part made where it runs, then published: packtool.tokenize.remote
-        from .remote import tokenize_to_store
+    try:
+        if is_url(out):  # each part made where it runs, then published (tokenize.remote)
+            from .remote import tokenize_to_store
 
-        return tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
-    check_out(out)
-    with output_lock(out, shared=run.one_task) as notes:
-        result = _tokenize(inputs, tokenizer, out, opts, progress, run)
+            return tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
+        check_out(out)
+        with output_lock(out, shared=run.one_task) as notes:
+            result = _tokenize(inputs, tokenizer, out, opts, progress, run)
+    finally:
+        end_run()  # a reference process this run started (tokenize.part) ends with it
     result.warnings[:0] = notes
     return result
 
