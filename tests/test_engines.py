@@ -611,7 +611,8 @@ def test_a_reference_process_that_fails_leaves_the_ordinary_run(tmp_path, monkey
 
     want, _ = _ordinary(tmp_path, "child", [CORPUS])
     early_start = request.getfixturevalue("early_start")
-    monkeypatch.setattr(early, "_CHILD", child)
+    (tmp_path / "child.py").write_text(child)
+    monkeypatch.setattr(early, "CHILD", tmp_path / "child.py")
     got, meta = _early(tmp_path, "child", [CORPUS])
     assert _outputs(got) == _outputs(want)
     assert got.with_suffix(".json").read_bytes() == want.with_suffix(".json").read_bytes()

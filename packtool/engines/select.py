@@ -66,7 +66,12 @@ _PROBE = [
 
 
 def _probe_texts(reference) -> list[str]:
-    added = [t.content for t in reference.get_added_tokens_decoder().values()]
+    return probe_texts([t.content for t in reference.get_added_tokens_decoder().values()])
+
+
+def probe_texts(added: list[str]) -> list[str]:
+    """The load probe: fixed texts, then each added token (``added``: their texts) in
+    context, then all of them together."""
     return _PROBE + [f"a{t}b {t} x{t}{t}\n{t}" for t in added] + [" ".join(added)]
 
 
@@ -203,26 +208,18 @@ class Selection:
         kept["reasons"] = dict(kept["reasons"])
         return type(self)(**kept)
 
-    def confirm_early(self, facts, expect: dict, reference: Engine) -> None:
-        """For a selection made before its reference was loaded (:mod:`.early`): on a thread
-        beside the run, wait for ``facts()`` (the ordinary path's decisions), compare them
-        with ``expect`` (what the run started from) and run the load probe against
-        ``reference``; a failure is raised by the next :meth:`encode` and by
-        :meth:`confirmed` as :class:`Unconfirmed`."""
+    def confirm_early(self, confirm) -> None:
+        """For a selection made before its reference was loaded (:mod:`.early`): run
+        ``confirm()`` (which raises :class:`Unconfirmed` where the selection cannot be
+        trusted) on a thread beside the run; what it raises is raised again by the next
+        :meth:`encode` and by :meth:`confirmed`, any other exception as
+        :class:`Unconfirmed`."""
         def run():
             try:
-                got = facts()
-                wrong = [k for k, v in expect.items() if got.get(k) != v]
-                if got["family"] != self.family or got["refusal"]:
-                    wrong.append("family")
-                if wrong:
-                    raise Unconfirmed(f"the reference disagrees on {', '.join(wrong)}")
-                diff = first_difference(self.engine, reference, got["probe"], False)
-                if diff:
-                    raise Unconfirmed(f"{self.engine.name} differs on the load probe: {diff}")
+                confirm()
             except Exception as e:
                 self._unconfirmed = e if isinstance(e, Unconfirmed) else Unconfirmed(
-                    f"the load probe failed ({type(e).__name__}: {str(e)[:200]})")
+                    f"the confirmation failed ({type(e).__name__}: {str(e)[:200]})")
 
         self._confirming = threading.Thread(target=run, name="packtool-confirm", daemon=True)
         self._confirming.start()

@@ -284,7 +284,7 @@ def _early_setup(tokenizer: str | Path, opts: TokenizeOptions, big: bool) -> Set
             remote.close()
             return None
         bos_id, eos_id = ids.get(opts.bos), ids.get(opts.eos)
-        sel.confirm_early(remote.facts, {"id_space": vocab_size, "ids": ids}, remote.engine)
+        sel.confirm_early(lambda: remote.confirm(sel.engine, vocab_size, ids))
         _forget_early()  # another tokenizer or options (a Ray worker's earlier run): one child
         _EARLY[key] = ((vocab_size, tok_sha256, bos_id, eos_id), sel, remote)
     dtype = token_dtype(vocab_size)
