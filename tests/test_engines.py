@@ -523,7 +523,7 @@ def early_start(monkeypatch):
     reference processes started are counted, and the in-process reference is forgotten so a
     test can tell whether it was loaded."""
     from packtool.engines import early
-    from packtool.tokenize import part
+    from packtool.tokenize import prepare
 
     started = []
     real = early.ReferenceProcess
@@ -534,9 +534,9 @@ def early_start(monkeypatch):
 
     monkeypatch.setattr(early, "MIN_BYTES", 0)
     monkeypatch.setattr(early, "ReferenceProcess", counted)
-    part._tokenizer.cache_clear()
+    prepare._tokenizer.cache_clear()
     yield started
-    part.new_run()  # the last run's reference process ends here
+    prepare.new_run()  # the last run's reference process ends here
 
 
 def _ordinary(tmp_path, name, inputs, engine="auto", **kw):
@@ -553,7 +553,7 @@ def _early(tmp_path, name, inputs, engine="auto", **kw):
 
 @pytest.mark.parametrize("case", ["plain", "eos, check off, several parts", "truncation on"])
 def test_an_early_start_is_the_ordinary_run_byte_for_byte(tmp_path, case, request):
-    from packtool.tokenize import part
+    from packtool.tokenize import prepare
 
     kw, tok = {}, TOKENIZER
     if case.startswith("eos"):
@@ -568,7 +568,7 @@ def test_an_early_start_is_the_ordinary_run_byte_for_byte(tmp_path, case, reques
     started = request.getfixturevalue("early_start")
     got, meta = _early(tmp_path, case, [CORPUS], tokenizer=tok, **kw)
     assert len(started) == 1  # one reference process, for every part of the run
-    assert part._tokenizer.cache_info().currsize == 0  # never loaded in this process
+    assert prepare._tokenizer.cache_info().currsize == 0  # never loaded in this process
     assert _outputs(got) == _outputs(want)
     assert got.with_suffix(".json").read_bytes() == want.with_suffix(".json").read_bytes()
     assert meta["engine"]["name"] == "gigatoken"

@@ -283,7 +283,7 @@ def test_stale_temporaries_of_dead_runs_are_reclaimed(tmp_path, corpus):
 # -------------------------------------------------------------------------- 7: signals
 _SLOW_WORKER = """
 import sys, time
-import packtool.tokenize.part as t
+import packtool.tokenize.prepare as t
 real = t.make_encoder
 def make_encoder(*a, **k):
     def encode(texts, *rest):

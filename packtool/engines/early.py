@@ -37,8 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
+from . import ranking
 from ._reference_child import recv, send
 from .base import Engine, Unconfirmed, narrow, version
+from .select import LOADERS, Selection, declared_refusal, first_difference, probe_texts
 
 MIN_BYTES = 16 << 20  # a part this large (input bytes) starts before its reference is loaded
 CHILD = Path(__file__).with_name("_reference_child.py")  # what the child runs
@@ -91,7 +93,6 @@ class ReferenceProcess:
         """Raise :class:`Unconfirmed` unless the reference agrees with what the run started
         from (``id_space``: one past the largest id in the file; ``ids``: the special
         tokens' ids read from it) and ``engine`` gives its ids on the load probe."""
-        from .select import first_difference, probe_texts
 
         facts = self.facts()
         if facts["vocab_size"] > id_space or facts["ids"] != ids:
@@ -110,3 +111,24 @@ class ReferenceProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def early_selection(requested: str, check: str, path: Path, spec: dict, reference: Engine
+                    ) -> Selection | None:
+    """The selection the ordinary path would make for the ``tokenizer.json`` at ``path``
+    (parsed: ``spec``) when that is gigatoken, made without the loaded reference
+    (this module): gigatoken loaded from the file, ``reference`` (the reference process's
+    engine) for its checks. None where the ordinary path must decide: another engine
+    requested or first in the family's order, a declared refusal, a failed load. The caller
+    starts :meth:`Selection.confirm_early` before trusting it."""
+    name, fam = "gigatoken", ranking.family(spec)
+    if (requested not in ("auto", name) or check not in ("sample", "off")
+            or (requested == "auto" and ranking.order(fam)[0] != name)
+            or declared_refusal(name, spec)):
+        return None
+    try:
+        engine = LOADERS[name](path, None)
+    except Exception:  # not installed, or it cannot load it: the ordinary path says which
+        return None
+    return Selection(engine, requested, check, None if check == "off" else reference,
+                     family=fam)

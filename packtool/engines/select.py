@@ -81,7 +81,7 @@ def _spec(reference) -> dict:
     return tokenizer_json(reference)[1]
 
 
-def _declared_refusal(name: str, spec: dict) -> str | None:
+def declared_refusal(name: str, spec: dict) -> str | None:
     def types(node):
         if not isinstance(node, dict):
             return set()
@@ -126,7 +126,7 @@ def load_engine(name: str, path: Path, reference, add_special: bool,
         return _hf(path, reference)
     if need_offsets:
         raise EngineRefused(f"{name} gives no character offsets, which chat masks need")
-    reason = _declared_refusal(name, _spec(reference) if spec is None else spec)
+    reason = declared_refusal(name, _spec(reference) if spec is None else spec)
     if reason:
         raise EngineRefused(reason)
     try:
@@ -340,27 +340,6 @@ def select_engine(requested: str, check: str, path: Path, reference, add_special
         raise PacktoolError(f"--engine {requested}: {reasons[requested]}; use --engine auto "
                             "(falls back to tokenizers) or --engine hf")
     return Selection(hf, requested, "none (the reference)", reasons=reasons, family=fam)
-
-
-def early_selection(requested: str, check: str, path: Path, spec: dict, reference: Engine
-                    ) -> Selection | None:
-    """The selection the ordinary path would make for the ``tokenizer.json`` at ``path``
-    (parsed: ``spec``) when that is gigatoken, made without the loaded reference
-    (:mod:`.early`): gigatoken loaded from the file, ``reference`` (the reference process's
-    engine) for its checks. None where the ordinary path must decide: another engine
-    requested or first in the family's order, a declared refusal, a failed load. The caller
-    starts :meth:`Selection.confirm_early` before trusting it."""
-    name, fam = "gigatoken", ranking.family(spec)
-    if (requested not in ("auto", name) or check not in ("sample", "off")
-            or (requested == "auto" and ranking.order(fam)[0] != name)
-            or _declared_refusal(name, spec)):
-        return None
-    try:
-        engine = LOADERS[name](path, None)
-    except Exception:  # not installed, or it cannot load it: the ordinary path says which
-        return None
-    return Selection(engine, requested, check, None if check == "off" else reference,
-                     family=fam)
 
 
 def engine_manifest(sel: Selection) -> dict:

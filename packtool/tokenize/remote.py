@@ -34,8 +34,9 @@ from ..storage.place import Place
 from ..storage.publish import Published, StoreLock, put_object, remove_leftovers, upload
 from ..storage.stage_out import scratch_dir
 from .assemble import assemble, checked_parts
-from .part import PartJob, inputs_changed, new_run, run_part
+from .part import PartJob, inputs_changed, run_part
 from .plan import TokenizePlan, plan_tokenize
+from .prepare import new_run
 from .result import TokenizeResult, merge_engines
 
 PLAN_FORMAT = "packtool.tokens.plan"

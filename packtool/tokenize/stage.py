@@ -32,8 +32,9 @@ from ..formats.tokens import (
 from ..options import TokenizeOptions
 from ..storage import is_url
 from .assemble import assemble, checked_parts
-from .part import PartJob, check_part, end_run, new_run, run_part
+from .part import PartJob, check_part, run_part
 from .plan import TokenizePlan, check_out, plan_tokenize
+from .prepare import end_run, new_run
 from .result import TokenizeResult, merge_engines
 
 
@@ -60,7 +61,7 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
         with output_lock(out, shared=run.one_task) as notes:
             result = _tokenize(inputs, tokenizer, out, opts, progress, run)
     finally:
-        end_run()  # a reference process this run started (tokenize.part) ends with it
+        end_run()  # a reference process this run started (tokenize.prepare) ends with it
     result.warnings[:0] = notes
     return result
 
