@@ -630,3 +630,21 @@ def test_a_tokenizer_the_reference_refuses_fails_as_it_would_have(tmp_path, earl
         _early(tmp_path, "bad", [CORPUS], tokenizer=bad)
     assert not list((tmp_path / "early-bad").iterdir())
     assert len(early_start) == 1  # started early (wherever gigatoken loads it), then refused
+
+
+def test_a_part_made_again_counts_its_input_once_in_the_progress(tmp_path, monkeypatch,
+                                                                 early_start):
+    import packtool.executors as ex
+
+    bars = []
+    real = ex.progress_bar
+
+    def kept(total, desc, unit="tok", enabled=True):
+        bars.append(real(total, desc, unit, enabled))
+        return bars[-1]
+
+    monkeypatch.setattr(ex, "progress_bar", kept)
+    _corrupting(monkeypatch, "a", "gigatoken")  # the early start fails: the part runs twice
+    out = tmp_path / "p"
+    tokenize_files([str(CORPUS)], TOKENIZER, out, TokenizeOptions(engine="auto"), progress=True)
+    assert len(bars) == 1 and bars[0].n == bars[0].total > 0
