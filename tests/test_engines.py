@@ -577,26 +577,59 @@ def test_an_early_start_is_the_ordinary_run_byte_for_byte(tmp_path, case, reques
 
 
 def test_an_early_start_whose_probe_fails_is_made_the_ordinary_way(tmp_path, monkeypatch,
-                                                                   early_start):
+                                                                   request):
     _corrupting(monkeypatch, "a", "gigatoken")  # gigatoken now differs on the load probe
+    want, _ = _ordinary(tmp_path, "probe", [CORPUS])
+    hf, _ = _ordinary(tmp_path, "probe-hf", [CORPUS], "hf")
+    early_start = request.getfixturevalue("early_start")
     got, meta = _early(tmp_path, "probe", [CORPUS])
-    want, _ = _ordinary(tmp_path, "probe", [CORPUS], "hf")
-    assert _outputs(got) == _outputs(want)
+    assert _outputs(got) == _outputs(want) == _outputs(hf)
+    assert got.with_suffix(".json").read_bytes() == want.with_suffix(".json").read_bytes()
     assert len(early_start) == 1  # the failed confirmation turns the early start off
     assert meta["engine"]["name"] != "gigatoken"
     assert "load probe" in meta["engine"]["not_used"]["gigatoken"]
 
 
 def test_an_early_start_that_differs_mid_run_falls_back_to_the_reference(tmp_path, monkeypatch,
-                                                                         early_start):
+                                                                         request):
     docs = make_documents(3000, seed=4, median_words=10, max_words=40)
     docs[2500] = "MARKER " + "the longest document " * 200
     write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
-    want, _ = _ordinary(tmp_path, "mid", [tmp_path / "in.jsonl"], "hf")
+    hf, _ = _ordinary(tmp_path, "mid-hf", [tmp_path / "in.jsonl"], "hf")
     _corrupting(monkeypatch, "MARKER", "gigatoken")
+    want, _ = _ordinary(tmp_path, "mid", [tmp_path / "in.jsonl"])
+    early_start = request.getfixturevalue("early_start")
     got, meta = _early(tmp_path, "mid", [tmp_path / "in.jsonl"])
-    assert _outputs(got) == _outputs(want)
+    assert len(early_start) == 1
+    assert _outputs(got) == _outputs(want) == _outputs(hf)
+    assert got.with_suffix(".json").read_bytes() == want.with_suffix(".json").read_bytes()
     assert meta["engine"]["name"] == "hf" and "MARKER" in meta["engine"]["fallback"]
+
+
+def _edited_tokenizer(tmp_path, name, edit):
+    spec = json.loads(TOKENIZER.read_text())
+    edit(spec)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _dup_added(spec):  # a second entry for an added token, at an id far past the vocabulary
+    spec["added_tokens"].append({**spec["added_tokens"][0], "id": 70_000})
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("dup-added", _dup_added),  # the file's largest id is not tokenizers' (it keeps one)
+    ("no-model-type", lambda spec: spec["model"].pop("type")),  # tokenizers infers BPE
+])
+def test_what_the_file_says_and_the_reference_does_not_is_never_trusted(tmp_path, request,
+                                                                        name, edit):
+    tok = _edited_tokenizer(tmp_path, name, edit)
+    want, _ = _ordinary(tmp_path, name, [CORPUS], tokenizer=tok)
+    request.getfixturevalue("early_start")
+    got, _ = _early(tmp_path, name, [CORPUS], tokenizer=tok)
+    assert _outputs(got) == _outputs(want)
+    assert got.with_suffix(".json").read_bytes() == want.with_suffix(".json").read_bytes()
 
 
 @pytest.mark.parametrize("child", [
@@ -630,6 +663,10 @@ def test_a_tokenizer_the_reference_refuses_fails_as_it_would_have(tmp_path, earl
         _early(tmp_path, "bad", [CORPUS], tokenizer=bad)
     assert not list((tmp_path / "early-bad").iterdir())
     assert len(early_start) == 1  # started early (wherever gigatoken loads it), then refused
+    # a bad record met before the confirmation failed: still the tokenizer's error
+    write_jsonl(tmp_path / "in.jsonl", [{"text": "fine"}, {"nope": 1}])
+    with pytest.raises(packtool_error(), match="cannot read tokenizer"):
+        _early(tmp_path, "bad-record", [tmp_path / "in.jsonl"], tokenizer=bad)
 
 
 def test_a_part_made_again_counts_its_input_once_in_the_progress(tmp_path, monkeypatch,
@@ -647,4 +684,5 @@ def test_a_part_made_again_counts_its_input_once_in_the_progress(tmp_path, monke
     _corrupting(monkeypatch, "a", "gigatoken")  # the early start fails: the part runs twice
     out = tmp_path / "p"
     tokenize_files([str(CORPUS)], TOKENIZER, out, TokenizeOptions(engine="auto"), progress=True)
+    assert len(early_start) == 1
     assert len(bars) == 1 and bars[0].n == bars[0].total > 0

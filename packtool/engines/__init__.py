@@ -4,6 +4,7 @@ against it (:mod:`.select`), one module per engine (:mod:`.fastokens`, :mod:`.to
 family (:mod:`.ranking`); the run-time check's sample in :mod:`.sample`."""
 
 from .base import Engine, EngineMismatch, EngineRefused, flatten
+from .report import engine_manifest, engine_summary, mismatch_warning
 from .sample import (
     BUDGET_BYTES,
     BUDGET_SHARE,
@@ -20,11 +21,8 @@ from .select import (
     FASTEST_FIRST,
     LOADERS,
     Selection,
-    engine_manifest,
-    engine_summary,
     first_difference,
     load_engine,
-    mismatch_warning,
     select_engine,
 )
 

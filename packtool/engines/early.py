@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
+import select
 import subprocess
 import sys
 import threading
@@ -44,34 +44,50 @@ from .select import LOADERS, Selection, declared_refusal, first_difference, prob
 
 MIN_BYTES = 16 << 20  # a part this large (input bytes) starts before its reference is loaded
 CHILD = Path(__file__).with_name("_reference_child.py")  # what the child runs
+TIMEOUT = 300.0  # seconds the child may take to answer before it is killed (and not trusted)
 
 
 class ReferenceProcess:
     """The reference tokenizer of ``path``, loaded in a child process started at once;
-    ``tokens``: the special tokens whose ids the run needs (``--bos``/``--eos``)."""
+    ``tokens``: the special tokens whose ids the run needs (``--bos``/``--eos``). The child
+    runs with this process's ``sys.path`` (the same `tokenizers`, which it reports) and not
+    its own folder on it (``-P``). Anything wrong with it (an error, an early end, a garbled
+    or late answer) raises :class:`Unconfirmed` and kills it."""
 
     def __init__(self, path: Path, tokens: tuple[str, ...] = ()):
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(path), *tokens], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            [sys.executable, "-P", str(CHILD), str(path), *tokens], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         self._lock = threading.Lock()
         self._facts: dict | None = None
         self.engine = Engine("hf", version("hf"), self.encode, offsets=False)
 
+    def _gone(self, why: str) -> Unconfirmed:
+        self.proc.kill()  # out of step or stuck: nothing more from it is trusted
+        return Unconfirmed(f"the reference process {why}")
+
     def _reply(self):
         try:
+            ready, _, _ = select.select([self.proc.stdout], [], [], TIMEOUT)
+            if not ready:
+                raise self._gone(f"gave no answer in {TIMEOUT:.0f} s")
             status, payload = recv(self.proc.stdout)
-        except (EOFError, OSError, ValueError, pickle.UnpicklingError):
-            raise Unconfirmed("the reference process ended (exit status "
-                              f"{self.proc.poll()})") from None
+        except Unconfirmed:
+            raise
+        except Exception as e:  # an early end, or bytes that are not an answer
+            raise self._gone(f"ended or garbled its answer ({type(e).__name__}; exit status "
+                             f"{self.proc.poll()})") from None
         if status != "ok":
-            raise Unconfirmed(f"the reference process failed: {payload}")
+            raise self._gone(f"failed: {str(payload)[:300]}")
         return payload
 
     def facts(self) -> dict:
-        """What the reference says (waits for the child's load): ``vocab_size`` (with added
-        tokens), ``ids`` (token -> id or None), ``added`` (the added tokens' texts)."""
+        """What the reference says (waits for the child's load): ``id_space`` (as
+        :func:`packtool.tokenizer.id_space` computes it), ``ids`` (token -> id or None),
+        ``added`` (the added tokens' texts), ``model`` (its type, ``dropout``,
+        ``byte_fallback``), ``pre_tokenizer`` and ``decoder`` (their JSON), ``version``."""
         with self._lock:
             if self._facts is None:
                 self._facts = self._reply()
@@ -83,34 +99,48 @@ class ReferenceProcess:
         with self._lock:
             try:
                 send(self.proc.stdin, (list(texts), bool(add_special)))
-            except (OSError, ValueError):
-                raise Unconfirmed("the reference process ended (exit status "
-                                  f"{self.proc.poll()})") from None
-            lengths, ids = self._reply()
-        return np.frombuffer(lengths, np.int64), narrow(np.frombuffer(ids, np.uint32), dtype)
+            except Exception as e:
+                raise self._gone(f"ended ({type(e).__name__})") from None
+            reply = self._reply()
+            try:
+                lengths, ids = (np.frombuffer(b, t) for b, t in zip(reply, (np.int64, np.uint32),
+                                                                     strict=True))
+            except Exception as e:
+                raise self._gone(f"garbled its answer ({type(e).__name__})") from None
+        return lengths, narrow(ids, dtype)
 
-    def confirm(self, engine: Engine, id_space: int, ids: dict) -> None:
+    def confirm(self, engine: Engine, id_space: int, ids: dict, family: str) -> None:
         """Raise :class:`Unconfirmed` unless the reference agrees with what the run started
-        from (``id_space``: one past the largest id in the file; ``ids``: the special
-        tokens' ids read from it) and ``engine`` gives its ids on the load probe."""
-
-        facts = self.facts()
-        if facts["vocab_size"] > id_space or facts["ids"] != ids:
-            raise Unconfirmed("the reference disagrees on the id space or the special tokens")
-        diff = first_difference(engine, self.engine, probe_texts(facts["added"]), False)
+        from (``id_space``, the ``--bos``/``--eos`` ``ids`` and the ``family``, all read from
+        the file; a BPE without dropout), it is the `tokenizers` this process would load,
+        and ``engine`` gives its ids on the load probe."""
+        f = self.facts()
+        spec = {"model": f["model"], "pre_tokenizer": f["pre_tokenizer"],
+                "decoder": f["decoder"]}
+        wrong = [what for what, bad in (
+            ("the tokenizers version", f["version"] != self.engine.version),
+            ("the id space", f["id_space"] != id_space),
+            ("the special tokens", f["ids"] != ids),
+            ("the model", f["model"].get("type") != "BPE" or bool(f["model"].get("dropout"))),
+            ("the family", ranking.family(spec) != family)) if bad]
+        if wrong:
+            raise Unconfirmed(f"the reference disagrees on {', '.join(wrong)}")
+        diff = first_difference(engine, self.engine, probe_texts(f["added"]), False)
         if diff:
             raise Unconfirmed(f"{engine.name} differs on the load probe: {diff}")
 
     def close(self) -> None:
-        """End the child (its stdin closed) and reap it."""
-        for f in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                f.close()
+        """End the child: its stdin closed, then reaped (killed after 5 s); its stdout closed
+        last, once nothing can be blocked reading it."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        with contextlib.suppress(OSError):
+            self.proc.stdout.close()
 
 
 def early_selection(requested: str, check: str, path: Path, spec: dict, reference: Engine
@@ -131,7 +161,9 @@ def early_selection(requested: str, check: str, path: Path, spec: dict, referenc
         # its first call imports awkward (0.18 s, holding the GIL): here, alone, it is 0.1-0.2
         # s faster than in the first batch's worker, against the reader thread
         engine.encode(["a"], False, np.uint32)
-    except Exception:  # not installed, or it cannot load it: the ordinary path says which
-        return None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # not installed, cannot load it, or a Rust panic: the ordinary
+        return None        # path says which
     return Selection(engine, requested, check, None if check == "off" else reference,
                      family=fam)

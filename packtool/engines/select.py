@@ -179,10 +179,11 @@ class Selection:
     in-order writer never waits for the reference. Inside the workers the check took 0.4-0.7 s
     of wall time (100 MB synthetic JSONL, fastokens, before the sample's byte budget): the
     batch holding the first 200 documents held the in-order writer, and with it the reader.
-    What the sample is and costs: :mod:`.sample`. At most ``2 * workers``
-    checks wait (memory stays flat); a difference is raised by the next ``encode`` call or on
-    leaving :meth:`checking`. ``full`` re-encodes each batch in its worker, since the reference
-    then sets the pace anyway: 22.9 s instead of 1.2 s, the cost of an ``hf`` run."""
+    What the sample is and costs: :mod:`.sample`. At most ``max(2 * workers, 32)`` checks
+    wait (memory stays flat: their bytes are within the sample's budget); a difference is
+    raised by the next ``encode`` call or on leaving :meth:`checking`. ``full`` re-encodes
+    each batch in its worker, since the reference then sets the pace anyway: 22.9 s instead
+    of 1.2 s, the cost of an ``hf`` run."""
 
     engine: Engine
     requested: str
@@ -198,6 +199,7 @@ class Selection:
     _slots: threading.Semaphore | None = None
     _futures: list = field(default_factory=list)
     _failed: EngineMismatch | None = None
+    _early: bool = False                           # made before its reference: confirm_early
     _confirming: threading.Thread | None = None    # confirm_early's thread, until joined
     _unconfirmed: Unconfirmed | None = None
 
@@ -217,20 +219,33 @@ class Selection:
         def run():
             try:
                 confirm()
-            except Exception as e:
+            except BaseException as e:  # a Rust panic is a BaseException: never a silent pass
                 self._unconfirmed = e if isinstance(e, Unconfirmed) else Unconfirmed(
                     f"the confirmation failed ({type(e).__name__}: {str(e)[:200]})")
 
+        self._early = True
         self._confirming = threading.Thread(target=run, name="packtool-confirm", daemon=True)
         self._confirming.start()
 
     def confirmed(self) -> None:
         """Wait for :meth:`confirm_early`'s thread, if any; raise what it found."""
-        if self._confirming is not None:
-            self._confirming.join()
+        thread = self._confirming
+        if thread is not None:
+            thread.join()
             self._confirming = None
         if self._unconfirmed is not None:
             raise self._unconfirmed
+
+    def unconfirmed_first(self, error: Exception) -> None:
+        """A part that started early failed with ``error``: if the confirmation fails too,
+        raise its :class:`Unconfirmed` instead (from ``error``), so the part is made the
+        ordinary way and any error is the one the ordinary way gives (a tokenizer that
+        `tokenizers` refuses, rather than a bad record met first)."""
+        if self._early and not isinstance(error, Unconfirmed):
+            try:
+                self.confirmed()
+            except Unconfirmed as u:
+                raise u from error
 
     @contextlib.contextmanager
     def checking(self, workers: int):
@@ -340,50 +355,3 @@ def select_engine(requested: str, check: str, path: Path, reference, add_special
         raise PacktoolError(f"--engine {requested}: {reasons[requested]}; use --engine auto "
                             "(falls back to tokenizers) or --engine hf")
     return Selection(hf, requested, "none (the reference)", reasons=reasons, family=fam)
-
-
-def engine_manifest(sel: Selection) -> dict:
-    """The manifest's ``engine`` entry: what ran, what was checked and what it found, and why
-    each faster engine was not used (``not_used``: engine -> reason)."""
-    entry = {"name": sel.engine.name, "version": sel.engine.version, "requested": sel.requested,
-             "check": sel.check, "family": sel.family}
-    if sel.reference is not None:
-        entry["checked_docs"] = sel.checked_docs
-        entry["checked_tokens"] = sel.checked_tokens
-        entry["result"] = "identical"
-    if sel.reasons:
-        entry["not_used"] = sel.reasons
-    if sel.fallback:
-        entry["fallback"] = sel.fallback
-    return entry
-
-
-def engine_summary(entry: dict, tokens_per_second: float | None = None) -> str:
-    """One line for the run's summary from a manifest ``engine`` entry: the engine, its speed,
-    and why a faster one was not used, e.g. ``engine fastokens 0.3.5 (12.1M tokens/s; sample
-    check: 277 documents identical); not used: gigatoken: not installed``."""
-    speed = f"{tokens_per_second / 1e6:.1f}M tokens/s" if tokens_per_second else None
-    check = (f"{entry['check']} check: {entry['checked_docs']:,} documents "
-             f"{entry['result']}" if "checked_docs" in entry else None)
-    detail = "; ".join(x for x in (speed, check) if x)
-    line = f"engine {entry['name']} {entry['version']}" + (f" ({detail})" if detail else "")
-    if entry.get("fallback"):
-        line += f"; fell back to the reference: {_short(entry['fallback'])}"
-    if entry.get("not_used"):
-        line += "; not used: " + "; ".join(f"{name}: {_short(why)}"
-                                           for name, why in entry["not_used"].items())
-    return line
-
-
-def _short(reason: str) -> str:
-    """A reason's gist: the engine's own name and version dropped, cut at 90 characters."""
-    words = reason.split(" ")
-    if len(words) > 2 and words[0] in LOADERS and words[1][:1].isdigit():
-        reason = " ".join(words[2:])
-    elif words and words[0] in LOADERS:
-        reason = " ".join(words[1:])
-    return reason if len(reason) <= 90 else reason[:87] + "..."
-
-
-def mismatch_warning(e: EngineMismatch) -> str:
-    return f"{e}; tokenizing again with the reference tokenizers library"

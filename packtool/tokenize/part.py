@@ -169,9 +169,19 @@ def finished_parts(plan: TokenizePlan, but: int) -> str | None:
 
 
 def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
-    plan, opts, part = job.plan, job.opts, job.part
     t0 = time.perf_counter()
-    s = setup(plan.tokenizer, opts, fallback, big=part.bytes >= early.MIN_BYTES)
+    s = setup(job.plan.tokenizer, job.opts, fallback, big=job.part.bytes >= early.MIN_BYTES)
+    try:
+        manifest = _write(job, tick, s)
+    except Exception as e:  # a part started early: a failed confirmation comes first
+        s.engine.unconfirmed_first(e)
+        raise
+    manifest["seconds"] = time.perf_counter() - t0
+    return manifest
+
+
+def _write(job: PartJob, tick, s) -> dict:
+    plan, opts, part = job.plan, job.opts, job.part
     paths = [as_input(p) for p in part.inputs]
     files = prefix_paths(plan.part_prefix(part))
     with_mask = opts.mode != "text"
@@ -204,5 +214,4 @@ def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
                     "meta": {**s.meta, "engine": engine_manifest(s.engine)}}
         write_new(tmp[-1], manifest_text(manifest, ensure_ascii=False))
     manifest["warnings"] = list(s.warnings)
-    manifest["seconds"] = time.perf_counter() - t0
     return manifest

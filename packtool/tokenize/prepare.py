@@ -16,7 +16,6 @@ from pathlib import Path
 
 from .._io import sha256_file
 from ..engines import early, select_engine
-from ..errors import PacktoolError
 from ..formats.tokens import token_dtype
 from ..options import TokenizeOptions
 from ..sources import ReadOptions
@@ -79,6 +78,7 @@ def engine_for(opts: TokenizeOptions, tok_path: Path, need_offsets: bool,
 # process) of this run's early setup (:func:`_early_setup`): one at most, so one child
 _EARLY: dict[tuple, tuple] = {}
 _EARLY_OFF: list = []  # non-empty: an early setup failed its confirmation in this run
+_IN_RUN: list = []     # non-empty: a run this process drives (new_run .. end_run)
 
 
 def new_run() -> None:
@@ -87,10 +87,13 @@ def new_run() -> None:
     _selected.cache_clear()
     end_run()
     _EARLY_OFF.clear()
+    _IN_RUN.append(True)
 
 
 def end_run() -> None:
-    """The run is over: its reference process, if it started one, ends."""
+    """The run is over: its reference process, if it started one, ends. A Ray worker never
+    starts one (its parts run outside new_run .. end_run), so none outlives its run."""
+    _IN_RUN.clear()
     _forget_early()
 
 
@@ -134,13 +137,14 @@ def _read_opts(opts: TokenizeOptions) -> ReadOptions:
 
 def _early_setup(tokenizer: str | Path, opts: TokenizeOptions, big: bool) -> Setup | None:
     """The setup of a part that starts before its reference is loaded (:mod:`packtool.engines
-    .early`), or None where the ordinary :func:`setup` must run: text mode without the
-    post-processor, ``--engine`` auto or gigatoken (gigatoken first for the family), check
-    sample or off, a ``tokenizer.json``, and a part of at least ``early.MIN_BYTES`` (``big``)
-    or a run whose early engine is already confirmed. Everything taken from the file here
-    (the id space, ``--bos``/``--eos`` ids, the family) is confirmed against the reference
-    before the part commits."""
-    if (_EARLY_OFF or opts.mode != "text" or opts.special_tokens
+    .early`), or None where the ordinary :func:`setup` must run: a run this process drives
+    (:func:`new_run`; not a Ray worker's part), text mode without the post-processor,
+    ``--engine`` auto or gigatoken (gigatoken first for the family), check sample or off, a
+    BPE ``tokenizer.json``, and a part of at least ``early.MIN_BYTES`` (``big``), or a run
+    whose early engine is already confirmed. Everything taken from the file here (the id
+    space, ``--bos``/``--eos`` ids, the family) is confirmed against the reference before
+    the part commits."""
+    if (not _IN_RUN or _EARLY_OFF or opts.mode != "text" or opts.special_tokens
             or opts.engine not in ("auto", "gigatoken")
             or opts.engine_check not in ("sample", "off")):
         return None
@@ -152,37 +156,54 @@ def _early_setup(tokenizer: str | Path, opts: TokenizeOptions, big: bool) -> Set
     hit = _EARLY.get(key)
     if hit is not None:
         (vocab_size, tok_sha256, bos_id, eos_id), proto, _ = hit
+        proto.confirmed()  # the first part's confirmation (Unconfirmed: the ordinary way)
         sel = proto.fresh()
+    elif not big:
+        return None
     else:
-        if not big:
+        started = _start_early(tok_path, key, opts)
+        if started is None:
             return None
-
-        try:
-            remote = early.ReferenceProcess(tok_path, tuple(t for t in (opts.bos, opts.eos) if t))
-        except OSError:
-            return None
-        try:
-            sel = None
-            _, spec, tok_sha256 = plain_json(tok_path)
-            check_model(spec, tok_path)
-            vocab_size = spec_id_space(spec)
-            ids = {t: spec_token_id(spec, t) for t in (opts.bos, opts.eos) if t}
-            if None not in ids.values():
-                sel = early.early_selection(opts.engine, opts.engine_check, tok_path, spec,
-                                      remote.engine)
-        except (OSError, ValueError, PacktoolError):  # the ordinary path says what is wrong
-            sel = None
-        if sel is None:
-            remote.close()
-            return None
-        bos_id, eos_id = ids.get(opts.bos), ids.get(opts.eos)
-        sel.confirm_early(lambda: remote.confirm(sel.engine, vocab_size, ids))
-        _forget_early()  # another tokenizer or options (a Ray worker's earlier run): one child
-        _EARLY[key] = ((vocab_size, tok_sha256, bos_id, eos_id), sel, remote)
+        (vocab_size, tok_sha256, bos_id, eos_id), sel = started
     dtype = token_dtype(vocab_size)
     encode = make_encoder(None, dtype, False, bos_id, eos_id, "text", engine=sel)
     meta = _meta(tokenizer, tok_path, tok_sha256, vocab_size, dtype, bos_id, eos_id, opts, None)
     return Setup(None, tok_path, dtype, meta, _read_opts(opts), sel, encode, [])
+
+
+def _start_early(tok_path: Path, key: tuple, opts: TokenizeOptions):
+    """The reference process started, gigatoken loaded from the file, the confirmation
+    started: ((id space, sha256, bos id, eos id), selection), kept in ``_EARLY`` for the
+    run's other parts; or None (the child ended) where the file needs the ordinary path."""
+    try:
+        remote = early.ReferenceProcess(tok_path, tuple(t for t in (opts.bos, opts.eos) if t))
+    except OSError:
+        return None
+    kept = False
+    try:
+        _, spec, tok_sha256 = plain_json(tok_path)
+        if not isinstance(spec.get("model"), dict) or spec["model"].get("type") != "BPE":
+            return None  # tokenizers infers a missing type: the ordinary path decides
+        check_model(spec, tok_path)
+        vocab_size = spec_id_space(spec)
+        ids = {t: spec_token_id(spec, t) for t in (opts.bos, opts.eos) if t}
+        if None in ids.values():
+            return None
+        sel = early.early_selection(opts.engine, opts.engine_check, tok_path, spec,
+                                    remote.engine)
+        if sel is None:
+            return None
+        facts = (vocab_size, tok_sha256, ids.get(opts.bos), ids.get(opts.eos))
+        sel.confirm_early(lambda: remote.confirm(sel.engine, vocab_size, ids, sel.family))
+        _forget_early()  # one child: another tokenizer's or options' ends
+        _EARLY[key] = (facts, sel, remote)
+        kept = True
+        return facts, sel
+    except Exception:  # whatever is wrong with the file, the ordinary path says it
+        return None
+    finally:
+        if not kept:
+            remote.close()
 
 
 def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bos_id, eos_id,
