@@ -6,6 +6,7 @@ the refusals that keep an output what its flags say."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .errors import PacktoolError
@@ -183,12 +184,13 @@ def plain_json(path: Path) -> tuple[str, dict, str]:
     parse; read once per process and file version. Raises ``OSError`` or ``ValueError``."""
     import hashlib
 
-    st = Path(path).stat()
-    key = (str(path), st.st_mtime_ns, st.st_size)
-    hit = _FILES.get(key)
-    if hit is not None:
-        return hit
-    raw = Path(path).read_bytes()
+    with open(path, "rb") as f:  # the stamp and the bytes of one and the same file
+        st = os.fstat(f.fileno())
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        hit = _FILES.get(key)
+        if hit is not None:
+            return hit
+        raw = f.read()
     text = raw.decode("utf-8")
     spec = parse_json(text)
     if not isinstance(spec, dict):

@@ -4,9 +4,8 @@ took 0.085 s of the child's 0.47 s of CPU, and the CPU a child spends is taken f
 run on a machine of few cores).
 
 It loads the reference as :func:`packtool.tokenizer.load_tokenizer` does
-(``Tokenizer.from_file``, truncation and padding off), answers what the run started from
-(the vocabulary size with added tokens, the ids of the tokens named on its command line,
-the added tokens' texts for the load probe), then encodes what it is sent (lengths as int64
+(``Tokenizer.from_file``, truncation and padding off), answers with what the run started
+from as the reference sees it (:func:`facts`), then encodes what it is sent (lengths as int64
 and ids as uint32, native byte order) until its stdin closes. Messages: an 8-byte
 little-endian length, then a pickle; each answer is ``("ok", payload)`` or ``("error",
 text)``. SIGINT is ignored (the parent handles Ctrl-C).

@@ -289,7 +289,6 @@ class Selection:
         if self._unconfirmed is not None:
             raise self._unconfirmed
         if self._failed is not None:
-            self.confirmed()
             raise self._failed
         lengths, ids = self.engine.encode(texts, add_special, dtype)
         if self.reference is None or not len(texts):

@@ -41,8 +41,6 @@ def _tokenizer(path: str, mtime_ns: int):
 
 def tokenizer_for(tokenizer: str | Path):
     """The tokenizer, loaded once per process (and again if its file changed)."""
-    from ..tokenizer import resolve_tokenizer_path
-
     path = resolve_tokenizer_path(tokenizer)
     return _tokenizer(str(path), path.stat().st_mtime_ns)
 
