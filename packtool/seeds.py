@@ -10,7 +10,7 @@ key of its own::
     packer.random     [seed, 0x52414e44]             the ``random`` packer's document order
     sampler.epoch     [seed, 0x53414d50, epoch]      PackSampler's permutation of an epoch
     stats.batches     [seed, 0x53544154]             ``stats``' random-batch padding figure
-    mixture.held_out  [seed, 1, source]              kept as they were (packtool.plan)
+    mixture.held_out  [seed, 1, source]              kept as they were (packtool.pack.plan)
     mixture.repeats   [seed, 2, source]
 
 The keys are fixed constants (ASCII of PACK, RAND, SAMP, STAT), never derived at run time, so

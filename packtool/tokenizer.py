@@ -1,7 +1,7 @@
 """Loading a tokenizer for ``packtool tokenize``: a Hugging Face ``tokenizer.json``, a
-SentencePiece ``.model`` (converted, :mod:`packtool.spm`), or a model folder holding one, with
-padding and truncation off; special-token lookups, the id space that sets the token dtype, and
-the refusals that keep an output what its flags say."""
+SentencePiece ``.model`` (converted, :mod:`packtool.engines.spm`), or a model folder holding
+one, with padding and truncation off; special-token lookups, the id space that sets the token
+dtype, and the refusals that keep an output what its flags say."""
 
 from __future__ import annotations
 
@@ -41,13 +41,13 @@ def resolve_tokenizer_path(tok: str | Path) -> Path:
 def load_tokenizer(tok: str | Path):
     """Load a ``tokenizer.json`` (or a model folder holding one) with padding and truncation
     switched off: packtool always stores every document's full token sequence. A SentencePiece
-    ``.model`` is converted (:mod:`packtool.spm`) and proven equal to the sentencepiece library
-    on a probe first."""
+    ``.model`` is converted (:mod:`packtool.engines.spm`) and proven equal to the sentencepiece
+    library on a probe first."""
     from tokenizers import Tokenizer
 
     path = resolve_tokenizer_path(tok)
     if path.suffix == ".model":
-        from .spm import load_model
+        from .engines.spm import load_model
 
         tokenizer, _ = load_model(path)
         _remember(tokenizer)

@@ -5,7 +5,7 @@
 
 Lognormal document lengths (median 300, sigma 1, clipped to [1, 4096]; the lengths of
 scripts/bench_pack.py), packed with bfd at L=4096 (packtool.packers.assign_packs). A pack's cost
-is the sum of its squared document lengths (what packtool.sampler.attention_costs reads from a
+is the sum of its squared document lengths (what packtool.train.sampler.attention_costs reads from a
 packed dataset's cu_seqlens). For each per-rank batch size (packs per rank per step) it prints
 the mean and 99th percentile over the epoch's steps of max-rank cost / mean-rank cost, for:
 
@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this work tree
 
 from packtool.packers import assign_packs
-from packtool.sampler import PackSampler
+from packtool.train.sampler import PackSampler
 
 SEQ_LEN = 4096
 

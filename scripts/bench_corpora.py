@@ -2,8 +2,8 @@
 
     from bench_corpora import prose_corpus, code_corpus, split_files, bpe_tokenizer, spm_models
 
-- prose: packtool.synth documents (Zipf words of a 20k vocabulary) with one word in five
-  replaced by random characters of Latin, Cyrillic, CJK, Arabic, emoji or digits (the
+- prose: tests/synth.py documents (Zipf words of a 20k vocabulary) with one word in
+  five replaced by random characters of Latin, Cyrillic, CJK, Arabic, emoji or digits (the
   ``mixed`` corpus of bench_tokenize.py): far fewer repeated words than plain synth text, so
   an engine's word cache helps less, as on real web text.
 - code: the Python source files of this interpreter's standard library, one document per
@@ -19,6 +19,7 @@ Everything is cached in the work directory under a name that holds its parameter
 from __future__ import annotations
 
 import json
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def mixed_scripts(doc: str, rng) -> str:
 def iter_prose(seed: int = 0):
     import numpy as np
 
-    from packtool.synth import iter_documents
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import iter_documents
 
     rng = np.random.default_rng(seed)
     while True:

@@ -112,7 +112,7 @@ def main() -> None:
         shutil.rmtree(dst)
         return t
 
-    from packtool.formats.llmc import _with_eos
+    from packtool.export.llmc import _with_eos
 
     _with_eos(np.arange(4, dtype=np.uint16), np.array([0, 2]), 1)  # compile numba outside timing
     runs = [  # name, source, format, options, relayout (targeted >= 0.5x)

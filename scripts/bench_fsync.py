@@ -53,7 +53,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from packtool.synth import make_documents
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import make_documents
 
     work = Path(tempfile.mkdtemp(prefix="packtool-fsync-"))
     try:

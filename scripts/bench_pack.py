@@ -289,7 +289,8 @@ def section_histograms(algos, quick: bool) -> None:
 
 
 def make_corpus(path: Path, target_mb: float) -> None:
-    from packtool.synth import iter_documents, make_vocabulary
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import iter_documents, make_vocabulary
 
     vocab, tmp, seed, t0 = make_vocabulary(seed=0), path.with_suffix(".tmp"), 0, time.perf_counter()
     with open(tmp, "w", encoding="utf-8") as f:
@@ -344,7 +345,7 @@ def _plan_alone(prefix: Path) -> float:
     warm_memory(WARM_FACTOR * Path(f"{prefix}.bin").stat().st_size)
     code = ("import sys, time; from packtool.pack import open_sources; "
             "from packtool.formats.tokens import read_lengths; "
-            "from packtool.plan import plan_pack; from packtool.options import PackOptions; "
+            "from packtool.pack.plan import plan_pack; from packtool.options import PackOptions; "
             "t = time.perf_counter(); c = open_sources([sys.argv[1]]); "
             "plan_pack(read_lengths(c), PackOptions(4096)); print(time.perf_counter() - t)")
     return float(subprocess.run([sys.executable, "-c", code, str(prefix)], capture_output=True,
@@ -384,7 +385,8 @@ def _timed_pack(prefix: Path, out: Path, layout: str | None, root: Path) -> tupl
 def section_e2e(workdir: Path, corpus_mb: float, v1_root: Path | None = None,
                 repeat: int = 3) -> None:
     banner("4. end to end: packed layouts on a uint32 corpus: time, bytes per token, copy ratio")
-    from packtool.synth import lognormal_lengths, write_token_corpus
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import lognormal_lengths, write_token_corpus
 
     prefix = workdir / f"e2e-u32-{corpus_mb:g}mb"
     n_docs = int(corpus_mb * 1e6 / 4 / 500)  # uint32 tokens, documents of median 500 tokens

@@ -54,7 +54,8 @@ def main() -> None:
     ap.add_argument("--workdir", default=str(ROOT / "bench-out" / "reader"))
     a = ap.parse_args()
     import packtool
-    from packtool.synth import lognormal_lengths, write_token_corpus
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import lognormal_lengths, write_token_corpus
 
     work = Path(a.workdir)
     shutil.rmtree(work, ignore_errors=True)

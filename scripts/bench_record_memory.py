@@ -6,7 +6,7 @@ Each size runs ``packtool tokenize`` in a fresh process on a JSONL file of one r
 many bytes, and reads the child's peak RSS from ``wait4``; a run on a 1 kB record gives the
 baseline (interpreter, tokenizer, engines). The factor is (peak - baseline) / record bytes;
 ``of peak`` is peak / record bytes (what a user sees in ``top``). Texts: ``prose``
-(``packtool.synth``), ``cjk`` (Japanese, 3 bytes a character), ``dense`` (``"a, "``
+(``tests/synth.py``), ``cjk`` (Japanese, 3 bytes a character), ``dense`` (``"a, "``
 repeated: a token every 1.5 bytes, the pathological case). Memory follows the tokens, not the
 bytes: the more tokens a byte, the larger the factor.
 
@@ -38,7 +38,8 @@ def record_file(path: Path, nbytes: int, kind: str = "prose") -> int:
         text = unit * max(1, nbytes // len(unit.encode()))
     else:
         sys.path.insert(0, str(ROOT))
-        from packtool.synth import make_documents
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+        from synth import make_documents
 
         docs = make_documents(400, seed=3, median_words=300, max_words=3000)
         parts, size, i = [], 0, 0

@@ -36,7 +36,8 @@ TOKENIZER = ROOT / "fixtures" / "tokenizer" / "tokenizer.json"
 
 
 def write_inputs(folder: Path, files: int, mb: float) -> int:
-    from packtool.synth import make_documents
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import make_documents
 
     folder.mkdir()
     docs = make_documents(2000, seed=1)

@@ -36,7 +36,9 @@ def lognormal(n: int, seed: int = 0) -> np.ndarray:
 
 def bench_executors(files: int, mb: float, work: Path) -> dict:
     from packtool.executors import RunOptions
-    from packtool.synth import make_documents
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import make_documents
+
     from packtool.tokenize import TokenizeOptions, tokenize_files
 
     inputs = work / "in"
@@ -97,7 +99,7 @@ def bench_planning(n_files: int, work: Path) -> float:
 
 
 def bench_group(n_docs: int, seq_len: int, groups: list[int]) -> list[dict]:
-    from packtool.plan import PackOptions, plan_pack
+    from packtool.pack.plan import PackOptions, plan_pack
 
     lengths = lognormal(n_docs)
     rows = []
@@ -121,8 +123,8 @@ def bench_group(n_docs: int, seq_len: int, groups: list[int]) -> list[dict]:
 
 
 def bench_assignment(n_docs: int, seq_len: int) -> float:
+    from packtool.pack.plan import PackOptions, make_segments
     from packtool.packers import run_packer
-    from packtool.plan import PackOptions, make_segments
 
     lengths = lognormal(n_docs, seed=1)
     run_packer(lengths[:10_000], seq_len, "bfd", PackOptions(seq_len).packer_options())  # jit

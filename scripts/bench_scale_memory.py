@@ -3,7 +3,7 @@
     python scripts/bench_scale_memory.py [--sizes 10000000,100000000] [--group 100000]
 
 Synthetic token corpora of short documents (lognormal, median 20 tokens, written without a
-tokenizer by ``packtool.synth.write_token_corpus``, cached in ``--workdir``). For each size:
+tokenizer by ``tests/synth.py.write_token_corpus``, cached in ``--workdir``). For each size:
 peak anonymous memory (RssAnon, sampled; the corpus's memory maps are not counted) and wall
 time of ``pack`` (index and tokens layouts, global and ``--group-docs``) and ``verify
 --source`` of both layouts' global datasets; then the slope between the sizes in bytes per
@@ -31,7 +31,8 @@ from peak_memory import measure  # noqa: E402
 def corpus(work: Path, n: int) -> Path:
     prefix = work / f"c{n}"
     if not Path(f"{prefix}.json").exists():
-        from packtool.synth import lognormal_lengths, write_token_corpus
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+        from synth import lognormal_lengths, write_token_corpus
 
         for s in (".json", ".bin", ".boundaries"):
             Path(f"{prefix}{s}").unlink(missing_ok=True)

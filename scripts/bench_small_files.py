@@ -47,7 +47,8 @@ def main() -> None:
                     help="leave out the --part-bytes 1 run (N parts)")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from packtool.synth import make_documents
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import make_documents
 
     work = Path(tempfile.mkdtemp(prefix="packtool-small-"))
     try:

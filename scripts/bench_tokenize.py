@@ -20,7 +20,7 @@ sample check's cost (--check-cost: its own CPU, measured directly); a last table
 issue's targets. --slow-repeat: fewer repeats
 of --engine hf and datatrove, which take 20-60 s a run here (the ratios rest on the fast runs).
 
-Generates synthetic JSONL corpora of --size-mb (cached in --workdir): `prose` (packtool.synth:
+Generates synthetic JSONL corpora of --size-mb (cached in --workdir): `prose` (tests/synth.py:
 Zipf words from a 20k vocabulary, some accented/CJK/emoji words) and `mixed` (the same with one
 word in five replaced by random characters of Latin, Cyrillic, CJK, Arabic, emoji or digits,
 and indented lines: far fewer repeated words, so BPE caches help less). Then, on the same
@@ -71,7 +71,8 @@ def make_corpus(path: Path, size_mb: int, seed: int = 0, kind: str = "prose") ->
         return path
     import numpy as np
 
-    from packtool.synth import iter_documents
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import iter_documents
 
     rng = np.random.default_rng(seed)
     tmp = path.with_suffix(".tmp")

@@ -4,7 +4,7 @@ packed dataset of many documents, without reading a token.
     python scripts/bench_which.py [--docs 10000000] [--median 30] [--seq-len 4096]
                                   [--workdir bench-out/which] [--repeat 7]
 
-A synthetic corpus of ``--docs`` lognormal lengths (packtool.synth: one input of that many
+A synthetic corpus of ``--docs`` lognormal lengths (tests/synth.py: one input of that many
 records), packed with bfd (index layout). For each sampler setting it times, in one process,
 the first lookup (the dataset's index and segment tables opened, the epoch's schedule made)
 and the median of ``--repeat`` more; then the whole CLI process (``python -m packtool which``,
@@ -44,8 +44,10 @@ def main() -> None:
 
     from packtool.options import PackOptions
     from packtool.pack import pack
-    from packtool.synth import lognormal_lengths, write_token_corpus
-    from packtool.which import which_record, which_step
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import lognormal_lengths, write_token_corpus
+
+    from packtool.train.which import which_record, which_step
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)

@@ -51,7 +51,8 @@ def _cli(root: Path, args: list[str]) -> list[str]:
 def make_inputs(work: Path, root: Path, n_docs: int) -> dict:
     """A JSONL corpus, a tokenized source for pack and a previous output of each command."""
     sys.path.insert(0, str(root))
-    from packtool.synth import make_documents
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import make_documents
 
     tokenizer = root / "fixtures" / "tokenizer" / "tokenizer.json"
     corpus = work / "corpus.jsonl"

@@ -2,7 +2,7 @@
 
     python scripts/make_fixtures.py           # rewrites fixtures/ deterministically
 
-The corpus is synthetic (packtool.synth), in every input kind packtool reads, so the demo
+The corpus is synthetic (synth (tests/synth.py)), in every input kind packtool reads, so the demo
 exercises all readers. The tokenizer is byte-level BPE (any UTF-8 text round-trips), with
 special tokens <|bos|>, <|eos|>, <|pad|> and a post-processor that adds <|bos|> (used only
 with --special-tokens), and a tokenizer_config.json like a Hugging Face model folder.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +20,8 @@ import pyarrow.parquet as pq
 import zstandard
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from packtool.synth import make_documents
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+from synth import make_documents
 
 ROOT = Path(__file__).resolve().parent.parent / "fixtures"
 SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>"]

@@ -8,7 +8,7 @@ engine that loads it and passes its probe encodes --size-mb of prose and of code
 memory, in batches of 1,024 documents on two Python threads (as the pipeline calls it); best
 of 3 wall times, in M tokens/s. Families: byte_level_bpe (70k, Llama-3 split regex),
 sentencepiece_bpe (a SentencePiece byte-fallback BPE, Llama-2 style, converted by
-packtool.spm), metaspace_bpe, unigram, wordpiece (8k each).
+packtool.engines.spm), metaspace_bpe, unigram, wordpiece (8k each).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _train(kind: str, workdir: Path) -> Path:
     if kind == "sentencepiece_bpe":
         import sentencepiece as spm
 
-        from packtool.spm import convert
+        from packtool.engines.spm import convert
 
         txt = workdir / "family-spm.txt"
         txt.write_text("\n".join(line for t in texts for line in t.splitlines() if line.strip()),

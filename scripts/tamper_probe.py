@@ -79,7 +79,8 @@ def packtool(root: Path, *args, check=True) -> subprocess.CompletedProcess:
 
 def build(root: Path, work: Path) -> dict:
     sys.path.insert(0, str(root))
-    from packtool.synth import make_documents
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # synth.py
+    from synth import make_documents
 
     tok = root / "fixtures" / "tokenizer" / "tokenizer.json"
     shutil.rmtree(work, ignore_errors=True)

@@ -90,7 +90,7 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def docs():
-    from packtool.synth import make_documents
+    from synth import make_documents
 
     d = make_documents(60, seed=3, median_words=40, max_words=400)
     d[5] = ""  # an empty record stays a (zero-length) document

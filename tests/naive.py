@@ -105,7 +105,7 @@ def elastic_union(n, shapes, seed=0, costs=None, drop_last=True):
     """Run an epoch through several shapes ``[(world, batch, steps), ...]`` (steps=None: to the
     end), resuming each from the state the previous one saved; return (packs trained, in
     order, with repeats; packs left out at the end; the shape's G that ended the epoch)."""
-    from packtool.sampler import PackSampler
+    from packtool.train.sampler import PackSampler
 
     trained, state, samplers = [], None, []
     for world, batch, steps in shapes:

@@ -5,14 +5,14 @@ import json
 
 import numpy as np
 from click.testing import CliRunner
+from synth import lognormal_lengths, write_token_corpus
 
-from packtool.balance import cost_classes, like_cost_order
 from packtool.cli import cli
 from packtool.options import PackOptions
 from packtool.pack.meta import imbalance
+from packtool.pack.plan import plan_pack
 from packtool.packers import assign_packs
-from packtool.plan import plan_pack
-from packtool.synth import lognormal_lengths, write_token_corpus
+from packtool.train.balance import cost_classes, like_cost_order
 
 
 def heavy_tail(n=60_000):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from packtool.formats import packed, tokens
+from packtool.pack import entries
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md").read_text()
 # `name` spans outside fenced blocks (whose ``` would pair with the wrong backticks)
@@ -24,8 +25,8 @@ def test_index_keys_documented(key):
 
 
 @pytest.mark.parametrize("key", [f"{kind}:{k}" for kind, keys in (
-    ("shard", packed.entries.SHARD_ENTRY_KEYS), ("group", packed.entries.GROUP_ENTRY_KEYS),
-    ("split", packed.entries.SPLIT_KEYS)) for k in keys])
+    ("shard", entries.SHARD_ENTRY_KEYS), ("group", entries.GROUP_ENTRY_KEYS),
+    ("split", entries.SPLIT_KEYS)) for k in keys])
 def test_job_entry_keys_documented(key):
     """Every key of a pack job's entry file (.shard-K.entry.json, .group-G.entry.json)."""
     kind, name = key.split(":")
@@ -49,7 +50,7 @@ def test_writers_refuse_undocumented_keys():
     with pytest.raises(RuntimeError, match="not in the schema"):
         tokens.corpus_manifest({"new_key": 1}, [], {})
     with pytest.raises(RuntimeError, match="not in the schema"):
-        packed.entries.group_entry("0" * 64, 0, {"train": {"new_key": 1}})
+        entries.group_entry("0" * 64, 0, {"train": {"new_key": 1}})
 
 
 def test_cli_starts_without_heavy_imports():
@@ -83,9 +84,9 @@ def test_format_snippet_reads_a_pack(tmp_path, layout, vocab):
     source of three parts with a loss mask, one of one part without, both layouts (the
     tokens layout with the mask folded into the id's top bit, and 1 bit a token)."""
     import numpy as np
+    from synth import lognormal_lengths, write_token_corpus
 
     import packtool
-    from packtool.synth import lognormal_lengths, write_token_corpus
 
     write_token_corpus(tmp_path / "a", lognormal_lengths(300, median=30, cap=200, seed=1),
                        vocab_size=vocab, seed=1, mask=True, parts=3)

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT, TOKENIZER, write_jsonl
+from synth import make_documents
 
 import packtool
 from packtool import _locks
 from packtool.cli import cli
 from packtool.export import MARKER
-from packtool.synth import make_documents
 
 
 def run(*args):

@@ -13,6 +13,7 @@ import pytest
 from conftest import CORPUS, TOKENIZER, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synth import make_documents
 from tokenizers import (
     AddedToken,
     Regex,
@@ -27,7 +28,6 @@ from tokenizers import (
 
 from packtool import engines, open_tokens
 from packtool.engines import EngineRefused, load_engine, ranking
-from packtool.synth import make_documents
 from packtool.tokenize import TokenizeOptions, tokenize_files
 
 pytest.importorskip("fastokens")
@@ -115,13 +115,13 @@ def _wordpiece():
 
 
 def _llama2_byte_fallback():
-    """Llama-2 / Mistral: a SentencePiece byte-fallback BPE, converted by packtool.spm (the
+    """Llama-2 / Mistral: a SentencePiece byte-fallback BPE, converted by packtool.engines.spm (the
     form gigatoken reads: identity normalizer, spaces kept)."""
     import tempfile
     from pathlib import Path
 
     spm = pytest.importorskip("sentencepiece")
-    from packtool.spm import convert
+    from packtool.engines.spm import convert
 
     with tempfile.TemporaryDirectory() as d:
         text = Path(d) / "t.txt"

@@ -39,7 +39,7 @@ def tiny_model(kind: str, attn: str, vocab: int):
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    from packtool.synth import make_documents
+    from synth import make_documents
 
     d = tmp_path_factory.mktemp("eq")
     docs = make_documents(40, seed=21, median_words=25, max_words=200)

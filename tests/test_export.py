@@ -35,10 +35,10 @@ def run(*args):
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """Chunk and row-group sizes of a few entries, so every test crosses their boundaries."""
-    import packtool.formats.llmc as llmc
-    import packtool.formats.mds as mds
-    import packtool.formats.megatron as megatron
-    import packtool.formats.parquet as parquet
+    import packtool.export.llmc as llmc
+    import packtool.export.mds as mds
+    import packtool.export.megatron as megatron
+    import packtool.export.parquet as parquet
 
     monkeypatch.setattr(megatron, "CHUNK", 7)
     monkeypatch.setattr(megatron, "TOKEN_CHUNK", 50)
@@ -285,7 +285,7 @@ def test_mds_reads_back_with_streaming_dataset(tmp_path, which, request):
     ds = request.getfixturevalue(which)
     r = run(ds.directory, "--format", "mds", "--out", tmp_path / "mds", "-q")
     assert r.exit_code == 0, r.output
-    from packtool.formats.mds import import_streaming
+    from packtool.export.mds import import_streaming
 
     streaming = import_streaming()
     sd = streaming.StreamingDataset(local=str(tmp_path / "mds"), shuffle=False, batch_size=1)
@@ -309,7 +309,7 @@ def test_mds_batches_through_streaming_dataloader(tmp_path, which, request):
     """StreamingDataLoader with the named collator: each batch is the packs' one varlen row,
     equal to collate_tensors of the same packs read by packtool."""
     torch = pytest.importorskip("torch")
-    from packtool.formats.mds import import_streaming
+    from packtool.export.mds import import_streaming
     from packtool.torch import collate_mds, collate_tensors
 
     ds = request.getfixturevalue(which)
@@ -390,7 +390,7 @@ def test_an_export_marked_under_the_old_name_is_still_ours(tmp_path, corpus):
     """An export written before the marker was renamed (_packtool-export.json) is replaced
     by --overwrite, leaving only the new marker; the old name beside the user's file is
     still refused."""
-    from packtool.formats._marker import OLD_MARKER
+    from packtool.export.marker import OLD_MARKER
 
     out = tmp_path / "o"
     args = (corpus.prefix, "--format", "llmc", "--eos-id", 2, "--out", out, "-q")
@@ -452,7 +452,7 @@ def test_overwrite_never_deletes_a_foreign_directory(tmp_path, packed):
 
 
 def test_failure_midway_leaves_nothing(tmp_path, corpus, monkeypatch):
-    import packtool.formats.llmc as llmc
+    import packtool.export.llmc as llmc
 
     calls = []
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT, TOKENIZER, write_jsonl
+from synth import make_documents
 
 from packtool import _atomic, _signals
 from packtool.cli import cli
-from packtool.synth import make_documents
 
 
 def _cli(*args):

@@ -15,15 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from synth import lognormal_lengths, write_token_corpus
 
 import packtool
 from packtool.cli import cli
-from packtool.formats.packed import entries
-from packtool.mixture import mixture_plan
 from packtool.options import PackOptions
-from packtool.pack import pack
+from packtool.pack import entries, pack
+from packtool.pack.mixture import mixture_plan
 from packtool.pack.selection import choice_bits, get_bits, selection_bits
-from packtool.synth import lognormal_lengths, write_token_corpus
 from packtool.verify import verify_packed
 
 ROOT = Path(__file__).resolve().parent.parent

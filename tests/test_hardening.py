@@ -19,7 +19,7 @@ from packtool.verify import VerifyError, verify_packed
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from packtool.synth import make_documents
+    from synth import make_documents
 
     d = tmp_path_factory.mktemp("hard")
     docs = make_documents(80, seed=5, median_words=30, max_words=300)

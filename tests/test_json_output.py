@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 from conftest import ROOT, TOKENIZER, write_jsonl
+from synth import write_token_corpus
 
 from packtool.cli import cli
 from packtool.packers import PACKERS
-from packtool.synth import write_token_corpus
 
 L = "64"
 

@@ -48,7 +48,7 @@ def test_version_1_verify_stats_export_sampler(legacy, tmp_path):
                   str(tmp_path / "m"), "-q"]):
         r = runner.invoke(cli, args)
         assert r.exit_code == 0, (args, r.output)
-    from packtool.sampler import PackSampler
+    from packtool.train.sampler import PackSampler
 
     ds = packtool.open_packed(legacy / "packed")
     s = PackSampler(ds, rank=0, world_size=2, balance="attention")

@@ -11,12 +11,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT, TOKENIZER, write_jsonl
+from synth import make_documents
 
 import packtool
 from packtool.cli import cli
 from packtool.formats._manifest import digest
 from packtool.formats.packed import index_digest
-from packtool.synth import make_documents
 
 
 def run(*args):

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT
+from synth import write_token_corpus
 
 from packtool import _progress
 from packtool.cli import cli
 from packtool.pack import pack_corpus
 from packtool.pack.result import SPLIT_WARN_SHARE, split_warning
-from packtool.synth import write_token_corpus
 from packtool.verify import verify_packed
 
 

@@ -12,14 +12,14 @@ from conftest import TOKENIZER, write_jsonl
 import packtool
 from packtool.cli import cli
 from packtool.formats.packed import open_packed
-from packtool.mixture import doc_repeats, held_out, parse_source
 from packtool.pack import pack_corpus
+from packtool.pack.mixture import doc_repeats, held_out, parse_source
 from packtool.verify import VerifyError, verify_packed
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    from packtool.synth import make_documents
+    from synth import make_documents
 
     d = tmp_path_factory.mktemp("mix")
     for name, n, seed in (("web", 60, 1), ("books", 40, 2), ("code", 30, 3)):
@@ -140,7 +140,7 @@ def test_duplicate_source_suggests_a_factor(tmp_path, sources):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """``c`` (50 documents), ``b`` (1), ``e`` (none), and ``c.jsonl``, a raw input."""
-    from packtool.synth import make_documents
+    from synth import make_documents
 
     d = tmp_path_factory.mktemp("small")
     docs = make_documents(51, seed=4, median_words=30, max_words=100)
@@ -234,7 +234,7 @@ def test_holdout_is_exact_and_never_empties_a_source(small, tmp_path, group):
 
 
 def test_holdout_counts_match_verifys_own_rule():
-    from packtool.mixture import holdout_counts
+    from packtool.pack.mixture import holdout_counts
     from packtool.verify.rules import expected_holdout
 
     rng = np.random.default_rng(0)

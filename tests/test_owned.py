@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
+from synth import make_documents
 
 from packtool.cli import cli
-from packtool.synth import make_documents
 
 
 def run(*args):

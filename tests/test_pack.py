@@ -8,20 +8,20 @@ from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
 
 import packtool
-from packtool.batching import collate_numpy as collate
 from packtool.cli import cli
 from packtool.formats.packed import open_packed
 from packtool.pack import pack_corpus
+from packtool.pack.plan import make_segments
 from packtool.packers import PACKERS
-from packtool.plan import make_segments
 from packtool.tokenize import TokenizeOptions, tokenize_files
+from packtool.train.batching import collate_numpy as collate
 from packtool.verify import VerifyError, verify_packed
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A corpus with empty documents and documents far longer than the seq-lens used."""
-    from packtool.synth import make_documents
+    from synth import make_documents
 
     d = tmp_path_factory.mktemp("corpus")
     docs = make_documents(150, seed=11, median_words=30, max_words=700)

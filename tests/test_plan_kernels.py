@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from packtool.formats.packed.layout import derive
 from packtool.options import PackOptions
-from packtool.plan import _order_segments, make_segments, plan_pack, shard_starts
+from packtool.pack.plan import _order_segments, make_segments, plan_pack, shard_starts
 
 lengths_st = st.lists(st.integers(0, 60), min_size=0, max_size=80)
 
@@ -89,8 +89,9 @@ def test_derive_matches_the_reference(seg_lengths, seed, with_mask):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 20), min_size=1, max_size=30), st.data())
 def test_gather_copies_exactly_the_segments(tmp_path_factory, lengths, data):
+    from synth import write_token_corpus
+
     from packtool.formats.tokens import gather, open_tokens
-    from packtool.synth import write_token_corpus
 
     d = tmp_path_factory.mktemp("g")
     write_token_corpus(d / "c", np.array(lengths), vocab_size=500, seed=1)

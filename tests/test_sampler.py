@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.batching import collate_numpy, pad_example
 from packtool.errors import PacktoolError
-from packtool.sampler import PackSampler, attention_costs, balance_steps, group_steps
+from packtool.train.batching import collate_numpy, pad_example
+from packtool.train.sampler import PackSampler, attention_costs, balance_steps, group_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
+from synth import make_documents
 
 import packtool
 from packtool.cli import cli
 from packtool.executors import RunOptions, deal
 from packtool.pack import jobs as pack_jobs
 from packtool.pack import pack
-from packtool.plan import PackOptions, plan_pack
-from packtool.synth import make_documents
+from packtool.pack.plan import PackOptions, plan_pack
 from packtool.tokenize import TokenizeOptions, group_files, plan_tokenize, tokenize_files
 
 ROOT = Path(__file__).resolve().parent.parent

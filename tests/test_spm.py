@@ -10,11 +10,11 @@ import pytest
 from conftest import corpus_docs, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synth import make_documents
 
 from packtool.engines import ranking
+from packtool.engines.spm import convert, load_model
 from packtool.errors import PacktoolError
-from packtool.spm import convert, load_model
-from packtool.synth import make_documents
 from packtool.tokenize import TokenizeOptions, tokenize_files
 
 spm = pytest.importorskip("sentencepiece")

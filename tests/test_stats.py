@@ -79,7 +79,7 @@ def test_figures_match_plain_computation(overflow):
 @pytest.fixture(scope="module")
 def long_corpus(tmp_path_factory):
     """Documents from a few tokens to many times seq_len, and empty ones."""
-    from packtool.synth import make_documents
+    from synth import make_documents
 
     d = tmp_path_factory.mktemp("long")
     docs = make_documents(120, seed=4, median_words=60, max_words=900)
@@ -227,8 +227,9 @@ def test_json_schema_for_corpus_and_lengths_files(tmp_path):
 
 
 def test_packed_report(tmp_path):
+    from synth import make_documents
+
     from packtool.pack import pack_corpus
-    from packtool.synth import make_documents
 
     docs = make_documents(80, seed=2, max_words=300)
     p = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in docs])
@@ -271,8 +272,8 @@ def test_attention_imbalance_for_every_packer():
     and with PackSampler(balance='attention'): heavy-tailed web-like lengths are far from even
     shuffled and within 10% balanced (packs unchanged)."""
     from packtool.packers import assign_packs
-    from packtool.sampler import step_imbalance
     from packtool.stats import compare_algos
+    from packtool.train.sampler import step_imbalance
 
     lengths = np.clip(np.random.default_rng(0).lognormal(np.log(300), 1.0, 60_000), 1,
                       4096).astype(np.int64)

@@ -235,7 +235,7 @@ def test_interruption_in_process_leaves_nothing(tmp_path, monkeypatch, docs):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_mid_run_leaves_nothing(tmp_path, sig):
-    from packtool.synth import iter_documents
+    from synth import iter_documents
 
     p = tmp_path / "big.jsonl"
     with open(p, "w") as f:

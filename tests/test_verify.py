@@ -5,14 +5,14 @@ import json
 
 import numpy as np
 import pytest
+from synth import lognormal_lengths, write_token_corpus
 
 import packtool
 from packtool._io import crc32_file
 from packtool.formats.packed import index_digest
-from packtool.mixture import mixture_plan
 from packtool.options import PackOptions
 from packtool.pack import pack
-from packtool.synth import lognormal_lengths, write_token_corpus
+from packtool.pack.mixture import mixture_plan
 from packtool.verify import VerifyError, verify_packed
 from packtool.verify.draws import Selection, choice_marks
 

@@ -6,12 +6,12 @@ import json
 import numpy as np
 from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
+from synth import make_documents
 
 import packtool
 from packtool.cli import cli
-from packtool.sampler import PackSampler
-from packtool.synth import make_documents
-from packtool.which import which_record, which_step
+from packtool.train.sampler import PackSampler
+from packtool.train.which import which_record, which_step
 
 
 def build(tmp_path):
@@ -83,7 +83,7 @@ def test_cli(tmp_path):
 def test_record_numbers_skip_the_gaps_as_a_plain_loop_does():
     """The vectorised record number of a document equals the obvious count: walk the records,
     skipping gaps (bad records skipped, blank lines), until the document's turn."""
-    from packtool.which import document_of, record_number
+    from packtool.train.which import document_of, record_number
 
     rng = np.random.default_rng(0)
     for _ in range(200):

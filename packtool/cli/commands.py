@@ -232,7 +232,7 @@ def demo(fixtures, out, seq_len, algo):
     Example:
         packtool demo --out demo-out
     """
-    from ..demo import run_demo
+    from .demo import run_demo
 
     run(run_demo, fixtures, out, seq_len or 512, algo, echo=click.echo)
 
@@ -267,7 +267,7 @@ def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance
         packtool which out/packed --epoch 0 --step 1200 --world-size 8 --batch-size 4
         packtool which out/packed --record data/part-3.jsonl:1042
     """
-    from ..which import which_record, which_step
+    from ..train.which import which_record, which_step
 
     settings = dict(world_size=world_size, batch_size=batch_size, seed=seed,
                     balance=None if balance == "none" else balance)

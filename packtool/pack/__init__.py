@@ -1,6 +1,6 @@
 """``packtool pack``: token corpora -> a packed dataset, as plan, jobs, finalize.
 
-:func:`packtool.plan.plan_pack` decides everything from lengths alone (pure, tested without
+:func:`packtool.pack.plan.plan_pack` decides everything from lengths alone (pure, tested without
 disk); the shards are written as jobs (:mod:`.jobs`) by whichever executor runs them
 (:mod:`packtool.executors`: here, on Ray, or as array tasks); finalize writes ``index.json``
 and puts the dataset in place. A local run is the one-task case of that path.
@@ -29,10 +29,10 @@ from ..errors import PacktoolError
 from ..executors import RunOptions, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.packed import INDEX, VALID, index, read_index
-from ..plan import PackOptions
 from ..storage import is_url
 from .flow import SourceCheck, open_sources, plan_flow, plan_sources
 from .meta import held_out_entry
+from .plan import PackOptions
 from .result import PackResult, run_warnings
 
 __all__ = ["PackResult", "open_sources", "owned", "pack", "pack_corpus"]
@@ -41,7 +41,7 @@ __all__ = ["PackResult", "open_sources", "owned", "pack", "pack_corpus"]
 def pack_corpus(prefixes: list[str | Path], out: str | Path, seq_len: int, algo: str = "bfd",
                 *, overwrite: bool = False, progress: bool = False, **options) -> PackResult:
     """Pack token files into a packed dataset directory ``out``. ``options`` are the fields
-    of :class:`packtool.plan.PackOptions` (overflow, seed, shuffle, layout, shard_size...)."""
+    of :class:`packtool.pack.plan.PackOptions` (overflow, seed, shuffle, layout, shard_size...)."""
     try:
         opts = PackOptions(seq_len=seq_len, algo=algo, **options)
     except TypeError as e:

@@ -19,11 +19,11 @@ from .. import __version__
 from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
-from ..mixture import mixture_plan, refuse_idle, resolve_source
-from ..plan import PackOptions, plan_pack
 from ..storage import is_url
 from . import jobs as pj
 from .meta import METRIC_KEYS, group_index_meta, index_meta, metrics, storage
+from .mixture import mixture_plan, refuse_idle, resolve_source
+from .plan import PackOptions, plan_pack
 from .result import PackResult
 
 

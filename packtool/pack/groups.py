@@ -10,7 +10,7 @@ consecutive documents, so no process ever holds the whole corpus's lengths::
               shuffled in the group with the seed's stream keyed by g), shards
               shard-GGGGG-KKK written with the group's entry .group-GGGGG.entry.json (counts,
               the length histogram, per-source use; its schema in
-              :mod:`packtool.formats.packed.entries`) last. Memory: O(G + one shard).
+              :mod:`packtool.pack.entries`) last. Memory: O(G + one shard).
     finalize  index.json from the group entries, in order: counts and histograms add up, so
               the efficiency and the L1/L2 bounds are those of the whole dataset.
 
@@ -36,12 +36,12 @@ import numpy as np
 from .. import _locks
 from .._io import write_new
 from ..formats.packed import VALID, ShardWriter, attention_costs
-from ..formats.packed import entries as fe
 from ..formats.tokens import read_lengths_range
 from ..options import PackOptions
-from ..plan import plan_pack
+from . import entries as fe
 from .jobs import Target, gatherer, sources
 from .meta import histogram
+from .plan import plan_pack
 from .selection import get_bits, selection_bits
 
 

@@ -7,7 +7,7 @@ tasks), so there is one way a shard is written and committed::
         shard-00003.*.npy                                re-run or another task finds it)
         .shard-00003.entry.json   the shard's index entry + the job's digest: written last,
                                   so a shard is finished when its entry is there and intact
-                                  (its schema: packtool.formats.packed.entries)
+                                  (its schema: packtool.pack.entries)
         valid/...                 the held-out split's shards, the same way
     finalize: every entry checked, index.json written (valid/ first), entries removed, the
               staging folder renamed to OUT (swapped with a previous OUT of ours).
@@ -33,7 +33,7 @@ import numpy as np
 from .. import _locks
 from .._io import write_new
 from ..formats.packed import VALID, ShardWriter, shard_name
-from ..formats.packed import entries as fe
+from . import entries as fe
 
 
 @dataclass(frozen=True)

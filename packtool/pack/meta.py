@@ -10,8 +10,8 @@ import numpy as np
 
 from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..metrics import histogram_metrics
-from ..plan import PackLayout, PackOptions
 from ..storage import is_url, relative
+from .plan import PackLayout, PackOptions
 
 METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
                "lp_bound_packs", "lp_converged", "best_bound_packs",
@@ -87,7 +87,7 @@ def imbalance(layout: PackLayout, ranks: int | None = None) -> float | None:
         else None
 
 
-HOLDOUT_RULE = 2  # 2: packtool.mixture.holdout_counts (exact, never a source's last document)
+HOLDOUT_RULE = 2  # 2: packtool.pack.mixture.holdout_counts (exact, never a source's last document)
 
 
 def held_out_entry(options: PackOptions, v: dict) -> dict:

@@ -31,11 +31,11 @@ from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
 from ..formats._manifest import check_digest, manifest_text
 from ..formats.packed import DIGEST_KEY, FORMAT, INDEX, VALID, index
-from ..formats.packed import entries as fe
 from ..storage import default_options
 from ..storage.place import Place
 from ..storage.publish import Published, StoreLock, put_object, remove_leftovers, upload
 from ..storage.stage_out import require_url, scratch_dir
+from . import entries as fe
 from .flow import SourceCheck, plan_flow, plan_sources
 from .jobs import ShardJob
 from .meta import held_out_entry

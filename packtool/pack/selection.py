@@ -1,5 +1,5 @@
 """Which documents a mixture holds out and gives an extra copy, for ``pack --group-docs``: the
-draws of the global plan (:func:`packtool.mixture.mixture_plan`), kept as bitmaps (1 bit a
+draws of the global plan (:func:`packtool.pack.mixture.mixture_plan`), kept as bitmaps (1 bit a
 document) and made in memory that never holds 8 bytes a document.
 
 numpy's ``Generator.choice(n, size, replace=False)`` takes one of two paths: Floyd's algorithm
@@ -27,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba import njit
-from ..mixture import holdout_counts, refuse_idle
 from ..options import PackOptions
 from ..seeds import rng as seeded
+from .mixture import holdout_counts, refuse_idle
 
 CHUNK = 1 << 20
 
@@ -92,7 +92,7 @@ def selection_bits(chunks, sizes: list[int], factors: list[float], options: Pack
     candidates) mapped to documents by streaming passes; ``chunks(k)`` yields source k's
     lengths a chunk at a time. (None, None) when there is nothing to draw (no held-out split,
     whole factors): no byte per document at all. An empty training set, or a source that
-    adds nothing to it, is refused (:func:`packtool.mixture.refuse_idle`), as the global
+    adds nothing to it, is refused (:func:`packtool.pack.mixture.refuse_idle`), as the global
     plan refuses it."""
     valid_docs, valid_fraction = options.valid_docs, options.valid_fraction
     nonempty = [sum(int(np.count_nonzero(c)) for c in chunks(k)) for k in range(len(sizes))]

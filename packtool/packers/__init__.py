@@ -124,7 +124,7 @@ def check_lengths(lengths, capacity: int, narrow: bool = False) -> np.ndarray:
             raise PacktoolError(
                 f"document {i:,} has {hi:,} tokens > seq_len {capacity:,}; pass "
                 "overflow='truncate' or 'drop' to assign_packs (a pack id per document), cut "
-                "documents into segments first (packtool.plan.make_segments; the CLI: pack "
+                "documents into segments first (packtool.pack.plan.make_segments; the CLI: pack "
                 "--overflow split|truncate|drop) or raise seq_len"
             )
     return arr
@@ -222,11 +222,11 @@ def assign_packs(lengths, seq_len: int, algo: str = "bfd", seed: int = 0,
                  **options) -> np.ndarray:
     """Pack id of every document (see :func:`run_packer` for the report).
     ``balance="attention"`` numbers the packs so that every ``balance_ranks`` consecutive
-    ids are of like attention cost (:mod:`packtool.balance`): the same packs, in an order for
+    ids are of like attention cost (:mod:`packtool.train.balance`): the same packs, in an order for
     one pack per rank per step. A document longer than ``seq_len`` is refused
     (``overflow="error"``), packed as its first ``seq_len`` tokens (``"truncate"``) or left
     out with id -1 (``"drop"``); a split document would need several ids, so splitting is
-    :func:`packtool.plan.make_segments`'s (and ``packtool pack --overflow split``'s).
+    :func:`packtool.pack.plan.make_segments`'s (and ``packtool pack --overflow split``'s).
 
     >>> assign_packs([3, 5, 2, 6], 8, algo="bfd").tolist()
     [1, 1, 0, 0]
@@ -245,7 +245,7 @@ def assign_packs(lengths, seq_len: int, algo: str = "bfd", seed: int = 0,
     if balance == "attention" and packs.size and packs.max() >= 0:
         import numpy as np
 
-        from ..balance import like_cost_order
+        from ..train.balance import like_cost_order
 
         ok = packs >= 0
         n_packs = int(packs.max()) + 1
@@ -266,7 +266,7 @@ def _overflow(lengths, seq_len: int, overflow: str):
         return lengths
     if overflow not in ("truncate", "drop"):
         raise PacktoolError(f"overflow {overflow!r}: choose error, truncate or drop (a split "
-                            "document needs several pack ids: packtool.plan.make_segments)")
+                            "document needs several pack ids: packtool.pack.plan.make_segments)")
     arr = np.asarray(lengths)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         return arr  # refused by check_lengths, with its message

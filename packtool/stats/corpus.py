@@ -58,7 +58,7 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
                    algos: list[str] | None = None, algo_options: dict | None = None,
                    overflow: str = "split") -> dict:
     from ..metrics import pack_metrics
-    from ..plan import make_segments
+    from ..pack.plan import make_segments
 
     segs = make_segments(lengths, seq_len, overflow)
     seg = segs.length  # the non-empty segments; the packers get the planner's table
@@ -107,7 +107,7 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
     from .._numba import compile_seconds
     from ..metrics import pack_metrics
     from ..packers import PACKERS, PackerOptions, depth_capped_efficiency, run_packer
-    from ..sampler import step_imbalance
+    from ..train.sampler import step_imbalance
 
     given = {k: v for k, v in (algo_options or {}).items() if v not in (None, False)}
     unread = set(given) - set().union(*(PACKERS[a].options for a in algos))

@@ -1,6 +1,6 @@
 """What a mixture and a held-out split must have chosen, recomputed from the index's seed,
 factors and held-out request by the rules docs/FORMAT.md states, with verify's own plain code
-(never :mod:`packtool.mixture` nor the planner's): per source k of n documents,
+(never :mod:`packtool.pack.mixture` nor the planner's): per source k of n documents,
 
     held out   :func:`.rules.expected_holdout` of its m non-empty documents, drawn without
                replacement by default_rng([seed, 1, k]).choice(m, ...) as ranks among them

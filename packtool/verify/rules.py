@@ -1,5 +1,5 @@
 """The held-out rule as ``verify`` states it, in its own plain code (exact fractions), apart
-from the writer's :func:`packtool.mixture.holdout_counts`: a bug in one cannot vouch for
+from the writer's :func:`packtool.pack.mixture.holdout_counts`: a bug in one cannot vouch for
 itself. How many non-empty documents of each source ``k`` (``m[k]`` of them) a dataset's
 ``held_out`` entry holds out, by the rule it records (docs/FORMAT.md):
 

@@ -90,7 +90,8 @@ class Ctx:
     help: dict = field(default_factory=dict)      # command -> its --help text
 
     def env(self) -> dict:
-        return {**os.environ, "PYTHONPATH": str(self.root), "HF_DATASETS_OFFLINE": "1",
+        return {**os.environ, "PYTHONPATH": f"{self.root}{os.pathsep}{self.root / 'tests'}",
+                "HF_DATASETS_OFFLINE": "1",
                 "TOKENIZERS_PARALLELISM": "false"}
 
     def argv(self, cmd: list) -> list[str]:

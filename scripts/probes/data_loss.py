@@ -241,7 +241,7 @@ def resume_probes(ctx: Ctx) -> list[Probe]:
     big = "".join(json.dumps({"text": f"record {i} " * 400}) + "\n" for i in range(6000))
     tok = ["tokenize", "big.jsonl", "-t", str(ctx.tok), "-o", "out/c", "-q"]
     pack = ["pack", "big", "-L", "64", "-o", "out/p", "-q"]
-    big_corpus = ["python", "import numpy as np\nfrom packtool.synth import write_token_corpus"
+    big_corpus = ["python", "import numpy as np\nfrom synth import write_token_corpus"
                   "\nwrite_token_corpus('big', np.random.default_rng(0).integers(1, 64, "
                   "2_000_000), vocab_size=1000)"]
     return [

@@ -55,7 +55,7 @@ def _mix(ctx: Ctx, d: Path) -> None:
     rc, _, _, _ = run_cmd(ctx, ["tokenize", "zero.jsonl", "-t", ctx.tok, "-o", "zero", "-q"],
                           d, 300)
     if rc != 0:  # this version refuses an empty input: write the corpus directly
-        code = ("from packtool.synth import write_token_corpus\n"
+        code = ("from synth import write_token_corpus\n"
                 "write_token_corpus('zero', [], vocab_size=2048)")
         run_cmd(ctx, ["python", code], d, 300)
 

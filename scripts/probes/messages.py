@@ -9,7 +9,7 @@ import re
 
 from . import Ctx, Probe
 
-HARD = ("import numpy as np\nfrom packtool.synth import write_token_corpus\n"
+HARD = ("import numpy as np\nfrom synth import write_token_corpus\n"
         "write_token_corpus('h', np.random.default_rng(1).integers(10, 40, 120), "
         "vocab_size=1000)")  # best fit misses the bounds at L=64: the LP runs
 

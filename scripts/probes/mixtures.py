@@ -81,7 +81,7 @@ def mixture_probes(ctx: Ctx) -> list[Probe]:
 SAMPLER = """
 import numpy as np
 from packtool import open_packed
-from packtool.sampler import PackSampler
+from packtool.train.sampler import PackSampler
 n = len(open_packed("p"))
 def make(**kw):
     return PackSampler(n, rank=0, world_size=2, batch_size=2, seed=0, **kw)
@@ -95,7 +95,7 @@ print(len(list(s.steps())), "steps")  # accepted: 0 steps, or steps replayed, is
 OTHER_COSTS = """
 import numpy as np
 from packtool import open_packed
-from packtool.sampler import PackSampler
+from packtool.train.sampler import PackSampler
 n = len(open_packed("p"))
 costs = np.arange(1, n + 1, dtype=float)
 def make(c):
@@ -109,7 +109,7 @@ print(len(list(s.steps())))
 REPLAY = """
 import numpy as np
 from packtool import open_packed
-from packtool.sampler import PackSampler
+from packtool.train.sampler import PackSampler
 shuffled, created = open_packed("p"), open_packed("p0")
 where = {{bytes(np.asarray(created[i]["input_ids"]).data): i for i in range(len(created))}}
 s = PackSampler(shuffled, rank=0, world_size=1, batch_size=1, seed={seed})

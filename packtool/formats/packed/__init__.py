@@ -1,11 +1,9 @@
 """The packed format (``packtool.packed``, version 2; version 1 read): what ``pack`` writes
 and ``open_packed`` reads. Schema (``schema.py``), the layout's arithmetic (``layout.py``),
 writer (``writer.py``), its files opened and checked (``files.py``), the one reader
-(``reader.py``), the validator (``validate.py``) and the entries a pack's jobs leave in its
-staging folder (``entries.py``); the files are written up in docs/FORMAT.md."""
+(``reader.py``), the validator (``validate.py``); the files are written up in docs/FORMAT.md."""
 
 from .._manifest import digest as _digest
-from . import entries
 from .files import (
     Shard,
     ValidationError,
@@ -38,7 +36,7 @@ from .writer import ShardWriter, index, shard_name
 __all__ = [
     "DIGEST_KEY", "FORMAT", "IGNORE_INDEX", "INDEX", "INDEX_KEYS", "LAYOUTS", "SCHEMA",
     "V1_SCHEMA", "VALID", "VERSION", "PackedReader", "Shard", "ShardWriter",
-    "ValidationError", "attention_costs", "check_crc", "derive", "entries", "index",
+    "ValidationError", "attention_costs", "check_crc", "derive", "index",
     "index_digest",
     "labels_from", "load_array", "mask_storage", "open_packed", "open_sources_of", "pack_offsets",
     "read_index", "shard_arrays", "shard_name", "source_location", "token_ends",

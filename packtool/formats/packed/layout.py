@@ -77,7 +77,7 @@ def attention_costs(seg_length: np.ndarray, pack_seg: np.ndarray, linear: float 
                     chunk: int = 1 << 20) -> np.ndarray:
     """Per pack, the sum of its squared segment lengths (float64): what causal attention
     costs, up to a constant; ``linear`` x the tokens is added (see
-    packtool.sampler.attention_costs for the block's linear term). Each segment's term
+    packtool.train.sampler.attention_costs for the block's linear term). Each segment's term
     ``x * x + linear * x`` summed in segment order, ``chunk`` segments at a time (8 bytes a
     segment of one chunk, never of the shard): 10M segments in ~25 ms, in numpy, so that a
     ``which --balance attention`` does not start numba (~0.45 s in a fresh process)."""

@@ -199,8 +199,8 @@ class PackedReader:
             pad_multiple: int | None = None, per_segment: bool = False) -> dict:
         """``ds[i]``, padded to ``pad_to`` tokens (default: seq_len, or with ``pad_multiple=k``
         the next multiple of k) for fixed shapes; ``per_segment=True`` first pads every segment
-        to a multiple of k (context parallelism). See ``packtool.batching.pad_example``."""
-        from ...batching import pad_example
+        to a multiple of k (context parallelism). See ``packtool.train.batching.pad_example``."""
+        from ...train.batching import pad_example
 
         if pad_to is None and pad_multiple is None:
             pad_to = self.seq_len

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import FormatError, PacktoolError
-from .formats._manifest import check_digest
-from .storage import basename, default_options, parent
-from .storage.place import Place
-from .storage.publish import Published, StoreLock, put_object, remove_leftovers, upload
-from .storage.stage_out import require_url, scratch_dir
+from ..errors import FormatError, PacktoolError
+from ..formats._manifest import check_digest
+from ..storage import basename, default_options, parent
+from ..storage.place import Place
+from ..storage.publish import Published, StoreLock, put_object, remove_leftovers, upload
+from ..storage.stage_out import require_url, scratch_dir
 
 MARKERS = (".packtool-export.json", "_packtool-export.json")  # the old name is read too
 

@@ -25,10 +25,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ._progress import progress_bar
-from .errors import PacktoolError
-from .formats._marker import MARKER, write_marker  # noqa: F401 - the marker's public names
-from .storage import is_url
+from .._progress import progress_bar
+from ..errors import PacktoolError
+from ..storage import is_url
+from .marker import MARKER, write_marker  # noqa: F401 - the marker's public names
 
 # (format, source kind) -> "module:function" in packtool.formats; imported on use so that
 # `packtool --help` and the formats a user does not ask for import nothing heavy
@@ -86,29 +86,29 @@ class ExportResult:
 
 def source_kind(src: str | Path) -> str:
     """'packed' for a directory holding index.json, else 'corpus' (a token-file prefix)."""
-    from .storage import kind_of
+    from ..storage import kind_of
 
     return kind_of(src)
 
 
 def _open(src: str | Path, kind: str):
     if kind == "packed":
-        from .formats.packed import open_packed
+        from ..formats.packed import open_packed
 
         return open_packed(src)
-    from .formats.tokens import open_tokens
+    from ..formats.tokens import open_tokens
 
     return open_tokens(src)
 
 
 def _source_paths(source, kind: str) -> list[Path]:
-    from .storage import is_url
+    from ..storage import is_url
 
     if is_url(source.directory if kind == "packed" else source.prefix):
         return []  # a remote source is never a local output
     if kind == "packed":
         return [Path(os.path.abspath(source.directory))]
-    from .formats.tokens import prefix_paths
+    from ..formats.tokens import prefix_paths
 
     files = [*source.data_files(), prefix_paths(source.prefix)["json"]]
     return [Path(os.path.abspath(p)) for p in files]
@@ -161,14 +161,14 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
     if kind == "corpus":  # before anything is written (a hard link reads nothing)
         source.verify_checksums()
     module, fn = writer.split(":")
-    write = getattr(importlib.import_module(f".formats.{module}", __package__), fn)
+    write = getattr(importlib.import_module(f".{module}", __name__), fn)
     n_tokens = source.n_tokens if kind == "corpus" else int(source.index["n_tokens"])
     bar = progress_bar(n_tokens, f"export {fmt}", enabled=progress)
     t0 = time.perf_counter()
     try:
         tick = bar.update if bar is not None else _no_tick
-        if remote:  # written here, then published: packtool.export_remote
-            from .export_remote import export_to_store
+        if remote:  # written here, then published: packtool.export.remote
+            from .remote import export_to_store
 
             info = export_to_store(write, source, str(out), overwrite, tick, options)
         else:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import PacktoolError
+from ..errors import PacktoolError
 from .plan import PackOptions
 
 MAX_FACTOR = 1000  # a larger factor packs every document over 1,000 times: a typo, not a mix
@@ -38,8 +38,8 @@ def resolve_source(spec: str) -> tuple[str, float]:
     both ``c.json`` and ``c:2.json`` exist is refused as ambiguous; ``c:2`` with no ``c``
     says that ``:2`` was read as a factor; a raw input (``prose.jsonl``) points to
     ``packtool tokenize``."""
-    from .formats.tokens import split_prefix
-    from .storage import is_url
+    from ..formats.tokens import split_prefix
+    from ..storage import is_url
 
     prefix, factor = parse_source(spec)
     if is_url(spec):
@@ -69,7 +69,7 @@ def resolve_source(spec: str) -> tuple[str, float]:
 
 def _sub_seed(seed: int, domain: int, k: int) -> np.random.Generator:
     """The held-out (1) or extra-copy (2) stream of source k (packtool.seeds)."""
-    from . import seeds
+    from .. import seeds
 
     return seeds.rng(seed, {1: "mixture.held_out", 2: "mixture.repeats"}[domain], k)
 

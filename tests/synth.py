@@ -72,9 +72,9 @@ def write_token_corpus(prefix, lengths, *, vocab_size: int = 32_000, seed: int =
     import hashlib
     from pathlib import Path
 
-    from ._io import write_new
-    from .formats._manifest import manifest_text
-    from .formats.tokens import (
+    from packtool._io import write_new
+    from packtool.formats._manifest import manifest_text
+    from packtool.formats.tokens import (
         PART_FORMAT,
         PART_VERSION,
         TokenWriter,

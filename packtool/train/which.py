@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import PacktoolError
-from .formats.packed import open_packed, source_location
-from .storage.place import place_of
+from ..errors import PacktoolError
+from ..formats.packed import open_packed, source_location
+from ..storage.place import place_of
 
 
 @dataclass

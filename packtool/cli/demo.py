@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import PacktoolError
+from ..errors import PacktoolError
 
 
 def find_fixtures(fixtures: str | Path | None) -> Path:
@@ -20,9 +20,9 @@ def find_fixtures(fixtures: str | Path | None) -> Path:
 
 
 def run_demo(fixtures, out, seq_len: int = 512, algo: str = "bfd", echo=print) -> None:
-    from .pack import pack_corpus
-    from .tokenize import TokenizeOptions, tokenize_files
-    from .verify import verify_packed
+    from ..pack import pack_corpus
+    from ..tokenize import TokenizeOptions, tokenize_files
+    from ..verify import verify_packed
 
     fx = find_fixtures(fixtures)
     out = Path(out)
@@ -38,9 +38,9 @@ def run_demo(fixtures, out, seq_len: int = 512, algo: str = "bfd", echo=print) -
     echo(pack_corpus([prefix], packed, seq_len, algo, overwrite=True).summary())
     echo(f"$ packtool verify {packed} --source {prefix}")
     echo(verify_packed(packed, [prefix]).summary())
-    from . import open_tokens
-    from .packers import PACKERS
-    from .stats import corpus_report, packed_report, render_corpus, render_packed
+    from .. import open_tokens
+    from ..packers import PACKERS
+    from ..stats import corpus_report, packed_report, render_corpus, render_packed
 
     fast = [a for a in PACKERS if a != "nnlshp"]  # nnlshp's NNLS takes ~30 s: not for a demo
     echo(f"$ packtool stats {prefix} --seq-len {seq_len} --seq-len {2 * seq_len} "

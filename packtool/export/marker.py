@@ -22,7 +22,7 @@ import stat
 from pathlib import Path
 
 from ..errors import PacktoolError
-from ._manifest import (
+from ..formats._manifest import (
     check,
     check_digest,
     confined_name,

@@ -119,7 +119,7 @@ def _samples(ds, k: int, lo: int, hi: int, has_mask: bool):
 
 def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
     """A packed dataset as MDS shards: one sample per pack."""
-    from ._marker import export_owned, write_marker
+    from .marker import export_owned, write_marker
 
     if not len(ds):
         raise PacktoolError(f"{ds.directory} holds no packs; nothing to export")

@@ -25,7 +25,7 @@ import re
 import struct
 from pathlib import Path
 
-from .errors import PacktoolError
+from ..errors import PacktoolError
 
 # sentencepiece_model.proto field numbers
 _PIECES, _TRAINER, _NORMALIZER = 1, 2, 3

@@ -29,7 +29,7 @@ import numpy as np
 
 from .._atomic import atomic_dir
 from ..errors import PacktoolError
-from .packed import IGNORE_INDEX
+from ..formats.packed import IGNORE_INDEX
 
 ROWS_PER_GROUP = 1024
 
@@ -76,7 +76,7 @@ def _export(ds, out: Path, overwrite: bool, tick, make_table, fmt: str, suffix: 
             compression: str, use_dictionary: bool) -> dict:
     import pyarrow.parquet as pq
 
-    from ._marker import export_files, export_owned, write_marker
+    from .marker import export_files, export_owned, write_marker
 
     shards = ds.index["shards"]
     if not len(ds):

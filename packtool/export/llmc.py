@@ -156,7 +156,7 @@ def _eos(corpus, eos_id: int | None) -> tuple[bool, int]:
 def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
                   shard_tokens: int | None = None, eos_id: int | None = None, **_) -> dict:
     """A token corpus as llm.c GPT-2 token shards in directory ``out``."""
-    from ._marker import export_owned, write_marker
+    from .marker import export_owned, write_marker
 
     if corpus.dtype.itemsize != 2:
         raise PacktoolError(

@@ -72,9 +72,9 @@ import hashlib
 
 import numpy as np
 
+from ..errors import PacktoolError
 from .balance import COST_RATIO, balance_steps, cost_classes, group_steps
-from .errors import PacktoolError
-from .sampler_state import STATE_FORMAT, STATE_VERSION, check_state
+from .state import STATE_FORMAT, STATE_VERSION, check_state
 
 
 def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
@@ -202,7 +202,7 @@ class PackSampler:
     def order(self, epoch: int | None = None) -> np.ndarray:
         """The epoch's order: a permutation of the packs from ``(seed, epoch)`` alone, in a
         random stream of its own (packtool.seeds 'sampler.epoch'), never pack's shuffle."""
-        from .seeds import rng
+        from ..seeds import rng
 
         epoch = self.epoch if epoch is None else int(epoch)
         return rng(self.seed, "sampler.epoch", epoch).permutation(self.n_packs)

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .errors import PacktoolError
+from ..errors import PacktoolError
 
-STATE_FORMAT = "packtool.sampler"
+STATE_FORMAT = "packtool.train.sampler"
 STATE_VERSION = 2
 _FIELDS = ("format", "version", "epoch", "step", "consumed", "world_size", "batch_size", "seed",
            "n_packs", "drop_last", "balance", "cost_ratio", "costs_sha256")

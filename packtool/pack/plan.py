@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import seeds
-from ._numba import njit
-from .errors import PacktoolError
-from .options import OVERFLOW, PackOptions
-from .packers import PackerReport, run_packer
+from .. import seeds
+from .._numba import njit
+from ..errors import PacktoolError
+from ..options import OVERFLOW, PackOptions
+from ..packers import PackerReport, run_packer
 
 __all__ = ["OVERFLOW", "PackLayout", "PackOptions", "Segments", "doc_groups", "make_rounds",
            "make_segments", "plan_pack", "shard_starts"]
@@ -251,7 +251,7 @@ class PackLayout:
 def plan_pack(lengths: np.ndarray, options: PackOptions,
               repeats: np.ndarray | None = None, shuffle_key: tuple = ()) -> PackLayout:
     """The whole layout of a packed dataset from document lengths alone. ``repeats`` (copies
-    per document, from :func:`packtool.mixture.doc_repeats`) packs copy rounds apart (see
+    per document, from :func:`packtool.pack.mixture.doc_repeats`) packs copy rounds apart (see
     :func:`make_rounds`); ``None`` means every document once. ``shuffle_key`` keys the pack
     shuffle's random stream further (a group of documents planned on its own)."""
     options.check()
@@ -298,8 +298,8 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
 
 def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
     """The output order rearranged into blocks of ``g`` packs of like attention cost
-    (:func:`packtool.balance.like_cost_order`), the shuffled order kept within a class."""
-    from .balance import like_cost_order
+    (:func:`packtool.train.balance.like_cost_order`), the shuffled order kept within a class."""
+    from ..train.balance import like_cost_order
 
     lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
     ok = packs >= 0

@@ -35,7 +35,7 @@ import numpy as np
 
 from .._io import create
 from ..errors import FormatError, PacktoolError
-from ._marker import export_files
+from .marker import export_files
 
 HEADER = b"MMIDIDX\x00\x00"
 VERSION = 1

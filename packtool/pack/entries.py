@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...errors import FormatError
-from .._manifest import (
+from ..errors import FormatError
+from ..formats._manifest import (
     Key,
     check,
     confined_name,
@@ -32,8 +32,8 @@ from .._manifest import (
     obj,
     one_of,
 )
-from .files import check_crc
-from .schema import SHARD_FILE, SHARD_KEYS
+from ..formats.packed.files import check_crc
+from ..formats.packed.schema import SHARD_FILE, SHARD_KEYS
 
 SHARD_ENTRY = "packtool.packed.shard"
 SHARD_ENTRY_VERSION = 2

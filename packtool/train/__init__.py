@@ -1,0 +1,14 @@
+"""The training side: what a trainer needs from a packed dataset once it is written.
+
+- :mod:`.sampler` (and :mod:`.state`): ``PackSampler``, the epoch order of packs per rank,
+  resumable at any world size; its numpy core is the arithmetic, torch wraps it.
+- :mod:`.balance`: packs dealt so each rank's step costs the same attention work.
+- :mod:`.batching`: packs collated into one padding-free ``[1, N]`` row (numpy).
+- :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
+- :mod:`.which`: which step and rank a record lands in, and what a step holds.
+"""
+
+from .batching import collate_numpy
+from .sampler import PackSampler
+
+__all__ = ["PackSampler", "collate_numpy"]

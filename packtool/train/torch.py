@@ -1,0 +1,178 @@
+"""PyTorch / Hugging Face integration (``pip install 'packtool[torch]'``).
+
+    from packtool.torch import PackBatchSampler, TorchPackedDataset, collate_tensors
+    ds = TorchPackedDataset("out/packed")
+    sampler = PackBatchSampler(ds.packed, rank=rank, world_size=world, batch_size=4,
+                               balance="attention")          # see packtool.train.sampler
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=collate_tensors)
+    for batch in loader:                 # one [1, N] row: no padding, no cross-attention
+        loss = model(**model_inputs(batch), use_cache=False).loss
+
+    Trainer(model=model, train_dataset=ds, data_collator=collate_tensors,
+            args=TrainingArguments(..., remove_unused_columns=False))    # the same
+
+What must hold for packed rows to equal the documents alone (tested in
+tests/test_equivalence.py for Llama and GPT-2, eager and sdpa attention):
+
+- pass ``position_ids`` (restarting at 0 per segment) and **no** ``attention_mask``:
+  transformers then derives the block-diagonal causal mask from the position restarts;
+- ``use_cache=False`` (a cache would carry keys across segments);
+- flash-attention kernels (``flash_attn_varlen_func``) and models that ignore position ids take
+  ``cu_seq_lens_q/k`` and ``max_length_q/k`` instead, which :func:`collate_tensors` also returns;
+- the loss is the mean over labels != -100: each segment's first token is -100, so no token
+  learns to predict across a boundary.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError("packtool.torch needs PyTorch: pip install 'packtool[torch]'") from e
+
+from ..formats.packed import open_packed
+from . import sampler as _sampler
+from .batching import collate_numpy
+
+MODEL_KEYS = ("input_ids", "labels", "position_ids")
+
+
+class TorchPackedDataset(torch.utils.data.Dataset):
+    """``torch.utils.data.Dataset`` over ``open_packed(directory)``.
+
+    Items are dicts of tensors (input_ids, labels, position_ids int64; doc_ids, cu_seqlens
+    int32; max_seqlen int). With ``pad_to`` every item has that length (see
+    ``PackedReader.get`` in packtool.formats.packed for the pad conventions). ``directory``
+    may be a URL (``s3://bucket/packed``): ``storage_options`` for its filesystem,
+    ``cache_dir``/``cache_limit`` for the node's cache of its files (ranks of one node share
+    it; :mod:`packtool.storage.cache`).
+    """
+
+    def __init__(self, directory, pad_to: int | None = None, pad_id: int = 0,
+                 pad_multiple: int | None = None, per_segment: bool = False,
+                 storage_options: dict | None = None, cache_dir=None,
+                 cache_limit: int | None = None):
+        cache = None
+        if cache_dir is not None or cache_limit is not None:
+            from ..storage.cache import Cache
+
+            cache = Cache(cache_dir, cache_limit)
+        self.packed = open_packed(directory, storage_options=storage_options, cache=cache)
+        self.pad_to, self.pad_id = pad_to, pad_id
+        self.pad_multiple, self.per_segment = pad_multiple, per_segment
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __getitem__(self, i: int) -> dict:
+        ex = (self.packed.get(i, pad_to=self.pad_to, pad_id=self.pad_id,
+                              pad_multiple=self.pad_multiple, per_segment=self.per_segment)
+              if self.pad_to or self.pad_multiple else self.packed[i])
+        return {k: (torch.from_numpy(v) if hasattr(v, "dtype") else v) for k, v in ex.items()}
+
+
+def collate_tensors(examples: list[dict], pad_multiple: int | None = None,
+                    per_segment: bool = False, pad_id: int = 0) -> dict:
+    """Flatten packs into one ``[1, N]`` row of tensors: input_ids, labels, position_ids
+    (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32). ``pad_multiple``,
+    ``per_segment``: see ``packtool.train.batching.pad_example`` (bind them with
+    functools.partial)."""
+    import numpy as np
+
+    as_np = [{k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+              for k, v in ex.items()} for ex in examples]
+    row = collate_numpy(as_np, pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id)
+    return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
+
+
+def collate_mds(samples: list[dict], pad_multiple: int | None = None,
+                per_segment: bool = False, pad_id: int = 0) -> dict:
+    """The collator for ``packtool export --format mds`` read by MosaicML Streaming::
+
+        ds = streaming.StreamingDataset(local="out/mds", batch_size=4, shuffle=True)
+        loader = streaming.StreamingDataLoader(ds, batch_size=4, collate_fn=collate_mds)
+
+    MDS samples are packs of different lengths (input_ids, position_ids, cu_seqlens, labels
+    int32; loss_mask where the data has one, already folded into labels), so the default
+    collate, which stacks, fails on them. This flattens them into one ``[1, N]`` row, the keys
+    of :func:`collate_tensors` (``model_inputs(batch)`` takes it from there)."""
+    from ..errors import PacktoolError
+
+    need = ("input_ids", "position_ids", "cu_seqlens", "labels")
+    for j, s in enumerate(samples):
+        missing = [k for k in need if k not in s]
+        if missing:
+            raise PacktoolError(f"sample {j} of the batch lacks {', '.join(missing)}: "
+                                "collate_mds reads packtool's MDS export (packtool export "
+                                "--format mds); export again, or use another collator")
+    return collate_tensors([{k: s[k] for k in need} for s in samples],
+                           pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id)
+
+
+def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) -> dict:
+    """The keys to pass to a Hugging Face causal LM, never an attention mask: input_ids,
+    labels, position_ids and (``varlen=True``, the default) cu_seq_lens_q/k and
+    max_length_q/k, which the transformers padding-free docs recommend over inferring segments
+    from position ids (that inference breaks under ``torch.compile`` and for linear-attention
+    models; eager and sdpa attention ignore the keys). ``position_ids_start``: added to every
+    position (RoBERTa-family models count from 2, padding_idx + 1)."""
+    keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+                         if varlen else ())
+    out = {k: batch[k] for k in keys}
+    if position_ids_start:
+        out["position_ids"] = out["position_ids"] + position_ids_start
+    return out
+
+
+class PackSampler(_sampler.PackSampler, torch.utils.data.Sampler):
+    """``DataLoader(ds, sampler=PackSampler(...), batch_size=<its batch_size>)``: this rank's
+    pack indices, one at a time (the numpy core, :class:`packtool.train.sampler.PackSampler`:
+    rank-sharded, ``set_epoch``, ``state_dict(step)`` / ``load_state_dict``, balance, elastic
+    resume). Give the DataLoader the sampler's ``batch_size`` so its batches are the sampler's
+    steps. A step counts as handed out once its last pack is."""
+
+
+class PackBatchSampler(_sampler.PackSampler, torch.utils.data.Sampler):
+    """``DataLoader(ds, batch_sampler=PackBatchSampler(...))``: this rank's steps, each a list
+    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as :class:`PackSampler`.
+
+    Both samplers implement torchdata's ``Stateful`` protocol (``state_dict()`` /
+    ``load_state_dict``), so ``torchdata.stateful_dataloader.StatefulDataLoader`` checkpoints
+    them with the batch it yields, prefetching workers or not::
+
+        loader = StatefulDataLoader(ds, batch_sampler=sampler, collate_fn=collate_tensors,
+                                    num_workers=4)
+        ckpt = loader.state_dict()            # after N batches: resumes at batch N
+        loader.load_state_dict(ckpt)          # same num_workers (torchdata's rule)
+        sampler.load_state_dict(sampler_state(ckpt))   # or: another world size / batch size
+    """
+
+    def __iter__(self):
+        return self.steps()
+
+    def __len__(self) -> int:
+        return self.n_steps - self.start_step
+
+
+def sampler_state(loader_state: dict) -> dict:
+    """The PackSampler state inside a ``StatefulDataLoader.state_dict()`` (num_workers 0 or
+    more; ``batch_sampler=`` or ``sampler=``), to resume under another world size, batch size or
+    number of workers, where torchdata's own ``load_state_dict`` refuses (it needs the same
+    ``num_workers``): ``sampler.load_state_dict(sampler_state(ckpt))`` and a fresh loader."""
+    from ..errors import PacktoolError
+
+    found = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            if v.get("format") == _sampler.STATE_FORMAT:
+                found.append(v)
+                return
+            for x in v.values():
+                walk(x)
+
+    walk(loader_state)
+    if not found:
+        raise PacktoolError("no PackSampler state in this loader state: was the loader built with "
+                            "a packtool PackSampler / PackBatchSampler?")
+    return found[0]
