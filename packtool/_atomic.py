@@ -235,6 +235,37 @@ def commit_dir(tmp: Path, path: Path) -> None:
     return _commit([(tmp, path, tagged_name(path, "old"))], journal_path(path))
 
 
+# ------------------------------------------------------------------------------- a job
+@contextlib.contextmanager
+def job_files(folder: Path, name: str):
+    """A temporary folder of this pid in ``folder`` for one job's files (a part, a shard, a
+    group of shards); removed on exit, whatever happened (a killed run's is reclaimed by
+    the next run). Commit what was written with :func:`commit_job`."""
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit_job(tmp: Path, moves: list[tuple[str, Path]], record: Path) -> None:
+    """A finished job's files into place, its record last: every file (and ``tmp``'s
+    ``record.json``) fsynced, each ``(name in tmp, final path)`` renamed in, then the record,
+    then the folders fsynced. A job is finished when its record is there and lists files of
+    the sizes and checksums it gives; one killed before the record is done again."""
+    fsync_tree(tmp)
+    folders = set()
+    for name, final in moves:
+        os.replace(tmp / name, final)
+        folders.add(final.parent)
+    for d in folders:
+        fsync_path(d)
+    os.replace(tmp / "record.json", record)
+    fsync_path(record.parent)
+
+
 # ----------------------------------------------------------------------------- full disk
 def no_space(err: OSError, output: Path, temps: list[Path], kept: str | None = None
              ) -> PacktoolError:

@@ -575,14 +575,14 @@ def pause():
             time.sleep(0.01)
 import packtool.pack.jobs as pj
 import packtool.tokenize.stage as stage
-write_shard, run_part = pj.write_shard, stage.run_part
+write_shard, run_part = pj.write_shard, stage.run_task
 def shard(job, tick):
     pause()
     return write_shard(job, tick)
 def part(job, tick):
     pause()
     return run_part(job, tick)
-pj.write_shard, stage.run_part = shard, part
+pj.write_shard, stage.run_task = shard, part
 sys.argv = ["packtool"] + sys.argv[3:]
 from packtool.cli import main
 main()

@@ -118,7 +118,7 @@ def test_overwrite_replaces_only_our_own_dataset(s3, bucket, tmp_path):
     s3.fs.pipe_file(f"{bucket}/other/index.json", b'{"format": "mine"}')
     r = cli("pack", src, *PACK, "--overwrite", "-o", f"s3://{bucket}/other", env=env,
             check=False)
-    assert r.returncode == 1 and "not a packtool index" in r.stderr
+    assert r.returncode == 1 and "not a packtool packed dataset" in r.stderr
     assert objects(s3, f"{bucket}/other") == {"index.json": b'{"format": "mine"}'}
 
 
@@ -137,9 +137,10 @@ def test_a_second_writer_is_refused_by_the_lock_object(s3, bucket, tmp_path):
 
 def test_server_down_mid_upload_then_the_same_command_completes(s3, bucket, local, tmp_path,
                                                                 monkeypatch):
-    from packtool.pack import pack, remote
+    from packtool.pack import pack
+    from packtool.storage import publish
 
-    real = server_dies_during_uploads(monkeypatch, tmp_path, s3, remote, 5)
+    real = server_dies_during_uploads(monkeypatch, tmp_path, s3, publish, 5)
     url = f"s3://{bucket}/p"
     opts = PackOptions(seq_len=128, valid_docs=3, shard_size=20_000)
     with pytest.raises(Exception):  # noqa: B017 - whatever the client raises, the run fails
@@ -147,7 +148,7 @@ def test_server_down_mid_upload_then_the_same_command_completes(s3, bucket, loca
     s3.restart()
     left = objects(s3, f"{bucket}/p")
     assert left and "index.json" not in left  # objects, but no commit
-    monkeypatch.setattr(remote, "upload", real)
+    monkeypatch.setattr(publish, "upload", real)
     pack([f"s3://{bucket}/data/c"], url, opts)
     pack([str(local / "c")], tmp_path / "p", opts)
     same_dataset(objects(s3, f"{bucket}/p"), tmp_path / "p")

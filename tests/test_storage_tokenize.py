@@ -115,7 +115,7 @@ def test_objects_not_ours_are_never_replaced(s3, bucket, tmp_path):
     s3.fs.pipe_file(f"{bucket}/site/d.json", b'{"mine": 1}')
     r = cli("tokenize", f"s3://{bucket}/in", "-t", TOKENIZER, "-o", f"s3://{bucket}/site/d",
             "--overwrite", "-q", env=env, check=False)
-    assert r.returncode == 1 and "not a packtool token corpus" in r.stderr
+    assert r.returncode == 1 and "not a packtool token manifest" in r.stderr
     assert s3.fs.cat_file(f"{bucket}/site/d.json") == b'{"mine": 1}'
 
 
@@ -139,9 +139,9 @@ def test_server_down_mid_upload_then_the_same_command_resumes(s3, bucket, refere
     """The server stops after the third data object: the run fails, no manifest is visible;
     once it is back, the same command skips the parts already published and completes,
     leaving exactly the corpus."""
-    from packtool.tokenize import remote
+    from packtool.storage import publish
 
-    real = server_dies_during_uploads(monkeypatch, tmp_path, s3, remote, 3)
+    real = server_dies_during_uploads(monkeypatch, tmp_path, s3, publish, 3)
     url = f"s3://{bucket}/out/c"
     opts = TokenizeOptions(eos="<|eos|>", part_bytes=PART_BYTES)
     with pytest.raises(Exception):  # noqa: B017 - whatever the client raises, the run fails
@@ -149,7 +149,7 @@ def test_server_down_mid_upload_then_the_same_command_resumes(s3, bucket, refere
     s3.restart()
     names = listing(s3, bucket, "out")
     assert names and "c.json" not in names  # objects, but no commit
-    monkeypatch.setattr(remote, "upload", real)
+    monkeypatch.setattr(publish, "upload", real)
     res = tokenize_files([f"s3://{bucket}/in"], str(TOKENIZER), url, opts)
     assert res.n_parts_skipped >= 1  # part 0 was published before the server went down
     assert data_objects(s3, bucket, "out") == local_files(reference)
@@ -169,19 +169,20 @@ def attempt_marker(url: str, k: int) -> str:
 def dies_mid_upload(job, tick):
     """A stand-in part job for Ray: its first attempt kills its own worker (SIGKILL) right
     after the part's first data object is uploaded; Ray retries the task."""
-    from packtool.tokenize import remote
+    from packtool.storage import publish
+    from packtool.tokenize import stage
 
-    marker = attempt_marker(job.url, job.k)
+    marker = attempt_marker(job.path, job.k)
     if job.k == 1 and not os.path.exists(marker):
         open(marker, "w").close()
-        real = remote.upload
+        real = publish.upload
 
         def upload_then_die(fs, files, result):
             real(fs, files[:1], result)
             os.kill(os.getpid(), signal.SIGKILL)
 
-        remote.upload = upload_then_die
-    return remote.run_remote_part(job, tick)
+        publish.upload = upload_then_die
+    return stage.run_task(job, tick)
 
 
 @pytest.mark.ray
@@ -191,11 +192,11 @@ def test_ray_without_a_shared_file_system_and_a_task_killed_mid_upload(
     """Every Ray task reads its inputs from the bucket and publishes its part there (a
     scratch folder of its own process, never a shared one); the task killed mid-upload is
     retried by Ray, takes over its dead lock object, and the corpus is the local bytes."""
-    from packtool.tokenize import remote
+    from packtool.tokenize import stage
 
     monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PACKTOOL_STORAGE_OPTIONS", json.dumps(s3.options))
-    monkeypatch.setattr(remote, "run_remote_part", dies_mid_upload)
+    monkeypatch.setattr(stage, "run_task", dies_mid_upload)
     url = f"s3://{bucket}/out/c"
     res = tokenize_files([f"s3://{bucket}/in"], str(TOKENIZER), url,
                          TokenizeOptions(eos="<|eos|>", part_bytes=PART_BYTES),

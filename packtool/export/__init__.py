@@ -19,6 +19,7 @@ segment table and an interrupted export leaves nothing under the requested name.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import time
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from .._progress import progress_bar
 from ..errors import PacktoolError
-from ..storage import is_url
+from ..storage import default_options
+from ..storage.output import Output
 from .marker import MARKER, write_marker  # noqa: F401 - the marker's public names
 
 # (format, source kind) -> "module:function" in packtool.formats; imported on use so that
@@ -155,8 +157,8 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
                                 for f, k in sorted(used_by))
             raise PacktoolError(f"{flag} applies to {where} only; drop it for --format {fmt}")
     source = _open(src, kind)
-    remote = is_url(out)
-    if not remote:
+    output = Output(out, default_options())
+    if not output.remote:
         _refuse_self_overwrite(source, kind, Path(out))
     if kind == "corpus":  # before anything is written (a hard link reads nothing)
         source.verify_checksums()
@@ -166,13 +168,8 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
     bar = progress_bar(n_tokens, f"export {fmt}", enabled=progress)
     t0 = time.perf_counter()
     try:
-        tick = bar.update if bar is not None else _no_tick
-        if remote:  # written here, then published: packtool.export.remote
-            from .remote import export_to_store
-
-            info = export_to_store(write, source, str(out), overwrite, tick, options)
-        else:
-            info = write(source, Path(out), overwrite=overwrite, tick=tick, **options)
+        info = _write(write, source, output, overwrite,
+                      bar.update if bar is not None else _no_tick, options)
     finally:
         if bar is not None:
             bar.close()
@@ -182,6 +179,73 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
         seconds=time.perf_counter() - t0, notes=list(info.get("notes", [])),
         details=dict(info.get("details", {})),
     )
+
+
+def _write(write, source, out: Output, overwrite: bool, tick, options: dict) -> dict:
+    """Run a format's writer into the output's scratch folder (a local output's own folder:
+    the writer commits there atomically, proving what it replaces ours), then publish what
+    it wrote (nothing more locally; for a bucket, under the output's lock, what is there
+    proven ours by the same proofs first, the objects uploaded, the marker last, and the
+    previous export's objects the new one does not list removed)."""
+    from .marker import OLD_MARKER, export_owned, files_owned, sidecar_path
+
+    lock = out.lock() if out.remote else contextlib.nullcontext([])  # locally: the writer's
+    with lock, out.scratch() as folder:
+        target, inside = folder / out.name, out.inside()
+        old = inside.place.names() if out.remote else set()
+        if old and not overwrite:
+            raise PacktoolError(f"output already exists: {out.path}; pass --overwrite to "
+                                "replace it")
+        if old:
+            export_owned(out.path, inside.place)
+        single = {out.name, f"{out.name}.bin", f"{out.name}.idx", f"{out.name}.parquet"}
+        side = sidecar_path(Path(out.name)).name
+        if out.remote:
+            _files_there(out, single, side, overwrite, files_owned)
+        info = write(source, target, overwrite=overwrite and not out.remote, tick=tick,
+                     **options)
+        if not out.remote:
+            return info
+        from ..storage.publish import Published
+
+        sent = Published(str(out.path))
+        if target.is_dir():  # a directory export: data objects, then the marker
+            names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
+                           if p.is_file())
+            last = [n for n in names if n in (MARKER, OLD_MARKER)]
+            inside.publish(target, [n for n in names if n not in last], None, sent)
+            for n in last:
+                inside.put(n, (target / n).read_bytes())
+            removed = inside.remove(sorted(old - set(names) - {n for n in old
+                                                               if n.endswith(".lock")}))
+            files = [f"{out.path}/{Path(f).relative_to(target).as_posix()}"
+                     for f in info["files"]]
+        else:  # single files beside a hidden sidecar, sent last
+            names = sorted(p.name for p in folder.iterdir() if p.is_file()
+                           and not p.name.endswith(".lock") and not p.name.startswith("."))
+            out.publish(folder, names, side if (folder / side).is_file() else None, sent)
+            removed = []
+            files = [str(out.place.path(Path(f).name)) for f in info["files"]]
+    notes = list(info.get("notes", [])) + [
+        f"published to {out.path}: {sent.uploaded:,} objects uploaded ({sent.bytes_sent / 1e6:,.1f}"
+        " MB), each verified, the marker last"
+        + (f"; {len(removed):,} objects of the previous export removed" if removed else "")]
+    return {**info, "files": files, "notes": notes}
+
+
+def _files_there(out: Output, single: set[str], side: str, overwrite: bool, files_owned
+                 ) -> None:
+    """Objects already at a single-file export's names are ours (its sidecar lists them,
+    of their sizes), or a refusal naming them."""
+    there = {n for n in out.place.names() if "/" not in n}
+    found = sorted((single & there) - {side})
+    if not found:
+        return
+    if not overwrite:
+        raise PacktoolError(f"output already exists: "
+                            f"{', '.join(str(out.place.path(n)) for n in found)}; pass "
+                            "--overwrite to replace it")
+    files_owned(side, found, found, out.place)
 
 
 def _no_tick(n: int) -> None:

@@ -57,26 +57,50 @@ def write_marker(directory: Path, fmt: str, source, files: list[str], **extra) -
     return len(text.encode())
 
 
-def export_owned(folder: Path) -> None:
-    """Prove ``folder`` an export of ours: a valid marker (format, schema, digest) and
-    nothing in the folder but the marker and the files it lists (an export made before the
-    marker was renamed is proven by its marker under the old name)."""
-    marker = OLD_MARKER if not (Path(folder) / MARKER).exists() and (
-        Path(folder) / OLD_MARKER).is_file() else MARKER
-    path = Path(folder) / marker
+def export_owned(folder, place=None) -> None:
+    """Prove ``folder`` an export of ours, a local folder or a bucket alike (``place``: its
+    :class:`packtool.storage.place.Place`): a valid marker (format, schema, digest) and
+    nothing in the folder but the marker and the files it lists (and packtool's own hidden
+    files); an export made before the marker was renamed is proven by its marker under the
+    old name."""
+    from ..storage.place import Place
+
+    place = place if place is not None else Place(folder)
+    there = place.names()
+    marker = OLD_MARKER if MARKER not in there and OLD_MARKER in there else MARKER
+    path = place.path(marker)
     fix = "choose another --out"
     try:
-        body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION)
+        if place.remote:
+            body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION, place.read_bytes)
+        else:
+            body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION)
         check(body, _SPEC, path, fix)
         check_digest(body, DIGEST_KEY, path, fix)
         for name in body["files"]:
             confined_name(name, path)
     except PacktoolError as e:
-        raise PacktoolError(f"--overwrite refused: {folder} holds other files, not a packtool "
-                            f"export ({e}); choose another --out") from None
-    from .._atomic import unexpected
+        held = sorted(there)
+        shown = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10 else "")
+        raise PacktoolError(f"--overwrite refused: {place.folder} holds other files ({shown}), "
+                            f"not a packtool export ({e}); choose another --out") from None
+    expected = {marker, *body["files"]}
+    extra = sorted(n for n in there if n not in expected and not _hidden_ours(place, n))
+    if extra:
+        shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
+                                         else "")
+        raise PacktoolError(f"--overwrite only replaces a previous packtool output: "
+                            f"{place.folder} holds files that are not part of the export it "
+                            f"holds ({shown}); move them away or choose another --out")
 
-    unexpected(Path(folder), {marker, *body["files"]}, "export")
+
+def _hidden_ours(place, name: str) -> bool:
+    """A lock or a dead run's temporary packtool left (locally, shaped as its are)."""
+    if place.remote:
+        return name.endswith(".lock") and "/" not in name and name.startswith(".")
+    from .._temps import left_by_us
+
+    return left_by_us(Path(place.path(name)))
 
 
 # ------------------------------------------------------------- exports of single files
@@ -116,25 +140,41 @@ def export_files(paths: list[Path], key: Path, overwrite: bool, fmt: str, source
         write_new(temps[-1], manifest_text(body))
 
 
-def files_owned(side: Path, paths: list[Path], found: list[Path]) -> None:
+def files_owned(side, paths: list, found: list, place=None) -> None:
     """Prove the files ``found`` at an export's ``paths`` our previous export: its sidecar
-    is valid (format, schema, digest) and lists each, a regular file of the size and
-    modification time it was committed with. Else a refusal naming them."""
+    ``side`` is valid (format, schema, digest) and lists each, a regular file of the size
+    (and, locally, the modification time) it was committed with; in a bucket
+    (``place``: the folder, and ``side``, ``paths`` and ``found`` names in it) each object
+    of the size listed. Else a refusal naming them."""
+    remote = place is not None and place.remote
     names = ", ".join(str(p) for p in found if p != side) or str(side)
     fix = "move them away if they are yours, remove them if not, or choose another --out"
     try:
-        if side.is_symlink() or not side.exists():
-            raise PacktoolError(f"no {side.name} beside them says packtool wrote them")
-        body = read_manifest(side, SIDECAR_FORMAT, SIDECAR_VERSION)
+        if remote:
+            if not place.is_file(side):
+                raise PacktoolError(f"no {side} beside them says packtool wrote them")
+            body = read_manifest(place.path(side), SIDECAR_FORMAT, SIDECAR_VERSION,
+                                 place.read_bytes)
+        else:
+            if side.is_symlink() or not side.exists():
+                raise PacktoolError(f"no {side.name} beside them says packtool wrote them")
+            body = read_manifest(side, SIDECAR_FORMAT, SIDECAR_VERSION)
         check(body, _SIDECAR, side, fix)
         check_digest(body, DIGEST_KEY, side, fix)
         listed = {f["name"]: f for f in body["files"]}
+        sizes = place.sizes([n for n in found if n != side]) if remote else {}
         for p in found:
             if p == side:
                 continue
-            f = listed.get(p.name)
+            name = p if remote else p.name
+            f = listed.get(name)
             if f is None:
-                raise PacktoolError(f"{side.name} does not list {p.name}")
+                raise PacktoolError(f"{Path(str(side)).name} does not list {name}")
+            if remote:
+                if sizes[p] != f["bytes"]:
+                    raise PacktoolError(f"{name} changed since packtool exported it (its size "
+                                        f"differs from {side})")
+                continue
             st = os.lstat(p)
             if not stat.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != (
                     f["bytes"], f["mtime_ns"]):

@@ -110,10 +110,10 @@ def read_entry(path, kind: str, place=None) -> tuple[dict | None, str]:
     :class:`packtool.storage.place.Place` it is read from (``path``: its name there)."""
     version, spec = _SPECS[kind]
     try:
-        if place is not None:
+        if place is not None and place.remote:
             m = json.loads(place.read_bytes(str(path)))
             path = place.path(str(path))
-        elif path.is_symlink():
+        elif (path := Path(place.path(str(path))) if place is not None else path).is_symlink():
             return None, f"{path} is a symbolic link, not an entry packtool wrote"
         else:
             m = json.loads(path.read_text())

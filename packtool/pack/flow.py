@@ -153,14 +153,14 @@ class Global:
         return Jobs(self.shards, pj.write_shard, self.shards.weights, lambda j: j.label(),
                     "pack")
 
-    def finalize(self, out, stored: dict, run: RunOptions, check=None) -> dict:
-        """Every shard of the plan checked (``check(job)``, by default its files in the
-        staging folder: size, and crc32 unless this process just wrote them all);
+    def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
+        """Every shard of the plan checked (``check(job)``: its entry and files where they
+        were written, :func:`packtool.pack.tasks.check_job`);
         {split: (index meta without held_out, shard entries)}."""
         entries, bad = {}, []
         for i in range(len(self.shards)):
             job = self.shards.header(i)
-            entry, why = (check or (lambda j: pj.check_shard(j, checksums=run.finalize)))(job)
+            entry, why = check(job)
             if entry is None:
                 bad.append(f"{job.label()}: {why}")
             entries[(job.split, job.k)] = entry
@@ -205,11 +205,10 @@ class Grouped:
         return Jobs(self.groups, self.g.write_group, [j.n_tokens for j in self.groups],
                     lambda j: j.label(), "pack")
 
-    def finalize(self, out, stored: dict, run: RunOptions, check=None) -> dict:
+    def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
         folded, bad = {s: self.g.Combined() for s in ("valid", "train")}, []
         for job in self.groups:  # folded as checked: one entry in memory at a time
-            entry, why = (check or (lambda j: self.g.check_group(j, checksums=run.finalize)))(
-                job)
+            entry, why = check(job)
             if entry is None:
                 bad.append(f"{job.label()}: {why}")
                 continue

@@ -26,14 +26,11 @@ import contextlib
 import dataclasses
 import json
 import os
-import secrets
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .. import _locks
 from .._io import write_new
 from ..formats.packed import VALID, ShardWriter, attention_costs
 from ..formats.tokens import read_lengths_range
@@ -160,52 +157,26 @@ def _split_stats(layout, job: GroupJob, shards: list[dict]) -> dict:
             "tokens_used": used_tokens.tolist(), "docs_used": used_docs.tolist()}
 
 
-def check_group(job: GroupJob, checksums: bool = True) -> tuple[dict | None, str]:
-    """(the group's entry, "") when group ``job`` is written and intact, else (None, why)."""
-    m, why = fe.read_entry(job.entry_path, fe.GROUP_ENTRY)
-    if m is None:
-        return None, why
-    if m["digest"] != job.digest or m["g"] != job.g:
-        return None, "made from another plan (digest differs)"
-    staging = Path(job.target.staging)
-    for split, stats in m["splits"].items():
-        why = fe.check_files(staging / VALID if split == "valid" else staging,
-                             stats["shards"], checksums)
-        if why:
-            return None, why
-    return m, ""
-
-
 def write_group(job: GroupJob, tick) -> tuple[int, bool]:
-    """Plan and write group ``job``: its shards, then its entry; skipped when intact. Returns
-    (the group's number, whether it was skipped): finalize reads the entries from disk, and
-    an executor keeps every job's result (a group's entry holds its length histogram, ~40 KB:
-    0.3 B a document at 10^5-document groups)."""
-    staging = Path(job.target.staging)
-    with _locks.waiting(staging / f".group-{job.g:05d}.lock", job.label()):
-        done, _ = check_group(job)
-        if done is not None:
-            return job.g, True
-        tmp = staging / f".group-{job.g:05d}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
-        tmp.mkdir()
-        try:
-            entry = _plan_and_write(job, tmp, tick)
-            write_new(tmp / "entry.json", json.dumps(entry))
-            from .._atomic import fsync_path, fsync_tree
+    """Plan and write group ``job``: its shards, then its entry (the stage holds the job's
+    lock and skips a group already written). Returns (the group's number, False): finalize
+    reads the entries from where they were published, and an executor keeps every job's
+    result (a group's entry holds its length histogram, ~40 KB: 0.3 B a document at
+    10^5-document groups)."""
+    from .._atomic import commit_job, job_files
 
-            fsync_tree(tmp)
-            for split, stats in entry["splits"].items():
-                folder = staging / VALID if split == "valid" else staging
-                folder.mkdir(exist_ok=True)
-                for sh in stats["shards"]:
-                    for f in sh["files"].values():
-                        os.replace(tmp / f["name"], folder / f["name"])
-                fsync_path(folder)
-            os.replace(tmp / "entry.json", job.entry_path)
-            fsync_path(staging)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return job.g, False
+    staging = Path(job.target.staging)
+    with job_files(staging, f"group-{job.g:05d}") as tmp:
+        entry = _plan_and_write(job, tmp, tick)
+        write_new(tmp / "record.json", json.dumps(entry))
+        moves = []
+        for split, stats in entry["splits"].items():
+            folder = staging / VALID if split == "valid" else staging
+            folder.mkdir(exist_ok=True)
+            moves += [(f["name"], folder / f["name"]) for sh in stats["shards"]
+                      for f in sh["files"].values()]
+        commit_job(tmp, moves, job.entry_path)
+    return job.g, False
 
 
 def _plan_and_write(job: GroupJob, tmp: Path, tick) -> dict:

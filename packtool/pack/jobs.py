@@ -21,16 +21,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import secrets
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .. import _locks
 from .._io import write_new
 from ..formats.packed import VALID, ShardWriter, shard_name
 from . import entries as fe
@@ -165,49 +161,24 @@ def sources(prefixes: tuple[str, ...]) -> list:
 
 
 # ------------------------------------------------------------------------ one shard
-def check_shard(job: ShardJob, checksums: bool = True) -> tuple[dict | None, str]:
-    """(the shard's index entry, "") when shard ``job`` is written and intact (its entry of
-    the same digest, every file's size and crc32), else (None, why)."""
-    m, why = fe.read_entry(job.entry_path, fe.SHARD_ENTRY)
-    if m is None:
-        return None, why
-    if m["digest"] != job.digest:
-        return None, "made from another plan (digest differs)"
-    why = fe.check_files(job.folder, [m["entry"]], checksums)
-    return (None, why) if why else (m["entry"], "")
-
-
 def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
-    """Make shard ``job`` exist, intact: (its entry, True if it already was). Written into a
-    temporary folder of this pid, then each file renamed in, the entry last; a second writer
-    of the same shard waits on its lock and then finds it done."""
-    folder = job.folder
-    folder.mkdir(exist_ok=True)
-    with _locks.waiting(folder / f".{shard_name(job.k)}.lock", job.label()):
-        done, _ = check_shard(job)
-        if done is not None:
-            tick(job.n_tokens)
-            return done, True
-        t = job.target
-        tmp = folder / f".{shard_name(job.k)}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
-        tmp.mkdir()
-        try:
-            corpora = sources(t.prefixes) if t.layout == "tokens" else None
-            writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage,
-                                 gather=None if corpora is None else gatherer(corpora))
-            entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
-                                 job.seg_length, tick)
-            write_new(tmp / "entry.json", json.dumps(fe.shard_entry(job.digest, entry)))
-            from .._atomic import fsync_path, fsync_tree
+    """Write shard ``job`` into its folder (:attr:`ShardJob.folder`): (its index entry,
+    False). The files go into a temporary folder of this pid, then are renamed in with the
+    entry last (:func:`packtool._atomic.commit_job`); the stage holds the job's lock and
+    skips a shard already written (:mod:`packtool.pack`)."""
+    from .._atomic import commit_job, job_files
 
-            fsync_tree(tmp)
-            for f in entry["files"].values():
-                os.replace(tmp / f["name"], folder / f["name"])
-            os.replace(tmp / "entry.json", job.entry_path)
-            fsync_path(folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return entry, False
+    t = job.target
+    with job_files(job.folder, shard_name(job.k)) as tmp:
+        corpora = sources(t.prefixes) if t.layout == "tokens" else None
+        writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage,
+                             gather=None if corpora is None else gatherer(corpora))
+        entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
+                             job.seg_length, tick)
+        write_new(tmp / "record.json", json.dumps(fe.shard_entry(job.digest, entry)))
+        commit_job(tmp, [(f["name"], job.folder / f["name"]) for f in entry["files"].values()],
+                   job.entry_path)
+    return entry, False
 
 
 def gatherer(corpora):

@@ -125,6 +125,25 @@ class Place:
         states = object_states(self.fs, [self._remote(n) for n in names])
         return {n: None if (s := states[self._remote(n)]) is None else s[0] for n in names}
 
+    def names(self, sub: str = "") -> set[str]:
+        """Every file under the folder (or its ``sub`` folder), by its path relative to the
+        folder: what an ownership proof compares with what a manifest lists. A local
+        listing follows no link (a link is listed as a name, never entered)."""
+        if self.remote:
+            root = f"{self.root}/{sub}".rstrip("/")
+            if not self.fs.exists(root):
+                return set()
+            return {p[len(self.root) + 1:] for p in self.fs.find(root)}
+        top = self.path(sub) if sub else self.folder
+        if not os.path.isdir(top) or os.path.islink(top):
+            return set()
+        out = set()
+        for root, dirs, files in os.walk(top):
+            rel = os.path.relpath(root, self.folder)
+            for n in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                out.add(n if rel == "." else f"{rel}/{n}".replace(os.sep, "/"))
+        return out
+
     def local(self, name: str, expect: dict) -> Path:
         """A local path to the file: itself (local), or its verified copy in the cache."""
         if not self.remote:

@@ -183,18 +183,6 @@ def put_object(fs, rpath: str, data: bytes, url: str) -> None:
         raise PacktoolError(f"{url} did not arrive whole; run the command again")
 
 
-def remove_leftovers(fs, root: str, keep: set[str], ours) -> list[str]:
-    """Objects under ``root`` (names relative to it) for which ``ours(name)`` holds and that
-    ``keep`` does not list: removed, and returned."""
-    removed = []
-    for rpath in fs.find(root):
-        name = rpath[len(root) + 1:]
-        if name not in keep and ours(name):
-            fs.rm_file(rpath)
-            removed.append(name)
-    return removed
-
-
 def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
     """Data objects (local file, remote path), each verified. What is already there with
     the same size and MD5 is not sent again; the rest are put, then checked against the

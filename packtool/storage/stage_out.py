@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .._temps import pid_alive
 from ..errors import PacktoolError
-from . import basename, is_url
+from . import basename
 
 
 @contextlib.contextmanager
@@ -47,12 +47,6 @@ def scratch_dir(url: str):
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def require_url(out) -> str:
-    if not is_url(out):
-        raise PacktoolError(f"{out} is not a URL")
-    return str(out).rstrip("/")
 
 
 def fetch_tokenizer(url: str) -> Path:

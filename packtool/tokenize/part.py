@@ -1,12 +1,13 @@
 """One part of a tokenize plan, as a job: idempotent and atomic.
 
-    run_part(job)  -> part k's .bin/.boundaries/.mask and .NAME.part.json, renamed into place
-                      together (the part manifest last); a part whose files match its part
-                      manifest, of the same digest, from inputs whose content hash still
-                      matches, is skipped (resume)
+    tokenize_part(job) -> part k's .bin/.boundaries/.mask and .NAME.part.json, renamed into
+                          place together (the part manifest last)
+    check_part(plan, k) -> its manifest when a part's files match it, of the same digest,
+                          from inputs whose content hash still matches (resume skips it)
 
-Two writers of one part (two array tasks given the same part) serialize on the part's lock:
-the second waits, then finds the part finished and skips it.
+The stage (:mod:`.stage`) runs a part against its output, local or in a bucket: under the
+part's lock (two writers of one part, array tasks given the same part, serialize: the second
+finds it finished and skips it), in place or in a scratch folder, then published.
 
 The tokenizer is loaded once per process, the engine selected (its load-time probe run) once
 per run and per Ray worker process, and both reused by every part it writes (:mod:`.prepare`),
@@ -21,7 +22,6 @@ import os
 import time
 from dataclasses import dataclass
 
-from .. import _locks
 from .._atomic import atomic_files
 from .._io import write_new
 from ..engines import EngineMismatch, early, engine_manifest, mismatch_warning
@@ -90,24 +90,6 @@ def inputs_changed(entries: list[dict]) -> str | None:
         if content is None or not content_unchanged(as_input(entry["path"]), content):
             return f"its input {entry['path']} changed since it was tokenized"
     return None
-
-
-def run_part(job: PartJob, tick) -> tuple[dict, bool]:
-    """Make part ``job.k`` exist, verified: (its part manifest, True if it was already
-    finished and so skipped). Atomic and idempotent; concurrent callers for one part
-    serialize on its lock."""
-    plan, k = job.plan, job.k
-    part = plan.parts[k]
-    folder = plan.prefix.parent
-    with _locks.waiting(folder / f".{part.name}.part.lock", f"part {part.name}"):
-        done, _ = check_part(plan, k)
-        if done is not None:
-            tick(part.bytes)
-            return {**done, "skipped": True}, True
-        manifest = tokenize_part(job, tick)
-        # read back from disk: the bytes there are those hashed while writing (crc32 suffices)
-        verify_part_files(plan.part_prefix(part), manifest["part"], strong=False)
-        return manifest, False
 
 
 def tokenize_part(job: PartJob, tick) -> dict:

@@ -116,7 +116,7 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
                   opts: TokenizeOptions) -> TokenizePlan:
     """The parts of a tokenize run. Refuses an input that is also one of the outputs."""
     opts.check()
-    remote = is_url(out)  # an object store: only the name matters here (tokenize.remote)
+    remote = is_url(out)  # an object store: only the name matters here (tokenize.stage)
     prefix = Path(basename(check_url(out))) if remote else check_out(out)
     paths = expand_inputs(inputs)
     for p in paths:

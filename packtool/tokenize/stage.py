@@ -1,25 +1,36 @@
 """``packtool tokenize`` as a stage: plan the parts, hand them to an executor as jobs
 (:mod:`packtool.executors`: here, on Ray, or as array tasks), then write ``PREFIX.json`` from
-the parts' own manifests: the commit point.
+the parts' own manifests: the commit point. Written once over an output
+(:class:`packtool.storage.output.Output`), a local prefix or one in a bucket::
+
+    run         the output's lock; array tasks register their plan in .PREFIX.plan.json
+    part job    tokenized where it runs (in place, or a scratch folder for a bucket), its
+                .bin, .boundaries (.mask) published, .PREFIX.part-K.part.json last
+    finalize    every part's record checked, PREFIX.json last (the commit), stale parts
+                of ours removed, the plan marker and the retired list removed
 
 Who may write an output at once: a whole run holds the output's lock alone; the array tasks
 of one run hold it together, and the plan they share is registered in ``.PREFIX.plan.json``,
 so a task or a run with another plan is refused while one is in progress (``--overwrite``
-discards it, from a whole run only). ``--overwrite`` retires the previous manifest (journaled)
-before any data file changes, so no reader ever sees new data under an old manifest.
+discards it, from a whole run only). ``--overwrite`` lists the previous manifest's parts in
+``.PREFIX.retired.json`` (they stay provably ours) and the manifest leaves with the first
+new part (journaled with it locally; deleted before its upload in a bucket), so no reader
+ever sees new data under an old manifest, and a run that fails before its first part leaves
+the old corpus as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _signals
-from .._atomic import atomic_files, output_lock, reclaim
-from .._io import write_new
+from .._atomic import reclaim
 from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, run_jobs
 from ..formats._manifest import manifest_text
@@ -28,20 +39,25 @@ from ..formats.tokens import (
     part_manifest_path,
     read_corpus_manifest,
     read_part_manifest,
+    verify_part_files,
 )
 from ..options import TokenizeOptions
-from ..storage import is_url
+from ..storage import default_options
+from ..storage.output import Output
 from .assemble import assemble, checked_parts
-from .part import PartJob, check_part, run_part
+from .part import PartJob, check_part, inputs_changed, tokenize_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 from .prepare import end_run, new_run
 from .result import TokenizeResult, merge_engines
+
+PLAN_FORMAT = "packtool.tokens.plan"
 
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
                    options: TokenizeOptions | None = None, progress: bool = False,
                    run: RunOptions | None = None) -> TokenizeResult:
-    """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``.
+    """Tokenize ``inputs`` (files, directories, globs) into token files at prefix ``out``
+    (a local prefix, or a URL).
 
     The inputs are planned into parts (small files grouped up to ``options.part_bytes``) and
     the parts run in turn with every core; ``run`` runs them as Ray tasks or array tasks
@@ -52,45 +68,119 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     run = run or RunOptions()
     run.check()
     opts.check()
-    try:
-        if is_url(out):  # each part made where it runs, then published (tokenize.remote)
-            from .remote import tokenize_to_store
-
-            return tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
+    output = Output(out, default_options())
+    if not output.remote:
         check_out(out)
-        with output_lock(out, shared=run.one_task) as notes:
-            result = _tokenize(inputs, tokenizer, out, opts, progress, run)
+    try:
+        with output.lock(shared=run.one_task) as notes:
+            result = _tokenize(inputs, tokenizer, output, opts, progress, run)
     finally:
         end_run()  # a reference process this run started (tokenize.prepare) ends with it
     result.warnings[:0] = notes
     return result
 
 
-def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunOptions
-              ) -> TokenizeResult:
+@dataclass(frozen=True)
+class PartTask:
+    """Part ``k`` of ``plan``, made where it runs and published to the output ``path``
+    (picklable: a Ray worker or an array task opens the output itself)."""
+
+    plan: TokenizePlan
+    k: int
+    opts: TokenizeOptions
+    path: str
+    storage_options: dict
+
+    def label(self) -> str:
+        return f"part {self.k} ({self.plan.parts[self.k].name})"
+
+    def output(self) -> Output:
+        return Output(self.path, self.storage_options)
+
+
+def run_task(task: PartTask, tick) -> tuple[dict, bool]:
+    """Make part ``task.k`` exist at the output, verified: (its manifest, True if it was
+    already finished and so skipped). Atomic and idempotent; two writers of one part (array
+    tasks) serialize on the part's lock."""
+    out, plan, k = task.output(), task.plan, task.k
+    part = plan.parts[k]
+    with out.job_lock(f".{part.name}.part.lock", f"part {part.name}"):
+        done, _ = finished(plan, k, out)
+        if done is not None:
+            tick(part.bytes)
+            return {**done, "skipped": True}, True
+        with out.scratch() as folder:
+            here = (dataclasses.replace(plan, prefix=folder / plan.prefix.name) if out.remote
+                    else plan)
+            manifest = tokenize_part(PartJob(here, k, task.opts), tick)
+            # read back: the bytes there are those hashed while writing (crc32 suffices)
+            verify_part_files(here.part_prefix(part), manifest["part"], strong=False)
+            from ..storage.publish import Published
+
+            sent = Published(str(out.path))
+            if task.opts.overwrite:  # the manifest being replaced leaves first
+                out.remove([f"{plan.prefix.name}.json"] if out.remote else [])
+            out.publish(folder, [f"{part.name}.{key}" for key in manifest["part"]["checksums"]],
+                        here.part_manifest(part).name, sent)
+    if out.remote:
+        manifest["published"] = dataclasses.asdict(sent)
+    return manifest, False
+
+
+def finished(plan: TokenizePlan, k: int, out: Output) -> tuple[dict | None, str]:
+    """(part record, "") when part ``k`` is finished at the output and its inputs are
+    unchanged, else (None, why). Locally every file's size and sha256 are checked; in a
+    bucket, each object's size against the record (reading them back would cost a
+    download; their MD5 was checked on upload)."""
+    if not out.remote:
+        return check_part(plan, k)
+    place, part = out.place, plan.parts[k]
+    try:
+        m = read_part_manifest(part_manifest_path(Path("."), part.name).name, place)
+    except FormatError as e:
+        return None, str(e)
+    if m is None:
+        return None, "missing"
+    if m["digest"] != part.digest or m["index"] != k:
+        return None, "made from other inputs or options (digest differs)"
+    sizes = place.sizes([f"{part.name}.{key}" for key in m["part"]["checksums"]])
+    for key, want in m["part"]["checksums"].items():
+        size, where = sizes[f"{part.name}.{key}"], place.path(f"{part.name}.{key}")
+        if size != want["bytes"]:
+            return None, (f"{where} is missing" if size is None else
+                          f"{where} has {size:,} bytes, its record {want['bytes']:,}")
+    changed = inputs_changed(m["part"]["inputs"])
+    return (None, changed) if changed else (m, "")
+
+
+def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
+              run: RunOptions) -> TokenizeResult:
     t0 = time.perf_counter()
     new_run()
-    plan = plan_tokenize(inputs, tokenizer, out, opts)
-    plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
-    try:  # from the retired manifest's writing on: a signal anywhere removes it
+    plan = plan_tokenize(inputs, tokenizer, out.path, opts)
+    stem = plan.prefix.name
+    if not out.remote:
+        plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
+    removed: list[str] = []
+    try:  # from the retired list's writing on: a failure before the commit removes it
         if not run.finalize:
-            _begin(plan, opts, run)
-        jobs = [PartJob(plan, k, opts) for k in range(len(plan.parts))]
+            _begin(out, plan, opts, run)
+        tasks = [PartTask(plan, k, opts, str(out.path), out.place.storage_options or {})
+                 for k in range(len(plan.parts))]
         manifests, skipped = run_jobs(
-            Jobs(jobs, run_part, [q.bytes for q in plan.parts], lambda j: j.label(), "tokenize",
-                 "B"),
-            run, progress)
+            Jobs(tasks, run_task, [q.bytes for q in plan.parts], lambda j: j.label(),
+                 "tokenize", "B"), run, progress)
         if not run.one_task:
             ms = None if run.finalize else [manifests[k] for k in range(len(plan.parts))]
-            manifest = finalize_tokenize(plan, ms)
+            manifest, removed = finalize_tokenize(plan, out, ms)
     except BaseException:
-        if plan.json_path.exists():  # the old manifest is in place: nothing to vouch for
-            with contextlib.suppress(FileNotFoundError):
-                _retired(plan).unlink()
+        if out.place.is_file(f"{stem}.json"):  # the old manifest is there: nothing to vouch for
+            out.remove([_retired(stem)])
         raise
     # what killed writers (a Ray worker killed mid-part, then retried) left beside the
     # parts: removed under the run's exclusive lock, once every part is in
-    warnings: list[str] = [] if run.one_task else reclaim(Path(os.path.abspath(plan.prefix)))
+    warnings: list[str] = [] if run.one_task or out.remote else reclaim(
+        Path(os.path.abspath(plan.prefix)))
     for m in manifests.values():
         warnings += [w for w in m.get("warnings", []) if w not in warnings]
     if run.one_task:
@@ -98,11 +188,10 @@ def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunO
         engines = [manifests[k]["meta"]["engine"] for k in sorted(manifests)]
         dtype = next(iter(manifests.values()))["meta"]["dtype"] if manifests else "?"
     else:
-        entries, dtype = manifest["parts"], manifest["dtype"]
-        engines = [manifest["engine"]]
+        entries, dtype, engines = manifest["parts"], manifest["dtype"], [manifest["engine"]]
     inputs_meta = [i for e in entries for i in e["inputs"]]
     return TokenizeResult(
-        prefix=str(plan.prefix), n_docs=sum(e["n_docs"] for e in entries),
+        prefix=str(out.path), n_docs=sum(e["n_docs"] for e in entries),
         n_tokens=sum(e["n_tokens"] for e in entries),
         n_empty=sum(e["n_empty"] for e in entries),
         n_skipped=sum(sum(i.get("skipped", {}).values()) for i in inputs_meta),
@@ -111,156 +200,156 @@ def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunO
         n_parts_skipped=skipped, executor=run.describe(),
         engine=merge_engines(engines) if engines else {},
         n_tokens_tokenized=sum(m["part"]["n_tokens"] for m in manifests.values()
-                               if not m.get("skipped")))
+                               if not m.get("skipped")),
+        published=_published(out, manifests, removed))
 
 
-def _plan_file(plan: TokenizePlan) -> Path:
-    return plan.prefix.parent / f".{plan.prefix.name}.plan.json"
+def _published(out: Output, manifests: dict, removed: list[str]) -> str | None:
+    if not out.remote:
+        return None
+    sent = [m["published"] for m in manifests.values() if m.get("published")]
+    return (f"published to {out.path}: {sum(p['uploaded'] for p in sent):,} objects uploaded "
+            f"({sum(p['bytes_sent'] for p in sent) / 1e6:,.1f} MB), each verified"
+            + (f"; {len(removed):,} leftover objects of an earlier run removed" if removed
+               else ""))
 
 
-def _begin(plan: TokenizePlan, opts: TokenizeOptions, run: RunOptions) -> None:
+# ------------------------------------------------------------------------ ownership
+def _plan_file(stem: str) -> str:
+    return f".{stem}.plan.json"
+
+
+def _retired(stem: str) -> str:
+    return f".{stem}.retired.json"
+
+
+def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptions) -> None:
     """Before any data file changes: refuse what is not ours, register the plan (or find it
-    the one in progress), and retire a manifest being overwritten."""
-    if plan.json_path.exists() and not opts.overwrite:
-        raise PacktoolError(f"output already exists: {plan.json_path}; pass --overwrite to "
-                            "replace it or choose another --out")
-    if plan.json_path.exists() or plan.json_path.is_symlink():
+    the one in progress), and list the parts of a manifest being overwritten."""
+    place, stem = out.place, plan.prefix.name
+    manifest = f"{stem}.json"
+    if place.exists(manifest):
+        if not opts.overwrite:
+            raise PacktoolError(f"output already exists: {place.path(manifest)}; pass "
+                                "--overwrite to replace it or choose another --out")
         try:  # only a manifest of ours (format, schema, digest) is ever replaced
-            read_corpus_manifest(plan.json_path)
+            read_corpus_manifest(manifest, place)
         except FormatError as e:
-            raise PacktoolError(f"--overwrite refused: {plan.json_path} is not a packtool token "
-                                f"manifest ({e}); move it away if it is yours, or choose "
-                                "another --out") from None
-    _refuse_foreign_files(plan)
-    registered = _plan_file(plan)
-    if run.one_task:  # registered whole (a link: never seen half-written) unless one is
-        _register(registered, {"digest": plan.digest, "n_parts": len(plan.parts)})
+            raise PacktoolError(f"--overwrite refused: {place.path(manifest)} is not a "
+                                f"packtool token manifest ({e}); move it away if it is yours, "
+                                "or choose another --out") from None
+    _refuse_foreign_files(out, plan)
+    registered = _plan_file(stem)
+    body = json.dumps({"format": PLAN_FORMAT, "digest": plan.digest, "n_parts": len(plan.parts),
+                       "parts": sorted(_our_names(out, stem) | {q.name for q in plan.parts})
+                       }).encode()
+    if run.one_task:  # registered whole, unless a task got there first
+        out.put_new(registered, body)
     try:
-        current = json.loads(registered.read_text()) if registered.is_file() else None
+        current = json.loads(place.read_bytes(registered)) if place.is_file(registered) else None
     except (OSError, ValueError):
         current = {}
     if current is not None and current.get("digest") != plan.digest:
         if not opts.overwrite or run.one_task:
             raise PacktoolError(
-                f"{plan.prefix} is being written from another plan (other inputs, options or "
-                f"tokenizer; {registered.name}); finish that run (the same command, or "
+                f"{out.path} is being written from another plan (other inputs, options or "
+                f"tokenizer; {registered}); finish that run (the same command, or "
                 "--finalize after its array tasks) or pass --overwrite to a whole run to "
                 "discard it")
-        registered.unlink()
-        current = None
-    if opts.overwrite and plan.json_path.exists():
-        _retire(plan)
+        out.remove([registered])
+    if out.remote and not run.one_task:  # no journaled commit in a bucket: until a part's
+        out.put(registered, body)        # record is there, the marker vouches for its objects
+    if opts.overwrite and place.exists(manifest):
+        names = sorted(_our_names(out, stem))
+        out.remove([_retired(stem)])
+        out.put(_retired(stem), json.dumps({"format": FORMAT, "parts": [
+            {"name": n} for n in names]}).encode())
 
 
-def _retired(plan: TokenizePlan) -> Path:
-    return plan.prefix.parent / f".{plan.prefix.name}.retired.json"
-
-
-def _our_names(plan: TokenizePlan) -> set[str]:
-    """Part names the corpus manifest (or one retired by an interrupted --overwrite) lists,
-    under the prefix's current name (a corpus renamed a.* -> b.* still lists a.part-...)."""
+def _our_names(out: Output, stem: str) -> set[str]:
+    """Part names the corpus manifest (or one retired by an interrupted --overwrite, or the
+    plan marker of a run in progress in a bucket) lists, under the prefix's current name (a
+    corpus renamed a.* -> b.* still lists a.part-...)."""
     names: set[str] = set()
-    for path in (plan.json_path, _retired(plan)):
+    for name in (f"{stem}.json", _retired(stem), _plan_file(stem)):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-            meta = json.loads(path.read_text())
+            meta = json.loads(out.place.read_bytes(name))
+            if meta.get("format") == PLAN_FORMAT:
+                names |= {n for n in meta.get("parts", []) if isinstance(n, str)}
+                continue
             if meta.get("format") != FORMAT:
                 continue
-            was = (meta.get("plan") or {}).get("prefix") or plan.prefix.name
-            for q in meta.get("parts") or [{"name": plan.prefix.name}]:
-                name = q["name"]
-                if name == was or name.startswith(was + ".part-"):
-                    name = plan.prefix.name + name[len(was):]
-                names.add(name)
+            was = (meta.get("plan") or {}).get("prefix") or stem
+            for q in meta.get("parts") or [{"name": stem}]:
+                n = q["name"]
+                if n == was or n.startswith(was + ".part-"):
+                    n = stem + n[len(was):]
+                names.add(n)
     return names
 
 
-def _retire(plan: TokenizePlan) -> None:
-    """Before an --overwrite: a hidden ``.PREFIX.retired.json`` lists the parts the old
-    manifest vouches for, so that their files stay provably ours once that manifest leaves
-    (with the first new part's commit, journaled with it: readers never see new data under
-    it) until the new manifest is in place."""
-    retired = _retired(plan)
-    names = sorted(_our_names(plan))
-    with contextlib.suppress(FileNotFoundError):
-        retired.unlink()
-    write_new(retired, json.dumps({"format": FORMAT, "parts": [{"name": n} for n in names]}))
-
-
-def _register(path: Path, body: dict) -> None:
-    """Write ``path`` atomically unless it exists: a temporary of this pid, hard-linked to
-    ``path`` (which fails if another task got there first), then removed."""
-    from .._atomic import temp_name
-
-    tmp = temp_name(path)
-    write_new(tmp, json.dumps(body))
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
-
-
-def _refuse_foreign_files(plan: TokenizePlan) -> None:
+def _refuse_foreign_files(out: Output, plan: TokenizePlan) -> None:
     """Data files at a part's name are ours only when a manifest of ours (the corpus's, a
     retired one, or the part's own) vouches for them; anything else is the user's, never
     replaced, even with --overwrite."""
-    listed = _our_names(plan)
+    listed, there = _our_names(out, plan.prefix.name), out.place.names()
     for q in plan.parts:
-        found = [f"{plan.part_prefix(q)}{s}" for s in (".bin", ".boundaries", ".mask")
-                 if Path(f"{plan.part_prefix(q)}{s}").exists()
-                 or Path(f"{plan.part_prefix(q)}{s}").is_symlink()]
+        found = [f"{q.name}{s}" for s in (".bin", ".boundaries", ".mask")
+                 if f"{q.name}{s}" in there]
         if not found or q.name in listed:
             continue
+        record = part_manifest_path(Path("."), q.name).name
         try:
-            ours = read_part_manifest(plan.part_manifest(q)) is not None
+            ours = read_part_manifest(record, out.place) is not None
         except FormatError:
             ours = False
         if not ours:
-            raise PacktoolError(f"{', '.join(found)} exist(s) and no packtool manifest lists "
-                                "them: not a packtool output, so not replaced even with "
-                                "--overwrite; move them away or choose another --out")
+            raise PacktoolError(f"{', '.join(str(out.place.path(f)) for f in found)} exist(s) "
+                                "and no packtool manifest lists them: not a packtool output, "
+                                "so not replaced even with --overwrite; move them away or "
+                                "choose another --out")
 
 
-def finalize_tokenize(plan: TokenizePlan, manifests: list[dict] | None = None) -> dict:
-    """Write ``PREFIX.json`` once every part of ``plan`` is finished. ``manifests`` (from
-    the run just made, each read back from disk) skip the re-check; without them every
-    part is checked in full (sha256 of every file, and its inputs' content) and a missing
-    or corrupt one refused, by name."""
+# ------------------------------------------------------------------------- finalize
+def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
+                      manifests: list[dict] | None = None) -> tuple[dict, list[str]]:
+    """Write ``PREFIX.json`` once every part of ``plan`` is finished: (the manifest, the
+    stale objects removed). ``manifests`` (from the run just made, each read back) skip the
+    re-check; without them every part is checked (locally the sha256 of every file, and
+    its inputs' content) and a missing or corrupt one refused, by name."""
+    out = out or Output(plan.prefix)
     if manifests is None:
-        manifests = checked_parts(plan, lambda k: check_part(plan, k))
+        manifests = checked_parts(plan, lambda k: finished(plan, k, out))
     manifest, moved = assemble(plan, manifests)
-    paths = [plan.part_manifest(q) for q, _ in moved] + [plan.json_path]
+    stem = plan.prefix.name
+    files = [(part_manifest_path(Path("."), q.name).name,
+              manifest_text(body, ensure_ascii=False).encode()) for q, body in moved]
+    files.append((f"{stem}.json", manifest_text(manifest, ensure_ascii=False).encode()))
     # the commit and its clean-up are one step for a signal: one that arrives before the
     # commit undoes it; one after it waits until nothing stale (old parts, the plan, the
-    # retired manifest) is left beside the new manifest, then ends the run
+    # retired list) is left beside the new manifest, then ends the run
     with _signals.deferred():
-        with atomic_files(paths, True, key=plan.json_path) as tmps:
-            for tmp, (_, body) in zip(tmps, moved, strict=False):
-                write_new(tmp, manifest_text(body, ensure_ascii=False))
-            write_new(tmps[-1], manifest_text(manifest, ensure_ascii=False))
-        _remove_stale_parts(plan)
-        for done in (_plan_file(plan), _retired(plan)):
-            with contextlib.suppress(FileNotFoundError):
-                done.unlink()
+        out.commit(files)
+        removed = _remove_stale_parts(out, plan)
+        out.remove([_plan_file(stem), _retired(stem)])
     _signals.check()
-    return manifest
+    return manifest, removed
 
 
-def _remove_stale_parts(plan: TokenizePlan) -> None:
-    """Parts of an earlier plan at this prefix (their part manifests, or the manifest an
-    --overwrite retired, say so) that this plan does not list: removed once the new manifest
-    is in place, so no orphan data stays."""
-    keep = {q.name for q in plan.parts}
-    folder, stem = plan.prefix.parent, plan.prefix.name
-    names = {m.name[1:-len(".part.json")] for m in folder.glob(f".{stem}*.part.json")}
+def _remove_stale_parts(out: Output, plan: TokenizePlan) -> list[str]:
+    """Parts of an earlier plan at this prefix (their part records, or the list an
+    --overwrite retired, say so) that this plan does not list: removed once the new
+    manifest is in place, so no orphan data stays."""
+    keep, stem = {q.name for q in plan.parts}, plan.prefix.name
+    there = out.place.names()
+    names = {n[1:-len(".part.json")] for n in there
+             if n.startswith(f".{stem}") and n.endswith(".part.json")}
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        names |= {q["name"] for q in json.loads(_retired(plan).read_text())["parts"]}
-    for name in names - keep:
-        if not (name == stem or name.startswith(f"{stem}.part-")):
-            continue
-        for s in (".bin", ".boundaries", ".mask"):
-            with contextlib.suppress(FileNotFoundError):
-                (folder / f"{name}{s}").unlink()
-        with contextlib.suppress(FileNotFoundError):
-            part_manifest_path(folder, name).unlink()
+        names |= {q["name"] for q in json.loads(out.place.read_bytes(_retired(stem)))["parts"]}
+    stale = []
+    for name in sorted(names - keep):
+        if name == stem or name.startswith(f"{stem}.part-"):
+            stale += [f"{name}{s}" for s in (".bin", ".boundaries", ".mask")
+                      if f"{name}{s}" in there]
+            stale.append(part_manifest_path(Path("."), name).name)
+    return [n for n in out.remove(stale) if not n.startswith(".")]

@@ -254,10 +254,19 @@ def validate_tokens(prefix, storage_options: dict | None = None) -> TokenCorpus:
     return corpus
 
 
-def read_corpus_manifest(path: Path) -> dict:
+def read_corpus_manifest(path, place=None) -> dict:
     """A corpus manifest ``PREFIX.json``, checked as :func:`open_tokens` checks it (format,
     version, schema, digest, parts bound together) without opening its data files: what
-    proves a manifest packtool's before --overwrite replaces it."""
+    proves a manifest packtool's before --overwrite replaces it, in a local folder or a
+    bucket alike (``place``: a :class:`packtool.storage.place.Place`, ``path`` its name
+    there)."""
+    if place is not None and place.remote:
+        where = place.path(str(path))
+        meta = read_manifest(where, FORMAT, READABLE, read=place.read_bytes)
+        _part_entries(meta, where)
+        return meta
+    if place is not None:
+        path = place.path(str(path))
     meta = read_manifest(path, FORMAT, READABLE)
     _part_entries(meta, path)
     return meta
