@@ -34,7 +34,7 @@ from ..storage import is_url
 from .assemble import assemble, checked_parts
 from .part import PartJob, check_part, run_part
 from .plan import TokenizePlan, check_out, plan_tokenize
-from .prepare import end_run, new_run
+from .prepare import new_run
 from .result import TokenizeResult, merge_engines
 
 
@@ -52,16 +52,13 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     run = run or RunOptions()
     run.check()
     opts.check()
-    try:
-        if is_url(out):  # each part made where it runs, then published (tokenize.remote)
-            from .remote import tokenize_to_store
+    if is_url(out):  # each part made where it runs, then published (tokenize.remote)
+        from .remote import tokenize_to_store
 
-            return tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
-        check_out(out)
-        with output_lock(out, shared=run.one_task) as notes:
-            result = _tokenize(inputs, tokenizer, out, opts, progress, run)
-    finally:
-        end_run()  # a reference process this run started (tokenize.prepare) ends with it
+        return tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
+    check_out(out)
+    with output_lock(out, shared=run.one_task) as notes:
+        result = _tokenize(inputs, tokenizer, out, opts, progress, run)
     result.warnings[:0] = notes
     return result
 
