@@ -6,7 +6,6 @@ dtype, and the refusals that keep an output what its flags say."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from .errors import PacktoolError
@@ -147,60 +146,14 @@ def id_space(tokenizer) -> int:
     map, or for Unigram a list in id order) and the added tokens, which is what
     ``get_vocab(with_added_tokens=True)`` holds; that call built a 70k-entry dict, 55 ms of
     CPU for the 70k BPE."""
-    return max(spec_id_space(tokenizer_json(tokenizer)[1]),
-               tokenizer.get_vocab_size(with_added_tokens=True))
-
-
-def spec_id_space(spec: dict) -> int:
-    """One past the largest id in a parsed ``tokenizer.json``: its model's vocabulary and its
-    added tokens (:func:`id_space` without the loaded tokenizer)."""
+    spec = tokenizer_json(tokenizer)[1]
     vocab = (spec.get("model") or {}).get("vocab")
     top = max((t["id"] for t in spec.get("added_tokens") or ()), default=-1)
     if isinstance(vocab, dict):
         top = max(top, max(vocab.values(), default=-1))
     elif isinstance(vocab, list):
         top = max(top, len(vocab) - 1)
-    return top + 1
-
-
-def spec_token_id(spec: dict, token: str) -> int | None:
-    """``Tokenizer.token_to_id`` read from a parsed ``tokenizer.json`` of a model whose
-    vocabulary is a token -> id map: an added token first, then the model's vocabulary; None
-    where it is in neither (or the vocabulary is not such a map)."""
-    for t in spec.get("added_tokens") or ():
-        if t.get("content") == token:
-            return t["id"]
-    vocab = (spec.get("model") or {}).get("vocab")
-    return vocab.get(token) if isinstance(vocab, dict) else None
-
-
-_FILES: dict[tuple, tuple] = {}  # (path, mtime_ns, size) -> what plain_json returned
-
-
-def plain_json(path: Path) -> tuple[str, dict, str]:
-    """A ``tokenizer.json`` file read without the `tokenizers` library: ``(text, spec,
-    sha256)``, where ``text`` is the file with truncation and padding switched off (the file
-    itself when both are already null, as in most released tokenizers) and ``spec`` its
-    parse; read once per process and file version. Raises ``OSError`` or ``ValueError``."""
-    import hashlib
-
-    with open(path, "rb") as f:  # the stamp and the bytes of one and the same file
-        st = os.fstat(f.fileno())
-        key = (str(path), st.st_mtime_ns, st.st_size)
-        hit = _FILES.get(key)
-        if hit is not None:
-            return hit
-        raw = f.read()
-    text = raw.decode("utf-8")
-    spec = parse_json(text)
-    if not isinstance(spec, dict):
-        raise ValueError(f"{path} holds a JSON {type(spec).__name__}, not an object")
-    if spec.get("truncation") is not None or spec.get("padding") is not None:
-        text = json.dumps({**spec, "truncation": None, "padding": None}, ensure_ascii=False)
-    while len(_FILES) >= 4:
-        del _FILES[next(iter(_FILES))]
-    _FILES[key] = (text, spec, hashlib.sha256(raw).hexdigest())
-    return _FILES[key]
+    return max(top + 1, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def refuse_doubled_specials(tok, opts, bos_id, eos_id) -> None:

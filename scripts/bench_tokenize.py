@@ -36,9 +36,6 @@ Each run is repeated --repeat times; the fastest wall time is kept (CPU is that 
 are tokens/s over the raw call's tokens/s (target: >= 5 with --engine auto on byte-level BPE).
 On a shared machine, wall times move with other load; the CPU column (user + sys of the whole
 process) does not, and `x raw (CPU)` compares tokens per CPU second.
-`auto/ordinary` (--issue22) runs auto with the early start off (packtool.engines.early: every
-part set up the ordinary way, the reference loaded in-process first): the difference to `auto`
-is what the early start gains.
 `auto/check-off` runs auto with --engine-check off, `auto/check-full` with full: the differences
 to `auto` are the measured costs of the sample and full checks. --flat runs a 3x corpus to
 show that memory stays flat.
@@ -119,22 +116,15 @@ def timed(cmd: list, env: dict | None = None, cwd=None) -> dict:
                 "stdout": out.read().decode(), "stderr": stderr, "returncode": p.returncode}
 
 
-# the CLI with the early start off (packtool.engines.early): every part set up the ordinary way
-ORDINARY = ("import sys; import packtool.engines.early as e; e.MIN_BYTES = 1 << 62; "
-            "sys.argv = ['packtool', *sys.argv[1:]]; from packtool.cli.app import main; main()")
-
-
 def run_packtool(corpus: Path, out: Path, workers: int, engine: str = "hf",
-                 check: str = "sample", tokenizer: Path = TOKENIZER, early: bool = True) -> dict:
-    """Wall seconds, CPU seconds (the reference process of an early start included: it is
-    reaped), tokens and peak RSS of the CLI in a fresh process, writing prefix ``out/tok`` in
-    the emptied folder ``out``: a finished part left by the previous repeat would be skipped
-    as a resume (--overwrite keeps verified parts of the same plan) and timed as a run.
-    ``early=False``: the early start turned off (:data:`ORDINARY`)."""
+                 check: str = "sample", tokenizer: Path = TOKENIZER) -> dict:
+    """Wall seconds, CPU seconds, tokens and peak RSS of the CLI in a fresh process, writing
+    prefix ``out/tok`` in the emptied folder ``out``: a finished part left by the previous
+    repeat would be skipped as a resume (--overwrite keeps verified parts of the same plan)
+    and timed as a run."""
     shutil.rmtree(out, ignore_errors=True)
     out = out / "tok"
-    cli = ["-m", "packtool"] if early else ["-c", ORDINARY]
-    cmd = [sys.executable, *cli, "tokenize", str(corpus), "-t", str(tokenizer),
+    cmd = [sys.executable, "-m", "packtool", "tokenize", str(corpus), "-t", str(tokenizer),
            "-o", str(out), "--overwrite", "-q", "--json", "-j", str(workers), "--engine", engine,
            "--engine-check", check]
     p = timed(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -337,10 +327,9 @@ def _issue22_shape(src: Path, kind: str, n: int, tok: Path, names: list, args) -
             if name in slow and rep >= args.slow_repeat:
                 continue
             engine, _, check = name.partition("/")
-            early = check != "ordinary"
-            check = check.removeprefix("check-") if early and check else "sample"
+            check = check.removeprefix("check-") or "sample"
             out = args.workdir / f"tok-{label}-{name.replace('/', '-')}"
-            r = run_packtool(src, out, args.workers, engine, check, tok, early)
+            r = run_packtool(src, out, args.workers, engine, check, tok)
             r["digest"] = _digest(r["prefix"])
             tries[name].append(r)
     runs = {k: best(v) for k, v in tries.items()}
@@ -369,10 +358,6 @@ def _print_shape(title: str, runs: dict) -> None:
               f"  {what}")
         if same == "NO":
             print(f"  !! {name}: different tokens from --engine hf")
-    if "auto" in runs and "auto/ordinary" in runs:
-        a, b = runs["auto"], runs["auto/ordinary"]
-        print(f"  the early start (auto - auto/ordinary): wall {a['seconds'] - b['seconds']:+.2f}"
-              f" s ({a['seconds'] / b['seconds'] - 1:+.0%}), CPU {a['cpu'] - b['cpu']:+.2f} s")
     if "auto" in runs and "auto/check-off" in runs:
         a, b = runs["auto"], runs["auto/check-off"]
         wall = a["seconds"] - b["seconds"]

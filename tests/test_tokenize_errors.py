@@ -62,6 +62,39 @@ def test_unreadable_file(tmp_path, monkeypatch):
     assert_fails(tmp_path, "cannot open", p)
 
 
+
+@pytest.mark.parametrize("given", ["file", "folder", "glob"])
+def test_a_fifo_input_is_refused_by_name_at_once(tmp_path, given):
+    """A named pipe blocks its first reader until something writes to it (a run given one
+    waited for ever; one in a folder was skipped without a word), and tokenize reads an input
+    more than once. Run in a process of its own with a timeout: a regression fails, not hangs."""
+    from conftest import ROOT
+
+    d = tmp_path / "in"
+    d.mkdir()
+    write_jsonl(d / "a.jsonl", [{"text": "x"}])
+    os.mkfifo(d / "b.jsonl")
+    arg = {"file": d / "b.jsonl", "folder": d, "glob": d / "*.jsonl"}[given]
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "packtool", "tokenize", str(arg), "-t",
+                        str(TOKENIZER), "-o", str(tmp_path / "out"), "-q"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{d / 'b.jsonl'} is a FIFO (named pipe)" in r.stderr, r.stderr
+    assert "copy it to a regular file" in r.stderr
+    assert time.monotonic() - t0 < 30 and not list(tmp_path.glob("*out*"))
+
+
+@pytest.mark.parametrize("given", ["file", "folder"])
+def test_a_device_input_is_refused_by_name(tmp_path, given):
+    d = tmp_path / "in"
+    d.mkdir()
+    write_jsonl(d / "a.jsonl", [{"text": "x"}])
+    (d / "null.jsonl").symlink_to(os.devnull)  # reads as an empty file; never one to tokenize
+    arg = d / "null.jsonl" if given == "file" else d
+    assert_fails(tmp_path, f"{d / 'null.jsonl'} is a character device", arg)
+
+
 def test_corrupt_gzip(tmp_path):
     data = gzip.compress(b'{"text": "hello"}\n' * 1000)
     (tmp_path / "a.jsonl.gz").write_bytes(data[: len(data) // 2])

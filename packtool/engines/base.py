@@ -22,12 +22,6 @@ class EngineMismatch(Exception):
     """A fast engine's ids differ from the reference's on a checked document."""
 
 
-class Unconfirmed(Exception):
-    """A part started before its engine was confirmed (:mod:`.early`), and the confirmation
-    failed (a fact or the load probe differs, or the reference process failed): the part is
-    made again the ordinary way."""
-
-
 @dataclass
 class Engine:
     """``encode(texts, add_special, dtype) -> (lengths int64, ids dtype)``, no truncation or

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tokenizer import plain_json, tokenizer_json
+from ..tokenizer import tokenizer_json
 from .base import Engine, EngineRefused, narrow, version
 
 UNSUPPORTED = {"model": {"WordPiece", "Unigram", "WordLevel"}}
@@ -84,15 +84,10 @@ def _add(lengths, ids, prefix, suffix):
 
 
 def load(path, reference) -> Engine:
-    """gigatoken for the tokenizer ``reference`` (loaded from ``path``); with ``reference``
-    None, from the ``tokenizer.json`` at ``path`` alone (:func:`packtool.tokenizer.plain_json`:
-    truncation and padding off as well), for a run that starts before the reference is loaded
-    (:mod:`.early`); that engine has no post-processor wrap."""
     import gigatoken
 
-    text = tokenizer_json(reference)[0] if reference is not None else plain_json(path)[0]
-    backend = gigatoken.Tokenizer.from_json(text).backend
-    wrap = _wrap(reference) if reference is not None else None
+    backend = gigatoken.Tokenizer.from_json(tokenizer_json(reference)[0]).backend
+    wrap = _wrap(reference)
 
     def encode(texts, add_special, dtype):
         layout = backend.encode_batch(texts, parallel=PARALLEL).layout

@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import PacktoolError
 from ..tokenizer import tokenizer_json
 from . import fastokens, gigatoken, ranking, tokie
-from .base import Engine, EngineMismatch, EngineRefused, Unconfirmed
+from .base import Engine, EngineMismatch, EngineRefused
 from .base import hf as _hf
 
 # select_engine's counters belong to one part; what it decided does not (Selection.fresh)
@@ -66,12 +66,7 @@ _PROBE = [
 
 
 def _probe_texts(reference) -> list[str]:
-    return probe_texts([t.content for t in reference.get_added_tokens_decoder().values()])
-
-
-def probe_texts(added: list[str]) -> list[str]:
-    """The load probe: fixed texts, then each added token (``added``: their texts) in
-    context, then all of them together."""
+    added = [t.content for t in reference.get_added_tokens_decoder().values()]
     return _PROBE + [f"a{t}b {t} x{t}{t}\n{t}" for t in added] + [" ".join(added)]
 
 
@@ -81,7 +76,7 @@ def _spec(reference) -> dict:
     return tokenizer_json(reference)[1]
 
 
-def declared_refusal(name: str, spec: dict) -> str | None:
+def _declared_refusal(name: str, spec: dict) -> str | None:
     def types(node):
         if not isinstance(node, dict):
             return set()
@@ -126,7 +121,7 @@ def load_engine(name: str, path: Path, reference, add_special: bool,
         return _hf(path, reference)
     if need_offsets:
         raise EngineRefused(f"{name} gives no character offsets, which chat masks need")
-    reason = declared_refusal(name, _spec(reference) if spec is None else spec)
+    reason = _declared_refusal(name, _spec(reference) if spec is None else spec)
     if reason:
         raise EngineRefused(reason)
     try:
@@ -179,11 +174,10 @@ class Selection:
     in-order writer never waits for the reference. Inside the workers the check took 0.4-0.7 s
     of wall time (100 MB synthetic JSONL, fastokens, before the sample's byte budget): the
     batch holding the first 200 documents held the in-order writer, and with it the reader.
-    What the sample is and costs: :mod:`.sample`. At most ``max(2 * workers, 32)`` checks
-    wait (memory stays flat: their bytes are within the sample's budget); a difference is
-    raised by the next ``encode`` call or on leaving :meth:`checking`. ``full`` re-encodes
-    each batch in its worker, since the reference then sets the pace anyway: 22.9 s instead
-    of 1.2 s, the cost of an ``hf`` run."""
+    What the sample is and costs: :mod:`.sample`. At most ``2 * workers``
+    checks wait (memory stays flat); a difference is raised by the next ``encode`` call or on
+    leaving :meth:`checking`. ``full`` re-encodes each batch in its worker, since the reference
+    then sets the pace anyway: 22.9 s instead of 1.2 s, the cost of an ``hf`` run."""
 
     engine: Engine
     requested: str
@@ -199,9 +193,6 @@ class Selection:
     _slots: threading.Semaphore | None = None
     _futures: list = field(default_factory=list)
     _failed: EngineMismatch | None = None
-    _early: bool = False                           # made before its reference: confirm_early
-    _confirming: threading.Thread | None = None    # confirm_early's thread, until joined
-    _unconfirmed: Unconfirmed | None = None
 
     def fresh(self) -> Selection:
         """A copy for another part: what was decided, with check counters of its own."""
@@ -210,58 +201,17 @@ class Selection:
         kept["reasons"] = dict(kept["reasons"])
         return type(self)(**kept)
 
-    def confirm_early(self, confirm) -> None:
-        """For a selection made before its reference was loaded (:mod:`.early`): run
-        ``confirm()`` (which raises :class:`Unconfirmed` where the selection cannot be
-        trusted) on a thread beside the run; what it raises is raised again by the next
-        :meth:`encode` and by :meth:`confirmed`, any other exception as
-        :class:`Unconfirmed`."""
-        def run():
-            try:
-                confirm()
-            except BaseException as e:  # a Rust panic is a BaseException: never a silent pass
-                self._unconfirmed = e if isinstance(e, Unconfirmed) else Unconfirmed(
-                    f"the confirmation failed ({type(e).__name__}: {str(e)[:200]})")
-
-        self._early = True
-        self._confirming = threading.Thread(target=run, name="packtool-confirm", daemon=True)
-        self._confirming.start()
-
-    def confirmed(self) -> None:
-        """Wait for :meth:`confirm_early`'s thread, if any; raise what it found."""
-        thread = self._confirming
-        if thread is not None:
-            thread.join()
-            self._confirming = None
-        if self._unconfirmed is not None:
-            raise self._unconfirmed
-
-    def unconfirmed_first(self, error: Exception) -> None:
-        """A part that started early failed with ``error``: if the confirmation fails too,
-        raise its :class:`Unconfirmed` instead (from ``error``), so the part is made the
-        ordinary way and any error is the one the ordinary way gives (a tokenizer that
-        `tokenizers` refuses, rather than a bad record met first)."""
-        if self._early and not isinstance(error, Unconfirmed):
-            try:
-                self.confirmed()
-            except Unconfirmed as u:
-                raise u from error
-
     @contextlib.contextmanager
     def checking(self, workers: int):
         """Run sample checks on ``workers`` checker threads; on normal exit wait for them
-        (raising :class:`EngineMismatch` on a difference) and for the early confirmation, on
-        an error drop the rest."""
+        (raising :class:`EngineMismatch` on a difference), on an error drop the rest."""
         if self.reference is None or self.check != "sample":
             yield self
-            self.confirmed()
             return
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(workers, "packtool-check")
-        # the checked bytes are bounded by the sample's budget; more may wait while an
-        # early selection's reference is still loading in its process
-        self._slots = threading.Semaphore(max(2 * workers, 32))
+        self._slots = threading.Semaphore(2 * workers)
         try:
             yield self
         except BaseException:
@@ -274,9 +224,7 @@ class Selection:
             self._pool = None
 
     def finish(self) -> None:
-        """Wait for the early confirmation and every submitted check; raise what failed (a
-        failed confirmation first: the part is then made the ordinary way)."""
-        self.confirmed()
+        """Wait for every submitted check; raise the first difference found."""
         for f in self._futures:
             f.result()
         self._futures = []
@@ -286,8 +234,6 @@ class Selection:
     def encode(self, texts, add_special, dtype, pick: np.ndarray | None = None):
         """The engine's encode; the documents at ``pick`` (or all, with ``full``) are compared
         with the reference."""
-        if self._unconfirmed is not None:
-            raise self._unconfirmed
         if self._failed is not None:
             raise self._failed
         lengths, ids = self.engine.encode(texts, add_special, dtype)

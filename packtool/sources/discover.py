@@ -1,12 +1,19 @@
 """Finding the input files: files as given, folders read recursively, globs; a folder that
 cannot be listed is an error, and a ``datasets.save_to_disk`` folder's metadata files are not
-corpus files (its ``state.json`` names the ``.arrow`` files to read)."""
+corpus files (its ``state.json`` names the ``.arrow`` files to read).
+
+Only regular files are inputs. A FIFO blocks its first reader until something writes to it
+(a run given one waited for ever), and a run reads an input more than once: its size for the
+plan, its bytes, their crc32 again on resume, a part again after a fallback to the reference;
+a pipe, a socket or a device gives none of that. Such a file, given or found under a supported
+name, is refused by name before anything is read (:func:`_not_regular`)."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import stat
 from pathlib import Path
 
 from ..errors import PacktoolError
@@ -62,8 +69,9 @@ def expand_inputs(inputs: list[str]) -> list:
                 )
             out.append(p)
         elif glob.has_magic(arg):
-            found = sorted(Path(f) for f in glob.glob(arg, recursive=True) if Path(f).is_file())
-            found = [f for f in found if file_kind(f) and not _is_dataset_metadata(f)]
+            found = sorted(Path(f) for f in glob.glob(arg, recursive=True))
+            found = [f for f in found if file_kind(f) and _is_file(f)
+                     and not _is_dataset_metadata(f)]
             if not found:
                 raise PacktoolError(f"pattern {arg!r} matches no supported files ({SUPPORTED})")
             out.extend(found)
@@ -83,8 +91,10 @@ def expand_inputs(inputs: list[str]) -> list:
 
 
 def _opened_identity(p: Path) -> tuple[int, int]:
+    """(device, inode) of ``p``, from an open that proves it readable and a regular file;
+    non-blocking, so a FIFO with no writer is refused instead of waited on."""
     try:
-        fd = os.open(p, os.O_RDONLY)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
         raise PacktoolError(
             f"{p}: cannot open ({e.strerror}); check the path and permissions") from None
@@ -92,7 +102,34 @@ def _opened_identity(p: Path) -> tuple[int, int]:
         st = os.fstat(fd)
     finally:
         os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(p, st.st_mode)
     return st.st_dev, st.st_ino
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+            (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(p: Path, mode: int) -> PacktoolError:
+    what = next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
+    return PacktoolError(
+        f"{p} is {what}: packtool reads files it can read twice (the plan's size, the bytes, "
+        "their crc32 again on resume, a part again after a fallback), which this cannot "
+        "give; copy it to a regular file")
+
+
+def _is_file(p: Path) -> bool:
+    """``p`` is a regular file (through symlinks); False for a folder or a dangling link.
+    Anything else (a FIFO, socket or device) is refused here, before a reader or the
+    manifest sniff of :func:`_is_packtool_manifest` could block on it."""
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return False
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return stat.S_ISREG(mode)
+    raise _not_regular(p, mode)
 
 
 def _expand_remote(arg: str) -> list[RemoteInput]:
@@ -160,7 +197,7 @@ def _walk(folder: Path, seen: set) -> list[Path]:
         if is_dir:
             out.extend(_walk(f, seen))
             continue
-        if e.name.startswith(".") or not file_kind(f) or not f.is_file():
+        if e.name.startswith(".") or not file_kind(f) or not _is_file(f):
             continue
         if data_files is not None and (e.name in _HF_METADATA or file_kind(f) == "arrow"):
             if e.name in data_files:
@@ -184,6 +221,8 @@ def _save_to_disk_files(folder: Path, names: set) -> set | None:
     """The ``.arrow`` files a ``datasets.save_to_disk`` folder's ``state.json`` lists, or None
     when ``folder`` is not one (other ``.arrow`` files there, e.g. map caches, are not data)."""
     if "state.json" not in names or not any(n.endswith(".arrow") for n in names):
+        return None
+    if not _is_file(folder / "state.json"):
         return None
     try:
         state = json.loads((folder / "state.json").read_text())

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 from .._atomic import atomic_files
 from .._io import write_new
-from ..engines import EngineMismatch, early, engine_manifest, mismatch_warning
-from ..engines.base import Unconfirmed
+from ..engines import EngineMismatch, engine_manifest, mismatch_warning
 from ..errors import FormatError, PacktoolError
 from ..formats._manifest import manifest_text
 from ..formats.tokens import (
@@ -40,7 +39,7 @@ from ..options import TokenizeOptions
 from ..sources import as_input, content_unchanged
 from . import pipeline
 from .plan import TokenizePlan
-from .prepare import early_failed, setup
+from .prepare import setup
 
 
 @dataclass(frozen=True)
@@ -96,16 +95,10 @@ def tokenize_part(job: PartJob, tick) -> dict:
     """Tokenize one part. A fast engine that differs from the reference on a checked
     document fails the part; its partial output is discarded and, with ``--engine auto``,
     the part starts again with the reference (the manifest's ``engine.fallback`` says why).
-    A part started before its reference was loaded (:func:`_early_setup`) whose engine
-    then fails its confirmation is made again the ordinary way, as are the run's others.
     The progress of a part made again counts its input once."""
     tick = _Once(tick)
     try:
-        try:
-            return _write_part(job, tick)
-        except Unconfirmed:
-            early_failed()
-            return _write_part(job, tick.again())
+        return _write_part(job, tick)
     except EngineMismatch as e:
         if job.opts.engine != "auto":
             raise PacktoolError(f"--engine {job.opts.engine}: {e}; use --engine auto or hf"
@@ -152,12 +145,8 @@ def finished_parts(plan: TokenizePlan, but: int) -> str | None:
 
 def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
     t0 = time.perf_counter()
-    s = setup(job.plan.tokenizer, job.opts, fallback, big=job.part.bytes >= early.MIN_BYTES)
-    try:
-        manifest = _write(job, tick, s)
-    except Exception as e:  # a part started early: a failed confirmation comes first
-        s.engine.unconfirmed_first(e)
-        raise
+    s = setup(job.plan.tokenizer, job.opts, fallback)
+    manifest = _write(job, tick, s)
     manifest["seconds"] = time.perf_counter() - t0
     return manifest
 

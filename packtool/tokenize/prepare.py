@@ -2,10 +2,6 @@
 the id space and dtype, the special tokens' ids, the encoder and the engine selection, made
 once per process (the tokenizer, and the selection with its load probe: per run and per
 Ray worker process) and handed to each part (:mod:`.part`).
-
-A large part whose engine would be gigatoken starts before its reference is loaded
-(:func:`_early_setup`, :mod:`packtool.engines.early`): the reference loads in a child
-process, this run's one, which ends with the run (:func:`end_run`).
 """
 
 from __future__ import annotations
@@ -15,20 +11,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from .._io import sha256_file
-from ..engines import early, select_engine
+from ..engines import select_engine
 from ..formats.tokens import token_dtype
 from ..options import TokenizeOptions
 from ..sources import ReadOptions
 from ..storage import is_url
 from ..tokenizer import (
-    check_model,
     id_space,
     load_tokenizer,
-    plain_json,
     refuse_doubled_specials,
     resolve_tokenizer_path,
-    spec_id_space,
-    spec_token_id,
     special_token_id,
 )
 from .encode import make_encoder
@@ -72,39 +64,10 @@ def engine_for(opts: TokenizeOptions, tok_path: Path, need_offsets: bool,
                      fallback).fresh()
 
 
-# (tokenizer path, mtime_ns, size, engine, check, bos, eos) -> (facts, selection, reference
-# process) of this run's early setup (:func:`_early_setup`): one at most, so one child
-_EARLY: dict[tuple, tuple] = {}
-_EARLY_OFF: list = []  # non-empty: an early setup failed its confirmation in this run
-_IN_RUN: list = []     # non-empty: a run this process drives (new_run .. end_run)
-
-
 def new_run() -> None:
     """A run in this process selects its engine afresh (once): what is installed, or a
     test's stand-in engine, may have changed since the last run."""
     _selected.cache_clear()
-    end_run()
-    _EARLY_OFF.clear()
-    _IN_RUN.append(True)
-
-
-def end_run() -> None:
-    """The run is over: its reference process, if it started one, ends. A Ray worker never
-    starts one (its parts run outside new_run .. end_run), so none outlives its run."""
-    _IN_RUN.clear()
-    _forget_early()
-
-
-def early_failed() -> None:
-    """An early start failed its confirmation: this run's parts are made the ordinary way."""
-    _EARLY_OFF.append(True)
-    _forget_early()
-
-
-def _forget_early() -> None:
-    while _EARLY:
-        _, (_, _, remote) = _EARLY.popitem()
-        remote.close()
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -133,77 +96,6 @@ def _read_opts(opts: TokenizeOptions) -> ReadOptions:
                        max_record_bytes=opts.max_record_bytes)
 
 
-def _early_setup(tokenizer: str | Path, opts: TokenizeOptions, big: bool) -> Setup | None:
-    """The setup of a part that starts before its reference is loaded (:mod:`packtool.engines
-    .early`), or None where the ordinary :func:`setup` must run: a run this process drives
-    (:func:`new_run`; not a Ray worker's part), text mode without the post-processor,
-    ``--engine`` auto or gigatoken (gigatoken first for the family), check sample or off, a
-    BPE ``tokenizer.json``, and a part of at least ``early.MIN_BYTES`` (``big``), or a run
-    whose early engine is already confirmed. Everything taken from the file here (the id
-    space, ``--bos``/``--eos`` ids, the family) is confirmed against the reference before
-    the part commits."""
-    if (not _IN_RUN or _EARLY_OFF or opts.mode != "text" or opts.special_tokens
-            or opts.engine not in ("auto", "gigatoken")
-            or opts.engine_check not in ("sample", "off")):
-        return None
-    tok_path = resolve_tokenizer_path(tokenizer)
-    if tok_path.suffix == ".model":
-        return None
-    key = (str(tok_path), *_stamp(tok_path), opts.engine, opts.engine_check, opts.bos,
-           opts.eos)
-    hit = _EARLY.get(key)
-    if hit is not None:
-        (vocab_size, tok_sha256, bos_id, eos_id), proto, _ = hit
-        proto.confirmed()  # the first part's confirmation (Unconfirmed: the ordinary way)
-        sel = proto.fresh()
-    elif not big:
-        return None
-    else:
-        started = _start_early(tok_path, key, opts)
-        if started is None:
-            return None
-        (vocab_size, tok_sha256, bos_id, eos_id), sel = started
-    dtype = token_dtype(vocab_size)
-    encode = make_encoder(None, dtype, False, bos_id, eos_id, "text", engine=sel)
-    meta = _meta(tokenizer, tok_path, tok_sha256, vocab_size, dtype, bos_id, eos_id, opts, None)
-    return Setup(None, tok_path, dtype, meta, _read_opts(opts), sel, encode, [])
-
-
-def _start_early(tok_path: Path, key: tuple, opts: TokenizeOptions):
-    """The reference process started, gigatoken loaded from the file, the confirmation
-    started: ((id space, sha256, bos id, eos id), selection), kept in ``_EARLY`` for the
-    run's other parts; or None (the child ended) where the file needs the ordinary path."""
-    try:
-        remote = early.ReferenceProcess(tok_path, tuple(t for t in (opts.bos, opts.eos) if t))
-    except OSError:
-        return None
-    kept = False
-    try:
-        _, spec, tok_sha256 = plain_json(tok_path)
-        if not isinstance(spec.get("model"), dict) or spec["model"].get("type") != "BPE":
-            return None  # tokenizers infers a missing type: the ordinary path decides
-        check_model(spec, tok_path)
-        vocab_size = spec_id_space(spec)
-        ids = {t: spec_token_id(spec, t) for t in (opts.bos, opts.eos) if t}
-        if None in ids.values():
-            return None
-        sel = early.early_selection(opts.engine, opts.engine_check, tok_path, spec,
-                                    remote.engine)
-        if sel is None:
-            return None
-        facts = (vocab_size, tok_sha256, ids.get(opts.bos), ids.get(opts.eos))
-        sel.confirm_early(lambda: remote.confirm(sel.engine, vocab_size, ids, sel.family))
-        _forget_early()  # one child: another tokenizer's or options' ends
-        _EARLY[key] = (facts, sel, remote)
-        kept = True
-        return facts, sel
-    except Exception:  # whatever is wrong with the file, the ordinary path says it
-        return None
-    finally:
-        if not kept:
-            remote.close()
-
-
 def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bos_id, eos_id,
           opts: TokenizeOptions, template_from) -> dict:
     return {"dtype": dtype.name, "vocab_size": vocab_size,
@@ -220,14 +112,9 @@ def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bo
                         "train_on": opts.train_on if opts.mode == "messages" else None}}
 
 
-def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = None,
-          big: bool = False) -> Setup:
-    """What a part needs: :func:`_early_setup` where it applies (``big``: the part is at
-    least ``early.MIN_BYTES``), else the tokenizer loaded and the engine selected here."""
-    if fallback is None:
-        started = _early_setup(tokenizer, opts, big)
-        if started is not None:
-            return started
+def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = None) -> Setup:
+    """What a part needs: the tokenizer loaded and the engine selected (once per process,
+    :func:`tokenizer_for` and :func:`engine_for`), the ids, dtype and encoder."""
     tok, tok_path = tokenizer_for(tokenizer)
     bos_id = special_token_id(tok, opts.bos, "--bos") if opts.bos else None
     eos_id = special_token_id(tok, opts.eos, "--eos") if opts.eos else None

@@ -47,7 +47,7 @@ from ..storage.output import Output
 from .assemble import assemble, checked_parts
 from .part import PartJob, check_part, inputs_changed, tokenize_part
 from .plan import TokenizePlan, check_out, plan_tokenize
-from .prepare import end_run, new_run
+from .prepare import new_run
 from .result import TokenizeResult, merge_engines
 
 PLAN_FORMAT = "packtool.tokens.plan"
@@ -71,11 +71,8 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     output = Output(out, default_options())
     if not output.remote:
         check_out(out)
-    try:
-        with output.lock(shared=run.one_task) as notes:
-            result = _tokenize(inputs, tokenizer, output, opts, progress, run)
-    finally:
-        end_run()  # a reference process this run started (tokenize.prepare) ends with it
+    with output.lock(shared=run.one_task) as notes:
+        result = _tokenize(inputs, tokenizer, output, opts, progress, run)
     result.warnings[:0] = notes
     return result
 
