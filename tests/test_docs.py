@@ -107,3 +107,60 @@ def test_format_snippet_reads_a_pack(tmp_path, layout, vocab):
                           ("positions", "position_ids"), ("cu_seqlens", "cu_seqlens")):
             assert np.array_equal(names[key], ex[want]), (layout, key)
         assert (names["labels"] == -100).sum() > len(names["cu_seqlens"]) - 1  # the mask
+
+
+# -- the README and the links between the docs -------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading ids: lower case, punctuation but ``-`` and ``_`` dropped, spaces to
+    ``-`` ("Measured (scripts/bench_scale.py, ...)" -> "measured-scriptsbench_scalepy-...")."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # a shell comment is no heading
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_readme_is_short_and_links_the_docs():
+    """The README is read in a minute (it was 14.8 kB, the tokenize bullet alone 20 lines):
+    what it does, the two commands, the pipeline, five measured rows; the rest is in docs/,
+    each doc linked from it, the full measured table in docs/BENCHMARKS.md."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme) <= 9_000, f"README.md is {len(readme):,} characters (at most 9,000)"
+    linked = set(LINK.findall(readme))
+    unlinked = [p.name for p in PAGES[1:] if f"docs/{p.name}" not in linked]
+    assert "docs/BENCHMARKS.md" in linked and not unlinked, unlinked
+    measured = readme.split("## Measured", 1)[1].split("\n## ", 1)[0]
+    assert len(re.findall(r"^\| (?!---|what \|)", measured, re.M)) <= 5, measured
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_resolve(page):
+    """Every link to a file of the repository names one that is there, and a #section of a
+    page one of its headings (a heading renamed or a doc moved breaks no reader's link)."""
+    broken = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+://|mailto:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists() or (anchor and anchor not in anchors(dest)):
+            broken.append(target)
+    assert not broken, f"{page.name}: {broken}"
+
+
+def test_every_measured_row_has_its_command():
+    """docs/BENCHMARKS.md: each figure with the command that measured it, and each script it
+    names is in scripts/."""
+    rows = [r for r in (ROOT / "docs" / "BENCHMARKS.md").read_text().splitlines()
+            if r.startswith("| ") and not r.startswith(("| what |", "| --- |"))]
+    assert len(rows) >= 19, len(rows)
+    for row in rows:
+        command = row.rstrip(" |").rsplit(" | ", 1)[1]
+        assert re.match(r"`(python|packtool) ", command), row[:80]
+    missing = {s for row in rows for s in re.findall(r"scripts/(\w+\.py)", row)
+               if not (ROOT / "scripts" / s).is_file()}
+    assert not missing, missing
