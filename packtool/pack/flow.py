@@ -199,6 +199,7 @@ class Grouped:
         self.g = groups
         self.corpora, self.factors, self.options = corpora, factors, options
         self.groups = groups.group_jobs(corpora, factors, options, target, digest)
+        self.combined: dict = {}  # per split, what finalize folded from the groups' entries
         self.assign_seconds = time.perf_counter() - t0
 
     def jobs(self) -> Jobs:
@@ -226,7 +227,7 @@ class Grouped:
 
     def result(self, out: Path, seconds: float, warnings: list[str],
                idx: dict | None = None) -> PackResult:
-        c = getattr(self, "combined", {}).get("train")
+        c = self.combined.get("train")
         counts = c["counts"] if c else {}
         return PackResult(
             out=str(out), algo=self.options.algo, seq_len=self.options.seq_len,
