@@ -171,8 +171,9 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
             ms = None if run.finalize else [manifests[k] for k in range(len(plan.parts))]
             manifest, removed = finalize_tokenize(plan, out, ms)
     except BaseException:
-        if out.place.is_file(f"{stem}.json"):  # the old manifest is there: nothing to vouch for
-            out.remove([_retired(stem)])
+        with contextlib.suppress(Exception):  # a store that is down: the error is the one above
+            if out.place.is_file(f"{stem}.json"):  # the old manifest is there: nothing to vouch
+                out.remove([_retired(stem)])       # for
         raise
     # what killed writers (a Ray worker killed mid-part, then retried) left beside the
     # parts: removed under the run's exclusive lock, once every part is in
@@ -188,7 +189,8 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
         entries, dtype, engines = manifest["parts"], manifest["dtype"], [manifest["engine"]]
     inputs_meta = [i for e in entries for i in e["inputs"]]
     return TokenizeResult(
-        prefix=str(out.path), n_docs=sum(e["n_docs"] for e in entries),
+        prefix=str(out.path if out.remote else plan.prefix),
+        n_docs=sum(e["n_docs"] for e in entries),
         n_tokens=sum(e["n_tokens"] for e in entries),
         n_empty=sum(e["n_empty"] for e in entries),
         n_skipped=sum(sum(i.get("skipped", {}).values()) for i in inputs_meta),
