@@ -360,13 +360,14 @@ def test_signal_beside_an_overwrite_leaves_nothing(tmp_path, corpus, monkeypatch
     monkeypatch.setattr(_signals, "received", [])
     real = getattr(stage, where)
 
-    def then_signal(plan):
+    def then_signal(*args):
         if where == "_retire":
-            real(plan)
+            real(*args)
         assert (tmp_path / ".out.retired.json").exists()  # what the run must not leave
         _signals._on_sigterm(signal.SIGTERM, None)  # delivered right here
         if where != "_retire":
-            real(plan)
+            return real(*args)
+        return None
     monkeypatch.setattr(stage, where, then_signal)
     with pytest.raises(_signals.Terminated):
         tokenize_files([str(corpus["jsonl"])], TOKENIZER, out,

@@ -130,27 +130,24 @@ class Output:
 
     # -------------------------------------------------------------------- manifests
     def put(self, name: str, data: bytes) -> None:
-        """A small object (a manifest, a marker) written whole: renamed into place, or one
-        verified put."""
+        """A small object (a marker, a staging folder's index) written whole: in place
+        locally, one verified put in a bucket."""
         if self.remote:
             from .publish import put_object
 
             put_object(self.place.fs, f"{self.place.root}/{name}", data,
                        str(self.place.path(name)))
             return
-        from .._atomic import fsync_path, temp_name
+        from .._atomic import fsync_path
         from .._io import write_new
 
+        # locally what is put is not yet vouched for by anything (a staging folder's index,
+        # the retired list): written in place, under the run's lock, and removed by the
+        # run's clean-up if it fails
         final = Path(self.place.path(name))
-        tmp = temp_name(final)
-        try:
-            write_new(tmp, data.decode("utf-8"))
-            fsync_path(tmp)
-            tmp.replace(final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_path(final.parent)
+        final.unlink(missing_ok=True)
+        write_new(final, data.decode("utf-8"))
+        fsync_path(final)
 
     def commit(self, files: list[tuple[str, bytes]]) -> None:
         """Small files (records, then the manifest) written together, the last one the

@@ -259,10 +259,17 @@ def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptio
     if out.remote and not run.one_task:  # no journaled commit in a bucket: until a part's
         out.put(registered, body)        # record is there, the marker vouches for its objects
     if opts.overwrite and place.exists(manifest):
-        names = sorted(_our_names(out, stem))
-        out.remove([_retired(stem)])
-        out.put(_retired(stem), json.dumps({"format": FORMAT, "parts": [
-            {"name": n} for n in names]}).encode())
+        _retire(out, plan)
+
+
+def _retire(out: Output, plan: TokenizePlan) -> None:
+    """Before an --overwrite: ``.PREFIX.retired.json`` lists the parts the old manifest
+    vouches for, so that their files stay provably ours once that manifest leaves (with
+    the first new part) until the new manifest is in place."""
+    stem = plan.prefix.name
+    names = sorted(_our_names(out, stem))
+    out.put(_retired(stem), json.dumps({"format": FORMAT, "parts": [
+        {"name": n} for n in names]}).encode())
 
 
 def _our_names(out: Output, stem: str) -> set[str]:
@@ -329,13 +336,13 @@ def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
     # retired list) is left beside the new manifest, then ends the run
     with _signals.deferred():
         out.commit(files)
-        removed = _remove_stale_parts(out, plan)
+        removed = _remove_stale_parts(plan, out)
         out.remove([_plan_file(stem), _retired(stem)])
     _signals.check()
     return manifest, removed
 
 
-def _remove_stale_parts(out: Output, plan: TokenizePlan) -> list[str]:
+def _remove_stale_parts(plan: TokenizePlan, out: Output) -> list[str]:
     """Parts of an earlier plan at this prefix (their part records, or the list an
     --overwrite retired, say so) that this plan does not list: removed once the new
     manifest is in place, so no orphan data stays."""
