@@ -20,7 +20,8 @@ from .sources import DEFAULT_MAX_RECORD_BYTES, MEMORY_PER_RECORD_BYTE, TXT_SPLIT
 OVERFLOW = ("split", "truncate", "drop")
 LAYOUTS = ("index", "tokens")  # see packtool.formats.packed.schema
 BALANCE = ("none", "attention")
-ENGINES = ("auto", "hf", "gigatoken", "fastokens", "tokie")  # = engines.ENGINE_NAMES (tested)
+# = engines.ENGINE_NAMES (tested)
+ENGINES = ("auto", "hf", "sentencepiece", "gigatoken", "fastokens", "tokie")
 ENGINE_CHECKS = ("sample", "full", "off")
 DEFAULT_PART_BYTES = 256 << 20  # small input files are grouped into parts of about this much
 LONG_RECORD_WARN_BYTES = 8 << 20  # the reader warns once per run about a record this large
@@ -73,10 +74,12 @@ class TokenizeOptions:
                                 show_default=True)
     render_timeout: float = opt(RENDER_TIMEOUT, "Chat: seconds one template rendering may "
                                 "take.", type=("float", 0, True), show_default=True)
-    engine: str = opt("auto", "Tokenizer engine: hf = the tokenizers library (the reference); "
-                      "auto = the fastest installed engine for the tokenizer's family that "
-                      "matches it (pip install 'packtool[fast]').", type=("choice", ENGINES),
-                      show_default=True)
+    engine: str = opt("auto", "Tokenizer engine: hf = the tokenizers library (the reference "
+                      "for a tokenizer.json; for a SentencePiece .model its conversion, "
+                      "checked); sentencepiece = the sentencepiece library (the reference for "
+                      "a .model); auto = the fastest installed engine for the tokenizer's "
+                      "family that matches the reference (pip install 'packtool[fast]').",
+                      type=("choice", ENGINES), show_default=True)
     engine_check: str = opt("sample", "Compare a fast engine with the reference on a sample of "
                             "documents (at most 64 KiB + 0.2% of the bytes read), on all of "
                             "them, or not at all (a load-time probe always runs).",

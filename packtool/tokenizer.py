@@ -1,5 +1,6 @@
 """Loading a tokenizer for ``packtool tokenize``: a Hugging Face ``tokenizer.json``, a
-SentencePiece ``.model`` (converted, :mod:`packtool.engines.spm`), or a model folder holding
+SentencePiece ``.model`` (its reference is the sentencepiece library; converted for lookups
+and as a checked engine, :mod:`packtool.engines.spm`), or a model folder holding
 one, with padding and truncation off; special-token lookups, the id space that sets the token
 dtype, and the refusals that keep an output what its flags say."""
 
@@ -40,8 +41,8 @@ def resolve_tokenizer_path(tok: str | Path) -> Path:
 def load_tokenizer(tok: str | Path):
     """Load a ``tokenizer.json`` (or a model folder holding one) with padding and truncation
     switched off: packtool always stores every document's full token sequence. A SentencePiece
-    ``.model`` is converted (:mod:`packtool.engines.spm`) and proven equal to the sentencepiece
-    library on a probe first."""
+    ``.model`` is converted (:mod:`packtool.engines.spm`); the sentencepiece library must
+    load it, since it is the reference the engine selection holds every engine to."""
     from tokenizers import Tokenizer
 
     path = resolve_tokenizer_path(tok)

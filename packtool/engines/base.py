@@ -11,7 +11,7 @@ from itertools import chain
 import numpy as np
 
 _PIP_NAMES = {"fastokens": "fastokens", "tokie": "tokie", "gigatoken": "gigatoken",
-              "hf": "tokenizers"}
+              "hf": "tokenizers", "sentencepiece": "sentencepiece"}
 
 
 class EngineRefused(Exception):
@@ -25,12 +25,20 @@ class EngineMismatch(Exception):
 @dataclass
 class Engine:
     """``encode(texts, add_special, dtype) -> (lengths int64, ids dtype)``, no truncation or
-    padding; ``offsets``: whether it can give the character offsets chat masks need."""
+    padding; ``offsets``: whether it can give the character offsets chat masks need, and
+    ``with_offsets(texts) -> [(ids, [(start, end), ...]), ...]`` gives them (the references:
+    chat masks are made by the reference, since the sample check compares ids only)."""
 
     name: str
     version: str
     encode: Callable
     offsets: bool
+    with_offsets: Callable | None = None
+
+    @property
+    def library(self) -> str:
+        """The library by its pip name (``tokenizers`` for ``hf``), as messages name it."""
+        return _PIP_NAMES.get(self.name, self.name)
 
 
 def version(name: str) -> str:
@@ -55,8 +63,13 @@ def narrow(ids: np.ndarray, dtype) -> np.ndarray:
 
 
 def hf(path, reference) -> Engine:
-    """The reference: the `tokenizers` library's own batch call."""
+    """The `tokenizers` library's own batch call: the reference for a ``tokenizer.json``, a
+    checked engine for a SentencePiece ``.model``'s conversion."""
     def encode(texts, add_special, dtype):
         return flatten(reference.encode_batch_fast(texts, add_special_tokens=add_special), dtype)
 
-    return Engine("hf", version("hf"), encode, offsets=True)
+    def with_offsets(texts):
+        return [(e.ids, e.offsets)
+                for e in reference.encode_batch(texts, add_special_tokens=False)]
+
+    return Engine("hf", version("hf"), encode, offsets=True, with_offsets=with_offsets)

@@ -28,6 +28,15 @@ MEASURED = {
     "metaspace_bpe": (("hf", 5.0, 2.2),),
 }
 FAST_ENGINES = ("gigatoken", "fastokens", "tokie")
+# A SentencePiece .model: tokenizers running packtool's conversion (hf) against the reference,
+# the sentencepiece library's batch encoder (its C++ threads), M tokens/s on 20 MB of prose /
+# code, 32k models (scripts/bench_corpora.py's spm_models), 2 shared cores at load 5, best of 2
+# (2025-11): byte-fallback BPE with the Llama-2 normalizer hf 1.5 / 1.1, sentencepiece 2.2 /
+# 2.1 (fastokens 5.7 / 5.9); the same with the default nmt_nfkc hf 1.0, sentencepiece 1.7
+# (prose); Unigram (nmt_nfkc) hf 0.7, sentencepiece 15.3. hf is never the faster, so auto
+# does not try it on a .model (the fast engines read the conversion; --engine hf runs it).
+HF_ON_A_MODEL = ("not tried: the sentencepiece library is as fast or faster on SentencePiece "
+                 "models (measured 1.7-15 vs 0.7-1.5M tokens/s)")
 DEFAULT_ORDER = FAST_ENGINES  # a family not measured: the byte-level order
 
 

@@ -8,10 +8,11 @@ from .select import LOADERS, Selection
 
 
 def engine_manifest(sel: Selection) -> dict:
-    """The manifest's ``engine`` entry: what ran, what was checked and what it found, and why
+    """The manifest's ``engine`` entry: what ran, what it was checked against (``reference``:
+    the library and version that define the right tokens), what the check found, and why
     each faster engine was not used (``not_used``: engine -> reason)."""
     entry = {"name": sel.engine.name, "version": sel.engine.version, "requested": sel.requested,
-             "check": sel.check, "family": sel.family}
+             "reference": sel.reference_name, "check": sel.check, "family": sel.family}
     if sel.reference is not None:
         entry["checked_docs"] = sel.checked_docs
         entry["checked_tokens"] = sel.checked_tokens
@@ -28,7 +29,8 @@ def engine_summary(entry: dict, tokens_per_second: float | None = None) -> str:
     and why a faster one was not used, e.g. ``engine fastokens 0.3.5 (12.1M tokens/s; sample
     check: 277 documents identical); not used: gigatoken: not installed``."""
     speed = f"{tokens_per_second / 1e6:.1f}M tokens/s" if tokens_per_second else None
-    check = (f"{entry['check']} check: {entry['checked_docs']:,} documents "
+    against = f" against {entry['reference']}" if entry.get("reference") else ""
+    check = (f"{entry['check']} check{against}: {entry['checked_docs']:,} documents "
              f"{entry['result']}" if "checked_docs" in entry else None)
     detail = "; ".join(x for x in (speed, check) if x)
     line = f"engine {entry['name']} {entry['version']}" + (f" ({detail})" if detail else "")
@@ -51,4 +53,4 @@ def _short(reason: str) -> str:
 
 
 def mismatch_warning(e: EngineMismatch) -> str:
-    return f"{e}; tokenizing again with the reference tokenizers library"
+    return f"{e}; tokenizing again with the reference"

@@ -1,10 +1,12 @@
-"""Choosing, trusting and checking an engine: the `tokenizers` library (or, for a SentencePiece
-``.model``, its conversion, proven against the sentencepiece library at load) is the
-reference; faster Rust engines (one module each beside this one) are used only with the
+"""Choosing, trusting and checking an engine: the `tokenizers` library is the reference for a
+``tokenizer.json``, the `sentencepiece` library for a SentencePiece ``.model``
+(:func:`reference_engine`); faster engines (the Rust ones, one module each beside this one,
+and for a ``.model`` its conversion run by `tokenizers`, ``hf``) are used only with the
 promise kept:
 
 1. **At load**, an engine refuses what it declares it cannot do (fastokens: BertNormalizer;
-   gigatoken: WordPiece, Unigram; none gives the character offsets that chat masks need),
+   gigatoken: WordPiece, Unigram; only the reference gives the character offsets that chat
+   masks need; nothing reads a ``.model`` packtool does not convert),
    then encodes a fixed probe (all scripts, whitespace runs, control characters, every added
    token in context) and must match the reference on every probe text, else it is refused
    with the first difference.
@@ -21,8 +23,10 @@ promise kept:
    byte-identical whichever engine ran.
 
 ``auto`` tries the engines in the measured order for the tokenizer's family
-(:mod:`packtool.engines.ranking`) and takes the first that loads and passes the probe; the
-selection records, for every faster engine, why it was not used.
+(:mod:`packtool.engines.ranking`) and takes the first that loads and passes the probe, else
+the reference (for a ``.model`` not ``hf``, its conversion run by `tokenizers`: slower than
+sentencepiece itself, ``ranking.HF_ON_A_MODEL``); the selection records, for every faster
+engine, why it was not used, and which library was the reference.
 """
 
 from __future__ import annotations
@@ -37,14 +41,14 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..tokenizer import tokenizer_json
-from . import fastokens, gigatoken, ranking, tokie
-from .base import Engine, EngineMismatch, EngineRefused
+from . import fastokens, gigatoken, ranking, spm, tokie
+from .base import Engine, EngineMismatch, EngineRefused, version
 from .base import hf as _hf
 
 # select_engine's counters belong to one part; what it decided does not (Selection.fresh)
 _PER_PART = {"checked_docs", "checked_tokens"}
 FASTEST_FIRST = ranking.FAST_ENGINES  # every fast engine; auto's order is per family
-ENGINE_NAMES = ("auto", "hf", *FASTEST_FIRST)
+ENGINE_NAMES = ("auto", "hf", "sentencepiece", *FASTEST_FIRST)
 CHECKS = ("sample", "full", "off")
 
 # component types an engine declares it cannot reproduce (found by tests/test_engines.py or
@@ -65,8 +69,26 @@ _PROBE = [
 ]
 
 
-def _probe_texts(reference) -> list[str]:
-    added = [t.content for t in reference.get_added_tokens_decoder().values()]
+def _probe_texts(path: Path, reference) -> list[str]:
+    """The load probe for the tokenizer at ``path``; a ``.model`` adds its own
+    (:func:`packtool.engines.spm.probe_texts`: its pieces in context)."""
+    texts = probe_texts([t.content for t in reference.get_added_tokens_decoder().values()])
+    return texts + spm.probe_texts(path) if _is_model(path) else texts
+
+
+def _is_model(path) -> bool:
+    return Path(path).suffix == ".model"
+
+
+def reference_engine(path: Path, reference) -> Engine:
+    """What every other engine must equal: the sentencepiece library for a ``.model``, the
+    `tokenizers` library (``reference`` itself) for anything else."""
+    return spm.reference(path) if _is_model(path) else _hf(path, reference)
+
+
+def probe_texts(added: list[str]) -> list[str]:
+    """The load probe: fixed texts, then each added token (``added``: their texts) in
+    context, then all of them together."""
     return _PROBE + [f"a{t}b {t} x{t}{t}\n{t}" for t in added] + [" ".join(added)]
 
 
@@ -76,7 +98,7 @@ def _spec(reference) -> dict:
     return tokenizer_json(reference)[1]
 
 
-def _declared_refusal(name: str, spec: dict) -> str | None:
+def declared_refusal(name: str, spec: dict) -> str | None:
     def types(node):
         if not isinstance(node, dict):
             return set()
@@ -92,47 +114,31 @@ def _declared_refusal(name: str, spec: dict) -> str | None:
     return None
 
 
-_JSON_DIR: list = []
-
-
-def _json_path(path: Path, reference) -> Path:
-    """A ``tokenizer.json`` for engines that read a file: ``path`` itself, or for a
-    SentencePiece ``.model`` its conversion, written once per process to a temporary folder."""
-    if Path(path).suffix != ".model":
-        return Path(path)
-    import hashlib
-    import tempfile
-
-    if not _JSON_DIR:
-        _JSON_DIR.append(tempfile.TemporaryDirectory(prefix="packtool-spm-"))
-    text = tokenizer_json(reference)[0]
-    out = Path(_JSON_DIR[0].name) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
-    if not out.exists():
-        out.write_text(text, encoding="utf-8")
-    return out
-
-
 def load_engine(name: str, path: Path, reference, add_special: bool,
-                need_offsets: bool = False, spec: dict | None = None) -> Engine:
+                need_offsets: bool = False, spec: dict | None = None,
+                against: Engine | None = None) -> Engine:
     """Load engine ``name`` for the tokenizer at ``path`` (already loaded as ``reference``, a
-    `tokenizers.Tokenizer` with truncation and padding off), or raise :class:`EngineRefused`.
-    ``spec``: the reference's parsed JSON, when the caller has it already."""
-    if name == "hf":
-        return _hf(path, reference)
-    if need_offsets:
-        raise EngineRefused(f"{name} gives no character offsets, which chat masks need")
-    reason = _declared_refusal(name, _spec(reference) if spec is None else spec)
+    `tokenizers.Tokenizer` with truncation and padding off), proven equal on the load probe
+    to ``against`` (default: :func:`reference_engine`), or raise :class:`EngineRefused`.
+    ``name`` naming the reference itself returns it. ``spec``: the tokenizer's parsed JSON,
+    when the caller has it already."""
+    against = reference_engine(path, reference) if against is None else against
+    if name == against.name:
+        return against
+    reason = _refusal(name, path, reference, need_offsets, spec)
     if reason:
         raise EngineRefused(reason)
     try:
-        engine = LOADERS[name](_json_path(path, reference), reference)
+        engine = (_hf(path, reference) if name == "hf"
+                  else LOADERS[name](spm.conversion_file(tokenizer_json(reference)[0])
+                                     if _is_model(path) else Path(path), reference))
     except ImportError:
         raise EngineRefused(f"{name} is not installed (pip install 'packtool[fast]')") from None
     except Exception as e:  # the Rust side raises its own exception types
         raise EngineRefused(f"{name} cannot load it ({str(e).splitlines()[0][:200]})") from None
-    texts = _probe_texts(reference)
+    texts = _probe_texts(path, reference)
     try:
-        diff = first_difference(engine, _hf(path, reference), texts, add_special)
+        diff = first_difference(engine, against, texts, add_special)
     except EngineRefused:
         raise
     except EngineMismatch as e:
@@ -140,9 +146,25 @@ def load_engine(name: str, path: Path, reference, add_special: bool,
     except Exception as e:
         diff = f"it failed on the probe ({type(e).__name__}: {str(e)[:200]})"
     if diff:
-        raise EngineRefused(f"{name} {engine.version} differs from tokenizers on the load probe: "
-                            f"{diff}")
+        raise EngineRefused(f"{name} {engine.version} differs from {against.library} on the "
+                            f"load probe: {diff}")
     return engine
+
+
+def _refusal(name: str, path: Path, reference, need_offsets: bool, spec: dict | None
+             ) -> str | None:
+    """Why engine ``name`` (not the reference) cannot be used, known before loading it."""
+    if need_offsets:
+        if name == "hf":  # a .model's conversion: its offsets would go unchecked
+            return ("chat masks are made with the reference's character offsets (the sample "
+                    "check compares ids, not offsets)")
+        return f"{name} gives no character offsets, which chat masks need"
+    unconverted = spm.conversion_refused(reference) if _is_model(path) else None
+    if unconverted:
+        return f"{name} would encode packtool's conversion, and there is none: {unconverted}"
+    if name == "hf":
+        return None
+    return declared_refusal(name, _spec(reference) if spec is None else spec)
 
 
 def first_difference(engine: Engine, reference: Engine, texts: list[str],
@@ -186,6 +208,8 @@ class Selection:
     reasons: dict = field(default_factory=dict)   # engine name -> why it was not used
     fallback: str | None = None                    # why a run fell back to the reference
     family: str = "other"                          # ranking.family of the tokenizer
+    # the reference library and version: tokenizers, or sentencepiece for a .model
+    reference_name: str = field(default_factory=lambda: f"tokenizers {version('hf')}")
     checked_docs: int = 0
     checked_tokens: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -262,7 +286,7 @@ class Selection:
         if not same:
             diff = first_difference(self.engine, self.reference, texts, add_special)
             err = EngineMismatch(f"{self.engine.name} {self.engine.version} differs from "
-                                 f"tokenizers on the corpus: {diff}")
+                                 f"{self.reference.library} on the corpus: {diff}")
         with self._lock:
             self.checked_docs += len(texts)
             self.checked_tokens += int(lengths.sum())
@@ -275,28 +299,40 @@ class Selection:
 def select_engine(requested: str, check: str, path: Path, reference, add_special: bool,
                   need_offsets: bool = False, fallback: str | None = None) -> Selection:
     """The engine for a run: ``requested`` by name, or with ``auto`` the fastest for the
-    tokenizer's family (:mod:`.ranking`) that loads and passes the probe, else the reference.
-    ``fallback`` (a reason) forces the reference. The selection's ``reasons`` say why each
-    engine tried before the one chosen was not used."""
+    tokenizer's family (:mod:`.ranking`) that loads and passes the probe, else the reference
+    (:func:`reference_engine`; for a ``.model`` ``hf``, its conversion run by tokenizers, is
+    not tried: ``ranking.HF_ON_A_MODEL``). ``fallback``
+    (a reason) forces the reference. The selection's ``reasons`` say why each engine tried
+    before the one chosen was not used."""
     if requested not in ENGINE_NAMES:
         raise PacktoolError(f"--engine {requested!r} is not one of {', '.join(ENGINE_NAMES)}")
     if check not in CHECKS:
         raise PacktoolError(f"--engine-check {check!r} is not one of {', '.join(CHECKS)}")
-    hf = _hf(path, reference)
+    ref = reference_engine(path, reference)
+    if requested == "sentencepiece" and ref.name != requested:
+        raise PacktoolError(f"--engine sentencepiece runs a SentencePiece .model, and {path} is "
+                            "not one; use --engine auto or hf")
     spec = _spec(reference)
     fam = ranking.family(spec)
-    if fallback is not None or requested == "hf":
-        return Selection(hf, requested, "none (the reference)", fallback=fallback, family=fam)
+    label = f"{ref.library} {ref.version}"
+    if fallback is not None or requested == ref.name:
+        return Selection(ref, requested, "none (the reference)", fallback=fallback, family=fam,
+                         reference_name=label)
     reasons = {}
-    for name in ranking.order(fam) if requested == "auto" else (requested,):
+    for name in (requested,) if requested != "auto" else ranking.order(fam):
         try:
-            engine = load_engine(name, path, reference, add_special, need_offsets, spec=spec)
+            engine = load_engine(name, path, reference, add_special, need_offsets, spec=spec,
+                                 against=ref)
         except EngineRefused as e:
             reasons[name] = str(e)
             continue
-        return Selection(engine, requested, check, None if check == "off" else hf, reasons,
-                         family=fam)
+        return Selection(engine, requested, check, None if check == "off" else ref, reasons,
+                         family=fam, reference_name=label)
     if requested != "auto":
         raise PacktoolError(f"--engine {requested}: {reasons[requested]}; use --engine auto "
-                            "(falls back to tokenizers) or --engine hf")
-    return Selection(hf, requested, "none (the reference)", reasons=reasons, family=fam)
+                            f"(falls back to {ref.library}) or --engine {ref.name}")
+    if ref.name != "hf":  # a .model: why its conversion did not run in tokenizers either
+        reasons["hf"] = (_refusal("hf", path, reference, need_offsets, spec)
+                         or ranking.HF_ON_A_MODEL)
+    return Selection(ref, requested, "none (the reference)", reasons=reasons, family=fam,
+                     reference_name=label)

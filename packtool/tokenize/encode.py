@@ -13,9 +13,12 @@ model must learn to stop); in messages mode the template places EOS after assist
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
-from ..engines import flatten
+from ..engines import Selection
+from ..engines.base import hf
 
 
 def add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id):
@@ -51,16 +54,19 @@ def _prompt_completion(batch, records, dtype, pick):
     return lengths, ids, is_c.astype(np.uint8)
 
 
-def _messages(tokenizer, rendered, dtype):
+def _messages(with_offsets, rendered, dtype):
     """(text, trained character spans) pairs -> ids and the mask of the tokens that overlap a
-    span (a zero-width token counts where it stands)."""
-    encs = tokenizer.encode_batch([t for t, _ in rendered], add_special_tokens=False)
-    lengths, ids = flatten(encs, dtype)
+    span (a zero-width token counts where it stands). ``with_offsets``: the reference's
+    ``texts -> [(ids, character offsets)]`` (:class:`packtool.engines.Engine`)."""
+    encs = with_offsets([t for t, _ in rendered])
+    lengths = np.fromiter((len(i) for i, _ in encs), dtype=np.int64, count=len(encs))
+    ids = np.fromiter(chain.from_iterable(i for i, _ in encs), dtype=dtype,
+                      count=int(lengths.sum()))
     mask = np.zeros(ids.size, np.uint8)
     pos = 0
-    for (_, spans), e in zip(rendered, encs, strict=True):
+    for (_, spans), (e, offsets) in zip(rendered, encs, strict=True):
         if spans and len(e):
-            offs = np.array(e.offsets, dtype=np.int64).reshape(-1, 2)
+            offs = np.array(offsets, dtype=np.int64).reshape(-1, 2)
             m = np.zeros(len(e), bool)
             for a, b in spans:
                 m |= (offs[:, 1] > a) & (offs[:, 0] < b)
@@ -74,15 +80,14 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
                  mode: str = "text", renderer=None, engine=None):
     """Return ``encode(records, pick=None) -> (lengths int64, tokens dtype, mask or None)``.
 
-    ``engine``: a ``packtool.engines.Selection`` for text and prompt/completion (default:
-    ``tokenizer`` itself); ``pick``: the records its sample check covers. Messages are
-    rendered by the reader (or by ``renderer`` here) and encoded with the reference, which
+    ``engine``: a ``packtool.engines.Selection`` (default: ``tokenizer`` itself, as the
+    reference); ``pick``: the records its sample check covers. Messages are rendered by the
+    reader (or by ``renderer`` here) and encoded with the selection's engine, which is then
+    the reference (for a SentencePiece ``.model``, the sentencepiece library), the one that
     gives the character offsets the mask needs."""
     if engine is None:
-        def batch(texts, special, dt, pick=None):
-            return flatten(tokenizer.encode_batch_fast(texts, add_special_tokens=special), dt)
-    else:
-        batch = engine.encode
+        engine = Selection(hf(None, tokenizer), "hf", "none (the reference)")
+    batch = engine.encode
 
     def encode(records, pick=None):
         if mode == "text":
@@ -92,7 +97,7 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
             lengths, ids, mask = _prompt_completion(batch, records, dtype, pick)
         else:
             rendered = records if renderer is None else [renderer(r) for r in records]
-            lengths, ids, mask = _messages(tokenizer, rendered, dtype)
+            lengths, ids, mask = _messages(engine.engine.with_offsets, rendered, dtype)
         return add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id)
 
     return encode

@@ -35,7 +35,8 @@ class TokenizeResult:
             return ""
         text = f"; engine {e['name']} {e.get('version', '')}".rstrip()
         if e.get("checked_docs") is not None:
-            text += f" ({e['checked_docs']:,} documents checked against tokenizers: identical)"
+            text += (f" ({e['checked_docs']:,} documents checked against "
+                     f"{e.get('reference') or 'tokenizers'}: identical)")
         if e.get("not_used"):
             text += "; not used: " + "; ".join(f"{k}: {v}" for k, v in e["not_used"].items())
         if e.get("fallback"):
@@ -73,8 +74,9 @@ def merge_engines(engines: list[dict]) -> dict:
            for e in engines):
         return {"per_part": engines}
     out = {k: engines[0].get(k) for k in keys}
-    if "family" in engines[0]:
-        out["family"] = engines[0]["family"]
+    for k in ("reference", "family"):
+        if k in engines[0]:
+            out[k] = engines[0][k]
     if "checked_docs" in engines[0]:
         out["checked_docs"] = sum(e.get("checked_docs", 0) for e in engines)
         out["checked_tokens"] = sum(e.get("checked_tokens", 0) for e in engines)
