@@ -26,7 +26,8 @@ What a user can observe, whatever kills a run (SIGKILL included) and whenever:
   or the directory's rename), the folder after it: a power cut never leaves a manifest naming
   data that is not on disk.
 - **Only our own output is replaced.** ``--overwrite`` replaces a directory only when its
-  format module proves every entry in it ours (``owned``); anything else is refused by name.
+  format proves every entry in it ours (``owned``, the same proof for a bucket:
+  :mod:`packtool.storage.output`); anything else is refused by name.
 - **A full disk** is an error naming the output (not a temporary), the bytes written and free.
 """
 
@@ -45,12 +46,12 @@ from pathlib import Path
 from . import _locks, _signals
 from ._io import create
 from ._temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this module's API too
-    TEMP_KINDS,
     clear_temporaries,
     final_name,
     finish,
+    is_enospc,
     journal_path,
-    left_by_us,
+    no_space,
     reclaim,
     remove_path,
     size_of,
@@ -266,36 +267,6 @@ def commit_job(tmp: Path, moves: list[tuple[str, Path]], record: Path) -> None:
     fsync_path(record.parent)
 
 
-# ----------------------------------------------------------------------------- full disk
-def no_space(err: OSError, output: Path, temps: list[Path], kept: str | None = None
-             ) -> PacktoolError:
-    """A full disk, worded for the output the user asked for (never a temporary): what the
-    run needed or had written, what is free, and what stays (``kept``: finished parts that a
-    re-run reuses), after removing ``temps``."""
-    written = sum(size_of(t) for t in temps)
-    for t in temps:
-        _remove(t)
-    free = shutil.disk_usage(output.parent).free
-    more = getattr(err, "needed", None)
-    if more:
-        need = (f"it needs {written + more:,} bytes, {free:,} bytes are free on its file "
-                "system")
-    else:
-        need = (f"it needs more than the free space ({free:,} bytes are free on its file "
-                f"system; it filled up after {written:,} bytes of the output were written)")
-    left = (f"; {kept} stay, and the same command run again resumes from them" if kept
-            else " (nothing was written)")
-    return PacktoolError(f"no space left on device for {output}: {need}{left}; free space or "
-                         "choose another --out")
-
-
-_no_space = no_space
-
-
-def is_enospc(e: BaseException) -> bool:
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
 # ---------------------------------------------------------------------------------- api
 def refuse_existing_files(paths: list[Path], overwrite: bool) -> None:
     existing = [str(p) for p in paths if p.exists()]
@@ -358,7 +329,7 @@ def _discard(e: BaseException, label: Path, temps: list[Path], kept=None):
     """Remove a failed run's temporaries and re-raise (a full disk as a clear error naming
     ``label``, the output the user asked for, and what ``kept()`` says stays)."""
     if is_enospc(e):
-        raise _no_space(e, label, temps, kept() if kept else None) from None
+        raise no_space(e, label, temps, kept() if kept else None) from None
     for t in temps:
         _remove(t)
     raise e
@@ -384,7 +355,7 @@ def atomic_dir(path: Path, overwrite: bool = False, owned=None):
             commit_dir(tmp, path)
         except BaseException as e:
             if is_enospc(e):
-                raise _no_space(e, path, [tmp]) from None
+                raise no_space(e, path, [tmp]) from None
             _remove(tmp)
             raise
 
@@ -409,16 +380,3 @@ def check_replaceable(path: Path, overwrite: bool, owned) -> None:
         raise PacktoolError(f"output directory {path} is not empty and --overwrite cannot "
                             "prove it a packtool output; choose another --out")
     owned(path)
-
-
-def unexpected(folder: Path, expected: set[str], what: str) -> None:
-    """Refuse ``folder`` unless every entry in it is in ``expected`` or one of packtool's
-    own hidden files (:func:`left_by_us`)."""
-    extra = sorted(n for n in os.listdir(folder) if n not in expected
-                   and not left_by_us(folder / n))
-    if extra:
-        shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
-                                         else "")
-        raise PacktoolError(f"--overwrite only replaces a previous packtool output: {folder} "
-                            f"holds files that are not part of the {what} it holds ({shown}); "
-                            "move them away or choose another --out")

@@ -10,6 +10,7 @@ under ``KEY``'s lock, so one left behind is a killed run's (see :mod:`packtool._
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -239,3 +240,31 @@ def undo(entries) -> None:
             os.replace(aside, final)
         if temp is not None:
             _remove(temp)
+
+
+# ----------------------------------------------------------------------------- full disk
+def no_space(err: OSError, output: Path, temps: list[Path], kept: str | None = None
+             ) -> PacktoolError:
+    """A full disk, worded for the output the user asked for (never a temporary): what the
+    run needed or had written, what is free, and what stays (``kept``: finished parts that a
+    re-run reuses), after removing ``temps``."""
+    written = sum(size_of(t) for t in temps)
+    for t in temps:
+        remove_path(t)
+    free = shutil.disk_usage(output.parent).free
+    more = getattr(err, "needed", None)
+    if more:
+        need = (f"it needs {written + more:,} bytes, {free:,} bytes are free on its file "
+                "system")
+    else:
+        need = (f"it needs more than the free space ({free:,} bytes are free on its file "
+                f"system; it filled up after {written:,} bytes of the output were written)")
+    left = (f"; {kept} stay, and the same command run again resumes from them" if kept
+            else " (nothing was written)")
+    return PacktoolError(f"no space left on device for {output}: {need}{left}; free space or "
+                         "choose another --out")
+
+
+
+def is_enospc(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
