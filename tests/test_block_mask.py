@@ -86,3 +86,26 @@ def test_bad_batches_are_refused(change, needle):
     change(b)
     with pytest.raises(PacktoolError, match=needle):
         block_mask(b)
+
+
+@pytest.mark.slow
+def test_a_transformers_model_takes_the_mask_as_its_attention_mask():
+    """transformers' flex_attention implementation takes a BlockMask for ``attention_mask``:
+    a packed row then gives each document's logits (what docs/TRAINING.md shows)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512)).eval()
+    model.set_attn_implementation("flex_attention")
+    lengths = [30, 50, 20]
+    batch = collate_tensors([pack(lengths)])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                       attention_mask=block_mask(batch), use_cache=False).logits
+        s = 0
+        for n in lengths:
+            alone = model(input_ids=batch["input_ids"][:, s:s + n], use_cache=False).logits
+            assert (packed[:, s:s + n] - alone).abs().max().item() <= 1e-4
+            s += n

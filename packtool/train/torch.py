@@ -150,7 +150,8 @@ def block_mask(batch: dict, device=None, block_size: int = 128):
     ``MASK_CACHE`` are kept, keyed by the boundaries' bytes, the row's length, the device and
     ``block_size``: the same boundaries give the same object back. Without ``torch.compile``,
     ``flex_attention`` runs an unfused eager path that materialises the scores (it warns so):
-    exact, and fine on CPU for tests; train with ``torch.compile(flex_attention)``.
+    exact, and fine on CPU for a check (forward only: FlexAttention has no backward on CPU in
+    torch 2.13); train on a GPU with ``torch.compile(flex_attention)``.
     """
     try:
         from torch.nn.attention.flex_attention import create_block_mask
