@@ -239,3 +239,29 @@ def test_malformed_rows_are_refused(change, needle):
 def test_unknown_mode_is_refused():
     with pytest.raises(PacktoolError, match="choose zigzag or balanced"):
         cp_shard(row([8]), 2, 0, "ring")
+
+
+@pytest.mark.parametrize("mode, lengths", [("balanced", [37, 5, 0, 130, 1, 60]),
+                                           ("zigzag", [40, 8, 0, 128, 16])])
+def test_each_ranks_pieces_with_their_keys_give_the_documents_attention(mode, lengths):
+    """The metadata end to end: every rank's pieces against their keys (K and V of the whole
+    row, as an all-gather leaves them), causal aligned bottom-right as flash_attn_varlen_func
+    aligns it, equal to each document's causal attention alone."""
+    torch = pytest.importorskip("torch")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    n = int(cu[-1])
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 16, generator=g) for _ in range(3))  # [heads, tokens, dim]
+    alone = torch.cat([sdpa(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=True)
+                       for a, b in zip(cu[:-1], cu[1:], strict=True) if b > a], dim=1)
+    ex = {"input_ids": np.zeros(n, np.int64), "cu_seqlens": cu}
+    for p in shards(ex, 4, mode):
+        cq, ck = p["cu_seqlens_q"], p["cu_seqlens_k"]
+        pos, keys = torch.from_numpy(p["positions"]), torch.from_numpy(p["key_positions"])
+        for i in range(len(cq) - 1):
+            qi, ki = pos[cq[i]:cq[i + 1]], keys[ck[i]:ck[i + 1]]
+            nq, nk = len(qi), len(ki)
+            sees = torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nk - nq)
+            out = sdpa(q[:, qi], k[:, ki], v[:, ki], attn_mask=sees)
+            assert (out - alone[:, qi]).abs().max().item() <= 1e-5
