@@ -6,6 +6,7 @@ from .train.torch import (  # noqa: F401
     PackBatchSampler,
     PackSampler,
     TorchPackedDataset,
+    block_mask,
     collate_mds,
     collate_tensors,
     model_inputs,

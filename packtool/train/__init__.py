@@ -4,11 +4,13 @@
   resumable at any world size; its numpy core is the arithmetic, torch wraps it.
 - :mod:`.balance`: packs dealt so each rank's step costs the same attention work.
 - :mod:`.batching`: packs collated into one padding-free ``[1, N]`` row (numpy).
+- :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.which`: which step and rank a record lands in, and what a step holds.
 """
 
 from .batching import collate_numpy
+from .cp import cp_shard
 from .sampler import PackSampler
 
-__all__ = ["PackSampler", "collate_numpy"]
+__all__ = ["PackSampler", "collate_numpy", "cp_shard"]

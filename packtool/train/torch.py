@@ -25,6 +25,10 @@ tests/test_equivalence.py for Llama and GPT-2, eager and sdpa attention):
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+import numpy as np
+
 try:
     import torch
 except ImportError as e:  # pragma: no cover - exercised only without torch
@@ -77,8 +81,6 @@ def collate_tensors(examples: list[dict], pad_multiple: int | None = None,
     (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32). ``pad_multiple``,
     ``per_segment``: see ``packtool.train.batching.pad_example`` (bind them with
     functools.partial)."""
-    import numpy as np
-
     as_np = [{k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
               for k, v in ex.items()} for ex in examples]
     row = collate_numpy(as_np, pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id)
@@ -122,6 +124,86 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) 
     if position_ids_start:
         out["position_ids"] = out["position_ids"] + position_ids_start
     return out
+
+
+MASK_CACHE = 8  # block masks kept: a step's layers (and micro-batches) reuse one
+
+_masks: OrderedDict = OrderedDict()
+
+
+def block_mask(batch: dict, device=None, block_size: int = 128):
+    """The FlexAttention ``BlockMask`` of document-causal attention over a collated batch
+    (:func:`collate_tensors`): a query sees the keys of its own segment up to itself::
+
+        from torch.nn.attention.flex_attention import flex_attention
+        out = flex_attention(q, k, v, block_mask=block_mask(batch))  # q: [1, heads, N, d]
+
+    Segments are the batch's ``cu_seq_lens_q`` (or ``cu_seqlens``); where the batch also has
+    ``cu_seq_lens_q_padded`` / ``cu_seqlens_padded`` (aligned rows, ``pack --align``), those:
+    a pad then belongs to its segment, after its last real token, so causality keeps every real
+    token from seeing it (and its label is -100). Row pads (``pad_to``) are segments of their
+    own. ``device``: where the mask lives (default: the batch's ``input_ids``' device).
+
+    ``create_block_mask`` evaluates the mask at every (query, key) pair of the row: ~0.3 s for
+    2,000 tokens on one CPU core, and ten times the attention's own time for document masks on a
+    GPU (attention-gym #149). Every layer of a step asks for the same mask, so the last
+    ``MASK_CACHE`` are kept, keyed by the boundaries' bytes, the row's length, the device and
+    ``block_size``: the same boundaries give the same object back. Without ``torch.compile``,
+    ``flex_attention`` runs an unfused eager path that materialises the scores (it warns so):
+    exact, and fine on CPU for a check (forward only: FlexAttention has no backward on CPU in
+    torch 2.13); train on a GPU with ``torch.compile(flex_attention)``.
+    """
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+    except ImportError as e:  # pragma: no cover - torch < 2.5
+        raise ImportError("block_mask needs FlexAttention (torch >= 2.5): pip install -U torch"
+                          ) from e
+    cu, n = _segments(batch)
+    if device is None:
+        ids = batch["input_ids"]
+        device = ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
+    device = torch.device(device)
+    key = (cu.tobytes(), n, str(device), int(block_size))
+    if key in _masks:
+        _masks.move_to_end(key)
+        return _masks[key]
+    doc = torch.repeat_interleave(torch.arange(len(cu) - 1, dtype=torch.int32),
+                                  torch.from_numpy(np.diff(cu))).to(device)
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    mask = create_block_mask(document_causal, None, None, n, n, device=device,
+                             BLOCK_SIZE=block_size)
+    _masks[key] = mask
+    while len(_masks) > MASK_CACHE:
+        _masks.popitem(last=False)
+    return mask
+
+
+def _segments(batch: dict) -> tuple[np.ndarray, int]:
+    """The batch's segment boundaries (int64, padded ones first) and its row length, checked."""
+    from ..errors import PacktoolError
+
+    key = next((k for k in ("cu_seq_lens_q_padded", "cu_seqlens_padded", "cu_seq_lens_q",
+                            "cu_seqlens") if k in batch), None)
+    if key is None or "input_ids" not in batch:
+        raise PacktoolError("block_mask takes a collated batch (collate_tensors: input_ids and "
+                            f"cu_seq_lens_q); got keys {sorted(batch)}")
+    ids = batch["input_ids"]
+    if ids.ndim == 2 and ids.shape[0] != 1:
+        raise PacktoolError(f"input_ids has shape {tuple(ids.shape)}: block_mask takes one "
+                            "[1, N] row (collate_tensors flattens a batch into one)")
+    n = int(ids.shape[-1])
+    v = batch[key]
+    cu = np.asarray(v.cpu().numpy() if isinstance(v, torch.Tensor) else v, np.int64).ravel()
+    if len(cu) < 1 or cu[0] != 0 or cu[-1] != n or (np.diff(cu) < 0).any():
+        raise PacktoolError(f"{key} {cu.tolist()[:8]}{'...' if len(cu) > 8 else ''} does not "
+                            f"run from 0 up to the row's {n:,} tokens without going down: a "
+                            "token outside every segment would attend to nothing; pass the "
+                            "batch as collate_tensors made it (aligned rows: with their "
+                            "cu_seq_lens_q_padded)")
+    return cu, n
 
 
 class PackSampler(_sampler.PackSampler, torch.utils.data.Sampler):
