@@ -83,8 +83,15 @@ def _interrupted(signal) -> int:
 
     term = bool(_signals.received) and _signals.received[-1] == signal.SIGTERM
     what = "Terminated" if term else "Interrupted"
-    if _signals.after_commit():  # past the point of no return: say so, do not claim less
+    complete = _signals.after_commit()
+    kept = None if complete else _signals.kept()
+    if complete:  # past the point of no return: say so, do not claim less
         click.echo(f"{what} after the output was complete: it is in place.", err=True)
+    elif kept is not None:  # finished parts, committed one by one, but no manifest
+        manifest, left = kept
+        click.echo(f"{what} before the output was complete ({manifest} was not written): "
+                   f"{left} stay, and the same command run again resumes from them; nothing "
+                   "half-written is left.", err=True)
     else:
         click.echo(f"{what}: no output was written.", err=True)
     return 143 if term else 130

@@ -32,7 +32,7 @@ from ..formats.tokens import (
 from ..options import TokenizeOptions
 from ..storage import is_url
 from .assemble import assemble, checked_parts
-from .part import PartJob, check_part, run_part
+from .part import PartJob, check_part, finished_parts, run_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 from .prepare import end_run, new_run
 from .result import TokenizeResult, merge_engines
@@ -72,6 +72,8 @@ def _tokenize(inputs, tokenizer, out, opts: TokenizeOptions, progress, run: RunO
     new_run()
     plan = plan_tokenize(inputs, tokenizer, out, opts)
     plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
+    # a part's commit is not the output's: a signal before PREFIX.json says what stays
+    _signals.commits_to(plan.json_path, lambda: finished_parts(plan, -1))
     try:  # from the retired manifest's writing on: a signal anywhere removes it
         if not run.finalize:
             _begin(plan, opts, run)
