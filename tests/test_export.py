@@ -162,6 +162,21 @@ def test_megatron_corpus_hardlinks_bin_and_reads_back(tmp_path, corpus):
     assert mds.sequence_lengths.tolist() == corpus.lengths.tolist()
 
 
+def test_megatron_corpus_without_eos_is_noted(tmp_path, corpus):
+    """docs/EXPORT.md: Megatron's reset flags need an end token; a corpus tokenized without
+    --eos went through export without a word. One note says so; with --eos, none."""
+    r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "a", "-q", "--json")
+    assert r.exit_code == 0, r.output
+    (note,) = [n for n in json.loads(r.stdout)["notes"] if "--eos" in n]
+    assert f"{corpus.prefix} was tokenized without --eos" in note
+    assert "--reset-attention-mask" in note and "\n" not in note
+    r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "b")
+    assert r.exit_code == 0 and f"note: {note}" in r.stderr
+    with_eos = write_tokens(tmp_path / "e", [[1, 2, 9], [3, 9]], eos_id=9)
+    r = run(with_eos, "--format", "megatron", "--out", tmp_path / "c", "--json")
+    assert r.exit_code == 0 and not [n for n in json.loads(r.stdout)["notes"] if "--eos" in n]
+
+
 def test_megatron_corpus_copy_and_cross_filesystem_fallback(tmp_path, corpus, monkeypatch):
     res = export(corpus.prefix, "megatron", tmp_path / "a", link=False)
     assert res.details["bin"] == "copy" and "not requested" in res.notes[0]

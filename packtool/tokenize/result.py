@@ -65,6 +65,19 @@ class TokenizeResult:
         return d
 
 
+def eos_note(opts) -> list[str]:
+    """One line when documents get no end token (no --eos; a chat template places its own):
+    nothing is wrong with the corpus, but a trainer reading it as one flat stream (Megatron's
+    --reset-attention-mask, llm.c) cannot tell where a document ends (docs/EXPORT.md)."""
+    if opts.eos is not None or opts.mode == "messages":
+        return []
+    what = "documents" if opts.mode == "text" else "completions"
+    return [f"no --eos: {what} do not end with an end-of-text token, so in a flat stream "
+            "(export --format megatron or llmc) nothing separates them; packtool's packs keep "
+            "the boundaries anyway. Pass --eos TOKEN (e.g. '<|endoftext|>') if a trainer "
+            "needs one"]
+
+
 def merge_engines(engines: list[dict]) -> dict:
     """One ``engine`` entry for the corpus: what ran (the same everywhere, else per part) and
     the checks summed over the parts."""

@@ -35,7 +35,7 @@ from .assemble import assemble, checked_parts
 from .part import PartJob, check_part, finished_parts, run_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 from .prepare import end_run, new_run
-from .result import TokenizeResult, merge_engines
+from .result import TokenizeResult, eos_note, merge_engines
 
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
@@ -56,13 +56,16 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
         if is_url(out):  # each part made where it runs, then published (tokenize.remote)
             from .remote import tokenize_to_store
 
-            return tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
+            result = tokenize_to_store(inputs, tokenizer, str(out), opts, progress, run)
+            result.warnings += eos_note(opts)
+            return result
         check_out(out)
         with output_lock(out, shared=run.one_task) as notes:
             result = _tokenize(inputs, tokenizer, out, opts, progress, run)
     finally:
         end_run()  # a reference process this run started (tokenize.prepare) ends with it
     result.warnings[:0] = notes
+    result.warnings += eos_note(opts)
     return result
 
 
