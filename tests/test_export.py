@@ -171,7 +171,7 @@ def test_megatron_corpus_without_eos_is_noted(tmp_path, corpus):
     assert f"{corpus.prefix} was tokenized without --eos" in note
     assert "--reset-attention-mask" in note and "\n" not in note
     r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "b")
-    assert r.exit_code == 0 and f"note: {note}" in r.stderr
+    assert r.exit_code == 0 and f"note: {note}" in r.stdout
     with_eos = write_tokens(tmp_path / "e", [[1, 2, 9], [3, 9]], eos_id=9)
     r = run(with_eos, "--format", "megatron", "--out", tmp_path / "c", "--json")
     assert r.exit_code == 0 and not [n for n in json.loads(r.stdout)["notes"] if "--eos" in n]

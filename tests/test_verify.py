@@ -80,3 +80,38 @@ def test_a_miscounted_document_is_named(sources, tmp_path):
             f"{2 if first == twice else 0} time\\(s\\), expected 1: segment mismatch")
     with pytest.raises(VerifyError, match=want):
         verify_packed(d, [sources / "b"])
+
+
+# ------------------------------------------------- options as users type them (item 7)
+def test_sources_repeated_or_comma_separated_and_the_ambiguous_refused(sources, tmp_path):
+    """`verify P --source a b` failed with click's "unexpected extra argument": --source a,b
+    and --source a --source b both work, the extra argument is named with both spellings,
+    and a comma value that is itself a corpus beside its pieces is refused."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    pack([str(sources / "a"), str(sources / "b")], tmp_path / "p", PackOptions(seq_len=128))
+    a, b, p = str(sources / "a"), str(sources / "b"), str(tmp_path / "p")
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["verify", p, *args])
+    for args in (["--source", f"{a},{b}"], ["--source", a, "--source", b],
+                 ["-s", f"{a}, {b}"]):
+        r = run(*args)
+        assert r.exit_code == 0 and r.stdout.startswith("OK"), (args, r.output)
+    r = run("--source", a, b)
+    assert r.exit_code == 2 and f"got {b} too" in r.output
+    assert "--source a,b or --source a --source b" in r.output
+    assert run("--source", f"{a},").exit_code == 2  # an empty name: not silently one source
+    both = [sources / f"a,b{s}" for s in (".json", ".bin", ".boundaries")]
+    try:  # a corpus whose name has the comma, beside a (the module's sources: removed after)
+        for f in both:
+            f.symlink_to(sources / f.name.replace("a,b", "a"))
+        r = run("--source", f"{a},b")
+        assert r.exit_code == 2 and "exist; rename one, or give each with its own --source" \
+            in r.output, r.output
+    finally:
+        for f in both:
+            f.unlink(missing_ok=True)
+

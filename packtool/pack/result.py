@@ -97,7 +97,8 @@ class PackResult:
     def packing_factor(self) -> float:
         return self.metrics["packing_factor"]
 
-    def summary(self) -> str:
+    def summary(self, warnings: bool = True) -> str:
+        """What the run did; ``warnings``: with its warnings (the CLI prints them on stderr)."""
         c = self.counts
         over = []
         if c["n_split"]:
@@ -130,7 +131,7 @@ class PackResult:
             lines.append(f"  held out: {v['n_docs_held_out']:,} documents -> {v['path']}: "
                          f"{v['n_packs']:,} packs, {v['n_tokens']:,} tokens")
         lines += [self.published] if self.published else []
-        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [f"warning: {w}" for w in self.warnings] if warnings else []
         return "\n".join(lines)
 
     def to_json(self) -> dict:

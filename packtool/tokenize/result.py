@@ -42,7 +42,8 @@ class TokenizeResult:
             text += f"; fell back to the reference: {e['fallback']}"
         return text
 
-    def summary(self) -> str:
+    def summary(self, warnings: bool = True) -> str:
+        """What the run did; ``warnings``: with its warnings (the CLI prints them on stderr)."""
         skipped = f", {self.n_skipped:,} bad records skipped" if self.n_skipped else ""
         if self.executor == "finalize":
             return (f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens "
@@ -57,7 +58,7 @@ class TokenizeResult:
                if self.n_parts_skipped else "")
             + self.engine_text()
         ) + (f"\n{self.published}" if self.published else "") + "".join(
-            f"\nwarning: {w}" for w in self.warnings)
+            f"\nwarning: {w}" for w in (self.warnings if warnings else []))
 
     def to_json(self) -> dict:
         d = asdict(self)
