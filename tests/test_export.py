@@ -448,6 +448,22 @@ def test_overwrite_and_self_overwrite(tmp_path, fmt, corpus, packed):
     assert r.exit_code == 1 and "would replace the source" in r.output
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "mds", "megatron"])
+def test_an_export_inside_the_packed_dataset_it_reads_is_refused(tmp_path, corpus, fmt):
+    """`export P --format parquet -o P/ex` wrote inside the dataset it read (and `verify P`
+    still passed): refused by name, also from P/valid into P, and nothing is written."""
+    p = tmp_path / "p"
+    pack_corpus([corpus.prefix], p, 96, valid_docs=5)
+    before = sorted(os.listdir(p))
+    for src, out in ((p, p / "ex"), (p, p / "deep" / "ex"), (p / "valid", p / "ex")):
+        r = run(src, "--format", fmt, "--out", out, "-q")
+        assert r.exit_code == 1, r.output
+        assert f"--out {out} is inside the packed dataset {p} it exports from" in r.output
+        assert "choose an --out outside it" in r.output
+    assert sorted(os.listdir(p)) == before
+    assert run(p, "--format", fmt, "--out", tmp_path / "ex", "-q").exit_code == 0
+
+
 def test_options_that_do_not_apply_are_refused(tmp_path, corpus, packed):
     r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "m", "--shard-tokens", 9)
     assert r.exit_code == 1 and "--shard-tokens applies to --format llmc" in r.output

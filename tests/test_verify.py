@@ -115,3 +115,31 @@ def test_sources_repeated_or_comma_separated_and_the_ambiguous_refused(sources, 
         for f in both:
             f.unlink(missing_ok=True)
 
+
+# --------------------------------------------------------- files its index does not list
+def test_a_packed_folder_holding_unlisted_files_fails_verify(sources, tmp_path):
+    """A packed folder with an export written inside it verified OK: the files its index does
+    not list (in it or in valid/) are now named; packtool's own dead leftovers are not."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    p = tmp_path / "p"
+    pack([str(sources / "b")], p, PackOptions(seq_len=128, valid_docs=50))
+    (p / ".index.json.tmp-999999999-abcdef").write_text("")  # a dead run's: ours, ignored
+    assert verify_packed(p).kind == "packed"
+    (p / "ex").mkdir()
+    (p / "ex" / "part-0.parquet").write_bytes(b"x")
+    (p / "notes.txt").write_text("mine")
+    with pytest.raises(VerifyError, match=r"holds 2 file\(s\) its index.json does not list "
+                                          r"\(ex/, notes.txt\)"):
+        verify_packed(p)
+    r = CliRunner().invoke(cli, ["verify", str(p)])
+    assert r.exit_code == 1 and "move them out of it" in r.output, r.output
+    (p / "notes.txt").unlink()
+    import shutil
+
+    shutil.rmtree(p / "ex")
+    (p / "valid" / "stray.npy").write_bytes(b"")
+    with pytest.raises(VerifyError, match=r"valid holds 1 file\(s\) .*\(stray.npy\)"):
+        verify_packed(p)

@@ -115,7 +115,8 @@ def _source_paths(source, kind: str) -> list[Path]:
 
 
 def _refuse_self_overwrite(source, kind: str, out: Path) -> None:
-    """--overwrite must never replace the data being read."""
+    """The output never replaces the data being read (even with --overwrite), nor lands
+    inside a packed dataset being read."""
     target = Path(os.path.abspath(out))
     for p in _source_paths(source, kind):
         same_prefix = kind == "corpus" and p.with_suffix("") == target.with_suffix("")
@@ -123,6 +124,12 @@ def _refuse_self_overwrite(source, kind: str, out: Path) -> None:
             raise PacktoolError(
                 f"--out {out} would replace the source {p}; choose another --out"
             )
+        # inside it (or inside the dataset whose held-out split it is), the index would not
+        # list the export: `verify` then fails on it
+        whole = p.parent if kind == "packed" and (p.parent / "index.json").is_file() else p
+        if kind == "packed" and whole in target.parents:
+            raise PacktoolError(f"--out {out} is inside the packed dataset {whole} it exports "
+                                "from; choose an --out outside it")
 
 
 def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = False,
