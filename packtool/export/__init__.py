@@ -1,7 +1,10 @@
 """``packtool export``: a token corpus or a packed dataset in another trainer's native format.
 
-One dispatcher over one module per format (packtool/formats/): each holds a writer for the
-sources it can represent, and the layout written down beside it. SRC is a token-file prefix
+One dispatcher over one module per format beside it (packtool/export/): each holds a writer
+for the sources it can represent, and the layout written down beside it. There is no packtool
+reader or validator of these formats: the trainers' own libraries read them, and the tests
+read every export back with them (megatron-core, mosaicml-streaming, pyarrow and Hugging Face
+datasets; llm.c's header by a reader written from its layout). SRC is a token-file prefix
 (documents) or a packed directory (packs); what each format keeps and loses is in
 docs/EXPORT.md::
 
