@@ -316,10 +316,11 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
             yield temps
         except BaseException as e:
             _discard(e, label or key, temps, kept)
-        entries = [(None, Path(os.path.abspath(p)), tagged_name(Path(p), "old", tag))
-                   for p in remove if Path(p).exists()]
-        entries += [(t, p, tagged_name(p, "old", tag)) for t, p in zip(temps, paths, strict=True)]
-        try:
+        try:  # from the body's end to the commit, a signal still finds the temporaries removed
+            entries = [(None, Path(os.path.abspath(p)), tagged_name(Path(p), "old", tag))
+                       for p in remove if Path(p).exists()]
+            entries += [(t, p, tagged_name(p, "old", tag))
+                        for t, p in zip(temps, paths, strict=True)]
             _commit(entries, journal_path(key))
         except BaseException as e:
             _discard(e, label or key, temps, kept)
@@ -328,10 +329,15 @@ def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None
 def _discard(e: BaseException, label: Path, temps: list[Path], kept=None):
     """Remove a failed run's temporaries and re-raise (a full disk as a clear error naming
     ``label``, the output the user asked for, and what ``kept()`` says stays)."""
-    if is_enospc(e):
-        raise no_space(e, label, temps, kept() if kept else None) from None
-    for t in temps:
-        _remove(t)
+    with _signals.deferred():  # a second Ctrl-C must not stop the clean-up half-way
+        if is_enospc(e):
+            err = no_space(e, label, temps, kept() if kept else None)
+        else:
+            err = None
+            for t in temps:
+                _remove(t)
+    if err is not None:
+        raise err from None
     raise e
 
 
@@ -349,15 +355,12 @@ def atomic_dir(path: Path, overwrite: bool = False, owned=None):
             print(f"packtool: {note}", file=sys.stderr)
         check_replaceable(path, overwrite, owned)
         tmp = tagged_name(path)
-        tmp.mkdir()
-        try:
+        try:  # made inside: a signal right after mkdir still finds it removed
+            tmp.mkdir()
             yield tmp
             commit_dir(tmp, path)
         except BaseException as e:
-            if is_enospc(e):
-                raise no_space(e, path, [tmp]) from None
-            _remove(tmp)
-            raise
+            _discard(e, path, [tmp])
 
 
 def check_replaceable(path: Path, overwrite: bool, owned) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from pathlib import Path
 
 received: list[int] = []
 _deferring = False
 _committed = False  # a commit became final (its output is in place)
+_commits_to = None  # (manifest, kept) of an output committed in several steps (parts)
 
 
 class Terminated(KeyboardInterrupt):
@@ -68,6 +70,27 @@ def committed() -> None:
     _committed = True
 
 
+def commits_to(manifest: Path, kept) -> None:
+    """The run's output is made of several commits (a tokenize's parts) and is complete only
+    once ``manifest`` is in place; ``kept()`` says what a stopped run leaves for the next to
+    resume from ("3 finished part(s) of it (...)"), or None."""
+    global _commits_to
+    _commits_to = (Path(manifest), kept)
+
+
 def after_commit() -> bool:
-    """Whether the received signal came after a commit had become final."""
-    return _committed and bool(received)  # commits proceed only while none was received
+    """Whether the received signal came after the output's commit had become final (for an
+    output of several commits: its manifest's)."""
+    if not (_committed and received):  # commits proceed only while none was received
+        return False
+    return _commits_to is None or _commits_to[0].exists()
+
+
+def kept() -> tuple[Path, str] | None:
+    """For a run stopped before its output was complete: (the manifest that would have
+    committed it, what of it stays for a re-run), or None when nothing does."""
+    if _commits_to is None:
+        return None
+    manifest, what = _commits_to
+    left = what()
+    return (manifest, left) if left else None

@@ -162,6 +162,21 @@ def test_megatron_corpus_hardlinks_bin_and_reads_back(tmp_path, corpus):
     assert mds.sequence_lengths.tolist() == corpus.lengths.tolist()
 
 
+def test_megatron_corpus_without_eos_is_noted(tmp_path, corpus):
+    """docs/EXPORT.md: Megatron's reset flags need an end token; a corpus tokenized without
+    --eos went through export without a word. One note says so; with --eos, none."""
+    r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "a", "-q", "--json")
+    assert r.exit_code == 0, r.output
+    (note,) = [n for n in json.loads(r.stdout)["notes"] if "--eos" in n]
+    assert f"{corpus.prefix} was tokenized without --eos" in note
+    assert "--reset-attention-mask" in note and "\n" not in note
+    r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "b")
+    assert r.exit_code == 0 and f"note: {note}" in r.stdout
+    with_eos = write_tokens(tmp_path / "e", [[1, 2, 9], [3, 9]], eos_id=9)
+    r = run(with_eos, "--format", "megatron", "--out", tmp_path / "c", "--json")
+    assert r.exit_code == 0 and not [n for n in json.loads(r.stdout)["notes"] if "--eos" in n]
+
+
 def test_megatron_corpus_copy_and_cross_filesystem_fallback(tmp_path, corpus, monkeypatch):
     res = export(corpus.prefix, "megatron", tmp_path / "a", link=False)
     assert res.details["bin"] == "copy" and "not requested" in res.notes[0]
@@ -431,6 +446,22 @@ def test_overwrite_and_self_overwrite(tmp_path, fmt, corpus, packed):
     src = corpus.prefix if fmt in ("llmc", "megatron") else packed.directory
     r = run(src, "--format", fmt, "--out", src, "-q", "--overwrite", *extra)
     assert r.exit_code == 1 and "would replace the source" in r.output
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "mds", "megatron"])
+def test_an_export_inside_the_packed_dataset_it_reads_is_refused(tmp_path, corpus, fmt):
+    """`export P --format parquet -o P/ex` wrote inside the dataset it read (and `verify P`
+    still passed): refused by name, also from P/valid into P, and nothing is written."""
+    p = tmp_path / "p"
+    pack_corpus([corpus.prefix], p, 96, valid_docs=5)
+    before = sorted(os.listdir(p))
+    for src, out in ((p, p / "ex"), (p, p / "deep" / "ex"), (p / "valid", p / "ex")):
+        r = run(src, "--format", fmt, "--out", out, "-q")
+        assert r.exit_code == 1, r.output
+        assert f"--out {out} is inside the packed dataset {p} it exports from" in r.output
+        assert "choose an --out outside it" in r.output
+    assert sorted(os.listdir(p)) == before
+    assert run(p, "--format", fmt, "--out", tmp_path / "ex", "-q").exit_code == 0
 
 
 def test_options_that_do_not_apply_are_refused(tmp_path, corpus, packed):

@@ -517,3 +517,93 @@ def test_full_disk_in_a_multi_part_tokenize_says_what_stays(tmp_path, monkeypatc
     monkeypatch.setattr(_io.HashingWriter, "write", real)
     r = _cli(*args, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["n_parts_skipped"] == 2, r.output
+
+
+# ------------------------------------------------------- a new user's Ctrl-C (item 1)
+def _three_parts(tmp_path) -> Path:
+    d = tmp_path / "in"
+    d.mkdir()
+    docs = make_documents(90, seed=3, median_words=30, max_words=200)
+    for k in range(3):
+        write_jsonl(d / f"f{k}.jsonl", [{"text": t} for t in docs[30 * k:30 * (k + 1)]])
+    return d
+
+
+_STUCK_SECOND_PART = """
+import sys, time
+import packtool.tokenize.pipeline as p
+real, calls = p.run, []
+def run(*a, **k):
+    calls.append(1)
+    if len(calls) == 2:  # part 1, its temporaries open: wait here for the signal
+        time.sleep(60)
+    return real(*a, **k)
+p.run = run
+sys.argv = ["packtool"] + sys.argv[1:]
+from packtool.cli import main
+main()
+"""
+
+
+def test_ctrl_c_between_parts_says_what_stays(tmp_path):
+    """Ctrl-C after part 0 of 3 said "Interrupted after the output was complete: it is in
+    place." with no c.json: a part's commit is not the output's. It now names the manifest
+    not written and the finished parts a re-run resumes from, and leaves no temporary."""
+    inputs, out = _three_parts(tmp_path), tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _STUCK_SECOND_PART, "tokenize", str(inputs),
+                             "-t", str(TOKENIZER), "-o", str(out / "c"), "--part-bytes", "1",
+                             "-q", "-j", "1"], env=_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".c.part-00001.bin.tmp-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.02)
+    assert (out / ".c.part-00000.part.json").exists()
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, err
+    assert "after the output was complete" not in err and "in place" not in err, err
+    assert f"({out / 'c.json'} was not written)" in err, err
+    assert "1 finished part(s) of it (c.part-00000) stay" in err, err
+    assert "run again resumes from them; nothing half-written is left" in err, err
+    assert not [n for n in os.listdir(out) if ".tmp-" in n], os.listdir(out)
+    assert not (out / "c.json").exists()
+
+
+@pytest.mark.parametrize("where", ["cleanup", "before_commit"])
+def test_signal_in_a_parts_cleanup_or_before_its_commit_leaves_no_temporary(
+        tmp_path, monkeypatch, where):
+    """A `.c.part-00001.boundaries.tmp-PID-X` survived a Ctrl-C: a second signal while a
+    failed part's temporaries were being removed stopped the removal half-way, and one
+    between the end of the part's writing and its commit found them unregistered. Both now
+    leave nothing half-written (the signal still ends the run)."""
+    from packtool.tokenize import TokenizeOptions, pipeline, tokenize_files
+
+    monkeypatch.setattr(_signals, "received", [])
+    inputs, out = _three_parts(tmp_path), tmp_path / "out"
+    if where == "cleanup":  # part 1 fails, and a second Ctrl-C comes during its clean-up
+        real_docs, real_remove = pipeline.iter_documents, _atomic._remove
+
+        def docs(path, *a, **kw):
+            if path.name == "f1.jsonl":
+                raise KeyboardInterrupt
+            yield from real_docs(path, *a, **kw)
+
+        def remove(path):
+            if ".tmp-" in path.name and not _signals.received:
+                _signals._on_sigint(signal.SIGINT, None)
+            real_remove(path)
+        monkeypatch.setattr(pipeline, "iter_documents", docs)
+        monkeypatch.setattr(_atomic, "_remove", remove)
+    else:  # the signal arrives once part 1 is written, before its commit begins
+        real_tag = _atomic.tagged_name
+
+        def tag(path, kind="tmp", t=None):
+            if kind == "old" and "part-00001" in path.name and not _signals.received:
+                _signals._on_sigint(signal.SIGINT, None)
+            return real_tag(path, kind, t)
+        monkeypatch.setattr(_atomic, "tagged_name", tag)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_files([str(inputs)], TOKENIZER, out, TokenizeOptions(part_bytes=1))
+    assert _signals.received == [signal.SIGINT]
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n], os.listdir(tmp_path)

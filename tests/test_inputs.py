@@ -379,3 +379,45 @@ def test_the_hash_taken_while_reading_is_the_files_crc32(tmp_path, kind, monkeyp
     again = tokenize_files([str(path)], TOKENIZER, out,
                            TokenizeOptions(**{**opts.__dict__, "overwrite": True}))
     assert again.n_parts_skipped == 1
+
+
+# --------------------------------------------- a folder that is more than a corpus (item 3)
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json",
+                                  "special_tokens_map.json", "spm.model"])
+def test_a_tokenizer_file_in_an_input_folder_is_refused_by_name(tmp_path, name):
+    """`tokenize data/ -t data/tokenizer.json` read the tokenizer as JSONL and suggested
+    --skip-bad-records: a model's files in an input folder are refused before anything runs,
+    named, with both ways out; the --tokenizer itself is refused even when listed."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", [{"text": "hello"}])
+    (data / name).write_bytes(Path(TOKENIZER).read_bytes())
+    out = assert_fails(tmp_path, f"{data / name} is a tokenizer file, not a corpus", data)
+    assert "move it out of that folder, or list the input files instead" in out
+    assert "--skip-bad-records" not in out
+    if name == "tokenizer.json":  # the same through a glob, and the --tokenizer listed
+        assert_fails(tmp_path, "is a tokenizer file", f"{data}/*")
+        r = CliRunner().invoke(cli, ["tokenize", str(data / "a.jsonl"), str(data / name), "-t",
+                                     str(data / name), "-o", str(tmp_path / "out"), "-q"])
+        assert r.exit_code == 1 and f"{data / name} is the --tokenizer itself" in r.output
+    (data / name).unlink()
+    assert run_tokenize(tmp_path, data).exit_code == 0
+
+
+def test_copies_of_one_corpus_in_a_folder_are_refused_unless_listed(tmp_path):
+    """a.jsonl, a.jsonl.gz and a.parquet in one folder were all tokenized, the corpus three
+    times over: refused by name; listed one by one they are taken as asked."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", [{"text": "hello"}])
+    write_jsonl(data / "a.jsonl.gz", [{"text": "hello"}], compress="gz")
+    pq.write_table(pa.table({"text": ["hello"]}), data / "a.parquet")
+    write_jsonl(data / "b.jsonl", [{"text": "world"}])
+    out = assert_fails(tmp_path, "a.jsonl, a.jsonl.gz and a.parquet in", data)
+    assert "look like copies of one corpus" in out and "pass the one you mean" in out
+    assert "b.jsonl" not in out
+    assert_fails(tmp_path, "look like copies of one corpus", f"{data}/a.*")
+    assert run_tokenize(tmp_path, data / "a.jsonl", data / "a.parquet").exit_code == 0

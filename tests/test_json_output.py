@@ -99,3 +99,36 @@ def test_json_for_every_command(work, command):
         run_json("pack", work / "t", "-L", L, "-o", work / "packed-tok")
     for args in CASES[command](work):
         assert isinstance(run_json(*args), dict), args
+
+
+# --------------------------------------------------- one stream for every summary (item 6)
+def _summaries(d):
+    """Each command as a user runs it without --json: (args, text its summary holds)."""
+    return {
+        "tokenize": (["tokenize", d / "t.jsonl", "-t", TOKENIZER, "-o", d / "s-tok"],
+                     f"{d / 's-tok'}: 20 documents"),
+        "pack": (["pack", d / "c", "-L", "16", "--overflow", "truncate", "-o", d / "s-p"],
+                 f"{d / 's-p'}: "),
+        "verify": (["verify", d / "s-p", "--source", d / "c"], "OK"),
+        "stats": (["stats", d / "c", "-L", L, "--algos", "bfd"], "bfd"),
+        "export": (["export", d / "s-p", "--format", "parquet", "-o", d / "s.parquet"],
+                   f"{d / 's.parquet'}: parquet from packed"),
+        "which": (["which", d / "s-p", "--step", 0], str(d / "c")),
+    }
+
+
+def test_every_summary_is_on_stdout_and_every_warning_on_stderr(work):
+    """pack, tokenize and export printed their summary on stderr, verify and stats on stdout.
+    One rule now, sqlite-utils' and --json's: the result on stdout (a pipe gets it), progress
+    and warnings on stderr. Run in order: each case reads what the one before wrote."""
+    from click.testing import CliRunner
+
+    cases = _summaries(work)
+    assert set(cases) | {"demo"} == set(cli.commands), "a new command needs a case here"
+    for name, (args, text) in cases.items():
+        r = CliRunner().invoke(cli, [str(a) for a in args])
+        assert r.exit_code == 0, (name, r.output)
+        assert text in r.stdout and text not in r.stderr, (name, r.stdout, r.stderr)
+        assert "warning:" not in r.stdout, (name, r.stdout)
+        if name in ("tokenize", "pack"):  # no --eos; --overflow truncate at 16 discards much
+            assert "warning: " in r.stderr, (name, r.stderr)

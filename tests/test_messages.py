@@ -18,7 +18,7 @@ from synth import write_token_corpus
 from packtool import _progress
 from packtool.cli import cli
 from packtool.pack import pack_corpus
-from packtool.pack.result import SPLIT_WARN_SHARE, split_warning
+from packtool.pack.result import DISCARD_WARN_SHARE, SPLIT_WARN_SHARE, split_warning
 from packtool.verify import verify_packed
 
 
@@ -45,6 +45,29 @@ def test_a_seq_len_that_splits_many_documents_is_warned_of(corpora, tmp_path):
     res = pack_corpus([corpora / "web"], tmp_path / "q", 115)
     assert (lengths > 115).mean() <= SPLIT_WARN_SHARE
     assert not [w for w in res.warnings if "--overflow split" in w]
+
+
+@pytest.mark.parametrize("overflow", ["truncate", "drop"])
+def test_truncate_or_drop_discarding_many_tokens_is_warned_of(corpora, tmp_path, overflow):
+    """`pack -L 64 --overflow truncate` kept 1% of a corpus's tokens and exited 0 with only a
+    count in the summary: more than DISCARD_WARN_SHARE of the tokens discarded is now a
+    warning on stderr with the share and both fixes; at a --seq-len that fits, none."""
+    lengths = np.diff(np.fromfile(corpora / "web.boundaries", "<i8"), prepend=0)
+    lost = (np.maximum(lengths - 16, 0).sum() if overflow == "truncate"
+            else lengths[lengths > 16].sum())
+    share = lost / lengths.sum()
+    assert share > DISCARD_WARN_SHARE
+    r = CliRunner().invoke(cli, ["pack", str(corpora / "web"), "-L", "16", "--overflow",
+                                 overflow, "-o", str(tmp_path / "p"), "--json"])
+    assert r.exit_code == 0, r.output
+    (w,) = [w for w in json.loads(r.stdout)["warnings"] if "discarded" in w]
+    assert w.startswith(f"--overflow {overflow} discarded {lost:,} of {lengths.sum():,} tokens "
+                        f"({100 * share:.1f}%")
+    assert "--overflow split" in w and "larger --seq-len" in w
+    assert f"warning: {w}" in r.stderr
+    res = pack_corpus([corpora / "web"], tmp_path / "q", 118, overflow=overflow)
+    assert res.counts["n_truncated"] + res.counts["n_dropped"] > 0  # some, but few tokens
+    assert not [w for w in res.warnings if "discarded" in w]
 
 
 def test_a_held_out_split_of_most_documents_is_warned_of(corpora, tmp_path):
@@ -108,11 +131,34 @@ def test_optimal_and_nnlshp_show_progress_in_pack(corpora, tmp_path, monkeypatch
     write_token_corpus(tmp_path / "hard", rng.integers(10, 40, 120), vocab_size=500)
     pack_corpus([tmp_path / "hard"], tmp_path / "p", 64, "optimal", progress=True)
     out, err = capsys.readouterr()
-    assert "optimal: LP at L=64:" in err and " columns, " in err and out == ""
+    assert "optimal: cutting-stock LP, 120 documents into packs of 64 tokens:" in err
+    assert " columns, " in err and out == ""
     pack_corpus([tmp_path / "hard"], tmp_path / "q", 64, "nnlshp", progress=True)
     assert "nnlshp: NNLS over" in capsys.readouterr().err
     pack_corpus([tmp_path / "hard"], tmp_path / "r", 64, "optimal")  # progress off
-    assert "optimal: LP" not in capsys.readouterr().err
+    assert "optimal: cutting-stock LP" not in capsys.readouterr().err
+
+
+def test_stats_progress_names_the_seq_len_not_the_warm_up(tmp_path, monkeypatch):
+    """`stats --seq-len 512 --algos optimal` showed "optimal: LP at L=4": the progress line of
+    the 3-document warm-up that compiles the kernels. Only the real runs show one, naming
+    the --seq-len."""
+    from functools import partial
+
+    from packtool.packers import nnlshp, optimal
+
+    for module in (optimal, nnlshp):
+        monkeypatch.setattr(module, "activity", partial(_progress.activity, delay=0))
+    rng = np.random.default_rng(1)
+    write_token_corpus(tmp_path / "hard", rng.integers(10, 40, 120), vocab_size=500)
+    r = CliRunner().invoke(cli, ["stats", str(tmp_path / "hard"), "-L", "64", "--algos",
+                                 "optimal,nnlshp"])
+    assert r.exit_code == 0, r.output
+    shown = {line.split(":")[0] + ":" + line.split(":")[1]
+             for line in r.stderr.replace("\r", "\n").splitlines()
+             if line.startswith(("optimal:", "nnlshp:"))}
+    assert shown, r.stderr
+    assert all("packs of 64 tokens" in s for s in shown), shown
 
 
 def test_stats_shows_progress_on_stderr_and_json_on_stdout(corpora):

@@ -206,7 +206,7 @@ def test_two_tasks_on_one_part_one_writes(inputs, reference, tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     skipped = [int(e.split(" already finished")[0].rsplit(", ", 1)[1]) if "skipped" in e else 0
-               for _, e in outs]
+               for e, _ in outs]
     assert sum(skipped) == 3  # parts 0, 2, 4: each written by exactly one of the two
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n or n.endswith(".lock")]
     assert run_cli("tokenize", inputs, "-t", TOKENIZER, "-o", tmp_path / "c", "-q", "--tasks",

@@ -284,3 +284,26 @@ def test_attention_imbalance_for_every_packer():
         assert row["attention_imbalance"] == step_imbalance(costs, 8)
         assert row["attention_imbalance_balanced"] == step_imbalance(costs, 8, balanced=True)
         assert row["attention_imbalance_balanced"] <= 1.10 < 1.5 < row["attention_imbalance"]
+
+
+def test_seq_lens_as_users_type_them(tmp_path):
+    """`stats -L 512,2048` was "not a valid integer range": a comma list works like repeated
+    -L (and mixes with it); what reads as a thousands separator (16,384) or holds a
+    non-number is refused, naming the value and both ways to write it."""
+    np.save(tmp_path / "l.npy", np.array([3, 9, 20, 7, 700], np.int64))
+    runner = CliRunner()
+
+    def seq_lens(*args):
+        r = runner.invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"), *args, "--json"])
+        assert r.exit_code == 0, r.output
+        return [s["seq_len"] for s in json.loads(r.stdout)["seq_lens"]]
+    assert seq_lens("-L", "8,64") == seq_lens("-L", "8", "-L", "64") == [8, 64]
+    assert seq_lens("-L", "8, 64", "--seq-len", "512") == [8, 64, 512]
+    r = runner.invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"), "-L", "16,384"])
+    assert r.exit_code == 2 and "16,384 reads as one number with a thousands separator" in \
+        r.output and "write 16384 for one, or --seq-len 16 --seq-len 384" in r.output
+    for bad in ("512,x", "512,,1024", "0,512"):
+        r = runner.invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"), "-L", bad])
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "'x' is not an integer (in '512,x'" in runner.invoke(
+        cli, ["stats", "--lengths", str(tmp_path / "l.npy"), "-L", "512,x"]).output

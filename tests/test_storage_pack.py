@@ -77,7 +77,7 @@ def test_pack_to_a_bucket_makes_the_local_files(s3, local, bucket, tmp_path, lay
     url = f"s3://{bucket}/data/p"
     r = cli("pack", f"s3://{bucket}/data/c", "--layout", layout, *group, *PACK[:-1], "-o", url,
             env=env)
-    assert "published" in r.stderr
+    assert "published" in r.stdout
     assert "another process" not in r.stderr  # its own threads share a cache entry quietly
     fetched = {p.name.split("-", 1)[1] for p in (tmp_path / "cache" / "objects").iterdir()}
     assert "c.boundaries" in fetched  # an index pack reads the boundaries, never the tokens
@@ -192,7 +192,7 @@ def test_export_to_a_bucket_makes_the_local_files(s3, bucket, local, tmp_path, f
     extra: list = []
     url = f"s3://{bucket}/x/{out}"
     r = cli("export", f"s3://{bucket}/data/{src}", "--format", fmt, *extra, "-o", url, env=env)
-    assert "published" in r.stderr
+    assert "published" in r.stdout
     (tmp_path / "l" / out).parent.mkdir(parents=True, exist_ok=True)
     cli("export", (local if src == "c" else tmp_path) / src, "--format", fmt, *extra, "-o",
         tmp_path / "l" / out, "-q")

@@ -76,7 +76,7 @@ def test_tokenize_from_and_to_a_bucket_make_the_local_bytes(s3, bucket, referenc
     # output in the bucket too: every part published, the manifest last, nothing else left
     r = cli("tokenize", f"s3://{bucket}/in", *common[:-1], "-o", f"s3://{bucket}/out/c",
             env=env)
-    assert "published" in r.stderr and "verified" in r.stderr
+    assert "published" in r.stdout and "verified" in r.stdout
     assert data_objects(s3, bucket, "out") == local_files(reference)
     assert listing(s3, bucket, "out") == expected_objects(s3, bucket, "out")
     remote = open_tokens(f"s3://{bucket}/out/c", storage_options=s3.options)

@@ -107,6 +107,26 @@ def test_bos_eos_and_special_tokens(tmp_path, tokenizer, docs):
     assert corpus_docs(tmp_path / "o2")[0][0] == bos  # the fixture's template adds <|bos|>
 
 
+def test_a_run_without_eos_says_so_in_one_line(tmp_path):
+    """A missing --eos went unnoticed through tokenize, pack and export: a text run without
+    one notes it (once, one line, with the fix); with --eos, or a chat template that places
+    its own, nothing is said."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "hello there"}])
+    r = CliRunner().invoke(cli, ["tokenize", str(path), "-t", str(TOKENIZER), "-o",
+                                 str(tmp_path / "o1")])
+    assert r.exit_code == 0, r.output
+    (line,) = [x for x in r.stderr.splitlines() if "--eos" in x]
+    assert line.startswith("warning: no --eos: documents do not end with an end-of-text token")
+    assert "Pass --eos TOKEN" in line
+    assert [w for w in run([path], tmp_path / "o2").warnings if "no --eos" in w]
+    assert not [w for w in run([path], tmp_path / "o3", eos="<|eos|>").warnings
+                if "--eos" in w]
+
+
 def test_unknown_special_token_lists_vocabulary(tmp_path, docs):
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
     with pytest.raises(packtool.PacktoolError, match=r"'</s>' is not in .*'<\|eos\|>'"):

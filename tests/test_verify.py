@@ -80,3 +80,66 @@ def test_a_miscounted_document_is_named(sources, tmp_path):
             f"{2 if first == twice else 0} time\\(s\\), expected 1: segment mismatch")
     with pytest.raises(VerifyError, match=want):
         verify_packed(d, [sources / "b"])
+
+
+# ------------------------------------------------- options as users type them (item 7)
+def test_sources_repeated_or_comma_separated_and_the_ambiguous_refused(sources, tmp_path):
+    """`verify P --source a b` failed with click's "unexpected extra argument": --source a,b
+    and --source a --source b both work, the extra argument is named with both spellings,
+    and a comma value that is itself a corpus beside its pieces is refused."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    pack([str(sources / "a"), str(sources / "b")], tmp_path / "p", PackOptions(seq_len=128))
+    a, b, p = str(sources / "a"), str(sources / "b"), str(tmp_path / "p")
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["verify", p, *args])
+    for args in (["--source", f"{a},{b}"], ["--source", a, "--source", b],
+                 ["-s", f"{a}, {b}"]):
+        r = run(*args)
+        assert r.exit_code == 0 and r.stdout.startswith("OK"), (args, r.output)
+    r = run("--source", a, b)
+    assert r.exit_code == 2 and f"got {b} too" in r.output
+    assert "--source a,b or --source a --source b" in r.output
+    assert run("--source", f"{a},").exit_code == 2  # an empty name: not silently one source
+    both = [sources / f"a,b{s}" for s in (".json", ".bin", ".boundaries")]
+    try:  # a corpus whose name has the comma, beside a (the module's sources: removed after)
+        for f in both:
+            f.symlink_to(sources / f.name.replace("a,b", "a"))
+        r = run("--source", f"{a},b")
+        assert r.exit_code == 2 and "exist; rename one, or give each with its own --source" \
+            in r.output, r.output
+    finally:
+        for f in both:
+            f.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------- files its index does not list
+def test_a_packed_folder_holding_unlisted_files_fails_verify(sources, tmp_path):
+    """A packed folder with an export written inside it verified OK: the files its index does
+    not list (in it or in valid/) are now named; packtool's own dead leftovers are not."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    p = tmp_path / "p"
+    pack([str(sources / "b")], p, PackOptions(seq_len=128, valid_docs=50))
+    (p / ".index.json.tmp-999999999-abcdef").write_text("")  # a dead run's: ours, ignored
+    assert verify_packed(p).kind == "packed"
+    (p / "ex").mkdir()
+    (p / "ex" / "part-0.parquet").write_bytes(b"x")
+    (p / "notes.txt").write_text("mine")
+    with pytest.raises(VerifyError, match=r"holds 2 file\(s\) its index.json does not list "
+                                          r"\(ex/, notes.txt\)"):
+        verify_packed(p)
+    r = CliRunner().invoke(cli, ["verify", str(p)])
+    assert r.exit_code == 1 and "move them out of it" in r.output, r.output
+    (p / "notes.txt").unlink()
+    import shutil
+
+    shutil.rmtree(p / "ex")
+    (p / "valid" / "stray.npy").write_bytes(b"")
+    with pytest.raises(VerifyError, match=r"valid holds 1 file\(s\) .*\(stray.npy\)"):
+        verify_packed(p)

@@ -10,7 +10,15 @@ from ..export import FORMATS as EXPORT_FORMATS  # a plain tuple; imports nothing
 from ..formats._manifest import manifest_text
 from ..options import PackOptions, TokenizeOptions
 from .app import cli, emit, run
-from .options import build, fields, json_option, overwrite_option, quiet_option
+from .options import (
+    build,
+    fields,
+    flat,
+    json_option,
+    overwrite_option,
+    quiet_option,
+    split_paths,
+)
 
 RUN_FIELDS = ("executor", "ray_address", "tasks", "task", "finalize")
 TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
@@ -71,7 +79,7 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
         return
     result = run(tokenize_files, list(inputs), tokenizer, out, opts, progress=not quiet,
                  run=runopts)
-    emit(result, as_json, quiet, warnings=True)
+    emit(result, as_json, quiet)
 
 
 @cli.command()
@@ -108,17 +116,18 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
     runopts = build(RunOptions, kw)
     result = run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
                  run=runopts)
-    emit(result, as_json, quiet, warnings=True)
+    emit(result, as_json, quiet)
 
 
-@cli.command()
+@cli.command(context_settings={"allow_extra_args": True})
 @click.argument("path")
 @click.option("--source", "-s", "sources", multiple=True,
-              help="Token-file prefix (or URL) the dataset was packed from (repeat, in order): "
-                   "also check that every source token appears exactly as the overflow policy "
-                   "says.")
+              help="Token-file prefixes (or URLs) the dataset was packed from, in order: "
+                   "--source a,b or --source a --source b; also check that every source token "
+                   "appears exactly as the overflow policy says.")
 @json_option
-def verify(path, sources, as_json):
+@click.pass_context
+def verify(ctx, path, sources, as_json):
     """Check a packed directory (checksums, shapes, every invariant, optionally the sources)
     or a token-corpus PREFIX (manifest, sizes, boundaries, checksums); either may be a URL.
 
@@ -131,7 +140,12 @@ def verify(path, sources, as_json):
     """
     from ..verify import verify as run_verify
 
-    emit(run(run_verify, path, list(sources)), as_json, False, out="stdout")
+    if ctx.args:  # `verify P --source a b`: b is not a second source, say how to give it
+        raise click.UsageError(
+            f"verify checks one PATH ({path}) but got {' '.join(ctx.args)} too"
+            + ("; give several sources as --source a,b or --source a --source b" if sources
+               else ""))
+    emit(run(run_verify, path, split_paths(sources, "--source")), as_json, False)
 
 
 @cli.command()
@@ -140,8 +154,9 @@ def verify(path, sources, as_json):
               help="Report on lengths alone: a local .npy of document lengths or a "
                    "length,count CSV (a small file: copy it here from a store).")
 @fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, "seed",
-        seq_len={"required": False, "multiple": True, "help": "Sequence length to evaluate "
-                 "(repeat; default 512 1024 2048 4096 8192)."})
+        seq_len={"required": False, "multiple": True, "type": ("ints", 1, 2**31 - 1),
+                 "help": "Sequence lengths to evaluate: -L 512,2048 or -L 512 -L 2048 "
+                 "(default 512 1024 2048 4096 8192)."})
 @click.option("--batch-size", "-b", type=click.IntRange(1), default=8, show_default=True,
               help="Batch size for the dynamic-padding figures.")
 @click.option("--algos", default=None, help="'all' or a comma list of packers to compare.")
@@ -164,14 +179,14 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
     """
     from .. import stats as st
 
-    result = run(st.stats, list(paths), lengths_file, seq_len, batch_size, algos,
+    result = run(st.stats, list(paths), lengths_file, flat(seq_len), batch_size, algos,
                  progress=True, **kw)
     if plot_path:
         if result.lengths is None:
             raise click.ClickException("--plot draws a corpus report; pass token files or "
                                        "--lengths")
         run(st.plot_corpus, result.report, result.lengths, plot_path)
-    emit(result, as_json, False, out="stdout")
+    emit(result, as_json, False)
 
 
 @cli.command()
@@ -277,4 +292,4 @@ def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance
         result = run(which_record, path, record, epoch, **settings)
     else:
         result = run(which_step, path, epoch, step, rank, **settings)
-    emit(result, as_json, False, out="stdout")
+    emit(result, as_json, False)

@@ -12,6 +12,7 @@ Nothing here imports more than click (``packtool --help`` stays fast).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import click
 
@@ -22,6 +23,76 @@ def _algo_names() -> list[str]:
     return list(PACKERS)
 
 
+class IntList(click.ParamType):
+    """Integers as users type them: ``512`` or ``512,2048`` (with ``multiple``, repeated too);
+    a value that reads as one number with thousands separators (``16,384``) is refused as
+    ambiguous."""
+
+    name = "N[,N...]"
+
+    def __init__(self, lo: int, hi: int | None):
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        flag = param.opts[0] if param is not None else "the option"
+        if re.fullmatch(r"\d{1,3}(,\d{3})+", text):
+            a, b = text.split(",", 1)
+            self.fail(f"{text} reads as one number with a thousands separator or as several "
+                      f"values: write {text.replace(',', '')} for one, or {flag} {a} {flag} "
+                      f"{b.replace(',', f' {flag} ')} for several", param, ctx)
+        out = []
+        for piece in text.split(","):
+            try:
+                n = int(piece.strip())
+            except ValueError:
+                self.fail(f"{piece.strip()!r} is not an integer"
+                          + (f" (in {text!r}: give integers separated by commas)"
+                             if "," in text else ""), param, ctx)
+            if n < self.lo or (self.hi is not None and n > self.hi):
+                self.fail(f"{n} is not in the range {self.lo}<=x"
+                          + (f"<={self.hi}" if self.hi is not None else ""), param, ctx)
+            out.append(n)
+        return tuple(out)
+
+
+def flat(groups) -> tuple:
+    """The values of a repeated option of comma lists, in order: ((512, 1024), (2048,)) ->
+    (512, 1024, 2048)."""
+    return tuple(x for g in groups for x in g)
+
+
+def split_paths(values, flag: str) -> list[str]:
+    """Paths as users type them: repeated (``--source a --source b``) or comma-separated
+    (``--source a,b``). A value naming an existing file or prefix whole is taken whole; one
+    whose whole and pieces both exist is refused as ambiguous, by name."""
+    from pathlib import Path
+
+    def there(p: str) -> bool:
+        return bool(p) and (Path(p).exists() or Path(f"{p}.json").exists())
+
+    out: list[str] = []
+    for v in values:
+        pieces = [x.strip() for x in v.split(",")]
+        if len(pieces) == 1:
+            out.append(v)
+            continue
+        if there(v):
+            if any(there(x) for x in pieces):
+                raise click.UsageError(
+                    f"{flag} {v}: both {v} and {', '.join(x for x in pieces if there(x))} "
+                    f"exist; rename one, or give each with its own {flag}")
+            out.append(v)
+            continue
+        if not all(pieces):
+            raise click.UsageError(f"{flag} {v}: an empty name between commas; give "
+                                   f"{flag} a,b or repeat {flag}")
+        out += pieces
+    return out
+
+
 def _click_type(spec):
     if spec in ("str", "flag", "negated_flag"):
         return None
@@ -30,6 +101,8 @@ def _click_type(spec):
     if spec == "algo":
         return click.Choice(_algo_names())
     kind, *args = spec
+    if kind == "ints":
+        return IntList(args[0], args[1])
     if kind == "choice":
         return click.Choice(list(args[0]))
     if kind == "int":

@@ -1,7 +1,10 @@
 """``packtool export``: a token corpus or a packed dataset in another trainer's native format.
 
-One dispatcher over one module per format (packtool/formats/): each holds a writer for the
-sources it can represent, and the layout written down beside it. SRC is a token-file prefix
+One dispatcher over one module per format beside it (packtool/export/): each holds a writer
+for the sources it can represent, and the layout written down beside it. There is no packtool
+reader or validator of these formats: the trainers' own libraries read them, and the tests
+read every export back with them (megatron-core, mosaicml-streaming, pyarrow and Hugging Face
+datasets; llm.c's header by a reader written from its layout). SRC is a token-file prefix
 (documents) or a packed directory (packs); what each format keeps and loses is in
 docs/EXPORT.md::
 
@@ -117,7 +120,8 @@ def _source_paths(source, kind: str) -> list[Path]:
 
 
 def _refuse_self_overwrite(source, kind: str, out: Path) -> None:
-    """--overwrite must never replace the data being read."""
+    """The output never replaces the data being read (even with --overwrite), nor lands
+    inside a packed dataset being read."""
     target = Path(os.path.abspath(out))
     for p in _source_paths(source, kind):
         same_prefix = kind == "corpus" and p.with_suffix("") == target.with_suffix("")
@@ -125,6 +129,12 @@ def _refuse_self_overwrite(source, kind: str, out: Path) -> None:
             raise PacktoolError(
                 f"--out {out} would replace the source {p}; choose another --out"
             )
+        # inside it (or inside the dataset whose held-out split it is), the index would not
+        # list the export: `verify` then fails on it
+        whole = p.parent if kind == "packed" and (p.parent / "index.json").is_file() else p
+        if kind == "packed" and whole in target.parents:
+            raise PacktoolError(f"--out {out} is inside the packed dataset {whole} it exports "
+                                "from; choose an --out outside it")
 
 
 def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = False,

@@ -83,9 +83,9 @@ def import_streaming():
         import streaming
     except ImportError as e:
         raise PacktoolError(
-            f"--format mds needs mosaicml-streaming ({e}): pip install 'packtool[mds]'; where "
-            "transformers>=5 is installed (streaming pins <5): pip install --no-deps "
-            "mosaicml-streaming==0.13.0 xxhash zstd Brotli python-snappy catalogue"
+            f"--format mds needs mosaicml-streaming ({e}): pip install 'packtool[mds]' && pip "
+            "install --no-deps mosaicml-streaming==0.13.0 (it pins transformers<5 and "
+            "numpy<2.2, which MDS does not need: docs/EXPORT.md)"
         ) from None
     return streaming
 

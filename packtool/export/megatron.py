@@ -141,6 +141,13 @@ def _append_bytes(f, arr: np.ndarray, tick) -> None:
         tick(len(chunk))
 
 
+# one line: the export is right, but Megatron sees no document end in its concatenated stream
+NO_EOS_NOTE = ("{prefix} was tokenized without --eos: Megatron concatenates the sequences "
+               "with no end-of-document token between them, so --reset-position-ids, "
+               "--reset-attention-mask and --eod-mask-loss see no document ends (tokenize with "
+               "--eos TOKEN for them)")
+
+
 def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: bool = True,
                   **_) -> dict:
     """A token corpus as a Megatron indexed dataset: one sequence per document."""
@@ -185,6 +192,8 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
         f"hard-linked to {bins[0]} (0 bytes copied)" if mode == "hardlink"
         else f"copied from {bins[0]} ({why})" if len(bins) == 1
         else f"the {len(bins)} parts' .bin files concatenated in order ({why})")]
+    if corpus.meta.get("eos_id") is None:  # docs/EXPORT.md: the reset flags look for EOD
+        notes.append(NO_EOS_NOTE.format(prefix=corpus.prefix))
     if corpus.has_mask:
         notes.append("loss mask not exported: a Megatron indexed dataset holds tokens only "
                      f"({corpus.prefix}.mask stays beside the corpus)")

@@ -90,7 +90,8 @@ def _solve(A: np.ndarray, w: np.ndarray, hist: np.ndarray, capacity: int) -> np.
     n = A.shape[1]
     if not hist.any():
         return np.zeros(n)
-    with activity(f"nnlshp: NNLS over {n:,} strategies at L={capacity:,} (~30 s at 22,000)",
+    with activity(f"nnlshp: NNLS over {n:,} strategies for packs of {capacity:,} tokens "
+                  "(~30 s at 22,000)",
                   delay=0):
         return nnls(w[:, None] * A, w * hist, maxiter=max(50 * n, 1000))[0]
 

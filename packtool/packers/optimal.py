@@ -250,7 +250,8 @@ def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     work = DEFAULT_WORK_LIMIT if options.work_limit is None else int(options.work_limit)
     if work < 0 or (options.time_limit is not None and options.time_limit < 0):
         raise PacktoolError("--work-limit and --time-limit must be >= 0")
-    with activity(f"optimal: LP at L={capacity:,}", unit="column") as tick:
+    with activity(f"optimal: cutting-stock LP, {len(lengths):,} documents into packs of "
+                  f"{capacity:,} tokens", unit="column") as tick:
         packs, info = solve(lengths, capacity, work, options.time_limit, tick=tick)
     rep = report("optimal", packs, options, grid_step=info["grid_step"],
                  lp_value=info["lp_value"], lp_bound=info["lp_bound"],

@@ -45,22 +45,37 @@ def file_kind(path: Path) -> str | None:
     return None
 
 
-def expand_inputs(inputs: list[str]) -> list:
+# what a model folder holds beside its tokenizer: read as JSONL they fail record by record (a
+# new user's `tokenize data/ -t data/tokenizer.json` was told to --skip-bad-records)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def expand_inputs(inputs: list[str], tokenizer: str | Path | None = None) -> list:
     """Files as given; directories as all supported files inside (recursive, sorted); globs.
-    URLs (``s3://bucket/corpus/``, ``gs://b/*.parquet``) likewise, as :class:`RemoteInput`."""
+    URLs (``s3://bucket/corpus/``, ``gs://b/*.parquet``) likewise, as :class:`RemoteInput`.
+    Refused before anything is read: the ``tokenizer`` file itself, a tokenizer's files found
+    in a folder or by a glob, and files found there that look like copies of one corpus
+    (``a.jsonl`` beside ``a.jsonl.gz``; listed one by one they are taken as asked)."""
     if not inputs:
         raise PacktoolError("no input given; pass files, directories or globs")
     out: list = []
+    found_in: dict = {}  # a file found in a folder or by a glob -> that argument
     for arg in inputs:
         if is_url(arg):
-            out.extend(_expand_remote(str(arg)))
+            found = _expand_remote(str(arg))
+            out.extend(found)
+            found_in.update((f, arg) for f in found if str(f) != str(arg))
             continue
         p = Path(arg)
         if p.is_dir():
-            found = sorted(_walk(p, set()))
+            models: list[Path] = []
+            found = sorted(_walk(p, set(), models))
+            if models:
+                _refuse_tokenizer_file(models[0], arg)
             if not found:
                 raise PacktoolError(f"directory {p} holds no supported files ({SUPPORTED})")
             out.extend(found)
+            found_in.update((f, arg) for f in found)
         elif p.exists():
             if file_kind(p) is None:
                 raise PacktoolError(
@@ -75,19 +90,67 @@ def expand_inputs(inputs: list[str]) -> list:
             if not found:
                 raise PacktoolError(f"pattern {arg!r} matches no supported files ({SUPPORTED})")
             out.extend(found)
+            found_in.update((f, arg) for f in found)
         else:
             raise PacktoolError(f"{p}: no such file or directory")
+    for f, arg in found_in.items():
+        if f.name in TOKENIZER_FILES:
+            _refuse_tokenizer_file(f, arg)
+    _refuse_copies(list(found_in))
+    _refuse_repeats(out, found_in, _local_identity(tokenizer))
+    return out
+
+
+def _refuse_repeats(out: list, found_in: dict, tok) -> None:
+    """No input read twice, and the tokenizer (``tok``: its device and inode) never one."""
     seen: dict = {}
     for p in out:
         # a local file is known by its device and inode, from the open that proves it can be
         # read (Path.resolve, a system call per path component, took 60 us a file)
         key = p if isinstance(p, RemoteInput) else _opened_identity(p)
+        if key == tok:
+            raise PacktoolError(
+                f"{p} is the --tokenizer itself, not a corpus; "
+                + (f"move it out of {found_in[p]} or list the input files instead"
+                   if p in found_in else "leave it out of the inputs"))
         if key in seen:
             raise PacktoolError(
                 f"{p} is given twice (also as {seen[key]}, the same file); each input is "
                 "read once")
         seen[key] = p
-    return out
+
+
+def _refuse_tokenizer_file(path, arg: str) -> None:
+    raise PacktoolError(f"{path} is a tokenizer file, not a corpus, and {arg} would read it as "
+                        "one; move it out of that folder, or list the input files instead")
+
+
+def _refuse_copies(found: list) -> None:
+    """Files found in one folder under one name in several formats (``a.jsonl``,
+    ``a.jsonl.gz``, ``a.parquet``) would each be tokenized: the corpus twice or more."""
+    by_stem: dict = {}
+    for f in found:
+        kind = next(k for k in sorted(KINDS, key=len, reverse=True)
+                    if f.name.lower().endswith(k))
+        folder = str(f).rsplit("/", 1)[0] if isinstance(f, RemoteInput) else f.parent
+        by_stem.setdefault((folder, f.name[:-len(kind)]), []).append(f)
+    for (folder, _), files in by_stem.items():
+        if len(files) > 1:
+            names = [f.name for f in files]
+            listed = ", ".join(names[:-1]) + " and " + names[-1]
+            raise PacktoolError(f"{listed} in {folder} look like copies of one corpus (one "
+                                "name, several formats); pass the one you mean")
+
+
+def _local_identity(path) -> tuple[int, int] | None:
+    """(device, inode) of a local file, or None (a folder, a URL, nothing there)."""
+    if path is None or is_url(path):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if os.path.isfile(path) else None
 
 
 def _opened_identity(p: Path) -> tuple[int, int]:
@@ -170,9 +233,10 @@ def _expand_remote(arg: str) -> list[RemoteInput]:
     return found
 
 
-def _walk(folder: Path, seen: set) -> list[Path]:
+def _walk(folder: Path, seen: set, models: list) -> list[Path]:
     """Supported files under ``folder``, recursively; a folder that cannot be listed is an error
-    (``Path.rglob`` skips it silently: 100 of 350 documents went missing that way)."""
+    (``Path.rglob`` skips it silently: 100 of 350 documents went missing that way).
+    ``models``: SentencePiece ``.model`` files found on the way (a model folder, not data)."""
     key = folder.resolve()
     if key in seen:  # a symlink loop
         return []
@@ -195,8 +259,10 @@ def _walk(folder: Path, seen: set) -> list[Path]:
         except OSError:
             is_dir = False
         if is_dir:
-            out.extend(_walk(f, seen))
+            out.extend(_walk(f, seen, models))
             continue
+        if e.name.endswith(".model") and not e.name.startswith("."):
+            models.append(f)
         if e.name.startswith(".") or not file_kind(f) or not _is_file(f):
             continue
         if data_files is not None and (e.name in _HF_METADATA or file_kind(f) == "arrow"):

@@ -105,6 +105,7 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
                   algo_options: dict | None = None) -> list[dict]:
     """Run each packer on the segments as ``pack`` would; kernels compiled before timing."""
     from .._numba import compile_seconds
+    from .._progress import shown
     from ..metrics import pack_metrics
     from ..packers import PACKERS, PackerOptions, depth_capped_efficiency, run_packer
     from ..train.sampler import step_imbalance
@@ -129,7 +130,8 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
                     "raise --max-depth or use bfd/optimal")})
                 continue
         with compile_seconds() as spent:  # kernels compile on first use: timed apart
-            run_packer(np.array([1, 2, 3], np.int64), 4, algo, opts)  # load/compile kernels
+            with shown(False):  # no progress line: it named this warm-up's L=4, not -L
+                run_packer(np.array([1, 2, 3], np.int64), 4, algo, opts)  # compile kernels
             warm = spent()
             t0 = time.perf_counter()
             packing = run_packer(seg_lengths, seq_len, algo, opts)

@@ -118,7 +118,7 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
     opts.check()
     remote = is_url(out)  # an object store: only the name matters here (tokenize.stage)
     prefix = Path(basename(check_url(out))) if remote else check_out(out)
-    paths = expand_inputs(inputs)
+    paths = expand_inputs(inputs, tokenizer)
     for p in paths:
         try:
             str(p).encode("utf-8")

@@ -43,7 +43,8 @@ class TokenizeResult:
             text += f"; fell back to the reference: {e['fallback']}"
         return text
 
-    def summary(self) -> str:
+    def summary(self, warnings: bool = True) -> str:
+        """What the run did; ``warnings``: with its warnings (the CLI prints them on stderr)."""
         skipped = f", {self.n_skipped:,} bad records skipped" if self.n_skipped else ""
         if self.executor == "finalize":
             return (f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens "
@@ -58,12 +59,25 @@ class TokenizeResult:
                if self.n_parts_skipped else "")
             + self.engine_text()
         ) + (f"\n{self.published}" if self.published else "") + "".join(
-            f"\nwarning: {w}" for w in self.warnings)
+            f"\nwarning: {w}" for w in (self.warnings if warnings else []))
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["tokens_per_second"] = self.tokens_per_second
         return d
+
+
+def eos_note(opts) -> list[str]:
+    """One line when documents get no end token (no --eos; a chat template places its own):
+    nothing is wrong with the corpus, but a trainer reading it as one flat stream (Megatron's
+    --reset-attention-mask, llm.c) cannot tell where a document ends (docs/EXPORT.md)."""
+    if opts.eos is not None or opts.mode == "messages":
+        return []
+    what = "documents" if opts.mode == "text" else "completions"
+    return [f"no --eos: {what} do not end with an end-of-text token, so in a flat stream "
+            "(export --format megatron or llmc) nothing separates them; packtool's packs keep "
+            "the boundaries anyway. Pass --eos TOKEN (e.g. '<|endoftext|>') if a trainer "
+            "needs one"]
 
 
 def merge_engines(engines: list[dict]) -> dict:

@@ -45,10 +45,10 @@ from ..options import TokenizeOptions
 from ..storage import default_options
 from ..storage.output import Output
 from .assemble import assemble, checked_parts
-from .part import PartJob, check_part, inputs_changed, tokenize_part
+from .part import PartJob, check_part, finished_parts, inputs_changed, tokenize_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 from .prepare import new_run
-from .result import TokenizeResult, merge_engines
+from .result import TokenizeResult, eos_note, merge_engines
 
 PLAN_FORMAT = "packtool.tokens.plan"
 
@@ -74,6 +74,7 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     with output.lock(shared=run.one_task) as notes:
         result = _tokenize(inputs, tokenizer, output, opts, progress, run)
     result.warnings[:0] = notes
+    result.warnings += eos_note(opts)
     return result
 
 
@@ -159,6 +160,8 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
     if not out.remote:
         plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
     removed: list[str] = []
+    if not out.remote:  # a part's commit is not the output's: a signal before
+        _signals.commits_to(plan.json_path, lambda: finished_parts(plan, -1))  # PREFIX.json
     try:  # from the retired list's writing on: a failure before the commit removes it
         if not run.finalize:
             _begin(out, plan, opts, run)

@@ -129,9 +129,11 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
     result = VerifyResult(str(directory), "packed", index["n_tokens"], n_docs=index["n_docs"],
                           n_packs=index["n_packs"], n_segments=index["n_segments"],
                           n_shards=len(index["shards"]), layout=ds.layout)
+    _unlisted(ds)
     valid = None
     if index.get("held_out"):
         valid = validate_packed(join(directory, index["held_out"]["path"]))
+        _unlisted(valid)
         if valid.index.get("split") != "valid":
             raise VerifyError(f"{valid.directory}: not the held-out split of {directory}")
         result.valid = {"n_packs": valid.index["n_packs"], "n_tokens": valid.index["n_tokens"],
@@ -150,6 +152,31 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
             result.mixture = [{"prefix": s["prefix"], "factor": s.get("factor", 1.0)}
                               for s in index["sources"]]
     return result
+
+
+def _unlisted(ds) -> None:
+    """A local packed folder holds only what its index lists (the shards' files, the held-out
+    split) and packtool's own hidden leftovers: anything else (an export written inside it,
+    `export P -o P/ex`) is an error naming it, since readers and the sampler take the index's
+    word for what the dataset is."""
+    from .._temps import left_by_us
+    from ..formats.packed import INDEX
+
+    if is_url(ds.directory):
+        return  # an object store's listing is the publisher's business (storage.publish)
+    folder = Path(ds.directory)
+    index = ds.index
+    listed = {INDEX} | {f["name"] for sh in index["shards"] for f in sh["files"].values()}
+    if index.get("held_out"):
+        listed.add(index["held_out"]["path"].rstrip("/"))
+    extra = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
+                   if p.name not in listed and not left_by_us(p))
+    if extra:
+        shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
+                                         else "")
+        raise VerifyError(f"{folder} holds {len(extra)} file(s) its {INDEX} does not list "
+                          f"({shown}): a packed dataset holds only what its index lists; move "
+                          "them out of it")
 
 
 def _index_sources(ds) -> None:
