@@ -76,8 +76,13 @@ def _which(d):
             ["which", d / "packed-tok", "--record", f"{d / 't.jsonl'}:3"]]
 
 
+def _conformance(d):  # gpt2: no FlexAttention, so nothing to compile (a few seconds)
+    return [["conformance", "--arch", "gpt2"]]
+
+
 CASES = {"tokenize": _tokenize, "verify": _verify, "stats": _stats, "export": _export,
-         "which": _which}
+         "which": _which, "conformance": _conformance}
+LISTS = {"conformance"}  # commands whose JSON is a list of rows
 
 
 @pytest.mark.parametrize("algo", list(PACKERS))
@@ -91,6 +96,9 @@ def test_pack_json_for_every_packer(work, algo):
 
 @pytest.mark.parametrize("command", list(CASES))
 def test_json_for_every_command(work, command):
+    if command == "conformance":
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
     np.save(work / "lengths.npy", np.arange(1, 300))
     if not (work / "packed-bfd").exists():
         run_json("pack", work / "c", "-L", L, "-o", work / "packed-bfd")
@@ -98,4 +106,4 @@ def test_json_for_every_command(work, command):
         run_json("tokenize", work / "t.jsonl", "-t", TOKENIZER, "-o", work / "t")
         run_json("pack", work / "t", "-L", L, "-o", work / "packed-tok")
     for args in CASES[command](work):
-        assert isinstance(run_json(*args), dict), args
+        assert isinstance(run_json(*args), list if command in LISTS else dict), args

@@ -6,6 +6,8 @@
 - :mod:`.batching`: packs collated into one padding-free ``[1, N]`` row (numpy).
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.which`: which step and rank a record lands in, and what a step holds.
+- :mod:`.conformance`: does a model architecture keep packed documents apart on each input
+  path (``packtool conformance``).
 """
 
 from .batching import collate_numpy
