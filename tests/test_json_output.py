@@ -76,8 +76,13 @@ def _which(d):
             ["which", d / "packed-tok", "--record", f"{d / 't.jsonl'}:3"]]
 
 
+def _conformance(d):  # gpt2: no FlexAttention, so nothing to compile (a few seconds)
+    return [["conformance", "--arch", "gpt2"]]
+
+
 CASES = {"tokenize": _tokenize, "verify": _verify, "stats": _stats, "export": _export,
-         "which": _which}
+         "which": _which, "conformance": _conformance}
+LISTS = {"conformance"}  # commands whose JSON is a list of rows
 
 
 @pytest.mark.parametrize("algo", list(PACKERS))
@@ -91,6 +96,9 @@ def test_pack_json_for_every_packer(work, algo):
 
 @pytest.mark.parametrize("command", list(CASES))
 def test_json_for_every_command(work, command):
+    if command == "conformance":
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
     np.save(work / "lengths.npy", np.arange(1, 300))
     if not (work / "packed-bfd").exists():
         run_json("pack", work / "c", "-L", L, "-o", work / "packed-bfd")
@@ -98,7 +106,7 @@ def test_json_for_every_command(work, command):
         run_json("tokenize", work / "t.jsonl", "-t", TOKENIZER, "-o", work / "t")
         run_json("pack", work / "t", "-L", L, "-o", work / "packed-tok")
     for args in CASES[command](work):
-        assert isinstance(run_json(*args), dict), args
+        assert isinstance(run_json(*args), list if command in LISTS else dict), args
 
 
 # --------------------------------------------------- one stream for every summary (item 6)
@@ -124,7 +132,8 @@ def test_every_summary_is_on_stdout_and_every_warning_on_stderr(work):
     from click.testing import CliRunner
 
     cases = _summaries(work)
-    assert set(cases) | {"demo"} == set(cli.commands), "a new command needs a case here"
+    # conformance builds models (tests/test_conformance.py checks its stdout and stderr)
+    assert set(cases) | {"demo", "conformance"} == set(cli.commands), "a new command: a case"
     for name, (args, text) in cases.items():
         r = CliRunner().invoke(cli, [str(a) for a in args])
         assert r.exit_code == 0, (name, r.output)

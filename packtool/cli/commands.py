@@ -293,3 +293,41 @@ def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance
     else:
         result = run(which_step, path, epoch, step, rank, **settings)
     emit(result, as_json, False)
+
+
+@cli.command()
+@click.option("--arch", "archs", default=None, metavar="TYPES",
+              help="Model types to check, comma-separated (transformers' model_type: llama, "
+                   "gpt2, mistral, ...), or 'all' (default, unless --config is given: llama, "
+                   "gpt2, mistral, qwen2, gemma2, mixtral, qwen2_moe, qwen3_next, "
+                   "granitemoehybrid).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Also check the model of this config.json (a local file), shrunk to tiny "
+                   "sizes keeping its layer types, sliding window, experts and state-space "
+                   "settings.")
+@json_option
+def conformance(archs, config_path, as_json):
+    """Check that a model sees packed rows exactly as each document alone, before training.
+
+    Builds a tiny random model of each architecture on CPU (no download), packs documents of
+    several lengths into one row and compares its logits with each document run alone, through
+    every input path: position ids only, the flash-attention kwargs (cu_seq_lens_q/k, through
+    packtool's reference varlen attention), a FlexAttention block mask, seq_idx (state-space
+    and linear-attention models), and a control that must leak. Prints the largest |logit
+    difference| per path and a verdict, exact (<= 1e-4), leaks or unsupported; exits 1 when
+    an architecture has no exact path. Needs torch and transformers (docs/TRAINING.md).
+
+    \b
+    Example:
+        packtool conformance --arch llama,gpt2,mistral
+        packtool conformance --config my-model/config.json --json
+    """
+    from ..train import conformance as cf
+
+    names = run(cf.parse_archs, archs) if archs is not None else None
+    result = run(cf.conformance, names, config_path)
+    # the verdict: on stdout when all pass, else the error line (stderr, exit 1)
+    click.echo(manifest_text(result.to_json()).rstrip("\n") if as_json
+               else result.summary(verdict=result.ok))
+    if not result.ok:
+        raise click.ClickException(result.verdict_line())

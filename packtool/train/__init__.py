@@ -7,6 +7,8 @@
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.which`: which step and rank a record lands in, and what a step holds.
+- :mod:`.conformance`: does a model architecture keep packed documents apart on each input
+  path (``packtool conformance``).
 """
 
 from .batching import collate_numpy

@@ -1,0 +1,400 @@
+"""Does *this* model see a packed row as its documents alone? A check to run before training.
+
+Packing is exact only if every layer keeps each document to itself. Users have lost 10-20
+benchmark points to layers that ignored ``cu_seqlens`` (Megatron-Bridge #2952) and hybrid
+models leak recurrent state across packed samples (Qwen3.5's GatedDeltaNet: 0.40 layer-output
+difference, NVIDIA-NeMo/Automodel #2147). This builds a tiny random model of each architecture
+from its config class (no download: 2 layers, hidden 64, 4 heads, vocabulary 128, float32,
+eval mode, dropout 0, seed 0), packs five documents of 37, 12, 53, 5 and 29 tokens into one
+``[1, 136]`` row, and compares the row's logits with each document run alone (eager attention,
+no position ids), through every input path the model may take:
+
+    path            what the packed row carries                       attention
+    position_ids    position ids restarting per document, no mask    sdpa
+    varlen          ``model_inputs(batch)``: position ids + cu_seq_lens_q/k, max_length_q/k
+                                                                      packtool's varlen reference
+    flex_attention  position ids + a document-causal BlockMask       flex_attention
+    seq_idx         ``model_inputs(batch)`` + seq_idx (models with   eager
+                    state-space / linear-attention layers)
+    none            nothing: the control, must leak                   eager
+
+``varlen`` runs :func:`packtool.train.attention.varlen_attention`, which sees the whole row as
+one sequence in a layer whose call carries no ``cu_seq_lens_q``: the path is exact only if the
+*model* threads the kwargs down to every attention layer, as flash-attn needs (the note counts
+the calls that got them). Mistral's and Gemma 2's sliding window is 16 tokens here, shorter
+than three of the documents, so it matters.
+
+A path is ``exact`` at max |logit difference| <= 1e-4 (float32 noise is ~1e-6, the ``none``
+control's leak 3-5), ``leaks`` above, ``unsupported`` (with a ``note``) when the model or path
+cannot run here. An architecture passes when one path is exact and the control leaks.
+
+On CPU, state-space and linear-attention layers run transformers' torch fallbacks: some refuse
+packed input (``unsupported``, transformers' reason in the note), others leak silently (the
+Mamba2 scan of GraniteMoeHybrid). With the mamba_ssm / causal_conv1d / fla kernels on a GPU
+these models may be exact; this check says nothing about those kernels. The table for the
+default architectures is in docs/TRAINING.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import PacktoolError
+from .attention import CALLS, VARLEN, document_block_mask, register_varlen
+
+TOL = 1e-4
+WINDOW = 16  # sliding window in tokens: shorter than three of the documents, so it matters
+DOC_LENGTHS = (37, 12, 53, 5, 29)
+PATHS = ("position_ids", "varlen", "flex_attention", "seq_idx", "none")
+CONTROL = "none"
+INSTALL = "pip install 'packtool[torch]' transformers"
+
+# The architectures checked by default, each with what its tiny config needs beyond TINY.
+ARCHS = {
+    "llama": {}, "gpt2": {}, "mistral": {},  # mistral: a sliding window on every layer
+    "qwen2": {"use_sliding_window": True, "max_window_layers": 1},  # one sliding, one full
+    "gemma2": {},  # alternating sliding / full layers, attention soft-capping
+    "mixtral": {}, "qwen2_moe": {},  # mixtures of experts
+    "qwen3_next": {},  # GatedDeltaNet (linear attention) + full attention + MoE
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},  # Mamba2 + attn
+}
+
+# Tiny sizes, applied to each key the config has set: small enough to run on a laptop core,
+# big enough for GQA (4 heads, 2 KV heads), top-2 of 4 experts, state-space chunks < a document.
+TINY = {
+    "vocab_size": 128, "hidden_size": 64, "n_embd": 64, "d_model": 64,
+    "intermediate_size": 128, "ffn_dim": 128,
+    "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "max_position_embeddings": 256, "n_positions": 256,
+    "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "shared_intermediate_size": 32, "n_shared_experts": 1,
+    "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_n_groups": 1,
+    "mamba_expand": 2, "mamba_chunk_size": 16, "chunk_size": 16, "state_size": 16,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    # random weights at std 0.02 give logits of ~1e-2, where a leak hides under 1e-4: at 0.1
+    # the control's leak is 1e-1 or more on every default architecture
+    "initializer_range": 0.1,
+}
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+DROP = ("quantization_config", "auto_map", "architectures", "dtype", "torch_dtype",
+        "_name_or_path", "transformers_version", "use_cache")
+# module class names of layers that keep state along the sequence (not attention)
+RECURRENT = ("mamba", "mixer", "deltanet", "linearattention", "shortconv", "ssm", "rwkv")
+
+
+@dataclass
+class ConformanceResult:
+    """One row per architecture and path: arch, path, max_abs_diff (None when it did not run),
+    verdict (exact / leaks / unsupported) and, where there is more to say, note."""
+
+    rows: list[dict] = field(default_factory=list)
+
+    def archs(self) -> list[str]:
+        return list(dict.fromkeys(r["arch"] for r in self.rows))
+
+    def failing(self) -> list[str]:
+        """Architectures with no exact path (or whose control did not leak: proof of nothing)."""
+        def passes(arch):
+            rows = [r for r in self.rows if r["arch"] == arch]
+            return (any(r["verdict"] == "exact" for r in rows if r["path"] != CONTROL)
+                    and any(r["verdict"] == "leaks" for r in rows if r["path"] == CONTROL))
+
+        return [a for a in self.archs() if not passes(a)]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failing()
+
+    def to_json(self) -> list[dict]:  # --json: the rows
+        return [dict(r) for r in self.rows]
+
+    def summary(self, verdict: bool = True) -> str:
+        width = max([len(r["arch"]) for r in self.rows] + [4])
+        lines = [f"{'arch':<{width}}  {'path':<14}  {'max |diff|':>10}  verdict"]
+        for r in self.rows:
+            d = r["max_abs_diff"]
+            diff = "-" if d is None else f"{d:.1e}"
+            note = f"  ({r['note']})" if r.get("note") else ""
+            lines.append(f"{r['arch']:<{width}}  {r['path']:<14}  {diff:>10}  "
+                         f"{r['verdict']}{note}")
+        if verdict:
+            lines.append(self.verdict_line())
+        return "\n".join(lines)
+
+    def verdict_line(self) -> str:
+        bad = self.failing()
+        if not bad:
+            return (f"OK: every architecture ({', '.join(self.archs())}) has an exact path "
+                    f"(max |logit diff| <= {TOL:g})")
+        ran = {r["arch"] for r in self.rows if r["verdict"] != "unsupported"}
+        leak, unknown = [a for a in bad if a in ran], [a for a in bad if a not in ran]
+        parts = []
+        if leak:
+            parts.append(f"no exact path for {', '.join(leak)}: packed rows leak across "
+                         "documents on every path that ran here; train unpacked, or check the "
+                         "kernels that keep documents apart on a GPU")
+        if unknown:
+            parts.append(f"could not check {', '.join(unknown)} (see the note: unknown model "
+                         "type, or no path runs here)")
+        return "; ".join(parts)
+
+
+def conformance(archs=None, config_path=None) -> ConformanceResult:
+    """Check each of ``archs`` (model types; default :data:`ARCHS`, or none when
+    ``config_path`` is given) and the model of ``config_path`` (a ``config.json``, shrunk to
+    tiny sizes keeping its layer types, window, experts and state-space settings)."""
+    _need_torch()
+    if archs is None:
+        archs = [] if config_path is not None else list(ARCHS)
+    result = ConformanceResult()
+    for arch in archs:
+        result.rows += check_arch(arch, {"model_type": arch, **ARCHS.get(arch, {})})
+    if config_path is not None:
+        user = read_config(config_path)
+        result.rows += check_arch(f"{user['model_type']} ({Path(config_path).name})", user)
+    return result
+
+
+def parse_archs(text: str) -> list[str]:
+    """``"llama, gpt2"`` -> ``["llama", "gpt2"]``; ``"all"`` -> the default architectures."""
+    if text.strip() == "all":
+        return list(ARCHS)
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names:
+        raise PacktoolError(f"--arch {text!r} names no architecture; give model types "
+                            f"separated by commas, e.g. --arch {','.join(list(ARCHS)[:3])}")
+    return list(dict.fromkeys(names))
+
+
+def read_config(path) -> dict:
+    """A model's ``config.json`` as a dict with a ``model_type``; errors name the file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise PacktoolError(f"cannot read --config {p}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PacktoolError(f"--config {p} is not JSON ({e}); pass a model's config.json") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise PacktoolError(f"--config {p} has no \"model_type\": pass a transformers model's "
+                            "config.json (it names the architecture there, e.g. \"llama\")")
+    return data
+
+
+def _need_torch():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise PacktoolError(f"conformance builds transformers models ({e.name} is missing): "
+                            f"{INSTALL}") from None
+
+
+def _row(arch, path, diff=None, verdict=None, note=None) -> dict:
+    if verdict is None:
+        verdict = "exact" if diff is not None and diff <= TOL else "leaks"
+    row = {"arch": arch, "path": path,
+           "max_abs_diff": None if diff is None or math.isnan(diff) else float(f"{diff:.3g}"),
+           "verdict": verdict}
+    if diff is not None and math.isnan(diff):
+        note = "NaN in the logits" + (f"; {note}" if note else "")
+    if note:
+        row["note"] = note
+    return row
+
+
+def _reason(e: BaseException) -> str:
+    if e.__cause__ is not None:  # a validation wrapper: the cause says what was wrong
+        return _reason(e.__cause__)
+    text = str(e).strip().splitlines()
+    first = text[0].split(". ")[0].rstrip(".")[:200] if text else ""  # not the "please file"
+    return f"{type(e).__name__}: {first}".rstrip(": ")
+
+
+# -- tiny models ----------------------------------------------------------------------------------
+
+def tiny_config(spec: dict):
+    """The config class of ``spec["model_type"]`` built from ``spec`` with tiny sizes: every
+    per-layer list (layer types, ...) cut to one layer of each kind (at least two layers),
+    every size in :data:`TINY` shrunk, a sliding window of :data:`WINDOW`, dropout 0."""
+    from transformers import CONFIG_MAPPING
+
+    spec = {k: v for k, v in spec.items() if k not in DROP}
+    if isinstance(spec.get("layer_types"), list) and not any(k in spec for k in LAYER_KEYS):
+        spec["num_hidden_layers"] = len(spec["layer_types"])
+    cls = CONFIG_MAPPING[spec["model_type"]]  # KeyError: unknown to this transformers
+    full = {k: v for k, v in cls(**spec).to_dict().items() if k not in DROP}
+    full.update({k: v for k, v in spec.items() if k == "layer_types"})
+    return cls(**_shrink(full))
+
+
+def _shrink(d: dict) -> dict:
+    d = dict(d)
+    key = next((k for k in LAYER_KEYS if isinstance(d.get(k), int)), None)
+    n = d[key] if key else 0
+    lists = [k for k, v in d.items() if isinstance(v, list) and len(v) == n and n > 2]
+    if key and n > 2:
+        # one layer of each kind (the tuple of every per-layer list at that layer), in order
+        kinds = [tuple(str(d[k][i]) for k in lists) for i in range(n)]
+        keep = sorted({kinds.index(kind) for kind in kinds})
+        keep = keep if len(keep) >= 2 else [0, 1]
+        for k in lists:
+            d[k] = [d[k][i] for i in keep]
+        d[key] = len(keep)
+    elif key:
+        d[key] = max(2, len(d["layer_types"])) if isinstance(d.get("layer_types"), list) else 2
+    for k, v in TINY.items():
+        if d.get(k) is not None:
+            d[k] = v
+    if d.get("sliding_window"):
+        d["sliding_window"] = WINDOW
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):  # inside the tiny vocabulary
+        if isinstance(d.get(k), int) and d[k] >= TINY["vocab_size"]:
+            d[k] = TINY["vocab_size"] - 1
+    for k, v in d.items():
+        if isinstance(v, float) and ("dropout" in k or "pdrop" in k):
+            d[k] = 0.0
+    return d
+
+
+def build_model(config):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                          attn_implementation="eager")
+    return model.eval()
+
+
+def documents(vocab: int):
+    """Random token ids of :data:`DOC_LENGTHS` (seed 0) and the batch packtool would collate
+    from them: one ``[1, N]`` row (collate_numpy's keys, as tensors)."""
+    import numpy as np
+    import torch
+
+    from .batching import collate_numpy
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, vocab, n) for n in DOC_LENGTHS]
+    packs = [{"input_ids": d, "labels": d, "position_ids": np.arange(len(d)),
+              "cu_seqlens": np.array([0, len(d)])} for d in docs]
+    row = collate_numpy(packs)
+    return docs, {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
+                  for k, v in row.items()}
+
+
+# -- the paths ------------------------------------------------------------------------------------
+
+def check_arch(arch: str, spec: dict) -> list[dict]:
+    """Every path of one architecture: a row each, never an exception."""
+    import transformers
+
+    try:
+        config = tiny_config(spec)
+    except KeyError:
+        return [_row(arch, "-", verdict="unsupported",
+                     note=f"model type {spec['model_type']!r} is unknown to transformers "
+                          f"{transformers.__version__} (remote code is not run)")]
+    except Exception as e:  # a config class refusing our sizes: say which, go on
+        return [_row(arch, "-", verdict="unsupported", note=f"config: {_reason(e)}")]
+    try:
+        model = build_model(config)
+        docs, batch = documents(config.vocab_size)
+        ref = _alone(model, docs)
+    except Exception as e:
+        return [_row(arch, "-", verdict="unsupported", note=f"model: {_reason(e)}")]
+    rows = []
+    for path in PATHS:
+        try:
+            rows.append(RUNNERS[path](arch, model, config, batch, ref))
+        except Exception as e:  # the path is not one this model (or this machine) accepts
+            rows.append(_row(arch, path, verdict="unsupported", note=_reason(e)))
+    return rows
+
+
+def _alone(model, docs):
+    """Each document alone, eager attention, no position ids: the ground truth."""
+    import torch
+
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        return torch.cat([model(input_ids=torch.from_numpy(d)[None], use_cache=False).logits[0]
+                          for d in docs])
+
+
+def _diff(model, ref, **inputs) -> float:
+    import torch
+
+    with torch.no_grad():
+        out = model(**inputs, use_cache=False).logits[0]
+    return (out - ref).abs().max().item()
+
+
+def _position_ids(arch, model, config, batch, ref):
+    model.set_attn_implementation("sdpa")
+    return _row(arch, "position_ids",
+                _diff(model, ref, input_ids=batch["input_ids"], position_ids=batch["position_ids"]))
+
+
+def _varlen(arch, model, config, batch, ref):
+    from .torch import model_inputs
+
+    register_varlen()
+    model.set_attn_implementation(VARLEN)
+    CALLS.clear()
+    inputs = model_inputs(batch)
+    inputs.pop("labels")
+    diff = _diff(model, ref, **inputs)
+    got, n = sum(CALLS), len(CALLS)
+    if n == 0:
+        return _row(arch, "varlen", diff, note="no layer called the attention interface")
+    note = None if got == n else f"{n - got} of {n} attention calls got no cu_seq_lens_q"
+    if got == n and diff > TOL:
+        note = "every attention call got cu_seq_lens: the leak is outside attention"
+    return _row(arch, "varlen", diff, note=note)
+
+
+def _flex(arch, model, config, batch, ref):
+    model.set_attn_implementation("flex_attention")
+    cu, n = batch["cu_seq_lens_q"], batch["input_ids"].shape[1]
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, list):  # a mask per layer kind, as the model's own mapping holds
+        mask = {t: (document_block_mask(cu, n, window if "sliding" in t else None)
+                    if "attention" in t and "linear" not in t else None) for t in set(types)}
+    else:
+        mask = document_block_mask(cu, n, window)
+    return _row(arch, "flex_attention",
+                _diff(model, ref, input_ids=batch["input_ids"],
+                      position_ids=batch["position_ids"], attention_mask=mask))
+
+
+def _seq_idx(arch, model, config, batch, ref):
+    from .torch import model_inputs
+
+    layers = sorted({type(m).__name__ for m in model.modules()
+                     if any(s in type(m).__name__.lower() for s in RECURRENT)})
+    if not layers:
+        return _row(arch, "seq_idx", verdict="unsupported",
+                    note="attention only: no layer reads seq_idx")
+    model.set_attn_implementation("eager")
+    inputs = model_inputs(batch)
+    inputs.pop("labels")
+    return _row(arch, "seq_idx", _diff(model, ref, **inputs, seq_idx=batch["seq_idx"]),
+                note=f"recurrent layers: {', '.join(layers)}")
+
+
+def _control(arch, model, config, batch, ref):
+    model.set_attn_implementation("eager")
+    return _row(arch, CONTROL, _diff(model, ref, input_ids=batch["input_ids"]),
+                note="control: no boundaries given, must leak")
+
+
+RUNNERS = {"position_ids": _position_ids, "varlen": _varlen, "flex_attention": _flex,
+           "seq_idx": _seq_idx, "none": _control}
