@@ -24,6 +24,17 @@ def packtool_process(*args, env=None, check=True):
     return r
 
 
+def run(*args, catch_exceptions=True):
+    """``packtool ARGS`` in this process (click's CliRunner): its result (``exit_code``,
+    ``output``). ``catch_exceptions=False`` lets an exception the CLI did not turn into a
+    message fail the test with its traceback instead of exit code 1."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=catch_exceptions)
+
+
 def stop_server_after(s3, n: int, real):
     """An upload function that stops the S3 server before its (n+1)th upload (the fault
     tests of a store that goes down mid-run)."""

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from conftest import run as run_cli
 from synth import lognormal_lengths, write_token_corpus
 
 import packtool
-from packtool.cli import cli
 from packtool.options import PackOptions
 from packtool.pack import entries, pack
 from packtool.pack.mixture import mixture_plan
@@ -28,10 +27,6 @@ from packtool.verify import verify_packed
 ROOT = Path(__file__).resolve().parent.parent
 SEQ = 256
 GROUP = 4_000
-
-
-def run_cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def verify_cli(out, corpora):

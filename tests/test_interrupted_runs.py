@@ -11,19 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from conftest import ROOT, TOKENIZER, write_jsonl
+from conftest import ROOT, TOKENIZER, run, write_jsonl
 from synth import make_documents
 
 from packtool import _atomic, _signals
-from packtool.cli import cli
 
-
-def _cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+_cli = partial(run, catch_exceptions=False)
 
 
 def _env():

@@ -9,18 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
-from conftest import ROOT, TOKENIZER, write_jsonl
+from conftest import ROOT, TOKENIZER, run, write_jsonl
 from synth import make_documents
 
 import packtool
-from packtool.cli import cli
 from packtool.formats._manifest import digest
 from packtool.formats.packed import index_digest
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def cli_run(*args, cwd=None):

@@ -13,18 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from conftest import ROOT, TOKENIZER, write_jsonl
+from conftest import ROOT, TOKENIZER, run, write_jsonl
 from synth import make_documents
 
 import packtool
 from packtool import _locks
-from packtool.cli import cli
 from packtool.export import MARKER
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def snapshot(folder: Path) -> dict:
