@@ -24,6 +24,17 @@ def packtool_process(*args, env=None, check=True):
     return r
 
 
+def slow(*values):
+    """Parametrize values that only the full suite runs: ``["a", *slow("b", "c")]`` keeps
+    ``a`` in the fast tier (``-m "not slow"``) and marks ``b`` and ``c`` slow."""
+    return [pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
+def slow_except(values, *fast):
+    """``values`` for parametrize, in order, every one but ``fast`` marked slow."""
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
 def run(*args, catch_exceptions=True):
     """``packtool ARGS`` in this process (click's CliRunner): its result (``exit_code``,
     ``output``). ``catch_exceptions=False`` lets an exception the CLI did not turn into a

@@ -139,6 +139,7 @@ def megatron_dataset(prefix):
     return IndexedDataset(str(prefix))
 
 
+@pytest.mark.slow
 def test_megatron_corpus_hardlinks_bin_and_reads_back(tmp_path, corpus):
     r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "m" / "corpus", "--json")
     assert r.exit_code == 0, r.output  # the missing folder m/ is created

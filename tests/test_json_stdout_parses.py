@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, TOKENIZER, write_jsonl
+from conftest import ROOT, TOKENIZER, slow_except, write_jsonl
 from synth import write_token_corpus
 
 from packtool.cli import cli
@@ -80,7 +80,7 @@ CASES = {"tokenize": _tokenize, "verify": _verify, "stats": _stats, "export": _e
          "which": _which}
 
 
-@pytest.mark.parametrize("algo", list(PACKERS))
+@pytest.mark.parametrize("algo", slow_except(PACKERS, "bfd"))
 def test_pack_json_for_every_packer(work, algo):
     out = run_json("pack", work / "c", "-L", L, "--algo", algo, "-o", work / f"packed-{algo}",
                    "--valid-docs", 5)
@@ -89,7 +89,7 @@ def test_pack_json_for_every_packer(work, algo):
         assert out["solver"]["columns"] > 0, out["solver"]
 
 
-@pytest.mark.parametrize("command", list(CASES))
+@pytest.mark.parametrize("command", slow_except(CASES, "tokenize"))
 def test_json_for_every_command(work, command):
     np.save(work / "lengths.npy", np.arange(1, 300))
     if not (work / "packed-bfd").exists():

@@ -251,6 +251,7 @@ def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with the start of Ray, ~6 s
 def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, tmp_path):
     """SIGKILL the Ray worker writing a part (its pid is in the temporary file's name): Ray
     retries the task, the output is the same bytes."""

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import corpus_docs, write_jsonl
+from conftest import corpus_docs, slow, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synth import make_documents
@@ -61,7 +61,7 @@ PIECES = st.one_of(
 TEXTS = st.lists(st.lists(PIECES, max_size=6).map("".join), min_size=1, max_size=5)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [*slow("bpe_llama2"), *(m for m in MODELS if m != "bpe_llama2")])
 def test_conversion_matches_sentencepiece(models, name):
     """The BPE models without user pieces load and match everywhere; with user pieces,
     tokenizers' BPE (ignore_merges) emits a control piece that a text isolates between user
@@ -103,6 +103,7 @@ def test_a_conversion_that_differs_is_refused_at_load(models):
     assert [e.ids for e in tok.encode_batch(text)] == want
 
 
+@pytest.mark.slow
 def test_literal_control_pieces(tmp_path):
     """sentencepiece never matches a control piece in the text; `tokenizers`' Unigram would
     when the piece's characters are unknown (the unknown-character path costs more). Such a
@@ -147,8 +148,8 @@ def test_unsupported_model_types_are_refused(tmp_path):
 GIGATOKEN_READS = {"bpe_llama2"}
 
 
-@pytest.mark.parametrize("model", ["bpe_llama2", "bpe_default"])
-@pytest.mark.parametrize("engine", ["auto", "hf", "gigatoken", "fastokens"])
+@pytest.mark.parametrize("model", [*slow("bpe_llama2"), "bpe_default"])
+@pytest.mark.parametrize("engine", [*slow("auto"), "hf", *slow("gigatoken", "fastokens")])
 def test_tokenize_a_model_file_end_to_end(tmp_path, models, engine, model):
     path = models[model]
     docs = make_documents(300, seed=4, median_words=30) + MULTI + ["", "<tool> x [INST]"]
