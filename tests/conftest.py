@@ -1,5 +1,8 @@
 import gzip
 import json
+import os
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,14 +17,36 @@ def packtool_process(*args, env=None, check=True):
     """``python -m packtool ARGS`` in a fresh process from the repository root: its exit
     code and output (a failure with ``check``, and never a traceback)."""
     import subprocess
-    import sys
 
     r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=ROOT, env=env,
                        capture_output=True, text=True)
+    _RUN_IN_A_CHILD.add("packtool.__main__")  # the tier check's one module run only there
     if check:
         assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     return r
+
+
+def slow(*values):
+    """Parametrize values that only the full suite runs: ``["a", *slow("b", "c")]`` keeps
+    ``a`` in the fast tier (``-m "not slow"``) and marks ``b`` and ``c`` slow."""
+    return [pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
+def slow_except(values, *fast):
+    """``values`` for parametrize, in order, every one but ``fast`` marked slow."""
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
+def run(*args, catch_exceptions=True):
+    """``packtool ARGS`` in this process (click's CliRunner): its result (``exit_code``,
+    ``output``). ``catch_exceptions=False`` lets an exception the CLI did not turn into a
+    message fail the test with its traceback instead of exit code 1."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=catch_exceptions)
 
 
 def stop_server_after(s3, n: int, real):
@@ -128,3 +153,78 @@ def corpus_docs(prefix):
 
     c = packtool.open_tokens(prefix)
     return [c[i].tolist() for i in range(len(c))]
+
+
+# -- the fast tier runs every module ----------------------------------------------------------
+# PACKTOOL_TIER_CHECK=1 python -m pytest -m "not slow" fails unless every module of packtool/
+# ran in this process during the tests: one of its functions was called, one of its numba
+# kernels compiled or loaded, or (a module that defines no function) it was imported. Running
+# a module's body on import does not count. coverage is not a dependency, so this is a trace
+# of calls only (a callback per Python call, no line events). Children the tests start
+# (pool workers, fresh processes) are not traced: what only they run shows as not run, but
+# for packtool.__main__, which only ``python -m packtool`` runs (packtool_process notes it).
+_TIER_CHECK = os.environ.get("PACKTOOL_TIER_CHECK") == "1"
+_CALLED: set[str] = set()  # files whose functions were called
+_NOT_RUN = pytest.StashKey[list]()
+_RUN_IN_A_CHILD: set[str] = set()  # modules a child process of a test ran: only __main__
+
+
+def _record_call(frame, event, arg):
+    if frame.f_code.co_name != "<module>":
+        _CALLED.add(frame.f_code.co_filename)
+    # None: no line events for this frame
+
+
+def pytest_collection_finish(session):
+    if _TIER_CHECK:  # from here on: what the tests run, not what collecting them imported
+        threading.settrace(_record_call)
+        sys.settrace(_record_call)
+
+
+def _defines_functions(path: Path) -> bool:
+    import ast
+
+    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+               for n in ast.walk(ast.parse(path.read_text())))
+
+
+def _kernel_ran(module) -> bool:
+    """A numba kernel of ``module`` was compiled or loaded from the cache (it has a signature)."""
+    return any(getattr(v, "signatures", None) and getattr(v, "py_func", None) is not None
+               and v.py_func.__module__ == module.__name__ for v in vars(module).values())
+
+
+def modules_not_run() -> list[str]:
+    """The modules of packtool/ that nothing in this process ran (see above)."""
+    out = []
+    for path in sorted((ROOT / "packtool").rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        module = sys.modules.get(name)
+        if name in _RUN_IN_A_CHILD:
+            continue
+        if _defines_functions(path):
+            ran = str(path) in _CALLED or (module is not None and _kernel_ran(module))
+        else:
+            ran = module is not None
+        if not ran:
+            out.append(name)
+    return out
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _TIER_CHECK:
+        return
+    sys.settrace(None)
+    threading.settrace(None)
+    session.config.stash[_NOT_RUN] = missing = modules_not_run()
+    if missing and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _TIER_CHECK:
+        missing = config.stash.get(_NOT_RUN, [])
+        terminalreporter.write_line(
+            f"PACKTOOL_TIER_CHECK: {len(missing)} module(s) of packtool/ not run: "
+            + ", ".join(missing) if missing else
+            "PACKTOOL_TIER_CHECK: every module of packtool/ ran")

@@ -10,7 +10,7 @@ import json
 import naive
 import numpy as np
 import pytest
-from conftest import CORPUS, TOKENIZER, write_jsonl
+from conftest import CORPUS, TOKENIZER, slow, write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synth import make_documents
@@ -159,7 +159,8 @@ def _with_added(tok: Tokenizer) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
-    """name -> (path, reference Tokenizer) for every family, added tokens included."""
+    """name -> (path, reference Tokenizer) for every family, added tokens included (~6 s on
+    2 cores: the tests that use it are slow)."""
     out = {}
     d = tmp_path_factory.mktemp("families")
     for name, build in FAMILIES.items():
@@ -170,6 +171,7 @@ def families(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_id_space_is_what_get_vocab_says(families, tmp_path):
     """packtool.tokenizer.id_space reads the JSON; the reference is the library's vocabulary."""
     from packtool.tokenizer import id_space, load_tokenizer
@@ -230,6 +232,7 @@ def _assert_same(engine, ref, texts, add_special):
         assert g.tolist() == want, (engine.name, text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("add_special", [False, True])
 def test_engines_match_reference(families, family, add_special):
@@ -246,6 +249,7 @@ def test_engines_match_reference(families, family, add_special):
     check()
 
 
+@pytest.mark.slow
 def test_which_engines_claim_which_family(families):
     """Pins the measured support: a change in an engine's claims shows here first."""
     claims = {f: sorted(_loaded(p, r, False)) for f, (p, r) in families.items()}
@@ -261,6 +265,7 @@ def test_which_engines_claim_which_family(families):
             load_engine("gigatoken", *families[family], False)
 
 
+@pytest.mark.slow
 def test_auto_tries_engines_in_the_measured_order_and_says_why(families):
     path, ref = families["gpt2_byte_bpe"]
     sel = engines.select_engine("auto", "sample", path, ref, False)
@@ -275,6 +280,7 @@ def test_auto_tries_engines_in_the_measured_order_and_says_why(families):
     assert all(ranking.order(f) for f in ranking.MEASURED)
 
 
+@pytest.mark.slow
 def test_lone_surrogates_never_encode_silently(families):
     """Readers reject lone surrogates before tokenizing; no engine may encode one either."""
     for path, ref in families.values():
@@ -285,6 +291,7 @@ def test_lone_surrogates_never_encode_silently(families):
                 engine.encode(["a\ud800b"], False, np.uint32)
 
 
+@pytest.mark.slow
 def test_truncation_and_padding_in_the_file_are_ignored(tmp_path, families):
     path, ref = families["gpt2_byte_bpe"]
     tok = Tokenizer.from_file(str(path))
@@ -324,7 +331,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*(c for c in CASES if c != "full check"), *slow("full check")])
 def test_auto_is_byte_identical_to_hf_on_fixtures(tmp_path, case):
     kw = CASES[case]
     hf, _ = _run(tmp_path, "hf", [CORPUS], "hf", **kw)
@@ -336,6 +343,7 @@ def test_auto_is_byte_identical_to_hf_on_fixtures(tmp_path, case):
     assert checked == n_docs if kw.get("engine_check") == "full" else 0 < checked <= n_docs
 
 
+@pytest.mark.slow
 def test_every_engine_on_every_family_corpus(tmp_path, families):
     docs = make_documents(200, seed=5, median_words=50) + MULTILINGUAL + ["", "<tool_call>x"]
     write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
@@ -417,6 +425,7 @@ def test_a_difference_mid_run_falls_back_to_the_reference(tmp_path, monkeypatch)
     assert not list(tmp_path.glob("explicit*"))
 
 
+@pytest.mark.slow
 def test_probe_refuses_an_engine_that_differs(monkeypatch, families):
     _corrupting(monkeypatch, "a")
     path, ref = families["gpt2_byte_bpe"]
@@ -436,6 +445,7 @@ def test_cli_engine_choices_match_the_layer():
     assert tuple(opts["engine_check"].type.choices) == engines.CHECKS
 
 
+@pytest.mark.slow
 def test_the_check_sample_is_what_the_manifest_says(tmp_path):
     docs = make_documents(5000, seed=8, median_words=8, max_words=30)
     write_jsonl(tmp_path / "in.jsonl", [{"text": d} for d in docs])
@@ -460,7 +470,7 @@ def _naive_picks(sizes):
                               engines.SEED)
 
 
-@pytest.mark.parametrize("order", ["random", "ascending", "small"])
+@pytest.mark.parametrize("order", [*slow("random", "ascending"), "small"])
 def test_sample_picks_do_not_depend_on_batching(order):
     rng = np.random.default_rng(3)
     sizes = rng.integers(0, 100_000, 20_000)
@@ -498,6 +508,7 @@ def test_the_check_budget_waits_for_a_long_document():
     assert picks.tolist() == _naive_picks(sizes)
 
 
+@pytest.mark.slow
 def test_the_manifest_is_the_same_whatever_workers_and_batch_size(tmp_path):
     """The check's sample is a function of the corpus, so the whole manifest (engine entry
     with checked_docs and checked_tokens included) is byte-identical between runs."""

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import TOKENIZER, write_jsonl  # noqa: E402
+from conftest import TOKENIZER, slow, write_jsonl  # noqa: E402
 
 from packtool.formats.packed import open_packed  # noqa: E402
 from packtool.pack import pack_corpus  # noqa: E402
@@ -87,7 +87,7 @@ def alone(model, corpus, ex):
 
 @pytest.mark.parametrize("packed,attn", [("index", "eager"), ("index", "sdpa"),
                                          ("tokens", "sdpa")], indirect=["packed"])
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", *slow("gpt2")])
 def test_packed_rows_equal_documents_alone(packed, kind, attn):
     ds, corpus = packed
     model = tiny_model(kind, attn, vocab=2048)

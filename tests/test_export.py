@@ -8,28 +8,25 @@ invariants; llmc -> an independent reader written here from llm.c's header layou
 import json
 import os
 import struct
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
+from conftest import run as run_cli
 
 import packtool
 from packtool import PacktoolError
 from packtool._io import sha256_file
-from packtool.cli import cli
 from packtool.export import MARKER, export
 from packtool.formats.packed import IGNORE_INDEX, open_packed
 from packtool.pack import pack_corpus
 from packtool.tokenize import TokenizeOptions, tokenize_files
 
-
-def run(*args):
-    r = CliRunner().invoke(cli, ["export", *map(str, args)])
-    return r
+run = partial(run_cli, "export")  # every command here is an export
 
 
 @pytest.fixture(autouse=True)
@@ -142,6 +139,7 @@ def megatron_dataset(prefix):
     return IndexedDataset(str(prefix))
 
 
+@pytest.mark.slow
 def test_megatron_corpus_hardlinks_bin_and_reads_back(tmp_path, corpus):
     r = run(corpus.prefix, "--format", "megatron", "--out", tmp_path / "m" / "corpus", "--json")
     assert r.exit_code == 0, r.output  # the missing folder m/ is created

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from conftest import run as run_cli
+from conftest import slow
 from synth import lognormal_lengths, write_token_corpus
 
 import packtool
-from packtool.cli import cli
 from packtool.options import PackOptions
 from packtool.pack import entries, pack
 from packtool.pack.mixture import mixture_plan
@@ -28,10 +28,6 @@ from packtool.verify import verify_packed
 ROOT = Path(__file__).resolve().parent.parent
 SEQ = 256
 GROUP = 4_000
-
-
-def run_cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def verify_cli(out, corpora):
@@ -107,7 +103,7 @@ def segments(directory) -> list:
     return sorted(map(tuple, rows.tolist()))
 
 
-@pytest.mark.parametrize("layout", ["index", "tokens"])
+@pytest.mark.parametrize("layout", ["index", *slow("tokens")])
 def test_grouped_pack_holds_the_global_segments(corpora, tmp_path, layout):
     """Four groups (one across the sources' boundary), a mixture and a 3% held-out split:
     the same segments in each split as the global plan, counts added up, and verify
@@ -218,7 +214,7 @@ cli.main(sys.argv[1:], prog_name="packtool")
 """
 
 
-@pytest.mark.parametrize("tasks", [False, True])
+@pytest.mark.parametrize("tasks", [False, *slow(True)])
 def test_job_killed_mid_group_is_reclaimed(corpora, tmp_path, tasks):
     """SIGKILL a pack (a local run, or an array task) while a group's shard sits in its
     temporary folder: the next run reclaims it, and the dataset is the same bytes as one

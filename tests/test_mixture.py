@@ -51,6 +51,7 @@ def test_repeats_and_held_out_are_exact_and_seeded():
     assert not reps[mask].any() and (reps[~mask] == 1).all()
 
 
+@pytest.mark.slow
 def test_mixture_uses_what_it_says(tmp_path, sources):
     specs = [f"{sources / 'web'}:2.0", f"{sources / 'books'}:0.5", str(sources / "code")]
     res = pack_corpus(specs, tmp_path / "p", 128, "bfd", seed=7, shard_size=4000)

@@ -96,6 +96,7 @@ def test_never_worse_than_bfd_and_work_limit_zero():
     assert check_assignment(lengths, packs, 1000) <= info["bfd_packs"]
 
 
+@pytest.mark.slow
 def test_work_limit_makes_a_cut_short_solve_reproducible():
     """A solve stopped by its work budget stops at the same column every run (issue 10.9:
     a wall-clock limit gave 4 different outputs in 4 runs)."""
@@ -108,6 +109,7 @@ def test_work_limit_makes_a_cut_short_solve_reproducible():
     assert np.array_equal(runs[0][0], runs[1][0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capacity", [8192, 131_072])
 def test_large_capacity_stays_tractable(capacity):
     """Past MAX_DP_CELLS the pricing runs on a coarser grid and still packs, within budget."""

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import TOKENIZER, write_jsonl
+from conftest import TOKENIZER, slow, write_jsonl
 
 import packtool
 from packtool.cli import cli
@@ -43,7 +43,7 @@ def lengths_of(corpus):
 
 
 @pytest.mark.parametrize("algo", list(PACKERS))
-@pytest.mark.parametrize("overflow", ["split", "truncate", "drop"])
+@pytest.mark.parametrize("overflow", ["split", *slow("truncate", "drop")])
 def test_pack_then_verify_every_algo_and_policy(tmp_path, corpus, algo, overflow):
     lengths = lengths_of(corpus)
     L = 128

@@ -138,6 +138,7 @@ def test_nnlshp_coarse_grid_and_refusal():
         assign_packs(lengths, 4096, "nnlshp", max_depth=12)
 
 
+@pytest.mark.slow
 def test_spfhp_matches_paper_on_wikipedia_histogram():
     """The paper reports 99.604% for SPFHP at depth 12 on wikipedia-512 (strict = its rule);
     the default opens multi-document packs and does better."""

@@ -394,8 +394,10 @@ def stateful_run(ds, kind, workers, epoch, stop=None, state=None, sampler_kw=Non
 
 
 @pytest.mark.parametrize("packed,kind,workers", [
-    ("index", "sampler", 0), ("index", "sampler", 2), ("index", "batch_sampler", 0),
-    ("index", "batch_sampler", 2), ("tokens", "batch_sampler", 2)], indirect=["packed"])
+    ("index", "sampler", 0), pytest.param("index", "sampler", 2, marks=pytest.mark.slow),
+    ("index", "batch_sampler", 0),
+    pytest.param("index", "batch_sampler", 2, marks=pytest.mark.slow),
+    pytest.param("tokens", "batch_sampler", 2, marks=pytest.mark.slow)], indirect=["packed"])
 def test_stateful_dataloader_resumes_at_batch_n(packed, kind, workers):
     """torchdata's StatefulDataLoader: a checkpoint after N batches resumes at batch N exactly,
     with workers prefetching ahead of the loop (2 workers x prefetch 2), and the next epoch

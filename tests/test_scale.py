@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
+from conftest import run as run_cli
 from synth import make_documents
 
 import packtool
@@ -128,10 +129,6 @@ def test_plan_is_deterministic_and_printed(inputs, tmp_path):
     assert deal(10, 4, 1) == [1, 5, 9] and deal(3, 4, 3) == []
     with pytest.raises(packtool.PacktoolError, match="--task 4"):
         deal(10, 4, 4)
-
-
-def run_cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def test_array_tasks_then_finalize_match_local(inputs, reference, tmp_path):
@@ -254,6 +251,7 @@ def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with the start of Ray, ~6 s
 def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, tmp_path):
     """SIGKILL the Ray worker writing a part (its pid is in the temporary file's name): Ray
     retries the task, the output is the same bytes."""

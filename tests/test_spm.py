@@ -176,6 +176,7 @@ def test_sentencepiece_runs_a_model_file_only():
         select_engine("sentencepiece", "sample", path, tok, False)
 
 
+@pytest.mark.slow
 def test_literal_control_pieces(tmp_path):
     """sentencepiece never matches a control piece in the text; `tokenizers`' Unigram would
     when the piece's characters are unknown (the unknown-character path costs more). Such a

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from conftest import CORPUS, ROOT, TOKENIZER
+from conftest import CORPUS, ROOT, TOKENIZER, run
 from conftest import packtool_process as cli
 
 from packtool import open_packed, open_tokens
@@ -25,12 +25,16 @@ from packtool.storage.cache import Cache
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    """A corpus and both packed layouts of it, made locally: what the bucket must equal."""
+    """A corpus and both packed layouts of it, made locally (in this process: fresh ones
+    would start Python three times): what the bucket must equal."""
     d = tmp_path_factory.mktemp("local")
-    cli("tokenize", CORPUS, "-t", TOKENIZER, "--eos", "<|eos|>", "-o", d / "data" / "c", "-q")
+    r = run("tokenize", CORPUS, "-t", TOKENIZER, "--eos", "<|eos|>", "-o", d / "data" / "c",
+            "-q")
+    assert r.exit_code == 0, r.output
     for layout in ("tokens", "index"):
-        cli("pack", d / "data" / "c", "-L", 128, "--layout", layout, "--valid-docs", 3,
-            "-o", d / "data" / layout, "-q")
+        r = run("pack", d / "data" / "c", "-L", 128, "--layout", layout, "--valid-docs", 3,
+                "-o", d / "data" / layout, "-q")
+        assert r.exit_code == 0, r.output
     return d
 
 
@@ -65,6 +69,7 @@ def test_corpus_and_both_layouts_read_from_a_bucket_equal_local(s3, local, tmp_p
     assert fetched and all(not n.startswith(".") for n in fetched)  # no temporaries left
 
 
+@pytest.mark.slow
 def test_torch_dataset_reads_a_bucket_through_its_cache(s3, local, tmp_path):
     torch = pytest.importorskip("torch")
     from packtool.torch import TorchPackedDataset
@@ -78,6 +83,7 @@ def test_torch_dataset_reads_a_bucket_through_its_cache(s3, local, tmp_path):
     assert any((tmp_path / "cache" / "objects").iterdir())
 
 
+@pytest.mark.slow
 def test_cli_verify_and_export_from_a_bucket(s3, local, tmp_path):
     url = upload(s3, local, s3.bucket())
     env = {**s3.env, "PACKTOOL_CACHE_DIR": str(tmp_path / "cache")}
@@ -98,6 +104,7 @@ def test_cli_verify_and_export_from_a_bucket(s3, local, tmp_path):
             pq.read_table(tmp_path / f"local-{layout}.parquet"))
 
 
+@pytest.mark.slow
 def test_a_corrupted_object_is_refused_at_load_and_by_verify(s3, local, tmp_path):
     bucket = s3.bucket()
     url = upload(s3, local, bucket)
@@ -170,6 +177,7 @@ print(json.dumps([int(np.asarray(ds[i]["input_ids"]).sum()) for i in range(len(d
 """
 
 
+@pytest.mark.slow
 def test_ranks_on_one_node_share_the_cache_safely(s3, local, tmp_path):
     """Four processes read one remote dataset through one cache folder at once: each file is
     fetched once (no temporary left, one entry per object), every rank reads the same data."""

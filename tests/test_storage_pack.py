@@ -69,6 +69,7 @@ def same_dataset(remote: dict[str, bytes], folder: Path) -> None:
             assert remote[name] == data, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout,group", [("index", []), ("tokens", []),
                                           ("index", ["--group-docs", 300]),
                                           ("tokens", ["--group-docs", 300])])
@@ -97,6 +98,7 @@ def test_pack_to_a_bucket_makes_the_local_files(s3, local, bucket, tmp_path, lay
     assert not list((tmp_path / "cache" / "staging").rglob("*.npy"))  # scratch removed
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_only_our_own_dataset(s3, bucket, tmp_path):
     env = env_of(s3, tmp_path)
     src, url = f"s3://{bucket}/data/c", f"s3://{bucket}/data/p"
@@ -122,6 +124,7 @@ def test_overwrite_replaces_only_our_own_dataset(s3, bucket, tmp_path):
     assert objects(s3, f"{bucket}/other") == {"index.json": b'{"format": "mine"}'}
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_by_the_lock_object(s3, bucket, tmp_path):
     from packtool.storage.publish import StoreLock
 
@@ -135,6 +138,7 @@ def test_a_second_writer_is_refused_by_the_lock_object(s3, bucket, tmp_path):
     assert not s3.fs.exists(f"{bucket}/p/.packtool.lock")
 
 
+@pytest.mark.slow
 def test_server_down_mid_upload_then_the_same_command_completes(s3, bucket, local, tmp_path,
                                                                 monkeypatch):
     from packtool.pack import pack
@@ -154,6 +158,7 @@ def test_server_down_mid_upload_then_the_same_command_completes(s3, bucket, loca
     same_dataset(objects(s3, f"{bucket}/p"), tmp_path / "p")
 
 
+@pytest.mark.slow
 def test_array_tasks_publish_their_shards_and_finalize_writes_the_index(s3, bucket, local,
                                                                          tmp_path):
     env = env_of(s3, tmp_path)
@@ -180,6 +185,7 @@ def test_ray_publishes_every_shard_without_a_shared_file_system(ray_instance, s3
     same_dataset(objects(s3, f"{bucket}/p"), tmp_path / "p")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,src,out", [("megatron", "c", "m/corpus"), ("llmc", "c", "llmc"),
                                          ("parquet", "p", "pq")])
 def test_export_to_a_bucket_makes_the_local_files(s3, bucket, local, tmp_path, fmt, src, out):
@@ -216,6 +222,7 @@ def test_export_to_a_bucket_makes_the_local_files(s3, bucket, local, tmp_path, f
     assert set(objects(s3, f"{bucket}/y").values()) == {b"mine"}
 
 
+@pytest.mark.slow
 def test_stats_and_which_read_a_bucket(s3, bucket, local, tmp_path):
     env = env_of(s3, tmp_path)
     cli("pack", f"s3://{bucket}/data/c", *PACK, "-o", f"s3://{bucket}/p", env=env)

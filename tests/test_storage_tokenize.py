@@ -67,6 +67,7 @@ def listing(s3, bucket: str, folder: str) -> set[str]:
     return {p[len(f"{bucket}/{folder}/"):] for p in s3.fs.find(f"{bucket}/{folder}")}
 
 
+@pytest.mark.slow
 def test_tokenize_from_and_to_a_bucket_make_the_local_bytes(s3, bucket, reference, tmp_path):
     env = {**s3.env, "PACKTOOL_CACHE_DIR": str(tmp_path / "cache")}
     common = ["-t", TOKENIZER, "--eos", "<|eos|>", "--part-bytes", PART_BYTES, "-q"]
@@ -119,6 +120,7 @@ def test_objects_not_ours_are_never_replaced(s3, bucket, tmp_path):
     assert s3.fs.cat_file(f"{bucket}/site/d.json") == b'{"mine": 1}'
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_by_the_lock_object(s3, bucket, tmp_path):
     from packtool.storage.publish import StoreLock
 
@@ -134,6 +136,7 @@ def test_a_second_writer_is_refused_by_the_lock_object(s3, bucket, tmp_path):
     assert not s3.fs.exists(lock)
 
 
+@pytest.mark.slow
 def test_server_down_mid_upload_then_the_same_command_resumes(s3, bucket, reference, tmp_path,
                                                               monkeypatch):
     """The server stops after the third data object: the run fails, no manifest is visible;

@@ -266,6 +266,7 @@ def test_interruption_in_process_leaves_nothing(tmp_path, monkeypatch, docs):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["a.jsonl"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_mid_run_leaves_nothing(tmp_path, sig):
     from synth import iter_documents

@@ -13,18 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from conftest import ROOT, TOKENIZER, write_jsonl
+from conftest import ROOT, TOKENIZER, run, slow, write_jsonl
 from synth import make_documents
 
 import packtool
 from packtool import _locks
-from packtool.cli import cli
 from packtool.export import MARKER
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def snapshot(folder: Path) -> dict:
@@ -202,7 +196,7 @@ def _commands(built, out: Path) -> dict:
 
 @pytest.mark.parametrize("command", ["tokenize", "tokenize-parts", "tokenize-task", "pack",
                                      "pack-task", "export"])
-@pytest.mark.parametrize("plant", ["symlink", "dangling", "hardlink", "file"])
+@pytest.mark.parametrize("plant", ["symlink", *slow("dangling", "hardlink", "file")])
 def test_no_lock_is_ever_followed_or_truncated(tmp_path, built, monkeypatch, command, plant):
     """``ln -s ../victim.txt o/.C.lock; packtool tokenize ... -o o/C`` overwrote victim.txt;
     a dangling link created its target. Every lock a run takes (found by running it once),
@@ -472,7 +466,7 @@ def _edit_in_place(path: Path) -> None:
     assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
 
 
-@pytest.mark.parametrize("how", ["killed before its manifest", "--overwrite"])
+@pytest.mark.parametrize("how", ["killed before its manifest", *slow("--overwrite")])
 def test_resume_redoes_a_part_whose_input_was_edited_in_place(tmp_path, how):
     """Resume treated an input edited in place as unchanged: a part is trusted only while its
     inputs' content hash (inputs[].content.crc32) still matches."""
@@ -495,7 +489,7 @@ def test_resume_redoes_a_part_whose_input_was_edited_in_place(tmp_path, how):
         [np.asarray(d).tolist() for d in packtool.open_tokens(fresh)]
 
 
-@pytest.mark.parametrize("change", ["append", "rewrite", "garbage", "replace", "remove"])
+@pytest.mark.parametrize("change", ["rewrite", *slow("append", "garbage", "replace", "remove")])
 def test_input_changed_while_it_is_read_fails_naming_it(tmp_path, monkeypatch, change):
     """An input rewritten while it was tokenized gave a silent mix of old and new records:
     appended to, rewritten in place (same size; valid records, or bytes that are not), replaced
@@ -532,6 +526,7 @@ def test_input_changed_while_it_is_read_fails_naming_it(tmp_path, monkeypatch, c
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_input_appended_by_another_process_mid_run(tmp_path):
     """The same with a real writer: a process appends to an input while a slowed tokenize
     reads it."""
@@ -611,6 +606,7 @@ class Paused:
         return self.proc.returncode, err
 
 
+@pytest.mark.slow
 def test_a_local_pack_and_array_tasks_never_write_one_output_at_once(tmp_path, built):
     """A local pack and an array-task pack both exited 0 and the result failed verify: each
     waits on the other's lock; tasks of one plan run together, a task of another plan is
@@ -656,6 +652,7 @@ def test_tokenize_tasks_of_another_plan_are_refused(tmp_path, built):
     assert run("verify", tmp_path / "c").exit_code == 0
 
 
+@pytest.mark.slow
 def test_an_array_task_overwrite_retires_the_old_manifest_before_any_part(tmp_path):
     """An array task with --overwrite over a finished corpus left the old PREFIX.json over
     its new part files: the old manifest stays valid until the task's first part commit,
@@ -711,6 +708,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 def test_a_reader_never_sees_new_data_under_the_old_manifest(tmp_path):
     """A one-part tokenize --overwrite let a concurrent reader see the new .bin with the old
     manifest. A reader process checks, as fast as it can, that whenever PREFIX.json stayed
@@ -732,7 +730,7 @@ def test_a_reader_never_sees_new_data_under_the_old_manifest(tmp_path):
     assert seen["inconsistent"] == 0 and seen["consistent"] > 0, seen
 
 
-@pytest.mark.parametrize("change", ["added", "removed"])
+@pytest.mark.parametrize("change", ["added", *slow("removed")])
 def test_parts_reused_by_a_new_plan_open(tmp_path, change):
     """An input added to (or removed from) a folder makes a new plan whose other parts are
     reused as they are: their own manifests named the old plan, and the corpus could not be

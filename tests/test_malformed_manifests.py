@@ -9,18 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
-from conftest import ROOT, TOKENIZER, write_jsonl
+from conftest import ROOT, TOKENIZER, run, slow, slow_except, write_jsonl
 from synth import make_documents
 
 import packtool
-from packtool.cli import cli
 from packtool.formats._manifest import digest
 from packtool.formats.packed import index_digest
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def cli_run(*args, cwd=None):
@@ -74,7 +68,7 @@ TOKEN_EDITS = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(TOKEN_EDITS))
+@pytest.mark.parametrize("case", slow_except(sorted(TOKEN_EDITS), "tokenizer null"))
 def test_malformed_token_manifest_is_a_clear_error_everywhere(tmp_path, built, case):
     edit, where = TOKEN_EDITS[case]
     for f in list(built.glob("c.*")) + [built / ".c.part.json"]:
@@ -117,7 +111,7 @@ INDEX_EDITS = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(INDEX_EDITS))
+@pytest.mark.parametrize("case", slow_except(sorted(INDEX_EDITS), "held_out.path .."))
 def test_malformed_index_is_a_clear_error_everywhere(tmp_path, built, case):
     """verify, stats, export and open_packed: the file, the key path, the fix; an absolute
     or ``../`` held_out.path is never opened."""
@@ -138,7 +132,7 @@ def test_malformed_index_is_a_clear_error_everywhere(tmp_path, built, case):
 
 
 # --------------------------------------------- a token part's files as links out (§3)
-@pytest.mark.parametrize("suffix", [".bin", ".boundaries", ".mask"])
+@pytest.mark.parametrize("suffix", [".bin", *slow(".boundaries", ".mask")])
 def test_token_file_linked_out_of_its_folder_is_refused(tmp_path, built, suffix):
     (tmp_path / "c").mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -169,7 +163,7 @@ OUTS = {
 }
 
 
-@pytest.mark.parametrize("command", sorted(OUTS))
+@pytest.mark.parametrize("command", slow_except(sorted(OUTS), "tokenize", "pack"))
 def test_non_utf8_out_is_refused_by_every_command(tmp_path, built, command):
     """``export -o $'x\\xff'`` crashed in pyarrow with UnicodeEncodeError."""
     for name in ("in.jsonl", "c.json", "c.bin", "c.boundaries", ".c.part.json"):

@@ -16,15 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from conftest import TOKENIZER, write_jsonl
+from conftest import TOKENIZER, run, write_jsonl
 from synth import make_documents
-
-from packtool.cli import cli
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

@@ -11,19 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from conftest import ROOT, TOKENIZER, write_jsonl
+from conftest import ROOT, TOKENIZER, run, slow, write_jsonl
 from synth import make_documents
 
 from packtool import _atomic, _signals
-from packtool.cli import cli
 
-
-def _cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+_cli = partial(run, catch_exceptions=False)
 
 
 def _env():
@@ -196,7 +193,7 @@ def _digest(paths) -> list[bytes]:
     return [p.read_bytes() if p.exists() else None for p in paths]
 
 
-@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("overwrite", [*slow(False), True])
 def test_tokenize_killed_at_every_rename_recovers(tmp_path, corpus, overwrite):
     """A kill at each rename of the commit: a manifest, when there is one, names complete data
     (the old or the new); the re-run succeeds without cleanup and leaves nothing behind."""
@@ -223,6 +220,7 @@ def test_tokenize_killed_at_every_rename_recovers(tmp_path, corpus, overwrite):
     assert rc == 0 and k > 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exchange", [True, False])
 def test_pack_overwrite_killed_mid_commit_never_loses_both(tmp_path, corpus, exchange):
     """Killed at the swap (RENAME_EXCHANGE) or at each rename of the fallback: the old or the
@@ -296,7 +294,7 @@ main()
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [*slow(signal.SIGTERM), signal.SIGINT])
 def test_busy_worker_does_not_delay_shutdown(tmp_path, corpus, sig):
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_WORKER,
                              *map(str, _tokenize_args(corpus, tmp_path / "out")), "-j", "1"],

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, TOKENIZER, write_jsonl
+from conftest import ROOT, TOKENIZER, slow_except, write_jsonl
 from synth import write_token_corpus
 
 from packtool.cli import cli
@@ -85,7 +85,7 @@ CASES = {"tokenize": _tokenize, "verify": _verify, "stats": _stats, "export": _e
 LISTS = {"conformance"}  # commands whose JSON is a list of rows
 
 
-@pytest.mark.parametrize("algo", list(PACKERS))
+@pytest.mark.parametrize("algo", slow_except(PACKERS, "bfd"))
 def test_pack_json_for_every_packer(work, algo):
     out = run_json("pack", work / "c", "-L", L, "--algo", algo, "-o", work / f"packed-{algo}",
                    "--valid-docs", 5)
@@ -94,7 +94,7 @@ def test_pack_json_for_every_packer(work, algo):
         assert out["solver"]["columns"] > 0, out["solver"]
 
 
-@pytest.mark.parametrize("command", list(CASES))
+@pytest.mark.parametrize("command", slow_except(CASES, "tokenize"))
 def test_json_for_every_command(work, command):
     if command == "conformance":
         pytest.importorskip("torch")
