@@ -209,3 +209,15 @@ def sample_picks(sizes, first, rate, growth, budget_bytes, budget_share, seed=0)
         if grows:
             longest = size
     return picked
+
+
+def lpt(costs, world_size, batch_size):
+    """Longest-processing-time dealing of one step's slots, one slot at a time: the costliest
+    slot left to the least-loaded rank with room (ties: the lowest rank)."""
+    load, slots = [0.0] * world_size, [[] for _ in range(world_size)]
+    for j in sorted(range(len(costs)), key=lambda j: -costs[j]):  # stable: ties by position
+        r = min((r for r in range(world_size) if len(slots[r]) < batch_size),
+                key=lambda r: (load[r], r))
+        slots[r].append(j)
+        load[r] += costs[j]
+    return slots

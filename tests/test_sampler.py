@@ -152,8 +152,8 @@ def test_malformed_states_refused_by_field():
         s.load_state_dict({"version": 1, "epoch": 0, "step": 3, "seed": 0, "n_packs": 40,
                            "world_size": 2, "batch_size": 2, "drop_last": True,
                            "balance": None})
-    with pytest.raises(PacktoolError, match="version 3"):
-        s.load_state_dict({**good, "version": 3})
+    with pytest.raises(PacktoolError, match="version 4"):
+        s.load_state_dict({**good, "version": 4})
     with pytest.raises(PacktoolError, match="must be a dict"):
         s.load_state_dict([good])
     for step in (-3, 10**6, "2", 1.5):
@@ -165,6 +165,91 @@ def test_malformed_states_refused_by_field():
         s.set_epoch("x")
     s.load_state_dict(json.loads(json.dumps(good)))  # plain data: JSON round-trips
     assert s.start_step == 3 and s.state_dict() == good
+
+
+def test_state_fields_of_another_type_refused_by_name():
+    """An array (or any other type) where a number, flag or name belongs is refused naming the
+    field and the type, never compared element-wise inside numpy."""
+    s = PackSampler(40, rank=0, world_size=2, batch_size=2, balance=np.arange(40.0) ** 2)
+    good = s.state_dict(3)
+    for key in good:
+        if key in ("consumed", "remaining"):
+            continue
+        for v in (np.array([1, 2]), np.array(good[key]), {"x": 1}):
+            with pytest.raises(PacktoolError, match=f"{key} of type (ndarray|dict)"):
+                s.load_state_dict({**good, key: v})
+    with pytest.raises(PacktoolError, match="consumed"):
+        s.load_state_dict({**good, "consumed": np.zeros((1, s.n_classes), np.int64)})
+    with pytest.raises(PacktoolError, match="drop_last of type int"):
+        s.load_state_dict({**good, "drop_last": 1})
+
+
+def test_state_step_must_agree_with_consumed():
+    """A step is refused unless it is where the consumed packs put the saving shape: mid-epoch
+    ``0 <= consumed - step * G < G``, also after an elastic resume began the epoch mid-step."""
+    s = PackSampler(40, rank=0, world_size=2, batch_size=2)
+    good = s.state_dict(3)  # 12 packs
+    for step in (0, 2, 4, 9):
+        with pytest.raises(PacktoolError, match=f"step={step} but consumed counts 12 packs.*"
+                                                "that is step 3"):
+            s.load_state_dict({**good, "step": step})
+    s.load_state_dict(good)
+    end = PackSampler(40, rank=0, world_size=3, batch_size=1)
+    list(end.steps())
+    finished = end.state_dict()  # handed out the whole epoch: 13 steps, 39 packs + 1 left out
+    assert finished["step"] == 13 and sum(finished["consumed"]) == 40
+    end.load_state_dict(finished)
+    finished["step"] = 0
+    with pytest.raises(PacktoolError, match="step=0 .*epoch is finished"):
+        end.load_state_dict(finished)
+    # an elastic resume: 12 packs by 2 x 2, then 5 x 1 from step 12 // 5 = 2, two steps on
+    t = PackSampler(40, rank=0, world_size=5, batch_size=1)
+    t.load_state_dict(good)
+    later = t.state_dict(4)
+    assert later["step"] * 5 != sum(later["consumed"])  # 22 packs at step 4 of 5: consistent
+    PackSampler(40, rank=1, world_size=4, batch_size=1).load_state_dict(later)
+    with pytest.raises(PacktoolError, match="step=5"):
+        t.load_state_dict({**later, "step": 5})
+
+
+class FakePacked:
+    """What PackSampler reads of a packed dataset without balance: len() and the index."""
+
+    def __init__(self, n, digest):
+        self.n, self.index = n, {"index_sha256": digest}
+
+    def __len__(self):
+        return self.n
+
+
+def test_state_of_another_dataset_refused():
+    """Two packed datasets with as many packs: without balance nothing but the dataset's
+    identity (its index_sha256) tells their states apart."""
+    a, b = FakePacked(40, "a" * 64), FakePacked(40, "b" * 64)
+    state = PackSampler(a, rank=0, world_size=2, batch_size=2).state_dict(3)
+    assert state["dataset"] == "a" * 64 and state["version"] == 3
+    PackSampler(a, rank=1, world_size=4).load_state_dict(state)
+    with pytest.raises(PacktoolError, match="dataset='a{64}'.*another packed dataset"):
+        PackSampler(b, rank=0, world_size=2, batch_size=2).load_state_dict(state)
+    # a count names no dataset: what it saves loads anywhere, and it loads any state
+    counted = PackSampler(40, rank=0, world_size=2, batch_size=2)
+    assert counted.state_dict(3)["dataset"] is None
+    PackSampler(b, rank=0, world_size=2, batch_size=2).load_state_dict(counted.state_dict(3))
+    counted.load_state_dict(state)
+    # version 2 (before the identity): loads when it is otherwise consistent
+    old = {k: v for k, v in state.items() if k != "dataset"} | {"version": 2}
+    t = PackSampler(b, rank=0, world_size=2, batch_size=2)
+    t.load_state_dict(old)
+    assert t.start_step == 3
+    with pytest.raises(PacktoolError, match="step=4"):
+        t.load_state_dict({**old, "step": 4})
+    with pytest.raises(PacktoolError, match="lacks dataset"):
+        t.load_state_dict({k: v for k, v in state.items() if k != "dataset"})
+
+
+def test_state_names_a_real_datasets_index(packed):
+    s = PackSampler(packed, rank=0, world_size=2)
+    assert s.state_dict(1)["dataset"] == packed.index["index_sha256"]
 
 
 @settings(max_examples=150, deadline=None)

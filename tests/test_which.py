@@ -4,6 +4,7 @@ tables and the sources' manifests (issue 23.3)."""
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from conftest import TOKENIZER, write_jsonl
 from synth import make_documents
@@ -94,3 +95,124 @@ def test_record_numbers_skip_the_gaps_as_a_plain_loop_does():
         for local in range(n):
             assert record_number(inp, local) == records[local]
             assert document_of(inp, records[local], "c") == local
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    d = tmp_path_factory.mktemp("which")
+    build(d)
+    return d
+
+
+def yielded(ds, epoch, **kw):
+    """Where iterating PackSampler (every rank) actually yields each pack: pack -> [(step,
+    rank)], and each step's packs per rank."""
+    places, steps = {}, {}
+    for r in range(kw["world_size"]):
+        s = PackSampler(ds, rank=r, **kw)
+        s.set_epoch(epoch)
+        for i, pack in enumerate(s):
+            step = i // kw["batch_size"]
+            places.setdefault(pack, []).append((step, r))
+            steps.setdefault(step, {}).setdefault(r, []).append(pack)
+    return places, steps
+
+
+@pytest.mark.parametrize("world,batch,balance", [(1, 1, None), (3, 1, None), (2, 3, None),
+                                                 (5, 2, None), (3, 2, "attention")])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_which_answers_where_the_sampler_yields(built, world, batch, balance, drop_last):
+    """Every record's step and rank, and every step's packs, as iterating PackSampler with the
+    same settings yields them; a step it never takes is refused, never filled."""
+    ds = packtool.open_packed(built / "p")
+    kw = dict(world_size=world, batch_size=batch, seed=5, balance=balance, drop_last=drop_last)
+    places, steps = yielded(ds, 1, **kw)
+    for spec in [f"a.jsonl:{k}" for k in range(1, 61) if k != 11] + \
+            [f"b.jsonl:{k}" for k in range(1, 61)]:
+        res = which_record(built / "p", spec, 1, **kw)
+        for pack in {st["pack"] for st in res.steps}:
+            got = [(st["step"], st["rank"]) for st in res.steps if st["pack"] == pack]
+            assert got == sorted(places.get(pack, [(None, None)])), (spec, pack)
+    for step in range(len(steps)):
+        res = which_step(built / "p", 1, step, **kw)
+        mine = {}
+        for seg in res.segments:
+            if not mine.get(seg.rank) or mine[seg.rank][-1] != seg.pack:
+                mine.setdefault(seg.rank, []).append(seg.pack)
+        assert mine == steps[step]
+    with pytest.raises(packtool.PacktoolError, match=f"step {len(steps)}: the sampler takes "
+                                                     f"steps 0..{len(steps) - 1} of epoch 1"):
+        which_step(built / "p", 1, len(steps), **kw)
+
+
+def test_cli_step_past_the_last_is_refused_with_drop_last(built):
+    """92 packs at world size 3: drop_last (the sampler's default) takes steps 0..29 and leaves
+    out 2 packs; --no-drop-last takes a step 30 filled with the epoch's first packs."""
+    p = str(built / "p")
+    assert len(packtool.open_packed(p)) == 92
+    r = CliRunner().invoke(cli, ["which", p, "--step", "30", "--world-size", "3"])
+    assert r.exit_code == 1 and "step 30: the sampler takes steps 0..29" in r.output \
+        and "with drop_last" in r.output and "last 2 packs" in r.output, r.output
+    r = CliRunner().invoke(cli, ["which", p, "--step", "30", "--world-size", "3",
+                                 "--no-drop-last"])
+    assert r.exit_code == 0 and "rank 2 pack" in r.output, r.output
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--record", "a.jsonl:²"], "ASCII digits"),
+    (["--record", "a.jsonl:0"], "1-based"),
+    (["--record", ":5"], "FILE:RECORD"),
+    (["--record", "a.jsonl"], "FILE:RECORD"),
+    (["--step", "0", "--world-size", str(2**62)], f"world size {2**62:,} > 92 packs"),
+    (["--step", "0", "--world-size", "1000000", "--balance", "attention"],
+     "world size 1,000,000 > 92 packs"),
+    (["--record", "a.jsonl:5", "--world-size", str(2**62), "--no-drop-last"], "> 92 packs"),
+    (["--step", "0", "--world-size", "4", "--batch-size", str(2**62), "--no-drop-last"],
+     "packs a step > 92 packs"),
+    (["--step", "0", "--world-size", "4", "--batch-size", "24"], "takes no step"),
+    (["--step", "0", "--world-size", "3", "--rank", "3"], "--rank 3"),
+])
+def test_cli_refuses_what_it_cannot_answer(built, args, says):
+    r = CliRunner().invoke(cli, ["which", str(built / "p"), *args])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert says in r.output, r.output
+
+
+def test_library_refuses_bad_settings(built):
+    for kw in (dict(world_size=0), dict(world_size=-2), dict(batch_size=0), dict(seed=-1),
+               dict(world_size=True), dict(world_size="2"), dict(world_size=2.0)):
+        with pytest.raises(packtool.PacktoolError, match="must be an integer"):
+            which_step(built / "p", 0, 0, **kw)
+    with pytest.raises(packtool.PacktoolError, match="--epoch must be"):
+        which_record(built / "p", "a.jsonl:5", -1)
+    for step in (-1, "0", True):
+        with pytest.raises(packtool.PacktoolError, match="the sampler takes steps"):
+            which_step(built / "p", 0, step)
+
+
+def test_record_by_any_path_to_the_same_file(tmp_path, monkeypatch):
+    """Tokenized as data/prose.jsonl (relative): the record is found by that spelling, ./data/...,
+    the absolute path and a symlink; two inputs of one base name are refused by name."""
+    docs = make_documents(30, seed=2, median_words=40, max_words=200)
+    for name, part in (("data/prose.jsonl", docs[:10]), ("x/a.jsonl", docs[10:20]),
+                       ("y/a.jsonl", docs[20:])):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        write_jsonl(tmp_path / name, [{"text": t} for t in part])
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "data" / "prose.jsonl")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["tokenize", "data/prose.jsonl", "x/a.jsonl", "y/a.jsonl", "-t",
+                                 str(TOKENIZER), "-o", "c", "-q"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["pack", "c", "-L", "128", "-o", "p", "-q"])
+    assert r.exit_code == 0, r.output
+    want = which_record("p", "data/prose.jsonl:7").question.split(" in epoch")[0]
+    assert want.endswith("(document 6)")
+    for spelling in ("./data/prose.jsonl", str(tmp_path / "data" / "prose.jsonl"),
+                     str(tmp_path / "link.jsonl"), "data/../data/prose.jsonl", "prose.jsonl"):
+        r = CliRunner().invoke(cli, ["which", "p", "--record", f"{spelling}:7"])
+        assert r.exit_code == 0 and "(document 6)" in r.output, (spelling, r.output)
+    r = CliRunner().invoke(cli, ["which", "p", "--record", "a.jsonl:3"])
+    assert r.exit_code == 1 and "2 inputs match: x/a.jsonl" in r.output \
+        and "y/a.jsonl" in r.output, r.output
+    r = CliRunner().invoke(cli, ["which", "p", "--record", "y/a.jsonl:3"])
+    assert r.exit_code == 0 and "(document 22)" in r.output, r.output

@@ -268,8 +268,12 @@ def demo(fixtures, out, seq_len, algo):
               help="The sampler's seed.")
 @click.option("--balance", type=click.Choice(["none", "attention"]), default="none",
               show_default=True, help="The sampler's balance.")
+@click.option("--drop-last/--no-drop-last", default=True, show_default=True,
+              help="The sampler's drop_last (PackSampler's default: leave out the epoch's last "
+                   "packs that fill no whole step; --no-drop-last fills it with the first).")
 @json_option
-def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance, as_json):
+def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance, drop_last,
+          as_json):
     """Name the source documents of a training step, or where an input record went.
 
     PATH is a packed directory or its URL. From the segment tables and the sources'
@@ -285,7 +289,7 @@ def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance
     from ..train.which import which_record, which_step
 
     settings = dict(world_size=world_size, batch_size=batch_size, seed=seed,
-                    balance=None if balance == "none" else balance)
+                    balance=None if balance == "none" else balance, drop_last=drop_last)
     if (step is None) == (record is None):
         raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
     if record is not None:

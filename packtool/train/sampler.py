@@ -115,6 +115,15 @@ def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bo
     return float((per_rank.max(axis=1)[ok] / mean[ok]).mean())
 
 
+def dataset_identity(packs) -> str | None:
+    """The ``index_sha256`` of the packed dataset ``packs`` is (``open_packed``) or wraps
+    (``TorchPackedDataset``), which a state records so that a state of another dataset with as
+    many packs is refused; None for a pack count or any other sized object (nothing to name)."""
+    index = getattr(getattr(packs, "packed", packs), "index", None)
+    digest = index.get("index_sha256") if isinstance(index, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
 class PackSampler:
     """This rank's pack indices, step by step, for one epoch at a time.
 
@@ -174,6 +183,7 @@ class PackSampler:
         self.n_classes = int(self.classes.max()) + 1
         self.class_sizes = np.bincount(self.classes, minlength=self.n_classes)
         self.fingerprint = fingerprint(self.costs)
+        self.dataset = dataset_identity(packs)
         self.epoch, self.start_step, self._cursor = 0, 0, 0
         self._resumed = None  # (epoch, consumed per class) of an elastic resume
         self._running = None  # (epoch, step, consumed per class) as steps() hands them out
@@ -349,9 +359,11 @@ class PackSampler:
 
         The state counts consumed packs per cost class (one class without balance) of the
         epoch's order, and records what defines that order (seed, pack count, drop_last,
-        balance, cost_ratio, costs' fingerprint), which must match at load; world size and
-        batch size may change. ``remaining``: packs of the epoch no finished step took (not
-        counting the epoch's first packs repeated by drop_last=False)."""
+        balance, cost_ratio, costs' fingerprint) and the dataset (its packed index's
+        ``index_sha256``; None when built from a count), which must match at load; world size
+        and batch size may change (:mod:`packtool.train.state` says what is checked).
+        ``remaining``: packs of the epoch no finished step took (not counting the epoch's first
+        packs repeated by drop_last=False)."""
         first, n_steps = self.first_step(), self.n_steps
         roll = step is not None
         if step is None:
@@ -370,7 +382,7 @@ class PackSampler:
                 "world_size": self.world_size, "batch_size": self.batch_size,
                 "seed": self.seed, "n_packs": self.n_packs, "drop_last": self.drop_last,
                 "balance": self.balance, "cost_ratio": self.cost_ratio,
-                "costs_sha256": self.fingerprint}
+                "costs_sha256": self.fingerprint, "dataset": self.dataset}
 
     def _consumed_at(self, step: int) -> np.ndarray:
         """Packs per class the current epoch's steps before ``step`` consumed (all of them at
@@ -387,8 +399,9 @@ class PackSampler:
     def load_state_dict(self, state) -> None:
         """Resume from ``state`` (from :meth:`state_dict`, of any rank, world size or batch
         size): the next iteration deals what the epoch has left to this sampler's shape. Every
-        refusal names the field: a malformed state, another version, or a state of another
-        epoch order (seed, pack count, drop_last, balance, cost_ratio, costs)."""
+        refusal names the field: a malformed state, another version, a step that disagrees with
+        the packs consumed, a state of another epoch order (seed, pack count, drop_last, balance,
+        cost_ratio, costs) or of another dataset."""
         epoch, consumed = check_state(state, self)
         self.epoch = epoch
         # under the same shape the rest of the epoch is dealt exactly as the uninterrupted run

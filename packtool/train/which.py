@@ -17,6 +17,8 @@ start of a ``.txt`` record. Measured (scripts/bench_which.py): see docs/TRAINING
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -65,9 +67,10 @@ class WhichResult:
                          f"{d.source} document {d.doc:,} ({where}), tokens "
                          f"{s.tokens[0]:,}..{s.tokens[1]:,}")
         for st in self.steps:
+            where = (f"step {st['step']} rank {st['rank']}" if st["step"] is not None else
+                     "left out (drop_last: no step of the epoch takes it)")
             lines.append(f"  pack {st['pack']:,} (tokens {st['tokens'][0]:,}..{st['tokens'][1]:,}"
-                         f" of the document): epoch {st['epoch']} step {st['step']} rank "
-                         f"{st['rank']}")
+                         f" of the document): epoch {st['epoch']} {where}")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -114,15 +117,44 @@ class Sources:
 
     def find(self, path: str, record: int) -> int:
         """The global document of ``record`` of input file ``path``."""
+        hits = self.inputs_named(path)
+        if not hits:
+            raise PacktoolError(f"no source of this dataset lists the input {path}; the inputs "
+                                "are named as tokenize recorded them (see the corpus manifest's "
+                                "inputs), or by any path to the same file")
+        if len(hits) > 1:
+            names = "; ".join(f"{inp.get('path')} (source {prefix})" for prefix, _, inp in hits)
+            raise PacktoolError(f"--record {path}: {len(hits)} inputs match: {names}; name one "
+                                "by its path as the manifest records it")
+        prefix, first, inp = hits[0]
+        return first + document_of(inp, record, prefix)
+
+    def inputs_named(self, path: str) -> list[tuple[str, int, dict]]:
+        """(source prefix, its first global document, input) of every input that is ``path``:
+        recorded as ``path`` or the same file once both are resolved (absolute, relative to the
+        current directory, ``./x``, symlinks; a recorded relative path is taken from here too),
+        else, for none, recorded under the base name ``path``."""
+        want = _resolved(path)
+        same, named = [], []
         for prefix, base, table in self.entries:
-            if table is None:
-                continue
-            for i, inp in enumerate(table["inputs"]):
-                if inp.get("path") == path or Path(inp.get("path", "")).name == path:
-                    local = document_of(inp, record, prefix)
-                    return base + int(table["first"][i]) + local
-        raise PacktoolError(f"no source of this dataset lists the input {path}; the inputs are "
-                            "named as tokenize recorded them (see the corpus manifest's inputs)")
+            for i, inp in enumerate(table["inputs"] if table is not None else []):
+                rec = inp.get("path")
+                if not isinstance(rec, str):
+                    continue
+                hit = (prefix, base + int(table["first"][i]), inp)
+                if rec == path or _resolved(rec) == want:
+                    same.append(hit)
+                elif Path(rec).name == path:
+                    named.append(hit)
+        return same or named
+
+
+def _resolved(path: str) -> str:
+    """``path`` as one spelling per file: a URL as given, a local path made absolute with its
+    symlinks followed (it need not exist here)."""
+    if "://" in path:
+        return path
+    return os.path.realpath(os.path.expanduser(path))
 
 
 def _inputs(meta: dict | None, src: dict) -> dict | None:
@@ -177,30 +209,68 @@ def document_of(inp: dict, record: int, prefix: str) -> int:
     return local
 
 
-def _sampler(ds, world_size: int, batch_size: int, seed: int, balance: str | None):
+def _sampler(ds, epoch, world_size: int, batch_size: int, seed: int, balance: str | None,
+             drop_last: bool):
+    """The PackSampler ``which`` answers for, after checking what the command line gave: the
+    sampler takes no step of more packs than the dataset holds with drop_last, and without it
+    fills one with repeats; ``which`` refuses both rather than deal ``G`` slots (work that grows
+    with the number typed, not with the data: ``--world-size 2**62`` would allocate 2**62)."""
     from .sampler import PackSampler
 
+    for name, v, lo in (("epoch", epoch, 0), ("world-size", world_size, 1),
+                        ("batch-size", batch_size, 1), ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise PacktoolError(f"--{name} must be an integer >= {lo}, got {v!r}")
+    n, g = len(ds), world_size * batch_size
+    if world_size > n:
+        raise PacktoolError(
+            f"world size {world_size:,} > {n:,} packs: every rank would get a pack of its own "
+            "only with a pack per rank; "
+            + ("with drop_last the sampler takes no step; " if drop_last else
+               "without drop_last every step would hand most ranks repeats of the same packs; ")
+            + f"give the world size the trainer runs (at most {n:,} for this dataset)")
+    if g > n:
+        raise PacktoolError(
+            f"world size {world_size:,} x batch size {batch_size:,} = {g:,} packs a step > "
+            f"{n:,} packs: "
+            + ("with drop_last the sampler takes no step" if drop_last else
+               "without drop_last the epoch's one step would repeat its packs to fill it")
+            + f"; give the trainer's settings (a batch size of at most {n // world_size:,} at "
+              f"world size {world_size:,})")
     return PackSampler(ds, rank=0, world_size=world_size, batch_size=batch_size, seed=seed,
-                       drop_last=False, balance=balance)
+                       drop_last=bool(drop_last), balance=balance)
+
+
+def _settings(world_size, batch_size, drop_last) -> str:
+    return (f"world size {world_size} x batch size {batch_size} "
+            + ("with drop_last" if drop_last else "without drop_last"))
 
 
 def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_size: int = 1,
-               batch_size: int = 1, seed: int = 0, balance: str | None = None) -> WhichResult:
+               batch_size: int = 1, seed: int = 0, balance: str | None = None,
+               drop_last: bool = True) -> WhichResult:
     """The source documents of ``step`` of ``epoch`` (every rank, or ``rank``), as the
-    sampler with these settings schedules them."""
+    sampler with these settings schedules them. A step the sampler never takes is refused."""
     ds = open_packed(path, checksums=False)  # structure checked; no full read for a lookup
-    sampler = _sampler(ds, world_size, batch_size, seed, balance)
+    sampler = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last)
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))
+                             or not 0 <= rank < world_size):
+        raise PacktoolError(f"--rank {rank!r}: must be from 0 to {world_size - 1}")
     n_steps = sampler.steps_in(epoch)
-    if not 0 <= step < n_steps:
-        raise PacktoolError(f"--step {step}: epoch {epoch} has steps 0..{n_steps - 1} at "
-                            f"world size {world_size} x batch size {batch_size}")
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+            or not 0 <= step < n_steps:
+        left = len(sampler.left_out(epoch)) if drop_last else 0
+        raise PacktoolError(
+            f"step {step}: the sampler takes steps 0..{n_steps - 1} of epoch {epoch} at "
+            f"{_settings(world_size, batch_size, drop_last)}"
+            + (f"; it leaves out the epoch's last {left:,} packs (fewer than a step), "
+               "--no-drop-last fills a last step with the epoch's first packs instead"
+               if left and step == n_steps else ""))
     row = sampler.schedule_row(epoch, step)
-    if rank is not None and not 0 <= rank < world_size:
-        raise PacktoolError(f"--rank {rank}: must be from 0 to {world_size - 1}")
     sources = Sources(ds)
     res = WhichResult(str(path), f"epoch {epoch} step {step}"
                       + (f" rank {rank}" if rank is not None else "")
-                      + f" (world size {world_size}, batch size {batch_size}, seed {seed}, "
+                      + f" ({_settings(world_size, batch_size, drop_last)}, seed {seed}, "
                       f"balance {balance or 'none'})")
     for r in ([rank] if rank is not None else range(world_size)):
         for pack in row[r].tolist():
@@ -214,17 +284,21 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_si
 
 
 def which_record(path, spec: str, epoch: int = 0, *, world_size: int = 1, batch_size: int = 1,
-                 seed: int = 0, balance: str | None = None) -> WhichResult:
+                 seed: int = 0, balance: str | None = None, drop_last: bool = True) -> WhichResult:
     """Where record ``FILE:RECORD`` went: its packs, and the step and rank of each in
-    ``epoch``."""
+    ``epoch`` (every place the sampler yields the pack: without drop_last a pack of the epoch's
+    first ones also fills the last step; with it, a pack of the left-out tail has none)."""
     file, sep, rec = str(spec).rpartition(":")
-    if not sep or not rec.isdigit() or int(rec) < 1:
-        raise PacktoolError(f"--record {spec!r}: expected FILE:RECORD, the input file as "
-                            "tokenize recorded it and a 1-based line or row number")
+    if not sep or not file or not re.fullmatch(r"[0-9]+", rec) or int(rec) < 1:
+        raise PacktoolError(f"--record {spec!r}: expected FILE:RECORD, the input file and a "
+                            "1-based line or row number in ASCII digits (data/part-3.jsonl:1042)")
     ds = open_packed(path, checksums=False)
+    sampler = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last)
     sources = Sources(ds)
     doc = sources.find(file, int(rec))
-    res = WhichResult(str(path), f"{spec} (document {doc:,}) in epoch {epoch}")
+    res = WhichResult(str(path), f"{spec} (document {doc:,}) in epoch {epoch} "
+                      f"({_settings(world_size, batch_size, drop_last)}, seed {seed}, "
+                      f"balance {balance or 'none'})")
     found, base = [], 0
     for k in range(ds.n_shards):
         sh = ds.shard(k)
@@ -234,13 +308,14 @@ def which_record(path, spec: str, epoch: int = 0, *, world_size: int = 1, batch_
             found.append((base + j, off, off + n))
         base += sh.n_packs
     if found:
-        sched = _sampler(ds, world_size, batch_size, seed, balance).global_schedule(epoch)
-        at = np.argwhere(np.isin(sched, [f[0] for f in found]))  # (step, rank, slot)
-        where = {int(sched[tuple(x)]): (int(x[0]), int(x[1])) for x in at}
+        sched = sampler.global_schedule(epoch)
+        where: dict[int, list[tuple[int, int]]] = {}
+        for st, r, k in np.argwhere(np.isin(sched, [f[0] for f in found])).tolist():
+            where.setdefault(int(sched[st, r, k]), []).append((st, r))  # in step order
         for pack, a, b in found:
-            st, r = where.get(pack, (None, None))
-            res.steps.append({"pack": pack, "epoch": epoch, "step": st, "rank": r,
-                              "tokens": (a, b)})
+            for st, r in where.get(pack, [(None, None)]):
+                res.steps.append({"pack": pack, "epoch": epoch, "step": st, "rank": r,
+                                  "tokens": (a, b)})
     if not res.steps:
         res.question += ": in no pack (held out, dropped, empty or not sampled by the mixture)"
     return res
