@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import PacktoolError
 from .files import input_size, open_hashed
-from .records import BadRecord, InputStats, ReadOptions, corrupt, read_blocks, too_large
+from .records import BadRecord, InputStats, ReadOptions, corrupt, read_lines, too_large
 
 
 def _open_jsonl(path, kind: str):
@@ -124,77 +124,6 @@ def _refuse_array(path, lineno: int) -> None:
         "line); convert it, e.g. jq -c '.[]' in.json > in.jsonl")
 
 
-def _bad(path, lineno: int, line: bytes | None, size: int, opts: ReadOptions,
-         stats: InputStats, text_field: str | None):
-    """What a line the fast loop did not take is, judged as a line read on its own always
-    was (with its newline, so that an error's position reads as before): a blank line
-    (counted), a JSON array (refused), a record after all, or a bad record (skipped and
-    counted, or refused with the file and line)."""
-    if line is not None and line.isspace():  # strip() would copy each line
-        stats.blank_lines += 1
-        return None
-    if (line is not None and stats.n_docs == 0 and not stats.skipped
-            and line.lstrip(b"\xef\xbb\xbf \t").startswith(b"[")):
-        _refuse_array(path, lineno)
-    try:
-        return _record(line, size, opts, text_field)
-    except BadRecord as bad:
-        if opts.skip_bad_records:
-            stats.skip(lineno, bad.reason)
-            return None
-        raise PacktoolError(f"{path} line {lineno}: {bad.message}{bad.hint()}") from None
-
-
-def _documents(path, blocks, opts: ReadOptions, stats: InputStats, text_field: str | None,
-               progress=None):
-    """Every document of ``blocks`` (:func:`read_blocks`), in order. The loop takes what
-    ``_record`` takes from a line (a line without its newline parses the same); anything
-    else (a blank line, an array, a bad or too large record) goes to :func:`_bad` with its
-    newline back, so what is refused and every message stay as a reader of one line at a
-    time gave them. ``progress``: given the bytes of the lines up to each document."""
-    lineno = read = told = 0
-    for lines, newline, over in blocks:
-        last = len(lines) - 1
-        for i, line in enumerate(lines):
-            lineno += 1
-            try:
-                if not line:  # None: over the limit; b"": a blank line
-                    raise BadRecord("", "")
-                read += len(line) + (newline or i < last)
-                text = _record(line, len(line), opts, text_field)
-            except BadRecord:
-                if line is not None and (newline or i < last):
-                    line += b"\n"
-                text = _bad(path, lineno, line, over.get(i, 0), opts, stats, text_field)
-                if text is None:
-                    continue
-            stats.n_docs += 1
-            stats.record = lineno
-            if progress is not None:
-                progress(read - told)
-                told = read
-            yield text
-
-
-def _blocks(path, kind: str, raw, f, limit: int, progress=None):
-    """:func:`read_blocks` of ``f``, a corrupt stream named; ``progress``: given the bytes
-    of ``raw`` (the file as stored) read for each block."""
-    errors = _decompress_errors()
-    it, last_pos = read_blocks(f, limit), 0
-    while True:
-        try:
-            block = next(it)
-        except StopIteration:
-            return
-        except errors as e:
-            raise corrupt(path, kind, e) from None
-        if progress is not None:
-            pos = raw.tell()
-            progress(pos - last_pos)
-            last_pos = pos
-        yield block
-
-
 def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                progress) -> Iterator[str]:
     if kind != "jsonl" and input_size(path) == 0:
@@ -203,22 +132,41 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
             "compresses to a few bytes); remove the file or re-compress it"
         )
     raw, f, finish = _open_jsonl(path, kind)
+    errors = _decompress_errors()
     text_field = opts.text_field if opts.mode == "text" else None
-    told = 0
-
-    def tell(n: int) -> None:
-        nonlocal told
-        told += n
-        progress(n)
-
-    # progress moves with each record: a plain file's lines are its bytes; a compressed
-    # file's bytes are known a block at a time
-    plain = kind == "jsonl"
+    lineno = last_pos = 0
     try:
         with raw:
-            blocks = _blocks(path, kind, raw, f, opts.max_record_bytes, None if plain else tell)
-            yield from _documents(path, blocks, opts, stats, text_field, tell if plain else None)
-            progress(raw.tell() - told)
+            it = read_lines(f, opts.max_record_bytes)
+            while True:
+                try:
+                    line, size = next(it)
+                except StopIteration:
+                    break
+                except errors as e:
+                    raise corrupt(path, kind, e) from None
+                lineno += 1
+                if line is not None and line.isspace():  # strip() would copy each line
+                    stats.blank_lines += 1
+                    continue
+                if (line is not None and stats.n_docs == 0 and not stats.skipped
+                        and line.lstrip(b"\xef\xbb\xbf \t").startswith(b"[")):
+                    _refuse_array(path, lineno)
+                try:
+                    text = _record(line, size, opts, text_field)
+                except BadRecord as bad:
+                    if opts.skip_bad_records:
+                        stats.skip(lineno, bad.reason)
+                        continue
+                    raise PacktoolError(
+                        f"{path} line {lineno}: {bad.message}{bad.hint()}") from None
+                stats.n_docs += 1
+                stats.record = lineno
+                pos = raw.tell()
+                progress(pos - last_pos)
+                last_pos = pos
+                yield text
+            progress(raw.tell() - last_pos)
             stats.content = finish()  # every byte, as read (a gzip member's padding too)
     except OSError as e:
         raise PacktoolError(f"{path}: read error ({e})") from None

@@ -132,40 +132,6 @@ def read_lines(f, limit: int):
         yield None, size - piece.endswith(b"\n")
 
 
-def read_blocks(f, limit: int, block: int = 1 << 20):
-    """The lines of ``f`` a block at a time, as :func:`read_lines` splits them but in one
-    ``bytes.split`` per ``block`` bytes (a JSONL reader's per-line ``readline`` was 0.03 s of
-    the 0.18 s its thread held the GIL per 50 MB of 2 kB records): ``(lines, newline, over)``
-    per block, ``lines`` without their newlines (``newline``: whether the block's last line
-    had one; every other line did), ``over``: ``{index in lines: size}`` of the lines over
-    ``limit`` bytes (without the newline), which are ``None`` in ``lines``, never held whole:
-    a line is held in pieces only while it is within the limit."""
-    pieces: list[bytes] = []  # the line being read, while no newline is found
-    held = 0  # its bytes so far; past the limit the pieces are dropped and only counted
-    while data := f.read(block):
-        lines = data.split(b"\n")
-        tail = lines.pop()
-        over: dict[int, int] = {}
-        if lines and (pieces or held):  # the first line ends a line begun in earlier blocks
-            held += len(lines[0])
-            if held > limit:
-                over[0], lines[0] = held, None
-            else:
-                lines[0] = b"".join([*pieces, lines[0]])
-            pieces, held = [], 0
-        if len(data) > limit:  # only a block longer than the limit can hold such a line
-            for i, line in enumerate(lines):
-                if line is not None and len(line) > limit:
-                    over[i], lines[i] = len(line), None
-        if tail:
-            held += len(tail)
-            pieces = [] if held > limit else [*pieces, tail]
-        if lines:
-            yield lines, True, over
-    if held:
-        yield ([None], False, {0: held}) if held > limit else ([b"".join(pieces)], False, {})
-
-
 def get_field(obj, key: str):
     """``obj[key]``, or with dots a nested lookup (``meta.body``); a literal dotted key wins."""
     if not isinstance(obj, dict):
