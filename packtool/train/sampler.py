@@ -8,6 +8,9 @@ An epoch is one seeded permutation of the packs (its *order*), cut into global s
     step 0: rank 0 [17, 4]  rank 1 [88, 23]       (balance=None: in order)
     step 1: rank 0 [61, 12] rank 1 [9, 40]        (balance="attention": by cost, see below)
 
+The order is a keyed permutation computed per step (:mod:`packtool.train.order`), never held
+whole: at 2.5 x 10^8 packs, 8 ranks x 4, a rank's first step is ready in ~0.1 s with ~7 MB
+allocated, where drawing the epoch took 135 s and 10 GB (``scripts/bench_sampler_start.py``).
 Every rank computes the same schedule from ``(seed, epoch)`` alone, so ranks never talk to
 each other, every rank takes exactly ``n_steps`` steps (``drop_last=True`` leaves out the last
 ``n_packs % G`` packs of the epoch; ``drop_last=False`` fills the last step with the epoch's
@@ -36,12 +39,12 @@ state as each batch is drawn and hands back the snapshot of the batch last yield
 the slowest rank sets the step time. Two things even it out:
 
 1. *Steps of like cost* (for every batch size, also one pack per rank, where dealing cannot
-   help): packs fall into cost classes whose costs differ by at most ``cost_ratio`` (1.1); a
-   pack waits in its class's queue, in epoch order, until ``G`` packs of its class are there,
-   and they form a step (WLB-LLM's "outlier delay", applied to every class). The last packs of
-   each class (fewer than ``G``) form the epoch's last steps, in epoch order. Each class is
-   consumed in epoch order, so consumption stays a prefix of the order per class: that is what
-   a state counts.
+   help): packs fall into cost classes whose costs differ by at most ``cost_ratio`` (1.1);
+   each class has an order of its own, spread evenly over the epoch's time line, and a step
+   is ``G`` consecutive packs of one class, due when the last of them is (WLB-LLM's "outlier
+   delay", applied to every class). The last packs of each class (fewer than ``G``) form the
+   epoch's last steps, in time order. Each class is consumed in its order, so consumption
+   stays a prefix of each class's order: that is what a state counts.
 2. *Dealing within a step*: longest-processing-time-first with at most ``batch_size`` packs per
    rank, then swaps between the costliest and the cheapest rank (:func:`balance_steps`).
 
@@ -60,9 +63,9 @@ a 4,096-token document alone costs 3.5x the mean pack (16.8M vs 4.7M), so even a
 (documents over L/2 alone, every other pack at exactly the mean) gives 2.08 shuffled at one pack
 per rank, and dealt at 2 and 4 packs per rank 1.75 and 1.36, worse than bfd's uneven packs,
 which leave light packs to pair with heavy ones. The price of like-cost steps: packs of like
-cost train together (8 one-document packs in a step), and packs move in the order: median 13
-steps earlier, 99th percentile 167 steps later, and the packs of classes with fewer than ``G``
-members (a few dozen here, 57 classes) to the epoch's last steps. Whole-block cost
+cost train together (8 one-document packs in a step), each class's steps come evenly spaced
+over the epoch rather than at random, and the packs of classes with fewer than ``G`` members
+(a few dozen here, 57 classes) go to the epoch's last steps. Whole-block cost
 (``attention_costs(ds, linear=12 * d)``): see docs/TRAINING.md.
 """
 
@@ -73,7 +76,8 @@ import hashlib
 import numpy as np
 
 from ..errors import PacktoolError
-from .balance import COST_RATIO, balance_steps, cost_classes, group_steps
+from .balance import COST_RATIO, balance_steps, cost_classes
+from .order import EpochOrder, class_keys
 from .state import STATE_FORMAT, STATE_VERSION, check_state
 
 
@@ -178,10 +182,13 @@ class PackSampler:
         self.balance = None if balance is None else (
             balance if isinstance(balance, str) else "costs")
         self.cost_ratio = float(cost_ratio) if self.costs is not None else None
-        self.classes = (cost_classes(self.costs, self.cost_ratio) if self.costs is not None
-                        else np.zeros(self.n_packs, np.int64))
-        self.n_classes = int(self.classes.max()) + 1
-        self.class_sizes = np.bincount(self.classes, minlength=self.n_classes)
+        self._classes = self._members = None  # without balance: one class, nothing per pack
+        self.n_classes, self.class_sizes = 1, np.array([self.n_packs], np.int64)
+        if self.costs is not None:
+            self._classes = cost_classes(self.costs, self.cost_ratio)
+            self.n_classes = int(self._classes.max()) + 1
+            self.class_sizes = np.bincount(self._classes, minlength=self.n_classes)
+            self._members = np.argsort(self._classes, kind="stable")  # by class, then pack
         self.fingerprint = fingerprint(self.costs)
         self.dataset = dataset_identity(packs)
         self.epoch, self.start_step, self._cursor = 0, 0, 0
@@ -209,13 +216,36 @@ class PackSampler:
 
     # ------------------------------------------------------------------ the epoch's schedule
 
-    def order(self, epoch: int | None = None) -> np.ndarray:
-        """The epoch's order: a permutation of the packs from ``(seed, epoch)`` alone, in a
-        random stream of its own (packtool.seeds 'sampler.epoch'), never pack's shuffle."""
-        from ..seeds import rng
+    @property
+    def classes(self) -> np.ndarray:
+        """Cost class of every pack (all 0 without balance: made only when asked, n int64)."""
+        if self._classes is None:
+            return np.zeros(self.n_packs, np.int64)
+        return self._classes
 
-        epoch = self.epoch if epoch is None else int(epoch)
-        return rng(self.seed, "sampler.epoch", epoch).permutation(self.n_packs)
+    def _epoch_order(self, epoch: int) -> EpochOrder:
+        """The steps of ``epoch`` from its ``first_step``, computed per step (cached)."""
+        done = self._consumed_before(epoch)
+        key = (epoch, None if done is None else done.tobytes())
+        if self._cache_key != key:
+            zero = np.zeros(self.n_classes, np.int64)
+            self._cache = EpochOrder(self.class_sizes, self._members,
+                                     class_keys(self.seed, epoch, self.n_classes),
+                                     self.global_batch, zero if done is None else done,
+                                     self.drop_last)
+            self._cache_key = key
+        return self._cache
+
+    def order(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch's packs in time order (:mod:`packtool.train.order`): without balance one
+        keyed permutation of the packs from ``(seed, epoch)`` alone (packtool.seeds
+        'sampler.epoch'), never pack's shuffle. Holds the whole epoch (n int64): for tests and
+        small datasets; the sampler itself computes each step's packs as it deals them."""
+        o = self._epoch_order(self.epoch if epoch is None else int(epoch))
+        k = np.repeat(np.arange(self.n_classes), self.class_sizes)
+        i = np.concatenate([np.arange(m) for m in self.class_sizes.tolist()])
+        at = np.lexsort((k, o.time(k, i))) if self.n_classes > 1 else slice(None)
+        return o.packs(k[at], i[at])
 
     def _consumed_before(self, epoch: int) -> np.ndarray | None:
         if self._resumed is not None and self._resumed[0] == epoch:
@@ -241,67 +271,66 @@ class PackSampler:
         """Steps every rank takes in the current epoch."""
         return self.steps_in(self.epoch)
 
-    def _plan(self, epoch: int):
-        """(schedule [steps, W, B] from first_step, left-out packs) of ``epoch``, cached."""
-        done = self._consumed_before(epoch)
-        key = (epoch, None if done is None else done.tobytes())
-        if self._cache_key == key:
-            return self._cache
-        steps, out = self._steps(epoch, done)
-        self._cache_key, self._cache = key, (self._balanced(steps), out)
-        return self._cache
+    def _slots(self, steps: np.ndarray) -> np.ndarray:
+        """Steps [s, G] -> [s, world_size, batch_size]: the slot of the step each rank takes
+        (balance: by cost, :func:`balance_steps`; else in order)."""
+        if self.costs is not None and len(steps):
+            return balance_steps(self.costs[steps], self.world_size, self.batch_size)
+        g = np.arange(self.global_batch).reshape(self.world_size, self.batch_size)
+        return np.broadcast_to(g, (len(steps), self.world_size, self.batch_size))
 
     def _balanced(self, steps: np.ndarray) -> np.ndarray:
         """Steps [s, G] -> [s, world_size, batch_size], each step's packs dealt to ranks."""
-        if self.costs is not None and len(steps):
-            slots = balance_steps(self.costs[steps], self.world_size, self.batch_size)
-            steps = np.take_along_axis(steps, slots.reshape(len(steps), -1), axis=1)
-        return steps.reshape(len(steps), self.world_size, self.batch_size)
+        slots = self._slots(steps).reshape(len(steps), -1)
+        return np.take_along_axis(steps, slots, axis=1).reshape(
+            len(steps), self.world_size, self.batch_size)
+
+    def _rows(self, epoch: int, a: int, b: int) -> np.ndarray:
+        """Rows a..b of ``global_schedule(epoch)``, computed for those steps alone."""
+        return self._balanced(self._epoch_order(epoch).rows(a, b))
 
     def schedule_row(self, epoch: int, i: int) -> np.ndarray:
-        """Row ``i`` of ``global_schedule(epoch)`` ([world_size, batch_size]), balancing only
-        that step (balancing is per step): what ``packtool which`` needs of an epoch."""
+        """Row ``i`` of ``global_schedule(epoch)`` ([world_size, batch_size]), computed for
+        that step alone: what ``packtool which`` needs of an epoch."""
         epoch = int(epoch)
-        done = self._consumed_before(epoch)
-        if self._cache_key == (epoch, None if done is None else done.tobytes()):
-            return self._cache[0][i]
-        steps, _ = self._steps(epoch, done)
-        if not 0 <= i < len(steps):
-            raise IndexError(f"step {i} of {len(steps)}")
-        return self._balanced(steps[i:i + 1])[0]
+        n = self.steps_in(epoch) - self.first_step(epoch)
+        if not 0 <= i < n:
+            raise IndexError(f"step {i} of {n}")
+        return self._rows(epoch, i, i + 1)[0]
 
-    def _steps(self, epoch: int, done):
-        """(steps [s, G] of like-cost packs, not yet balanced across ranks; left-out packs)."""
-        perm = self.order(epoch)
-        g = self.global_batch
-        if done is None:
-            rest = perm
-        else:  # drop the first done[k] packs of every class, in epoch order
-            c = self.classes[perm]
-            seen = np.empty(len(perm), np.int64)
-            by_class = np.argsort(c, kind="stable")
-            starts = np.concatenate([[0], np.cumsum(self.class_sizes)[:-1]])
-            seen[by_class] = np.arange(len(perm)) - np.repeat(starts, self.class_sizes)
-            rest = perm[seen >= done[c]]
-        full, left = group_steps(rest, self.classes, self.n_classes, g)
-        q, r = divmod(len(left), g)
-        out = np.zeros(0, np.int64)
-        if r and not self.drop_last:
-            left = np.concatenate([left, np.resize(perm, g - r)])  # the epoch's first packs
-            q += 1
-        elif r:
-            left, out = left[:q * g], left[q * g:]
-        return np.concatenate([full, left.reshape(q, g)]), out
+    def places(self, pack: int, epoch: int | None = None) -> list[tuple[int, int]]:
+        """Every (step, rank) where ``epoch`` yields ``pack``, steps counted from the epoch's
+        start: one, none (left out by drop_last, or consumed before a resume), or two (it
+        also fills the last step without drop_last). From the inverse permutation: no
+        schedule is built."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        pack = int(pack)
+        if not 0 <= pack < self.n_packs:
+            raise PacktoolError(f"pack {pack} is not one of the {self.n_packs:,} packs")
+        k, local = 0, pack
+        if self._members is not None:
+            k = int(self._classes[pack])
+            lo = int(self.class_sizes[:k].sum())
+            local = int(np.searchsorted(self._members[lo:lo + int(self.class_sizes[k])], pack))
+        o, first = self._epoch_order(epoch), self.first_step(epoch)
+        out = []
+        for step, slot in o.places(pack, k, local):
+            slots = self._slots(o.rows(step, step + 1))[0]
+            rank = int(np.argwhere(slots == slot)[0][0])
+            out.append((first + step, rank))
+        return out
 
     def global_schedule(self, epoch: int | None = None) -> np.ndarray:
         """[steps, world_size, batch_size] pack indices of every rank for ``epoch``, from its
-        ``first_step`` (0 unless an elastic resume began the epoch) to its end."""
-        return self._plan(self.epoch if epoch is None else int(epoch))[0]
+        ``first_step`` (0 unless an elastic resume began the epoch) to its end. Holds the
+        whole epoch: for tests, stats and small datasets (``steps()`` computes per step)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        return self._rows(epoch, 0, self.steps_in(epoch) - self.first_step(epoch))
 
     def left_out(self, epoch: int | None = None) -> np.ndarray:
         """Packs of ``epoch`` no step takes: with ``drop_last``, the last ``rest % G`` of what
         was left to deal (``n_packs % G`` without a resume); empty with ``drop_last=False``."""
-        return self._plan(self.epoch if epoch is None else int(epoch))[1]
+        return self._epoch_order(self.epoch if epoch is None else int(epoch)).left_out()
 
     # ------------------------------------------------------------------ iteration
 
@@ -317,19 +346,22 @@ class PackSampler:
         self.epoch = epoch
 
     def steps(self):
-        """This rank's batches (lists of pack indices) from the resume point to the epoch's end."""
-        start, first = self.start_step, self.first_step()
+        """This rank's batches (lists of pack indices) from the resume point to the epoch's end,
+        computed a chunk of steps at a time (never the whole epoch)."""
+        start, first, n = self.start_step, self.first_step(), self.n_steps
         self.start_step = first
-        sched = self.global_schedule()
-        mine = sched[:, self.rank]
+        order = self._epoch_order(self.epoch)
         done = self._consumed_at(start)
         self._cursor = start
-        for s in range(start, self.n_steps):
-            done = done + np.bincount(self.classes[sched[s - first].ravel()],
-                                      minlength=self.n_classes)
-            # before the yield: a snapshot taken after it counts step s as handed out
-            self._cursor, self._running = s + 1, (self.epoch, s + 1, done)
-            yield mine[s - first].tolist()
+        chunk = max(1, (1 << 16) // self.global_batch)
+        for a in range(start, n, chunk):
+            rows, classes = order.rows(a - first, min(a + chunk, n) - first, classes=True)
+            mine = self._balanced(rows)[:, self.rank]
+            for s in range(len(rows)):
+                done = done + np.bincount(classes[s], minlength=self.n_classes)
+                # before the yield: a snapshot taken after it counts step s as handed out
+                self._cursor, self._running = a + s + 1, (self.epoch, a + s + 1, done)
+                yield mine[s].tolist()
 
     def __iter__(self):
         last = self.batch_size - 1
@@ -391,10 +423,7 @@ class PackSampler:
             return self.class_sizes.copy()
         if self._running is not None and self._running[:2] == (self.epoch, step):
             return self._running[2].copy()
-        done = self._consumed_before(self.epoch)
-        out = np.zeros(self.n_classes, np.int64) if done is None else done.copy()
-        took = self.global_schedule()[:step - self.first_step()].ravel()
-        return out + np.bincount(self.classes[took], minlength=self.n_classes)
+        return self._epoch_order(self.epoch).consumed(step - self.first_step())
 
     def load_state_dict(self, state) -> None:
         """Resume from ``state`` (from :meth:`state_dict`, of any rank, world size or batch
