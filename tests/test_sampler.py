@@ -154,6 +154,58 @@ def test_first_step_of_250m_packs_allocates_under_64mb():
     assert peak < 64 << 20, f"{peak / 2**20:.1f} MB"
 
 
+class StoredClasses:
+    """A packed dataset whose index carries its cost classes (``cost_classes(ratio)``): the
+    sampler must deal from them without reading any pack's segments to start."""
+
+    def __init__(self, costs, tmp_path):
+        from packtool.train.balance import CostClasses
+
+        self.costs, self.index, self.read = costs, {}, []
+        table = CostClasses.from_costs(costs, 1.1, "f" * 16)
+        np.save(tmp_path / "members.npy", table.members.astype(np.uint32))
+        members = np.load(tmp_path / "members.npy", mmap_mode="r")
+        lower = np.array([costs[table.class_of(np.arange(len(costs))) == k].min()
+                          for k in range(len(table.sizes))])
+
+        def costs_of(packs):
+            self.read.append(len(packs))
+            return costs[packs]
+
+        self.table = CostClasses(1.1, table.sizes, members,
+                                 lambda p: np.searchsorted(lower, costs[p], "right") - 1,
+                                 costs_of, table.fingerprint)
+
+    def __len__(self):
+        return len(self.costs)
+
+    def cost_classes(self, ratio):
+        return self.table if ratio == 1.1 else None
+
+    def attention_costs(self, linear=0.0):
+        raise AssertionError("the stored classes are enough to start")
+
+
+def test_stored_cost_classes_deal_as_the_costs_do(tmp_path):
+    """Classes stored with the index (members memory-mapped, a pack's class from its cost):
+    the same steps, left-out packs, places and states as classes computed from every pack's
+    cost, and only the packs of the steps dealt are read."""
+    costs = np.random.default_rng(4).lognormal(0, 1.5, 500)
+    ds = StoredClasses(costs, tmp_path)
+    kw = dict(rank=1, world_size=3, batch_size=2, seed=9, drop_last=False)
+    stored = PackSampler(ds, balance="attention", **kw)
+    plain = PackSampler(500, balance=costs, **kw)
+    assert stored.costs is None and stored.n_classes == plain.n_classes
+    first = next(stored.steps())
+    assert sum(ds.read) <= 2 * (1 << 16)  # one chunk of steps, never every pack
+    assert first == next(plain.steps())
+    assert np.array_equal(stored.global_schedule(), plain.global_schedule())
+    assert all(stored.places(p) == plain.places(p) for p in range(0, 500, 7))
+    state = plain.state_dict(20) | {"costs_sha256": "f" * 16, "balance": "attention"}
+    stored.load_state_dict(state)
+    assert list(stored.steps())[0] == plain.global_schedule()[20, 1].tolist()
+
+
 def test_deterministic_and_set_epoch():
     a = PackSampler(50, rank=1, world_size=2, seed=3)
     b = PackSampler(50, rank=1, world_size=2, seed=3)

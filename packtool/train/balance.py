@@ -13,9 +13,40 @@ packs. The sampler (``PackSampler(balance="attention")``) does this per epoch;
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 COST_RATIO = 1.1
+
+
+@dataclass(frozen=True)
+class CostClasses:
+    """What a balanced sampler reads of the packs' costs, and nothing per pack in memory
+    unless the source holds it there: classes are computed from an array of costs
+    (:meth:`from_costs`: n float64 and n int64 in memory), or read from where a packed
+    dataset keeps them (``members`` a memory map: a step touches ``G`` of its entries).
+
+    ``sizes``: packs per class (class 0 the cheapest); ``members``: every pack, grouped by
+    class, ascending within one; ``class_of(packs)`` and ``costs_of(packs)`` for the packs
+    of one step (dealing) or one lookup (``which``); ``fingerprint``: what the state records
+    as ``costs_sha256`` (:func:`packtool.train.sampler.fingerprint` of the costs)."""
+
+    ratio: float
+    sizes: np.ndarray
+    members: np.ndarray
+    class_of: Callable[[np.ndarray], np.ndarray]
+    costs_of: Callable[[np.ndarray], np.ndarray]
+    fingerprint: str
+    classes: np.ndarray | None = None  # every pack's class, when held in memory
+
+    @classmethod
+    def from_costs(cls, costs: np.ndarray, ratio: float, fingerprint: str) -> CostClasses:
+        classes = cost_classes(costs, ratio)
+        sizes = np.bincount(classes)
+        return cls(float(ratio), sizes, np.argsort(classes, kind="stable"), classes.__getitem__,
+                   costs.__getitem__, fingerprint, classes)
 
 
 def cost_classes(costs: np.ndarray, ratio: float = COST_RATIO) -> np.ndarray:

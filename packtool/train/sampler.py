@@ -76,7 +76,7 @@ import hashlib
 import numpy as np
 
 from ..errors import PacktoolError
-from .balance import COST_RATIO, balance_steps, cost_classes
+from .balance import COST_RATIO, CostClasses, balance_steps
 from .order import EpochOrder, class_keys
 from .state import STATE_FORMAT, STATE_VERSION, check_state
 
@@ -178,25 +178,27 @@ class PackSampler:
                 f"{self.n_packs:,} packs < one global step of {self.global_batch:,} "
                 f"(world_size {self.world_size} x batch_size {self.batch_size}): with drop_last "
                 "the epoch would have no step; use drop_last=False (wrap) or a smaller batch_size")
-        self.costs = self._costs(packs, balance)
         self.balance = None if balance is None else (
             balance if isinstance(balance, str) else "costs")
-        self.cost_ratio = float(cost_ratio) if self.costs is not None else None
-        self._classes = self._members = None  # without balance: one class, nothing per pack
+        self.costs = None  # per-pack costs, where they are in memory (an array, or computed)
+        self._table = self._cost_table(packs, balance, float(cost_ratio))
+        self.cost_ratio = None if self._table is None else float(cost_ratio)
+        # without balance: one class, nothing per pack
         self.n_classes, self.class_sizes = 1, np.array([self.n_packs], np.int64)
-        if self.costs is not None:
-            self._classes = cost_classes(self.costs, self.cost_ratio)
-            self.n_classes = int(self._classes.max()) + 1
-            self.class_sizes = np.bincount(self._classes, minlength=self.n_classes)
-            self._members = np.argsort(self._classes, kind="stable")  # by class, then pack
-        self.fingerprint = fingerprint(self.costs)
+        self.fingerprint = None
+        if self._table is not None:
+            self.class_sizes = np.asarray(self._table.sizes, np.int64)
+            self.n_classes, self.fingerprint = len(self.class_sizes), self._table.fingerprint
         self.dataset = dataset_identity(packs)
         self.epoch, self.start_step, self._cursor = 0, 0, 0
         self._resumed = None  # (epoch, consumed per class) of an elastic resume
         self._running = None  # (epoch, step, consumed per class) as steps() hands them out
         self._cache_key, self._cache = None, None
 
-    def _costs(self, packs, balance):
+    def _cost_table(self, packs, balance, ratio: float) -> CostClasses | None:
+        """The cost classes of ``balance``: None; "attention", from the classes the packed
+        index stores where it has them (a memory map, nothing per pack read at start), else
+        from every pack's segment table; or an array of per-pack costs."""
         if balance is None:
             return None
         if isinstance(balance, str):
@@ -207,21 +209,30 @@ class PackSampler:
                 raise PacktoolError("balance='attention' reads segment lengths from a packed "
                                     "dataset: pass open_packed(dir) instead of a pack count, or "
                                     "pass balance=<array of per-pack costs>")
-            return attention_costs(packs)
-        costs = np.asarray(balance, dtype=np.float64)
-        if costs.shape != (self.n_packs,) or not np.isfinite(costs).all() or (costs < 0).any():
-            raise PacktoolError(f"balance costs must be {self.n_packs:,} finite numbers >= 0 (one "
-                                f"per pack), got shape {costs.shape}")
-        return costs
+            stored = getattr(packs, "cost_classes", None)
+            table = stored(ratio) if stored is not None else None
+            if table is not None:
+                return table
+            costs = attention_costs(packs)
+        else:
+            costs = np.asarray(balance, dtype=np.float64)
+            if costs.shape != (self.n_packs,) or not np.isfinite(costs).all() \
+                    or (costs < 0).any():
+                raise PacktoolError(f"balance costs must be {self.n_packs:,} finite numbers >= 0 "
+                                    f"(one per pack), got shape {costs.shape}")
+        self.costs = costs
+        return CostClasses.from_costs(costs, ratio, fingerprint(costs))
 
     # ------------------------------------------------------------------ the epoch's schedule
 
     @property
     def classes(self) -> np.ndarray:
         """Cost class of every pack (all 0 without balance: made only when asked, n int64)."""
-        if self._classes is None:
+        if self._table is None:
             return np.zeros(self.n_packs, np.int64)
-        return self._classes
+        if self._table.classes is not None:
+            return self._table.classes
+        return np.asarray(self._table.class_of(np.arange(self.n_packs)), np.int64)
 
     def _epoch_order(self, epoch: int) -> EpochOrder:
         """The steps of ``epoch`` from its ``first_step``, computed per step (cached)."""
@@ -229,7 +240,8 @@ class PackSampler:
         key = (epoch, None if done is None else done.tobytes())
         if self._cache_key != key:
             zero = np.zeros(self.n_classes, np.int64)
-            self._cache = EpochOrder(self.class_sizes, self._members,
+            self._cache = EpochOrder(self.class_sizes,
+                                     None if self._table is None else self._table.members,
                                      class_keys(self.seed, epoch, self.n_classes),
                                      self.global_batch, zero if done is None else done,
                                      self.drop_last)
@@ -274,8 +286,9 @@ class PackSampler:
     def _slots(self, steps: np.ndarray) -> np.ndarray:
         """Steps [s, G] -> [s, world_size, batch_size]: the slot of the step each rank takes
         (balance: by cost, :func:`balance_steps`; else in order)."""
-        if self.costs is not None and len(steps):
-            return balance_steps(self.costs[steps], self.world_size, self.batch_size)
+        if self._table is not None and len(steps):
+            costs = np.asarray(self._table.costs_of(steps.ravel()), np.float64)
+            return balance_steps(costs.reshape(steps.shape), self.world_size, self.batch_size)
         g = np.arange(self.global_batch).reshape(self.world_size, self.batch_size)
         return np.broadcast_to(g, (len(steps), self.world_size, self.batch_size))
 
@@ -308,10 +321,10 @@ class PackSampler:
         if not 0 <= pack < self.n_packs:
             raise PacktoolError(f"pack {pack} is not one of the {self.n_packs:,} packs")
         k, local = 0, pack
-        if self._members is not None:
-            k = int(self._classes[pack])
-            lo = int(self.class_sizes[:k].sum())
-            local = int(np.searchsorted(self._members[lo:lo + int(self.class_sizes[k])], pack))
+        if self._table is not None:
+            k = int(self._table.class_of(np.array([pack]))[0])
+            lo, m = int(self.class_sizes[:k].sum()), int(self.class_sizes[k])
+            local = int(np.searchsorted(self._table.members[lo:lo + m], pack))
         o, first = self._epoch_order(epoch), self.first_step(epoch)
         out = []
         for step, slot in o.places(pack, k, local):
