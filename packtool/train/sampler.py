@@ -366,15 +366,19 @@ class PackSampler:
         order = self._epoch_order(self.epoch)
         done = self._consumed_at(start)
         self._cursor = start
-        chunk = max(1, (1 << 16) // self.global_batch)
-        for a in range(start, n, chunk):
-            rows, classes = order.rows(a - first, min(a + chunk, n) - first, classes=True)
+        # chunks of 1, 2, 4, ... steps up to ~65k packs: the first step alone is computed
+        # before it is yielded (a memory-mapped class table is read at G places, not 65k)
+        chunk, most, a = 1, max(1, (1 << 16) // self.global_batch), start
+        while a < n:
+            b = min(a + chunk, n)
+            rows, classes = order.rows(a - first, b - first, classes=True)
             mine = self._balanced(rows)[:, self.rank]
             for s in range(len(rows)):
                 done = done + np.bincount(classes[s], minlength=self.n_classes)
                 # before the yield: a snapshot taken after it counts step s as handed out
                 self._cursor, self._running = a + s + 1, (self.epoch, a + s + 1, done)
                 yield mine[s].tolist()
+            a, chunk = b, min(2 * chunk, most)
 
     def __iter__(self):
         last = self.batch_size - 1
