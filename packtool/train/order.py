@@ -157,6 +157,13 @@ class EpochOrder:
         both = np.stack([k[order], i[order]], axis=1)
         return np.resize(both, (t, 2))
 
+    def timeline(self) -> np.ndarray:
+        """Every pack of the epoch in time order (n int64: for tests and small epochs)."""
+        k = np.repeat(np.arange(len(self.sizes)), self.sizes)
+        i = np.concatenate([np.arange(m) for m in self.sizes.tolist()])
+        at = np.lexsort((k, self.time(k, i))) if len(self.sizes) > 1 else slice(None)
+        return self.packs(k[at], i[at])
+
     # ------------------------------------------------------------------ packs
 
     def packs(self, k: np.ndarray, i: np.ndarray) -> np.ndarray:

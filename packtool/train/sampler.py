@@ -53,32 +53,24 @@ Measured by ``python scripts/bench_balance.py`` (1M lognormal lengths, median 30
 cost (99th percentile)::
 
     packs per rank per step   1               2               4
-    shuffled                  2.477 (4.147)   1.999 (3.116)   1.682 (2.445)
-    dealt only (before)       2.477 (4.147)   1.561 (2.383)   1.056 (1.294)
-    balance="attention"       1.036 (1.062)   1.011 (1.022)   1.002 (1.006)
+    shuffled                  2.472 (4.181)   1.989 (3.111)   1.679 (2.481)
+    dealt only (before)       2.472 (4.181)   1.558 (2.402)   1.056 (1.309)
+    balance="attention"       1.036 (1.062)   1.011 (1.022)   1.001 (1.006)
 
-The same bfd packs, none added (10M lengths: 1.034 / 1.001 / 1.000 at 1 / 4 / 8 packs per rank;
-0.2-0.35 s per epoch schedule of 1.19M packs). Making packs' costs even instead cannot get there:
-a 4,096-token document alone costs 3.5x the mean pack (16.8M vs 4.7M), so even an ideal packing
-(documents over L/2 alone, every other pack at exactly the mean) gives 2.08 shuffled at one pack
-per rank, and dealt at 2 and 4 packs per rank 1.75 and 1.36, worse than bfd's uneven packs,
-which leave light packs to pair with heavy ones. The price of like-cost steps: packs of like
-cost train together (8 one-document packs in a step), each class's steps come evenly spaced
-over the epoch rather than at random, and the packs of classes with fewer than ``G`` members
-(a few dozen here, 57 classes) go to the epoch's last steps. Whole-block cost
-(``attention_costs(ds, linear=12 * d)``): see docs/TRAINING.md.
+The same bfd packs, none added. Why no packing objective gets there alone (a 4,096-token
+document costs 3.5x the mean pack whatever shares it), the price of like-cost steps, and the
+whole block's cost (``attention_costs(ds, linear=12 * d)``): docs/TRAINING.md.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from ..errors import PacktoolError
-from .balance import COST_RATIO, CostClasses, balance_steps
+from .balance import COST_RATIO, balance_steps, cost_table
+from .balance import fingerprint as fingerprint  # the state's costs_sha256, also from here
 from .order import EpochOrder, class_keys
-from .state import STATE_FORMAT, STATE_VERSION, check_state
+from .state import STATE_FORMAT, STATE_VERSION, check_state, dataset_identity
 
 
 def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
@@ -93,13 +85,6 @@ def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
     ``linear=12 * hidden_size`` balances the whole block (at L=4096, d=4096 the linear part is
     ~12x the attention of a full one-document pack, and every full pack costs within ~6%)."""
     return packed.attention_costs(linear)
-
-
-def fingerprint(costs: np.ndarray | None) -> str | None:
-    """First 16 hex digits of the sha256 of the costs (float64, little-endian)."""
-    if costs is None:
-        return None
-    return hashlib.sha256(np.ascontiguousarray(costs, dtype="<f8").tobytes()).hexdigest()[:16]
 
 
 def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,
@@ -117,15 +102,6 @@ def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bo
     mean = per_rank.mean(axis=1)
     ok = mean > 0
     return float((per_rank.max(axis=1)[ok] / mean[ok]).mean())
-
-
-def dataset_identity(packs) -> str | None:
-    """The ``index_sha256`` of the packed dataset ``packs`` is (``open_packed``) or wraps
-    (``TorchPackedDataset``), which a state records so that a state of another dataset with as
-    many packs is refused; None for a pack count or any other sized object (nothing to name)."""
-    index = getattr(getattr(packs, "packed", packs), "index", None)
-    digest = index.get("index_sha256") if isinstance(index, dict) else None
-    return digest if isinstance(digest, str) else None
 
 
 class PackSampler:
@@ -180,8 +156,9 @@ class PackSampler:
                 "the epoch would have no step; use drop_last=False (wrap) or a smaller batch_size")
         self.balance = None if balance is None else (
             balance if isinstance(balance, str) else "costs")
-        self.costs = None  # per-pack costs, where they are in memory (an array, or computed)
-        self._table = self._cost_table(packs, balance, float(cost_ratio))
+        # costs: per pack, where they are in memory (an array given, or computed); None when
+        # the dataset stores its classes, or without balance
+        self._table, self.costs = cost_table(packs, balance, float(cost_ratio), self.n_packs)
         self.cost_ratio = None if self._table is None else float(cost_ratio)
         # without balance: one class, nothing per pack
         self.n_classes, self.class_sizes = 1, np.array([self.n_packs], np.int64)
@@ -194,34 +171,6 @@ class PackSampler:
         self._resumed = None  # (epoch, consumed per class) of an elastic resume
         self._running = None  # (epoch, step, consumed per class) as steps() hands them out
         self._cache_key, self._cache = None, None
-
-    def _cost_table(self, packs, balance, ratio: float) -> CostClasses | None:
-        """The cost classes of ``balance``: None; "attention", from the classes the packed
-        index stores where it has them (a memory map, nothing per pack read at start), else
-        from every pack's segment table; or an array of per-pack costs."""
-        if balance is None:
-            return None
-        if isinstance(balance, str):
-            if balance != "attention":
-                raise PacktoolError(f"balance must be None, 'attention' or an array of per-pack "
-                                    f"costs, got {balance!r}")
-            if not hasattr(packs, "attention_costs"):
-                raise PacktoolError("balance='attention' reads segment lengths from a packed "
-                                    "dataset: pass open_packed(dir) instead of a pack count, or "
-                                    "pass balance=<array of per-pack costs>")
-            stored = getattr(packs, "cost_classes", None)
-            table = stored(ratio) if stored is not None else None
-            if table is not None:
-                return table
-            costs = attention_costs(packs)
-        else:
-            costs = np.asarray(balance, dtype=np.float64)
-            if costs.shape != (self.n_packs,) or not np.isfinite(costs).all() \
-                    or (costs < 0).any():
-                raise PacktoolError(f"balance costs must be {self.n_packs:,} finite numbers >= 0 "
-                                    f"(one per pack), got shape {costs.shape}")
-        self.costs = costs
-        return CostClasses.from_costs(costs, ratio, fingerprint(costs))
 
     # ------------------------------------------------------------------ the epoch's schedule
 
@@ -253,11 +202,7 @@ class PackSampler:
         keyed permutation of the packs from ``(seed, epoch)`` alone (packtool.seeds
         'sampler.epoch'), never pack's shuffle. Holds the whole epoch (n int64): for tests and
         small datasets; the sampler itself computes each step's packs as it deals them."""
-        o = self._epoch_order(self.epoch if epoch is None else int(epoch))
-        k = np.repeat(np.arange(self.n_classes), self.class_sizes)
-        i = np.concatenate([np.arange(m) for m in self.class_sizes.tolist()])
-        at = np.lexsort((k, o.time(k, i))) if self.n_classes > 1 else slice(None)
-        return o.packs(k[at], i[at])
+        return self._epoch_order(self.epoch if epoch is None else int(epoch)).timeline()
 
     def _consumed_before(self, epoch: int) -> np.ndarray | None:
         if self._resumed is not None and self._resumed[0] == epoch:
@@ -312,12 +257,10 @@ class PackSampler:
         return self._rows(epoch, i, i + 1)[0]
 
     def places(self, pack: int, epoch: int | None = None) -> list[tuple[int, int]]:
-        """Every (step, rank) where ``epoch`` yields ``pack``, steps counted from the epoch's
-        start: one, none (left out by drop_last, or consumed before a resume), or two (it
-        also fills the last step without drop_last). From the inverse permutation: no
-        schedule is built."""
-        epoch = self.epoch if epoch is None else int(epoch)
-        pack = int(pack)
+        """Every (step, rank) where ``epoch`` yields ``pack`` (steps from the epoch's start):
+        one, none (left out by drop_last, or consumed before a resume), or more (it also fills
+        the last step without drop_last), by the inverse permutation: no schedule is built."""
+        epoch, pack = self.epoch if epoch is None else int(epoch), int(pack)
         if not 0 <= pack < self.n_packs:
             raise PacktoolError(f"pack {pack} is not one of the {self.n_packs:,} packs")
         k, local = 0, pack
@@ -331,7 +274,7 @@ class PackSampler:
             slots = self._slots(o.rows(step, step + 1))[0]
             rank = int(np.argwhere(slots == slot)[0][0])
             out.append((first + step, rank))
-        return out
+        return sorted(out)
 
     def global_schedule(self, epoch: int | None = None) -> np.ndarray:
         """[steps, world_size, batch_size] pack indices of every rank for ``epoch``, from its

@@ -176,3 +176,12 @@ def _consumed(state, sampler) -> np.ndarray:
                                 f"{k}); the state is corrupt, save it again")
         out[k] = int(v)
     return out
+
+
+def dataset_identity(packs) -> str | None:
+    """The ``index_sha256`` of the packed dataset ``packs`` is (``open_packed``) or wraps
+    (``TorchPackedDataset``), which a state records so that a state of another dataset with as
+    many packs is refused; None for a pack count or any other sized object (nothing to name)."""
+    index = getattr(getattr(packs, "packed", packs), "index", None)
+    digest = index.get("index_sha256") if isinstance(index, dict) else None
+    return digest if isinstance(digest, str) else None
