@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import PacktoolError
+from packtool.train.balance import group_steps
 from packtool.train.batching import collate_numpy, pad_example
-from packtool.train.sampler import PackSampler, attention_costs, balance_steps, group_steps
+from packtool.train.sampler import PackSampler, attention_costs, balance_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +69,141 @@ def test_epoch_disjoint_covering_equal_steps(n, world, batch, balance):
                            balance=costs).left_out()
         assert len(left) == (n % g if drop_last else 0)
         assert not set(left.tolist()) & set(flat)
+
+
+def test_feistel_is_a_permutation_and_its_inverse():
+    """Every domain size (odd, even, powers of 4 and one either side): a bijection of [0, n),
+    ``inverse`` undoes ``perm``, and other keys give another order."""
+    from packtool.train.permute import Feistel
+
+    keys = [3, 1, 4, 1, 5, 9]
+    for n in [*range(1, 70), 255, 256, 257, 1023, 1024, 1025, 4097, 10_007]:
+        f = Feistel(n, keys)
+        p = f.perm(np.arange(n))
+        assert np.array_equal(np.sort(p), np.arange(n)), n
+        assert np.array_equal(f.inverse(p), np.arange(n)), n
+    assert not np.array_equal(Feistel(1000, keys).perm(np.arange(1000)),
+                              Feistel(1000, keys[::-1]).perm(np.arange(1000)))
+    big = Feistel(10**12, keys)  # no table: any position, at any size
+    assert big.inverse(big.perm([10**12 - 1]))[0] == 10**12 - 1
+    with pytest.raises(IndexError):
+        Feistel(10, keys).perm([10])
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_every_epoch_a_permutation_and_places_where_steps_yield(data):
+    """Any size, world size, batch size, drop_last, balance, seed and epoch: the ranks' steps
+    take every pack once (less the left-out tail with drop_last; the epoch's first packs again
+    only to fill the last step without it), ``places`` names exactly where iteration yields
+    each pack, and a state counts exactly what the steps before it took, per cost class."""
+    n = data.draw(st.integers(1, 150))
+    world, batch = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 5))
+    drop_last, balanced = data.draw(st.booleans()), data.draw(st.booleans())
+    seed, epoch = data.draw(st.integers(0, 2**32)), data.draw(st.integers(0, 5))
+    g = world * batch
+    if drop_last and g > n:
+        return
+    costs = np.random.default_rng(n).lognormal(0, 1.5, n) if balanced else None
+    kw = dict(world_size=world, batch_size=batch, seed=seed, drop_last=drop_last, balance=costs)
+    where, ranks = {}, []
+    for r in range(world):
+        s = PackSampler(n, rank=r, **kw)
+        s.set_epoch(epoch)
+        ranks.append(list(s.steps()))
+        for k, b in enumerate(ranks[-1]):
+            for p in b:
+                where.setdefault(p, []).append((k, r))
+    taken = [p for r in ranks for b in r for p in b]
+    left = s.left_out().tolist()
+    if drop_last:
+        assert sorted(taken + left) == list(range(n))
+        assert len(left) == n % g
+    else:
+        assert set(taken) == set(range(n)) and not left and len(taken) - n < g
+    assert all(s.places(p) == sorted(where.get(p, [])) for p in range(n))
+    cls = s.classes
+    for k in range(s.n_steps):
+        before = [p for r in ranks for b in r[:k] for p in b]
+        assert s.state_dict(k)["consumed"] == np.bincount(
+            cls[before], minlength=s.n_classes).tolist()
+
+
+def test_first_step_of_250m_packs_allocates_under_64mb():
+    """Issue 32: the epoch is not built to yield a step. At 2.5 x 10^8 packs, 8 ranks x 4, a
+    rank's first step, a state, an elastic resume into 6 x 2 and the step of a pack allocate
+    under 64 MB (the whole order alone is 2 GB of int64; scripts/bench_sampler_start.py times
+    it)."""
+    import tracemalloc
+
+    n = 250_000_000
+    tracemalloc.start()
+    try:
+        s = PackSampler(n, rank=3, world_size=8, batch_size=4, seed=1)
+        first = next(s.steps())
+        state = s.state_dict(1000)
+        t = PackSampler(n, rank=5, world_size=6, batch_size=2, seed=1)
+        t.load_state_dict(state)
+        resumed = next(t.steps())
+        where = s.places(first[0])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(first) == 4 and len(resumed) == 2 and where == [(0, 3)]
+    assert t.start_step == 32_000 // 12 and state["consumed"] == [32_000]
+    assert peak < 64 << 20, f"{peak / 2**20:.1f} MB"
+
+
+class StoredClasses:
+    """A packed dataset whose index carries its cost classes (``cost_classes(ratio)``): the
+    sampler must deal from them without reading any pack's segments to start."""
+
+    def __init__(self, costs, tmp_path):
+        from packtool.train.balance import CostClasses
+
+        self.costs, self.index, self.read = costs, {}, []
+        table = CostClasses.from_costs(costs, 1.1, "f" * 16)
+        np.save(tmp_path / "members.npy", table.members.astype(np.uint32))
+        members = np.load(tmp_path / "members.npy", mmap_mode="r")
+        lower = np.array([costs[table.class_of(np.arange(len(costs))) == k].min()
+                          for k in range(len(table.sizes))])
+
+        def costs_of(packs):
+            self.read.append(len(packs))
+            return costs[packs]
+
+        self.table = CostClasses(1.1, table.sizes, members,
+                                 lambda p: np.searchsorted(lower, costs[p], "right") - 1,
+                                 costs_of, table.fingerprint)
+
+    def __len__(self):
+        return len(self.costs)
+
+    def cost_classes(self, ratio):
+        return self.table if ratio == 1.1 else None
+
+    def attention_costs(self, linear=0.0):
+        raise AssertionError("the stored classes are enough to start")
+
+
+def test_stored_cost_classes_deal_as_the_costs_do(tmp_path):
+    """Classes stored with the index (members memory-mapped, a pack's class from its cost):
+    the same steps, left-out packs, places and states as classes computed from every pack's
+    cost, and only the packs of the steps dealt are read."""
+    costs = np.random.default_rng(4).lognormal(0, 1.5, 500)
+    ds = StoredClasses(costs, tmp_path)
+    kw = dict(rank=1, world_size=3, batch_size=2, seed=9, drop_last=False)
+    stored = PackSampler(ds, balance="attention", **kw)
+    plain = PackSampler(500, balance=costs, **kw)
+    assert stored.costs is None and stored.n_classes == plain.n_classes
+    first = next(stored.steps())
+    assert sum(ds.read) <= 2 * (1 << 16)  # one chunk of steps, never every pack
+    assert first == next(plain.steps())
+    assert np.array_equal(stored.global_schedule(), plain.global_schedule())
+    assert all(stored.places(p) == plain.places(p) for p in range(0, 500, 7))
+    state = plain.state_dict(20) | {"costs_sha256": "f" * 16, "balance": "attention"}
+    stored.load_state_dict(state)
+    assert list(stored.steps())[0] == plain.global_schedule()[20, 1].tolist()
 
 
 def test_deterministic_and_set_epoch():
@@ -152,8 +288,12 @@ def test_malformed_states_refused_by_field():
         s.load_state_dict({"version": 1, "epoch": 0, "step": 3, "seed": 0, "n_packs": 40,
                            "world_size": 2, "batch_size": 2, "drop_last": True,
                            "balance": None})
-    with pytest.raises(PacktoolError, match="version 4"):
-        s.load_state_dict({**good, "version": 4})
+    with pytest.raises(PacktoolError, match="version 5"):
+        s.load_state_dict({**good, "version": 5})
+    for old in (2, 3):  # the whole epoch drawn by rng.permutation: other packs, refused
+        with pytest.raises(PacktoolError, match=f"version {old} cannot resume.*finish that "
+                                                "epoch with the packtool that saved"):
+            s.load_state_dict({**good, "version": old})
     with pytest.raises(PacktoolError, match="must be a dict"):
         s.load_state_dict([good])
     for step in (-3, 10**6, "2", 1.5):
@@ -227,7 +367,7 @@ def test_state_of_another_dataset_refused():
     identity (its index_sha256) tells their states apart."""
     a, b = FakePacked(40, "a" * 64), FakePacked(40, "b" * 64)
     state = PackSampler(a, rank=0, world_size=2, batch_size=2).state_dict(3)
-    assert state["dataset"] == "a" * 64 and state["version"] == 3
+    assert state["dataset"] == "a" * 64 and state["version"] == 4
     PackSampler(a, rank=1, world_size=4).load_state_dict(state)
     with pytest.raises(PacktoolError, match="dataset='a{64}'.*another packed dataset"):
         PackSampler(b, rank=0, world_size=2, batch_size=2).load_state_dict(state)
@@ -236,13 +376,7 @@ def test_state_of_another_dataset_refused():
     assert counted.state_dict(3)["dataset"] is None
     PackSampler(b, rank=0, world_size=2, batch_size=2).load_state_dict(counted.state_dict(3))
     counted.load_state_dict(state)
-    # version 2 (before the identity): loads when it is otherwise consistent
-    old = {k: v for k, v in state.items() if k != "dataset"} | {"version": 2}
     t = PackSampler(b, rank=0, world_size=2, batch_size=2)
-    t.load_state_dict(old)
-    assert t.start_step == 3
-    with pytest.raises(PacktoolError, match="step=4"):
-        t.load_state_dict({**old, "step": 4})
     with pytest.raises(PacktoolError, match="lacks dataset"):
         t.load_state_dict({k: v for k, v in state.items() if k != "dataset"})
 

@@ -6,16 +6,85 @@ clipped at 4,096, bfd at L=4096), and no packing can even that out: a document a
 what it costs, and no two such documents share a pack. What can be evened is a *step*: packs
 fall into classes of costs within ``COST_RATIO`` of each other, and a step takes packs of one
 class. Measured (``python scripts/bench_balance.py``, 8 ranks, mean over steps of max/mean
-rank cost): 2.477 shuffled -> 1.036 at one pack per rank per step, 1.002 at four, with the same
+rank cost): 2.472 shuffled -> 1.036 at one pack per rank per step, 1.001 at four, with the same
 packs. The sampler (``PackSampler(balance="attention")``) does this per epoch;
 ``pack --balance attention`` orders the dataset this way for readers that take packs in order.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 COST_RATIO = 1.1
+
+
+@dataclass(frozen=True)
+class CostClasses:
+    """What a balanced sampler reads of the packs' costs, and nothing per pack in memory
+    unless the source holds it there: classes are computed from an array of costs
+    (:meth:`from_costs`: n float64 and n int64 in memory), or read from where a packed
+    dataset keeps them (``members`` a memory map: a step touches ``G`` of its entries).
+
+    ``sizes``: packs per class (class 0 the cheapest); ``members``: every pack, grouped by
+    class, ascending within one; ``class_of(packs)`` and ``costs_of(packs)`` for the packs
+    of one step (dealing) or one lookup (``which``); ``fingerprint``: what the state records
+    as ``costs_sha256`` (:func:`fingerprint` of the costs)."""
+
+    ratio: float
+    sizes: np.ndarray
+    members: np.ndarray
+    class_of: Callable[[np.ndarray], np.ndarray]
+    costs_of: Callable[[np.ndarray], np.ndarray]
+    fingerprint: str
+    classes: np.ndarray | None = None  # every pack's class, when held in memory
+
+    @classmethod
+    def from_costs(cls, costs: np.ndarray, ratio: float, fingerprint: str) -> CostClasses:
+        classes = cost_classes(costs, ratio)
+        sizes = np.bincount(classes)
+        return cls(float(ratio), sizes, np.argsort(classes, kind="stable"), classes.__getitem__,
+                   costs.__getitem__, fingerprint, classes)
+
+
+def fingerprint(costs: np.ndarray | None) -> str | None:
+    """First 16 hex digits of the sha256 of the costs (float64, little-endian)."""
+    if costs is None:
+        return None
+    return hashlib.sha256(np.ascontiguousarray(costs, dtype="<f8").tobytes()).hexdigest()[:16]
+
+
+def cost_table(packs, balance, ratio: float, n_packs: int):
+    """(cost classes, per-pack costs or None) of a sampler's ``balance``: None; "attention",
+    from the classes the packed index stores where it has them (``packs.cost_classes(ratio)``:
+    a memory map, nothing per pack read at start), else from every pack's segment table; or an
+    array of per-pack costs."""
+    from ..errors import PacktoolError
+
+    if balance is None:
+        return None, None
+    if isinstance(balance, str):
+        if balance != "attention":
+            raise PacktoolError(f"balance must be None, 'attention' or an array of per-pack "
+                                f"costs, got {balance!r}")
+        if not hasattr(packs, "attention_costs"):
+            raise PacktoolError("balance='attention' reads segment lengths from a packed "
+                                "dataset: pass open_packed(dir) instead of a pack count, or "
+                                "pass balance=<array of per-pack costs>")
+        stored = getattr(packs, "cost_classes", None)
+        table = stored(ratio) if stored is not None else None
+        if table is not None:
+            return table, None
+        costs = np.asarray(packs.attention_costs(), np.float64)
+    else:
+        costs = np.asarray(balance, dtype=np.float64)
+        if costs.shape != (n_packs,) or not np.isfinite(costs).all() or (costs < 0).any():
+            raise PacktoolError(f"balance costs must be {n_packs:,} finite numbers >= 0 (one "
+                                f"per pack), got shape {costs.shape}")
+    return CostClasses.from_costs(costs, ratio, fingerprint(costs)), costs
 
 
 def cost_classes(costs: np.ndarray, ratio: float = COST_RATIO) -> np.ndarray:
@@ -117,3 +186,4 @@ def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
         a, b = slots[active, hi, i], slots[active, lo, k]
         slots[active, hi, i], slots[active, lo, k] = b, a
     return slots
+

@@ -8,6 +8,9 @@ An epoch is one seeded permutation of the packs (its *order*), cut into global s
     step 0: rank 0 [17, 4]  rank 1 [88, 23]       (balance=None: in order)
     step 1: rank 0 [61, 12] rank 1 [9, 40]        (balance="attention": by cost, see below)
 
+The order is a keyed permutation computed per step (:mod:`packtool.train.order`), never held
+whole: at 2.5 x 10^8 packs, 8 ranks x 4, a rank's first step is ready in ~0.1 s with ~7 MB
+allocated, where drawing the epoch took 135 s and 10 GB (``scripts/bench_sampler_start.py``).
 Every rank computes the same schedule from ``(seed, epoch)`` alone, so ranks never talk to
 each other, every rank takes exactly ``n_steps`` steps (``drop_last=True`` leaves out the last
 ``n_packs % G`` packs of the epoch; ``drop_last=False`` fills the last step with the epoch's
@@ -36,12 +39,12 @@ state as each batch is drawn and hands back the snapshot of the batch last yield
 the slowest rank sets the step time. Two things even it out:
 
 1. *Steps of like cost* (for every batch size, also one pack per rank, where dealing cannot
-   help): packs fall into cost classes whose costs differ by at most ``cost_ratio`` (1.1); a
-   pack waits in its class's queue, in epoch order, until ``G`` packs of its class are there,
-   and they form a step (WLB-LLM's "outlier delay", applied to every class). The last packs of
-   each class (fewer than ``G``) form the epoch's last steps, in epoch order. Each class is
-   consumed in epoch order, so consumption stays a prefix of the order per class: that is what
-   a state counts.
+   help): packs fall into cost classes whose costs differ by at most ``cost_ratio`` (1.1);
+   each class has an order of its own, spread evenly over the epoch's time line, and a step
+   is ``G`` consecutive packs of one class, due when the last of them is (WLB-LLM's "outlier
+   delay", applied to every class). The last packs of each class (fewer than ``G``) form the
+   epoch's last steps, in time order. Each class is consumed in its order, so consumption
+   stays a prefix of each class's order: that is what a state counts.
 2. *Dealing within a step*: longest-processing-time-first with at most ``batch_size`` packs per
    rank, then swaps between the costliest and the cheapest rank (:func:`balance_steps`).
 
@@ -50,31 +53,24 @@ Measured by ``python scripts/bench_balance.py`` (1M lognormal lengths, median 30
 cost (99th percentile)::
 
     packs per rank per step   1               2               4
-    shuffled                  2.477 (4.147)   1.999 (3.116)   1.682 (2.445)
-    dealt only (before)       2.477 (4.147)   1.561 (2.383)   1.056 (1.294)
-    balance="attention"       1.036 (1.062)   1.011 (1.022)   1.002 (1.006)
+    shuffled                  2.472 (4.181)   1.989 (3.111)   1.679 (2.481)
+    dealt only (before)       2.472 (4.181)   1.558 (2.402)   1.056 (1.309)
+    balance="attention"       1.036 (1.062)   1.011 (1.022)   1.001 (1.006)
 
-The same bfd packs, none added (10M lengths: 1.034 / 1.001 / 1.000 at 1 / 4 / 8 packs per rank;
-0.2-0.35 s per epoch schedule of 1.19M packs). Making packs' costs even instead cannot get there:
-a 4,096-token document alone costs 3.5x the mean pack (16.8M vs 4.7M), so even an ideal packing
-(documents over L/2 alone, every other pack at exactly the mean) gives 2.08 shuffled at one pack
-per rank, and dealt at 2 and 4 packs per rank 1.75 and 1.36, worse than bfd's uneven packs,
-which leave light packs to pair with heavy ones. The price of like-cost steps: packs of like
-cost train together (8 one-document packs in a step), and packs move in the order: median 13
-steps earlier, 99th percentile 167 steps later, and the packs of classes with fewer than ``G``
-members (a few dozen here, 57 classes) to the epoch's last steps. Whole-block cost
-(``attention_costs(ds, linear=12 * d)``): see docs/TRAINING.md.
+The same bfd packs, none added. Why no packing objective gets there alone (a 4,096-token
+document costs 3.5x the mean pack whatever shares it), the price of like-cost steps, and the
+whole block's cost (``attention_costs(ds, linear=12 * d)``): docs/TRAINING.md.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from ..errors import PacktoolError
-from .balance import COST_RATIO, balance_steps, cost_classes, group_steps
-from .state import STATE_FORMAT, STATE_VERSION, check_state
+from .balance import COST_RATIO, balance_steps, cost_table
+from .balance import fingerprint as fingerprint  # the state's costs_sha256, also from here
+from .order import EpochOrder, class_keys
+from .state import STATE_FORMAT, STATE_VERSION, check_state, dataset_identity
 
 
 def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
@@ -89,13 +85,6 @@ def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
     ``linear=12 * hidden_size`` balances the whole block (at L=4096, d=4096 the linear part is
     ~12x the attention of a full one-document pack, and every full pack costs within ~6%)."""
     return packed.attention_costs(linear)
-
-
-def fingerprint(costs: np.ndarray | None) -> str | None:
-    """First 16 hex digits of the sha256 of the costs (float64, little-endian)."""
-    if costs is None:
-        return None
-    return hashlib.sha256(np.ascontiguousarray(costs, dtype="<f8").tobytes()).hexdigest()[:16]
 
 
 def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,
@@ -113,15 +102,6 @@ def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bo
     mean = per_rank.mean(axis=1)
     ok = mean > 0
     return float((per_rank.max(axis=1)[ok] / mean[ok]).mean())
-
-
-def dataset_identity(packs) -> str | None:
-    """The ``index_sha256`` of the packed dataset ``packs`` is (``open_packed``) or wraps
-    (``TorchPackedDataset``), which a state records so that a state of another dataset with as
-    many packs is refused; None for a pack count or any other sized object (nothing to name)."""
-    index = getattr(getattr(packs, "packed", packs), "index", None)
-    digest = index.get("index_sha256") if isinstance(index, dict) else None
-    return digest if isinstance(digest, str) else None
 
 
 class PackSampler:
@@ -174,48 +154,55 @@ class PackSampler:
                 f"{self.n_packs:,} packs < one global step of {self.global_batch:,} "
                 f"(world_size {self.world_size} x batch_size {self.batch_size}): with drop_last "
                 "the epoch would have no step; use drop_last=False (wrap) or a smaller batch_size")
-        self.costs = self._costs(packs, balance)
         self.balance = None if balance is None else (
             balance if isinstance(balance, str) else "costs")
-        self.cost_ratio = float(cost_ratio) if self.costs is not None else None
-        self.classes = (cost_classes(self.costs, self.cost_ratio) if self.costs is not None
-                        else np.zeros(self.n_packs, np.int64))
-        self.n_classes = int(self.classes.max()) + 1
-        self.class_sizes = np.bincount(self.classes, minlength=self.n_classes)
-        self.fingerprint = fingerprint(self.costs)
+        # costs: per pack, where they are in memory (an array given, or computed); None when
+        # the dataset stores its classes, or without balance
+        self._table, self.costs = cost_table(packs, balance, float(cost_ratio), self.n_packs)
+        self.cost_ratio = None if self._table is None else float(cost_ratio)
+        # without balance: one class, nothing per pack
+        self.n_classes, self.class_sizes = 1, np.array([self.n_packs], np.int64)
+        self.fingerprint = None
+        if self._table is not None:
+            self.class_sizes = np.asarray(self._table.sizes, np.int64)
+            self.n_classes, self.fingerprint = len(self.class_sizes), self._table.fingerprint
         self.dataset = dataset_identity(packs)
         self.epoch, self.start_step, self._cursor = 0, 0, 0
         self._resumed = None  # (epoch, consumed per class) of an elastic resume
         self._running = None  # (epoch, step, consumed per class) as steps() hands them out
         self._cache_key, self._cache = None, None
 
-    def _costs(self, packs, balance):
-        if balance is None:
-            return None
-        if isinstance(balance, str):
-            if balance != "attention":
-                raise PacktoolError(f"balance must be None, 'attention' or an array of per-pack "
-                                    f"costs, got {balance!r}")
-            if not hasattr(packs, "attention_costs"):
-                raise PacktoolError("balance='attention' reads segment lengths from a packed "
-                                    "dataset: pass open_packed(dir) instead of a pack count, or "
-                                    "pass balance=<array of per-pack costs>")
-            return attention_costs(packs)
-        costs = np.asarray(balance, dtype=np.float64)
-        if costs.shape != (self.n_packs,) or not np.isfinite(costs).all() or (costs < 0).any():
-            raise PacktoolError(f"balance costs must be {self.n_packs:,} finite numbers >= 0 (one "
-                                f"per pack), got shape {costs.shape}")
-        return costs
-
     # ------------------------------------------------------------------ the epoch's schedule
 
-    def order(self, epoch: int | None = None) -> np.ndarray:
-        """The epoch's order: a permutation of the packs from ``(seed, epoch)`` alone, in a
-        random stream of its own (packtool.seeds 'sampler.epoch'), never pack's shuffle."""
-        from ..seeds import rng
+    @property
+    def classes(self) -> np.ndarray:
+        """Cost class of every pack (all 0 without balance: made only when asked, n int64)."""
+        if self._table is None:
+            return np.zeros(self.n_packs, np.int64)
+        if self._table.classes is not None:
+            return self._table.classes
+        return np.asarray(self._table.class_of(np.arange(self.n_packs)), np.int64)
 
-        epoch = self.epoch if epoch is None else int(epoch)
-        return rng(self.seed, "sampler.epoch", epoch).permutation(self.n_packs)
+    def _epoch_order(self, epoch: int) -> EpochOrder:
+        """The steps of ``epoch`` from its ``first_step``, computed per step (cached)."""
+        done = self._consumed_before(epoch)
+        key = (epoch, None if done is None else done.tobytes())
+        if self._cache_key != key:
+            zero = np.zeros(self.n_classes, np.int64)
+            self._cache = EpochOrder(self.class_sizes,
+                                     None if self._table is None else self._table.members,
+                                     class_keys(self.seed, epoch, self.n_classes),
+                                     self.global_batch, zero if done is None else done,
+                                     self.drop_last)
+            self._cache_key = key
+        return self._cache
+
+    def order(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch's packs in time order (:mod:`packtool.train.order`): without balance one
+        keyed permutation of the packs from ``(seed, epoch)`` alone (packtool.seeds
+        'sampler.epoch'), never pack's shuffle. Holds the whole epoch (n int64): for tests and
+        small datasets; the sampler itself computes each step's packs as it deals them."""
+        return self._epoch_order(self.epoch if epoch is None else int(epoch)).timeline()
 
     def _consumed_before(self, epoch: int) -> np.ndarray | None:
         if self._resumed is not None and self._resumed[0] == epoch:
@@ -241,67 +228,65 @@ class PackSampler:
         """Steps every rank takes in the current epoch."""
         return self.steps_in(self.epoch)
 
-    def _plan(self, epoch: int):
-        """(schedule [steps, W, B] from first_step, left-out packs) of ``epoch``, cached."""
-        done = self._consumed_before(epoch)
-        key = (epoch, None if done is None else done.tobytes())
-        if self._cache_key == key:
-            return self._cache
-        steps, out = self._steps(epoch, done)
-        self._cache_key, self._cache = key, (self._balanced(steps), out)
-        return self._cache
+    def _slots(self, steps: np.ndarray) -> np.ndarray:
+        """Steps [s, G] -> [s, world_size, batch_size]: the slot of the step each rank takes
+        (balance: by cost, :func:`balance_steps`; else in order)."""
+        if self._table is not None and len(steps):
+            costs = np.asarray(self._table.costs_of(steps.ravel()), np.float64)
+            return balance_steps(costs.reshape(steps.shape), self.world_size, self.batch_size)
+        g = np.arange(self.global_batch).reshape(self.world_size, self.batch_size)
+        return np.broadcast_to(g, (len(steps), self.world_size, self.batch_size))
 
     def _balanced(self, steps: np.ndarray) -> np.ndarray:
         """Steps [s, G] -> [s, world_size, batch_size], each step's packs dealt to ranks."""
-        if self.costs is not None and len(steps):
-            slots = balance_steps(self.costs[steps], self.world_size, self.batch_size)
-            steps = np.take_along_axis(steps, slots.reshape(len(steps), -1), axis=1)
-        return steps.reshape(len(steps), self.world_size, self.batch_size)
+        slots = self._slots(steps).reshape(len(steps), -1)
+        return np.take_along_axis(steps, slots, axis=1).reshape(
+            len(steps), self.world_size, self.batch_size)
+
+    def _rows(self, epoch: int, a: int, b: int) -> np.ndarray:
+        """Rows a..b of ``global_schedule(epoch)``, computed for those steps alone."""
+        return self._balanced(self._epoch_order(epoch).rows(a, b))
 
     def schedule_row(self, epoch: int, i: int) -> np.ndarray:
-        """Row ``i`` of ``global_schedule(epoch)`` ([world_size, batch_size]), balancing only
-        that step (balancing is per step): what ``packtool which`` needs of an epoch."""
+        """Row ``i`` of ``global_schedule(epoch)`` ([world_size, batch_size]), computed for
+        that step alone: what ``packtool which`` needs of an epoch."""
         epoch = int(epoch)
-        done = self._consumed_before(epoch)
-        if self._cache_key == (epoch, None if done is None else done.tobytes()):
-            return self._cache[0][i]
-        steps, _ = self._steps(epoch, done)
-        if not 0 <= i < len(steps):
-            raise IndexError(f"step {i} of {len(steps)}")
-        return self._balanced(steps[i:i + 1])[0]
+        n = self.steps_in(epoch) - self.first_step(epoch)
+        if not 0 <= i < n:
+            raise IndexError(f"step {i} of {n}")
+        return self._rows(epoch, i, i + 1)[0]
 
-    def _steps(self, epoch: int, done):
-        """(steps [s, G] of like-cost packs, not yet balanced across ranks; left-out packs)."""
-        perm = self.order(epoch)
-        g = self.global_batch
-        if done is None:
-            rest = perm
-        else:  # drop the first done[k] packs of every class, in epoch order
-            c = self.classes[perm]
-            seen = np.empty(len(perm), np.int64)
-            by_class = np.argsort(c, kind="stable")
-            starts = np.concatenate([[0], np.cumsum(self.class_sizes)[:-1]])
-            seen[by_class] = np.arange(len(perm)) - np.repeat(starts, self.class_sizes)
-            rest = perm[seen >= done[c]]
-        full, left = group_steps(rest, self.classes, self.n_classes, g)
-        q, r = divmod(len(left), g)
-        out = np.zeros(0, np.int64)
-        if r and not self.drop_last:
-            left = np.concatenate([left, np.resize(perm, g - r)])  # the epoch's first packs
-            q += 1
-        elif r:
-            left, out = left[:q * g], left[q * g:]
-        return np.concatenate([full, left.reshape(q, g)]), out
+    def places(self, pack: int, epoch: int | None = None) -> list[tuple[int, int]]:
+        """Every (step, rank) where ``epoch`` yields ``pack`` (steps from the epoch's start):
+        one, none (left out by drop_last, or consumed before a resume), or more (it also fills
+        the last step without drop_last), by the inverse permutation: no schedule is built."""
+        epoch, pack = self.epoch if epoch is None else int(epoch), int(pack)
+        if not 0 <= pack < self.n_packs:
+            raise PacktoolError(f"pack {pack} is not one of the {self.n_packs:,} packs")
+        k, local = 0, pack
+        if self._table is not None:
+            k = int(self._table.class_of(np.array([pack]))[0])
+            lo, m = int(self.class_sizes[:k].sum()), int(self.class_sizes[k])
+            local = int(np.searchsorted(self._table.members[lo:lo + m], pack))
+        o, first = self._epoch_order(epoch), self.first_step(epoch)
+        out = []
+        for step, slot in o.places(pack, k, local):
+            slots = self._slots(o.rows(step, step + 1))[0]
+            rank = int(np.argwhere(slots == slot)[0][0])
+            out.append((first + step, rank))
+        return sorted(out)
 
     def global_schedule(self, epoch: int | None = None) -> np.ndarray:
         """[steps, world_size, batch_size] pack indices of every rank for ``epoch``, from its
-        ``first_step`` (0 unless an elastic resume began the epoch) to its end."""
-        return self._plan(self.epoch if epoch is None else int(epoch))[0]
+        ``first_step`` (0 unless an elastic resume began the epoch) to its end. Holds the
+        whole epoch: for tests, stats and small datasets (``steps()`` computes per step)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        return self._rows(epoch, 0, self.steps_in(epoch) - self.first_step(epoch))
 
     def left_out(self, epoch: int | None = None) -> np.ndarray:
         """Packs of ``epoch`` no step takes: with ``drop_last``, the last ``rest % G`` of what
         was left to deal (``n_packs % G`` without a resume); empty with ``drop_last=False``."""
-        return self._plan(self.epoch if epoch is None else int(epoch))[1]
+        return self._epoch_order(self.epoch if epoch is None else int(epoch)).left_out()
 
     # ------------------------------------------------------------------ iteration
 
@@ -317,19 +302,26 @@ class PackSampler:
         self.epoch = epoch
 
     def steps(self):
-        """This rank's batches (lists of pack indices) from the resume point to the epoch's end."""
-        start, first = self.start_step, self.first_step()
+        """This rank's batches (lists of pack indices) from the resume point to the epoch's end,
+        computed a chunk of steps at a time (never the whole epoch)."""
+        start, first, n = self.start_step, self.first_step(), self.n_steps
         self.start_step = first
-        sched = self.global_schedule()
-        mine = sched[:, self.rank]
+        order = self._epoch_order(self.epoch)
         done = self._consumed_at(start)
         self._cursor = start
-        for s in range(start, self.n_steps):
-            done = done + np.bincount(self.classes[sched[s - first].ravel()],
-                                      minlength=self.n_classes)
-            # before the yield: a snapshot taken after it counts step s as handed out
-            self._cursor, self._running = s + 1, (self.epoch, s + 1, done)
-            yield mine[s - first].tolist()
+        # chunks of 1, 2, 4, ... steps up to ~65k packs: the first step alone is computed
+        # before it is yielded (a memory-mapped class table is read at G places, not 65k)
+        chunk, most, a = 1, max(1, (1 << 16) // self.global_batch), start
+        while a < n:
+            b = min(a + chunk, n)
+            rows, classes = order.rows(a - first, b - first, classes=True)
+            mine = self._balanced(rows)[:, self.rank]
+            for s in range(len(rows)):
+                done = done + np.bincount(classes[s], minlength=self.n_classes)
+                # before the yield: a snapshot taken after it counts step s as handed out
+                self._cursor, self._running = a + s + 1, (self.epoch, a + s + 1, done)
+                yield mine[s].tolist()
+            a, chunk = b, min(2 * chunk, most)
 
     def __iter__(self):
         last = self.batch_size - 1
@@ -391,10 +383,7 @@ class PackSampler:
             return self.class_sizes.copy()
         if self._running is not None and self._running[:2] == (self.epoch, step):
             return self._running[2].copy()
-        done = self._consumed_before(self.epoch)
-        out = np.zeros(self.n_classes, np.int64) if done is None else done.copy()
-        took = self.global_schedule()[:step - self.first_step()].ravel()
-        return out + np.bincount(self.classes[took], minlength=self.n_classes)
+        return self._epoch_order(self.epoch).consumed(step - self.first_step())
 
     def load_state_dict(self, state) -> None:
         """Resume from ``state`` (from :meth:`state_dict`, of any rank, world size or batch

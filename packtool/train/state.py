@@ -4,14 +4,16 @@ ratio, a fingerprint of the per-pack costs), the dataset it was saved for, count
 the step against the packs consumed. Every refusal is a :class:`PacktoolError` naming the
 field, its value (or type), what it must be and what to do.
 
-Versions: 3 adds ``dataset``, the ``index_sha256`` of the packed dataset the sampler was built
-from (None when it was built from a pack count, which names no dataset), so that a state of
-another dataset with as many packs is refused (with ``balance=None`` nothing else tells the two
-apart). It is compared when both the state and the sampler know it: a sampler built from a
-count cannot check it, and a state saved from a count carries none. A version 2 state (the
-same fields less ``dataset``) still loads when everything else checks out: it was saved before
-packtool could tell datasets apart, and refusing it would strand every run mid-epoch across an
-upgrade; its dataset is taken on trust. Version 1 and unknown versions are refused by name.
+Versions: 4 (issue 32) has the fields of 3 but counts them in another epoch order: each
+step's packs are computed per step from a keyed permutation (:mod:`packtool.train.order`)
+where 2 and 3 drew the whole epoch with ``rng.permutation``, so their consumed counts name
+other packs; they are refused by name (finish that epoch with the packtool that saved the
+state, or start the next epoch). ``dataset`` (since 3) is the ``index_sha256`` of the packed
+dataset the sampler was built from (None when it was built from a pack count, which names no
+dataset), so that a state of another dataset with as many packs is refused (with
+``balance=None`` nothing else tells the two apart). It is compared when both the state and the
+sampler know it: a sampler built from a count cannot check it, and a state saved from a count
+carries none. Version 1 and unknown versions are refused by name too.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import numpy as np
 from ..errors import PacktoolError
 
 STATE_FORMAT = "packtool.train.sampler"
-STATE_VERSION = 3
-_READS = (2, 3)  # version 2: no "dataset" (saved before the state named its dataset)
+STATE_VERSION = 4
+_READS = (4,)
+_OLD_ORDER = (2, 3)  # the epoch drawn whole by rng.permutation: another order of the packs
 _INT, _STR_OR_NONE = (int, np.integer), (str, type(None))
 _TYPES = {  # field -> (accepted types, what to say); bool is refused where an int is meant
     "format": ((str,), "a string"), "version": (_INT, "an integer"),
@@ -37,7 +40,7 @@ _TYPES = {  # field -> (accepted types, what to say); bool is refused where an i
     "costs_sha256": (_STR_OR_NONE, "a string or null"),
     "dataset": (_STR_OR_NONE, "a string or null"),
 }
-_FIELDS = tuple(k for k in _TYPES if k != "dataset")  # every version read has these
+_FIELDS = tuple(_TYPES)
 
 
 def check_state(state, sampler) -> tuple[int, np.ndarray]:
@@ -137,13 +140,20 @@ def _check_form(state) -> None:
             "(the sampler's stream is now its own, issue 18.10), so resuming would repeat and "
             f"skip packs of epoch {state.get('epoch')!r}; start the next epoch with "
             "sampler.set_epoch(epoch + 1), or finish this one with the packtool that saved it")
+    if version in _OLD_ORDER:
+        raise PacktoolError(
+            f"sampler state version {version} cannot resume in this packtool: its epoch order "
+            "(the whole epoch drawn by rng.permutation) was replaced by one computed per step "
+            "(a keyed permutation, issue 32), so its consumed counts name other packs and "
+            f"resuming would repeat and skip packs of epoch {state.get('epoch')!r}; finish "
+            "that epoch with the packtool that saved the state, or start the next one here "
+            "(sampler.set_epoch(epoch + 1) without load_state_dict)")
     if version not in _READS or state.get("format") != STATE_FORMAT:
         raise PacktoolError(f"sampler state version {version!r}, format {state.get('format')!r}: "
-                            f"this packtool reads versions {', '.join(map(str, _READS))} of "
+                            f"this packtool reads version {', '.join(map(str, _READS))} of "
                             f"{STATE_FORMAT!r}; it was saved by another packtool (or is not a "
                             "sampler state)")
-    need = _FIELDS + (("dataset",) if version >= 3 else ())
-    missing = [k for k in need if k not in state]
+    missing = [k for k in _FIELDS if k not in state]
     if missing:
         raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
                             "not made by PackSampler.state_dict(); save it again")
@@ -166,3 +176,12 @@ def _consumed(state, sampler) -> np.ndarray:
                                 f"{k}); the state is corrupt, save it again")
         out[k] = int(v)
     return out
+
+
+def dataset_identity(packs) -> str | None:
+    """The ``index_sha256`` of the packed dataset ``packs`` is (``open_packed``) or wraps
+    (``TorchPackedDataset``), which a state records so that a state of another dataset with as
+    many packs is refused; None for a pack count or any other sized object (nothing to name)."""
+    index = getattr(getattr(packs, "packed", packs), "index", None)
+    digest = index.get("index_sha256") if isinstance(index, dict) else None
+    return digest if isinstance(digest, str) else None

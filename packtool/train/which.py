@@ -307,15 +307,10 @@ def which_record(path, spec: str, epoch: int = 0, *, world_size: int = 1, batch_
             off, n = int(sh.seg_offset[s]), int(sh.seg_length[s])
             found.append((base + j, off, off + n))
         base += sh.n_packs
-    if found:
-        sched = sampler.global_schedule(epoch)
-        where: dict[int, list[tuple[int, int]]] = {}
-        for st, r, k in np.argwhere(np.isin(sched, [f[0] for f in found])).tolist():
-            where.setdefault(int(sched[st, r, k]), []).append((st, r))  # in step order
-        for pack, a, b in found:
-            for st, r in where.get(pack, [(None, None)]):
-                res.steps.append({"pack": pack, "epoch": epoch, "step": st, "rank": r,
-                                  "tokens": (a, b)})
+    for pack, a, b in found:  # each pack's step by the inverse permutation: no schedule built
+        for st, r in sampler.places(pack, epoch) or [(None, None)]:
+            res.steps.append({"pack": pack, "epoch": epoch, "step": st, "rank": r,
+                              "tokens": (a, b)})
     if not res.steps:
         res.question += ": in no pack (held out, dropped, empty or not sampled by the mixture)"
     return res
