@@ -9,7 +9,8 @@ Credentials come from where each backend looks (environment, config files, insta
                 {"endpoint_url": "http://127.0.0.1:9000"}})
 
 Reading: manifests are read directly; data files are fetched into a local cache
-(:mod:`.cache`), each verified against its checksum once when fetched, then memory-mapped.
+(:mod:`.cache`), verified against their checksums when fetched and their cached copies checked
+when opened (size always, crc32 once per process), then memory-mapped.
 Writing: :mod:`.publish` (data objects first, each verified, the manifest last: the commit).
 """
 
