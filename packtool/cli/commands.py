@@ -24,6 +24,14 @@ PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shar
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 
 
+def local(*paths) -> list:
+    """The command's path arguments with ``file://`` URLs as the local paths they name
+    (:func:`packtool.storage.local_path`; another host's is refused by name)."""
+    from ..storage import local_path
+
+    return run(lambda: [local_path(p) for p in paths])
+
+
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--tokenizer", "-t", required=True,
@@ -65,6 +73,7 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
 
     opts = build(TokenizeOptions, kw)
     runopts = build(RunOptions, kw)
+    tokenizer, out, *inputs = local(tokenizer, out, *inputs)
     if show_plan:
         plan = run(plan_tokenize, list(inputs), tokenizer, out, opts)
         click.echo(manifest_text(plan.to_json()).rstrip("\n") if as_json else plan.summary())
@@ -106,6 +115,7 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
 
     opts = build(PackOptions, kw)
     runopts = build(RunOptions, kw)
+    out, *prefixes = local(out, *prefixes)
     result = run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
                  run=runopts)
     emit(result, as_json, quiet, warnings=True)
@@ -131,7 +141,8 @@ def verify(path, sources, as_json):
     """
     from ..verify import verify as run_verify
 
-    emit(run(run_verify, path, list(sources)), as_json, False, out="stdout")
+    path, *sources = local(path, *sources)
+    emit(run(run_verify, path, sources), as_json, False, out="stdout")
 
 
 @cli.command()
@@ -164,7 +175,7 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
     """
     from .. import stats as st
 
-    result = run(st.stats, list(paths), lengths_file, seq_len, batch_size, algos,
+    result = run(st.stats, local(*paths), lengths_file, seq_len, batch_size, algos,
                  progress=True, **kw)
     if plot_path:
         if result.lengths is None:
@@ -213,6 +224,7 @@ def export(src, fmt, out, shard_tokens, eos_id, copy_bin, overwrite, quiet, as_j
     """
     from ..export import export as run_export
 
+    src, out = local(src, out)
     result = run(run_export, src, fmt, out, overwrite=overwrite, progress=not quiet,
                  shard_tokens=shard_tokens, eos_id=eos_id, link=not copy_bin)
     emit(result, as_json, quiet)
@@ -273,6 +285,7 @@ def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance
                     balance=None if balance == "none" else balance)
     if (step is None) == (record is None):
         raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
+    (path,) = local(path)
     if record is not None:
         result = run(which_record, path, record, epoch, **settings)
     else:

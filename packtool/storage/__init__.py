@@ -30,9 +30,30 @@ PIP = {"s3": "s3fs", "gcs": "gcsfs", "hf": "huggingface_hub", "azure": "adlfs"}
 
 
 def is_url(path) -> bool:
-    """A remote location (``scheme://...``, but not ``file://``)."""
+    """A remote location (``scheme://...``, but not ``file://``: :func:`local_path`)."""
     s = str(path)
-    return "://" in s and not s.startswith("file://")
+    return "://" in s and not s.lower().startswith("file://")
+
+
+def local_path(path):
+    """A path as packtool takes it in (every path argument of a command, the readers'
+    directory or prefix, a tokenizer): a ``file://`` URL becomes the local path it names
+    (RFC 8089: ``file:///abs/path`` or ``file://localhost/abs/path``, %-escapes decoded);
+    anything else is returned as given. Without this a ``file:///abs/out`` became the
+    relative folder ``./file:/abs/out``. A URL of another host is refused by name: packtool
+    reads and writes this machine's files, not another's."""
+    if not isinstance(path, str) or path[:7].lower() != "file://":
+        return path
+    from urllib.parse import unquote
+
+    host, slash, rest = path[7:].partition("/")
+    if host.lower() not in ("", "localhost"):
+        raise PacktoolError(f"{path}: a file:// URL of host {host!r}; packtool reads and "
+                            "writes this machine's files only: write file:///PATH (three "
+                            "slashes) or the path itself, or copy the files here")
+    if not slash:
+        raise PacktoolError(f"{path}: a file:// URL with no path; write file:///PATH")
+    return unquote("/" + rest)
 
 
 def protocol(url: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import basename, filesystem, is_url, join, normalize, parent
+from . import basename, filesystem, is_url, join, local_path, normalize, parent
 
 # backends whose find() filters names by a prefix on the server (s3fs, gcsfs): the objects of
 # one job, named alike, are looked up in one listing request
@@ -52,6 +52,7 @@ def object_states(fs, rpaths: list[str]) -> dict[str, tuple[int, str | None] | N
 
 class Place:
     def __init__(self, folder, storage_options: dict | None = None, cache=None):
+        folder = local_path(folder)
         self.remote = is_url(folder)
         self.folder = str(folder).rstrip("/") if self.remote else Path(folder)
         self.storage_options = storage_options  # None: the defaults (--storage-options)
@@ -134,4 +135,5 @@ class Place:
 
 def place_of(path, storage_options: dict | None = None, cache=None) -> tuple[Place, str]:
     """(the folder's place, the file or prefix name) of a path or URL."""
+    path = local_path(path)
     return Place(parent(path), storage_options, cache), basename(path)

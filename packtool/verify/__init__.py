@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import PacktoolError
 from ..formats.packed import VALID, ValidationError, validate_packed
 from ..formats.tokens import open_tokens, validate_tokens
-from ..storage import is_url, join, kind_of, parent
+from ..storage import is_url, join, kind_of, local_path, parent
 from ..storage.cache import rehashing
 from . import segments as sg
 from .draws import Selection
@@ -86,6 +86,7 @@ def verify(path: str | Path, sources: list[str | Path] | None = None) -> VerifyR
     :mod:`packtool.storage`). A remote file is checked in the bytes read, not trusted for
     being in the cache: every cache entry opened is hashed again
     (:func:`packtool.storage.cache.rehashing`), a bad one fetched again."""
+    path, sources = local_path(path), [local_path(s) for s in sources or ()]
     if is_url(path):
         with rehashing():
             return _verify_url(str(path), sources)
