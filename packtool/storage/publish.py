@@ -123,7 +123,8 @@ def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
             state = after[rpath]
             if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
                                                      and state[1] not in md5s[rpath].result()):
-                raise PacktoolError(f"s3://{rpath}: the uploaded object does not match {local} "
+                raise PacktoolError(f"{fs.unstrip_protocol(rpath)}: the uploaded object does "
+                                    f"not match {local} "
                                     "(size or MD5 differs); nothing was committed: run the "
                                     "command again")
             result.uploaded += 1
