@@ -91,15 +91,25 @@ class Place:
     def _remote(self, name: str) -> str:
         return f"{self.root}/{name}"
 
+    def _info(self, name: str) -> dict | None:
+        """A remote object's info, None if there is none. Any other failure (no credentials,
+        a store that does not answer) is raised: fsspec's exists() and isfile() answered
+        False for it, and a command then said the dataset was not there."""
+        try:
+            return self.fs.info(self._remote(name))
+        except FileNotFoundError:
+            return None
+
     def exists(self, name: str) -> bool:
         if self.remote:
-            return self.fs.exists(self._remote(name))
+            return self._info(name) is not None
         p = self.path(name)
         return p.exists() or p.is_symlink()
 
     def is_file(self, name: str) -> bool:
         if self.remote:
-            return self.fs.isfile(self._remote(name))
+            info = self._info(name)
+            return info is not None and info.get("type") == "file"
         return self.path(name).is_file()
 
     def read_bytes(self, name: str) -> bytes:
