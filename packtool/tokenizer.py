@@ -16,8 +16,9 @@ def resolve_tokenizer_path(tok: str | Path) -> Path:
     """A ``tokenizer.json``, a SentencePiece ``*.model``, or a folder holding one (the
     ``tokenizer.json`` first, as Hugging Face loads it), local or at a URL (fetched once into
     the cache: :func:`packtool.storage.stage_out.fetch_tokenizer`)."""
-    from .storage import is_url
+    from .storage import is_url, local_path
 
+    tok = local_path(tok)
     if is_url(tok):
         from .storage.stage_out import fetch_tokenizer
 

@@ -13,12 +13,17 @@ TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.json"
 CORPUS = FIXTURES / "corpus"
 
 
-def packtool_process(*args, env=None, check=True):
-    """``python -m packtool ARGS`` in a fresh process from the repository root: its exit
-    code and output (a failure with ``check``, and never a traceback)."""
+def packtool_process(*args, env=None, check=True, cwd=ROOT):
+    """``python -m packtool ARGS`` in a fresh process from the repository root (or ``cwd``,
+    this checkout's packtool imported): its exit code and output (a failure with ``check``,
+    and never a traceback)."""
+    import os
     import subprocess
 
-    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=ROOT, env=env,
+    if Path(cwd) != ROOT:
+        env = dict(os.environ if env is None else env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH")] if p)
+    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=cwd, env=env,
                        capture_output=True, text=True)
     _RUN_IN_A_CHILD.add("packtool.__main__")  # the tier check's one module run only there
     if check:

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 import uuid
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -68,3 +72,43 @@ class S3:
             s.bind(("127.0.0.1", self.port))  # it for ever: fail here instead
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.server.start()
+
+
+class S3Process(S3):
+    """moto's server in a process of its own (``python -m moto.server``), so that a test can
+    stop it (SIGSTOP: a store that takes connections and never answers), continue it, or
+    kill it."""
+
+    def __init__(self):
+        os.environ.update(CREDENTIALS)
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto's server did not start") from None
+                time.sleep(0.1)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.options = {"endpoint_url": self.endpoint, "key": "testing", "secret": "testing"}
+        self.fs = self.client()
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.resume()
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        raise NotImplementedError("a process server is started once; use S3 to restart")

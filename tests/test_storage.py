@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,3 +197,106 @@ def test_ranks_on_one_node_share_the_cache_safely(s3, local, tmp_path):
     index = json.loads(s3.fs.cat_file(url.removeprefix("s3://") + "/tokens/index.json"))
     n_files = sum(len(sh["files"]) for sh in index["shards"])
     assert len(entries) == n_files and not [p for p in entries if p.name.startswith(".")]
+
+
+
+def cached(s3, cache_dir: Path, url: str, folder: str, key: str) -> tuple[Path, str]:
+    """The cache entry of shard 0's ``key`` file (tokens, seg_doc...) of the dataset
+    ``url/folder``, and the file's name."""
+    index = json.loads(s3.fs.cat_file(f"{url.removeprefix('s3://')}/{folder}/index.json"))
+    f = index["shards"][0]["files"][key]
+    return cache_dir / "objects" / Cache(cache_dir)._key(f"{url}/{folder}/{f['name']}", f), \
+        f["name"]
+
+
+def flip(path: Path) -> None:
+    """One bit in the middle of ``path`` flipped in place (the same inode and size: what a
+    disk or another program does to a file, not a new file)."""
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def test_a_changed_cache_entry_is_fetched_again_never_served(s3, local, tmp_path, capfd):
+    """A bit flipped in a cached shard file: the next process to open it (a reader, verify)
+    finds it, says so, fetches it again and reads the store's bytes."""
+    url = upload(s3, local, s3.bucket())
+    cache_dir = tmp_path / "cache"
+    env = {**s3.env, "PACKTOOL_CACHE_DIR": str(cache_dir)}
+    cli("verify", f"{url}/tokens", env=env)  # another process fills the cache
+    entry, name = cached(s3, cache_dir, url, "tokens", "tokens")
+    good = entry.read_bytes()
+    flip(entry)
+    capfd.readouterr()
+    remote = open_packed(f"{url}/tokens", storage_options=s3.options, cache=Cache(cache_dir))
+    same_packs(open_packed(local / "data" / "tokens"), remote)
+    err = capfd.readouterr().err
+    assert "warning" in err and entry.name in err and name in err
+    assert entry.read_bytes() == good
+
+    flip(entry)
+    r = cli("verify", f"{url}/tokens", env=env)
+    assert entry.name in r.stderr and "fetching it again" in r.stderr
+    assert entry.read_bytes() == good
+
+
+def test_verify_hashes_a_cache_entry_this_process_checked_before(s3, local, tmp_path,
+                                                                  monkeypatch, capfd):
+    """A reader checks an entry's crc32 once per process; verify, in the same process after
+    it, does not trust that check: it hashes the bytes it verifies again."""
+    from packtool.verify import verify
+
+    url = upload(s3, local, s3.bucket())
+    cache_dir = tmp_path / "cache"
+    monkeypatch.setenv("PACKTOOL_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("PACKTOOL_STORAGE_OPTIONS", json.dumps(s3.options))
+    ds = open_packed(f"{url}/tokens")
+    for i in range(len(ds)):
+        ds[i]
+    entry, _ = cached(s3, cache_dir, url, "tokens", "tokens")
+    good = entry.read_bytes()
+    flip(entry)
+    capfd.readouterr()
+    verify(f"{url}/tokens")
+    assert entry.name in capfd.readouterr().err
+    assert entry.read_bytes() == good
+
+
+def test_a_cached_source_file_symlink_or_truncation_is_repaired(s3, local, tmp_path):
+    """Under the index layout the tokens are the corpus's .bin: a bit flipped in its cached
+    copy is found by verify --source and by a reader; an entry swapped for a symbolic link
+    (even to the right bytes) is refused; a truncated one is fetched again, not blamed on
+    the store."""
+    url = upload(s3, local, s3.bucket())
+    cache_dir = tmp_path / "cache"
+    env = {**s3.env, "PACKTOOL_CACHE_DIR": str(cache_dir)}
+    cli("verify", f"{url}/index", "--source", f"{url}/c", env=env)
+    meta = json.loads(s3.fs.cat_file(f"{url.removeprefix('s3://')}/c.json"))
+    part = meta["parts"][0]
+    entry = cache_dir / "objects" / Cache(cache_dir)._key(
+        f"{url}/{part['name']}.bin", part["checksums"]["bin"])
+    good = entry.read_bytes()
+    flip(entry)
+    r = cli("verify", f"{url}/index", "--source", f"{url}/c", env=env)
+    assert entry.name in r.stderr and entry.read_bytes() == good
+
+    ref = open_packed(local / "data" / "index")
+    for damage in ("symlink", "truncate", "flip"):
+        if damage == "symlink":
+            (tmp_path / "elsewhere").write_bytes(good)
+            entry.unlink()
+            entry.symlink_to(tmp_path / "elsewhere")
+        elif damage == "truncate":
+            os.truncate(entry, len(good) // 2)
+        else:
+            flip(entry)
+        r = subprocess.run([sys.executable, "-c", RANK, f"{url}/index", str(cache_dir),
+                            json.dumps(s3.options)], cwd=ROOT, env=s3.env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (damage, r.stderr)
+        assert json.loads(r.stdout) == [int(np.asarray(ref[i]["input_ids"]).sum())
+                                        for i in range(len(ref))], damage
+        assert entry.name in r.stderr, damage
+        assert not entry.is_symlink() and entry.read_bytes() == good, damage

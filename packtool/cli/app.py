@@ -38,29 +38,51 @@ def cli(storage_options):
 
 
 def run(fn, *args, **kwargs):
-    """Call the library; its errors become clean messages and exit codes."""
-    import errno
-
-    from .._atomic import final_name
-
+    """Call the library; its errors become clean messages and exit codes: a store's
+    (no credentials, unreachable, timed out: :func:`packtool.storage.store_error`, naming the
+    command's URLs), the disk's, memory."""
     try:
         return fn(*args, **kwargs)
     except PacktoolError as e:
         raise click.ClickException(str(e)) from None
-    except OSError as e:  # disk full, permissions, read-only file systems...
-        where = f" {final_name(e.filename)}" if e.filename else ""  # the output, not a temp
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            import shutil
+    except Exception as e:
+        from ..storage import store_error
 
-            free = shutil.disk_usage(Path(e.filename).parent).free if e.filename else None
-            raise click.ClickException(
-                f"no space left on device writing{where or ' the output'}"
-                + (f" ({free:,} bytes free there)" if free is not None else "")
-                + "; free space or choose another --out") from None
-        raise click.ClickException(f"cannot read or write{where}: {e.strerror or e}") from None
-    except MemoryError:
-        raise click.ClickException("out of memory; a smaller input, --group-docs (pack) or a "
-                                   "smaller --seq-len/--work-limit needs less") from None
+        known = store_error(e, _urls(args, kwargs))
+        if known is not None:
+            raise click.ClickException(str(known)) from None
+        if isinstance(e, OSError):  # disk full, permissions, read-only file systems...
+            raise _os_error(e) from None
+        if isinstance(e, MemoryError):
+            raise click.ClickException("out of memory; a smaller input, --group-docs (pack) "
+                                       "or a smaller --seq-len/--work-limit needs less") from None
+        raise
+
+
+def _urls(args, kwargs) -> list[str]:
+    """The URLs among a library call's arguments (a path, or a list of them)."""
+    from ..storage import is_url
+
+    values = [*args, *kwargs.values()]
+    flat = [v for x in values for v in (x if isinstance(x, list | tuple) else [x])]
+    return [str(v) for v in flat if isinstance(v, str | Path) and is_url(v)]
+
+
+def _os_error(e: OSError) -> click.ClickException:
+    import errno
+
+    from .._atomic import final_name
+
+    where = f" {final_name(e.filename)}" if e.filename else ""  # the output, not a temp
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        import shutil
+
+        free = shutil.disk_usage(Path(e.filename).parent).free if e.filename else None
+        return click.ClickException(
+            f"no space left on device writing{where or ' the output'}"
+            + (f" ({free:,} bytes free there)" if free is not None else "")
+            + "; free space or choose another --out")
+    return click.ClickException(f"cannot read or write{where}: {e.strerror or e}")
 
 
 def emit(result, as_json: bool, quiet: bool) -> None:

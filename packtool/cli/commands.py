@@ -32,6 +32,14 @@ PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shar
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 
 
+def local(*paths) -> list:
+    """The command's path arguments with ``file://`` URLs as the local paths they name
+    (:func:`packtool.storage.local_path`; another host's is refused by name)."""
+    from ..storage import local_path
+
+    return run(lambda: [local_path(p) for p in paths])
+
+
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--tokenizer", "-t", required=True,
@@ -73,6 +81,7 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
 
     opts = build(TokenizeOptions, kw)
     runopts = build(RunOptions, kw)
+    tokenizer, out, *inputs = local(tokenizer, out, *inputs)
     if show_plan:
         plan = run(plan_tokenize, list(inputs), tokenizer, out, opts)
         click.echo(manifest_text(plan.to_json()).rstrip("\n") if as_json else plan.summary())
@@ -114,6 +123,7 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
 
     opts = build(PackOptions, kw)
     runopts = build(RunOptions, kw)
+    out, *prefixes = local(out, *prefixes)
     result = run(run_pack, list(prefixes), out, opts, overwrite=overwrite, progress=not quiet,
                  run=runopts)
     emit(result, as_json, quiet)
@@ -145,7 +155,8 @@ def verify(ctx, path, sources, as_json):
             f"verify checks one PATH ({path}) but got {' '.join(ctx.args)} too"
             + ("; give several sources as --source a,b or --source a --source b" if sources
                else ""))
-    emit(run(run_verify, path, split_paths(sources, "--source")), as_json, False)
+    path, *sources = local(path, *split_paths(sources, "--source"))
+    emit(run(run_verify, path, sources), as_json, False)
 
 
 @cli.command()
@@ -179,7 +190,7 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
     """
     from .. import stats as st
 
-    result = run(st.stats, list(paths), lengths_file, flat(seq_len), batch_size, algos,
+    result = run(st.stats, local(*paths), lengths_file, flat(seq_len), batch_size, algos,
                  progress=True, **kw)
     if plot_path:
         if result.lengths is None:
@@ -228,6 +239,7 @@ def export(src, fmt, out, shard_tokens, eos_id, copy_bin, overwrite, quiet, as_j
     """
     from ..export import export as run_export
 
+    src, out = local(src, out)
     result = run(run_export, src, fmt, out, overwrite=overwrite, progress=not quiet,
                  shard_tokens=shard_tokens, eos_id=eos_id, link=not copy_bin)
     emit(result, as_json, quiet)
@@ -292,6 +304,7 @@ def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance
                     balance=None if balance == "none" else balance, drop_last=drop_last)
     if (step is None) == (record is None):
         raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
+    (path,) = local(path)
     if record is not None:
         result = run(which_record, path, record, epoch, **settings)
     else:

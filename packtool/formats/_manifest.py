@@ -197,6 +197,10 @@ def read_json_bytes(path, read=None) -> tuple[object, bytes]:
     except FileNotFoundError:
         raise FormatError(f"{path} not found; is this the output of packtool?") from None
     except (OSError, ValueError) as e:
+        from ..storage import store_error
+
+        if read is not None and (failed := store_error(e, [path])) is not None:
+            raise failed from None  # the store's failure (a timeout...), not the manifest's
         raise FormatError(f"{path}: unreadable manifest ({e})") from None
 
 

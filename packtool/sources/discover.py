@@ -203,8 +203,8 @@ def _expand_remote(arg: str) -> list[RemoteInput]:
     fs, path = filesystem(arg)
     proto = protocol(arg)
 
-    def url(p: str) -> RemoteInput:
-        return RemoteInput(f"{proto}://{p}")
+    def url(p: str) -> RemoteInput:  # fsspec's HTTP paths keep their scheme (http://h/x)
+        return RemoteInput(p if "://" in p else f"{proto}://{p}")
 
     if glob.has_magic(path):
         found = [url(p) for p in sorted(fs.glob(path)) if fs.isfile(p)]

@@ -9,7 +9,8 @@ Credentials come from where each backend looks (environment, config files, insta
                 {"endpoint_url": "http://127.0.0.1:9000"}})
 
 Reading: manifests are read directly; data files are fetched into a local cache
-(:mod:`.cache`), each verified against its checksum once when fetched, then memory-mapped.
+(:mod:`.cache`), verified against their checksums when fetched and their cached copies checked
+when opened (size always, crc32 once per process), then memory-mapped.
 Writing: :mod:`.publish` (data objects first, each verified, the manifest last: the commit).
 """
 
@@ -29,9 +30,30 @@ PIP = {"s3": "s3fs", "gcs": "gcsfs", "hf": "huggingface_hub", "azure": "adlfs"}
 
 
 def is_url(path) -> bool:
-    """A remote location (``scheme://...``, but not ``file://``)."""
+    """A remote location (``scheme://...``, but not ``file://``: :func:`local_path`)."""
     s = str(path)
-    return "://" in s and not s.startswith("file://")
+    return "://" in s and not s.lower().startswith("file://")
+
+
+def local_path(path):
+    """A path as packtool takes it in (every path argument of a command, the readers'
+    directory or prefix, a tokenizer): a ``file://`` URL becomes the local path it names
+    (RFC 8089: ``file:///abs/path`` or ``file://localhost/abs/path``, %-escapes decoded);
+    anything else is returned as given. Without this a ``file:///abs/out`` became the
+    relative folder ``./file:/abs/out``. A URL of another host is refused by name: packtool
+    reads and writes this machine's files, not another's."""
+    if not isinstance(path, str) or path[:7].lower() != "file://":
+        return path
+    from urllib.parse import unquote
+
+    host, slash, rest = path[7:].partition("/")
+    if host.lower() not in ("", "localhost"):
+        raise PacktoolError(f"{path}: a file:// URL of host {host!r}; packtool reads and "
+                            "writes this machine's files only: write file:///PATH (three "
+                            "slashes) or the path itself, or copy the files here")
+    if not slash:
+        raise PacktoolError(f"{path}: a file:// URL with no path; write file:///PATH")
+    return unquote("/" + rest)
 
 
 def protocol(url: str) -> str:
@@ -64,6 +86,67 @@ def default_options() -> dict:
     return parse_options(os.environ.get(ENV) or None)
 
 
+# a scoped --storage-options names each protocol's own: {"s3": {...}, "http": {...}}
+SCOPE_ALIASES = {"s3a": "s3", "gcs": "gs", "https": "http", "abfs": "az", "abfss": "az"}
+WEB = ("http", "https")
+TIMEOUT_ENV = "PACKTOOL_STORAGE_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0
+S3 = ("s3", "s3a")
+
+
+def _scoped(options: dict) -> bool:
+    from fsspec.registry import known_implementations
+
+    names = set(known_implementations) | set(SCOPE_ALIASES.values())
+    return bool(options) and all(k in names and isinstance(v, dict) for k, v in options.items())
+
+
+def options_for(proto: str, storage_options: dict | None = None) -> dict:
+    """The options of ``proto``'s filesystem: those given, else ``--storage-options``. A
+    scoped form (``{"s3": {...}, "http": {...}}``) gives each protocol its own. An unscoped
+    ``--storage-options`` goes to every store but not to an ``http(s)://`` input: a public
+    web file, whose filesystem takes aiohttp's request arguments (an S3 endpoint_url there
+    failed every read with a TypeError)."""
+    given = default_options() if storage_options is None else storage_options
+    if _scoped(given):
+        return dict(given.get(proto) or given.get(SCOPE_ALIASES.get(proto, proto)) or {})
+    if storage_options is None and proto in WEB:
+        return {}
+    return given
+
+
+def timeout() -> float:
+    """Seconds a store may take to connect or to answer one request
+    (``$PACKTOOL_STORAGE_TIMEOUT``, default 60)."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise PacktoolError(f"{TIMEOUT_ENV}={text!r}: give a positive number of seconds")
+    return value
+
+
+def bounded(proto: str, options: dict) -> dict:
+    """``options`` with a timeout on every request where the backend takes one and the user
+    set none: s3fs's botocore config (connect and read timeouts, and 2 attempts a request in
+    botocore's standard mode, which retries throttling, 5xx and broken connections). s3fs
+    retries a timed-out request 5 times itself, so a store that stops answering fails a
+    command after ~10 x the timeout (before: botocore's 5 legacy attempts of 15 s read
+    timeout each, 5 times: ~6 min per request, for ever in a run of many). gcsfs, adlfs and
+    the HTTP backend keep their own defaults (their timeout options differ by version)."""
+    if proto not in S3:
+        return options
+    t = timeout()
+    config = {"connect_timeout": t, "read_timeout": t,
+              "retries": {"max_attempts": 2, "mode": "standard"},
+              **(options.get("config_kwargs") or {})}
+    return {**options, "config_kwargs": config}
+
+
 def set_default_options(text: str | dict | None) -> None:
     """The CLI's ``--storage-options``: checked now, then kept in the environment (Ray's
     local workers and subprocesses inherit it)."""
@@ -81,9 +164,9 @@ def filesystem(url: str, storage_options: dict | None = None):
         raise PacktoolError(f"{url}: reading and writing URLs needs fsspec: pip install "
                             "'packtool[s3]' (or [gcs], [hf])") from None
     proto = protocol(url)
-    if storage_options is None:
-        storage_options = default_options()
-    key = (proto, json.dumps(storage_options, sort_keys=True, default=str))
+    storage_options = options_for(proto, storage_options)
+    key = (proto, json.dumps(storage_options, sort_keys=True, default=str),
+           os.environ.get(TIMEOUT_ENV))
     if key not in _FILESYSTEMS:
         try:
             cls = fsspec.get_filesystem_class(proto)
@@ -95,15 +178,21 @@ def filesystem(url: str, storage_options: dict | None = None):
                                 ) from None
         # no listings cache: other processes (Ray workers, array tasks) write the same
         # prefixes, and a stale listing would hide their objects from a resume or finalize
-        fresh = {"use_listings_cache": False, **storage_options}
+        options = bounded(proto, storage_options)
         try:
             try:
-                _FILESYSTEMS[key] = cls(**fresh)
+                fs = cls(**{"use_listings_cache": False, **options})
             except TypeError:  # a backend without fsspec's listings cache
-                _FILESYSTEMS[key] = cls(**storage_options)
+                fs = cls(**options)
+            if proto in S3:  # s3fs: its session takes the options now (an unknown one
+                fs.connect()  # failed the first request, with a traceback)
         except Exception as e:  # a backend's own validation of the options
-            raise PacktoolError(f"{url}: cannot open {proto}:// with --storage-options "
-                                f"{storage_options!r}: {type(e).__name__}: {e}") from None
+            raise PacktoolError(
+                f"{url}: cannot open {proto}:// with --storage-options {storage_options!r}: "
+                f"{type(e).__name__}: {e}; give only options its filesystem takes (for "
+                "several protocols, each its own: '{\"s3\": {...}, \"gs\": {...}}')"
+            ) from None
+        _FILESYSTEMS[key] = fs
     fs = _FILESYSTEMS[key]
     return fs, fs._strip_protocol(url)
 
@@ -156,3 +245,62 @@ def normalize(base, relative: str):
         proto, rest = str(base).split("://", 1)
         return f"{proto}://{posixpath.normpath(posixpath.join(rest, relative))}"
     return Path(os.path.normpath(Path(base) / relative))
+
+
+# exception class names (any module: botocore, aiohttp, fsspec) -> what went wrong
+_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                "NoAuthTokenError", "DefaultCredentialsError"}
+_UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
+                "ProxyConnectionError", "ClientConnectorError", "ServerDisconnectedError",
+                "ClientOSError"}
+_TIMED_OUT = {"ReadTimeoutError", "FSTimeoutError", "ServerTimeoutError"}
+
+
+def _endpoint(e: BaseException) -> str:
+    """The store's address: from the error (botocore names the request's URL), else the
+    configured endpoint_url, else the backend's default."""
+    from urllib.parse import urlsplit
+
+    url = (getattr(e, "kwargs", None) or {}).get("endpoint_url")
+    if not url:
+        opts = default_options()
+        opts = opts.get("s3", opts) if _scoped(opts) else opts
+        url = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+    if not url:
+        return "the store's default endpoint"
+    parts = urlsplit(str(url))
+    return f"{parts.scheme}://{parts.netloc}" if parts.netloc else str(url)
+
+
+def store_error(e: BaseException, urls=()) -> PacktoolError | None:
+    """A store's failure (``e``: an exception of botocore, aiohttp or fsspec) as a message
+    naming the command's ``urls``, the endpoint and the fix; None for any other error. The
+    CLI turns these into ``Error: ...`` and exit 1, never a traceback."""
+    names = {c.__name__ for c in type(e).__mro__}
+    where = ", ".join(dict.fromkeys(str(u) for u in urls)) or "the store"
+    at = _endpoint(e)
+    if names & _CREDENTIALS:
+        return PacktoolError(
+            f"{where}: no credentials for the store at {at} ({e}); give them where the "
+            "backend looks (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE and "
+            "~/.aws/credentials, an instance role; GOOGLE_APPLICATION_CREDENTIALS for gs://) "
+            "or in --storage-options (e.g. '{\"key\": ..., \"secret\": ...}', or "
+            "'{\"anon\": true}' for a public bucket)")
+    if names & _UNREACHABLE:
+        return PacktoolError(
+            f"{where}: cannot reach the store at {at} ({e}); check that it is up and that "
+            "--storage-options' endpoint_url names it, then run the command again (a run "
+            "cut short resumes: finished parts and shards are skipped)")
+    if "ClientResponseError" in names:  # aiohttp: an http(s):// server's refusal
+        request = getattr(e, "request_info", None)
+        return PacktoolError(
+            f"{where}: {getattr(request, 'url', at)} answered HTTP {getattr(e, 'status', '?')} "
+            f"{getattr(e, 'message', '')}; check the URL, and that the file is public or "
+            "--storage-options gives its headers ('{\"http\": {\"headers\": {...}}}')")
+    if names & _TIMED_OUT:
+        return PacktoolError(
+            f"{where}: the store at {at} did not answer within {timeout():g} s ({e}); check "
+            f"that it is up and reachable, or allow it longer ({TIMEOUT_ENV}=SECONDS, or "
+            "--storage-options '{\"config_kwargs\": {\"read_timeout\": SECONDS}}'), then run "
+            "the command again (a run cut short resumes)")
+    return None

@@ -27,7 +27,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from . import basename, is_url, parent
+from . import basename, is_url, local_path, parent
 from .place import Place
 
 
@@ -37,7 +37,8 @@ class Output:
 
     def __init__(self, path, storage_options: dict | None = None):
         self.remote = is_url(path)
-        self.path = str(path).rstrip("/") if self.remote else Path(os.path.abspath(path))
+        self.path = (str(path).rstrip("/") if self.remote
+                     else Path(os.path.abspath(local_path(path))))
         self.name = basename(self.path)
         self.place = Place(parent(self.path), storage_options)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import basename, filesystem, is_url, join, normalize, parent
+from . import basename, filesystem, is_url, join, local_path, normalize, parent
 
 # backends whose find() filters names by a prefix on the server (s3fs, gcsfs): the objects of
 # one job, named alike, are looked up in one listing request
@@ -52,6 +52,7 @@ def object_states(fs, rpaths: list[str]) -> dict[str, tuple[int, str | None] | N
 
 class Place:
     def __init__(self, folder, storage_options: dict | None = None, cache=None):
+        folder = local_path(folder)
         self.remote = is_url(folder)
         self.folder = str(folder).rstrip("/") if self.remote else Path(folder)
         self.storage_options = storage_options  # None: the defaults (--storage-options)
@@ -90,15 +91,25 @@ class Place:
     def _remote(self, name: str) -> str:
         return f"{self.root}/{name}"
 
+    def _info(self, name: str) -> dict | None:
+        """A remote object's info, None if there is none. Any other failure (no credentials,
+        a store that does not answer) is raised: fsspec's exists() and isfile() answered
+        False for it, and a command then said the dataset was not there."""
+        try:
+            return self.fs.info(self._remote(name))
+        except FileNotFoundError:
+            return None
+
     def exists(self, name: str) -> bool:
         if self.remote:
-            return self.fs.exists(self._remote(name))
+            return self._info(name) is not None
         p = self.path(name)
         return p.exists() or p.is_symlink()
 
     def is_file(self, name: str) -> bool:
         if self.remote:
-            return self.fs.isfile(self._remote(name))
+            info = self._info(name)
+            return info is not None and info.get("type") == "file"
         return self.path(name).is_file()
 
     def read_bytes(self, name: str) -> bytes:
@@ -153,4 +164,5 @@ class Place:
 
 def place_of(path, storage_options: dict | None = None, cache=None) -> tuple[Place, str]:
     """(the folder's place, the file or prefix name) of a path or URL."""
+    path = local_path(path)
     return Place(parent(path), storage_options, cache), basename(path)

@@ -23,22 +23,23 @@ parts, pack shards); each job is written on this machine's disk by the ordinary 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
-import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._temps import pid_alive
 from ..errors import PacktoolError
-from .place import object_states, protocols
+from .lock import (  # noqa: F401  (moved to lock.py; imports from here keep working)
+    _HELD,
+    ATOMIC_CREATE,
+    LOCK_ENV,
+    StoreLock,
+    _stale,
+    atomic_create,
+)
+from .place import object_states
 
 CHUNK = 64 << 20      # multipart part size (s3fs's own default is 50 MiB)
-LOCK_ENV = "PACKTOOL_UNSAFE_STORE_LOCK"
 
 
 @dataclass
@@ -78,103 +79,6 @@ def _looks_md5(etag: str) -> bool:
     return len(head) == 32 and all(c in "0123456789abcdef" for c in head.lower())
 
 
-_HELD: set[str] = set()   # tokens of the store locks this process holds now
-
-
-def _stale(lock: dict) -> bool:
-    """A lock left by a run of this host that is over: its process is gone, or it is this
-    process and the run that took it has ended (its release failed: the store was down)."""
-    if lock.get("host") != socket.gethostname() or not isinstance(lock.get("pid"), int):
-        return False
-    if lock["pid"] == os.getpid():
-        return lock.get("token") not in _HELD
-    return not pid_alive(lock["pid"])
-
-
-# backends whose pipe_file(mode="create") is a conditional put, atomic on the server: s3fs
-# (If-None-Match: *; AWS S3, R2, MinIO) and gcsfs (ifGenerationMatch=0). fsspec's default
-# checks that the object is absent, then writes: two writers can both pass.
-ATOMIC_CREATE = {"s3", "s3a", "gs", "gcs"}
-
-
-def atomic_create(fs) -> bool:
-    return bool(ATOMIC_CREATE & protocols(fs))
-
-
-class _Held(PacktoolError):
-    """The lock object is another live run's."""
-
-
-class StoreLock:
-    """A lock object created by a conditional put; removed on release. One left by a dead run
-    of this host is taken over; one of another host is named (delete it if no run is
-    writing)."""
-
-    def __init__(self, fs, rpath: str, url: str, wait: bool = False):
-        self.fs, self.rpath, self.url, self.wait = fs, rpath, url, wait
-        self.token = os.urandom(8).hex()
-
-    def _put(self, body: bytes) -> None:
-        if not atomic_create(self.fs) and os.environ.get(LOCK_ENV) != "1":
-            raise PacktoolError(
-                f"{self.url}: this store's fsspec backend has no atomic create-if-absent "
-                "(fsspec's default checks, then writes), so two writers could not be kept "
-                f"apart; set {LOCK_ENV}=1 to write anyway (one writer at a time is then "
-                "yours to ensure; docs/STORAGE.md)")
-        try:
-            self.fs.pipe_file(self.rpath, body, mode="create")
-        except (TypeError, NotImplementedError, ValueError) as e:
-            if os.environ.get(LOCK_ENV) != "1":
-                raise PacktoolError(
-                    f"{self.url}: this store cannot create an object conditionally ({e}), so "
-                    f"two writers could not be kept apart; set {LOCK_ENV}=1 to write anyway "
-                    "(one writer at a time is then yours to ensure)") from None
-            self.fs.pipe_file(self.rpath, body)
-
-    def __enter__(self):
-        delay = 0.2
-        while True:
-            try:
-                return self._take()
-            except _Held:
-                if not self.wait:
-                    raise
-            time.sleep(delay)  # another writer of the same job: it finishes, then we skip it
-            delay = min(2 * delay, 5.0)
-
-    def _take(self):
-        body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                           "time": time.time(), "token": self.token}).encode()
-        try:
-            self._put(body)
-        except FileExistsError:
-            try:
-                held = json.loads(self.fs.cat_file(self.rpath))
-            except Exception:  # unreadable, or gone meanwhile: still not ours to take
-                held = {}
-            if not _stale(held):
-                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(held.get("time", 0)))
-                holder = (f"pid {held.get('pid')} on {held.get('host')} since {when}"
-                          if held else "another run")
-                raise _Held(f"{self.url} is held by {holder}: another run is writing "
-                            "this output; wait for it, or delete that lock object if no run "
-                            "is") from None
-            self.fs.rm_file(self.rpath)  # a dead run's: taken over
-            try:
-                self._put(body)
-            except FileExistsError:
-                raise PacktoolError(f"{self.url}: another run took the lock just now; wait "
-                                    "for it") from None
-        _HELD.add(self.token)
-        return self
-
-    def __exit__(self, *exc):
-        _HELD.discard(self.token)
-        with contextlib.suppress(Exception):  # a store that is down keeps it: stale, see above
-            self.fs.rm_file(self.rpath)
-        return False
-
-
 def put_object(fs, rpath: str, data: bytes, url: str) -> None:
     """A small object (a record, a manifest) in one put, its size checked."""
     fs.pipe_file(rpath, data)
@@ -207,7 +111,8 @@ def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
             state = after[rpath]
             if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
                                                      and state[1] not in md5s[rpath].result()):
-                raise PacktoolError(f"s3://{rpath}: the uploaded object does not match {local} "
+                raise PacktoolError(f"{fs.unstrip_protocol(rpath)}: the uploaded object does "
+                                    f"not match {local} "
                                     "(size or MD5 differs); nothing was committed: run the "
                                     "command again")
             result.uploaded += 1

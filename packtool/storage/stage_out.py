@@ -71,7 +71,8 @@ def fetch_tokenizer(url: str) -> Path:
             files["tokenizer_config.json"] = f"{folder}/tokenizer_config.json"
     else:
         raise PacktoolError(f"tokenizer {url}: no such object or prefix")
-    tags = [str(fs.info(p).get("ETag") or fs.info(p).get("size")) for p in files.values()]
+    tags = [str(info.get("ETag") or info.get("size"))
+            for info in (fs.info(p) for p in files.values())]
     key = hashlib.sha256(json.dumps([url, sorted(files), tags]).encode()).hexdigest()[:20]
     dest = default_dir() / "tokenizers" / key
     if not dest.is_dir():

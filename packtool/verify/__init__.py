@@ -30,7 +30,8 @@ import numpy as np
 from ..errors import PacktoolError
 from ..formats.packed import VALID, ValidationError, validate_packed
 from ..formats.tokens import open_tokens, validate_tokens
-from ..storage import is_url, join, kind_of, parent
+from ..storage import is_url, join, kind_of, local_path, parent
+from ..storage.cache import rehashing
 from . import segments as sg
 from .draws import Selection
 
@@ -82,9 +83,13 @@ class VerifyResult:
 
 def verify(path: str | Path, sources: list[str | Path] | None = None) -> VerifyResult:
     """A packed directory (with optional sources) or a token-corpus prefix (local, or a URL:
-    :mod:`packtool.storage`)."""
+    :mod:`packtool.storage`). A remote file is checked in the bytes read, not trusted for
+    being in the cache: every cache entry opened is hashed again
+    (:func:`packtool.storage.cache.rehashing`), a bad one fetched again."""
+    path, sources = local_path(path), [local_path(s) for s in sources or ()]
     if is_url(path):
-        return _verify_url(str(path), sources)
+        with rehashing():
+            return _verify_url(str(path), sources)
     p = Path(path)
     if p.is_dir():
         return verify_packed(p, sources)
@@ -119,7 +124,11 @@ def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
                   ) -> VerifyResult:
     """Run every check (also on the held-out split in ``directory/valid``, and that no
     document is in both); return a :class:`VerifyResult` or raise :class:`VerifyError`."""
-    directory = directory if is_url(directory) else Path(directory)
+    with rehashing():  # remote files (the dataset's or a source's): their bytes re-hashed
+        return _verify_packed(directory if is_url(directory) else Path(directory), sources)
+
+
+def _verify_packed(directory, sources) -> VerifyResult:
     ds = validate_packed(directory)
     index = ds.index
     if index.get("split") == "valid" and sources:

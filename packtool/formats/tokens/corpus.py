@@ -5,6 +5,7 @@ once: each map holds a file descriptor, so a corpus of 2,000 parts reads under `
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import threading
 from collections import OrderedDict
@@ -138,11 +139,15 @@ class TokenPart:
 
     def verify_checksums(self, strong: bool = True) -> None:
         """Re-hash the part's data files and compare with its entry (a full read; a remote
-        file is fetched, and so verified, into the cache). ``strong``: sha256 too, not only
-        the crc32 a first read checks (see :func:`check_file`)."""
+        file is fetched, and so verified, into the cache; a cached copy, with ``strong``,
+        hashed again, however often this process checked it). ``strong``: sha256 too, not
+        only the crc32 a first read checks (see :func:`check_file`)."""
         if self.place.remote:
-            for key in self.entry["checksums"]:
-                self.file(key)
+            from ...storage.cache import rehashing
+
+            with rehashing() if strong else contextlib.nullcontext():
+                for key in self.entry["checksums"]:
+                    self.file(key)
         else:
             verify_part_files(self.prefix, self.entry, strong)
 

@@ -213,9 +213,10 @@ def open_tokens(prefix, checksums: bool = True, storage_options: dict | None = N
     file. With ``checksums`` a part's ``.bin``/``.mask`` is re-hashed on its first read, once
     per process (see :class:`TokenPart`); :meth:`TokenCorpus.verify_checksums` hashes all.
     """
+    from ...storage import local_path
     from ...storage.place import place_of
 
-    prefix = split_prefix(prefix)
+    prefix = split_prefix(local_path(prefix))
     place, stem = place_of(prefix, storage_options, cache)
     path = place.path(f"{stem}.json")
     raw: list = []
