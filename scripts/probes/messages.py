@@ -129,7 +129,7 @@ def positive_probes(ctx: Ctx) -> list[Probe]:
               check=_says(r"warning.*split"), check_kind="unclear error"),
         Probe("the tokenize summary names the engine that ran", "6",
               ["tokenize", "good.jsonl", "-t", ctx.tok, "-o", "out/c"], needs=("corpus",),
-              expect="ok", check=_says(r"engine|\bhf\b|tokenizers"),
+              expect="ok", check=_says(r"engine|\bhf\b|tokenizers", "out"),  # the result: stdout
               check_kind="unclear error"),
         Probe("datasets reads a parquet export through DIR/*", "6", ["python", GLOB],
               needs=("ds",), before=[["export", "p", "--format", "parquet", "-o", "out/x",
