@@ -73,7 +73,7 @@ class Output:
         if shared:
             yield []
             return
-        from .publish import StoreLock
+        from .lock import StoreLock
 
         name = self._lock_name()
         with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name))):
@@ -94,7 +94,7 @@ class Output:
             with _locks.waiting(lock, label):
                 yield
             return
-        from .publish import StoreLock
+        from .lock import StoreLock
 
         with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name)),
                        wait=True):

@@ -30,11 +30,9 @@ from pathlib import Path
 
 from ..errors import PacktoolError
 from .lock import (  # noqa: F401  (moved to lock.py; imports from here keep working)
-    _HELD,
     ATOMIC_CREATE,
     LOCK_ENV,
     StoreLock,
-    _stale,
     atomic_create,
 )
 from .place import object_states
