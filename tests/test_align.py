@@ -206,7 +206,7 @@ def test_verify_refuses_a_pack_over_max_docs(corpus, aligned, tmp_path):
 @pytest.mark.parametrize("k", [8, 64])
 def test_stats_predicts_the_packs_pack_writes(corpus, tmp_path, k):
     """stats --align / --max-docs on the bundled corpus and on a real-shaped histogram
-    (squad11-384, 87,599 documents): its packs are those pack writes (bfd, the default)."""
+    (squad11-384, 88,641 documents): its packs are those pack writes (bfd, the default)."""
     squad = load_histogram_csv(reference_histogram("squad11-384"))
     write_token_corpus(tmp_path / "squad", squad, vocab_size=500)
     for prefix, seq_len in ((corpus, 1024), (tmp_path / "squad", 512)):
