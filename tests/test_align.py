@@ -325,3 +325,22 @@ def test_cli_pack_align_and_stats(corpus, tmp_path):
     r = CliRunner().invoke(cli, ["pack", str(corpus), "-L", "1000", "--align", "16", "-o",
                                  str(tmp_path / "q")])
     assert r.exit_code != 0 and "not a multiple of the alignment 16" in r.output
+
+
+# ------------------------------------------------------------------ the sampler and which
+def test_sampler_and_which_on_an_aligned_dataset(aligned):
+    from packtool.train.sampler import PackSampler
+    from packtool.train.which import which_step
+
+    ds = open_packed(aligned)
+    sampler = PackSampler(ds, rank=0, world_size=2, batch_size=2, seed=3)
+    other = PackSampler(ds, rank=1, world_size=2, batch_size=2, seed=3)
+    seen = [i for s in (sampler, other) for step in s.steps() for i in step]
+    assert len(seen) == len(set(seen)) and len(seen) >= len(ds) - 3  # drop_last: < 1 step
+    row = collate_numpy([ds[i] for i in next(iter(sampler.steps()))], max_docs=12)
+    assert row["cu_seq_lens_q"].size == 25 and "cu_seqlens_padded" in row
+    res = which_step(aligned, 0, 0, 0, world_size=2, batch_size=2, seed=3)
+    first = res.segments[0].pack
+    cup = ds[first]["cu_seqlens_padded"]
+    got = [s.position[0] for s in res.segments if s.pack == first]
+    assert got == cup[:-1].tolist()  # where each segment starts in the aligned row
