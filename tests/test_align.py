@@ -344,3 +344,28 @@ def test_sampler_and_which_on_an_aligned_dataset(aligned):
     cup = ds[first]["cu_seqlens_padded"]
     got = [s.position[0] for s in res.segments if s.pack == first]
     assert got == cup[:-1].tolist()  # where each segment starts in the aligned row
+
+
+@pytest.mark.parametrize("layout,vocab", [("index", 500), ("tokens", 500), ("tokens", 65_000)])
+def test_aligned_rows_with_a_loss_mask(tmp_path, layout, vocab):
+    """SFT sources: the mask (from the source, folded in the token word, or 1 bit a token)
+    lands on the real tokens of an aligned row; pads are -100; verify recomputes it all."""
+    lengths = lognormal_lengths(400, median=40, sigma=1.0, cap=600, seed=5)
+    write_token_corpus(tmp_path / "c", lengths, vocab_size=vocab, mask=True, seed=5)
+    pack_corpus([tmp_path / "c"], tmp_path / "p", 256, align=8, pad_id=1, layout=layout)
+    ds = open_packed(tmp_path / "p")
+    assert ds.index["mask_storage"] == {"index": "source", "tokens": "folded" if vocab == 500
+                                        else "bits"}[layout]
+    part = packtool.open_tokens(tmp_path / "c").parts[0]  # one part: documents in order
+    starts = np.concatenate([[0], np.asarray(part.ends, np.int64)])
+    for i in range(len(ds)):
+        ex = ds[i]
+        cu, cup = ex["cu_seqlens"], ex["cu_seqlens_padded"]
+        for j, (d, o) in enumerate(zip(ex["source_docs"], ex["source_offsets"], strict=True)):
+            n, a = int(cu[j + 1] - cu[j]), int(cup[j])
+            mask = np.asarray(part.mask[starts[d] + o:starts[d] + o + n])
+            want = np.where(mask == 0, -100, ex["input_ids"][a:a + n])
+            want[0] = -100
+            assert ex["labels"][a:a + n].tolist() == want.tolist()
+            assert (ex["labels"][a + n:int(cup[j + 1])] == -100).all()
+    verify_packed(tmp_path / "p", [tmp_path / "c"])
