@@ -369,3 +369,12 @@ def test_aligned_rows_with_a_loss_mask(tmp_path, layout, vocab):
             assert ex["labels"][a:a + n].tolist() == want.tolist()
             assert (ex["labels"][a + n:int(cup[j + 1])] == -100).all()
     verify_packed(tmp_path / "p", [tmp_path / "c"])
+
+
+def test_stats_of_an_aligned_dataset(aligned):
+    rep = stats([str(aligned)]).report
+    ds = open_packed(aligned)
+    assert rep["align"] == 16 and rep["n_align_tokens"] == ds.index["n_align_tokens"]
+    rows = [int(ds[i]["cu_seqlens_padded"][-1]) for i in range(len(ds))]
+    assert rep["pack_fill"]["mean"] == pytest.approx(np.mean(rows) / 1024)  # pads count
+    assert "pad tokens of id 0" in stats([str(aligned)]).summary()

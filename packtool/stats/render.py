@@ -113,6 +113,9 @@ def render_packed(rep: dict) -> str:
         f"attention cost, 8 ranks x 1 pack per step, mean max/mean rank: shuffled "
         f"{rep['attention_imbalance']:.2f}, PackSampler(balance='attention') "
         f"{rep['attention_imbalance_balanced']:.2f}",
+        *([f"segments aligned to {rep['align']}: {rep['n_align_tokens']:,} pad tokens of id "
+           f"{rep['pad_id']} ({100 * rep['n_align_tokens'] / max(rep['n_tokens'], 1):.2f}%; "
+           "pack fill counts them)"] if rep.get("align") else []),
         f"overflow ({rep['overflow']}): {rep['n_overlong']:,} over-long documents; split "
         f"{rep['n_split']:,} into {rep['n_split_pieces']:,} pieces, truncated "
         f"{rep['n_truncated']:,} (-{rep['n_truncated_tokens']:,} tokens), dropped "
