@@ -171,6 +171,45 @@ class PackOptions:
                        type=("choice", BALANCE), show_default=True)
     balance_ranks: int = opt(8, "--balance attention: the ranks taking one pack each per step.",
                              type=("int", 1, None), show_default=True)
+    align: int | None = opt(None, "Pad every segment to a multiple of K tokens (Transformer "
+                            "Engine's THD cu_seqlens_padded), planned in the packer so no row "
+                            "exceeds --seq-len; --seq-len must be a multiple of K.",
+                            type=("int", 1, 2**20), metavar="K")
+    cp: int | None = opt(None, "Context-parallel size N: align segments to 2N (with --align, "
+                         "--tp, --fp8: their lcm).", type=("int", 1, 2**16), metavar="N")
+    tp: int | None = opt(None, "Tensor-parallel size M: with --sequence-parallel, align "
+                         "segments to a multiple of M too.", type=("int", 1, 2**16),
+                         metavar="M")
+    sequence_parallel: bool = opt(False, "Megatron sequence parallelism (with --tp).",
+                                  type="flag")
+    fp8: bool = opt(False, "FP8 GEMMs: align segments to a multiple of 16 too.", type="flag")
+    pad_id: int | None = opt(None, "Token id of alignment pads (default: the tokenizer's pad "
+                             "token, else its eos; recorded in index.json).",
+                             type=("int", 0, 2**32 - 1))
+    max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
+                               "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
+                               metavar="K")
+
+    @property
+    def alignment(self) -> int:
+        """The K every segment is padded to a multiple of: the lcm of --align, 2 x --cp,
+        --tp under --sequence-parallel and 16 with --fp8 (1: no alignment)."""
+        from math import lcm
+
+        k = self.align or 1
+        if self.cp:
+            k = lcm(k, 2 * self.cp)
+        if self.tp and self.sequence_parallel:
+            k = lcm(k, self.tp)
+        return lcm(k, 16) if self.fp8 else k
+
+    def alignment_source(self) -> str:
+        """The options that set :attr:`alignment`, as the user gave them (for messages)."""
+        given = [f"--align {self.align}" if self.align else "",
+                 f"--cp {self.cp}" if self.cp else "",
+                 f"--tp {self.tp} --sequence-parallel" if self.tp and self.sequence_parallel
+                 else "", "--fp8" if self.fp8 else ""]
+        return ", ".join(g for g in given if g)
 
     def packer_options(self):
         from .packers import PackerOptions
@@ -201,3 +240,31 @@ class PackOptions:
                 self.group_docs, int) or self.group_docs < 1):
             raise PacktoolError(f"--group-docs must be a positive number of documents, got "
                                 f"{self.group_docs!r}")
+        self.check_alignment()
+
+    def check_alignment(self) -> None:
+        """--align and the options it derives from: positive integers, combined sensibly,
+        and a --seq-len that is a multiple of the alignment (a pack of aligned segments is
+        one, so a row of exactly --seq-len tokens must be reachable)."""
+        for name, value in (("--align", self.align), ("--cp", self.cp), ("--tp", self.tp),
+                            ("--pad-id", self.pad_id), ("--max-docs", self.max_docs)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < (0 if name == "--pad-id" else 1)):
+                raise PacktoolError(f"{name} must be a positive integer, got {value!r}")
+        if self.sequence_parallel and not self.tp:
+            raise PacktoolError("--sequence-parallel splits sequences over the tensor-parallel "
+                                "ranks: also pass --tp M")
+        if self.tp and not self.sequence_parallel:
+            raise PacktoolError(f"--tp {self.tp} alone does not split sequences (only Megatron's "
+                                "sequence parallelism does): add --sequence-parallel, or drop "
+                                "--tp")
+        k = self.alignment
+        if self.pad_id is not None and k == 1:
+            raise PacktoolError("--pad-id is the id of alignment pads: give it with --align "
+                                "(or --cp/--tp/--fp8), or drop it")
+        if k > 1 and self.seq_len % k:
+            lo, hi = self.seq_len // k * k, -(-self.seq_len // k) * k
+            raise PacktoolError(
+                f"--seq-len {self.seq_len:,} is not a multiple of the alignment {k} "
+                f"({self.alignment_source()}): every aligned segment is a multiple of {k}, "
+                f"so use --seq-len {hi:,}" + (f" or {lo:,}" if lo else ""))

@@ -221,3 +221,39 @@ def lpt(costs, world_size, batch_size):
         slots[r].append(j)
         load[r] += costs[j]
     return slots
+
+
+def capped_first_fit_decreasing(lengths, capacity, max_docs):
+    """FFD where a pack holding ``max_docs`` documents takes no more."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable
+    room, held, packs = [], [], [-1] * len(lengths)
+    for i in order:
+        if lengths[i] == 0:
+            continue
+        p = next((p for p, r in enumerate(room) if r >= lengths[i] and held[p] < max_docs),
+                 None)
+        if p is None:
+            p = len(room)
+            room.append(capacity)
+            held.append(0)
+        room[p] -= lengths[i]
+        held[p] += 1
+        packs[i] = p
+    return packs
+
+
+def capped_best_fit_decreasing_sizes(lengths, capacity, max_docs):
+    """Sorted (fill, documents) of BFD where a pack of ``max_docs`` documents is closed; among
+    packs of equal room the one that reached it last is taken (what the kernel's buckets do,
+    which matters here: the packs' counts differ)."""
+    open_, closed = [], []  # [room, documents], in the order each reached its room
+    for length in sorted((n for n in lengths if n), reverse=True):
+        fits = [k for k, (r, _) in enumerate(open_) if r >= length]
+        if fits:
+            best = min(open_[k][0] for k in fits)
+            room, held = open_.pop(max(k for k in fits if open_[k][0] == best))
+        else:
+            room, held = capacity, 0
+        pack = [room - length, held + 1]
+        (closed if pack[1] >= max_docs else open_).append(pack)
+    return sorted((capacity - r, h) for r, h in open_ + closed)

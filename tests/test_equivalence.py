@@ -150,3 +150,34 @@ def test_padded_items_and_dataloader(packed):
                                          collate_fn=collate_tensors)
     batch = next(iter(loader))
     assert batch["input_ids"].shape[1] == int(batch["cu_seq_lens_q"][-1])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_aligned_rows_equal_documents_alone(corpus_dir, kind):
+    """pack --align 16: each segment's pads after its tokens (positions running on, labels
+    -100) leave the real tokens' logits and the loss those of the documents alone, through
+    collate_tensors and model_inputs (which gives the model the padded boundaries)."""
+    import packtool
+    from packtool.torch import collate_tensors, model_inputs
+
+    d = corpus_dir
+    if not (d / "p-aligned").exists():
+        pack_corpus([d / "c"], d / "p-aligned", 256, "bfd", align=16)
+    ds, corpus = open_packed(d / "p-aligned"), packtool.open_tokens(d / "c")
+    model = tiny_model(kind, "sdpa", vocab=2048)
+    exs = [ds[i] for i in range(3)]
+    batch = collate_tensors(exs)
+    with torch.no_grad():
+        out = model(**model_inputs(batch), use_cache=False)
+    cu, cup = batch["cu_seq_lens_q"].tolist(), batch["cu_seqlens_padded"].tolist()
+    real = torch.cat([torch.arange(a, a + cu[j + 1] - cu[j]) for j, a in enumerate(cup[:-1])])
+    assert cup[-1] > cu[-1], "the rows hold pads"
+    refs, ref_loss, ref_n = [], 0.0, 0
+    for ex in exs:
+        r, doc_loss, n = alone(model, corpus, ex)
+        refs.append(r)
+        ref_loss, ref_n = ref_loss + doc_loss, ref_n + n
+    assert (out.logits[0][real] - torch.cat(refs)).abs().max().item() <= TOL
+    n_trained = int((batch["labels"][0, 1:] != -100).sum())
+    assert n_trained == ref_n
+    assert out.loss.item() * n_trained == pytest.approx(ref_loss.item(), rel=1e-5)

@@ -28,8 +28,10 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "part_bytes", "overwrite")
 PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shard_size",
                "valid_docs", "valid_fraction", "group_docs", "balance", "balance_ranks",
+               "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id", "max_docs",
                "max_depth", "work_limit", "time_limit")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
+ALIGN_FIELDS = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
 
 
 def local(*paths) -> list:
@@ -118,6 +120,7 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
         packtool pack out/web:2.0 out/books:0.5 out/code -L 4096 --valid-docs 1000 -o out/mix
         packtool pack out/corpus -L 4096 -o out/packed --tasks 8 --task $SLURM_ARRAY_TASK_ID
         packtool pack out/corpus -L 4096 -o out/packed --finalize
+        packtool pack out/corpus -L 8192 --cp 8 --fp8 --max-docs 64 -o out/thd
     """
     from ..pack import pack as run_pack
 
@@ -164,7 +167,7 @@ def verify(ctx, path, sources, as_json):
 @click.option("--lengths", "lengths_file", type=click.Path(dir_okay=False),
               help="Report on lengths alone: a local .npy of document lengths or a "
                    "length,count CSV (a small file: copy it here from a store).")
-@fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, "seed",
+@fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, *ALIGN_FIELDS, "seed",
         seq_len={"required": False, "multiple": True, "type": ("ints", 1, 2**31 - 1),
                  "help": "Sequence lengths to evaluate: -L 512,2048 or -L 512 -L 2048 "
                  "(default 512 1024 2048 4096 8192)."})
@@ -185,6 +188,7 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
     \b
     Example:
         packtool stats out/corpus --seq-len 2048 --algos all
+        packtool stats out/corpus -L 4096 --align 16 --max-docs 8
         packtool stats --lengths lengths.csv -L 512 --algos bfd,spfhp --json
         packtool stats out/packed
     """

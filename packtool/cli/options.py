@@ -119,6 +119,8 @@ def _option(f: dataclasses.Field, **override):
     flags = cli["flags"] or (f"--{f.name.replace('_', '-')}",)
     kind = cli["type"]
     kw = {"help": cli["help"]}
+    if cli.get("metavar"):
+        kw["metavar"] = cli["metavar"]
     if kind == "flag":
         kw["is_flag"] = True
     elif kind == "negated_flag":

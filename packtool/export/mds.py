@@ -7,7 +7,9 @@
     sample columns (MDS encodings)
       input_ids     ndarray:int32   tokens of the pack
       position_ids  ndarray:int32   restart at 0 in every segment
-      cu_seqlens    ndarray:int32   [0, end of segment 1, ..., len(input_ids)] (flash-attn varlen)
+      cu_seqlens    ndarray:int32   [0, end of segment 1, ..., len(input_ids)] (flash-attn varlen);
+                                    an aligned dataset's rows hold each segment's pads after it
+                                    (pad_id, labels -100) and these are the padded boundaries
       labels        ndarray:int32   -100 at each segment's first token and where loss mask is 0
       loss_mask     ndarray:uint8   only when the packed dataset has one (SFT/chat)
 
@@ -100,7 +102,7 @@ def columns(has_mask: bool) -> dict[str, str]:
 
 def _samples(ds, k: int, lo: int, hi: int, has_mask: bool):
     """Packs lo..hi-1 of shard k as MDS samples, converted in one step for the group."""
-    r = ds.read_range(k, lo, hi)
+    r = ds.read_range(k, lo, hi, pads=True)
     tokens, positions = r["ids"].astype(np.int32), r["positions"].astype(np.int32)
     labels = r["labels"].astype(np.int32)
     starts = r["seg_start"].astype(np.int32)

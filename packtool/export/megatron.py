@@ -209,6 +209,13 @@ def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
     """A packed dataset as a Megatron indexed dataset: sequence = segment, document = pack."""
     if int(ds.index["n_tokens"]) == 0:
         raise PacktoolError(f"{ds.directory} holds no tokens; nothing to export")
+    if ds.align > 1:
+        raise PacktoolError(
+            f"{ds.directory} is aligned to {ds.align} (pack --align): a Megatron indexed "
+            "dataset has no loss mask, so its pads would be trained on; export it as "
+            "parquet-packed (Megatron-Bridge's packed THD rows, pads masked), or export the "
+            "corpus (megatron from the token files) and let Megatron pad for context "
+            "parallelism")
     dt = bin_dtype(ds.token_dtype)
     itemsize = ds.token_dtype.itemsize
     bin_path, idx_path = out_paths(out)

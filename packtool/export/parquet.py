@@ -13,6 +13,10 @@ else a directory with one file per packed shard and a .packtool-export.json)::
                                   token and where packtool's loss mask is 0 (= labels != -100)
       seq_start_id  list<int32>   start of each segment in the pack: [0, ...] (cu_seqlens[:-1])
 
+An aligned dataset (``pack --align K``) is exported as its rows: each segment followed by its
+pads (pad_id; labels -100, loss_mask 0), seq_lengths and seq_start_id those of the padded
+segments (Transformer Engine's cu_seqlens_padded, what Megatron-Bridge's THD path pre-pads).
+
 One row group per 1,024 packs, built from the shard's memmapped arrays in one vectorised
 step per group, so memory stays at a few row groups whatever the dataset size. ``parquet``
 keeps Arrow's defaults (snappy, dictionary pages: they store 16-bit ids in ~2 bytes, not 4).
@@ -36,7 +40,7 @@ ROWS_PER_GROUP = 1024
 
 def _columns(ds, k: int, lo: int, hi: int) -> dict:
     """Packs lo..hi-1 of shard k as flat numpy columns plus list offsets."""
-    r = ds.read_range(k, lo, hi)
+    r = ds.read_range(k, lo, hi, pads=True)
     return {
         "tokens": r["ids"].astype(np.int32), "labels": r["labels"].astype(np.int32),
         "tok_off": r["pack_tok"].astype(np.int32), "seg_off": r["pack_seg"].astype(np.int32),

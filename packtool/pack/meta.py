@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import PacktoolError
 from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..metrics import histogram_metrics
 from ..storage import is_url, relative
@@ -57,7 +58,63 @@ def storage(corpora: list, options: PackOptions, longest: int) -> dict:
         stored = "source" if options.layout == "index" else mask_storage(token_dtype, vocab)
     return {"dtypes": {k: np.dtype(v).str for k, v in dtypes.items()},
             "token_dtype": token_dtype.name, "vocab_size": vocab, "loss_mask": has_mask,
-            "mask_storage": stored}
+            "mask_storage": stored, **align_entry(options, corpora, vocab)}
+
+
+def align_entry(options: PackOptions, corpora: list, vocab: int) -> dict:
+    """index.json's alignment keys (none without alignment, so an unaligned dataset's index
+    is what it was): K, the pads' token id, and the parallel sizes that set K."""
+    k = options.alignment
+    if k == 1:
+        return {}
+    pad = options.pad_id if options.pad_id is not None else default_pad_id(corpora)
+    if pad >= vocab:
+        raise PacktoolError(f"--pad-id {pad:,} is outside the sources' id space of {vocab:,} "
+                            f"tokens; pass an id below {vocab:,} (the tokenizer's pad or eos)")
+    return {"align": k, "pad_id": int(pad),
+            "parallel": {"cp": options.cp, "tp": options.tp,
+                         "sequence_parallel": options.sequence_parallel, "fp8": options.fp8}}
+
+
+def default_pad_id(corpora: list) -> int:
+    """The id alignment pads carry when --pad-id is not given: the tokenizer's pad token
+    (its tokenizer_config.json beside the tokenizer.json the corpus recorded), else its eos
+    token, else the eos id tokenize appended (--eos). Pads are never trained on (labels
+    -100) nor seen by a real token (they follow it, under a causal mask), so any id in the
+    vocabulary is correct; these are the ids a model's embedding expects there."""
+    meta = corpora[0].meta
+    found = _config_special(meta.get("tokenizer", {}).get("path"))
+    if found is not None:
+        return found
+    if meta.get("eos_id") is not None:
+        return int(meta["eos_id"])
+    raise PacktoolError(
+        f"--align: no pad id known for {corpora[0].prefix} (its tokenizer "
+        f"{meta.get('tokenizer', {}).get('path')!r} has no readable tokenizer_config.json "
+        "with a pad or eos token, and it was tokenized without --eos): pass --pad-id ID")
+
+
+def _config_special(path) -> int | None:
+    """The pad (else eos) token's id from the tokenizer_config.json beside a local
+    tokenizer.json, looked up in that tokenizer.json's added tokens (None if either is
+    missing)."""
+    import json
+
+    if not path or is_url(str(path)):
+        return None
+    tok = Path(path)
+    try:
+        config = json.loads((tok.parent / "tokenizer_config.json").read_text())
+        added = {t["content"]: int(t["id"]) for t in
+                 json.loads(tok.read_text()).get("added_tokens", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    for key in ("pad_token", "eos_token"):
+        name = config.get(key) if isinstance(config, dict) else None
+        name = name.get("content") if isinstance(name, dict) else name
+        if isinstance(name, str) and name in added:
+            return added[name]
+    return None
 
 
 def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: str,

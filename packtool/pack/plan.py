@@ -2,7 +2,8 @@
 assignment, order, shard boundaries, counts). No disk access, so tests check a plan directly.
 
     segments = documents after --overflow (split / truncate / drop; empty ones skipped)
-    packs    = the packer's pack id per segment
+    packs    = the packer's pack id per segment (of the lengths rounded up to multiples of
+               --align K: rows, pads included, fit --seq-len; --max-docs caps its segments)
     order    = packs shuffled with --seed (or the packer's order with --no-shuffle)
     shards   = consecutive packs of about --shard-size tokens
 
@@ -22,6 +23,7 @@ import numpy as np
 from .. import seeds
 from .._numba import njit
 from ..errors import PacktoolError
+from ..formats.packed.layout import align_up
 from ..options import OVERFLOW, PackOptions
 from ..packers import PackerReport, run_packer
 
@@ -214,26 +216,32 @@ class PackLayout:
             return self.rounds[0].table_length[self.order]
         return self.segments()[2]
 
-    def pack_sums(self, chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    def pack_chunks(self, chunk: int = 1 << 20):
+        """(first pack, end pack, their segments' first index, their lengths) about ``chunk``
+        segments at a time: one gather of the segment lengths per chunk."""
+        first = self.seg_first
+        p0 = 0
+        while p0 < self.n_packs:
+            p1 = int(np.searchsorted(first, first[p0] + chunk, side="right")) - 1
+            p1 = min(max(p1, p0 + 1), self.n_packs)
+            a, b = int(first[p0]), int(first[p1])
+            yield p0, p1, first[p0:p1] - a, (self.rounds[0].table_length[self.order[a:b]]
+                                             if len(self.rounds) == 1
+                                             else self.segments(a, b)[2])
+            p0 = p1
+
+    def pack_sums(self) -> tuple[np.ndarray, np.ndarray]:
         """(tokens as int64, attention cost as float64: the sum of squared segment lengths)
-        per pack, made once, about ``chunk`` segments at a time, and kept: 16 bytes a pack,
+        per pack, made once, a chunk of segments at a time, and kept: 16 bytes a pack,
         one gather of the segment lengths for the shard plan, the jobs' weights and the
         index's figures (at 1e8 documents each gather took ~2.6 s)."""
         if self.sums is None:
-            first = self.seg_first
             tokens = np.empty(self.n_packs, np.int64)
             costs = np.empty(self.n_packs, np.float64)
-            p0 = 0
-            while p0 < self.n_packs:
-                p1 = int(np.searchsorted(first, first[p0] + chunk, side="right")) - 1
-                p1 = min(max(p1, p0 + 1), self.n_packs)
-                a, b = int(first[p0]), int(first[p1])
-                lengths = (self.rounds[0].table_length[self.order[a:b]]
-                           if len(self.rounds) == 1 else self.segments(a, b)[2])
-                tokens[p0:p1] = np.add.reduceat(lengths, first[p0:p1] - a, dtype=np.int64)
+            for p0, p1, at, lengths in self.pack_chunks():
+                tokens[p0:p1] = np.add.reduceat(lengths, at, dtype=np.int64)
                 sq = lengths.astype(np.float64)
-                costs[p0:p1] = np.add.reduceat(sq * sq, first[p0:p1] - a)
-                p0 = p1
+                costs[p0:p1] = np.add.reduceat(sq * sq, at)
             self.sums = (tokens, costs)
         return self.sums
 
@@ -261,10 +269,11 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     else:
         rounds = make_rounds(lengths, repeats, options.seq_len, options.overflow)
     parts, n_packs, report = [], 0, None
+    k = options.alignment
     for segs in rounds:
         for a, b in doc_groups(segs, options.group_docs):
-            packing = run_packer(segs.table_length[a:b], options.seq_len, options.algo,
-                                 options.packer_options(), narrow_ids=True)
+            packing = run_packer(align_up(segs.table_length[a:b], k), options.seq_len,
+                                 options.algo, options.packer_options(), narrow_ids=True)
             ids = packing.packs
             if n_packs:
                 ids[ids >= 0] += n_packs
@@ -286,12 +295,19 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
                                        np.int32 if n_table < 2**31 else np.int64)
     del packs, rank
     counts = rounds[0].counts if repeats is None else _merge_counts(rounds, lengths)
+    if k > 1:  # only then: an unaligned plan's counts (and index.json) are as they were
+        counts = {**counts, "n_align_tokens": sum(int(align_up(r.table_length, k).sum(
+            dtype=np.int64)) for r in rounds) - counts["n_tokens"]}
     layout = PackLayout(options, counts, rounds, order, pack_nseg, np.zeros(1, np.int64),
                         report)
     pack_len = layout.pack_lengths()
-    if n_packs and int(pack_len.max()) > options.seq_len:  # a packer bug never reaches disk
-        raise RuntimeError(f"packer {options.algo} made a pack of {int(pack_len.max())} "
-                           f"> {options.seq_len} tokens")
+    rows = pack_len if k == 1 or not n_packs else np.concatenate([np.add.reduceat(
+        align_up(x, k), at, dtype=np.int64) for *_, at, x in layout.pack_chunks()])  # + pads
+    if n_packs and int(rows.max()) > options.seq_len:  # a packer bug never reaches disk
+        raise RuntimeError(f"packer {options.algo} made a pack of {int(rows.max())} "
+                           f"> {options.seq_len} tokens" + (f" aligned to {k}" if k > 1 else ""))
+    if options.max_docs and n_packs and int(pack_nseg.max()) > options.max_docs:
+        raise RuntimeError(f"packer {options.algo} broke --max-docs {options.max_docs}")
     layout.shard_starts = shard_starts(pack_len, options.shard_size)
     return layout
 

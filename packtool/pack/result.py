@@ -110,6 +110,9 @@ class PackResult:
             over.append(f"dropped {c['n_dropped']:,} docs ({c['n_dropped_tokens']:,} tokens)")
         if c["n_empty"]:
             over.append(f"skipped {c['n_empty']:,} empty docs")
+        if c.get("n_align_tokens") is not None:
+            over.append(f"segments aligned: {c['n_align_tokens']:,} pad tokens "
+                        f"({100 * c['n_align_tokens'] / max(self.n_tokens, 1):.2f}%)")
         m = self.metrics
         lines = [
             f"{self.out}: {self.n_packs:,} packs of {self.seq_len:,} ({self.algo}), "

@@ -34,6 +34,7 @@ class PackerOptions:
     max_strategies: int | None = None   # nnlshp: NNLS columns before lengths are rounded
     work_limit: int | None = None       # optimal: pricing work budget (DP cells); reproducible
     time_limit: float | None = None     # optimal: wall-clock limit, opt-in, not reproducible
+    max_docs: int | None = None         # bfd, ffd, next fit: documents per pack at most
 
     def given(self) -> set[str]:
         """Options set to something other than their default (seed excepted)."""
@@ -83,19 +84,23 @@ class PackerSpec:
         return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
+# max_docs (--max-docs) is a cap on documents per pack that the greedy packers keep as they
+# place each document; the LP (optimal) and the histogram packers (spfhp, nnlshp: their
+# --max-depth is such a cap already) refuse it by name (check_options)
+_CAP = frozenset({"max_docs"})
 PACKERS: dict[str, PackerSpec] = {
-    "bfd": PackerSpec("bfd:pack", summary="best-fit decreasing (default; fast, near L1)",
+    "bfd": PackerSpec("bfd:pack", _CAP, "best-fit decreasing (default; fast, near L1)",
                       narrow=True),
     "optimal": PackerSpec("optimal:pack", frozenset({"work_limit", "time_limit"}),
                           "cutting-stock LP, rounded; never worse than bfd"),
-    "ffd": PackerSpec("ffd:pack", summary="first-fit decreasing"),
+    "ffd": PackerSpec("ffd:pack", _CAP, "first-fit decreasing"),
     "spfhp": PackerSpec("spfhp:pack", frozenset({"max_depth", "strict"}),
                         "shortest-pack-first histogram packing (bounded depth)"),
     "nnlshp": PackerSpec("nnlshp:pack", frozenset({"max_depth", "max_strategies"}),
                          "NNLS histogram packing (slow; bounded depth)"),
-    "sorted": PackerSpec("simple:sorted_", summary="longest first, next fit"),
-    "random": PackerSpec("simple:random", summary="shuffled (seed), next fit"),
-    "sequential": PackerSpec("simple:sequential", summary="input order, next fit"),
+    "sorted": PackerSpec("simple:sorted_", _CAP, "longest first, next fit"),
+    "random": PackerSpec("simple:random", _CAP, "shuffled (seed), next fit"),
+    "sequential": PackerSpec("simple:sequential", _CAP, "input order, next fit"),
 }
 
 
@@ -192,7 +197,9 @@ def check_options(algo: str, options: PackerOptions) -> PackerSpec:
         takes = ", ".join(f"--{o.replace('_', '-')}" for o in sorted(spec.options)) or "none"
         raise PacktoolError(
             f"--algo {algo} takes no {', '.join('--' + o.replace('_', '-') for o in unknown)} "
-            f"(its options: {takes}); drop the option or choose a packer that reads it")
+            f"(its options: {takes}); drop the option or choose a packer that reads it"
+            + (" (--max-docs: " + ", ".join(a for a, p in PACKERS.items() if p.options >= _CAP)
+               + ")" if "max_docs" in unknown else ""))
     return spec
 
 
@@ -275,7 +282,10 @@ def _overflow(lengths, seq_len: int, overflow: str):
 
 
 def _effective(options: PackerOptions, spec: PackerSpec) -> dict:
-    return {k: getattr(options, k) for k in sorted(spec.options | {"seed"})}
+    """The options in effect; the cap ``max_docs`` only when given, so that a plan without it
+    records exactly what it recorded before the cap existed (index.json byte for byte)."""
+    return {k: getattr(options, k) for k in sorted(spec.options | {"seed"})
+            if not (k in _CAP and getattr(options, k) is None)}
 
 
 def report(algo: str, packs: np.ndarray, options: PackerOptions, **extra) -> PackerReport:

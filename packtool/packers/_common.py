@@ -96,21 +96,24 @@ def tree_last(tree, size):
 
 
 @njit
-def next_fit(lengths, order, capacity):
-    """Fill packs in ``order``, opening a new pack when the next document does not fit."""
+def next_fit(lengths, order, capacity, cap=0):
+    """Fill packs in ``order``, opening a new pack when the next document does not fit (or,
+    ``cap`` > 0, when the pack holds ``cap`` documents)."""
     n = order.shape[0]
     packs = np.full(lengths.shape[0], -1, np.int64)
-    pack, used = -1, capacity
+    pack, used, held = -1, capacity, 0
     for k in range(n):
         i = order[k]
         length = lengths[i]
         if length == 0:
             continue
-        if used + length > capacity:
+        if used + length > capacity or (cap > 0 and held >= cap):
             pack += 1
             used = 0
+            held = 0
         packs[i] = pack
         used += length
+        held += 1
     return packs
 
 

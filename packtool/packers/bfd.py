@@ -22,7 +22,9 @@ from ._common import counting_order_as, tree_first_at_least, tree_set, tree_size
 
 
 @njit
-def _bfd(lengths, capacity, idx):
+def _bfd(lengths, capacity, idx, cap):
+    """``cap`` > 0: at most that many documents a pack (a full pack leaves the buckets, so the
+    best fit is taken among the packs still open; the per-pack count exists only then)."""
     n = lengths.shape[0]
     order = counting_order_as(lengths, capacity, True, idx)
     size = tree_size(capacity + 1)
@@ -30,6 +32,7 @@ def _bfd(lengths, capacity, idx):
     head = np.full(capacity + 1, -1, np.int64)  # bucket r: packs with r tokens of room
     nxt = np.empty(n + 1, idx)
     packs = np.full(n, -1, idx)
+    count = np.zeros(n if cap > 0 else 0, np.int32)
     n_packs = 0
     for k in range(n):
         i = order[k]
@@ -48,6 +51,10 @@ def _bfd(lengths, capacity, idx):
                 tree_set(tree, size, r, 0)
             r_new = r - length
         packs[i] = p
+        if cap > 0:
+            count[p] += 1
+            if count[p] >= cap:
+                continue  # full in documents: it takes no more
         nxt[p] = head[r_new]
         head[r_new] = p
         if r_new > 0:
@@ -82,12 +89,13 @@ def bfd_count(hist, capacity):
 
 def bfd_ids(lengths: np.ndarray, capacity: int) -> np.ndarray:
     """BFD's pack id per document (int64), for packers that build on it."""
-    return _bfd(lengths, capacity, np.int64)
+    return _bfd(lengths, capacity, np.int64, 0)
 
 
 def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """Best-fit decreasing; deterministic (``seed`` unused). Its per-document arrays (the
-    order, the pack links, the ids) are int32 below 2**31 documents: 12 bytes a document."""
+    order, the pack links, the ids) are int32 below 2**31 documents: 12 bytes a document
+    (16 with ``max_docs``, the count of each pack)."""
     idx = np.int32 if lengths.size < 2**31 - 1 else np.int64
-    packs = _bfd(lengths, capacity, idx)
+    packs = _bfd(lengths, capacity, idx, options.max_docs or 0)
     return Packing(packs, report("bfd", packs, options))

@@ -21,7 +21,8 @@ from ._common import counting_order, tree_size
 
 
 @njit
-def _ffd(lengths, capacity, max_packs):
+def _ffd(lengths, capacity, max_packs, cap):
+    """``cap`` > 0: at most that many documents a pack (a full one's room is set to 0)."""
     n = lengths.shape[0]
     order = counting_order(lengths, capacity, True)
     size = tree_size(max(max_packs, 1))
@@ -29,6 +30,7 @@ def _ffd(lengths, capacity, max_packs):
     # int32 halves the memory traffic of the descent (capacities are < 2**31)
     tree = np.full(2 * size, capacity, np.int32)
     packs = np.full(n, -1, np.int64)
+    count = np.zeros(max_packs if cap > 0 else 0, np.int32)
     n_packs = 0
     for k in range(n):
         i = order[k]
@@ -43,6 +45,10 @@ def _ffd(lengths, capacity, max_packs):
         if p >= n_packs:
             n_packs = p + 1
         tree[node] -= np.int32(length)
+        if cap > 0:
+            count[p] += 1
+            if count[p] >= cap:
+                tree[node] = 0  # full in documents: no length >= 1 fits any more
         node //= 2
         while node >= 1:
             a, b = tree[2 * node], tree[2 * node + 1]
@@ -54,6 +60,9 @@ def _ffd(lengths, capacity, max_packs):
 def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """First-fit decreasing; deterministic (``seed`` unused)."""
     total = int(lengths.sum())
-    max_packs = min(len(lengths), 2 * (-(-total // capacity)) + 1)
-    packs = _ffd(lengths, capacity, max_packs)
+    max_packs = 2 * (-(-total // capacity)) + 1
+    if options.max_docs:  # packs full in documents come on top of those open
+        max_packs += len(lengths) // options.max_docs
+    max_packs = min(len(lengths), max_packs)
+    packs = _ffd(lengths, capacity, max_packs, options.max_docs or 0)
     return Packing(packs, report("ffd", packs, options))

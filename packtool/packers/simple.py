@@ -21,18 +21,20 @@ from ._common import counting_order, next_fit
 
 def sequential(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """Input order, next fit."""
-    packs = next_fit(lengths, np.arange(len(lengths), dtype=np.int64), capacity)
+    packs = next_fit(lengths, np.arange(len(lengths), dtype=np.int64), capacity,
+                     options.max_docs or 0)
     return Packing(packs, report("sequential", packs, options))
 
 
 def random(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """Shuffled with ``options.seed``, next fit."""
     order = seeds.rng(options.seed, "packer.random").permutation(len(lengths)).astype(np.int64)
-    packs = next_fit(lengths, order, capacity)
+    packs = next_fit(lengths, order, capacity, options.max_docs or 0)
     return Packing(packs, report("random", packs, options))
 
 
 def sorted_(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """Longest first (stable), next fit."""
-    packs = next_fit(lengths, counting_order(lengths, capacity, True), capacity)
+    packs = next_fit(lengths, counting_order(lengths, capacity, True), capacity,
+                     options.max_docs or 0)
     return Packing(packs, report("sorted", packs, options))

@@ -30,6 +30,7 @@ from .._progress import shown
 from ..errors import PacktoolError
 from ..storage import is_url, kind_of
 from .corpus import (
+    ALIGN_OPTIONS,
     DEFAULT_SEQ_LENS,
     advice,
     batch_padding_waste,
@@ -62,7 +63,9 @@ class StatsResult:
 def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_size: int = 8,
           algos: str | None = None, progress: bool = False, **options) -> StatsResult:
     """``packtool stats``: a packed directory, token-file prefixes, or a lengths file.
-    ``options``: seed, overflow and the packer options (max_depth, work_limit...);
+    ``options``: seed, overflow, the packer options (max_depth, work_limit, max_docs...) and
+    the alignment (align, cp, tp, sequence_parallel, fp8: as ``pack`` takes them; with them
+    or max_docs and no ``algos``, bfd, pack's default, predicts the packs);
     ``progress``: a packer that runs long (optimal, nnlshp) shows it on stderr."""
     if paths and lengths_file:
         raise PacktoolError("give token-file prefixes / a packed directory, or --lengths, not both")
@@ -83,7 +86,11 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
         raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory "
                             "or --lengths FILE")
     seed, overflow = options.pop("seed", 0), options.pop("overflow", "split")
+    aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
+    names = parse_algos(algos)
+    if not names and (options.get("max_docs") or any(aligned.values())):
+        names = ["bfd"]  # pack's default: the packs it would write, predicted
     with shown(progress):
-        rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size,
-                            parse_algos(algos), seed, options, source, overflow)
+        rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size, names, seed,
+                            options, source, overflow, aligned)
     return StatsResult(rep, lengths)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -14,6 +15,17 @@ from ..errors import PacktoolError
 DEFAULT_SEQ_LENS = (512, 1024, 2048, 4096, 8192)
 HOPELESS = 0.5  # skip a depth-capped packer in stats when it cannot pass this efficiency
 ATTN_RANKS = 8  # attention imbalance: 8 ranks x 1 pack per step
+ALIGN_OPTIONS = ("align", "cp", "tp", "sequence_parallel", "fp8")  # PackOptions' alignment
+
+
+def alignment_at(seq_len: int, aligned: dict | None) -> int:
+    """The alignment ``pack`` would use at ``seq_len`` with these options (checked as pack
+    checks them: a --seq-len that is not a multiple of it is refused by name)."""
+    from ..options import PackOptions
+
+    opts = PackOptions(seq_len=seq_len, **(aligned or {}))
+    opts.check_alignment()
+    return opts.alignment
 
 def length_summary(lengths: np.ndarray) -> dict:
     if lengths.size == 0:
@@ -56,10 +68,15 @@ def batch_padding_waste(clipped: np.ndarray, seq_len: int, batch_size: int,
 
 def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed: int = 0,
                    algos: list[str] | None = None, algo_options: dict | None = None,
-                   overflow: str = "split") -> dict:
+                   overflow: str = "split", aligned: dict | None = None) -> dict:
+    """One seq_len's figures. ``aligned`` (align, cp, tp, sequence_parallel, fp8): the
+    packers get the segments rounded up to the alignment, as ``pack`` gives them, and the
+    report says what the alignment costs (pad tokens; packs against the unaligned ones)."""
+    from ..formats.packed.layout import align_up
     from ..metrics import pack_metrics
     from ..pack.plan import make_segments
 
+    k = alignment_at(seq_len, aligned)
     segs = make_segments(lengths, seq_len, overflow)
     seg = segs.length  # the non-empty segments; the packers get the planner's table
     n = seg.size
@@ -84,9 +101,14 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
         "tokens": kept,
         "counts": segs.counts,
     }
+    if k > 1:
+        padded = int(align_up(seg, k).sum())
+        rep.update(align=k, align_tokens=padded - kept,
+                   align_overhead=(padded - kept) / kept if kept else 0.0,
+                   lower_bound_packs_aligned=-(-padded // seq_len))
     if algos:
         rep["algos"] = compare_algos(segs.table_length, seq_len, algos, seed,
-                                     algo_options or {})
+                                     algo_options or {}, k)
         lp = [a for a in rep["algos"] if a.get("lp_bound") is not None]
         if lp:
             rep["lp_bound_packs"] = lp[0]["lp_bound"]
@@ -102,10 +124,14 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
 
 
 def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed: int = 0,
-                  algo_options: dict | None = None) -> list[dict]:
-    """Run each packer on the segments as ``pack`` would; kernels compiled before timing."""
+                  algo_options: dict | None = None, align: int = 1) -> list[dict]:
+    """Run each packer on the segments as ``pack`` would (rounded up to ``align``); kernels
+    compiled before timing. With ``align`` > 1 each row also gives the packs without the
+    alignment (``packs_unaligned``), with ``max_docs`` those without the cap
+    (``packs_uncapped``): what each costs in packs."""
     from .._numba import compile_seconds
     from .._progress import shown
+    from ..formats.packed.layout import align_up
     from ..metrics import pack_metrics
     from ..packers import PACKERS, PackerOptions, depth_capped_efficiency, run_packer
     from ..train.sampler import step_imbalance
@@ -116,8 +142,16 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
         raise PacktoolError(f"none of the packers compared reads "
                             f"{', '.join('--' + k.replace('_', '-') for k in sorted(unread))}")
     rows = []
+    real = np.asarray(seg_lengths)
+    seg_lengths = align_up(real, align)
     nonempty = np.asarray(seg_lengths)[np.asarray(seg_lengths) > 0]
     for algo in algos:
+        if given.get("max_docs") and "max_docs" not in PACKERS[algo].options:
+            rows.append({"algo": algo, "packs": None, "skipped": (
+                "it takes no --max-docs (pack refuses the pair); its --max-depth caps "
+                "documents per pack" if algo in ("spfhp", "nnlshp") else
+                "it takes no --max-docs (pack refuses the pair)")})
+            continue
         opts = PackerOptions(seed=seed, **{k: v for k, v in given.items()
                                            if k in PACKERS[algo].options})
         depth = opts.max_depth or {"nnlshp": 3, "spfhp": 12}.get(algo)
@@ -138,11 +172,17 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
             seconds = time.perf_counter() - t0 - (spent() - warm)
         compile_time = spent()
         rep = packing.report
-        m = pack_metrics(seg_lengths, seq_len, rep.n_packs)
+        m = pack_metrics(real, seq_len, rep.n_packs)
         placed = packing.packs >= 0
-        costs = np.bincount(packing.packs[placed], weights=seg_lengths[placed].astype(
+        costs = np.bincount(packing.packs[placed], weights=real[placed].astype(
             np.float64) ** 2, minlength=rep.n_packs)
-        rows.append({
+        costs_of = {}
+        if align > 1:
+            costs_of["packs_unaligned"] = run_packer(real, seq_len, algo, opts).report.n_packs
+        if opts.max_docs:
+            costs_of["packs_uncapped"] = run_packer(seg_lengths, seq_len, algo, replace(
+                opts, max_docs=None)).report.n_packs
+        rows.append({**costs_of,
             "algo": algo, "packs": rep.n_packs, "efficiency": m["efficiency"],
             "gap": m["gap_percent"], "packing_factor": m["packing_factor"],
             "seconds": seconds, "compile_seconds": compile_time,
@@ -175,7 +215,7 @@ def parse_algos(spec: str | None) -> list[str]:
 def corpus_report(lengths: np.ndarray, seq_lens=DEFAULT_SEQ_LENS, batch_size: int = 8,
                   algos: list[str] | None = None, seed: int = 0,
                   algo_options: dict | None = None, source: str = "",
-                  overflow: str = "split") -> dict:
+                  overflow: str = "split", aligned: dict | None = None) -> dict:
     """The full report for a corpus given its document lengths (JSON-ready dict)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if batch_size < 1:
@@ -196,7 +236,7 @@ def corpus_report(lengths: np.ndarray, seq_lens=DEFAULT_SEQ_LENS, batch_size: in
         "histogram": log_histogram(lengths),
         "batch_size": batch_size,
         "seq_lens": [seq_len_report(lengths, int(L), batch_size, seed, algos, algo_options,
-                                    overflow) for L in seq_lens],
+                                    overflow, aligned) for L in seq_lens],
     }
 
 

@@ -12,6 +12,7 @@ from .corpus import ATTN_RANKS
 def packed_report(directory: str | Path) -> dict:
     """Report for a packed dataset from index.json and the small per-pack arrays only."""
     from ..formats.packed import open_packed
+    from ..formats.packed.layout import align_up
 
     ds = open_packed(directory)
     idx = ds.index
@@ -19,7 +20,12 @@ def packed_report(directory: str | Path) -> dict:
     for k in range(ds.n_shards):  # the segment tables only: no token is read
         sh = ds.shard(k)
         seg_per_pack.append(np.diff(np.asarray(sh.pack_seg, np.int64)))
-        fill.append(np.diff(sh.po))
+        if ds.align > 1:  # a row's fill counts its pads: what the kernels compute
+            fill.append(np.add.reduceat(align_up(sh.seg_length, ds.align),
+                                        np.asarray(sh.pack_seg[:-1], np.int64))
+                        if sh.n_packs else np.zeros(0, np.int64))
+        else:
+            fill.append(np.diff(sh.po))
     seg_per_pack = np.concatenate(seg_per_pack) if seg_per_pack else np.empty(0, np.int64)
     fill = np.concatenate(fill) / idx["seq_len"] if fill else np.empty(0)
     keys = ("n_packs", "n_tokens", "n_segments", "efficiency", "lower_bound_packs", "gap_percent",
@@ -28,7 +34,7 @@ def packed_report(directory: str | Path) -> dict:
             "packing_factor", "seq_len", "algo", "overflow", "layout", "n_docs", "n_empty",
             "n_overlong",
             "n_split", "n_split_pieces", "n_truncated", "n_truncated_tokens", "n_dropped",
-            "n_dropped_tokens")
+            "n_dropped_tokens") + (("align", "pad_id", "n_align_tokens") if ds.align > 1 else ())
     rep = {"kind": "packed", "source": str(directory), **{k: idx.get(k) for k in keys}}
     rep["sources"] = [{k: src.get(k) for k in ("prefix", "n_docs", "n_tokens", "factor",
                                                "docs_used", "tokens_used", "token_share")}

@@ -44,9 +44,26 @@ def render_corpus(rep: dict) -> str:
                    f"{s['max_speedup']:>11.3f}x "
                    f"{s.get('best_bound_packs', s['lower_bound_packs']):>12,}")
     for s in rep["seq_lens"]:
+        if "align" in s:
+            out.append(f"  at {s['seq_len']:,}: segments aligned to {s['align']} add "
+                       f"{s['align_tokens']:,} pad tokens ({100 * s['align_overhead']:.2f}% of "
+                       f"the tokens); L1 bound {s['lower_bound_packs_aligned']:,} packs aligned")
+    for s in rep["seq_lens"]:
         if "algos" in s:
             out += _render_algos(s, B)
     return "\n".join(out)
+
+
+def _costs(a: dict, s: dict) -> list[str]:
+    """What the alignment and the --max-docs cap cost a packer, in packs."""
+    out = []
+    if "packs_unaligned" in a:
+        out.append(f"aligned to {s['align']}: {a['packs']:,} packs vs {a['packs_unaligned']:,} "
+                   f"unaligned (+{a['packs'] - a['packs_unaligned']:,})")
+    if "packs_uncapped" in a:
+        out.append(f"--max-docs cap: {a['packs']:,} packs vs {a['packs_uncapped']:,} uncapped "
+                   f"(+{a['packs'] - a['packs_uncapped']:,})")
+    return [f"  {a['algo']}: " + "; ".join(out)] if out else []
 
 
 def _render_algos(s: dict, batch_size: int) -> list[str]:
@@ -69,7 +86,7 @@ def _render_algos(s: dict, batch_size: int) -> list[str]:
                    f"{a['packing_factor']:>7.2f} {a['seconds']:>8.3f} "
                    f"{a['compile_seconds']:>8.3f} {a['attention_imbalance']:>6.2f}->"
                    f"{a['attention_imbalance_balanced']:.2f}")
-        notes += [f"  warning: {w}" for w in a.get("warnings", [])]
+        notes += _costs(a, s) + [f"  warning: {w}" for w in a.get("warnings", [])]
     out.append("  attn 8x1: max/mean rank attention cost (sum of squared segment lengths), "
                "8 ranks x 1 pack per step,")
     out.append("  mean over steps: shuffled -> PackSampler(balance='attention')")
@@ -96,6 +113,9 @@ def render_packed(rep: dict) -> str:
         f"attention cost, 8 ranks x 1 pack per step, mean max/mean rank: shuffled "
         f"{rep['attention_imbalance']:.2f}, PackSampler(balance='attention') "
         f"{rep['attention_imbalance_balanced']:.2f}",
+        *([f"segments aligned to {rep['align']}: {rep['n_align_tokens']:,} pad tokens of id "
+           f"{rep['pad_id']} ({100 * rep['n_align_tokens'] / max(rep['n_tokens'], 1):.2f}%; "
+           "pack fill counts them)"] if rep.get("align") else []),
         f"overflow ({rep['overflow']}): {rep['n_overlong']:,} over-long documents; split "
         f"{rep['n_split']:,} into {rep['n_split_pieces']:,} pieces, truncated "
         f"{rep['n_truncated']:,} (-{rep['n_truncated_tokens']:,} tokens), dropped "

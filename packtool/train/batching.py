@@ -10,6 +10,11 @@ flattened row) for fixed shapes, context parallelism or FP8 (lengths a multiple 
     multiple=4,       a0 a1 a2 P | b0 b1 b2 b3               cu [0, 4, 8]       pad position 3
       per_segment
 
+An aligned pack (``pack --align K``: each segment already followed by its pads, and
+``cu_seqlens_padded`` beside the real ``cu_seqlens``) is padded on its padded boundaries: a row pad
+is a segment of its own in both arrays, and per-segment padding to a divisor of K changes
+nothing.
+
 A row pad is a segment of its own (positions restart at 0), so no kernel lets it attend to a real
 token. ``per_segment`` pads every segment to a multiple of k *inside* the segment, after its last
 token, as context parallelism needs (each sequence's length a multiple of 2 x cp_size): causal
@@ -50,9 +55,15 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
         raise PacktoolError("per_segment=True pads each segment to a multiple of k: also pass "
                             "the multiple (pad_multiple=k)")
     ex = dict(ex)
-    cu = np.asarray(ex["cu_seqlens"], dtype=np.int64)
+    aligned = "cu_seqlens_padded" in ex
+    cu = np.asarray(ex["cu_seqlens_padded" if aligned else "cu_seqlens"], dtype=np.int64)
     keys = [k for k in PER_TOKEN if k in ex]
-    if per_segment and multiple > 1 and len(cu) > 1:
+    if aligned and per_segment and multiple > 1 and (np.diff(cu) % multiple).any():
+        raise PacktoolError(
+            f"the pack is aligned to segments of {int(np.gcd.reduce(np.diff(cu)))} tokens, not "
+            f"a multiple of {multiple}: pack again with --align {multiple} (or the lcm of both) "
+            "instead of padding each segment at load")
+    if per_segment and multiple > 1 and len(cu) > 1 and not aligned:
         lens = np.diff(cu)
         new_lens = -(-lens // multiple) * multiple
         if (new_lens != lens).any():
@@ -90,42 +101,93 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
                     else np.full(k_pad, pad_id if k == "input_ids" else PAD_FILL[k]))
             ex[k] = np.concatenate([v, fill.astype(v.dtype)])
         cu = np.append(cu, target)
-    ex["cu_seqlens"] = cu.astype(np.int32)
+        if aligned:  # the row pad: a segment of its own in the real boundaries too
+            real = np.asarray(ex["cu_seqlens"], np.int64)
+            ex["cu_seqlens"] = np.append(real, real[-1] + k_pad).astype(np.int32)
+    ex["cu_seqlens_padded" if aligned else "cu_seqlens"] = cu.astype(np.int32)
     if "max_seqlen" in ex:  # pad segments count for varlen kernels
         ex["max_seqlen"] = int(np.diff(cu).max()) if len(cu) > 1 else 0
     return ex
 
 
 def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
-                  per_segment: bool = False, pad_id: int = 0) -> dict:
+                  per_segment: bool = False, pad_id: int = 0,
+                  max_docs: int | None = None) -> dict:
     """Flatten packs into one ``[1, N]`` row with the keys Hugging Face models and
     ``flash_attn_varlen_func`` take: input_ids, labels, position_ids (int64),
     cu_seq_lens_q/k (int32, [S+1]), max_length_q/k (int) and seq_idx (int32, segment of every
     token across the row). Padded examples (``ds.get(i, pad_to=...)``) keep their pad segment.
     ``pad_multiple=k`` pads the row (and, with ``per_segment``, every segment first) to a
     multiple of k; see :func:`pad_example`.
+
+    Aligned packs (``pack --align K``): cu_seq_lens_q/k count the real tokens (Transformer
+    Engine's ``cu_seqlens``) and ``cu_seqlens_padded`` says where each segment starts in the
+    row; max_length_q/k are the longest padded segment (a bound for either); seq_idx covers
+    the pads with their segment.
+
+    ``max_docs=K`` (``pack --max-docs K``): cu_seq_lens_q/k (and cu_seqlens_padded) have
+    exactly B x K + 1 entries for B packs, the last offset repeated (empty segments, which
+    varlen kernels skip): one shape for the whole run, as CUDA graphs need. A pack of more
+    than K segments is refused.
     """
     if not examples:
         raise PacktoolError("collate needs at least one example")
+    if max_docs is not None:
+        max_docs = _check_int("max_docs", max_docs, 1)
+        if pad_multiple is not None and not per_segment:
+            raise PacktoolError(
+                f"max_docs={max_docs} fixes cu_seq_lens's length, and pad_multiple's row pad "
+                "would add a segment to some batches only: pad every pack instead "
+                "(TorchPackedDataset(pad_to=seq_len) or ds.get(i, pad_to=...), one pad "
+                "segment each) and pass max_docs=--max-docs + 1, or use per_segment=True")
+        _check_max_docs(examples, max_docs)
     if per_segment:
         examples = [pad_example(ex, multiple=pad_multiple, per_segment=True, pad_id=pad_id)
                     for ex in examples]
-    cus, offset = [np.zeros(1, np.int32)], 0
-    for ex in examples:
-        cu = np.asarray(ex["cu_seqlens"], dtype=np.int64)
-        cus.append((cu[1:] + offset).astype(np.int32))
-        offset += int(cu[-1])
-    cu = np.concatenate(cus)
+    aligned = any("cu_seqlens_padded" in ex for ex in examples)
+    cu, cup = _offsets(examples, "cu_seqlens"), _offsets(examples, "cu_seqlens_padded")
     flat = {k: np.concatenate([ex[k] for ex in examples]).astype(np.int64)
             for k in ("input_ids", "labels", "position_ids")}
     if pad_multiple is not None:
-        flat = pad_example({**flat, "cu_seqlens": cu}, multiple=pad_multiple, pad_id=pad_id)
+        flat = pad_example({**flat, "cu_seqlens": cu, **({"cu_seqlens_padded": cup}
+                                                        if aligned else {})},
+                           multiple=pad_multiple, pad_id=pad_id)
         cu = flat.pop("cu_seqlens")
-    lens = np.diff(cu)
+        cup = flat.pop("cu_seqlens_padded", cu)
+    lens = np.diff(cup)
     max_len = int(lens.max()) if len(lens) else 0
+    seq_idx = np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None, :]
+    if max_docs is not None:
+        cu, cup = (_fixed(c, len(examples) * max_docs) for c in (cu, cup))
     row = {k: v[None, :] for k, v in flat.items()}
-    row.update(
-        cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len, max_length_k=max_len,
-        seq_idx=np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None, :],
-    )
+    row.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len,
+               max_length_k=max_len, seq_idx=seq_idx)
+    if aligned:
+        row["cu_seqlens_padded"] = cup
     return row
+
+
+def _offsets(examples: list[dict], key: str) -> np.ndarray:
+    """The examples' ``key`` boundaries (``cu_seqlens`` where one has no ``key``: an
+    unaligned pack's padded boundaries are its real ones) end to end, int32."""
+    cus, offset = [np.zeros(1, np.int32)], 0
+    for ex in examples:
+        cu = np.asarray(ex.get(key, ex["cu_seqlens"]), dtype=np.int64)
+        cus.append((cu[1:] + offset).astype(np.int32))
+        offset += int(cu[-1])
+    return np.concatenate(cus)
+
+
+def _check_max_docs(examples: list[dict], max_docs: int) -> None:
+    for j, ex in enumerate(examples):
+        n = len(ex["cu_seqlens"]) - 1
+        if n > max_docs:
+            raise PacktoolError(
+                f"example {j} of the batch holds {n} segments > max_docs {max_docs}: pack with "
+                f"--max-docs {max_docs} (a pack padded by pad_to holds one segment more: pass "
+                f"max_docs={max_docs + 1} then), or raise max_docs")
+
+
+def _fixed(cu: np.ndarray, n_segments: int) -> np.ndarray:
+    """``cu`` extended to ``n_segments + 1`` entries by repeating its last offset."""
+    return np.concatenate([cu, np.full(n_segments + 1 - cu.size, cu[-1], cu.dtype)])

@@ -76,14 +76,19 @@ class TorchPackedDataset(torch.utils.data.Dataset):
 
 
 def collate_tensors(examples: list[dict], pad_multiple: int | None = None,
-                    per_segment: bool = False, pad_id: int = 0) -> dict:
+                    per_segment: bool = False, pad_id: int = 0,
+                    max_docs: int | None = None) -> dict:
     """Flatten packs into one ``[1, N]`` row of tensors: input_ids, labels, position_ids
-    (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32). ``pad_multiple``,
-    ``per_segment``: see ``packtool.train.batching.pad_example`` (bind them with
-    functools.partial)."""
+    (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32), and for aligned
+    packs cu_seqlens_padded. ``pad_multiple``, ``per_segment``: see
+    ``packtool.train.batching.pad_example``; ``max_docs``: cu_seq_lens of a fixed B x K + 1
+    (see ``collate_numpy``; bind them with functools.partial)."""
+    import numpy as np
+
     as_np = [{k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
               for k, v in ex.items()} for ex in examples]
-    row = collate_numpy(as_np, pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id)
+    row = collate_numpy(as_np, pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id,
+                        max_docs=max_docs)
     return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
 
 
@@ -117,10 +122,14 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) 
     max_length_q/k, which the transformers padding-free docs recommend over inferring segments
     from position ids (that inference breaks under ``torch.compile`` and for linear-attention
     models; eager and sdpa attention ignore the keys). ``position_ids_start``: added to every
-    position (RoBERTa-family models count from 2, padding_idx + 1)."""
+    position (RoBERTa-family models count from 2, padding_idx + 1). An aligned batch's
+    cu_seq_lens_q/k are its ``cu_seqlens_padded``: a Hugging Face kernel indexes the row with
+    them, and each segment's pads, after its tokens, change nothing a real token sees."""
     keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
                          if varlen else ())
     out = {k: batch[k] for k in keys}
+    if varlen and "cu_seqlens_padded" in batch:
+        out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = batch["cu_seqlens_padded"]
     if position_ids_start:
         out["position_ids"] = out["position_ids"] + position_ids_start
     return out

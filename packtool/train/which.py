@@ -46,7 +46,7 @@ class Segment:
     rank: int | None
     document: Document
     tokens: tuple[int, int]   # the segment's token range in the document [start, end)
-    position: tuple[int, int]  # and in the pack
+    position: tuple[int, int]  # and in the pack's row (an aligned row: from its padded start)
 
 
 @dataclass
@@ -279,7 +279,7 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_si
             for d, o, n in zip(sources.documents(docs), offs.tolist(), lens.tolist(),
                                strict=True):
                 res.segments.append(Segment(pack, r, d, (o, o + n), (at, at + n)))
-                at += n
+                at += -(-n // ds.align) * ds.align  # an aligned row: the next after the pads
     return res
 
 

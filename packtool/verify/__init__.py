@@ -53,6 +53,7 @@ class VerifyResult:
     policy: dict = field(default_factory=dict)   # what the overflow policy removed, by request
     mixture: list = field(default_factory=list)  # per source: factor, when not all 1
     valid: dict | None = None        # the held-out split: packs, tokens, segments, checked
+    align: dict | None = None        # an aligned dataset: K, pad id, pads, what set K
 
     def summary(self) -> str:
         if self.kind == "tokens":
@@ -73,9 +74,14 @@ class VerifyResult:
             v = self.valid
             held = (f"; held-out split {VALID}/ checked too: {v['n_packs']:,} packs, "
                     f"{v['n_tokens']:,} tokens, no document in both splits")
+        aligned = ""
+        if self.align:
+            a = self.align
+            aligned = (f"; every row aligned to {a['align']} as TE's THD layout says "
+                       f"({a['n_align_tokens']:,} pads of id {a['pad_id']})")
         return (f"OK {self.path}: {self.n_packs:,} packs, {self.n_tokens:,} tokens, "
                 f"{self.n_segments:,} segments in {self.n_shards} shard(s) ({self.layout} "
-                f"layout); checksums and invariants hold{what}{held}")
+                f"layout); checksums and invariants hold{aligned}{what}{held}")
 
     def to_json(self) -> dict:
         return {"ok": True, **asdict(self)}
@@ -152,8 +158,14 @@ def _verify_packed(directory, sources) -> VerifyResult:
         for d in (ds, valid):
             if d is not None:
                 _index_sources(d)
+    for d in (ds, valid):
+        if d is not None:
+            _max_docs(d)
+    corpora = _sources(index, sources) if sources else None
+    if ds.align > 1:
+        result.align = _aligned(ds, valid, corpora)
     if sources:
-        _against_sources(ds, valid, _sources(index, sources))
+        _against_sources(ds, valid, corpora)
         result.sources_checked = True
         result.policy = {k: index[k] for k in ("n_truncated", "n_truncated_tokens",
                                                "n_dropped", "n_dropped_tokens")}
@@ -186,6 +198,39 @@ def _unlisted(ds) -> None:
         raise VerifyError(f"{folder} holds {len(extra)} file(s) its {INDEX} does not list "
                           f"({shown}): a packed dataset holds only what its index lists; move "
                           "them out of it")
+
+
+def _max_docs(ds) -> None:
+    """No pack holds more segments than ``pack --max-docs`` allowed (the packer's options in
+    index.json), counted from each shard's pack table."""
+    cap = (ds.index.get("algo_options") or {}).get("max_docs")
+    if not cap:
+        return
+    for k in range(ds.n_shards):
+        sh = ds.shard(k)
+        per = np.diff(np.asarray(sh.pack_seg, np.int64))
+        if per.size and int(per.max()) > cap:
+            j = int(np.argmax(per))
+            raise VerifyError(f"{sh.name} pack {j:,}: {int(per[j])} segments > --max-docs {cap}")
+
+
+def _aligned(ds, valid, corpora) -> dict:
+    """Every row of an aligned dataset (and its held-out split) laid out as
+    :mod:`.aligned` defines, the tokens the sources' when given; the pads counted agree
+    with index.json's ``n_align_tokens``."""
+    from .aligned import check_rows
+
+    tokens = (None if corpora is None else
+              lambda doc, off, length: _source_tokens(corpora, doc, off, length))
+    for d in (ds, valid):
+        if d is None:
+            continue
+        pads = check_rows(d, tokens)
+        if pads != d.index["n_align_tokens"]:
+            raise VerifyError(f"{d.directory}/index.json: n_align_tokens is "
+                              f"{d.index['n_align_tokens']:,}, the rows hold {pads:,} pads")
+    return {"align": ds.align, "pad_id": ds.pad_id, "n_align_tokens": ds.index["n_align_tokens"],
+            "parallel": ds.index["parallel"]}
 
 
 def _index_sources(ds) -> None:

@@ -14,7 +14,7 @@ from ..._io import check_once, crc32_file
 from ...errors import FormatError, PacktoolError
 from ...storage import is_url
 from .._manifest import check, check_digest, confined_file, confined_name, read_manifest
-from .layout import scan_packs, v1_segments
+from .layout import align_up, scan_packs, v1_segments
 from .schema import (
     DIGEST_KEY,
     FIX,
@@ -23,6 +23,7 @@ from .schema import (
     READABLE,
     SHARD_FILE,
     SPECS,
+    alignment,
     array_dtype,
     array_length,
     shard_arrays,
@@ -150,9 +151,13 @@ def shard_table(index: dict, sh: dict, arrays: dict) -> Shard:
                               f"the shard's counts (or a segment is empty); the shard is "
                               f"damaged, {FIX}")
     shard = Shard(sh["name"], arrays, ps, doc, off, seg_len, po)
-    if n_packs and int(np.diff(shard.po).max()) > int(index["seq_len"]):
+    k = alignment(index)[0]
+    rows = np.diff(shard.po) if k == 1 else np.diff(scan_packs(align_up(seg_len, k), ps)[0])
+    if n_packs and int(rows.max()) > int(index["seq_len"]):
         raise ValidationError(f"{sh['name']}: a pack is longer than seq_len "
-                              f"{index['seq_len']:,}; the shard is damaged, {FIX}")
+                              f"{index['seq_len']:,}" + (f" with its segments aligned to {k}"
+                                                         if k > 1 else "")
+                              + f"; the shard is damaged, {FIX}")
     if index["version"] == 1 and n_packs and not np.array_equal(
             np.asarray(arrays["pack_offsets"], np.int64), shard.po):
         raise ValidationError(f"{sh['name']}: pack_offsets disagree with cu_seqlens; the shard "

@@ -142,12 +142,15 @@ def _mask_labels(labels, mask):
 
 
 def derive(seg_length: np.ndarray, ids: np.ndarray, mask: np.ndarray | None = None,
-           mask_shift: int = 0) -> dict:
+           mask_shift: int = 0, align: int = 1, pad_id: int = 0) -> dict:
     """A pack as the trainer takes it, from its segment lengths and its tokens (and loss
-    mask: per token, or folded into the ids' bit ``mask_shift``)."""
+    mask: per token, or folded into the ids' bit ``mask_shift``); ``align`` > 1: the aligned
+    row of :func:`derive_aligned`."""
     if mask_shift:
         mask = (ids >> mask_shift) & 1
         ids = ids & ((1 << mask_shift) - 1)
+    if align > 1:
+        return derive_aligned(seg_length, ids, mask, align, pad_id)
     n = ids.shape[0]
     k = seg_length.shape[0]
     input_ids, labels = np.empty(n, np.int64), np.empty(n, np.int64)
@@ -159,6 +162,101 @@ def derive(seg_length: np.ndarray, ids: np.ndarray, mask: np.ndarray | None = No
     return {"input_ids": input_ids, "labels": labels, "position_ids": positions,
             "doc_ids": doc_ids, "cu_seqlens": cu,
             "max_seqlen": int(seg_length.max()) if k else 0}
+
+
+@njit
+def _derive_aligned(seg_length, k, pad_id, ids, mask, input_ids, labels, positions, doc_ids,
+                    cu, cup):
+    """:func:`_derive` for an aligned row: segment s's tokens from its padded start, then
+    pads up to the next multiple of k (pad_id, labels -100, positions running on, doc id s);
+    ``cu`` the real cumulative lengths, ``cup`` the padded ones. ``mask`` empty: none."""
+    t = 0
+    r = 0
+    cu[0] = 0
+    cup[0] = 0
+    has_mask = mask.shape[0] > 0
+    for s in range(seg_length.shape[0]):
+        n = seg_length[s]
+        p = (n + k - 1) // k * k
+        for j in range(n):
+            v = np.int64(ids[t + j])
+            input_ids[r + j] = v
+            labels[r + j] = -100 if has_mask and mask[t + j] == 0 else v
+            positions[r + j] = j
+            doc_ids[r + j] = s
+        for j in range(n, p):
+            input_ids[r + j] = pad_id
+            labels[r + j] = -100
+            positions[r + j] = j
+            doc_ids[r + j] = s
+        if n:
+            labels[r] = -100
+        t += n
+        r += p
+        cu[s + 1] = t
+        cup[s + 1] = r
+
+
+def align_up(lengths: np.ndarray, k: int) -> np.ndarray:
+    """Segment lengths rounded up to multiples of k: what each occupies in its row (0 stays
+    0). int64, or int32 kept as it is (a plan's table: no wider copy; no overflow, a length
+    is at most --seq-len, itself a multiple of k below 2**31)."""
+    a = np.asarray(lengths)
+    a = a if a.dtype == np.int32 else a.astype(np.int64, copy=False)
+    return a if k == 1 else (a + (k - 1)) // k * k
+
+
+def derive_aligned(seg_length: np.ndarray, ids: np.ndarray, mask: np.ndarray | None, k: int,
+                   pad_id: int) -> dict:
+    """An aligned pack as the trainer takes it (Transformer Engine's THD layout)::
+
+        seg_length         5                         3            (k = 4)
+        input_ids          a0 a1 a2 a3 a4 P  P  P  | b0 b1 b2 P
+        position_ids        0  1  2  3  4 5  6  7  |  0  1  2 3
+        doc_ids             0  0  0  0  0 0  0  0  |  1  1  1 1
+        labels           -100 a1 a2 a3 a4 -100 ... |-100 b1 b2 -100     pads: -100
+        cu_seqlens         [0, 5, 8]                  the real tokens (TE's cu_seqlens)
+        cu_seqlens_padded  [0, 8, 12]                 where each segment starts in the row
+
+    ``max_seqlen`` is the longest padded segment: a bound for a kernel given either."""
+    n = seg_length.shape[0]
+    padded = align_up(seg_length, k)
+    total = int(padded.sum())
+    input_ids, labels = np.empty(total, np.int64), np.empty(total, np.int64)
+    positions, doc_ids = np.empty(total, np.int64), np.empty(total, np.int32)
+    cu, cup = np.empty(n + 1, np.int32), np.empty(n + 1, np.int32)
+    m = np.zeros(0, np.uint8) if mask is None else np.asarray(mask, np.uint8)
+    _derive_aligned(np.asarray(seg_length, np.int64), k, pad_id, ids, m, input_ids, labels,
+                    positions, doc_ids, cu, cup)
+    return {"input_ids": input_ids, "labels": labels, "position_ids": positions,
+            "doc_ids": doc_ids, "cu_seqlens": cu, "cu_seqlens_padded": cup,
+            "max_seqlen": int(padded.max()) if n else 0}
+
+
+def pad_range(r: dict, k: int, pad_id: int) -> dict:
+    """A :meth:`PackedReader.read_range` result laid out as aligned rows: ``ids``,
+    ``labels``, ``positions``, ``mask`` (0 at pads) with each segment's pads after it;
+    ``seg_length``, ``seg_start`` and ``pack_tok`` those of the padded segments (what a
+    format that holds rows indexes them by); ``real_length`` the segments' tokens."""
+    real = r["seg_length"]
+    padded = align_up(real, k)
+    ends_real, ends_pad = token_ends(real), token_ends(padded)
+    dest = (np.arange(ends_real[-1], dtype=np.int64)
+            + np.repeat(ends_pad[:-1] - ends_real[:-1], real))
+    total = int(ends_pad[-1])
+
+    def spread(values, fill, dtype):
+        out = np.full(total, fill, dtype)
+        out[dest] = values
+        return out
+
+    ps = r["pack_seg"]
+    return {"ids": spread(r["ids"], pad_id, np.int64),
+            "labels": spread(r["labels"], IGNORE_INDEX, np.int64),
+            "positions": np.arange(total, dtype=np.int64) - np.repeat(ends_pad[:-1], padded),
+            "mask": None if r["mask"] is None else spread(r["mask"], 0, np.uint8),
+            "seg_length": padded, "real_length": real, "pack_seg": ps,
+            "seg_start": segment_starts(padded, ps), "pack_tok": ends_pad[ps] - ends_pad[ps[0]]}
 
 
 def labels_from(input_ids: np.ndarray, cu: np.ndarray, mask: np.ndarray | None) -> np.ndarray:

@@ -27,12 +27,15 @@ from .files import (
     shard_table,
 )
 from .layout import derive, fold_shift, unpack_mask
+from .schema import alignment
 
 OPEN_SHARDS = 64  # shards whose memory maps stay open at once
 
 
 class PackedReader:
-    """A packed dataset on disk: ``len(ds)`` packs; ``ds[i]`` a dict of numpy arrays.
+    """A packed dataset on disk: ``len(ds)`` packs; ``ds[i]`` a dict of numpy arrays (an
+    aligned dataset's, ``align`` > 1, with each segment's pads and ``cu_seqlens_padded``:
+    :func:`packtool.formats.packed.layout.derive_aligned`).
 
     >>> ds = open_packed("out/packed")         # doctest: +SKIP
     >>> ex = ds[0]; ex["input_ids"], ex["cu_seqlens"], ex["max_seqlen"]
@@ -65,6 +68,7 @@ class PackedReader:
         self._pack_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         mask = self.index.get("mask_storage")
         self._shift = fold_shift(self.token_dtype) if mask == "folded" else 0
+        self.align, self.pad_id = alignment(self.index)  # (1, 0): rows without pads
 
     def __len__(self) -> int:
         return int(self._pack_starts[-1])
@@ -153,12 +157,13 @@ class PackedReader:
                np.asarray(sh.seg_offset[s0:s1], np.int64), lens, ids, dst, mask)
         return ids, mask
 
-    def read_range(self, k: int, lo: int, hi: int) -> dict:
+    def read_range(self, k: int, lo: int, hi: int, pads: bool = False) -> dict:
         """Packs lo..hi-1 of shard k at once, for the exports: ``ids`` (int64, no mask bit),
         ``mask`` (or None), ``seg_length`` and ``seg_start`` (in its pack) per segment,
         ``pack_seg`` and ``pack_tok`` (offsets of each pack's segments and tokens, from 0),
-        ``positions`` and ``labels`` per token."""
-        from .layout import positions, range_labels, segment_starts
+        ``positions`` and ``labels`` per token: the stored tokens, or with ``pads`` an
+        aligned dataset's rows as a trainer takes them (:func:`.layout.pad_range`)."""
+        from .layout import pad_range, positions, range_labels, segment_starts
 
         sh = self.shard(k)
         s0, s1 = int(sh.pack_seg[lo]), int(sh.pack_seg[hi])
@@ -169,17 +174,18 @@ class PackedReader:
             ids &= (1 << self._shift) - 1
         seg_length = np.asarray(sh.seg_length[s0:s1], np.int64)
         pack_seg = np.asarray(sh.pack_seg[lo:hi + 1], np.int64) - s0
-        return {"ids": ids, "mask": mask, "seg_length": seg_length,
-                "seg_start": segment_starts(seg_length, pack_seg), "pack_seg": pack_seg,
-                "pack_tok": sh.po[lo:hi + 1] - sh.po[lo], "positions": positions(seg_length),
-                "labels": range_labels(ids, seg_length, mask)}
+        r = {"ids": ids, "mask": mask, "seg_length": seg_length,
+             "seg_start": segment_starts(seg_length, pack_seg), "pack_seg": pack_seg,
+             "pack_tok": sh.po[lo:hi + 1] - sh.po[lo], "positions": positions(seg_length),
+             "labels": range_labels(ids, seg_length, mask)}
+        return pad_range(r, self.align, self.pad_id) if pads and self.align > 1 else r
 
     def __getitem__(self, i: int) -> dict:
         k, j = self.locate(i)
         sh = self.shard(k)
         s0, s1 = sh.pack_seg[j], sh.pack_seg[j + 1]
         ids, mask = self._read(sh, j)
-        ex = derive(sh.seg_length[s0:s1], ids, mask, self._shift)
+        ex = derive(sh.seg_length[s0:s1], ids, mask, self._shift, self.align, self.pad_id)
         ex["source_docs"] = sh.seg_doc[s0:s1].astype(np.int64)
         ex["source_offsets"] = sh.seg_offset[s0:s1].astype(np.int64)
         return ex

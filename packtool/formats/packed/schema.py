@@ -12,6 +12,13 @@ Version 2 stores a pack as what it is, a list of segments (source document, offs
 
 and derives ``position_ids``, ``doc_ids``, ``cu_seqlens`` and ``labels`` at load. Version 1
 (tokens, positions and segment ids stored per token: ~3x) stays readable.
+
+Version 3 is version 2 with every segment aligned (``pack --align K``, or ``--cp/--tp/--fp8``):
+the same shard files, and ``align``, ``pad_id``, ``parallel`` and ``n_align_tokens`` in
+index.json; a row places segment j's tokens at its padded start and pads up to the next
+(Transformer Engine's ``cu_seqlens_padded``), all derived at load. It has its own version
+because a version-2 reader would lay the segments end to end, without their pads. Unaligned
+datasets are still written as version 2.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from .._manifest import (
 
 FORMAT = "packtool.packed"
 VERSION = 2
-READABLE = (1, 2)
+ALIGNED_VERSION = 3  # version 2 plus the alignment keys: written only for aligned datasets
+READABLE = (1, 2, 3)
 INDEX = "index.json"
 DIGEST_KEY = "index_sha256"
 LAYOUTS = ("index", "tokens")
@@ -153,7 +161,7 @@ _COUNT_KEYS = ("n_packs", "n_docs", "n_empty", "n_overlong", "n_split", "n_split
                "n_segments", "n_tokens")
 INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test checks it)
     "format": Key(one_of(FORMAT), '"packtool.packed"'),
-    "version": Key(one_of(*READABLE), "2 (1 still read)"),
+    "version": Key(one_of(*READABLE), "2, or 3 for an aligned dataset (1 still read)"),
     "layout": Key(one_of(*LAYOUTS), '"index" (the plan only) or "tokens" (self-contained)'),
     "seq_len": Key(count(1, 2**31), "tokens per pack at most"),
     "algo": Key(string(True), "the packer"),
@@ -199,7 +207,18 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
     "created_by": Key(string(), '"packtool X.Y.Z"'),
     DIGEST_KEY: Key(hexstr(64), "sha256 of the index without this key"),
 }
-V2_SPEC = obj(INDEX_KEYS)
+_PARALLEL = obj({"cp": nullable(count(1)), "tp": nullable(count(1)),
+                 "sequence_parallel": boolean(), "fp8": boolean()})
+ALIGN_KEYS = {  # version 3 only: an aligned dataset
+    "align": Key(count(2, 2**20), "K: every segment padded to a multiple of K in its row"),
+    "pad_id": Key(count(), "the token id of the alignment pads"),
+    "parallel": Key(_PARALLEL, "what set K: cp, tp (null if not given), sequence_parallel, "
+                    "fp8"),
+    "n_align_tokens": Key(count(), "pad tokens the alignment adds over all packs"),
+}
+INDEX_KEYS.update({k: Key(v.spec, v.doc, optional=True) for k, v in ALIGN_KEYS.items()})
+V2_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS})
+V3_SPEC = obj({**INDEX_KEYS, **ALIGN_KEYS})
 V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["token_dtype"],
                "loss_mask": INDEX_KEYS["loss_mask"], "n_packs": count(), "n_tokens": count(),
                "n_segments": count(), "n_docs": count(),
@@ -207,5 +226,12 @@ V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["toke
                "held_out": nullable(_HELD_OUT), "shards": list_of(obj(SHARD_KEYS)),
                "overflow": INDEX_KEYS["overflow"], "seed": integer(),
                DIGEST_KEY: INDEX_KEYS[DIGEST_KEY].spec})
-SPECS = {1: V1_SPEC, 2: V2_SPEC}
+SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC}
+
+
+def alignment(index: dict) -> tuple[int, int]:
+    """(K, pad id) of a dataset: (1, 0) before version 3 (the key is read nowhere else)."""
+    if int(index["version"]) < ALIGNED_VERSION:
+        return 1, 0
+    return int(index["align"]), int(index["pad_id"])
 SHARD_FILE = _FILE

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from .files import ValidationError
-from .layout import fold_shift
+from .layout import align_up, fold_shift
 from .reader import PackedReader
-from .schema import INDEX
+from .schema import INDEX, alignment
 
 _V1_MESSAGES = {
     1: "offsets do not start at 0",
@@ -93,6 +93,12 @@ def validate_packed(directory: str | Path, checksums: bool = True):
     index = ds.index
     n_docs = sum(s["n_docs"] for s in index["sources"]) if index["version"] >= 2 else None
     totals = {"n_packs": 0, "n_tokens": 0, "n_segments": 0}
+    align, pad_id = alignment(index)
+    if align > 1:
+        totals["n_align_tokens"] = 0
+        if pad_id >= int(index["vocab_size"]):
+            raise ValidationError(f"{INDEX}: pad_id {pad_id:,} is outside the id space of "
+                                  f"{index['vocab_size']:,} tokens; re-run packtool pack")
     _check_seq_len(index, f"{str(ds.directory).rstrip('/')}/{INDEX}")
     for k, entry in enumerate(index["shards"]):
         sh = ds.shard(k)
@@ -104,8 +110,11 @@ def validate_packed(directory: str | Path, checksums: bool = True):
                                   f"{int(np.max(sh.seg_doc)):,} is beyond the sources' "
                                   f"{n_docs:,} documents")
         _check_tokens(sh, ds)
-        for key in totals:
+        for key in ("n_packs", "n_tokens", "n_segments"):
             totals[key] += entry[key]
+        if align > 1:
+            totals["n_align_tokens"] += (int(align_up(sh.seg_length, align).sum())
+                                         - entry["n_tokens"])
     for key, n in totals.items():
         if index[key] != n:
             raise ValidationError(f"{INDEX}: {key} is {index[key]:,} but the shards hold {n:,}")

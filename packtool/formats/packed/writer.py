@@ -22,7 +22,15 @@ from ... import __version__
 from ..._io import NpyWriter
 from .._manifest import digest
 from .layout import pack_offsets
-from .schema import DIGEST_KEY, FORMAT, INDEX_KEYS, VERSION, array_length, shard_arrays
+from .schema import (
+    ALIGNED_VERSION,
+    DIGEST_KEY,
+    FORMAT,
+    INDEX_KEYS,
+    VERSION,
+    array_length,
+    shard_arrays,
+)
 
 CHUNK_TOKENS = 1 << 23
 
@@ -165,7 +173,8 @@ class _Fill:
 def index(meta: dict, shards: list[dict]) -> dict:
     """``index.json``: the format's keys, the caller's ``meta`` (layout, options, counts,
     metrics, sources...), the shards, and the index's own digest."""
-    body = {"format": FORMAT, "version": VERSION, **meta, "shards": shards,
+    version = ALIGNED_VERSION if meta.get("align", 1) > 1 else VERSION
+    body = {"format": FORMAT, "version": version, **meta, "shards": shards,
             "created_by": f"packtool {__version__}"}
     unknown = set(body) - set(INDEX_KEYS)
     if unknown:  # a key must be documented in INDEX_KEYS (and so in FORMAT.md)
