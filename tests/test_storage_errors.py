@@ -120,12 +120,13 @@ def test_a_server_gone_mid_run_is_named(s3, tmp_path, monkeypatch, corpus):
 
     from packtool.cli.app import run
     from packtool.options import PackOptions
-    from packtool.pack import pack, remote
+    from packtool.pack import pack
+    from packtool.storage import publish
 
     bucket = s3.bucket()
     for p in corpus.iterdir():
         s3.fs.put_file(str(p), f"{bucket}/{p.name}")
-    server_dies_during_uploads(monkeypatch, tmp_path, s3, remote, 1)
+    server_dies_during_uploads(monkeypatch, tmp_path, s3, publish, 1)
     try:
         with pytest.raises(click.ClickException) as e:
             run(pack, [f"s3://{bucket}/c"], f"s3://{bucket}/p", PackOptions(seq_len=128))

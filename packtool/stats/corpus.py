@@ -133,7 +133,7 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
     from .._progress import shown
     from ..formats.packed.layout import align_up
     from ..metrics import pack_metrics
-    from ..packers import PACKERS, PackerOptions, depth_capped_efficiency, run_packer
+    from ..packers import PACKERS, PackerOptions, run_packer
     from ..train.sampler import step_imbalance
 
     given = {k: v for k, v in (algo_options or {}).items() if v not in (None, False)}
@@ -146,23 +146,12 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
     seg_lengths = align_up(real, align)
     nonempty = np.asarray(seg_lengths)[np.asarray(seg_lengths) > 0]
     for algo in algos:
-        if given.get("max_docs") and "max_docs" not in PACKERS[algo].options:
-            rows.append({"algo": algo, "packs": None, "skipped": (
-                "it takes no --max-docs (pack refuses the pair); its --max-depth caps "
-                "documents per pack" if algo in ("spfhp", "nnlshp") else
-                "it takes no --max-docs (pack refuses the pair)")})
-            continue
         opts = PackerOptions(seed=seed, **{k: v for k, v in given.items()
                                            if k in PACKERS[algo].options})
-        depth = opts.max_depth or {"nnlshp": 3, "spfhp": 12}.get(algo)
-        if algo == "nnlshp" and nonempty.size:
-            cap = depth_capped_efficiency(nonempty, seq_len, depth)
-            if cap < HOPELESS:
-                rows.append({"algo": algo, "packs": None, "skipped": (
-                    f"at --max-depth {depth} no packing can pass {100 * cap:.1f}% efficiency "
-                    f"(documents average {nonempty.mean():,.0f} tokens, L = {seq_len:,}); "
-                    "raise --max-depth or use bfd/optimal")})
-                continue
+        skipped = _skipped(algo, given, opts, nonempty, seq_len)
+        if skipped:
+            rows.append({"algo": algo, "packs": None, "skipped": skipped})
+            continue
         with compile_seconds() as spent:  # kernels compile on first use: timed apart
             with shown(False):  # no progress line: it named this warm-up's L=4, not -L
                 run_packer(np.array([1, 2, 3], np.int64), 4, algo, opts)  # compile kernels
@@ -176,13 +165,7 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
         placed = packing.packs >= 0
         costs = np.bincount(packing.packs[placed], weights=real[placed].astype(
             np.float64) ** 2, minlength=rep.n_packs)
-        costs_of = {}
-        if align > 1:
-            costs_of["packs_unaligned"] = run_packer(real, seq_len, algo, opts).report.n_packs
-        if opts.max_docs:
-            costs_of["packs_uncapped"] = run_packer(seg_lengths, seq_len, algo, replace(
-                opts, max_docs=None)).report.n_packs
-        rows.append({**costs_of,
+        rows.append({**_costs_of(real, seg_lengths, seq_len, algo, opts, align),
             "algo": algo, "packs": rep.n_packs, "efficiency": m["efficiency"],
             "gap": m["gap_percent"], "packing_factor": m["packing_factor"],
             "seconds": seconds, "compile_seconds": compile_time,
@@ -195,6 +178,38 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
         })
     rows.sort(key=lambda r: (r["packs"] is None, r["packs"] or 0, r.get("seconds", 0)))
     return rows
+
+
+def _costs_of(real, seg_lengths, seq_len: int, algo: str, opts, align: int) -> dict:
+    """The packs without the alignment, and without the --max-docs cap: what each costs."""
+    from ..packers import run_packer
+
+    out = {}
+    if align > 1:
+        out["packs_unaligned"] = run_packer(real, seq_len, algo, opts).report.n_packs
+    if opts.max_docs:
+        out["packs_uncapped"] = run_packer(seg_lengths, seq_len, algo, replace(
+            opts, max_docs=None)).report.n_packs
+    return out
+
+
+def _skipped(algo: str, given: dict, opts, nonempty: np.ndarray, seq_len: int) -> str | None:
+    """Why ``algo`` is left out of the comparison (a pair pack refuses, or an nnlshp depth
+    that cannot reach a useful efficiency), or None."""
+    from ..packers import PACKERS, depth_capped_efficiency
+
+    if given.get("max_docs") and "max_docs" not in PACKERS[algo].options:
+        return ("it takes no --max-docs (pack refuses the pair); its --max-depth caps "
+                "documents per pack" if algo in ("spfhp", "nnlshp") else
+                "it takes no --max-docs (pack refuses the pair)")
+    depth = opts.max_depth or {"nnlshp": 3, "spfhp": 12}.get(algo)
+    if algo == "nnlshp" and nonempty.size:
+        cap = depth_capped_efficiency(nonempty, seq_len, depth)
+        if cap < HOPELESS:
+            return (f"at --max-depth {depth} no packing can pass {100 * cap:.1f}% efficiency "
+                    f"(documents average {nonempty.mean():,.0f} tokens, L = {seq_len:,}); "
+                    "raise --max-depth or use bfd/optimal")
+    return None
 
 
 def parse_algos(spec: str | None) -> list[str]:

@@ -64,23 +64,7 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
             f"a multiple of {multiple}: pack again with --align {multiple} (or the lcm of both) "
             "instead of padding each segment at load")
     if per_segment and multiple > 1 and len(cu) > 1 and not aligned:
-        lens = np.diff(cu)
-        new_lens = -(-lens // multiple) * multiple
-        if (new_lens != lens).any():
-            new_cu = np.concatenate([[0], np.cumsum(new_lens)])
-            n, n2 = int(cu[-1]), int(new_cu[-1])
-            dest = np.arange(n) + np.repeat(new_cu[:-1] - cu[:-1], lens)
-            for k in keys:
-                v = np.asarray(ex[k])
-                if k == "position_ids":  # pads continue their segment's positions
-                    first = np.repeat(v[cu[:-1]].astype(np.int64), new_lens)
-                    out = (np.arange(n2) - np.repeat(new_cu[:-1], new_lens) + first)
-                    ex[k] = out.astype(v.dtype)
-                    continue
-                out = np.full(n2, pad_id if k == "input_ids" else PAD_FILL[k], dtype=v.dtype)
-                out[dest] = v
-                ex[k] = out
-            cu = new_cu
+        cu = _pad_segments(ex, cu, keys, multiple, pad_id)
     n = int(cu[-1])
     target = n if pad_to is None else _check_int("pad_to", pad_to, 0)
     if multiple is not None:
@@ -108,6 +92,29 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
     if "max_seqlen" in ex:  # pad segments count for varlen kernels
         ex["max_seqlen"] = int(np.diff(cu).max()) if len(cu) > 1 else 0
     return ex
+
+
+def _pad_segments(ex: dict, cu: np.ndarray, keys: list, multiple: int, pad_id: int
+                  ) -> np.ndarray:
+    """Every segment of ``ex`` (in place) padded to a multiple of ``multiple``; the new
+    boundaries."""
+    lens = np.diff(cu)
+    new_lens = -(-lens // multiple) * multiple
+    if not (new_lens != lens).any():
+        return cu
+    new_cu = np.concatenate([[0], np.cumsum(new_lens)])
+    n, n2 = int(cu[-1]), int(new_cu[-1])
+    dest = np.arange(n) + np.repeat(new_cu[:-1] - cu[:-1], lens)
+    for k in keys:
+        v = np.asarray(ex[k])
+        if k == "position_ids":  # pads continue their segment's positions
+            first = np.repeat(v[cu[:-1]].astype(np.int64), new_lens)
+            ex[k] = (np.arange(n2) - np.repeat(new_cu[:-1], new_lens) + first).astype(v.dtype)
+            continue
+        out = np.full(n2, pad_id if k == "input_ids" else PAD_FILL[k], dtype=v.dtype)
+        out[dest] = v
+        ex[k] = out
+    return new_cu
 
 
 def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
