@@ -30,6 +30,7 @@ that step on (a new segment: the bound holds from it), and its later points as w
 
 from __future__ import annotations
 
+import bisect
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -141,6 +142,8 @@ class MixtureSampler:
     def _begin(self, origin: Cursor) -> None:
         self.start_step = origin.step
         self._marks = {origin.step: origin}
+        self._mark_steps = [origin.step]  # sorted
+        self._last = origin  # the cursor asked for last
         self._handed = origin.step  # steps this sampler's steps() has handed out
 
     # ------------------------------------------------------------------ the streams
@@ -211,15 +214,22 @@ class MixtureSampler:
             raise PacktoolError(f"step must be an integer >= {self.start_step:,} (the first "
                                 "step of this sampler" + (", where it resumed" if self.start_step
                                                           else "") + f"), got {step!r}")
-        cur = self._marks[max(m for m in self._marks if m <= step)]
+        cur = self._marks[self._mark_steps[bisect.bisect_right(self._mark_steps, step) - 1]]
+        if cur.step <= self._last.step <= step:  # a ledger per step replays one step
+            cur = self._last
         while cur.step < step:
             nxt = self._advance(cur)
             if nxt is None:
                 raise PacktoolError(self._stopped(cur, f"step {step:,}"))
             cur = nxt[0]
-            if cur.step % MARK_EVERY == 0:
-                self._marks[cur.step] = cur
+            self._mark(cur)
+        self._last = cur
         return cur
+
+    def _mark(self, cur: Cursor) -> None:
+        if cur.step % MARK_EVERY == 0 and cur.step not in self._marks:
+            self._marks[cur.step] = cur
+            bisect.insort(self._mark_steps, cur.step)
 
     def _stopped(self, cur: Cursor, what: str) -> str:
         need = np.bincount(self._deal(cur)[3], minlength=len(self.names))
@@ -241,8 +251,7 @@ class MixtureSampler:
             if nxt is None:
                 return
             cur, pairs = nxt
-            if cur.step % MARK_EVERY == 0:
-                self._marks[cur.step] = cur
+            self._mark(cur)
             self._handed = cur.step  # before the yield: a snapshot after it counts the step
             yield [(self.names[i], r) for i, r in pairs[lo:lo + self.batch_size]]
 
@@ -271,7 +280,7 @@ class MixtureSampler:
             raise PacktoolError(f"row {row} of {source} (epoch {epoch}) was taken before step "
                                 f"{self.start_step:,}, where this sampler resumed; ask a sampler "
                                 "that did not resume")
-        for m in sorted(self._marks):  # the last mark before it, then step by step
+        for m in self._mark_steps:  # the last mark before it, then step by step
             c = self._marks[m]
             if c.epoch[i] * n + c.pos[i] <= at:
                 cur = c
