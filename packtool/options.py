@@ -150,6 +150,10 @@ class PackOptions:
     time_limit: float | None = opt(None, "optimal: also stop after this many seconds (the "
                                    "result may then differ between runs; the index records "
                                    "that).", type=("float", 0, False))
+    tokens: int | None = opt(None, "With target shares (PREFIX=SHARE): the tokens to pack in "
+                             "all, sources repeated where their share needs it (default: as "
+                             "many as the scarcest source gives, none repeated).",
+                             type=("int", 1, None))
     valid_docs: int | None = opt(None, "Hold out exactly this many whole non-empty documents "
                                  "(seeded, apportioned to the sources in proportion) and pack "
                                  "them into OUT/valid. Never a source's last document: every "
@@ -236,6 +240,10 @@ class PackOptions:
                 or self.shard_size < 1:
             raise PacktoolError(f"--shard-size must be a positive number of tokens, got "
                                 f"{self.shard_size!r}")
+        if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(
+                self.tokens, int) or self.tokens < 1):
+            raise PacktoolError(f"--tokens must be a positive number of tokens, got "
+                                f"{self.tokens!r}")
         if self.group_docs is not None and (isinstance(self.group_docs, bool) or not isinstance(
                 self.group_docs, int) or self.group_docs < 1):
             raise PacktoolError(f"--group-docs must be a positive number of documents, got "

@@ -9,11 +9,12 @@ key of its own::
     pack.shuffle      [seed, 0x5041434b]             order of the packs written by ``pack``
     packer.random     [seed, 0x52414e44]             the ``random`` packer's document order
     sampler.epoch     [seed, 0x53414d50, epoch]      PackSampler's permutation of an epoch
+    mixture.epoch     [seed, 0x4d495845, src, epoch] MixtureSampler: a source's epoch order
     stats.batches     [seed, 0x53544154]             ``stats``' random-batch padding figure
     mixture.held_out  [seed, 1, source]              kept as they were (packtool.pack.plan)
     mixture.repeats   [seed, 2, source]
 
-The keys are fixed constants (ASCII of PACK, RAND, SAMP, STAT), never derived at run time, so
+The keys are fixed constants (ASCII of PACK, RAND, SAMP, STAT, MIXE), never derived at run time, so
 a seed gives the same numbers in every version that keeps this table.
 """
 
@@ -25,6 +26,7 @@ DOMAINS = {
     "pack.shuffle": 0x5041434B,
     "packer.random": 0x52414E44,
     "sampler.epoch": 0x53414D50,
+    "mixture.epoch": 0x4D495845,
     "stats.batches": 0x53544154,
     "mixture.held_out": 1,
     "mixture.repeats": 2,

@@ -250,3 +250,77 @@ def test_holdout_counts_match_verifys_own_rule():
         f = float(rng.uniform(0.01, 0.99))
         assert holdout_counts(m, valid_fraction=f) == expected_holdout(
             {"rule": 2, "valid_docs": None, "valid_fraction": f}, m, sum(m))
+
+
+# ------------------------------- issue 32.3: target token shares, PREFIX=SHARE
+@pytest.fixture(scope="module")
+def unequal(tmp_path_factory):
+    """``prose`` (3,000 documents, median 300 tokens) and ``code`` (700, median 600): the
+    scarce one is code."""
+    from synth import lognormal_lengths, write_token_corpus
+
+    d = tmp_path_factory.mktemp("shares")
+    write_token_corpus(d / "prose", lognormal_lengths(3000, median=300, seed=1), seed=1)
+    write_token_corpus(d / "code", lognormal_lengths(700, median=600, seed=2), seed=2)
+    return d
+
+
+def _shares(out) -> dict:
+    return {s["prefix"].rsplit("/", 1)[-1]: s for s in out["sources"]}
+
+
+@pytest.mark.parametrize("group", [[], ["--group-docs", "500"]])
+def test_target_shares_are_realized_within_one_percent(unequal, tmp_path, group):
+    from conftest import run
+
+    total = {n: int(packtool.open_tokens(unequal / n).lengths.sum()) for n in ("prose", "code")}
+    r = run("pack", f"{unequal / 'prose'}=0.3", f"{unequal / 'code'}=0.7", "-L", 2048, "-o",
+            tmp_path / "p", "--json", "--seed", 3, *group)  # the expected factor alone: 28.2%
+    assert r.exit_code == 0, r.output
+    by = _shares(json.loads(r.stdout))
+    assert abs(by["prose"]["token_share"] - 0.3) < 0.01, by
+    assert abs(by["code"]["token_share"] - 0.7) < 0.01, by
+    assert by["code"]["factor"] == 1.0 and by["code"]["tokens_used"] == total["code"]
+    assert by["prose"]["factor"] < 1 and by["prose"]["target_share"] == pytest.approx(0.3)
+    r = run("verify", tmp_path / "p", "--source", f"{unequal / 'prose'},{unequal / 'code'}")
+    assert r.exit_code == 0, r.output  # verify recomputes the mixture from the factors
+    r = run("pack", f"{unequal / 'prose'}=3", f"{unequal / 'code'}=7", "-L", 2048, "-o",
+            tmp_path / "q", *group)
+    assert r.exit_code == 0 and "(target 30.00%)" in r.output and "(target 70.00%)" in r.output
+
+
+def test_tokens_sets_the_total_and_repeats_where_needed(unequal, tmp_path):
+    from conftest import run
+
+    code = int(packtool.open_tokens(unequal / "code").lengths.sum())
+    want = 3 * code
+    r = run("pack", f"{unequal / 'prose'}=0.2", f"{unequal / 'code'}=0.8", "--tokens", want,
+            "-L", 2048, "-o", tmp_path / "p", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    by = _shares(out)
+    assert 2 < by["code"]["factor"] < 3  # 2.4x its tokens: two copies and a sample
+    assert abs(by["code"]["token_share"] - 0.8) < 0.01 and abs(out["n_tokens"] / want - 1) < 0.01
+
+
+@pytest.mark.parametrize("specs,extra,match", [
+    (["prose=0.5", "code:2"], [], r"code:2 has no target share while other sources do: .*not "
+                                  "both"),
+    (["prose=0.5", "code"], [], r"code has no target share"),
+    (["prose", "code"], ["--tokens", "1000"], r"--tokens 1,000 sets the total of target "
+                                              "shares: give the sources as PREFIX=SHARE"),
+    (["prose=0", "code=0"], [], r"target shares sum to 0"),
+    (["prose=-1", "code=1"], [], r"target share -1 must be a number >= 0"),
+    (["nothing=1"], [], r"'=1' was read as a target share of the corpus .*nothing"),
+    (["prose=1e-9", "code=1"], [], r"prose: its target share is 0 tokens, less than one of "
+                                   "its documents"),
+    (["prose=1", "code=1"], ["--tokens", "10000000000"], r"at most 1,000 copies"),
+])
+def test_bad_shares_refused_by_name(unequal, tmp_path, specs, extra, match):
+    import re
+
+    from conftest import run
+
+    r = run("pack", *[unequal / s for s in specs], *extra, "-L", 2048, "-o", tmp_path / "o")
+    assert r.exit_code == 1 and re.search(match, r.output), r.output
+    assert "Traceback" not in r.output and not (tmp_path / "o").exists()

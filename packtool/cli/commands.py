@@ -27,7 +27,7 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
                    "part_bytes", "overwrite")
 PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shard_size",
-               "valid_docs", "valid_fraction", "group_docs", "balance", "balance_ranks",
+               "tokens", "valid_docs", "valid_fraction", "group_docs", "balance", "balance_ranks",
                "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id", "max_docs",
                "max_depth", "work_limit", "time_limit")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
@@ -107,17 +107,21 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
     """Pack tokenized PREFIXES (packed together as one corpus) into packs of --seq-len tokens.
 
     A prefix may carry a repeat factor, PREFIX:FACTOR (0 to 1,000): 2.0 uses every document
-    twice, 0.5 a seeded half; copies of a document never share a pack. An empty training set
-    is refused, and so is a source that would add nothing to it (its factor selects no
-    document, or it has none) unless given as PREFIX:0 (held-out documents only). Writes
-    index.json and shards of each pack's segments (source document, offset, length); with
-    --layout tokens the packs' tokens too. See docs/FORMAT.md. The sources' checksums are
-    verified before the dataset is committed.
+    twice, 0.5 a seeded half; copies of a document never share a pack. Or every prefix a
+    target share of the packed tokens, PREFIX=SHARE (normalised; not mixed with factors): the
+    factors are worked out, for --tokens N in all or for as many tokens as the scarcest
+    source gives (none repeated), and the summary shows each share reached beside its target.
+    An empty training set is refused, and so is a source that would add nothing to it (its
+    factor selects no document, or it has none) unless given as PREFIX:0 (held-out documents
+    only). Writes index.json and shards of each pack's segments (source document, offset,
+    length); with --layout tokens the packs' tokens too. See docs/FORMAT.md. The sources'
+    checksums are verified before the dataset is committed.
 
     \b
     Example:
         packtool pack out/corpus --seq-len 4096 --algo bfd --out out/packed
         packtool pack out/web:2.0 out/books:0.5 out/code -L 4096 --valid-docs 1000 -o out/mix
+        packtool pack out/web=0.7 out/code=0.3 -L 4096 --tokens 2000000000 -o out/mix
         packtool pack out/corpus -L 4096 -o out/packed --tasks 8 --task $SLURM_ARRAY_TASK_ID
         packtool pack out/corpus -L 4096 -o out/packed --finalize
         packtool pack out/corpus -L 8192 --cp 8 --fp8 --max-docs 64 -o out/thd

@@ -37,7 +37,7 @@ from ..formats._manifest import manifest_text
 from ..formats.packed import INDEX, VALID, index, read_index
 from ..storage import default_options, is_url
 from ..storage.output import Output
-from .flow import SourceCheck, open_sources, plan_flow, plan_sources
+from .flow import SourceCheck, open_sources, plan_flow, plan_sources, with_targets
 from .meta import held_out_entry
 from .plan import PackOptions
 from .result import PackResult, run_warnings
@@ -177,6 +177,7 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
             remove_path(target.path)
         raise
     res = flow.result(out.path, time.perf_counter() - t0, notes, idx)
+    res.sources = with_targets(res.sources, prefixes)
     res.sources_verified = verify_sources
     res.warnings += run_warnings(res, options.seq_len)
     if out.remote:

@@ -22,7 +22,7 @@ from ..formats.tokens import open_tokens, read_lengths
 from ..storage import is_url
 from . import jobs as pj
 from .meta import METRIC_KEYS, group_index_meta, index_meta, metrics, storage
-from .mixture import mixture_plan, refuse_idle, resolve_source
+from .mixture import mixture_plan, refuse_idle, resolve_sources, share_factors
 from .plan import PackOptions, plan_pack
 from .result import PackResult
 
@@ -39,6 +39,16 @@ def longest_document(corpora) -> int:
                     longest = max(longest, int(np.diff(e, prepend=prev).max()))
                     prev = e[-1]
     return longest
+
+
+def with_targets(sources: list[dict], prefixes) -> list[dict]:
+    """The result's per-source entries with ``target_share`` (normalised) beside the
+    ``token_share`` reached, when the sources were given as ``PREFIX=SHARE``."""
+    shares = resolve_sources(prefixes)[1]
+    if shares is None or len(shares) != len(sources):
+        return sources
+    return [{**src, "target_share": s / sum(shares)}
+            for src, s in zip(sources, shares, strict=True)]
 
 
 def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list:
@@ -103,11 +113,15 @@ class SourceCheck:
 
 
 def plan_sources(prefixes, options: PackOptions) -> tuple[list, list[float], str, dict]:
-    """The sources opened (``PREFIX:FACTOR`` read), the plan's digest, and the dataset's
-    dtypes and mask storage: what every way of writing a dataset starts from."""
-    specs = [resolve_source(p) for p in prefixes]
+    """The sources opened (``PREFIX:FACTOR`` read; ``PREFIX=SHARE`` turned into factors), the
+    plan's digest, and the dataset's dtypes and mask storage: what every way of writing a
+    dataset starts from."""
+    specs, shares = resolve_sources(prefixes, options.tokens)
     corpora = open_sources([prefix for prefix, _ in specs])
     factors = [factor for _, factor in specs]
+    if shares is not None:
+        factors = share_factors(read_lengths(corpora), [len(c) for c in corpora], shares,
+                                options, [str(c.prefix) for c in corpora])
     digest = plan_digest(options, corpora, factors)
     return corpora, factors, digest, storage(corpora, options, longest_document(corpora))
 

@@ -199,3 +199,146 @@ def refuse_idle(trained: list[int], nonempty: list[int], factors: list[float],
             "the training set would be empty (no document of any source is packed for "
             "training: factors 0, or every document held out); raise a factor or hold out "
             "fewer documents")
+
+
+# -- target token shares: PREFIX=SHARE -----------------------------------------------------
+# ``web=0.7 code=0.3`` asks for 70% / 30% of the packed tokens; the planner turns shares into
+# the repeat factors above (so verify, --group-docs and the index work as for factors), with
+# the total set by --tokens N or by the scarcest source (none repeated).
+
+SHARE_TRIES = 16  # samples tried per source for its fractional part: the closest is kept
+
+
+def parse_share(spec: str) -> tuple[str, float] | None:
+    """``PREFIX=SHARE`` -> (prefix, share); None when ``spec`` has no ``=NUMBER`` tail."""
+    head, sep, tail = str(spec).rpartition("=")
+    if not (sep and head):
+        return None
+    try:
+        share = float(tail)
+    except ValueError:
+        return None
+    if not share >= 0 or share == float("inf"):
+        raise PacktoolError(f"{spec}: target share {tail} must be a number >= 0 (web=0.7 "
+                            "code=0.3: 70% and 30% of the packed tokens; 0 = none in training)")
+    return head, share
+
+
+def resolve_share(spec: str) -> tuple[str, float] | None:
+    """:func:`parse_share`, checked against the files there as :func:`resolve_source` checks
+    ``PREFIX:FACTOR`` (a corpus named ``c=0.5`` is a corpus, not a share)."""
+    from ..formats.tokens import split_prefix
+    from ..storage import is_url
+
+    parsed = parse_share(spec)
+    if parsed is None or is_url(spec):
+        return parsed
+    whole, head = Path(f"{split_prefix(spec)}.json"), Path(f"{split_prefix(parsed[0])}.json")
+    if whole.exists() and head.exists():
+        raise PacktoolError(f"{spec} is ambiguous: {whole} (the corpus {spec}) and {head} (the "
+                            f"corpus {parsed[0]} with target share {parsed[1]:g}) both exist; "
+                            "rename one of them")
+    if whole.exists():
+        return None
+    if not head.exists():
+        raise PacktoolError(f"{head} not found: in {spec}, '={spec.rpartition('=')[2]}' was "
+                            f"read as a target share of the corpus {parsed[0]}; give the --out "
+                            "PREFIX of packtool tokenize (PREFIX=SHARE)")
+    return parsed
+
+
+def resolve_sources(prefixes, tokens: int | None = None):
+    """(prefix and repeat factor per source, target shares or None): every source as
+    ``PREFIX[:FACTOR]``, or every source as ``PREFIX=SHARE``; a mix is refused by name."""
+    shares = [resolve_share(p) for p in prefixes]
+    if not any(shares):
+        if tokens is not None:
+            raise PacktoolError(f"--tokens {tokens:,} sets the total of target shares: give "
+                                "the sources as PREFIX=SHARE (web=0.7 code=0.3); repeat "
+                                "factors (PREFIX:FACTOR) set each source's tokens themselves")
+        return [resolve_source(p) for p in prefixes], None
+    others = [str(p) for p, s in zip(prefixes, shares, strict=True) if s is None]
+    if others:
+        raise PacktoolError(
+            f"{', '.join(others)} {'has' if len(others) == 1 else 'have'} no target share "
+            "while other sources do: give every source a share of the packed tokens "
+            "(PREFIX=SHARE, web=0.7 code=0.3; PREFIX=0 for none in training) or every "
+            "source a repeat factor (PREFIX:FACTOR), not both")
+    if not sum(s for _, s in shares):
+        raise PacktoolError("the target shares sum to 0: give at least one source a share "
+                            "above 0")
+    return [(p, 1.0) for p, _ in shares], [s for _, s in shares]
+
+
+def share_factors(lengths: np.ndarray, sizes: list[int], shares: list[float],
+                  options: PackOptions, names: list[str]) -> list[float]:
+    """Repeat factors that pack each source's share of the tokens (held-out documents apart,
+    lengths after --overflow): of ``options.tokens`` in all, or of the largest total no
+    source repeats for (the scarcest source whole, factor 1). A factor's fractional part
+    selects a seeded sample of documents (:func:`doc_repeats`); of SHARE_TRIES sample sizes
+    around the expected one, the one whose tokens come closest is kept, so a share is met to
+    about a document's tokens, not to the sample's spread."""
+    from fractions import Fraction
+
+    valid = held_out(lengths, sizes, options.seed, options.valid_docs, options.valid_fraction)
+    eff = _packed_lengths(lengths, options)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    have = [int(eff[a:b][~valid[a:b]].sum()) for a, b in zip(bounds[:-1], bounds[1:],
+                                                              strict=True)]
+    want = [Fraction(repr(s)) / sum(Fraction(repr(x)) for x in shares) for s in shares]
+    for k, (w, h) in enumerate(zip(want, have, strict=True)):
+        if w and not h:
+            raise PacktoolError(f"{names[k]} has no tokens to give its target share "
+                                f"{shares[k]:g} (no non-empty document for training); drop it "
+                                f"or give it as {names[k]}=0")
+    total = Fraction(options.tokens) if options.tokens else min(
+        Fraction(h) / w for w, h in zip(want, have, strict=True) if w)
+    factors = []
+    for k, w in enumerate(want):
+        a, b = int(bounds[k]), int(bounds[k + 1])
+        eligible = np.arange(a, b)[~valid[a:b]]
+        factors.append(_factor(eff, eligible, w * total, options.seed, k, names[k]) if w
+                       else 0.0)
+    return factors
+
+
+def _packed_lengths(lengths: np.ndarray, options: PackOptions) -> np.ndarray:
+    """Tokens each document gives the packs under --overflow (split keeps them all)."""
+    x = np.asarray(lengths, np.int64)
+    if options.overflow == "truncate":
+        return np.minimum(x, options.seq_len)
+    if options.overflow == "drop":
+        return np.where(x > options.seq_len, 0, x)
+    return x
+
+
+def _factor(eff: np.ndarray, eligible: np.ndarray, target, seed: int, k: int,
+            name: str) -> float:
+    """Source k's repeat factor for ``target`` tokens (a Fraction) of its ``eligible``
+    documents: whole copies, then the sample size whose draw comes closest."""
+    have, m = int(eff[eligible].sum()), eligible.size
+    whole, rest = divmod(target, have)
+    whole = int(whole)
+    if whole + 1 > MAX_FACTOR:
+        raise PacktoolError(f"{name}: its target share of --tokens is {float(target):,.0f} "
+                            f"tokens, {float(target / have):,.0f} times its {have:,}; at most "
+                            f"{MAX_FACTOR:,} copies: lower --tokens or its share")
+    best, gap, mean, tried = 0, rest, have / m, set()
+    e = min(m, int(round(rest * m / have)))
+    for _ in range(SHARE_TRIES if rest else 0):
+        got = int(eff[_sub_seed(seed, 2, k).choice(eligible, size=e, replace=False)].sum()) \
+            if e else 0
+        tried.add(e)
+        if abs(got - rest) < abs(gap):
+            best, gap = e, got - rest
+        way = 1 if got < rest else -1
+        e = min(m, max(0, e + (int(round(float(rest - got) / mean)) or way)))
+        while e in tried and 0 <= e + way <= m:  # each size draws another sample: a new try
+            e += way
+        if got == rest or e in tried:
+            break
+    if not whole and not best:
+        raise PacktoolError(f"{name}: its target share is {float(target):,.0f} tokens, less "
+                            f"than one of its documents gives (mean {mean:,.0f} tokens); raise "
+                            "its share or --tokens")
+    return whole + best / m

@@ -85,6 +85,7 @@ class PackResult:
     sources_verified: bool
     layout: str = "index"
     sources: list[dict] = field(default_factory=list)   # per source: factor, used, share
+    #                                                     (and target_share: PREFIX=SHARE)
     valid: dict | None = None                           # the held-out split's counts
     warnings: list[str] = field(default_factory=list)
     published: str = ""   # an object-store output: what was uploaded (packtool.storage)
@@ -128,6 +129,8 @@ class PackResult:
             lines += [f"  {src['prefix']}: x{src['factor']:g}: {src['docs_used']:,} of "
                       f"{src['n_docs']:,} documents, {src['tokens_used']:,} tokens = "
                       f"{100 * src['token_share']:.2f}% of the packed tokens"
+                      + (f" (target {100 * src['target_share']:.2f}%)"
+                         if "target_share" in src else "")
                       for src in self.sources]
         if self.valid:
             v = self.valid

@@ -2,6 +2,9 @@
 
 - :mod:`.sampler` (and :mod:`.state`): ``PackSampler``, the epoch order of packs per rank,
   resumable at any world size; its numpy core is the arithmetic, torch wraps it.
+- :mod:`.mixture` (:mod:`.schedule`, :mod:`.mixture_state`): ``MixtureSampler``, rows of
+  several packed datasets per step in proportions a schedule sets and may change mid-run,
+  with a ledger and an exact resume under another schedule or shape.
 - :mod:`.balance`: packs dealt so each rank's step costs the same attention work.
 - :mod:`.batching`: packs collated into one padding-free ``[1, N]`` row (numpy).
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
@@ -13,6 +16,7 @@
 
 from .batching import collate_numpy
 from .cp import cp_shard
+from .mixture import MixtureSampler
 from .sampler import PackSampler
 
-__all__ = ["PackSampler", "collate_numpy", "cp_shard"]
+__all__ = ["MixtureSampler", "PackSampler", "collate_numpy", "cp_shard"]

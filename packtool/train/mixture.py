@@ -1,0 +1,370 @@
+"""``MixtureSampler``: rows of several packed datasets (sources) per step, in proportions that
+a schedule sets and may change mid-run, with a ledger of what each source gave and an exact
+resume, also under another schedule, world size or batch size::
+
+    MixtureSampler({"web": ds_web, "code": ds_code}, schedule=[(0, {"web": 0.7, "code": 0.3}),
+                   (50_000, {"web": 0.5, "code": 0.5})], rank=r, world_size=8, batch_size=4)
+
+    step s: G = 8 x 4 = 32 rows; slot j of the step -> a source by deadline order
+            (:mod:`.schedule`: from each point on, every source's count of rows is its weight
+            times the rows taken, rounded down or up)
+            the source's rows come in its own epoch order, one after the other
+            rank r takes slots r * 4 .. r * 4 + 3 (each rank a mix of the sources)
+
+**A source's stream.** Source ``name`` reads its rows (packs) in a seeded permutation per
+epoch (packtool.seeds 'mixture.epoch', keyed by the crc32 of its name, so adding a source
+leaves the others' orders alone). Rows are taken from it in that order, never repeated or
+skipped within an epoch; when an epoch is used up, ``exhausted="next_epoch"`` starts the next
+(the ledger counts it) and ``exhausted="stop"`` ends the iteration before the first step that
+would need a row of it.
+
+**State and resume.** What was consumed is, per source, a position in its stream (epoch, rows
+of it taken): the state records those at the step the training loop finished, with the step,
+the sources' identities (``index_sha256`` of a packed dataset, else its row count) and the
+deadline order's counters. Loading it continues each source from its position, so no row of
+any source is repeated or skipped in its epoch, at any world size or batch size. Under the
+same schedule the run continues exactly (the steps are those of the uninterrupted run at the
+same shape); under another, the weights the new schedule gives the resume step count from
+that step on (a new segment: the bound holds from it), and its later points as written.
+"""
+
+from __future__ import annotations
+
+import bisect
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+
+from ..errors import PacktoolError
+from .mixture_state import STATE_FORMAT, STATE_VERSION, check_mixture_state
+from .schedule import Segment, check_schedule, deal
+
+EXHAUSTED = ("next_epoch", "stop")
+MARK_EVERY = 256  # steps between remembered cursors: ledger(s) replays at most 255 steps
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where the mixture stands before ``step``: its segment (index into the sampler's
+    segments), the segment's rows taken and per source count, and per source its epoch and
+    rows of that epoch taken (0..n: an epoch used up rolls over when its next row is
+    needed)."""
+
+    step: int
+    seg: int
+    taken: int
+    counts: tuple
+    epoch: tuple
+    pos: tuple
+
+
+class Source:
+    """A source's rows and what tells it apart: a packed dataset (``index_sha256``, tokens per
+    row from its pack lengths) or a row count (tokens: rows x ``seq_len`` when given)."""
+
+    def __init__(self, name: str, data, seq_len: int | None):
+        n = data if isinstance(data, (int, np.integer)) else len(data)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise PacktoolError(f"source {name!r} has {n!r} rows: a source must be a packed "
+                                "dataset (open_packed(dir)) or a row count >= 1")
+        self.name, self.n, self.data = name, int(n), data
+        index = getattr(data, "index", None)
+        sha = index.get("index_sha256") if isinstance(index, Mapping) else None
+        self.identity = {"index_sha256": sha} if sha else {"n_rows": self.n}
+        self.seq_len = getattr(data, "seq_len", None) or seq_len
+        self.tokens_from = ("pack lengths" if hasattr(data, "shard") else
+                            "rows x seq_len" if self.seq_len else None)
+        self._lengths = None
+
+    def lengths(self) -> np.ndarray:
+        """Tokens of every row (pack), from the shards' segment tables (no token read)."""
+        if self._lengths is None:
+            ds = self.data
+            self._lengths = np.concatenate(
+                [np.diff(np.asarray(ds.shard(k).po, np.int64)) for k in range(ds.n_shards)])
+        return self._lengths
+
+    def tokens(self, order: np.ndarray, epoch: int, pos: int) -> int | None:
+        if self.tokens_from is None:
+            return None
+        if self.tokens_from == "rows x seq_len":
+            return (epoch * self.n + pos) * int(self.seq_len)
+        lengths = self.lengths()
+        return epoch * int(lengths.sum()) + int(lengths[order[:pos]].sum())
+
+
+class MixtureSampler:
+    """This rank's ``(source, row)`` pairs, step by step, over several packed datasets.
+
+    ``datasets``: {name: packed dataset or row count}. ``schedule``: ``[(step, {name:
+    weight}), ...]`` (see :mod:`packtool.train.schedule`), or one dict for the whole run.
+    ``batch_size``: rows per rank per step. ``exhausted``: ``"next_epoch"`` (a source used up
+    starts its next epoch) or ``"stop"``. ``seq_len``: tokens per row for the ledger of a
+    source given as a row count.
+
+    >>> s = MixtureSampler({"web": 700, "code": 300}, {"web": 0.7, "code": 0.3}, rank=0,
+    ...                    world_size=2, batch_size=5)
+    >>> batches = list(s.steps(until=10))          # 10 lists of 5 (source, row) pairs
+    >>> s.ledger(10)["web"]["rows"]                 # 70 of the 100 rows, to the row
+    70
+    >>> state = s.state_dict(step=4)                # after the loop finished 4 steps
+    >>> t = MixtureSampler({"web": 700, "code": 300}, {"web": 0.5, "code": 0.5}, rank=0,
+    ...                    world_size=1, batch_size=3)
+    >>> t.load_state_dict(state); t.start_step     # 50/50 from step 4 on, 3 rows a step
+    4
+    """
+
+    def __init__(self, datasets, schedule, *, rank: int, world_size: int, batch_size: int = 1,
+                 seed: int = 0, exhausted: str = "next_epoch", seq_len: int | None = None):
+        if not isinstance(datasets, Mapping) or not datasets:
+            raise PacktoolError(f"datasets must be a non-empty dict {{source name: packed "
+                                f"dataset or row count}}, got {type(datasets).__name__}")
+        bad = [n for n in datasets if not isinstance(n, str) or not n]
+        if bad:
+            raise PacktoolError(f"source names must be non-empty strings, got {bad[0]!r}")
+        _check_shape(rank, world_size, batch_size, seed)
+        if exhausted not in EXHAUSTED:
+            raise PacktoolError(f"exhausted must be 'next_epoch' (a source used up starts its "
+                                f"next epoch) or 'stop', got {exhausted!r}")
+        self.names = sorted(datasets)
+        self.sources = [Source(n, datasets[n], seq_len) for n in self.names]
+        self.rank, self.world_size, self.batch_size = int(rank), int(world_size), int(batch_size)
+        self.global_batch = self.world_size * self.batch_size
+        self.seed, self.exhausted = int(seed), exhausted
+        self.segments: list[Segment] = check_schedule(schedule, self.names)
+        zeros = (0,) * len(self.names)
+        self._begin(Cursor(0, 0, 0, zeros, zeros, zeros))
+        self._orders: dict = {}
+
+    def _begin(self, origin: Cursor) -> None:
+        self.start_step = origin.step
+        self._marks = {origin.step: origin}
+        self._mark_steps = [origin.step]  # sorted
+        self._last = origin  # the cursor asked for last
+        self._handed = origin.step  # steps this sampler's steps() has handed out
+
+    # ------------------------------------------------------------------ the streams
+
+    def order(self, source: str, epoch: int) -> np.ndarray:
+        """Source ``source``'s rows in the order ``epoch`` takes them (from the seed, the
+        source's name and the epoch alone)."""
+        from ..seeds import rng
+
+        i = self._index(source)
+        key = (i, int(epoch))
+        if key not in self._orders:
+            if len(self._orders) >= 2 * len(self.names):
+                del self._orders[next(iter(self._orders))]
+            self._orders[key] = rng(self.seed, "mixture.epoch", zlib.crc32(source.encode()),
+                                    int(epoch)).permutation(self.sources[i].n)
+        return self._orders[key]
+
+    def _index(self, source: str) -> int:
+        if source not in self.names:
+            raise PacktoolError(f"no source {source!r}: this sampler's sources are "
+                                f"{', '.join(self.names)}")
+        return self.names.index(source)
+
+    def _take(self, i: int, epoch: list, pos: list, m: int) -> np.ndarray | None:
+        """Source i's next ``m`` rows (epoch and pos updated), None when ``exhausted="stop"``
+        and its epoch has fewer left."""
+        n, out = self.sources[i].n, []
+        while m:
+            if pos[i] == n:
+                if self.exhausted == "stop":
+                    return None
+                epoch[i], pos[i] = epoch[i] + 1, 0
+            k = min(m, n - pos[i])
+            out.append(self.order(self.names[i], epoch[i])[pos[i]:pos[i] + k])
+            pos[i], m = pos[i] + k, m - k
+        return np.concatenate(out)
+
+    # ------------------------------------------------------------------ the steps
+
+    def _advance(self, cur: Cursor):
+        """(cursor after step ``cur.step``, its (source index, row) per slot), or None when
+        the sampler stops there (``exhausted="stop"``)."""
+        seg, taken, counts, slots = self._deal(cur)
+        need = np.bincount(slots, minlength=len(self.names))
+        epoch, pos, rows = list(cur.epoch), list(cur.pos), {}
+        for i in np.flatnonzero(need).tolist():
+            got = self._take(i, epoch, pos, int(need[i]))
+            if got is None:
+                return None
+            rows[i] = iter(got.tolist())
+        pairs = [(i, next(rows[i])) for i in slots]
+        return Cursor(cur.step + 1, seg, taken + self.global_batch, tuple(counts),
+                      tuple(epoch), tuple(pos)), pairs
+
+    def _deal(self, cur: Cursor):
+        """(segment, its rows taken and counts after step ``cur.step``, the step's sources
+        per slot): a schedule point at this step starts a new segment."""
+        seg, taken, counts = cur.seg, cur.taken, list(cur.counts)
+        while seg + 1 < len(self.segments) and self.segments[seg + 1].start <= cur.step:
+            seg, taken, counts = seg + 1, 0, [0] * len(counts)
+        return seg, taken, counts, deal(self.segments[seg], taken, counts, self.global_batch)
+
+    def _cursor_at(self, step: int) -> Cursor:
+        """The cursor before ``step`` (>= start_step), replayed from the nearest mark."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or step < self.start_step:
+            raise PacktoolError(f"step must be an integer >= {self.start_step:,} (the first "
+                                "step of this sampler" + (", where it resumed" if self.start_step
+                                                          else "") + f"), got {step!r}")
+        cur = self._marks[self._mark_steps[bisect.bisect_right(self._mark_steps, step) - 1]]
+        if cur.step <= self._last.step <= step:  # a ledger per step replays one step
+            cur = self._last
+        while cur.step < step:
+            nxt = self._advance(cur)
+            if nxt is None:
+                raise PacktoolError(self._stopped(cur, f"step {step:,}"))
+            cur = nxt[0]
+            self._mark(cur)
+        self._last = cur
+        return cur
+
+    def _mark(self, cur: Cursor) -> None:
+        if cur.step % MARK_EVERY == 0 and cur.step not in self._marks:
+            self._marks[cur.step] = cur
+            bisect.insort(self._mark_steps, cur.step)
+
+    def _stopped(self, cur: Cursor, what: str) -> str:
+        need = np.bincount(self._deal(cur)[3], minlength=len(self.names))
+        short = [f"{s.name} has {s.n - p:,} row(s) of its epoch {e} left and the step needs "
+                 f"{int(k):,}" for s, p, e, k in zip(self.sources, cur.pos, cur.epoch, need,
+                                                      strict=True) if s.n - p < k]
+        return (f"{what} is past the sampler's last step: it stops before step {cur.step:,} "
+                f"(exhausted='stop'): {'; '.join(short)}; use exhausted='next_epoch' to go on")
+
+    def steps(self, until: int | None = None):
+        """This rank's rows, step by step from ``start_step`` (to ``until``, exclusive; with
+        ``exhausted="next_epoch"`` and no ``until`` the stream never ends): lists of
+        ``batch_size`` (source name, row) pairs."""
+        cur = self._cursor_at(self.start_step)
+        self._handed = cur.step
+        lo = self.rank * self.batch_size
+        while until is None or cur.step < until:
+            nxt = self._advance(cur)
+            if nxt is None:
+                return
+            cur, pairs = nxt
+            self._mark(cur)
+            self._handed = cur.step  # before the yield: a snapshot after it counts the step
+            yield [(self.names[i], r) for i, r in pairs[lo:lo + self.batch_size]]
+
+    def which_step(self, step: int) -> list[list[tuple[str, int]]]:
+        """Every rank's (source, row) pairs of global step ``step``."""
+        nxt = self._advance(self._cursor_at(step))
+        if nxt is None:
+            raise PacktoolError(self._stopped(self._cursor_at(step), f"step {step:,}"))
+        b = self.batch_size
+        return [[(self.names[i], r) for i, r in nxt[1][k * b:(k + 1) * b]]
+                for k in range(self.world_size)]
+
+    def which_row(self, source: str, row: int, epoch: int = 0) -> tuple[int, int] | None:
+        """(step, rank) that takes row ``row`` of source ``source`` in its epoch ``epoch``;
+        None when the sampler never does (it stops first, or the source's weight is 0 from
+        some point on before it)."""
+        i = self._index(source)
+        n = self.sources[i].n
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < n:
+            raise PacktoolError(f"row must be an integer 0..{n - 1:,} (source {source}), got "
+                                f"{row!r}")
+        order = self.order(source, epoch)
+        at = int(epoch) * n + int(np.flatnonzero(order == row)[0])  # its place in the stream
+        cur = self._marks[self.start_step]
+        if cur.epoch[i] * n + cur.pos[i] > at:
+            raise PacktoolError(f"row {row} of {source} (epoch {epoch}) was taken before step "
+                                f"{self.start_step:,}, where this sampler resumed; ask a sampler "
+                                "that did not resume")
+        for m in self._mark_steps:  # the last mark before it, then step by step
+            c = self._marks[m]
+            if c.epoch[i] * n + c.pos[i] <= at:
+                cur = c
+        return self._find(cur, i, at)
+
+    def _find(self, cur: Cursor, i: int, at: int) -> tuple[int, int] | None:
+        n = self.sources[i].n
+        while True:
+            if self.segments[-1].start <= cur.step and not self.segments[-1].shares[i]:
+                return None  # weight 0 from here on: never
+            nxt = self._advance(cur)
+            if nxt is None:
+                return None
+            after, pairs = nxt
+            if after.epoch[i] * n + after.pos[i] > at:  # in this step: its k-th row of i
+                k = at - (cur.epoch[i] * n + cur.pos[i])
+                slot = [j for j, (src, _) in enumerate(pairs) if src == i][k]
+                return cur.step, slot // self.batch_size
+            cur = after
+
+    # ------------------------------------------------------------------ the ledger
+
+    def ledger(self, step: int) -> dict:
+        """Per source, what steps before ``step`` consumed since the run began (a resumed
+        sampler: counted from the state's positions): ``rows``, ``epochs`` (started, the
+        current one included), ``tokens`` and ``tokens_from`` ("pack lengths" of a packed
+        dataset, "rows x seq_len" of a row count given ``seq_len``, None: unknown)."""
+        cur = self._cursor_at(step)
+        out = {}
+        for i, src in enumerate(self.sources):
+            e, p = cur.epoch[i], cur.pos[i]
+            order = self.order(src.name, e) if src.tokens_from == "pack lengths" else None
+            out[src.name] = {"rows": e * src.n + p, "epochs": e + (p > 0),
+                             "tokens": src.tokens(order, e, p), "tokens_from": src.tokens_from}
+        return out
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self, step: int | None = None) -> dict:
+        """Where to resume, as JSON-ready plain data. ``step``: steps the training loop has
+        finished (counted from step 0 of the run); without it, the steps ``steps()`` has
+        handed out (torchdata's ``Stateful`` protocol)."""
+        step = max(self._handed, self.start_step) if step is None else step
+        cur = self._cursor_at(step)
+        seg = self.segments[cur.seg]
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "step": cur.step,
+                "world_size": self.world_size, "batch_size": self.batch_size,
+                "seed": self.seed, "exhausted": self.exhausted,
+                "segment": {"start": seg.start, "weights": _weights_json(seg, self.names),
+                            "rows": cur.taken,
+                            "counts": dict(zip(self.names, cur.counts, strict=True))},
+                "sources": {s.name: {**s.identity, "n_rows": s.n, "epoch": cur.epoch[i],
+                                     "position": cur.pos[i]}
+                            for i, s in enumerate(self.sources)}}
+
+    def load_state_dict(self, state) -> None:
+        """Resume from ``state`` (from :meth:`state_dict`, of any rank, world size, batch size
+        or schedule): every source goes on from its position. Refused by name: a malformed
+        state, another format or version, another seed, other sources (by name, or a source
+        whose identity differs)."""
+        step, seg, taken, counts, epoch, pos = check_mixture_state(state, self)
+        mine = max(k for k, s in enumerate(self.segments) if s.start <= step)
+        later = self.segments[mine + 1:]
+        same = self.segments[mine].start <= seg.start and \
+            _weights_json(self.segments[mine], self.names) == _weights_json(seg, self.names)
+        if same:  # the same weights since the saved segment began: it goes on
+            self.segments = [seg, *later]
+        else:  # the new schedule's weights count from the resume step on
+            self.segments = [replace(self.segments[mine], start=step), *later]
+            taken, counts = 0, (0,) * len(self.names)
+        self._begin(Cursor(step, 0, taken, counts, epoch, pos))
+
+
+def _weights_json(seg: Segment, names: list[str]) -> dict:
+    """A segment's weights as exact fractions ("7/10"), by source."""
+    return {n: str(Fraction(a, seg.total)) for n, a in zip(names, seg.shares, strict=True)}
+
+
+def _check_shape(rank, world_size, batch_size, seed) -> None:
+    for name, v, lo in (("world_size", world_size, 1), ("batch_size", batch_size, 1),
+                        ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+            or not 0 <= rank < world_size:
+        raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
+                            f"got {rank!r}")

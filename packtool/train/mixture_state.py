@@ -1,0 +1,118 @@
+"""A ``MixtureSampler`` state, checked field by field before a resume: format and version, the
+seed (it sets every source's epoch order), the sources by name and identity (a packed
+dataset's ``index_sha256``, else its row count), and every count in range. World size, batch
+size, ``exhausted`` and the schedule may change at a resume. Every refusal is a
+:class:`PacktoolError` naming the field, its value, what it must be and what to do."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from fractions import Fraction
+
+from ..errors import PacktoolError
+from .schedule import Segment
+
+STATE_FORMAT = "packtool.train.mixture"
+STATE_VERSION = 1
+_FIELDS = ("format", "version", "step", "world_size", "batch_size", "seed", "exhausted",
+           "segment", "sources")
+
+
+def check_mixture_state(state, sampler):
+    """(step, saved segment, its rows taken and counts, epochs, positions) of a well-formed
+    state of ``sampler``'s sources, or a PacktoolError naming what is wrong."""
+    _check_form(state)
+    step = _count(state["step"], "step")
+    if state["seed"] != sampler.seed:
+        raise PacktoolError(
+            f"mixture state has seed={state['seed']!r} but this sampler has seed="
+            f"{sampler.seed!r}: every source's epoch order comes from the seed, and resuming "
+            "would repeat and skip rows; build the sampler with the saved seed")
+    epoch, pos = _sources(state["sources"], sampler)
+    seg, taken, counts = _segment(state["segment"], sampler.names, step)
+    return step, seg, taken, counts, epoch, pos
+
+
+def _check_form(state) -> None:
+    if not isinstance(state, Mapping):
+        raise PacktoolError(f"mixture state must be a dict (from MixtureSampler.state_dict()), "
+                            f"got {type(state).__name__}")
+    if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
+        raise PacktoolError(
+            f"mixture state version {state.get('version')!r}, format {state.get('format')!r}: "
+            f"this packtool reads version {STATE_VERSION} of {STATE_FORMAT!r}; it was saved by "
+            "another packtool, or is not a MixtureSampler state (a PackSampler state resumes "
+            "a PackSampler)")
+    missing = [k for k in _FIELDS if k not in state]
+    if missing:
+        raise PacktoolError(f"mixture state lacks {', '.join(missing)}: it is truncated or was "
+                            "not made by MixtureSampler.state_dict(); save it again")
+
+
+def _count(v, what: str, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (hi is not None and v > hi):
+        limit = "an integer >= 0" + (f" and <= {hi:,}" if hi is not None else "")
+        raise PacktoolError(f"mixture state has {what}={v!r}: it must be {limit}; the state "
+                            "is corrupt, save it again")
+    return v
+
+
+def _sources(saved, sampler) -> tuple[tuple, tuple]:
+    """Per source (in the sampler's name order) its saved epoch and position."""
+    if not isinstance(saved, Mapping):
+        raise PacktoolError(f"mixture state has sources={saved!r}: it must be a dict by source "
+                            "name; the state is corrupt, save it again")
+    missing = [n for n in sampler.names if n not in saved]
+    extra = sorted(str(n) for n in saved if n not in sampler.names)
+    if missing or extra:
+        raise PacktoolError(
+            f"mixture state is of the sources {', '.join(sorted(map(str, saved)))} but this "
+            f"sampler has {', '.join(sampler.names)}"
+            + (f" (the state lacks {', '.join(missing)}" if missing else " (")
+            + (f"{'; ' if missing else ''}the sampler lacks {', '.join(extra)})" if extra
+               else ")")
+            + ": it belongs to another mixture; build the sampler with the saved sources")
+    epoch, pos = [], []
+    for src in sampler.sources:
+        s = saved[src.name]
+        if not isinstance(s, Mapping):
+            raise PacktoolError(f"mixture state has sources.{src.name}={s!r}: it must be a "
+                                "dict; the state is corrupt, save it again")
+        for key, mine in src.identity.items():
+            if s.get(key) != mine:
+                raise PacktoolError(
+                    f"mixture state has source {src.name} with {key}={s.get(key)!r} but this "
+                    f"sampler's {src.name} has {key}={mine!r}: it is another dataset, and "
+                    f"resuming would repeat and skip its rows; give {src.name} the dataset the "
+                    "state was saved with")
+        epoch.append(_count(s.get("epoch"), f"sources.{src.name}.epoch"))
+        pos.append(_count(s.get("position"), f"sources.{src.name}.position", src.n))
+    return tuple(epoch), tuple(pos)
+
+
+def _segment(seg, names: list[str], step: int) -> tuple[Segment, int, tuple]:
+    """The saved segment (start, weights) and its counters."""
+    ok = isinstance(seg, Mapping) and all(k in seg for k in ("start", "weights", "rows",
+                                                             "counts"))
+    if not ok or not isinstance(seg["weights"], Mapping) or \
+            not isinstance(seg["counts"], Mapping) or \
+            set(seg["weights"]) != set(names) or set(seg["counts"]) != set(names):
+        raise PacktoolError(f"mixture state has segment={seg!r}: it must hold start, weights "
+                            "and counts of every source, and rows; the state is corrupt, save "
+                            "it again")
+    start = _count(seg["start"], "segment.start", step)
+    taken = _count(seg["rows"], "segment.rows")
+    counts = tuple(_count(seg["counts"][n], f"segment.counts.{n}", taken) for n in names)
+    try:
+        w = [Fraction(str(seg["weights"][n])) for n in names]
+    except (ValueError, ZeroDivisionError):
+        w = [Fraction(-1)]
+    if sum(counts) != taken or min(w) < 0 or sum(w) != 1:
+        raise PacktoolError(f"mixture state has segment={seg!r}: its counts must sum to its "
+                            "rows and its weights be fractions >= 0 summing to 1; the state is "
+                            "corrupt, save it again")
+    den = math.lcm(*(f.denominator for f in w))
+    shares = tuple(int(f * den) for f in w)
+    return Segment(start, shares, sum(shares)), taken, counts
+
