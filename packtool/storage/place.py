@@ -142,9 +142,11 @@ class Place:
         listing follows no link (a link is listed as a name, never entered)."""
         if self.remote:
             root = f"{self.root}/{sub}".rstrip("/")
-            if not self.fs.exists(root):
+            try:  # not fs.exists: it answers False for a store that does not answer at all
+                found = self.fs.find(root)
+            except FileNotFoundError:
                 return set()
-            return {p[len(self.root) + 1:] for p in self.fs.find(root)}
+            return {p[len(self.root) + 1:] for p in found}
         top = self.path(sub) if sub else self.folder
         if not os.path.isdir(top) or os.path.islink(top):
             return set()
