@@ -22,9 +22,13 @@ import os
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 
+from . import _signals
 from .errors import PacktoolError
+
+_POLL_S = 0.05  # how often a waiter looks whether the holder is done
 
 _held: dict[Path, list] = {}  # lock path -> [fd, depth]: re-entrant within a process
 _waiting: dict[Path, int] = {}  # lock path -> threads of this process in waiting() on it
@@ -96,26 +100,47 @@ def _same_file(fd: int, lock: Path) -> bool:
         return False
 
 
-def acquire(lock: Path, mode: str, what: str) -> int:
+def acquire(lock: Path, mode: str, what: str, into: list, quiet: bool = False) -> None:
     """Take ``lock`` ("exclusive", "shared": fail at once if taken the other way; "wait":
-    exclusive, waiting for the holder). Returns the file descriptor."""
+    exclusive, waiting for the holder) and append its file descriptor to ``into``.
+
+    Each attempt runs with signals deferred and ends with the descriptor either closed or
+    in ``into``, so a Ctrl-C at any moment leaves no lock file held by nobody's record; the
+    caller releases what ``into`` holds. A waiter polls, staying interruptible."""
     op = fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX
+    told = quiet or mode != "wait"
     while True:
-        fd = _open(lock)
-        try:
-            fcntl.flock(fd, op | (0 if mode == "wait" else fcntl.LOCK_NB))
-        except BlockingIOError:
-            if mode == "wait":  # pragma: no cover - LOCK_NB is not set
-                raise
-            pids = holders(fd)
-            os.close(fd)
+        with _signals.deferred():
+            pids = _attempt(lock, op, into)
+        if pids is None:
+            return
+        if mode != "wait":
             who = f"pid {', '.join(map(str, pids))}" if pids else "another process"
             raise PacktoolError(
                 f"{what} is being written by another packtool run ({who}; lock {lock}); wait "
-                "for it to finish or choose another --out") from None
+                "for it to finish or choose another --out")
+        if not told:
+            told = True
+            print(f"packtool: {what} is being written by another process; waiting for it",
+                  file=sys.stderr)
+        time.sleep(_POLL_S)
+        _signals.check()
+
+
+def _attempt(lock: Path, op: int, into: list) -> list[int] | None:
+    """One non-blocking try: None once the descriptor is in ``into``, else the holders."""
+    while True:
+        fd = _open(lock)
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pids = holders(fd)
+            os.close(fd)
+            return pids
         if _same_file(fd, lock):
-            return fd
-        os.close(fd)
+            into.append(fd)
+            return None
+        os.close(fd)  # its holder removed it between our open and our flock: open anew
 
 
 def release(lock: Path, fd: int, remove: bool = True) -> None:
@@ -174,13 +199,16 @@ def hold(lock: Path, mode: str, what: str):
         finally:
             _held[lock][1] -= 1
         return
-    fd = acquire(lock, mode, what)
-    _held[lock] = [fd, 1]
+    fds: list[int] = []
     try:
+        acquire(lock, mode, what, fds)
+        _held[lock] = [fds[0], 1]
         yield
     finally:
-        del _held[lock]
-        release(lock, fd, remove=mode != "shared")
+        with _signals.deferred():
+            _held.pop(lock, None)
+            if fds:
+                release(lock, fds[0], remove=mode != "shared")
 
 
 @contextlib.contextmanager
@@ -190,25 +218,15 @@ def waiting(lock: Path, label: str):
     with _waiting_guard:
         ours = _waiting.get(lock, 0)  # another thread of this process is on it
         _waiting[lock] = ours + 1
+    fds: list[int] = []
     try:
-        fd = _open(lock)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not ours:  # a thread of ours (a prefetch, a check) is not worth a line
-                print(f"packtool: {label} is being written by another process; waiting for "
-                      "it", file=sys.stderr)
-            os.close(fd)
-            fd = acquire(lock, "wait", label)
-        else:
-            if not _same_file(fd, lock):
-                os.close(fd)
-                fd = acquire(lock, "wait", label)
-        try:
-            yield
-        finally:
-            release(lock, fd)
+        # a thread of ours (a prefetch, a check) waiting is not worth a line
+        acquire(lock, "wait", label, fds, quiet=bool(ours))
+        yield
     finally:
+        with _signals.deferred():
+            if fds:
+                release(lock, fds[0])
         with _waiting_guard:
             _waiting[lock] -= 1
             if not _waiting[lock]:

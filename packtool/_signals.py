@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from pathlib import Path
 
 received: list[int] = []
-_deferring = False
+_deferring = 0  # blocks (of any thread) inside deferred(), plus 1 for good after hold()
+_guard = threading.Lock()
 _committed = False  # a commit became final (its output is in place)
 _commits_to = None  # (manifest, kept) of an output committed in several steps (parts)
 
@@ -51,17 +53,20 @@ def check() -> None:
 def deferred():
     """Record signals without raising; the caller calls :func:`check` where it can stop."""
     global _deferring
-    prev, _deferring = _deferring, True
+    with _guard:  # a count, not a flag: threads entering and leaving in any order
+        _deferring += 1
     try:
         yield
     finally:
-        _deferring = prev
+        with _guard:
+            _deferring -= 1
 
 
 def hold() -> None:
     """From now on only record signals: the process is exiting with a code already chosen."""
     global _deferring
-    _deferring = True
+    with _guard:
+        _deferring += 1
 
 
 def committed() -> None:
