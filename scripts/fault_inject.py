@@ -166,8 +166,11 @@ def trial(root: Path, inputs: dict, cmd: str, sig: str, delay: float, overwrite:
             "resumes from them" in err
         if _fingerprint(cmd, out) != before and not late:
             return f"exit {rc} but the output changed: {err.strip()[-200:]}"
+        # what a resumed --overwrite needs stays with the finished parts: the list of the
+        # old parts it retired (the re-run removes them and it; checked below)
+        resumable = (".part.json",) + ((".retired.json",) if late else ())
         extra = sorted(p.name for p in d.iterdir()
-                       if p.name.startswith(".") and not p.name.endswith(".part.json"))
+                       if p.name.startswith(".") and not p.name.endswith(resumable))
         if extra:
             return f"exit {rc} left {extra}"
     if _present(cmd, out):

@@ -52,9 +52,6 @@ def env_of(server, tmp_path, options=None, **extra) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="pack over the one write path (storage.output) still "
-                   "waits past the timeout on a stopped store: a call there is not yet bounded "
-                   "(open in issue 30's note)")
 def test_a_store_that_stops_answering_fails_within_the_timeout(server, corpus, tmp_path):
     """Before, pack waited on a stopped server with no message for as long as it stayed
     stopped (s3fs's 15 s read timeout, retried by botocore and by s3fs: minutes a request)."""

@@ -147,6 +147,26 @@ def bounded(proto: str, options: dict) -> dict:
     return {**options, "config_kwargs": config}
 
 
+SLOWEST_BYTES_S = 64 * 1024  # the slowest upload a put is given time for
+
+
+def put(fs, rpath: str, data: bytes | None = None, local: str | None = None, **kwargs) -> None:
+    """One put (``data``, or the file ``local``) within a deadline: the backend's own timeouts
+    do not bound a PUT, whose ``Expect: 100-continue`` waits for a stopped server for ever
+    (botocore adds it, aiohttp's read timeout does not cover it). The deadline is every
+    attempt's worth of the timeout (s3fs tries 5 times, botocore up to 3) plus the bytes at
+    64 kB/s; a slower link sets a larger PACKTOOL_STORAGE_TIMEOUT."""
+    nbytes = len(data) if data is not None else os.path.getsize(local)
+    from fsspec.asyn import AsyncFileSystem
+
+    if isinstance(fs, AsyncFileSystem):
+        kwargs["timeout"] = 20 * timeout() + nbytes / SLOWEST_BYTES_S
+    if data is not None:
+        fs.pipe_file(rpath, data, **kwargs)
+    else:
+        fs.put_file(local, rpath, **kwargs)
+
+
 def set_default_options(text: str | dict | None) -> None:
     """The CLI's ``--storage-options``: checked now, then kept in the environment (Ray's
     local workers and subprocesses inherit it)."""

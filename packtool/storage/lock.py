@@ -21,6 +21,7 @@ import time
 
 from .._temps import pid_alive
 from ..errors import PacktoolError
+from . import put
 from .place import protocols
 
 LOCK_ENV = "PACKTOOL_UNSAFE_STORE_LOCK"
@@ -95,14 +96,14 @@ class StoreLock:
                 f"apart; set {LOCK_ENV}=1 to write anyway (one writer at a time is then "
                 "yours to ensure; docs/STORAGE.md)")
         try:
-            self.fs.pipe_file(self.rpath, body, mode="create")
+            put(self.fs, self.rpath, body, mode="create")
         except (TypeError, NotImplementedError, ValueError) as e:
             if os.environ.get(LOCK_ENV) != "1":
                 raise PacktoolError(
                     f"{self.url}: this store cannot create an object conditionally ({e}), so "
                     f"two writers could not be kept apart; set {LOCK_ENV}=1 to write anyway "
                     "(one writer at a time is then yours to ensure)") from None
-            self.fs.pipe_file(self.rpath, body)
+            put(self.fs, self.rpath, body)
 
     def __enter__(self):
         delay = 0.2
@@ -158,7 +159,7 @@ class StoreLock:
             self._put(body)
             return
         try:
-            self.fs.pipe_file(self.rpath, body, IfMatch=etag)
+            put(self.fs, self.rpath, body, IfMatch=etag)
         except FileNotFoundError:  # released meanwhile: create it, as any writer would
             try:
                 self._put(body)

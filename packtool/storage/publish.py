@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PacktoolError
+from . import put
 from .lock import (  # noqa: F401  (moved to lock.py; imports from here keep working)
     ATOMIC_CREATE,
     LOCK_ENV,
@@ -79,7 +80,7 @@ def _looks_md5(etag: str) -> bool:
 
 def put_object(fs, rpath: str, data: bytes, url: str) -> None:
     """A small object (a record, a manifest) in one put, its size checked."""
-    fs.pipe_file(rpath, data)
+    put(fs, rpath, data)
     state = object_states(fs, [rpath])[rpath]
     if state is None or state[0] != len(data):
         raise PacktoolError(f"{url} did not arrive whole; run the command again")
@@ -102,7 +103,7 @@ def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
                                                                  md5s[rpath].result()):
                 result.skipped += 1
                 continue
-            fs.put_file(str(local), rpath, chunksize=CHUNK)
+            put(fs, rpath, local=str(local), chunksize=CHUNK)
             sent.append((local, rpath, size))
         after = object_states(fs, [r for _, r, _ in sent]) if sent else {}
         for local, rpath, size in sent:
