@@ -216,3 +216,53 @@ def test_record_by_any_path_to_the_same_file(tmp_path, monkeypatch):
         and "y/a.jsonl" in r.output, r.output
     r = CliRunner().invoke(cli, ["which", "p", "--record", "y/a.jsonl:3"])
     assert r.exit_code == 0 and "(document 22)" in r.output, r.output
+
+
+def test_mixture_step_and_record_name_each_source_as_the_sampler_yields(tmp_path):
+    """`packtool which web=DIR code=DIR --schedule ...` (issue 32.3): every rank's rows of a
+    step, named by source, equal what MixtureSampler yields, and a record's row is found at
+    the step and rank the sampler gives it."""
+    from packtool.train.mixture import MixtureSampler
+
+    build(tmp_path)
+    r = CliRunner().invoke(cli, ["pack", str(tmp_path / "c"), "-L", "128", "-o",
+                                 str(tmp_path / "q"), "-q"])
+    assert r.exit_code == 0, r.output
+    paths = {"web": tmp_path / "p", "code": tmp_path / "q"}
+    schedule = [[0, {"web": 0.7, "code": 0.3}], [3, {"web": 0.2, "code": 0.8}]]
+    (tmp_path / "s.json").write_text(json.dumps(schedule))
+    args = ["which", f"web={paths['web']}", f"code={paths['code']}", "--schedule",
+            str(tmp_path / "s.json"), "--world-size", "2", "--batch-size", "3", "--seed", "5"]
+    sampler = MixtureSampler({n: packtool.open_packed(p) for n, p in paths.items()},
+                             [tuple(p) for p in schedule], rank=1, world_size=2, batch_size=3,
+                             seed=5)
+    yielded = list(sampler.steps(until=6))
+    for step in (1, 4):
+        r = CliRunner().invoke(cli, args + ["--step", str(step), "--rank", "1", "--json"])
+        assert r.exit_code == 0, r.output
+        segs = json.loads(r.output)["segments"]
+        named = list(dict.fromkeys((s["source"], s["pack"]) for s in segs))
+        assert named == yielded[step]
+        for s in segs:  # the segment's tokens are the row's, from the named source's corpus
+            row = packtool.open_packed(paths[s["source"]])[s["pack"]]
+            assert s["position"][1] <= len(row["input_ids"])
+    r = CliRunner().invoke(cli, args + ["--record", "b.jsonl:5", "--json"])
+    assert r.exit_code == 0, r.output
+    steps = json.loads(r.output)["steps"]
+    assert {s["source"] for s in steps} == {"web", "code"}  # both packed from one corpus
+    for s in steps:
+        assert (s["step"], s["rank"]) == sampler.which_row(s["source"], s["pack"], 0)
+    text = CliRunner().invoke(cli, args + ["--step", "0"]).output
+    assert "web row" in text or "code row" in text
+    base = ["which", f"web={paths['web']}", f"code={paths['code']}"]
+    inline = ["--schedule", json.dumps(schedule)]
+    for bad, says in ((["--schedule", "{", "--step", "1"], "not valid JSON"),
+                      (inline + ["--balance", "attention", "--step", "1"], "MixtureSampler"),
+                      (inline + ["--step", "0", "--epoch", "1"], "drop --epoch"),
+                      (["--step", "1"], "--schedule"),
+                      (inline + ["--step", "1", "--rank", "2", "--world-size", "2"], "--rank")):
+        r = CliRunner().invoke(cli, base + bad)
+        assert r.exit_code != 0 and says in r.output, (bad, r.output)
+    r = CliRunner().invoke(cli, ["which", f"web={paths['web']}", str(paths["code"]),
+                                 "--schedule", "{}", "--step", "0"])
+    assert r.exit_code == 1 and "NAME=DIR" in r.output

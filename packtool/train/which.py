@@ -47,6 +47,7 @@ class Segment:
     document: Document
     tokens: tuple[int, int]   # the segment's token range in the document [start, end)
     position: tuple[int, int]  # and in the pack's row (an aligned row: from its padded start)
+    source: str | None = None  # a mixture's source name (packtool.train.which_mixture)
 
 
 @dataclass
@@ -63,13 +64,17 @@ class WhichResult:
             where = (f"{d.input} {'record' if d.record else ''} {d.record or ''}".rstrip()
                      if d.input else f"part {d.part}")
             rank = f"rank {s.rank} " if s.rank is not None else ""
-            lines.append(f"  {rank}pack {s.pack:,} tokens {s.position[0]}..{s.position[1]}: "
+            rank += f"{s.source} row" if s.source is not None else "pack"
+            lines.append(f"  {rank} {s.pack:,} tokens {s.position[0]}..{s.position[1]}: "
                          f"{d.source} document {d.doc:,} ({where}), tokens "
                          f"{s.tokens[0]:,}..{s.tokens[1]:,}")
         for st in self.steps:
             where = (f"step {st['step']} rank {st['rank']}" if st["step"] is not None else
-                     "left out (drop_last: no step of the epoch takes it)")
-            lines.append(f"  pack {st['pack']:,} (tokens {st['tokens'][0]:,}..{st['tokens'][1]:,}"
+                     "never taken (the mixture stops first, or gives its source weight 0)"
+                     if "source" in st else "left out (drop_last: no step of the epoch takes "
+                     "it)")
+            what = f"{st['source']} row" if "source" in st else "pack"
+            lines.append(f"  {what} {st['pack']:,} (tokens {st['tokens'][0]:,}..{st['tokens'][1]:,}"
                          f" of the document): epoch {st['epoch']} {where}")
         return "\n".join(lines)
 
@@ -288,17 +293,36 @@ def which_record(path, spec: str, epoch: int = 0, *, world_size: int = 1, batch_
     """Where record ``FILE:RECORD`` went: its packs, and the step and rank of each in
     ``epoch`` (every place the sampler yields the pack: without drop_last a pack of the epoch's
     first ones also fills the last step; with it, a pack of the left-out tail has none)."""
+    file, rec = parse_record(spec)
+    ds = open_packed(path, checksums=False)
+    sampler = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last)
+    sources = Sources(ds)
+    doc = sources.find(file, rec)
+    res = WhichResult(str(path), f"{spec} (document {doc:,}) in epoch {epoch} "
+                      f"({_settings(world_size, batch_size, drop_last)}, seed {seed}, "
+                      f"balance {balance or 'none'})")
+    found = rows_of(ds, doc)
+    for pack, a, b in found:  # each pack's step by the inverse permutation: no schedule built
+        for st, r in sampler.places(pack, epoch) or [(None, None)]:
+            res.steps.append({"pack": pack, "epoch": epoch, "step": st, "rank": r,
+                              "tokens": (a, b)})
+    if not res.steps:
+        res.question += ": in no pack (held out, dropped, empty or not sampled by the mixture)"
+    return res
+
+
+def parse_record(spec: str) -> tuple[str, int]:
+    """``FILE:RECORD`` as (file, 1-based record number)."""
     file, sep, rec = str(spec).rpartition(":")
     if not sep or not file or not re.fullmatch(r"[0-9]+", rec) or int(rec) < 1:
         raise PacktoolError(f"--record {spec!r}: expected FILE:RECORD, the input file and a "
                             "1-based line or row number in ASCII digits (data/part-3.jsonl:1042)")
-    ds = open_packed(path, checksums=False)
-    sampler = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last)
-    sources = Sources(ds)
-    doc = sources.find(file, int(rec))
-    res = WhichResult(str(path), f"{spec} (document {doc:,}) in epoch {epoch} "
-                      f"({_settings(world_size, batch_size, drop_last)}, seed {seed}, "
-                      f"balance {balance or 'none'})")
+    return file, int(rec)
+
+
+def rows_of(ds, doc: int) -> list[tuple[int, int, int]]:
+    """(pack, first token, end token) of every segment of global document ``doc``, from the
+    segment tables alone."""
     found, base = [], 0
     for k in range(ds.n_shards):
         sh = ds.shard(k)
@@ -307,10 +331,4 @@ def which_record(path, spec: str, epoch: int = 0, *, world_size: int = 1, batch_
             off, n = int(sh.seg_offset[s]), int(sh.seg_length[s])
             found.append((base + j, off, off + n))
         base += sh.n_packs
-    for pack, a, b in found:  # each pack's step by the inverse permutation: no schedule built
-        for st, r in sampler.places(pack, epoch) or [(None, None)]:
-            res.steps.append({"pack": pack, "epoch": epoch, "step": st, "rank": r,
-                              "tokens": (a, b)})
-    if not res.steps:
-        res.question += ": in no pack (held out, dropped, empty or not sampled by the mixture)"
-    return res
+    return found
