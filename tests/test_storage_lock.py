@@ -71,6 +71,20 @@ def test_two_writers_taking_over_a_dead_runs_lock_one_holds_it(s3):
     assert not s3.client().exists(rpath)
 
 
+def test_a_lock_taken_over_meanwhile_is_not_removed_by_the_run_that_lost_it(s3):
+    """A release removed the lock object whoever held it by then: a run whose lock another
+    took over (as stale: a reused pid) took the new holder's lock away on its way out."""
+    rpath = f"{s3.bucket()}/out/.packtool.lock"
+    lock = StoreLock(s3.client(), rpath, f"s3://{rpath}").__enter__()
+    theirs = stale_lock(s3, rpath)  # another run's lock object now
+    lock.__exit__(None, None, None)
+    assert s3.client().cat_file(rpath) == theirs
+    s3.client().rm_file(rpath)
+    mine = StoreLock(s3.client(), rpath, f"s3://{rpath}").__enter__()
+    mine.__exit__(None, None, None)
+    assert not s3.client().exists(rpath)
+
+
 def test_an_upload_that_does_not_arrive_whole_is_named_by_its_own_scheme(tmp_path):
     """Before, the error said s3:// whatever the store."""
     from fsspec.implementations.memory import MemoryFileSystem

@@ -182,7 +182,10 @@ class StoreLock:
     def __exit__(self, *exc):
         _HELD.discard(self.token)
         with contextlib.suppress(Exception):  # a store that is down keeps it: stale, see above
-            self.fs.rm_file(self.rpath)
+            # only our own: a lock object some other run holds now (taken over as stale,
+            # wrongly, after a pid was reused) stays its holder's
+            if json.loads(self.fs.cat_file(self.rpath)).get("token") == self.token:
+                self.fs.rm_file(self.rpath)
         return False
 
 
