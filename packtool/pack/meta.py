@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..formats.packed import VALID, mask_storage, v2_dtypes
+from ..formats.packed.costs import COST_RATIO
 from ..metrics import histogram_metrics
 from ..storage import is_url, relative
 from .plan import PackLayout, PackOptions
@@ -126,7 +127,8 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
             "shuffle": opts.shuffle,
             "overflow": opts.overflow, **stored, "group_docs": opts.group_docs,
             "n_packs": layout.n_packs, **layout.counts, **metrics(layout),
-            "attention_imbalance": imbalance(layout), "solver": rep.to_json(),
+            "attention_imbalance": imbalance(layout), "cost_ratio": COST_RATIO,
+            "solver": rep.to_json(),
             "split": split, "held_out": held_out,
             "sources": source_entries(layout, corpora, factors, folder)}
 

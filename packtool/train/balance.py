@@ -6,7 +6,7 @@ clipped at 4,096, bfd at L=4096), and no packing can even that out: a document a
 what it costs, and no two such documents share a pack. What can be evened is a *step*: packs
 fall into classes of costs within ``COST_RATIO`` of each other, and a step takes packs of one
 class. Measured (``python scripts/bench_balance.py``, 8 ranks, mean over steps of max/mean
-rank cost): 2.472 shuffled -> 1.036 at one pack per rank per step, 1.001 at four, with the same
+rank cost): 2.472 shuffled -> 1.037 at one pack per rank per step, 1.001 at four, with the same
 packs. The sampler (``PackSampler(balance="attention")``) does this per epoch;
 ``pack --balance attention`` orders the dataset this way for readers that take packs in order.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-COST_RATIO = 1.1
+from ..formats.packed.costs import COST_RATIO, cost_cells
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,14 @@ class CostClasses:
         sizes = np.bincount(classes)
         return cls(float(ratio), sizes, np.argsort(classes, kind="stable"), classes.__getitem__,
                    costs.__getitem__, fingerprint, classes)
+
+    def position(self, pack: int, k: int) -> int:
+        """Where ``pack`` (of class ``k``) is among its class's packs (ascending)."""
+        find = getattr(self.members, "position", None)
+        if find is not None:  # stored classes: from the shard's counts
+            return int(find(pack, k))
+        lo, m = int(self.sizes[:k].sum()), int(self.sizes[k])
+        return int(np.searchsorted(self.members[lo:lo + m], pack))
 
 
 def fingerprint(costs: np.ndarray | None) -> str | None:
@@ -79,6 +87,8 @@ def cost_table(packs, balance, ratio: float, n_packs: int):
         if table is not None:
             return table, None
         costs = np.asarray(packs.attention_costs(), np.float64)
+        if hasattr(packs, "costs_fingerprint"):  # a packed dataset's: by its shards' digests
+            return CostClasses.from_costs(costs, ratio, packs.costs_fingerprint()), costs
     else:
         costs = np.asarray(balance, dtype=np.float64)
         if costs.shape != (n_packs,) or not np.isfinite(costs).all() or (costs < 0).any():
@@ -88,22 +98,12 @@ def cost_table(packs, balance, ratio: float, n_packs: int):
 
 
 def cost_classes(costs: np.ndarray, ratio: float = COST_RATIO) -> np.ndarray:
-    """Class of every pack: sorted by cost, a class starts at its cheapest pack c and holds every
-    pack up to c * ratio. Comparisons and one multiplication per class, no logarithms, so every
-    rank gets the same classes bit for bit. Class 0 is the cheapest."""
-    costs = np.asarray(costs, dtype=np.float64)
-    order = np.argsort(costs, kind="stable")
-    srt = costs[order]
-    cls_sorted = np.zeros(len(costs), np.int64)
-    start, k = 0, 0
-    while start < len(srt):
-        end = int(np.searchsorted(srt, srt[start] * ratio if srt[start] > 0 else 0.0, "right"))
-        end = max(end, start + 1)
-        cls_sorted[start:end] = k
-        start, k = end, k + 1
-    out = np.empty(len(costs), np.int64)
-    out[order] = cls_sorted
-    return out
+    """Class of every pack: the occupied cells of one fixed grid, [ratio^k, ratio^(k+1)),
+    numbered from 0 (the cheapest). The grid's edges are products of ``ratio`` from 1.0, no
+    logarithms, so every rank gets the same classes bit for bit, and a shard's classes follow
+    from its own packs (what pack stores: :mod:`packtool.formats.packed.costs`)."""
+    cells = cost_cells(costs, ratio)
+    return np.searchsorted(np.unique(cells), cells).astype(np.int64)
 
 
 def group_steps(order: np.ndarray, cls: np.ndarray, n_classes: int, g: int) -> np.ndarray:

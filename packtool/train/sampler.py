@@ -55,7 +55,7 @@ cost (99th percentile)::
     packs per rank per step   1               2               4
     shuffled                  2.472 (4.181)   1.989 (3.111)   1.679 (2.481)
     dealt only (before)       2.472 (4.181)   1.558 (2.402)   1.056 (1.309)
-    balance="attention"       1.036 (1.062)   1.011 (1.022)   1.001 (1.006)
+    balance="attention"       1.037 (1.065)   1.010 (1.024)   1.001 (1.005)
 
 The same bfd packs, none added. Why no packing objective gets there alone (a 4,096-token
 document costs 3.5x the mean pack whatever shares it), the price of like-cost steps, and the
@@ -266,8 +266,7 @@ class PackSampler:
         k, local = 0, pack
         if self._table is not None:
             k = int(self._table.class_of(np.array([pack]))[0])
-            lo, m = int(self.class_sizes[:k].sum()), int(self.class_sizes[k])
-            local = int(np.searchsorted(self._table.members[lo:lo + m], pack))
+            local = self._table.position(pack, k)
         o, first = self._epoch_order(epoch), self.first_step(epoch)
         out = []
         for step, slot in o.places(pack, k, local):

@@ -172,6 +172,9 @@ def _verify_packed(directory, sources) -> VerifyResult:
         if any(s.get("factor", 1.0) != 1.0 for s in index["sources"]):
             result.mixture = [{"prefix": s["prefix"], "factor": s.get("factor", 1.0)}
                               for s in index["sources"]]
+    for d in (ds, valid):
+        if d is not None:
+            _stored_costs(d)
     return result
 
 
@@ -212,6 +215,22 @@ def _max_docs(ds) -> None:
         if per.size and int(per.max()) > cap:
             j = int(np.argmax(per))
             raise VerifyError(f"{sh.name} pack {j:,}: {int(per[j])} segments > --max-docs {cap}")
+
+
+def _stored_costs(ds) -> None:
+    """The cost classes index.json stores (what a balanced sampler deals by) are those of
+    each shard's packs (checked last: a shard's content against the sources says more)."""
+    from ..formats.packed.costs import shard_entry
+
+    ratio = ds.index.get("cost_ratio")
+    for k, entry in enumerate(ds.index["shards"]):
+        if ratio is None or "cost_classes" not in entry:
+            continue
+        want = shard_entry(ds.shard_costs(k), ratio)
+        for key in ("cost_classes", "costs_sha256"):
+            if entry.get(key) != want[key]:
+                raise VerifyError(f"{ds.directory}/index.json: {entry['name']}'s {key} is not "
+                                  "its packs' (re-run packtool pack)")
 
 
 def _aligned(ds, valid, corpora) -> dict:

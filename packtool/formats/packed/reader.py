@@ -190,16 +190,46 @@ class PackedReader:
         ex["source_offsets"] = sh.seg_offset[s0:s1].astype(np.int64)
         return ex
 
+    @property
+    def pack_starts(self) -> np.ndarray:
+        """First global pack of each shard, then the pack count."""
+        return self._pack_starts
+
+    def shard_costs(self, k: int, linear: float = 0.0) -> np.ndarray:
+        """Per pack of shard ``k``: the sum of its squared segment lengths (plus ``linear`` x
+        its tokens), from its segment table alone."""
+        from .layout import attention_costs
+
+        sh = self.shard(k)
+        return attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear)
+
     def attention_costs(self, linear: float = 0.0) -> np.ndarray:
         """Per pack, the sum of its squared segment lengths (plus ``linear`` x its tokens),
         from the segment tables alone."""
-        from .layout import attention_costs
-
-        out = []
-        for k in range(self.n_shards):
-            sh = self.shard(k)
-            out.append(attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear))
+        out = [self.shard_costs(k, linear) for k in range(self.n_shards)]
         return np.concatenate(out) if out else np.zeros(0)
+
+    def costs_fingerprint(self) -> str:
+        """The attention costs' fingerprint a sampler state records: from the shards'
+        digests (the index's where it stores them)."""
+        from .costs import dataset_digest, digest
+
+        return dataset_digest([sh.get("costs_sha256") or digest(self.shard_costs(k))
+                               for k, sh in enumerate(self.index["shards"])])
+
+    def cost_classes(self, ratio: float):
+        """The attention-cost classes the index stores (pack-time counts per shard:
+        :mod:`packtool.formats.packed.costs`), for ``ratio`` its ``cost_ratio``; else None
+        (the sampler computes them from every pack's segments)."""
+        from ...train.balance import CostClasses
+        from .costs import StoredClasses
+
+        shards = self.index["shards"]
+        if self.index.get("cost_ratio") != ratio or not shards \
+                or not all("cost_classes" in sh for sh in shards):
+            return None
+        st = StoredClasses(self, ratio)
+        return CostClasses(float(ratio), st.sizes, st, st.class_of, st.costs_of, st.fingerprint)
 
     def get(self, i: int, pad_to: int | None = None, pad_id: int = 0,
             pad_multiple: int | None = None, per_segment: bool = False) -> dict:

@@ -143,11 +143,26 @@ def array_dtype(array: Array, index: dict) -> np.dtype:
 
 # ------------------------------------------------------------------------- index.json
 _FILE = obj({"name": string(True), "crc32": hexstr(8), "bytes": count()})
+
+
+def _cells(v) -> str | None:
+    """[k0, n0, n1, ...]: the lowest occupied cell, then the packs per cell from it on."""
+    if type(v) is not list or not all(type(x) is int for x in v) or len(v) == 1 \
+            or any(x < 0 for x in v[1:]):
+        return "[k0, n0, n1, ...]: a cell, then counts >= 0 (or [] for no pack)"
+    return None
+
+
 SHARD_KEYS = {
     "name": Key(string(True), "the shard's name (shard-KKKKK)"),
     "n_packs": Key(count(), "packs"), "n_segments": Key(count(), "segments"),
     "n_tokens": Key(count(), "tokens"),
     "files": Key(dict_of(_FILE), "per array: {name, crc32, bytes}"),
+    "cost_classes": Key(_cells, "packs per attention-cost cell: [k0, n0, n1, ...], n_i packs in "
+                        "cell k0 + i, which holds costs in [cost_ratio^k, cost_ratio^(k+1))",
+                        optional=True),
+    "costs_sha256": Key(hexstr(16), "the packs' attention costs' sha256 (first 16 digits)",
+                        optional=True),
 }
 _SOURCE = obj({"prefix": string(), "path": nullable(string(True)), "manifest_sha256": hexstr(64),
                "n_docs": count(), "n_tokens": count(), "factor": number(0), "docs_used": count(),
@@ -193,6 +208,8 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
     "best_bound_packs": Key(count(), "max of the valid bounds"),
     "gap_to_best_bound_percent": Key(number(), "packs above the best bound, %"),
     "packing_factor": Key(number(0), "segments per pack"),
+    "cost_ratio": Key(number(1), "the grid of the shards' cost_classes (see "
+                      "packtool.formats.packed.costs)", optional=True),
     "attention_imbalance": Key(nullable(number(0)), "max/mean pack attention cost over "
                                "consecutive packs, one per rank (see docs/TRAINING.md)",
                                optional=True),

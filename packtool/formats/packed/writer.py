@@ -21,7 +21,8 @@ import numpy as np
 from ... import __version__
 from ..._io import NpyWriter
 from .._manifest import digest
-from .layout import pack_offsets
+from .costs import shard_entry
+from .layout import attention_costs, pack_offsets
 from .schema import (
     ALIGNED_VERSION,
     DIGEST_KEY,
@@ -70,7 +71,8 @@ class ShardWriter:
         elif tick is not None:
             tick(n_tok)
         return {"name": name, "n_packs": n_packs, "n_segments": n_seg, "n_tokens": n_tok,
-                "files": {a.name: files[a.name] for a in self.arrays}}
+                "files": {a.name: files[a.name] for a in self.arrays},
+                **shard_entry(attention_costs(np.asarray(seg_length), pack_seg))}
 
     def _small(self, name, array, values, n_tok, n_packs, n_seg) -> dict:
         dtype = np.dtype(self.dtypes[array.dtype])
