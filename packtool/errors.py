@@ -12,3 +12,9 @@ class PacktoolError(Exception):
 
 class FormatError(PacktoolError):
     """A packtool file on disk is truncated, corrupt or of an unknown format version."""
+
+
+def listing(names, n: int = 10) -> str:
+    """The first ``n`` of ``names`` (sorted), and how many more: for a message."""
+    names = sorted(names)
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")

@@ -90,6 +90,11 @@ def test_pack_to_a_bucket_makes_the_local_files(s3, local, bucket, tmp_path, lay
         assert index["sources"][0]["path"] == "../c"
     r = cli("verify", url, "--source", f"s3://{bucket}/data/c", "--json", env=env)
     assert json.loads(r.stdout)["sources_checked"]
+    if not group:  # an object the index does not list: verify names it, as in a folder
+        s3.fs.pipe_file(f"{bucket}/data/p/ex/stray.bin", b"x")
+        r = cli("verify", url, env=env, check=False)
+        assert r.returncode == 1 and "ex/stray.bin" in r.stderr, r.stderr
+        s3.fs.rm_file(f"{bucket}/data/p/ex/stray.bin")
     ds = open_packed(url, storage_options=s3.options, cache=Cache(tmp_path / "c2"))
     ref = open_packed(tmp_path / "p")
     assert len(ds) == len(ref)

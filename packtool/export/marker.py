@@ -21,7 +21,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import PacktoolError
+from ..errors import PacktoolError, listing
 from ..formats._manifest import (
     check,
     check_digest,
@@ -80,18 +80,14 @@ def export_owned(folder, place=None) -> None:
         for name in body["files"]:
             confined_name(name, path)
     except PacktoolError as e:
-        held = sorted(there)
-        shown = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10 else "")
-        raise PacktoolError(f"--overwrite refused: {place.folder} holds other files ({shown}), "
-                            f"not a packtool export ({e}); choose another --out") from None
-    expected = {marker, *body["files"]}
-    extra = sorted(n for n in there if n not in expected and not _hidden_ours(place, n))
+        raise PacktoolError(f"--overwrite refused: {place.folder} holds other files "
+                            f"({listing(there)}), not a packtool export ({e}); choose another "
+                            "--out") from None
+    extra = place.unlisted({marker, *body["files"]}, _hidden_ours, there)
     if extra:
-        shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
-                                         else "")
         raise PacktoolError(f"--overwrite only replaces a previous packtool output: "
                             f"{place.folder} holds files that are not part of the export it "
-                            f"holds ({shown}); move them away or choose another --out")
+                            f"holds ({listing(extra)}); move them away or choose another --out")
 
 
 def _hidden_ours(place, name: str) -> bool:

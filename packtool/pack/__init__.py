@@ -31,7 +31,7 @@ from .._atomic import (
     temp_name,
 )
 from .._progress import shown
-from ..errors import PacktoolError
+from ..errors import PacktoolError, listing
 from ..executors import Jobs, RunOptions, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.packed import INDEX, VALID, index, read_index
@@ -70,33 +70,35 @@ def owned(folder, place=None) -> None:
     place = place if place is not None else Place(folder)
     there = place.names()
     try:
-        idx = read_index(place.folder, place)
-        names = {INDEX} | {f["name"] for sh in idx["shards"] for f in sh["files"].values()}
-        if idx.get("held_out"):
-            valid = read_index(place.sub(VALID).folder, place.sub(VALID))
-            names |= {f"{VALID}/{n}" for n in
-                      {INDEX} | {f["name"] for sh in valid["shards"] for f in sh["files"].values()}}
+        names = dataset_files(place)
     except PacktoolError as e:
-        held = sorted(there)
-        listing = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10
-                                           else "")
         raise PacktoolError(f"--overwrite only replaces a previous packtool output: "
                             f"{place.folder} is not a packtool packed dataset ({e}); it holds "
-                            f"{listing}: choose another --out") from None
-    extra = sorted(n for n in there if n not in names and not _ours_hidden(place, n))
+                            f"{listing(there)}: choose another --out") from None
+    extra = place.unlisted(names, ours_hidden, there)
     if extra:
-        shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
-                                         else "")
         raise PacktoolError(f"--overwrite only replaces a previous packtool output: "
                             f"{place.folder} holds files that are not part of the packed "
-                            f"dataset it holds ({shown}); move them away or choose another "
-                            "--out")
+                            f"dataset it holds ({listing(extra)}); move them away or choose "
+                            "another --out")
+
+
+def dataset_files(place) -> set[str]:
+    """Every file a packed dataset's index.json lists (and its held-out split's, under
+    valid/), relative to its folder; the index is validated (format, schema, digest)."""
+    idx = read_index(place.folder, place)
+    names = {INDEX} | {f["name"] for sh in idx["shards"] for f in sh["files"].values()}
+    if idx.get("held_out"):
+        valid = read_index(place.sub(VALID).folder, place.sub(VALID))
+        names |= {f"{VALID}/{n}" for n in
+                  {INDEX} | {f["name"] for sh in valid["shards"] for f in sh["files"].values()}}
+    return names
 
 
 _HIDDEN = ("(?:valid/)?\\.(?:shard|group)-[0-9]+\\.(?:entry\\.json|lock)|\\.packtool[-.].*")
 
 
-def _ours_hidden(place, name: str) -> bool:
+def ours_hidden(place, name: str) -> bool:
     """packtool's own hidden files: locally a lock file shaped as its locks are or a dead
     run's temporary (:func:`packtool._temps.left_by_us`); in a bucket, the lock objects,
     the plan marker and job entries of a run in progress (vouched for by the marker)."""
@@ -210,7 +212,7 @@ def _check_replaceable(out: Output, overwrite: bool) -> None:
                                 "to replace it")
         owned(out.path, out.place)
         return None
-    foreign = sorted(n for n in names if not (_ours_hidden(out.place, n) or _ours_data(n)))
+    foreign = sorted(n for n in names if not (ours_hidden(out.place, n) or _ours_data(n)))
     if foreign or (names and _read_json(out, MARKER).get("format") != PLAN_FORMAT):
         raise PacktoolError(f"--out {out.path} holds objects no packtool index or plan "
                             f"marker vouches for ({', '.join((foreign or sorted(names))[:5])}); "
@@ -288,7 +290,7 @@ def _commit(out: Output, target: Output, splits: dict, overwrite: bool, remove_e
             held = held_out_entry(options, idx)
     if out.remote:
         stale = [n for n in out.place.names() if n not in keep
-                 and (_ours_hidden(out.place, n) or _ours_data(n)) and not n.endswith(".lock")]
+                 and (ours_hidden(out.place, n) or _ours_data(n)) and not n.endswith(".lock")]
         return idx, [n for n in out.remove(stale) if not n.startswith(".")]
     staging = Path(target.path)
     remove_entries(staging)

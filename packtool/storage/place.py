@@ -136,6 +136,13 @@ class Place:
         states = object_states(self.fs, [self._remote(n) for n in names])
         return {n: None if (s := states[self._remote(n)]) is None else s[0] for n in names}
 
+    def unlisted(self, listed: set[str], ours, there: set[str] | None = None) -> list[str]:
+        """The files under the folder (``there``, else listed now) that are neither in
+        ``listed`` (what a manifest names) nor packtool's own (``ours(place, name)``): the
+        second half of every ownership proof, a folder's and a bucket's alike."""
+        there = self.names() if there is None else there
+        return sorted(n for n in there if n not in listed and not ours(self, n))
+
     def names(self, sub: str = "") -> set[str]:
         """Every file under the folder (or its ``sub`` folder), by its path relative to the
         folder: what an ownership proof compares with what a manifest lists. A local

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PacktoolError
-from ..formats.packed import VALID, ValidationError, validate_packed
+from ..errors import PacktoolError, listing
+from ..formats.packed import INDEX, VALID, ValidationError, validate_packed
 from ..formats.tokens import open_tokens, validate_tokens
 from ..storage import is_url, join, kind_of, local_path, parent
 from ..storage.cache import rehashing
@@ -179,28 +179,17 @@ def _verify_packed(directory, sources) -> VerifyResult:
 
 
 def _unlisted(ds) -> None:
-    """A local packed folder holds only what its index lists (the shards' files, the held-out
-    split) and packtool's own hidden leftovers: anything else (an export written inside it,
-    `export P -o P/ex`) is an error naming it, since readers and the sampler take the index's
-    word for what the dataset is."""
-    from .._temps import left_by_us
-    from ..formats.packed import INDEX
+    """A packed dataset, a local folder or a bucket alike, holds only what its index lists
+    (the shards' files, the held-out split) and packtool's own hidden leftovers: anything
+    else (an export written inside it, `export P -o P/ex`) is an error naming it, since
+    readers and the sampler take the index's word for what the dataset is."""
+    from ..pack import dataset_files, ours_hidden
 
-    if is_url(ds.directory):
-        return  # an object store's listing is the publisher's business (storage.publish)
-    folder = Path(ds.directory)
-    index = ds.index
-    listed = {INDEX} | {f["name"] for sh in index["shards"] for f in sh["files"].values()}
-    if index.get("held_out"):
-        listed.add(index["held_out"]["path"].rstrip("/"))
-    extra = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
-                   if p.name not in listed and not left_by_us(p))
+    extra = ds.place.unlisted(dataset_files(ds.place), ours_hidden)
     if extra:
-        shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
-                                         else "")
-        raise VerifyError(f"{folder} holds {len(extra)} file(s) its {INDEX} does not list "
-                          f"({shown}): a packed dataset holds only what its index lists; move "
-                          "them out of it")
+        raise VerifyError(f"{ds.directory} holds {len(extra)} file(s) its {INDEX} does not "
+                          f"list ({listing(extra)}): a packed dataset holds only what its "
+                          "index lists; move them out of it")
 
 
 def _max_docs(ds) -> None:
