@@ -58,27 +58,45 @@ class PartJob:
         return f"part {self.k} ({self.part.name})"
 
 
-def check_part(plan: TokenizePlan, k: int, inputs: bool = True) -> tuple[dict | None, str]:
+def check_part(plan: TokenizePlan, k: int, inputs: bool = True, place=None
+               ) -> tuple[dict | None, str]:
     """(part manifest, "") when part ``k`` is finished: its manifest exists, is of this plan
-    (same digest), every data file has the recorded size and sha256, and (``inputs``) every
-    input still has the content hash recorded when it was read; else (None, why). A
-    half-written part never passes: its manifest is renamed in last."""
+    (same digest), every data file matches its record, and (``inputs``) every input still has
+    the content hash recorded when it was read; else (None, why). A half-written part never
+    passes: its manifest is put last. Locally (``place`` None) every file's size and sha256
+    are checked; in a bucket (``place``: the output's), each object's size (reading them back
+    would cost a download; their MD5 was checked on upload)."""
     part = plan.parts[k]
-    path = plan.part_manifest(part)
     try:
-        m = read_part_manifest(path)
+        m = (read_part_manifest(plan.part_manifest(part)) if place is None else
+             read_part_manifest(plan.part_manifest(part).name, place))
     except FormatError as e:
         return None, str(e)
     if m is None:
         return None, "missing"
     if m["digest"] != part.digest or m["index"] != k:
         return None, "made from other inputs or options (digest differs)"
-    try:
-        verify_part_files(plan.part_prefix(part), m["part"])
-    except FormatError as e:
-        return None, f"corrupt: {e}"
+    problem = _files_problem(plan, part, m["part"], place)
+    if problem:
+        return None, problem
     changed = inputs_changed(m["part"]["inputs"]) if inputs else None
     return (None, changed) if changed else (m, "")
+
+
+def _files_problem(plan: TokenizePlan, part, record: dict, place) -> str | None:
+    if place is None:
+        try:
+            verify_part_files(plan.part_prefix(part), record)
+        except FormatError as e:
+            return f"corrupt: {e}"
+        return None
+    sizes = place.sizes([f"{part.name}.{key}" for key in record["checksums"]])
+    for key, want in record["checksums"].items():
+        size, where = sizes[f"{part.name}.{key}"], place.path(f"{part.name}.{key}")
+        if size != want["bytes"]:
+            return (f"{where} is missing" if size is None else
+                    f"{where} has {size:,} bytes, its record {want['bytes']:,}")
+    return None
 
 
 def inputs_changed(entries: list[dict]) -> str | None:

@@ -45,7 +45,7 @@ from ..options import TokenizeOptions
 from ..storage import default_options
 from ..storage.output import Output
 from .assemble import assemble, checked_parts
-from .part import PartJob, check_part, finished_parts, inputs_changed, tokenize_part
+from .part import PartJob, check_part, finished_parts, tokenize_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 from .prepare import new_run
 from .result import TokenizeResult, eos_note, merge_engines
@@ -127,28 +127,8 @@ def run_task(task: PartTask, tick) -> tuple[dict, bool]:
 
 def finished(plan: TokenizePlan, k: int, out: Output) -> tuple[dict | None, str]:
     """(part record, "") when part ``k`` is finished at the output and its inputs are
-    unchanged, else (None, why). Locally every file's size and sha256 are checked; in a
-    bucket, each object's size against the record (reading them back would cost a
-    download; their MD5 was checked on upload)."""
-    if not out.remote:
-        return check_part(plan, k)
-    place, part = out.place, plan.parts[k]
-    try:
-        m = read_part_manifest(part_manifest_path(Path("."), part.name).name, place)
-    except FormatError as e:
-        return None, str(e)
-    if m is None:
-        return None, "missing"
-    if m["digest"] != part.digest or m["index"] != k:
-        return None, "made from other inputs or options (digest differs)"
-    sizes = place.sizes([f"{part.name}.{key}" for key in m["part"]["checksums"]])
-    for key, want in m["part"]["checksums"].items():
-        size, where = sizes[f"{part.name}.{key}"], place.path(f"{part.name}.{key}")
-        if size != want["bytes"]:
-            return None, (f"{where} is missing" if size is None else
-                          f"{where} has {size:,} bytes, its record {want['bytes']:,}")
-    changed = inputs_changed(m["part"]["inputs"])
-    return (None, changed) if changed else (m, "")
+    unchanged, else (None, why) (:func:`packtool.tokenize.part.check_part`)."""
+    return check_part(plan, k, place=out.place if out.remote else None)
 
 
 def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
