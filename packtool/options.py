@@ -236,6 +236,10 @@ class PackOptions:
     pad_id: int | None = opt(None, "Token id of alignment pads (default: the tokenizer's pad "
                              "token, else its eos; recorded in index.json).",
                              type=("int", 0, 2**32 - 1))
+    share_prompt: bool = opt(False, "Pairs and groups: store each group's prompt once, then "
+                             "each completion (positions continuing from the prompt's end; "
+                             "attention needs packtool.torch.block_mask or model_inputs(batch, "
+                             "mask='4d'), never cu_seqlens).", type="flag")
     max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
                                "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
                                metavar="K")
