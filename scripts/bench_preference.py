@@ -1,6 +1,7 @@
 """What --share-prompt saves and how pairs pack, through pack's planner (no disk): 20,000
 preference pairs of UltraFeedback-like lengths (lognormal: prompt median 160 tokens,
-completions median 260), seq_len 4096, bfd, --overflow drop (8 pairs over 4096 dropped plain); against the same sequences packed as single
+completions median 260), seq_len 4096, bfd, --overflow drop (8 pairs over 4096
+dropped plain); against the same sequences packed as single
 documents (which splits pairs across rows).
 
     PYTHONPATH=. python scripts/bench_preference.py
@@ -29,7 +30,8 @@ def main() -> None:
     seq = 4096
     rows = {}
     for name, share in (("pairs, plain", False), ("pairs, --share-prompt", True)):
-        lay = plan_grouped(lengths, PackOptions(seq_len=seq, share_prompt=share, overflow="drop"), table)
+        opts = PackOptions(seq_len=seq, share_prompt=share, overflow="drop")
+        lay = plan_grouped(lengths, opts, table)
         rows[name] = (lay.counts["n_tokens"], lay.n_packs)
     single = plan_pack(lengths, PackOptions(seq_len=seq, overflow="drop"))
     rows["single documents"] = (single.counts["n_tokens"], single.n_packs)
