@@ -22,7 +22,8 @@ from . import _locks
 from .errors import PacktoolError
 
 TEMP_KINDS = "tmp|old|commit|jtmp"
-_SUFFIXES = r"(?:\.(?:bin|boundaries|mask|json|idx))?"  # files of one prefix share its lock
+# the files of one prefix share its lock
+_SUFFIXES = r"(?:\.(?:bin|boundaries|mask|roles|prompt|rewards|json|idx))?"
 
 
 def tagged_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:

@@ -58,7 +58,17 @@ class TokenizeOptions:
     prompt_field: str | None = opt(None, "SFT: key of the prompt (loss is not taken on it).")
     completion_field: str | None = opt(None, "SFT: key of the completion (loss on it).")
     messages_field: str | None = opt(None, "Chat: key of a [{role, content}, ...] list, "
-                                     "rendered with the chat template.")
+                                     "rendered with the chat template (with --chosen-field or "
+                                     "--completions-field: the prompt, rendered with the "
+                                     "generation prompt).")
+    chosen_field: str | None = opt(None, "Preference pairs: key of the chosen completion "
+                                   "(with --rejected-field and --prompt-field or "
+                                   "--messages-field).")
+    rejected_field: str | None = opt(None, "Preference pairs: key of the rejected completion.")
+    completions_field: str | None = opt(None, "Groups (GRPO): key of a list of completions of "
+                                        "the prompt.")
+    rewards_field: str | None = opt(None, "Groups: key of a list of numbers, one reward per "
+                                    "completion.")
     chat_template: str | None = opt(None, "Jinja chat template file, local (default: "
                                     "tokenizer_config.json's, which a tokenizer at a URL "
                                     "brings; else built-in).", type="path")
@@ -102,7 +112,9 @@ class TokenizeOptions:
                                      ("--txt-split", self.txt_split, TXT_SPLITS)):
             if value not in allowed:
                 raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
-        if bool(self.prompt_field) != bool(self.completion_field):
+        if self.group_kind:
+            self._check_groups()
+        elif bool(self.prompt_field) != bool(self.completion_field):
             raise PacktoolError("--prompt-field and --completion-field go together; pass both")
         if self.messages_field and (self.prompt_field or self.completion_field):
             raise PacktoolError("--messages-field cannot be combined with "
@@ -116,8 +128,42 @@ class TokenizeOptions:
                                 "prompt/completion use --bos/--eos, with messages the chat "
                                 "template")
 
+    def _check_groups(self) -> None:
+        """Pairs or groups: a prompt (text or chat) and completions, nothing else."""
+        if bool(self.chosen_field) != bool(self.rejected_field):
+            raise PacktoolError("--chosen-field and --rejected-field go together; pass both")
+        if self.chosen_field and self.completions_field:
+            raise PacktoolError("--completions-field (a group) and --chosen-field/"
+                                "--rejected-field (a pair) are two kinds of record; pass one")
+        if bool(self.prompt_field) == bool(self.messages_field):
+            raise PacktoolError(f"{self._group_flags()} need the prompt: pass --prompt-field "
+                                "(text) or --messages-field (a chat rendered with the "
+                                "generation prompt), one of them")
+        if self.completion_field:
+            raise PacktoolError(f"--completion-field is for SFT records; with "
+                                f"{self._group_flags()} the completions are those fields")
+        if self.rewards_field and not self.completions_field:
+            raise PacktoolError("--rewards-field goes with --completions-field (one reward "
+                                "per completion)")
+        if self.messages_field and self.bos:
+            raise PacktoolError("with --messages-field the chat template writes the special "
+                                "tokens it wants at the start; drop --bos")
+
+    def _group_flags(self) -> str:
+        return ("--chosen-field/--rejected-field" if self.chosen_field
+                else "--completions-field")
+
+    @property
+    def group_kind(self) -> str | None:
+        """"pairs", "completions" or None (see packtool.tokenize.groups)."""
+        if self.chosen_field or self.rejected_field:
+            return "pairs"
+        return "completions" if self.completions_field or self.rewards_field else None
+
     @property
     def mode(self) -> str:
+        if self.group_kind:
+            return self.group_kind
         if self.messages_field:
             return "messages"
         return "prompt_completion" if self.prompt_field else "text"
@@ -190,6 +236,10 @@ class PackOptions:
     pad_id: int | None = opt(None, "Token id of alignment pads (default: the tokenizer's pad "
                              "token, else its eos; recorded in index.json).",
                              type=("int", 0, 2**32 - 1))
+    share_prompt: bool = opt(False, "Pairs and groups: store each group's prompt once, then "
+                             "each completion (positions continuing from the prompt's end; "
+                             "attention needs packtool.torch.block_mask or model_inputs(batch, "
+                             "mask='4d'), never cu_seqlens).", type="flag")
     max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
                                "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
                                metavar="K")

@@ -57,6 +57,7 @@ __all__ = ["BUILTIN", "DEFAULT_MAX_RENDER_CHARS", "DEFAULT_RENDER_TIMEOUT", "DEF
 DEFAULT_TEMPLATE = (  # newlines inside expressions: trim_blocks eats those after a tag
     "{{ bos_token or '' }}{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] }}"
     "{% if m['role'] == 'assistant' %}{{ eos_token or '' }}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 BUILTIN = "packtool default"  # the manifest's chat_template value for DEFAULT_TEMPLATE
 
@@ -144,6 +145,15 @@ class ChatRenderer:
         appended to ``spans`` when given."""
         return render(self.template, self.variables, messages, self.name, self.max_chars,
                       self.timeout, spans)
+
+    def prompt(self, messages: list[dict]) -> str:
+        """A conversation rendered as the prompt of a completion to come (the template's
+        ``add_generation_prompt``, as ``apply_chat_template(..., add_generation_prompt=True)``):
+        a preference pair's or group's prompt (:mod:`packtool.sources.groups`)."""
+        if not self.reads_parts:
+            messages = [_joined(m) for m in messages]
+        return render(self.template, self.variables, messages, self.name, self.max_chars,
+                      self.timeout, None, generation_prompt=True)
 
     def __call__(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         if not self.reads_parts:

@@ -358,7 +358,7 @@ def _template_line(tb) -> str:
 
 
 def render(template, variables: dict, messages: list, name: str, max_chars: int,
-           timeout: float, spans: list | None = None) -> str:
+           timeout: float, spans: list | None = None, generation_prompt: bool = False) -> str:
     """``template`` rendered for ``messages`` within the limits; ``{% generation %}`` spans
     appended to ``spans`` when given. Every failure is a :class:`TemplateError` naming the
     template and its line."""
@@ -367,7 +367,8 @@ def render(template, variables: dict, messages: list, name: str, max_chars: int,
     s.deadline = deadline = time.monotonic() + timeout
     chunks, size, clock = [], 0, time.monotonic
     try:
-        for chunk in template.generate(messages=messages, add_generation_prompt=False,
+        for chunk in template.generate(messages=messages,
+                                       add_generation_prompt=generation_prompt,
                                        **variables):
             size += len(chunk)
             if size > max_chars:

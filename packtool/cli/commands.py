@@ -23,12 +23,14 @@ from .options import (
 RUN_FIELDS = ("executor", "ray_address", "tasks", "task", "finalize")
 TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "skip_bad_records", "max_record_bytes", "prompt_field", "completion_field",
-                   "messages_field", "chat_template", "train_on", "max_render_chars",
+                   "messages_field", "chosen_field", "rejected_field", "completions_field",
+                   "rewards_field", "chat_template", "train_on", "max_render_chars",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
                    "part_bytes", "overwrite")
 PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shard_size",
                "tokens", "valid_docs", "valid_fraction", "group_docs", "balance", "balance_ranks",
                "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id", "max_docs",
+               "share_prompt",
                "max_depth", "work_limit", "time_limit")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 ALIGN_FIELDS = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
@@ -64,7 +66,9 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
     URLs (s3://bucket/raw/, gs://b/*.parquet; docs/STORAGE.md). Every
     record becomes one document, in input order, with its full token sequence. With
     --prompt-field/--completion-field or --messages-field it also writes a loss mask (1 =
-    trained on) for supervised fine-tuning.
+    trained on) for supervised fine-tuning. With --chosen-field/--rejected-field (preference
+    pairs) or --completions-field (groups, GRPO) every record becomes a group of sequences,
+    prompt + each completion, the loss mask on the completions (docs/TRAINING.md).
 
     The inputs are planned into parts (small files grouped up to --part-bytes; --plan prints
     them), each written and verified on its own: a re-run skips finished parts (resume), and
@@ -76,6 +80,8 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
         packtool tokenize corpus/*.jsonl.zst --tokenizer gpt2/tokenizer.json \\
             --eos '<|endoftext|>' --out out/corpus
         packtool tokenize chats.jsonl --messages-field messages --tokenizer model/ --out out/sft
+      packtool tokenize prefs.jsonl --prompt-field prompt --chosen-field chosen \
+          --rejected-field rejected -t model/ --eos '</s>' -o out/pairs
         packtool tokenize shards/ -t tok.json -o out/c --tasks 4 --task $SLURM_ARRAY_TASK_ID
         packtool tokenize shards/ -t tok.json -o out/c --finalize
     """

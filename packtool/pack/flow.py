@@ -130,10 +130,20 @@ def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
               staging: str):
     """The run's plan as jobs writing into ``staging`` (a :class:`Global` plan, or
     :class:`Grouped` with ``--group-docs``); this process's opened sources handed to them."""
+    from ..formats.tokens.groups import group_table
+    from .grouped import refuse_options
+
+    table = group_table(corpora)
+    if table is not None:
+        refuse_options(options, factors)
+    elif options.share_prompt:
+        raise PacktoolError("--share-prompt shares the prompt of pairs and groups; the sources "
+                            "are plain documents (tokenize with --chosen-field/--rejected-field"
+                            " or --completions-field)")
     target = pj.Target(staging, tuple(str(c.prefix) for c in corpora), stored["dtypes"],
-                       options.layout, stored["mask_storage"])
+                       options.layout, stored["mask_storage"], table is not None)
     flow = Grouped(corpora, factors, options, target, digest) if options.group_docs else \
-        Global(corpora, factors, options, target, digest)
+        Global(corpora, factors, options, target, digest, table)
     pj.provide_sources(target.prefixes, corpora)
     return flow
 
@@ -141,10 +151,16 @@ def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
 class Global:
     """One plan of the whole corpus in this process; shard jobs write it."""
 
-    def __init__(self, corpora, factors, options: PackOptions, target, digest):
+    def __init__(self, corpora, factors, options: PackOptions, target, digest, table=None):
         t0 = time.perf_counter()
         self.corpora, self.factors, self.options = corpora, factors, options
         lengths = read_lengths(corpora)
+        if table is not None:  # pairs and groups: packtool.pack.grouped
+            from .grouped import plan_grouped
+
+            self.layout = plan_grouped(lengths, options, table)
+            self._ready({"train": self.layout}, digest, target, t0)
+            return
         sizes, names = [len(c) for c in corpora], [str(c.prefix) for c in corpora]
         repeats, held = None, None  # a plain pack: no mask of held-out documents (1 B/doc)
         if any(f != 1 for f in factors) or options.valid_docs or options.valid_fraction:
@@ -158,9 +174,12 @@ class Global:
         valid = (plan_pack(lengths, options, held.astype(np.int64))
                  if held is not None and held.any() else None)
         del lengths, repeats, held
+        self._ready({"valid": valid, "train": self.layout} if valid is not None
+                    else {"train": self.layout}, digest, target, t0)
+
+    def _ready(self, layouts: dict, digest: str, target, t0: float) -> None:
         self.assign_seconds = time.perf_counter() - t0
-        self.layouts = ({"valid": valid, "train": self.layout} if valid is not None
-                        else {"train": self.layout})
+        self.layouts = layouts
         self.shards = pj.shard_jobs(self.layouts, {"plan": digest}, target)
 
     def jobs(self) -> Jobs:

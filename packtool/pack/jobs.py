@@ -41,6 +41,7 @@ class Target:
     dtypes: dict               # role -> dtype string
     layout: str
     mask_storage: str | None
+    grouped: bool = False      # pairs/groups: seg_group and seg_role beside the segments
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class ShardJob:
     seg_length: np.ndarray
     digest: str
     target: Target
+    groups: dict | None = None  # pairs/groups: {"seg_group", "seg_role"} per segment
 
     @property
     def n_tokens(self) -> int:
@@ -100,13 +102,19 @@ class ShardJobs(Sequence):
         first = stored(layout.seg_first[packs.start:packs.stop + 1] - segs.start,
                        dtypes["segment_index"])
         arrays = (first, *shard_segments(layout, segs, dtypes))
+        groups = None
+        if self.target.grouped:
+            from .grouped import shard_groups
+
+            g, r = shard_groups(layout, segs)
+            groups = {"seg_group": stored(g, dtypes["group"]), "seg_role": stored(r, "<u2")}
         h = hashlib.sha256(json.dumps({**self.common, "split": split, "k": k},
                                       sort_keys=True).encode())
-        for arr in arrays:
+        for arr in (*arrays, *(groups or {}).values()):
             h.update(arr.dtype.str.encode())
             h.update(np.ascontiguousarray(arr))
         self._digests[i] = h.hexdigest()
-        return ShardJob(split, k, *arrays, self._digests[i], self.target)
+        return ShardJob(split, k, *arrays, self._digests[i], self.target, groups)
 
     def header(self, i: int) -> ShardJob:
         """Job ``i`` without its segment arrays (its digest known from building it once in
@@ -172,9 +180,10 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
     with job_files(job.folder, shard_name(job.k)) as tmp:
         corpora = sources(t.prefixes) if t.layout == "tokens" else None
         writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage,
-                             gather=None if corpora is None else gatherer(corpora))
+                             gather=None if corpora is None else gatherer(corpora),
+                             grouped=t.grouped)
         entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
-                             job.seg_length, tick)
+                             job.seg_length, tick, groups=job.groups)
         write_new(tmp / "record.json", json.dumps(fe.shard_entry(job.digest, entry)))
         commit_job(tmp, [(f["name"], job.folder / f["name"]) for f in entry["files"].values()],
                    job.entry_path)

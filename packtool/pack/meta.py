@@ -53,6 +53,11 @@ def storage(corpora: list, options: PackOptions, longest: int) -> dict:
     dtypes = v2_dtypes(token_dtype=token_dtype, seq_len=options.seq_len, n_docs=n_docs,
                        max_doc_len=longest,
                        max_shard_tokens=options.shard_size + options.seq_len)
+    if any(c.groups for c in corpora):  # a segment's group: one index over the sources
+        from ..formats.packed.schema import narrowest
+
+        dtypes["group"] = narrowest(max(sum(c.groups["n_groups"] for c in corpora if c.groups)
+                                        - 1, 1))
     has_mask = any(c.has_mask for c in corpora)
     stored = None
     if has_mask:
@@ -130,7 +135,8 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
             "attention_imbalance": imbalance(layout), "cost_ratio": COST_RATIO,
             "solver": rep.to_json(),
             "split": split, "held_out": held_out,
-            "sources": source_entries(layout, corpora, factors, folder)}
+            "sources": source_entries(layout, corpora, factors, folder),
+            **({"groups": layout.groups} if getattr(layout, "groups", None) else {})}
 
 
 def imbalance(layout: PackLayout, ranks: int | None = None) -> float | None:
@@ -166,6 +172,13 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
     tokens = np.zeros(len(corpora), np.int64)
     docs = np.zeros(len(corpora), np.int64)
     for r in layout.rounds:
+        if hasattr(r, "group"):  # grouped: entries carry their document (packtool.pack.grouped)
+            src = np.searchsorted(base, r.doc, side="right") - 1
+            tokens += np.bincount(src, weights=r.table_length, minlength=len(corpora)).astype(
+                np.int64)
+            whole = (r.table_length > 0) & (r.role > 0)  # a sequence, not a shared prompt
+            docs += np.bincount(src[whole], minlength=len(corpora))
+            continue
         extra = np.concatenate([[0], np.cumsum(r.split_pieces - 1)])[
             np.searchsorted(r.split_docs, base, side="left")]
         first = base + extra  # each source's first table entry, then the end

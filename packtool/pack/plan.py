@@ -136,7 +136,7 @@ def make_segments(lengths: np.ndarray, seq_len: int, overflow: str = "split") ->
 
 
 @njit
-def _order_segments(packs, rank, n_packs, idx):
+def order_segments(packs, rank, n_packs, idx):
     """Table entries grouped by output pack position (stable; entries with pack -1, empty,
     left out); segments per pack."""
     n = packs.shape[0]
@@ -291,7 +291,7 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     if options.balance == "attention" and n_packs:
         rank = balanced_rank(rank, packs, rounds, options.balance_ranks)
     n_table = sum(r.table_length.size for r in rounds)
-    order, pack_nseg = _order_segments(packs, rank, n_packs,
+    order, pack_nseg = order_segments(packs, rank, n_packs,
                                        np.int32 if n_table < 2**31 else np.int64)
     del packs, rank
     counts = rounds[0].counts if repeats is None else _merge_counts(rounds, lengths)

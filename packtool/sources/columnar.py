@@ -76,8 +76,7 @@ def iter_arrow(path: Path, opts: ReadOptions, stats: InputStats, progress) -> It
 
 def _columns(path: Path, names: list[str], opts: ReadOptions) -> list[str]:
     """The top-level columns to read for ``opts``' fields (``a.b`` reads column ``a``)."""
-    fields = ([opts.text_field] if opts.mode == "text" else
-              [f for f in (opts.prompt_field, opts.completion_field, opts.messages_field) if f])
+    fields = opts.fields
     tops = []
     for f in fields:
         top = f if f in names else f.split(".")[0]

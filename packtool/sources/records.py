@@ -59,9 +59,26 @@ class ReadOptions:
     messages_field: str | None = None     # chat conversations: [{"role", "content"}, ...]
     render: Callable | None = None        # renders a conversation here, in the reader, so a
     #                                       failure is a bad record of a known file and line
+    chosen_field: str | None = None       # pairs and groups: packtool.sources.groups
+    rejected_field: str | None = None
+    completions_field: str | None = None
+    rewards_field: str | None = None
+    render_prompt: Callable | None = None  # a chat prompt, rendered with the generation prompt
+    group: Callable | None = None          # (record, self) -> its GroupRecord
+
+    @property
+    def fields(self) -> list[str]:
+        """The record fields this mode reads (a Parquet reader selects their columns)."""
+        if self.mode == "text":
+            return [self.text_field]
+        return [f for f in (self.prompt_field, self.completion_field, self.messages_field,
+                            self.chosen_field, self.rejected_field, self.completions_field,
+                            self.rewards_field) if f]
 
     @property
     def mode(self) -> str:
+        if self.chosen_field or self.completions_field:
+            return "pairs" if self.chosen_field else "completions"
         if self.messages_field:
             return "messages"
         if self.prompt_field or self.completion_field:
@@ -72,6 +89,11 @@ class ReadOptions:
         """The record's document: a str, a (prompt, completion) pair, or a message list."""
         if self.mode == "text":
             return check_text(get_field(obj, self.text_field), self.text_field)
+        if self.mode in ("pairs", "completions"):  # .groups.extract_group, set by the caller
+            try:
+                return self.group(obj, self)
+            except PacktoolError as e:  # the template refused this prompt
+                raise BadRecord(getattr(e, "reason", "chat_template"), str(e)) from None
         if self.mode == "prompt_completion":
             return (check_text(get_field(obj, self.prompt_field), self.prompt_field),
                     check_text(get_field(obj, self.completion_field), self.completion_field))
@@ -108,6 +130,8 @@ def utf8_size(doc) -> int:
     """A record's size in UTF-8 bytes: a text, a (prompt, completion) pair or messages."""
     if isinstance(doc, str):
         return len(doc) if doc.isascii() else len(doc.encode("utf-8", "surrogatepass"))
+    if hasattr(doc, "utf8_size"):  # a pair or group (packtool.sources.groups)
+        return doc.utf8_size()
     if isinstance(doc, tuple):  # (prompt, completion), or (rendered text, trained spans)
         return sum(utf8_size(x) for x in doc if isinstance(x, str))
     return sum(utf8_size(m["content"]) + utf8_size(m["role"]) for m in doc)
@@ -147,7 +171,8 @@ def get_field(obj, key: str):
                 "missing_field",
                 f"no field {key!r} (keys in {where}: {keys or 'none'}); "
                 "name the right key with --text-field (or --prompt-field, --completion-field, "
-                "--messages-field)",
+                "--messages-field, --chosen-field, --rejected-field, --completions-field, "
+                "--rewards-field)",
             )
         walked.append(part)
         cur = cur[part]

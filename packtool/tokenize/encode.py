@@ -6,6 +6,9 @@ threads call on a batch of records, for each of the three modes.
                        what the model is trained on); mask 1 on the completion
     messages           a conversation rendered by the chat template into text and the
                        character spans trained on; mask 1 on the tokens overlapping a span
+    pairs, completions a prompt and its completions: one sequence each, prompt tokens
+                       copied before each completion, mask 1 on the completions
+                       (:mod:`.groups`, which also returns each sequence's role and prompt)
 
 ``--bos``/``--eos`` add special tokens around each document (BOS mask 0; EOS mask 1: the
 model must learn to stop); in messages mode the template places EOS after assistant turns.
@@ -90,6 +93,10 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
     batch = engine.encode
 
     def encode(records, pick=None):
+        if mode in ("pairs", "completions"):
+            from .groups import encode_groups
+
+            return encode_groups(batch, records, dtype, pick, bos_id, eos_id)
         if mode == "text":
             lengths, ids = batch(records, add_special, dtype, pick)
             mask = None

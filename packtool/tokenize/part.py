@@ -35,6 +35,7 @@ from ..formats.tokens import (
     read_part_manifest,
     verify_part_files,
 )
+from ..formats.tokens.writer import GROUP_KEYS
 from ..options import TokenizeOptions
 from ..sources import as_input, content_unchanged
 from . import pipeline
@@ -169,6 +170,15 @@ def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
     return manifest
 
 
+def data_keys(opts: TokenizeOptions) -> list[str]:
+    """The data files a part of this run writes: .bin, .boundaries, and the loss mask (all but
+    plain text), a pair's or group's roles and prompt lengths, and its rewards."""
+    keys = ["bin", "boundaries"] + (["mask"] if opts.mode != "text" else [])
+    if opts.group_kind:
+        keys += ["roles", "prompt"] + (["rewards"] if opts.rewards_field else [])
+    return keys
+
+
 def _write(job: PartJob, tick, s) -> dict:
     plan, opts, part = job.plan, job.opts, job.part
     paths = [as_input(p) for p in part.inputs]
@@ -178,17 +188,17 @@ def _write(job: PartJob, tick, s) -> dict:
     # the part's manifest goes last: a part whose manifest exists has all its files. The
     # commit's lock and journal get a name of their own (not an output's, and not the run's
     # output lock, which a Ray driver may hold while its workers write parts)
-    outputs = ([files["bin"], files["boundaries"]] + ([files["mask"]] if with_mask else [])
-               + [plan.part_manifest(part)])
-    stale = [] if with_mask else [files["mask"]]  # an overwritten SFT part's mask goes too
+    keys = data_keys(opts)
+    outputs = [files[k] for k in keys] + [plan.part_manifest(part)]
+    # an overwritten SFT or group part's extra files go too
+    stale = [files[k] for k in ("mask", *GROUP_KEYS) if k not in keys]
     if opts.overwrite:  # the manifest being replaced leaves in the first part's commit
         stale.append(plan.json_path)
     prefix = plan.part_prefix(part)
     key = prefix.with_name(f"{prefix.name}.part-commit")
     with atomic_files(outputs, True, key=key, remove=stale, label=plan.prefix, scan=False,
                       kept=lambda: finished_parts(plan, job.k)) as tmp:
-        keys = ["bin", "boundaries"] + (["mask"] if with_mask else []) + ["json"]
-        writer = TokenWriter(dict(zip(keys, tmp, strict=True)), with_mask)
+        writer = TokenWriter(dict(zip([*keys, "json"], tmp, strict=True)), with_mask)
         reader = pipeline.Reader(paths, s.read_opts, opts.batch_size, opts.batch_bytes,
                                  maxsize=2 * workers, warn_bytes=opts.long_record_warn_bytes)
         try:

@@ -29,6 +29,10 @@ NOT_IN_DIGEST = {"workers", "batch_size", "batch_bytes", "overwrite", "long_reco
                  "engine", "engine_check", "part_bytes"}
 
 
+# the pair/group fields count only when given: a corpus without them keeps its digest
+GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field")
+
+
 def _sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
@@ -130,7 +134,7 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
     tok_path = resolve_tokenizer_path(tokenizer)
     common = {"packtool": __version__, "tokenizer_sha256": sha256_file(tok_path),
               "options": {k: v for k, v in dataclasses.asdict(opts).items()
-                          if k not in NOT_IN_DIGEST}}
+                          if k not in NOT_IN_DIGEST and not (k in GROUP_FIELDS and v is None)}}
     groups = group_files([i[0] for i in ids], opts.part_bytes)
     parts = []
     for k, g in enumerate(groups):

@@ -90,10 +90,16 @@ class Setup:
 
 
 def _read_opts(opts: TokenizeOptions) -> ReadOptions:
+    from ..sources.groups import extract_group
+
     return ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
                        prompt_field=opts.prompt_field, completion_field=opts.completion_field,
                        messages_field=opts.messages_field,
-                       max_record_bytes=opts.max_record_bytes)
+                       max_record_bytes=opts.max_record_bytes, chosen_field=opts.chosen_field,
+                       rejected_field=opts.rejected_field,
+                       completions_field=opts.completions_field,
+                       rewards_field=opts.rewards_field,
+                       group=extract_group if opts.group_kind else None)
 
 
 def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bos_id, eos_id,
@@ -109,7 +115,11 @@ def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bo
                         "mode": opts.mode, "prompt_field": opts.prompt_field,
                         "completion_field": opts.completion_field,
                         "messages_field": opts.messages_field, "chat_template": template_from,
-                        "train_on": opts.train_on if opts.mode == "messages" else None}}
+                        "train_on": opts.train_on if opts.mode == "messages" else None,
+                        **{k: getattr(opts, k) for k in GROUP_FIELDS if getattr(opts, k)}}}
+
+
+GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field")
 
 
 def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = None) -> Setup:
@@ -129,6 +139,11 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
         from ..chat import chat_renderer
 
         read_opts.render, template_from, warnings = chat_renderer(tok_path, opts)
+    elif opts.group_kind and opts.messages_field:  # a chat prompt: rendered in the reader too
+        from ..chat import chat_renderer
+
+        renderer, template_from, warnings = chat_renderer(tok_path, opts)
+        read_opts.render_prompt = renderer.prompt
     engine = engine_for(opts, tok_path, mode == "messages", fallback)
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id,
                           None if mode == "messages" else eos_id, mode, engine=engine)

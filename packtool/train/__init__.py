@@ -9,6 +9,8 @@
 - :mod:`.batching`: packs collated into one padding-free ``[1, N]`` row (numpy).
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
+- :mod:`.preference`: ``sequence_logps`` (each sequence's summed completion log-probability
+  in a packed batch of pairs or groups), ``dpo_loss``, and their attention masks.
 - :mod:`.which`: which step and rank a record lands in, and what a step holds.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
   path (``packtool conformance``).
@@ -17,6 +19,8 @@
 from .batching import collate_numpy
 from .cp import cp_shard
 from .mixture import MixtureSampler
+from .preference import dpo_loss, sequence_logps
 from .sampler import PackSampler
 
-__all__ = ["MixtureSampler", "PackSampler", "collate_numpy", "cp_shard"]
+__all__ = ["MixtureSampler", "PackSampler", "collate_numpy", "cp_shard", "dpo_loss",
+           "sequence_logps"]

@@ -148,6 +148,7 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
                 "(TorchPackedDataset(pad_to=seq_len) or ds.get(i, pad_to=...), one pad "
                 "segment each) and pass max_docs=--max-docs + 1, or use per_segment=True")
         _check_max_docs(examples, max_docs)
+    _refuse_grouped_per_segment(examples, per_segment)
     if per_segment:
         examples = [pad_example(ex, multiple=pad_multiple, per_segment=True, pad_id=pad_id)
                     for ex in examples]
@@ -169,9 +170,40 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     row = {k: v[None, :] for k, v in flat.items()}
     row.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len,
                max_length_k=max_len, seq_idx=seq_idx)
+    if "seq_ids" in examples[0]:  # pairs and groups (packtool.formats.packed.groups)
+        row.update(_group_keys(examples, row["input_ids"].shape[1], len(cu) - 1))
     if aligned:
         row["cu_seqlens_padded"] = cup
     return row
+
+
+def _refuse_grouped_per_segment(examples: list[dict], per_segment: bool) -> None:
+    if per_segment and "seq_ids" in examples[0]:
+        raise PacktoolError("per_segment padding would cut into a group's sequences: pad "
+                            "grouped rows at the row's end (pad_multiple without "
+                            "per_segment)")
+
+
+def _group_keys(examples: list[dict], n_tokens: int, n_segments: int) -> dict:
+    """The grouped packs' keys end to end: sequence and segment indices moved on by the
+    packs before; a row pad (beyond the packs' tokens) in no group and no sequence."""
+    out = {}
+    seq_base = np.cumsum([0] + [len(ex["seq_group"]) for ex in examples])[:-1]
+    seg_base = np.cumsum([0] + [len(ex["cu_seqlens"]) - 1 for ex in examples])[:-1]
+    seq = [np.where(ex["seq_ids"] >= 0, ex["seq_ids"] + b, -1)
+           for ex, b in zip(examples, seq_base, strict=True)]
+    pre = [np.where(ex["seg_prompt"] >= 0, ex["seg_prompt"] + b, -1)
+           for ex, b in zip(examples, seg_base, strict=True)]
+    for key, parts, fill in (("group_ids", [ex["group_ids"] for ex in examples], -1),
+                             ("seq_ids", seq, -1),
+                             ("completion_mask", [ex["completion_mask"] for ex in examples], 0)):
+        v = np.concatenate(parts).astype(np.int64)
+        out[key] = np.concatenate([v, np.full(n_tokens - v.size, fill, np.int64)])[None, :]
+    p = np.concatenate(pre).astype(np.int32)
+    out["seg_prompt"] = np.concatenate([p, np.full(n_segments - p.size, -1, np.int32)])
+    out["seq_group"] = np.concatenate([ex["seq_group"] for ex in examples]).astype(np.int64)
+    out["seq_role"] = np.concatenate([ex["seq_role"] for ex in examples]).astype(np.int32)
+    return out
 
 
 def _offsets(examples: list[dict], key: str) -> np.ndarray:

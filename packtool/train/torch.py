@@ -34,6 +34,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("packtool.torch needs PyTorch: pip install 'packtool[torch]'") from e
 
+from ..errors import PacktoolError
 from ..formats.packed import open_packed
 from . import sampler as _sampler
 from .batching import collate_numpy
@@ -116,7 +117,8 @@ def collate_mds(samples: list[dict], pad_multiple: int | None = None,
                            pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id)
 
 
-def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) -> dict:
+def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0,
+                 mask: str | None = None, dtype=None) -> dict:
     """The keys to pass to a Hugging Face causal LM, never an attention mask: input_ids,
     labels, position_ids and (``varlen=True``, the default) cu_seq_lens_q/k and
     max_length_q/k, which the transformers padding-free docs recommend over inferring segments
@@ -125,6 +127,14 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) 
     position (RoBERTa-family models count from 2, padding_idx + 1). An aligned batch's
     cu_seq_lens_q/k are its ``cu_seqlens_padded``: a Hugging Face kernel indexes the row with
     them, and each segment's pads, after its tokens, change nothing a real token sees."""
+    if mask is not None:
+        return _with_4d_mask(batch, mask, position_ids_start, dtype)
+    if _shared(batch):
+        raise PacktoolError(
+            "this batch shares prompts (pack --share-prompt): a completion attends to its "
+            "prompt and itself, which flash-attention varlen's cu_seq_lens (and transformers' "
+            "masks inferred from position_ids) cannot express; pass mask='4d' (eager/sdpa "
+            "attention) or use packtool.torch.block_mask(batch) with FlexAttention")
     keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
                          if varlen else ())
     out = {k: batch[k] for k in keys}
@@ -133,6 +143,37 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0) 
     if position_ids_start:
         out["position_ids"] = out["position_ids"] + position_ids_start
     return out
+
+
+def _with_4d_mask(batch: dict, mask: str, position_ids_start: int, dtype=None) -> dict:
+    """input_ids, labels, position_ids and a [1, 1, T, T] ``attention_mask`` that transformers
+    passes on as it is (a 4-D mask is taken as prepared): the row's segments kept apart, and
+    a shared prompt seen by its completions (:mod:`.preference`). Boolean (True = attend)
+    for sdpa; ``dtype`` (the model's, e.g. torch.float32) makes it additive (0, or the
+    dtype's minimum), which eager attention needs: it adds the mask to the scores, so a
+    boolean would add 0 or 1 and mask nothing (transformers 5.24, tested). O(T^2) elements:
+    64 Mi at 8,192 tokens; use block_mask with FlexAttention for long rows."""
+    from .preference import allowed
+
+    if mask != "4d":
+        raise PacktoolError(f"mask={mask!r}: the one mask model_inputs makes is '4d' (a "
+                            "boolean [batch, 1, tokens, tokens] attention_mask)")
+    out = {k: batch[k] for k in MODEL_KEYS}
+    if position_ids_start:
+        out["position_ids"] = out["position_ids"] + position_ids_start
+    device = batch["input_ids"].device
+    m = torch.from_numpy(allowed(batch))[None, None].to(device)
+    if dtype is not None:
+        m = torch.zeros(m.shape, dtype=dtype, device=device).masked_fill(
+            ~m, torch.finfo(dtype).min)
+    out["attention_mask"] = m
+    return out
+
+
+def _shared(batch: dict) -> bool:
+    from .preference import is_shared
+
+    return is_shared(batch)
 
 
 MASK_CACHE = 8  # block masks kept: a step's layers (and micro-batches) reuse one
@@ -168,26 +209,46 @@ def block_mask(batch: dict, device=None, block_size: int = 128):
         raise ImportError("block_mask needs FlexAttention (torch >= 2.5): pip install -U torch"
                           ) from e
     cu, n = _segments(batch)
+    pre = None
+    if _shared(batch):  # a completion also sees its group's prompt (packtool.train.preference)
+        from .preference import row_segments
+
+        pre = torch.from_numpy(row_segments(batch)[1].astype(np.int32))
     if device is None:
         ids = batch["input_ids"]
         device = ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
     device = torch.device(device)
-    key = (cu.tobytes(), n, str(device), int(block_size))
+    key = (cu.tobytes(), None if pre is None else pre.numpy().tobytes(), n, str(device),
+           int(block_size))
     if key in _masks:
         _masks.move_to_end(key)
         return _masks[key]
     doc = torch.repeat_interleave(torch.arange(len(cu) - 1, dtype=torch.int32),
                                   torch.from_numpy(np.diff(cu))).to(device)
 
-    def document_causal(b, h, q_idx, kv_idx):
-        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
-
-    mask = create_block_mask(document_causal, None, None, n, n, device=device,
+    mask = create_block_mask(_mask_mod(doc, pre, device), None, None, n, n, device=device,
                              BLOCK_SIZE=block_size)
     _masks[key] = mask
     while len(_masks) > MASK_CACHE:
         _masks.popitem(last=False)
     return mask
+
+
+def _mask_mod(doc, pre, device):
+    """Document-causal attention; with ``pre`` (a shared-prompt batch) a completion also sees
+    its group's prompt segment, never a sibling."""
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    if pre is None:
+        return document_causal
+    prompt_of = pre.to(device)[doc.long()]
+
+    def shared_prompt(b, h, q_idx, kv_idx):
+        return ((doc[q_idx] == doc[kv_idx]) | (prompt_of[q_idx] == doc[kv_idx])) & (
+            q_idx >= kv_idx)
+
+    return shared_prompt
 
 
 def _segments(batch: dict) -> tuple[np.ndarray, int]:

@@ -162,6 +162,14 @@ def _verify_packed(directory, sources) -> VerifyResult:
         if d is not None:
             _max_docs(d)
     corpora = _sources(index, sources) if sources else None
+    if index.get("groups"):  # pairs and groups: packtool.verify.groups
+        from .groups import against_sources, check_rows
+
+        check_rows(ds)
+        if sources:
+            against_sources(ds, corpora)
+            result.sources_checked = True
+            return result
     if ds.align > 1:
         result.align = _aligned(ds, valid, corpora)
     if sources:

@@ -188,6 +188,13 @@ class PackedReader:
         ex = derive(sh.seg_length[s0:s1], ids, mask, self._shift, self.align, self.pad_id)
         ex["source_docs"] = sh.seg_doc[s0:s1].astype(np.int64)
         ex["source_offsets"] = sh.seg_offset[s0:s1].astype(np.int64)
+        if "seg_group" in sh.arrays:  # pairs and groups: packtool.formats.packed.groups
+            from .groups import group_fields
+
+            if self._shift:
+                mask = (np.asarray(ids) >> self._shift) & 1
+            ex = group_fields(ex, sh.arrays["seg_group"][s0:s1], sh.arrays["seg_role"][s0:s1],
+                              mask)
         return ex
 
     @property

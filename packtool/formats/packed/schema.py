@@ -46,7 +46,8 @@ from .._manifest import (
 FORMAT = "packtool.packed"
 VERSION = 2
 ALIGNED_VERSION = 3  # version 2 plus the alignment keys: written only for aligned datasets
-READABLE = (1, 2, 3)
+GROUPED_VERSION = 4  # version 2 plus pairs/groups (seg_group, seg_role, "groups")
+READABLE = (1, 2, 3, 4)
 INDEX = "index.json"
 DIGEST_KEY = "index_sha256"
 LAYOUTS = ("index", "tokens")
@@ -66,6 +67,7 @@ class Array:
     doc: str
     layout: str | None = None    # only in this layout
     mask: str | None = None      # only with this mask storage
+    grouped: bool = False        # only in a dataset of pairs or groups (version 4)
 
 
 SCHEMA = (
@@ -76,6 +78,10 @@ SCHEMA = (
           "order they were given)"),
     Array("seg_offset", "segment", "offset", "token offset of the segment in its document"),
     Array("seg_length", "segment", "length", "tokens in the segment (1 to seq_len)"),
+    Array("seg_group", "segment", "group", "version 4: the segment's group (its index over the "
+          "sources' groups)", grouped=True),
+    Array("seg_role", "segment", "<u2", "version 4: the segment's role: 0 a shared prompt, 1 "
+          "chosen, 2 rejected, 3 + k completion k", grouped=True),
     Array("tokens", "token", "token", "the packs' tokens back to back (with the loss mask in "
           "the top bit when mask_storage is \"folded\")", layout="tokens"),
     Array("loss_mask", "bit", "|u1", "1 bit a token, np.packbits(mask, bitorder=\"little\"): "
@@ -100,7 +106,8 @@ def shard_arrays(index: dict) -> tuple[Array, ...]:
     if index["version"] == 1:
         return tuple(a for a in V1_SCHEMA if a.mask is None or index.get("loss_mask"))
     return tuple(a for a in SCHEMA if (a.layout is None or a.layout == index["layout"])
-                 and (a.mask is None or a.mask == index.get("mask_storage")))
+                 and (a.mask is None or a.mask == index.get("mask_storage"))
+                 and (not a.grouped or index.get("groups") is not None))
 
 
 def array_length(array: Array, n_tokens: int, n_packs: int, n_segments: int) -> int:
@@ -234,8 +241,15 @@ ALIGN_KEYS = {  # version 3 only: an aligned dataset
     "n_align_tokens": Key(count(), "pad tokens the alignment adds over all packs"),
 }
 INDEX_KEYS.update({k: Key(v.spec, v.doc, optional=True) for k, v in ALIGN_KEYS.items()})
-V2_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS})
-V3_SPEC = obj({**INDEX_KEYS, **ALIGN_KEYS})
+_GROUPS = obj({"kind": one_of("pairs", "completions"), "share_prompt": boolean(),
+               "n_groups": count(), "n_dropped_groups": count()})
+INDEX_KEYS["groups"] = Key(_GROUPS, "version 4 only: {kind (pairs or completions), "
+                           "share_prompt, n_groups (in the sources), n_dropped_groups (over "
+                           "--seq-len, with --overflow drop)}", optional=True)
+V2_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS and k != "groups"})
+V3_SPEC = obj({**{k: v for k, v in INDEX_KEYS.items() if k != "groups"}, **ALIGN_KEYS})
+V4_SPEC = obj({**{k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS},
+               "groups": _GROUPS})
 V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["token_dtype"],
                "loss_mask": INDEX_KEYS["loss_mask"], "n_packs": count(), "n_tokens": count(),
                "n_segments": count(), "n_docs": count(),
@@ -243,12 +257,12 @@ V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["toke
                "held_out": nullable(_HELD_OUT), "shards": list_of(obj(SHARD_KEYS)),
                "overflow": INDEX_KEYS["overflow"], "seed": integer(),
                DIGEST_KEY: INDEX_KEYS[DIGEST_KEY].spec})
-SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC}
+SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC, 4: V4_SPEC}
 
 
 def alignment(index: dict) -> tuple[int, int]:
     """(K, pad id) of a dataset: (1, 0) before version 3 (the key is read nowhere else)."""
-    if int(index["version"]) < ALIGNED_VERSION:
+    if int(index["version"]) != ALIGNED_VERSION:
         return 1, 0
     return int(index["align"]), int(index["pad_id"])
 SHARD_FILE = _FILE

@@ -102,7 +102,8 @@ def validate_packed(directory: str | Path, checksums: bool = True):
     _check_seq_len(index, f"{str(ds.directory).rstrip('/')}/{INDEX}")
     for k, entry in enumerate(index["shards"]):
         sh = ds.shard(k)
-        _check_offsets(sh, ds.seq_len)
+        if not (ds.index.get("groups") or {}).get("share_prompt"):  # a shared prompt's
+            _check_offsets(sh, ds.seq_len)  # completions start after it (verify.groups)
         if index["version"] == 1:
             _check_v1(sh, ds.seq_len)
         if n_docs is not None and sh.seg_doc.size and int(np.max(sh.seg_doc)) >= n_docs:

@@ -27,6 +27,7 @@ from .schema import (
     ALIGNED_VERSION,
     DIGEST_KEY,
     FORMAT,
+    GROUPED_VERSION,
     INDEX_KEYS,
     VERSION,
     array_length,
@@ -48,20 +49,23 @@ class ShardWriter:
     masks) from the sources: only the ``tokens`` layout calls it."""
 
     def __init__(self, directory: Path, dtypes: dict, layout: str, mask_storage: str | None,
-                 gather: Callable | None = None):
+                 gather: Callable | None = None, grouped: bool = False):
         self.directory, self.dtypes, self.layout = Path(directory), dtypes, layout
         self.mask_storage, self.gather = mask_storage, gather
         self.arrays = shard_arrays({"version": VERSION, "layout": layout,
-                                    "mask_storage": mask_storage})
+                                    "mask_storage": mask_storage,
+                                    "groups": {} if grouped else None})
 
-    def write(self, k: int, pack_seg, seg_doc, seg_offset, seg_length, tick=None) -> dict:
-        """Shard ``k`` from its segments in output order and each pack's first segment."""
+    def write(self, k: int, pack_seg, seg_doc, seg_offset, seg_length, tick=None,
+              groups: dict | None = None) -> dict:
+        """Shard ``k`` from its segments in output order and each pack's first segment
+        (``groups``: a grouped dataset's seg_group and seg_role)."""
         name = shard_name(k)
         n_seg, n_packs = int(seg_length.size), int(pack_seg.size) - 1
         po = pack_offsets(seg_length, pack_seg)
         n_tok = int(po[-1])
         table = {"pack_seg": pack_seg, "seg_doc": seg_doc, "seg_offset": seg_offset,
-                 "seg_length": seg_length}
+                 "seg_length": seg_length, **(groups or {})}
         files = {}
         for a in self.arrays:
             if a.name in table:
@@ -75,7 +79,7 @@ class ShardWriter:
                 **shard_entry(attention_costs(np.asarray(seg_length), pack_seg))}
 
     def _small(self, name, array, values, n_tok, n_packs, n_seg) -> dict:
-        dtype = np.dtype(self.dtypes[array.dtype])
+        dtype = np.dtype(self.dtypes.get(array.dtype, array.dtype))
         values = np.asarray(values)
         if values.size and (int(values.min()) < 0 or int(values.max()) > np.iinfo(dtype).max):
             raise RuntimeError(f"{array.name} value out of {dtype}'s range")  # a planner bug
@@ -175,7 +179,8 @@ class _Fill:
 def index(meta: dict, shards: list[dict]) -> dict:
     """``index.json``: the format's keys, the caller's ``meta`` (layout, options, counts,
     metrics, sources...), the shards, and the index's own digest."""
-    version = ALIGNED_VERSION if meta.get("align", 1) > 1 else VERSION
+    version = (GROUPED_VERSION if meta.get("groups") else
+               ALIGNED_VERSION if meta.get("align", 1) > 1 else VERSION)
     body = {"format": FORMAT, "version": version, **meta, "shards": shards,
             "created_by": f"packtool {__version__}"}
     unknown = set(body) - set(INDEX_KEYS)

@@ -18,6 +18,8 @@ from ..._io import check_once, file_digests
 from ...errors import FormatError
 from .schema import DATA_KEYS, FIX, prefix_paths
 
+PER_DOC_DTYPES = {k: np.dtype(v) for k, v in (("boundaries", "<i8"), ("roles", "<u2"),
+                                              ("prompt", "<u4"), ("rewards", "<f4"))}
 OPEN_PARTS = 32  # parts whose memory maps stay open at once (3 descriptors each at most)
 _open: OrderedDict = OrderedDict()  # id(part) -> part, least recently used first
 _open_lock = threading.Lock()
@@ -86,9 +88,8 @@ class TokenPart:
             array = self._maps.get(key)
             if array is None:
                 self._verified.discard(key)  # a new map of the file: checked on first use
-                count = self.entry["n_docs" if key == "boundaries" else "n_tokens"]
-                dtype = {"bin": self.dtype, "boundaries": np.dtype("<i8"),
-                         "mask": np.dtype("u1")}[key]
+                count = self.entry["n_tokens" if key in ("bin", "mask") else "n_docs"]
+                dtype = {"bin": self.dtype, **PER_DOC_DTYPES, "mask": np.dtype("u1")}[key]
                 array = self._maps[key] = memmap(self.file(key), dtype, count)
             _open[id(self)] = self
             _open.move_to_end(id(self))
@@ -119,6 +120,9 @@ class TokenPart:
     @property
     def ends(self) -> np.ndarray:
         return self._map("boundaries")
+
+    def per_doc(self, key: str) -> np.ndarray | None:  # roles, prompt, rewards, or None
+        return self._checked(key) if key in self.entry["checksums"] else None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -269,6 +273,18 @@ class TokenCorpus:
 
     def __len__(self) -> int:
         return int(self.doc_base[-1])
+
+    @property
+    def groups(self) -> dict | None:
+        """{kind, n_groups, rewards} of a corpus of pairs or groups (version 4), else None."""
+        return self.meta.get("groups")
+
+    def per_doc(self, key: str) -> np.ndarray | None:
+        """``roles``, ``prompt`` or ``rewards`` of every document over all parts, or None."""
+        got = [q.per_doc(key) for q in self.parts]
+        if not got or any(g is None for g in got):
+            return None
+        return np.concatenate([np.asarray(g) for g in got])
 
     def locate(self, i: int) -> tuple[TokenPart, int]:
         """(part, local document index) of global document ``i``."""

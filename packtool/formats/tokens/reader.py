@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import FormatError
 from .._manifest import check, check_digest, confined_file, confined_name, load_json, read_manifest
-from .corpus import TokenCorpus, TokenPart, check_file, memmap
+from .corpus import PER_DOC_DTYPES, TokenCorpus, TokenPart, check_file, memmap
 from .schema import (
     DIGEST_KEY,
     FIX,
@@ -47,9 +47,11 @@ def _part_entries(meta: dict, path: Path) -> list[dict]:
             raise FormatError(f"{path}: {key} {meta[key]:,} is not the sum of its parts' "
                               f"({sum(q[key] for q in parts):,}); {FIX}")
     for q in parts:
-        if q.get("inputs") and sum(i["n_docs"] for i in q["inputs"]) != q["n_docs"]:
-            raise FormatError(f"{path}: part {q['name']!r} has {q['n_docs']:,} documents but "
-                              f"its inputs' add up to {sum(i['n_docs'] for i in q['inputs']):,}"
+        unit = "n_groups" if "n_groups" in q else "n_docs"  # a group's record: n sequences
+        if q.get("inputs") and sum(i["n_docs"] for i in q["inputs"]) != q[unit]:
+            raise FormatError(f"{path}: part {q['name']!r} has {q[unit]:,} "
+                              f"{'groups' if unit == 'n_groups' else 'documents'} but its "
+                              f"inputs' add up to {sum(i['n_docs'] for i in q['inputs']):,}"
                               f"; {FIX}")
         if not q["n_trained_tokens" if "n_trained_tokens" in q else "n_tokens"] <= q[
                 "n_tokens"] or ("n_empty" in q and q["n_empty"] > q["n_docs"]):
@@ -173,6 +175,8 @@ def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
     sizes = [("bin", n_tokens * dtype.itemsize), ("boundaries", n_docs * 8)]
     if with_mask:
         sizes.append(("mask", n_tokens))
+    sizes += [(k, n_docs * PER_DOC_DTYPES[k].itemsize) for k in ("roles", "prompt", "rewards")
+              if k in entry["checksums"]]
     for key, want in sizes:
         path = confined_file(part.path(key), manifest or place.path(f"{name}.json"))
         try:
@@ -252,6 +256,14 @@ def validate_tokens(prefix, storage_options: dict | None = None) -> TokenCorpus:
             top = int(np.asarray(q.tokens).max())
             if top >= vocab:
                 raise FormatError(f"{q.path('bin')}: token id {top:,} >= vocab_size {vocab:,}")
+    if corpus.groups:  # roles in order, prompts within and equal across each group
+        from .groups import check_prompts_equal, group_table
+
+        table = group_table([corpus])
+        if table.n_groups != corpus.groups["n_groups"]:
+            raise FormatError(f"{corpus.prefix}: {table.n_groups:,} groups in .roles, the "
+                              f"manifest says {corpus.groups['n_groups']:,}; {FIX}")
+        check_prompts_equal(corpus, table)
     return corpus
 
 

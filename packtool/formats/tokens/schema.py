@@ -40,7 +40,8 @@ from .._manifest import (
 
 FORMAT = "packtool.tokens"
 VERSION = 3
-READABLE = (1, 2, 3)  # 1: one PREFIX.bin, checksums at the top level; 2: parts, no digests
+GROUPED_VERSION = 4  # version 3 plus pairs/groups (.roles, .prompt, .rewards, "groups")
+READABLE = (1, 2, 3, 4)  # 1: one PREFIX.bin, checksums at the top level; 2: parts, no digests
 PART_FORMAT = "packtool.tokens.part"
 PART_VERSION = 2
 UINT16_MAX_VOCAB = 65_536
@@ -62,12 +63,19 @@ SCHEMA = (
     File(".bin", "tokens", "token", "token ids back to back, in input order; no header"),
     File(".boundaries", "<i8", "document", "cumulative end offset of each document"),
     File(".mask", "|u1", "token", "1 = the loss is taken on this token", optional="mask"),
+    File(".roles", "<u2", "document", "version 4: the sequence's role: 1 chosen, 2 rejected, "
+         "3 + k completion k of its group; a group starts at a 1 or a 3", optional="groups"),
+    File(".prompt", "<u4", "document", "version 4: tokens of the group's prompt at the start "
+         "of the sequence (the same tokens in every sequence of a group)", optional="groups"),
+    File(".rewards", "<f4", "document", "version 4 with --rewards-field: the sequence's "
+         "reward", optional="rewards"),
 )
 SUFFIXES = (*(f.suffix for f in SCHEMA), ".json")
 DATA_KEYS = tuple(f.suffix[1:] for f in SCHEMA)  # "bin", "boundaries", "mask"
 
 _SHA = obj({"sha256": hexstr(64), "bytes": count(), "crc32": Key(hexstr(8), "", optional=True)})
-_CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True)},
+_CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True),
+                  **{k: Key(_SHA, "", optional=True) for k in ("roles", "prompt", "rewards")}},
                  extra=False)
 _CONTENT_KEYS = obj({"bytes": count(), "crc32": Key(hexstr(8), "", optional=True),
                     "fingerprint": Key(string(True), "", optional=True)})
@@ -95,6 +103,8 @@ PART_KEYS = {  # every key of a part entry (manifest "parts", and the part's .NA
     "n_tokens": Key(count(), "tokens in the part"),
     "n_empty": Key(count(), "zero-length documents"),
     "n_trained_tokens": Key(count(), "tokens with mask 1"),
+    "n_groups": Key(count(), "version 4: pairs or groups in the part (each input's n_docs "
+                    "counts its records, so groups)", optional=True),
     "inputs": Key(list_of(_INPUT), "per input file of the part: path, kind, n_docs, content, "
                   "skipped..."),
     "checksums": Key(_CHECKSUMS, "per data file of the part: sha256, bytes and crc32 (corpora "
@@ -105,9 +115,13 @@ _PART_V2 = obj({**{k: v for k, v in PART_KEYS.items() if k not in ("index", "dig
                 "n_trained_tokens": Key(count(), "", optional=True),
                 "inputs": Key(list_of(_INPUT), "", optional=True)})
 
+_GROUPS = obj({"kind": one_of("pairs", "completions"), "n_groups": count(),
+               "rewards": boolean()})
+
 MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a test checks it)
     "format": Key(one_of(FORMAT), '"packtool.tokens"'),
-    "version": Key(one_of(*READABLE), "3 (1: single-part, 2: no digests; both still read)"),
+    "version": Key(one_of(*READABLE), "3, or 4 for pairs and groups (1: single-part, 2: no "
+                   "digests; both still read)"),
     "dtype": Key(one_of("uint16", "uint32"), "uint16 or uint32"),
     "vocab_size": Key(count(1), "the tokenizer's id space"),
     "n_docs": Key(count(), "documents"), "n_tokens": Key(count(), "tokens"),
@@ -129,6 +143,9 @@ MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a t
                      "prefix": string(True)}),
                 "version 2+: how the inputs were split into parts (policy, n_parts, prefix, "
                 "digest)", optional=True),
+    "groups": Key(_GROUPS, "version 4: {kind: pairs or completions, n_groups, "
+                  "rewards}: every document a sequence of a group (.roles, .prompt)",
+                  optional=True),
     "created_by": Key(string(), '"packtool X.Y.Z"'),
     PARTS_KEY: Key(list_of(hexstr(64)), "version 3: per part, in order, the sha256 of its "
                    "own manifest .NAME.part.json (json.dumps(m, sort_keys=True)): binds the "
@@ -145,10 +162,14 @@ _V1 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count
 _V2 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count(),
            "parts": list_of(_PART_V2), "tokenizer": obj({"sha256": hexstr(64)}),
            "mask": Key(boolean(), "", optional=True), "plan": Key(obj({}), "", optional=True)})
-_V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums",)} | {
+_V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups")} | {
     "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
     DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY]})
-SPECS = {1: _V1, 2: _V2, 3: _V3}
+_V4 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums",)} | {
+    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
+    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY],
+    "groups": _GROUPS})
+SPECS = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 PART_MANIFEST_KEYS = ("format", "version", "index", "digest", "plan_digest", "part", "meta")
 PART_MANIFEST = obj({"format": one_of(PART_FORMAT), "version": one_of(PART_VERSION),
@@ -211,7 +232,14 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict,
     from .._manifest import digest
 
     with_mask = "mask" in parts[0]["checksums"] if parts else False
-    manifest = {"format": FORMAT, "version": VERSION, **meta,
+    grouped = bool(parts) and "roles" in parts[0]["checksums"]
+    version = GROUPED_VERSION if grouped else VERSION
+    if grouped:  # what kind: from the options that made it
+        o = meta.get("options", {})
+        meta = {**meta, "groups": {"kind": "pairs" if o.get("chosen_field") else "completions",
+                                   "n_groups": sum(q["n_groups"] for q in parts),
+                                   "rewards": "rewards" in parts[0]["checksums"]}}
+    manifest = {"format": FORMAT, "version": version, **meta,
                 "n_docs": sum(q["n_docs"] for q in parts),
                 "n_tokens": sum(q["n_tokens"] for q in parts),
                 "n_empty": sum(q["n_empty"] for q in parts), "mask": with_mask,

@@ -24,10 +24,21 @@ class TokenWriter:
         self.bin = HashingWriter(paths["bin"], DIGESTS)
         self.boundaries = HashingWriter(paths["boundaries"], DIGESTS)
         self.mask = HashingWriter(paths["mask"], DIGESTS) if with_mask else None
-        self.n_docs = self.n_tokens = self.n_empty = self.n_trained = 0
+        # pairs/groups (version 4): per document its role, prompt length (and reward)
+        self.groups = {k: HashingWriter(paths[k], DIGESTS) for k in GROUP_KEYS if k in paths}
+        self.n_docs = self.n_tokens = self.n_empty = self.n_trained = self.n_groups = 0
 
-    def write(self, lengths: np.ndarray, ids: np.ndarray, mask: np.ndarray | None) -> None:
-        """Append documents of ``lengths`` whose tokens are ``ids`` (and loss ``mask``)."""
+    def write(self, lengths: np.ndarray, ids: np.ndarray, mask: np.ndarray | None,
+              groups: tuple | None = None) -> None:
+        """Append documents of ``lengths`` whose tokens are ``ids`` (and loss ``mask``; and
+        for pairs/groups, ``groups`` = (roles, prompt lengths, rewards or None))."""
+        if self.groups:
+            roles, prompt, rewards = groups
+            self.groups["roles"].write(roles.astype("<u2", copy=False))
+            self.groups["prompt"].write(prompt.astype("<u4", copy=False))
+            if "rewards" in self.groups:
+                self.groups["rewards"].write(rewards.astype("<f4", copy=False))
+            self.n_groups += int(np.count_nonzero(group_starts(roles)))
         self.bin.write(ids)
         if self.mask is not None:
             self.mask.write(mask)
@@ -38,7 +49,7 @@ class TokenWriter:
         self.n_empty += int(np.count_nonzero(lengths == 0))
 
     def abort(self) -> None:
-        for w in (self.bin, self.boundaries, self.mask):
+        for w in (self.bin, self.boundaries, self.mask, *self.groups.values()):
             if w is not None:
                 w.abort()
 
@@ -47,7 +58,22 @@ class TokenWriter:
         checksums = {"bin": self.bin.close(), "boundaries": self.boundaries.close()}
         if self.mask is not None:
             checksums["mask"] = self.mask.close()
-        return {"name": name, "index": index, "digest": digest, "n_docs": self.n_docs,
-                "n_tokens": self.n_tokens, "n_empty": self.n_empty,
-                "n_trained_tokens": self.n_trained if self.with_mask else self.n_tokens,
-                "inputs": inputs, "checksums": checksums}
+        for k, w in self.groups.items():
+            checksums[k] = w.close()
+        entry = {"name": name, "index": index, "digest": digest, "n_docs": self.n_docs,
+                 "n_tokens": self.n_tokens, "n_empty": self.n_empty,
+                 "n_trained_tokens": self.n_trained if self.with_mask else self.n_tokens,
+                 "inputs": inputs, "checksums": checksums}
+        if self.groups:
+            entry["n_groups"] = self.n_groups
+        return entry
+
+
+GROUP_KEYS = ("roles", "prompt", "rewards")
+
+
+def group_starts(roles: np.ndarray) -> np.ndarray:
+    """True where a group starts: a chosen sequence (role 1) or a group's first completion
+    (role 3); see packtool.sources.groups."""
+    roles = np.asarray(roles)
+    return (roles == 1) | (roles == 3)

@@ -1,0 +1,153 @@
+"""Planning a corpus of pairs or groups (token format version 4): every group is one item to
+the packer, of its total length, so a group is never split across rows (nor ranks), and its
+sequences sit together in their row, in order::
+
+    plain layout     [ P C ][ P R ]            each sequence a segment: prompt + completion
+    --share-prompt   [ P ][ C ][ R ]           the prompt once (role 0), then each completion
+                                               (offset len(P) in its document)
+
+A group longer than ``--seq-len`` cannot be split or truncated (its sequences would lose their
+prompt or each other): it is refused unless ``--overflow drop``, which drops it and counts it.
+With a prompt of a third of a pair's tokens, sharing saves a sixth of them (P + C + R against
+2P + C + R); of a group of G completions, (G - 1) x P tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import PacktoolError
+from ..formats.tokens.groups import GroupTable
+from ..packers import run_packer
+from .plan import (
+    PackLayout,
+    PackOptions,
+    balanced_rank,
+    order_segments,
+    shard_starts,
+    shuffle_rank,
+)
+
+PROMPT_ROLE = 0
+
+
+@dataclass
+class GroupSegments:
+    """The segments of grouped documents, in group order (a shared prompt before its
+    completions): a :class:`packtool.pack.plan.Segments` to the layout, whose table entries
+    carry their document and offset explicitly, and their group and role."""
+
+    table_length: np.ndarray   # int64 per entry (0: in a dropped group)
+    doc: np.ndarray            # int64 per entry
+    offset: np.ndarray         # int64 per entry
+    group: np.ndarray          # int64 per entry
+    role: np.ndarray           # uint16 per entry (0: a shared prompt)
+    seq_len: int
+    counts: dict = field(default_factory=dict)
+    split_docs: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    split_pieces: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+
+    def locate(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        index = np.asarray(index, np.int64)
+        return self.doc[index], self.offset[index]
+
+
+def refuse_options(options: PackOptions, factors: list[float]) -> None:
+    """What a grouped pack cannot do, refused by name (each would break a group apart or
+    change its rows' shape)."""
+    given = [name for name, on in (
+        ("repeat factors or target shares", any(f != 1 for f in factors)),
+        ("--valid-docs/--valid-fraction", options.valid_docs or options.valid_fraction),
+        ("--group-docs", options.group_docs), ("--max-docs", options.max_docs),
+        (f"alignment ({options.alignment_source()})", options.alignment > 1)) if on]
+    if given:
+        raise PacktoolError(f"pairs and groups are packed whole, one item a group: "
+                            f"{', '.join(given)} cannot be used with them yet; drop "
+                            f"{'it' if len(given) == 1 else 'them'}")
+
+
+def group_segments(lengths: np.ndarray, table: GroupTable, share: bool, seq_len: int,
+                   overflow: str) -> tuple[GroupSegments, np.ndarray, np.ndarray]:
+    """(segments, item per entry, item lengths): the table entries in group order and each
+    group's tokens as the packer sees them; an over-long group refused or (``drop``)
+    dropped."""
+    lengths = np.asarray(lengths, np.int64)
+    n_docs, n_groups = lengths.size, table.n_groups
+    p_first = table.prompt[table.first[:-1]] if n_groups else np.zeros(0, np.int64)
+    body = lengths - table.prompt if share else lengths
+    items = np.bincount(table.group, weights=body, minlength=n_groups).astype(np.int64)
+    if share:
+        items += p_first
+    over = np.flatnonzero(items > seq_len)
+    if over.size and overflow != "drop":
+        g = int(over[0])
+        raise PacktoolError(
+            f"{over.size:,} group(s) longer than --seq-len {seq_len:,}: group {g:,} (documents "
+            f"{int(table.first[g]):,}-{int(table.first[g + 1]) - 1:,}) holds {int(items[g]):,} "
+            f"tokens{' with its prompt shared' if share else ''}; a group is never split or "
+            "truncated: raise --seq-len, " + ("" if share else "pass --share-prompt, ")
+            + "or pass --overflow drop to drop such groups (counted)")
+    doc = np.arange(n_docs, dtype=np.int64)
+    if share:  # before each group's first document, its prompt
+        at = table.first[:-1] + np.arange(n_groups)
+        n = n_docs + n_groups
+        is_p = np.zeros(n, bool)
+        is_p[at] = True
+        seg_doc, seg_off = np.empty(n, np.int64), np.empty(n, np.int64)
+        seg_doc[is_p], seg_doc[~is_p] = table.first[:-1], doc
+        seg_off[is_p], seg_off[~is_p] = 0, table.prompt
+        seg_len = np.where(is_p, 0, 0).astype(np.int64)
+        seg_len[is_p], seg_len[~is_p] = p_first, body
+        group = table.group[seg_doc]
+        role = np.where(is_p, PROMPT_ROLE, table.role[seg_doc]).astype(np.uint16)
+    else:
+        seg_doc, seg_off, seg_len = doc, np.zeros(n_docs, np.int64), lengths.copy()
+        group, role = table.group, table.role.astype(np.uint16)
+    dropped = np.isin(group, over)
+    seg_len[dropped] = 0
+    items[over] = 0
+    counts = {"n_docs": n_docs, "n_empty": int(np.count_nonzero(lengths == 0)),
+              "n_overlong": int(np.isin(table.group, over).sum()), "n_split": 0,
+              "n_split_pieces": 0, "n_truncated": 0, "n_truncated_tokens": 0,
+              "n_dropped": int(np.isin(table.group, over).sum()),
+              "n_dropped_tokens": int(lengths[np.isin(table.group, over)].sum()),
+              "n_segments": int(np.count_nonzero(seg_len)), "n_tokens": int(seg_len.sum())}
+    segs = GroupSegments(seg_len, seg_doc, seg_off, group, role, seq_len, counts)
+    return segs, group, items
+
+
+def plan_grouped(lengths: np.ndarray, options: PackOptions, table: GroupTable) -> PackLayout:
+    """The layout of a grouped corpus: groups packed as items, each group's segments
+    together in its row, in order; packs shuffled and sharded as :func:`plan_pack` does."""
+    options.check()
+    segs, item, items = group_segments(lengths, table, options.share_prompt, options.seq_len,
+                                       options.overflow)
+    packing = run_packer(items, options.seq_len, options.algo, options.packer_options())
+    n_packs = packing.report.n_packs
+    packs = packing.packs[item]
+    packs[segs.table_length == 0] = -1
+    rank = shuffle_rank(n_packs, options)
+    if options.balance == "attention" and n_packs:
+        rank = balanced_rank(rank, packs, [segs], options.balance_ranks)
+    order, pack_nseg = order_segments(packs, rank, n_packs,
+                                       np.int32 if packs.size < 2**31 else np.int64)
+    layout = PackLayout(options, segs.counts, [segs], order, pack_nseg, np.zeros(1, np.int64),
+                        packing.report)
+    layout.groups = {"kind": table.kind, "share_prompt": bool(options.share_prompt),
+                     "n_groups": table.n_groups,
+                     "n_dropped_groups": int(np.count_nonzero(items == 0))}
+    pack_len = layout.pack_lengths()
+    if n_packs and int(pack_len.max()) > options.seq_len:  # a packer bug never reaches disk
+        raise RuntimeError(f"packer {options.algo} made a pack of {int(pack_len.max())} "
+                           f"> {options.seq_len} tokens")
+    layout.shard_starts = shard_starts(pack_len, options.shard_size)
+    return layout
+
+
+def shard_groups(layout: PackLayout, segs: slice) -> tuple[np.ndarray, np.ndarray]:
+    """(group, role) of a shard's segments in output order."""
+    r = layout.rounds[0]
+    idx = layout.order[segs]
+    return r.group[idx], r.role[idx]

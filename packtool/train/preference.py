@@ -1,0 +1,114 @@
+"""Pairs and groups in a packed batch: what a preference (DPO) or group (GRPO) loss needs,
+each sequence's summed completion log-probability, and the attention that keeps the
+sequences of a row apart.
+
+Which logit predicts which token. A model's logits at row position t predict the token at
+t + 1. In the plain layout every sequence is one segment, so a completion token at t is
+predicted from t - 1, in its own segment. With ``--share-prompt`` a completion's first
+token follows its prompt, not what precedes it in the row (a sibling's last token): it is
+predicted from the prompt's last position, the one position every completion of the group
+shares. A shifted-labels loss cannot say that, which is why the batch's ``labels`` hide
+each segment's first token (-100) and :func:`sequence_logps` gathers its own predecessors::
+
+    row        P0 P1 P2 | C0 C1 | R0 R1 R2
+    predicted      from:   P2 C0 |  P2 R0 R1     (C0 and R0 both from P2)
+
+Attention (:func:`allowed`): a token sees the tokens of its own segment up to itself and,
+in a completion, its group's prompt; never a sibling. ``cu_seqlens`` (flash-attention
+varlen) can only say "own segment", so a shared-prompt batch is refused there by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import PacktoolError
+from ..sources.groups import role_name
+
+
+def is_shared(batch: dict) -> bool:
+    """Whether a batch holds shared prompts (a completion attending to another segment)."""
+    sp = batch.get("seg_prompt")
+    if sp is None:
+        return False
+    return bool((np.asarray(sp.cpu() if hasattr(sp, "cpu") else sp) >= 0).any())
+
+
+def _np(v):
+    return np.asarray(v.detach().cpu() if hasattr(v, "detach") else v)
+
+
+def row_segments(batch: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(segment of every token, segment each segment also attends to or -1) of a collated
+    one-row batch (``cu_seq_lens_q``, or a pack's ``cu_seqlens``)."""
+    cu = _np(batch.get("cu_seq_lens_q", batch.get("cu_seqlens"))).astype(np.int64).ravel()
+    doc = np.repeat(np.arange(cu.size - 1), np.diff(cu))
+    sp = batch.get("seg_prompt")
+    pre = np.full(cu.size - 1, -1, np.int64) if sp is None else _np(sp).astype(np.int64)
+    if pre.size != cu.size - 1:
+        raise PacktoolError(f"seg_prompt has {pre.size} entries for {cu.size - 1} segments: "
+                            "collate grouped packs with collate_numpy/collate_tensors")
+    return doc, pre
+
+
+def allowed(batch: dict) -> np.ndarray:
+    """The boolean [T, T] attention of a one-row batch: query q sees key k when k <= q and k
+    is in q's segment or in the prompt q's segment shares."""
+    doc, pre = row_segments(batch)
+    q, k = doc[:, None], doc[None, :]
+    t = np.arange(doc.size)
+    return ((q == k) | (pre[doc][:, None] == k)) & (t[:, None] >= t[None, :])
+
+
+def predecessors(batch: dict) -> np.ndarray:
+    """For every token, the row position whose logits predict it (-1: none, a segment's
+    first token with no prompt before it)."""
+    doc, pre = row_segments(batch)
+    cu = _np(batch.get("cu_seq_lens_q", batch.get("cu_seqlens"))).astype(np.int64).ravel()
+    t = np.arange(doc.size)
+    first = t == cu[doc]
+    out = t - 1
+    p = pre[doc]
+    out[first] = np.where(p[first] >= 0, cu[np.maximum(p[first], 0) + 1] - 1, -1)
+    return out
+
+
+def sequence_logps(logits, batch: dict) -> dict:
+    """The summed log-probability of each sequence's completion tokens in a packed batch
+    (``collate_tensors`` of grouped packs), as ``{(group_id, role): tensor}`` in the order of
+    the row's sequences; role is "chosen", "rejected" or a completion's index. ``logits``:
+    [1, T, V] or [T, V] (the model's, float32 preferred), gradients kept."""
+    import torch
+
+    if "seq_ids" not in batch:
+        raise PacktoolError("sequence_logps needs a batch of pairs or groups (keys seq_ids, "
+                            "completion_mask, seq_group, seq_role): pack a corpus tokenized "
+                            "with --chosen-field/--rejected-field or --completions-field")
+    lg = logits[0] if logits.dim() == 3 else logits
+    ids = batch["input_ids"].reshape(-1)
+    seq = torch.as_tensor(_np(batch["seq_ids"]).reshape(-1), dtype=torch.long)
+    keep = (seq >= 0) & torch.as_tensor(_np(batch["completion_mask"]).reshape(-1) > 0)
+    pred = torch.as_tensor(predecessors(batch))
+    keep &= pred >= 0
+    at = torch.nonzero(keep).squeeze(1)
+    logp = torch.log_softmax(lg[pred[at]].float(), dim=-1)
+    tok = logp.gather(1, ids[at].to(lg.device)[:, None].long()).squeeze(1)
+    groups, roles = _np(batch["seq_group"]).ravel(), _np(batch["seq_role"]).ravel()
+    sums = torch.zeros(groups.size, dtype=tok.dtype, device=tok.device)
+    sums = sums.index_add(0, seq[at].to(tok.device), tok)
+    return {(int(g), role_name(r)): sums[i] for i, (g, r) in enumerate(zip(groups, roles,
+                                                                          strict=True))}
+
+
+def dpo_loss(logps: dict, ref_logps: dict, beta: float = 0.1):
+    """The DPO loss (Rafailov et al. 2023), mean over the pairs of ``logps`` (policy) and
+    ``ref_logps`` (reference), both from :func:`sequence_logps`:
+    -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))."""
+    import torch
+
+    groups = [g for (g, role) in logps if role == "chosen"]
+    if not groups:
+        raise PacktoolError("dpo_loss: no chosen sequence in the batch (a batch of pairs?)")
+    margin = torch.stack([(logps[g, "chosen"] - ref_logps[g, "chosen"])
+                          - (logps[g, "rejected"] - ref_logps[g, "rejected"]) for g in groups])
+    return -torch.nn.functional.logsigmoid(beta * margin).mean()

@@ -1,0 +1,190 @@
+"""Packed pairs on a tiny random Llama (CPU, float32, no downloads): each sequence's summed
+completion log-probability from packed rows, plain and --share-prompt, equals the sequence
+alone within 1e-4, and the DPO loss of packed rows equals the unpacked one. Pairs are built
+from the synthetic corpus text (tests/synth.py), prompts about a third of a pair's tokens."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from conftest import TOKENIZER, write_jsonl  # noqa: E402
+from synth import make_documents  # noqa: E402
+
+import packtool  # noqa: E402
+from packtool.errors import PacktoolError  # noqa: E402
+from packtool.formats.packed import open_packed  # noqa: E402
+from packtool.pack import pack_corpus  # noqa: E402
+from packtool.tokenize import TokenizeOptions, tokenize_files  # noqa: E402
+from packtool.torch import block_mask, collate_tensors, model_inputs  # noqa: E402
+from packtool.train import dpo_loss, sequence_logps  # noqa: E402
+from packtool.verify import verify_packed  # noqa: E402
+
+TOL = 1e-4
+
+
+def pair_records(n: int, seed: int = 0) -> list[dict]:
+    """Prompt, chosen and rejected of like lengths (the prompt ~ a third of the pair)."""
+    words = " ".join(make_documents(3 * n, seed=seed, median_words=30, max_words=60)).split()
+    rng = np.random.default_rng(seed)
+    out, at = [], 0
+    for _ in range(n):
+        parts = []
+        for _ in range(3):
+            k = int(rng.integers(4, 14))
+            parts.append(" ".join(words[at:at + k]) or "x")
+            at += k
+        out.append({"prompt": parts[0], "chosen": parts[1], "rejected": parts[2]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pairs")
+    p = write_jsonl(d / "pairs.jsonl", pair_records(24))
+    tokenize_files([str(p)], TOKENIZER, d / "pairs", TokenizeOptions(
+        prompt_field="prompt", chosen_field="chosen", rejected_field="rejected",
+        bos="<|bos|>", eos="<|eos|>"))
+    out = {}
+    for share in (False, True):
+        for layout in ("index", "tokens"):
+            dst = d / f"packed-{share}-{layout}"
+            pack_corpus([d / "pairs"], dst, 512, share_prompt=share, layout=layout)
+            out[share, layout] = dst
+    return packtool.open_tokens(d / "pairs"), out
+
+
+def tiny_llama(vocab: int, seed: int = 0, attn: str = "eager"):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=1024)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.set_attn_implementation(attn)
+    return model.eval()
+
+
+def alone(model, corpus) -> dict:
+    """Each sequence alone: the summed log-probability of its completion tokens."""
+    roles = corpus.per_doc("roles")
+    group = np.cumsum((roles == 1) | (roles == 3)) - 1
+    out = {}
+    for d in range(len(corpus)):
+        ids = torch.from_numpy(np.asarray(corpus[d], np.int64))[None]
+        mask = torch.from_numpy(np.asarray(corpus.doc_mask(d), bool))
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0], -1)
+        tok = logp[:-1].gather(1, ids[0, 1:, None]).squeeze(1)
+        out[int(group[d]), "chosen" if roles[d] == 1 else "rejected"] = tok[mask[1:]].sum()
+    return out
+
+
+def packed_logps(model, directory, **kw) -> dict:
+    ds = open_packed(directory)
+    out = {}
+    for i in range(len(ds)):
+        batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
+                                  for k, v in ds[i].items()}])
+        with torch.no_grad():
+            logits = model(**model_inputs(batch, **kw), use_cache=False).logits
+        got = sequence_logps(logits, batch)
+        assert not set(got) & set(out), "a sequence in two rows"
+        out.update(got)
+    return out
+
+
+def test_every_group_whole_in_one_row_and_every_record_there(pairs):
+    corpus, dirs = pairs
+    for (share, _layout), d in dirs.items():
+        ds = open_packed(d)
+        assert ds.index["groups"] == {"kind": "pairs", "share_prompt": share, "n_groups": 24,
+                                      "n_dropped_groups": 0}
+        rows = {}
+        for i in range(len(ds)):
+            ex = ds[i]
+            for g, r in zip(ex["seq_group"].tolist(), ex["seq_role"].tolist(), strict=True):
+                rows.setdefault(g, []).append((i, r))
+            assert set(np.unique(ex["group_ids"]).tolist()) == set(ex["seq_group"].tolist())
+        assert sorted(rows) == list(range(24))
+        assert all(len({i for i, _ in v}) == 1 and [r for _, r in v] == [1, 2]
+                   for v in rows.values())
+        verify_packed(d, sources=[corpus.prefix])
+
+
+def test_share_prompt_stores_each_prompt_once(pairs):
+    corpus, dirs = pairs
+    plain = open_packed(dirs[False, "index"]).index
+    shared = open_packed(dirs[True, "index"]).index
+    prompts = corpus.per_doc("prompt")[corpus.per_doc("roles") == 1].astype(np.int64).sum()
+    assert plain["n_tokens"] == corpus.n_tokens
+    assert shared["n_tokens"] == corpus.n_tokens - prompts
+    assert 0.25 <= prompts / (corpus.n_tokens - prompts) <= 0.42  # ~ a third of P + C + R
+    assert shared["n_tokens"] <= 0.8 * plain["n_tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_packed_logps_equal_each_sequence_alone(pairs, attn):
+    corpus, dirs = pairs
+    model = tiny_llama(int(corpus.meta["vocab_size"]), attn=attn)
+    want = alone(model, corpus)
+    kw = {"mask": "4d", "dtype": torch.float32 if attn == "eager" else None}
+    for (share, layout), d in dirs.items():
+        got = packed_logps(model, d, **kw)
+        assert set(got) == set(want)
+        for k, v in want.items():
+            assert abs(float(got[k]) - float(v)) < TOL, (share, layout, k)
+    plain = packed_logps(model, dirs[False, "tokens"], varlen=False)  # position ids only
+    assert max(abs(float(plain[k]) - float(v)) for k, v in want.items()) < TOL
+
+
+@pytest.mark.slow
+def test_a_boolean_mask_is_wrong_for_eager_attention(pairs):
+    """Why eager gets the additive mask: transformers adds a 4-D mask to the scores as it is."""
+    corpus, dirs = pairs
+    model = tiny_llama(int(corpus.meta["vocab_size"]), attn="eager")
+    want = alone(model, corpus)
+    got = packed_logps(model, dirs[True, "tokens"], mask="4d")
+    assert max(abs(float(got[k]) - float(v)) for k, v in want.items()) > 1e-2
+
+
+@pytest.mark.slow
+def test_dpo_loss_packed_equals_unpacked(pairs):
+    corpus, dirs = pairs
+    vocab = int(corpus.meta["vocab_size"])
+    policy, ref = tiny_llama(vocab, 0), tiny_llama(vocab, 1)
+    want = dpo_loss(alone(policy, corpus), alone(ref, corpus))
+    for d in dirs.values():
+        got = dpo_loss(packed_logps(policy, d, mask="4d", dtype=torch.float32),
+                       packed_logps(ref, d, mask="4d", dtype=torch.float32))
+        assert abs(float(got) - float(want)) < TOL
+    assert abs(float(want) - np.log(2)) > 1e-3  # two different models: a loss that can fail
+
+
+def test_shared_rows_refuse_varlen_and_block_mask_keeps_siblings_apart(pairs):
+    _, dirs = pairs
+    ds = open_packed(dirs[True, "tokens"])
+    batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
+                              for k, v in ds[0].items()}])
+    with pytest.raises(PacktoolError, match="cu_seq_lens.*mask='4d'"):
+        model_inputs(batch)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    n = batch["input_ids"].shape[1]
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 8) for _ in range(3))
+    dense = model_inputs(batch, mask="4d")["attention_mask"]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+    got = flex_attention(q, k, v, block_mask=block_mask(batch, block_size=16))
+    assert torch.allclose(got, want, atol=1e-5)
+    seg = np.repeat(np.arange(len(batch["cu_seq_lens_q"]) - 1),
+                    np.diff(batch["cu_seq_lens_q"].numpy()))
+    sp = batch["seg_prompt"].numpy()
+    siblings = [(a, b) for a in range(sp.size) for b in range(sp.size)
+                if a != b and sp[a] >= 0 and sp[a] == sp[b]]
+    assert siblings
+    m = dense[0, 0].numpy()
+    for a, b in siblings:
+        assert not m[np.ix_(seg == a, seg == b)].any()
+    assert m[np.ix_(seg == siblings[0][0], seg == sp[siblings[0][0]])].all()
