@@ -29,7 +29,7 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
 PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shard_size",
                "tokens", "valid_docs", "valid_fraction", "group_docs", "balance", "balance_ranks",
                "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id", "max_docs",
-               "max_depth", "work_limit", "time_limit")
+               "max_depth", "work_limit", "time_limit", "vsl")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 ALIGN_FIELDS = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
 
@@ -98,7 +98,9 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
 @click.option("--out", "-o", required=True,
               help="Output directory (must not exist or be empty), or a URL (s3://bucket/packed: "
                    "each shard published, index.json last).")
-@fields(PackOptions, *PACK_FIELDS)
+@fields(PackOptions, *PACK_FIELDS,
+        seq_len={"required": False, "help": "Tokens per pack (required, except with --vsl: "
+                 "then MAX)."})
 @fields(RunOptions, *RUN_FIELDS)
 @overwrite_option
 @quiet_option
@@ -125,6 +127,7 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
         packtool pack out/corpus -L 4096 -o out/packed --tasks 8 --task $SLURM_ARRAY_TASK_ID
         packtool pack out/corpus -L 4096 -o out/packed --finalize
         packtool pack out/corpus -L 8192 --cp 8 --fp8 --max-docs 64 -o out/thd
+        packtool pack out/corpus --vsl 256:8192 -o out/vsl
     """
     from ..pack import pack as run_pack
 
@@ -171,7 +174,9 @@ def verify(ctx, path, sources, as_json):
 @click.option("--lengths", "lengths_file", type=click.Path(dir_okay=False),
               help="Report on lengths alone: a local .npy of document lengths or a "
                    "length,count CSV (a small file: copy it here from a store).")
-@fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, *ALIGN_FIELDS, "seed",
+@fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, *ALIGN_FIELDS, "seed", "vsl",
+        vsl={"help": "Also predict the rows pack --vsl MIN:MAX writes: rows per length, "
+             "remnant rows and their share of the tokens."},
         seq_len={"required": False, "multiple": True, "type": ("ints", 1, 2**31 - 1),
                  "help": "Sequence lengths to evaluate: -L 512,2048 or -L 512 -L 2048 "
                  "(default 512 1024 2048 4096 8192)."})
@@ -193,6 +198,7 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
     Example:
         packtool stats out/corpus --seq-len 2048 --algos all
         packtool stats out/corpus -L 4096 --align 16 --max-docs 8
+        packtool stats out/corpus --vsl 256:8192
         packtool stats --lengths lengths.csv -L 512 --algos bfd,spfhp --json
         packtool stats out/packed
     """

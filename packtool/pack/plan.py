@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import seeds
 from .._numba import njit
 from ..errors import PacktoolError
 from ..formats.packed.layout import align_up
 from ..options import OVERFLOW, PackOptions
 from ..packers import PackerReport, run_packer
+from .order import balanced_rank, shuffle_rank
 
 __all__ = ["OVERFLOW", "PackLayout", "PackOptions", "Segments", "doc_groups", "make_rounds",
            "make_segments", "plan_pack", "shard_starts"]
@@ -265,22 +265,20 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     options.check()
     lengths = np.asarray(lengths)
     if repeats is None:
-        rounds = [make_segments(lengths, options.seq_len, options.overflow)]
+        rounds = [segments_of(lengths, options)]
     else:
-        rounds = make_rounds(lengths, repeats, options.seq_len, options.overflow)
+        rounds = make_rounds(lengths, repeats, options)
     parts, n_packs, report = [], 0, None
     k = options.alignment
     for segs in rounds:
         for a, b in doc_groups(segs, options.group_docs):
-            packing = run_packer(align_up(segs.table_length[a:b], k), options.seq_len,
-                                 options.algo, options.packer_options(), narrow_ids=True)
-            ids = packing.packs
+            ids, rep = _assign(segs.table_length[a:b], options)
             if n_packs:
                 ids[ids >= 0] += n_packs
             parts.append(ids)
-            n_packs += packing.report.n_packs
-            report = _merge_reports(report, packing.report)
-            del packing, ids
+            n_packs += rep.n_packs
+            report = _merge_reports(report, rep)
+            del ids
     if report is None:  # nothing to pack at all
         report = run_packer(np.empty(0, np.int64), options.seq_len, options.algo,
                             options.packer_options()).report
@@ -312,38 +310,34 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     return layout
 
 
-def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
-    """The output order rearranged into blocks of ``g`` packs of like attention cost
-    (:func:`packtool.train.balance.like_cost_order`), the shuffled order kept within a class."""
-    from ..train.balance import like_cost_order
-
-    lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
-    ok = packs >= 0
-    costs = np.bincount(packs[ok], weights=lengths[ok] ** 2, minlength=rank.size)
-    by_position = np.argsort(rank)
-    out = np.empty_like(rank)
-    out[like_cost_order(by_position, costs, g)] = np.arange(rank.size)
-    return out
-
-
-def shuffle_rank(n_packs: int, options: PackOptions, key: tuple = ()) -> np.ndarray:
-    """Each pack's output position: a seeded permutation (its own random stream, the
-    ``pack.shuffle`` domain of :mod:`packtool.seeds`), or the packer's order."""
-    if not options.shuffle:
-        return np.arange(n_packs, dtype=np.int64)
-    return seeds.rng(options.seed, "pack.shuffle", *key).permutation(n_packs).astype(np.int64)
-
-
-def make_rounds(lengths: np.ndarray, repeats: np.ndarray, seq_len: int, overflow: str
+def make_rounds(lengths: np.ndarray, repeats: np.ndarray, options: PackOptions
                 ) -> list[Segments]:
     """Segments of copy r of every document repeated more than r times, one list per r:
     packing each round on its own is what keeps copies of a document out of each other's
     packs."""
-    rounds = []
-    for r in range(int(repeats.max()) if repeats.size else 0):
-        keep = repeats > r
-        rounds.append(make_segments(np.where(keep, lengths, 0), seq_len, overflow))
-    return rounds
+    return [segments_of(np.where(repeats > r, lengths, 0), options)
+            for r in range(int(repeats.max()) if repeats.size else 0)]
+
+
+def segments_of(lengths: np.ndarray, options: PackOptions) -> Segments:
+    """The segments of documents ``lengths``: --overflow's pieces, or --vsl's chunks."""
+    if options.vsl is not None:
+        from .vsl import cut
+
+        return cut(lengths, options.vsl_bounds)
+    return make_segments(lengths, options.seq_len, options.overflow)
+
+
+def _assign(table: np.ndarray, options: PackOptions):
+    """(pack id per table entry, the packer's report): --vsl's rows, or the packer's packs
+    of the entries' lengths rounded up to --align's multiple."""
+    if options.vsl is not None:
+        from .vsl import vsl_packs
+
+        return vsl_packs(table, options.vsl_bounds[0], options.seed)
+    packing = run_packer(align_up(table, options.alignment), options.seq_len, options.algo,
+                         options.packer_options(), narrow_ids=True)
+    return packing.packs, packing.report
 
 
 def doc_groups(segs: Segments, group_docs: int | None) -> list[tuple[int, int]]:

@@ -28,6 +28,7 @@ from .schema import (
     FORMAT,
     INDEX_KEYS,
     VERSION,
+    VSL_VERSION,
     array_length,
     shard_arrays,
 )
@@ -173,7 +174,8 @@ class _Fill:
 def index(meta: dict, shards: list[dict]) -> dict:
     """``index.json``: the format's keys, the caller's ``meta`` (layout, options, counts,
     metrics, sources...), the shards, and the index's own digest."""
-    version = ALIGNED_VERSION if meta.get("align", 1) > 1 else VERSION
+    version = (ALIGNED_VERSION if meta.get("align", 1) > 1
+               else VSL_VERSION if meta.get("vsl") else VERSION)
     body = {"format": FORMAT, "version": version, **meta, "shards": shards,
             "created_by": f"packtool {__version__}"}
     unknown = set(body) - set(INDEX_KEYS)
