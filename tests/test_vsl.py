@@ -15,9 +15,9 @@ import packtool
 from packtool.cli import cli
 from packtool.errors import PacktoolError
 from packtool.formats.packed import index_digest, open_packed
-from packtool.options import PackOptions
+from packtool.options import PackOptions, parse_vsl
 from packtool.pack.plan import plan_pack
-from packtool.pack.vsl import cut, parse_vsl, vsl_packs
+from packtool.pack.vsl import cut, vsl_packs
 from packtool.stats import stats
 from packtool.verify import VerifyError, verify_packed
 

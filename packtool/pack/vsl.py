@@ -31,34 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._numba import njit
-from ..errors import PacktoolError
-from .plan import Segments, _narrow
-
-
-def parse_vsl(spec) -> tuple[int, int] | None:
-    """(MIN, MAX) of ``--vsl MIN:MAX`` (a string, or a pair from the library), checked:
-    powers of two, 1 <= MIN <= MAX < 2**31. None stays None."""
-    if spec is None:
-        return None
-    if isinstance(spec, str):
-        lo_s, sep, hi_s = spec.partition(":")
-        if not sep or not lo_s.strip().isdigit() or not hi_s.strip().isdigit():
-            raise PacktoolError(f"--vsl {spec!r}: give MIN:MAX, two powers of two (e.g. "
-                                "--vsl 256:8192)")
-        lo, hi = int(lo_s), int(hi_s)
-    else:
-        try:
-            lo, hi = (int(v) for v in spec)
-        except (TypeError, ValueError):
-            raise PacktoolError(f"vsl={spec!r}: give (MIN, MAX) or 'MIN:MAX'") from None
-    for name, v in (("MIN", lo), ("MAX", hi)):
-        if v < 1 or v >= 2**31 or v & (v - 1):
-            up = 1 << max(int(v) - 1, 0).bit_length()
-            raise PacktoolError(f"--vsl {lo}:{hi}: {name} {v:,} is not a power of two from 1 to "
-                                f"2**30; use {max(up >> 1, 1):,} or {min(up, 2**30):,}")
-    if lo > hi:
-        raise PacktoolError(f"--vsl {lo}:{hi}: MIN {lo:,} > MAX {hi:,}; use --vsl {hi}:{lo}")
-    return lo, hi
+from .segments import Segments
 
 
 @njit
@@ -160,7 +133,7 @@ def cut(lengths: np.ndarray, vsl: tuple[int, int]) -> VslSegments:
     first = np.zeros(n_docs, np.int64)
     np.cumsum(pieces[:-1], out=first[1:])
     total = int(first[-1] + pieces[-1]) if n_docs else 0
-    table = np.empty(total, np.int32 if hi < 2**31 else np.int64)
+    table = np.empty(total, np.int32)  # MAX <= 2**30
     _fill(src, lo, hi, first, table)
     split = np.flatnonzero(pieces > 1)
     counts = {"n_docs": int(n_docs), "n_empty": int(np.count_nonzero(lengths == 0)),
@@ -169,7 +142,7 @@ def cut(lengths: np.ndarray, vsl: tuple[int, int]) -> VslSegments:
               "n_truncated_tokens": 0, "n_dropped": 0, "n_dropped_tokens": 0,
               "n_segments": int(np.count_nonzero(table)),
               "n_tokens": int(src.sum(dtype=np.int64))}
-    return VslSegments(_narrow(table), split.astype(np.int64), first[split], pieces[split], hi,
+    return VslSegments(table, split.astype(np.int64), first[split], pieces[split], hi,
                        counts, split_lengths=src[split], vsl=(lo, hi))
 
 
@@ -208,34 +181,6 @@ def row_table(slots: np.ndarray, row_tokens: np.ndarray, row_segments: np.ndarra
             "n_remnant_rows": int(remnant.sum()),
             "n_remnant_tokens": int(np.asarray(row_tokens, np.int64)[remnant].sum()),
             "n_slot_tokens": int(slots.sum())}
-
-
-def vsl_conflicts(options) -> list[str]:
-    """The pack options ``--vsl`` cannot honour, each with its fix."""
-    lo, hi = options.vsl_bounds
-    out = []
-    if options.seq_len != hi:
-        out.append(f"--seq-len {options.seq_len:,} is not --vsl's MAX {hi:,} (a vsl row holds "
-                   f"at most MAX tokens): drop --seq-len or pass --seq-len {hi}")
-    if options.algo != "bfd":
-        out.append(f"--algo {options.algo}: --vsl packs its remnants with bfd (as Dataset "
-                   "Decomposition does) and every chunk alone; drop --algo")
-    if options.overflow != "split":
-        out.append(f"--overflow {options.overflow}: --vsl cuts every document into chunks, "
-                   "none is truncated or dropped; drop --overflow")
-    for flag in ("align", "cp", "tp", "pad_id", "max_docs", "max_depth", "work_limit",
-                 "time_limit", "group_docs"):
-        if getattr(options, flag) is not None:
-            out.append(f"--{flag.replace('_', '-')}: not with --vsl (a chunk row is one "
-                       "unpadded segment, remnant rows are bfd's); drop it")
-    for flag in ("sequence_parallel", "fp8"):
-        if getattr(options, flag):
-            out.append(f"--{flag.replace('_', '-')}: not with --vsl (rows are not aligned); "
-                       "drop it")
-    if options.balance != "none":
-        out.append("--balance attention: not with --vsl (a row's cost follows its length; "
-                   "batch rows of one length instead); drop it")
-    return out
 
 
 def predict(lengths: np.ndarray, vsl: tuple[int, int], seed: int = 0) -> dict:

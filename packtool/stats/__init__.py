@@ -103,7 +103,8 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
         rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size, names, seed,
                             options, source, overflow, aligned)
     if vsl is not None:
-        from ..pack.vsl import parse_vsl, predict
+        from ..options import parse_vsl
+        from ..pack.vsl import predict
 
         rep["vsl"] = predict(lengths, parse_vsl(vsl), seed)
     return StatsResult(rep, lengths)
