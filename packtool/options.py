@@ -10,8 +10,10 @@ turns into a click type (``("int", lo, hi)``, ``("float", lo)``, ``("choice", na
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field, fields
 
+from . import vsl_options as _vsl
 from .chat.sandbox import DEFAULT_MAX_RENDER_CHARS as MAX_RENDER_CHARS
 from .chat.sandbox import DEFAULT_RENDER_TIMEOUT as RENDER_TIMEOUT
 from .errors import PacktoolError
@@ -243,6 +245,21 @@ class PackOptions:
     max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
                                "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
                                metavar="K")
+    vsl: str | None = opt(None, "Variable sequence length (Dataset Decomposition): cut every "
+                          "document into chunks of 2**k tokens, MIN <= 2**k <= MAX (powers of "
+                          "two), each a row of its own; what is left under MIN is packed with "
+                          "bfd into rows of MIN. --seq-len is MAX. docs/TRAINING.md.",
+                          metavar="MIN:MAX")
+
+    def __post_init__(self):
+        if self.vsl is not None and self.seq_len is None:  # --vsl sets the longest row
+            with suppress(PacktoolError):  # check() says what is wrong with it
+                object.__setattr__(self, "seq_len", _vsl.parse_vsl(self.vsl)[1])
+
+    @property
+    def vsl_bounds(self) -> tuple[int, int] | None:
+        """(MIN, MAX) of --vsl, or None."""
+        return _vsl.parse_vsl(self.vsl)
 
     @property
     def alignment(self) -> int:
@@ -272,6 +289,10 @@ class PackOptions:
         return PackerOptions(**{k: v for k, v in asdict(self).items() if k in names})
 
     def check(self) -> None:
+        if self.seq_len is None:
+            if self.vsl is not None:  # a bad --vsl left seq_len unset: say what is wrong
+                self.vsl_bounds  # noqa: B018
+            raise PacktoolError("pack needs --seq-len (-L) N, or --vsl MIN:MAX")
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or not (
                 1 <= self.seq_len < 2**31):
             raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
@@ -299,6 +320,10 @@ class PackOptions:
             raise PacktoolError(f"--group-docs must be a positive number of documents, got "
                                 f"{self.group_docs!r}")
         self.check_alignment()
+        if self.vsl is not None:
+            bad = _vsl.vsl_conflicts(self)
+            if bad:
+                raise PacktoolError(f"--vsl {self.vsl}: " + "; ".join(bad))
 
     def check_alignment(self) -> None:
         """--align and the options it derives from: positive integers, combined sensibly,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from packtool.formats.packed.layout import derive
 from packtool.options import PackOptions
-from packtool.pack.plan import _order_segments, make_segments, plan_pack, shard_starts
+from packtool.pack.plan import make_segments, order_segments, plan_pack, shard_starts
 
 lengths_st = st.lists(st.integers(0, 60), min_size=0, max_size=80)
 
@@ -35,7 +35,7 @@ def test_order_segments_matches_the_reference(packs, seed):
     n_packs = max(packs, default=-1) + 1
     packs_arr = np.array(packs, np.int64)
     rank = np.random.default_rng(seed).permutation(n_packs).astype(np.int64)
-    order, nseg = _order_segments(packs_arr, rank, n_packs, np.int64)
+    order, nseg = order_segments(packs_arr, rank, n_packs, np.int64)
     want_order, want_nseg = naive.order_segments(packs, rank.tolist(), n_packs)
     assert order.tolist() == want_order and nseg.tolist() == want_nseg
 

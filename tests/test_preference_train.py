@@ -188,3 +188,15 @@ def test_shared_rows_refuse_varlen_and_block_mask_keeps_siblings_apart(pairs):
     for a, b in siblings:
         assert not m[np.ix_(seg == a, seg == b)].any()
     assert m[np.ix_(seg == siblings[0][0], seg == sp[siblings[0][0]])].all()
+
+
+@pytest.mark.parametrize("options,says", [
+    ({"vsl": "256:512", "seq_len": 512}, "--vsl"), ({"group_docs": 10}, "--group-docs"),
+    ({"max_docs": 2}, "--max-docs"), ({"align": 8}, "alignment"),
+    ({"valid_docs": 3}, "--valid-docs")])
+def test_what_would_break_a_group_apart_is_refused_by_name(pairs, tmp_path, options, says):
+    d = next(iter(pairs[1].values())).parent  # the corpus beside its packed datasets
+    seq_len = options.pop("seq_len", 512)
+    with pytest.raises(PacktoolError, match=f"pairs and groups are packed whole.*{says}"):
+        pack_corpus([d / "pairs"], tmp_path / "p", seq_len, **options)
+    assert not (tmp_path / "p").exists()

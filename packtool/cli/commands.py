@@ -31,7 +31,7 @@ PACK_FIELDS = ("seq_len", "algo", "layout", "overflow", "seed", "shuffle", "shar
                "tokens", "valid_docs", "valid_fraction", "group_docs", "balance", "balance_ranks",
                "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id", "max_docs",
                "share_prompt",
-               "max_depth", "work_limit", "time_limit")
+               "max_depth", "work_limit", "time_limit", "vsl")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 ALIGN_FIELDS = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
 
@@ -104,7 +104,9 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
 @click.option("--out", "-o", required=True,
               help="Output directory (must not exist or be empty), or a URL (s3://bucket/packed: "
                    "each shard published, index.json last).")
-@fields(PackOptions, *PACK_FIELDS)
+@fields(PackOptions, *PACK_FIELDS,
+        seq_len={"required": False, "help": "Tokens per pack (required, except with --vsl: "
+                 "then MAX)."})
 @fields(RunOptions, *RUN_FIELDS)
 @overwrite_option
 @quiet_option
@@ -131,6 +133,7 @@ def pack(prefixes, out, overwrite, quiet, as_json, **kw):
         packtool pack out/corpus -L 4096 -o out/packed --tasks 8 --task $SLURM_ARRAY_TASK_ID
         packtool pack out/corpus -L 4096 -o out/packed --finalize
         packtool pack out/corpus -L 8192 --cp 8 --fp8 --max-docs 64 -o out/thd
+        packtool pack out/corpus --vsl 256:8192 -o out/vsl
     """
     from ..pack import pack as run_pack
 
@@ -177,7 +180,9 @@ def verify(ctx, path, sources, as_json):
 @click.option("--lengths", "lengths_file", type=click.Path(dir_okay=False),
               help="Report on lengths alone: a local .npy of document lengths or a "
                    "length,count CSV (a small file: copy it here from a store).")
-@fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, *ALIGN_FIELDS, "seed",
+@fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, *ALIGN_FIELDS, "seed", "vsl",
+        vsl={"help": "Also predict the rows pack --vsl MIN:MAX writes: rows per length, "
+             "remnant rows and their share of the tokens."},
         seq_len={"required": False, "multiple": True, "type": ("ints", 1, 2**31 - 1),
                  "help": "Sequence lengths to evaluate: -L 512,2048 or -L 512 -L 2048 "
                  "(default 512 1024 2048 4096 8192)."})
@@ -199,6 +204,7 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
     Example:
         packtool stats out/corpus --seq-len 2048 --algos all
         packtool stats out/corpus -L 4096 --align 16 --max-docs 8
+        packtool stats out/corpus --vsl 256:8192
         packtool stats --lengths lengths.csv -L 512 --algos bfd,spfhp --json
         packtool stats out/packed
     """
@@ -276,95 +282,6 @@ def demo(fixtures, out, seq_len, algo):
     from .demo import run_demo
 
     run(run_demo, fixtures, out, seq_len or 512, algo, echo=click.echo)
-
-
-@cli.command()
-@click.argument("paths", nargs=-1, required=True)
-@click.option("--epoch", type=click.IntRange(0), default=0, show_default=True)
-@click.option("--step", type=click.IntRange(0), default=None,
-              help="The step whose source documents to name.")
-@click.option("--rank", type=click.IntRange(0), default=None, help="Only this rank's packs.")
-@click.option("--record", default=None,
-              help="FILE:RECORD instead: where this input record (1-based line or row) went.")
-@click.option("--world-size", type=click.IntRange(1), default=1, show_default=True,
-              help="The sampler's world size.")
-@click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
-              help="The sampler's packs per rank per step.")
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
-              help="The sampler's seed.")
-@click.option("--balance", type=click.Choice(["none", "attention"]), default="none",
-              show_default=True, help="The sampler's balance.")
-@click.option("--drop-last/--no-drop-last", default=True, show_default=True,
-              help="The sampler's drop_last (PackSampler's default: leave out the epoch's last "
-                   "packs that fill no whole step; --no-drop-last fills it with the first).")
-@click.option("--schedule", default=None, metavar="JSON|FILE",
-              help="A mixture (PATHS given as NAME=DIR): MixtureSampler's schedule, weights "
-                   "('{\"web\": 0.7, \"code\": 0.3}') or [step, weights] points, inline or "
-                   "in a file.")
-@click.option("--exhausted", type=click.Choice(["next_epoch", "stop"]), default="next_epoch",
-              show_default=True, help="A mixture's exhausted setting.")
-@json_option
-def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balance, drop_last,
-          schedule, exhausted, as_json):
-    """Name the source documents of a training step, or where an input record went.
-
-    PATHS is a packed directory or its URL, or for a MixtureSampler's run every source as
-    NAME=DIR with --schedule. From the segment tables and the sources'
-    manifests alone (no token is read): source
-    prefix, input file, record number (line or row) and token range of every segment of the
-    step's packs, as PackSampler (or MixtureSampler) schedules them with the same settings.
-
-    \b
-    Example:
-        packtool which out/packed --epoch 0 --step 1200 --world-size 8 --batch-size 4
-        packtool which out/packed --record data/part-3.jsonl:1042
-        packtool which web=out/web code=out/code --schedule '{"web": 0.7, "code": 0.3}' \\
-            --step 1200 --world-size 8 --batch-size 4
-    """
-    if (step is None) == (record is None):
-        raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
-    if schedule is not None or len(paths) > 1:
-        return _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed,
-                              balance, drop_last, schedule, exhausted, as_json)
-    from ..train.which import which_record, which_step
-
-    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed,
-                    balance=None if balance == "none" else balance, drop_last=drop_last)
-    (path,) = local(*paths)
-    if record is not None:
-        result = run(which_record, path, record, epoch, **settings)
-    else:
-        result = run(which_step, path, epoch, step, rank, **settings)
-    emit(result, as_json, False)
-
-
-def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed, balance,
-                   drop_last, schedule, exhausted, as_json):
-    from ..train.which_mixture import (
-        parse_schedule,
-        parse_sources,
-        which_mixture_record,
-        which_mixture_step,
-    )
-
-    if schedule is None:
-        raise click.UsageError("several PATHS are a mixture: give its --schedule (the weights "
-                               "MixtureSampler ran with) and every source as NAME=DIR")
-    if balance != "none" or not drop_last:
-        raise click.UsageError("--balance and --no-drop-last are PackSampler's settings; a "
-                               "MixtureSampler has neither")
-    named = run(parse_sources, paths)
-    named = dict(zip(named, local(*named.values()), strict=True))
-    plan = run(parse_schedule, schedule)
-    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed, exhausted=exhausted)
-    if record is not None:
-        result = run(which_mixture_record, named, plan, record, epoch, **settings)
-    else:
-        if epoch:
-            raise click.UsageError("a mixture's --step counts from the run's start (sources "
-                                   "start their epochs at different steps): drop --epoch")
-        result = run(which_mixture_step, named, plan, step, rank, **settings)
-    emit(result, as_json, False)
 
 
 @cli.command()

@@ -219,6 +219,7 @@ class Global:
             solver=lay.report.to_json() if idx is None else idx["solver"], seconds=seconds,
             sources_verified=False, sources=[] if idx is None else idx["sources"],
             valid=None if idx is None else idx["held_out"],
+            vsl=None if idx is None else idx.get("vsl"),
             warnings=warnings + list(lay.report.warnings))
 
 

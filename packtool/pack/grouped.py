@@ -61,7 +61,8 @@ def refuse_options(options: PackOptions, factors: list[float]) -> None:
         ("repeat factors or target shares", any(f != 1 for f in factors)),
         ("--valid-docs/--valid-fraction", options.valid_docs or options.valid_fraction),
         ("--group-docs", options.group_docs), ("--max-docs", options.max_docs),
-        (f"alignment ({options.alignment_source()})", options.alignment > 1)) if on]
+        (f"alignment ({options.alignment_source()})", options.alignment > 1),
+        ("--vsl (it cuts sequences into chunks)", options.vsl_bounds is not None)) if on]
     if given:
         raise PacktoolError(f"pairs and groups are packed whole, one item a group: "
                             f"{', '.join(given)} cannot be used with them yet; drop "

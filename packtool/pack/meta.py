@@ -135,8 +135,20 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
             "attention_imbalance": imbalance(layout), "cost_ratio": COST_RATIO,
             "solver": rep.to_json(),
             "split": split, "held_out": held_out,
-            "sources": source_entries(layout, corpora, factors, folder),
+            "sources": source_entries(layout, corpora, factors, folder), **vsl_entry(layout),
             **({"groups": layout.groups} if getattr(layout, "groups", None) else {})}
+
+
+def vsl_entry(layout: PackLayout) -> dict:
+    """index.json's ``vsl`` key for a --vsl plan (none otherwise: a fixed-length dataset's
+    index is what it was): rows per slot length, remnant rows, slot tokens."""
+    vsl = layout.options.vsl_bounds
+    if vsl is None:
+        return {}
+    from .vsl import row_table, slot_lengths
+
+    tokens = layout.pack_lengths()
+    return {"vsl": row_table(slot_lengths(tokens, vsl[0]), tokens, layout.pack_nseg, vsl)}
 
 
 def imbalance(layout: PackLayout, ranks: int | None = None) -> float | None:

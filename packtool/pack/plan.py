@@ -20,119 +20,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import seeds
 from .._numba import njit
-from ..errors import PacktoolError
 from ..formats.packed.layout import align_up
 from ..options import OVERFLOW, PackOptions
 from ..packers import PackerReport, run_packer
+from .order import balanced_rank, shuffle_rank
+from .segments import Segments, make_segments
 
 __all__ = ["OVERFLOW", "PackLayout", "PackOptions", "Segments", "doc_groups", "make_rounds",
            "make_segments", "plan_pack", "shard_starts"]
-
-
-def _narrow(a: np.ndarray) -> np.ndarray:
-    """int32 when the values fit, else int64."""
-    a = np.asarray(a)
-    if a.size and (int(a.max()) >= 2**31 or int(a.min()) < -2**31):
-        return a.astype(np.int64, copy=False)
-    return a.astype(np.int32, copy=False)
-
-
-@dataclass
-class Segments:
-    """The segments an overflow policy makes of documents, in document order, a piece after
-    another: table entry ``s`` is document ``s`` until the first split document, and in
-    general ``s`` minus the extra pieces of the split documents before it. ``table_length``
-    has an entry for every document (0: empty or dropped) plus one per extra piece; ``doc``,
-    ``offset``, ``length`` list the non-empty segments (computed on use, for tests and
-    reports)."""
-
-    table_length: np.ndarray     # int32/int64 per table entry
-    split_docs: np.ndarray       # documents cut into several pieces, ascending (int64)
-    split_first: np.ndarray      # the table entry of each one's first piece (int64)
-    split_pieces: np.ndarray     # and its number of pieces (int64)
-    seq_len: int
-    counts: dict = field(default_factory=dict)
-
-    def locate(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(document, offset) of table entries ``index`` (int64 arrays)."""
-        index = np.asarray(index, np.int64)
-        if not self.split_docs.size:
-            return index, np.zeros(index.size, np.int64)
-        extra = np.concatenate([[0], np.cumsum(self.split_pieces - 1)])
-        j = np.searchsorted(self.split_first, index, side="right") - 1
-        jj = np.maximum(j, 0)
-        inside = (j >= 0) & (index < self.split_first[jj] + self.split_pieces[jj])
-        doc = np.where(inside, self.split_docs[jj], index - extra[j + 1])
-        offset = np.where(inside, (index - self.split_first[jj]) * self.seq_len, 0)
-        return doc.astype(np.int64), offset.astype(np.int64)
-
-    @property
-    def _nonempty(self) -> np.ndarray:
-        return np.flatnonzero(self.table_length > 0)
-
-    @property
-    def doc(self) -> np.ndarray:
-        return self.locate(self._nonempty)[0]
-
-    @property
-    def offset(self) -> np.ndarray:
-        return self.locate(self._nonempty)[1]
-
-    @property
-    def length(self) -> np.ndarray:
-        return self.table_length[self._nonempty].astype(np.int64)
-
-
-def make_segments(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> Segments:
-    """Turn documents into segments of at most ``seq_len`` tokens under an overflow policy.
-
-    Every document and token is accounted for in ``counts``: empty documents are skipped;
-    over-long ones are split into ceil(n / L) pieces, truncated to their first L tokens, or
-    dropped."""
-    if overflow not in OVERFLOW:
-        raise PacktoolError(f"--overflow {overflow!r}: choose one of {', '.join(OVERFLOW)}")
-    lengths = np.asarray(lengths)
-    over = np.flatnonzero(lengths > seq_len)
-    over_tokens = int(lengths[over].sum(dtype=np.int64))
-    counts = {"n_docs": int(lengths.size), "n_empty": int(np.count_nonzero(lengths == 0)),
-              "n_overlong": int(over.size), "n_split": 0, "n_split_pieces": 0,
-              "n_truncated": 0, "n_truncated_tokens": 0, "n_dropped": 0, "n_dropped_tokens": 0}
-    table = _narrow(np.minimum(lengths, seq_len))
-    none = np.empty(0, np.int64)
-    split_docs, split_first, pieces = none, none, none
-    if overflow == "split" and over.size:
-        n_over = lengths[over].astype(np.int64)
-        pieces = -(-n_over // seq_len)
-        split_docs = over.astype(np.int64)
-        split_first = split_docs + np.concatenate([[0], np.cumsum(pieces - 1)[:-1]])
-        # each split document's entries: its pieces, in place (later documents move down)
-        keep = np.ones(lengths.size, bool)
-        keep[over] = False
-        rest = table.size + int((pieces - 1).sum())
-        new = np.empty(rest, table.dtype)
-        idx = np.arange(lengths.size, dtype=np.int64)
-        extra_before = np.zeros(lengths.size, np.int64)
-        extra_before[over] = pieces - 1
-        shift = np.cumsum(extra_before) - extra_before  # extra pieces before each document
-        new[(idx + shift)[keep]] = table[keep]
-        within = np.arange(int(pieces.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(pieces) - pieces, pieces)
-        starts = np.repeat(split_first, pieces)
-        new[starts + within] = np.minimum(np.repeat(n_over, pieces) - within * seq_len,
-                                          seq_len)
-        table = new
-        counts.update(n_split=int(over.size), n_split_pieces=int(pieces.sum()))
-    elif overflow == "drop":
-        table[over] = 0
-        counts.update(n_dropped=int(over.size), n_dropped_tokens=over_tokens)
-    elif overflow == "truncate":
-        counts.update(n_truncated=int(over.size),
-                      n_truncated_tokens=over_tokens - int(over.size) * seq_len)
-    counts["n_segments"] = int(np.count_nonzero(table))
-    counts["n_tokens"] = int(table.sum(dtype=np.int64))
-    return Segments(table, split_docs, split_first, pieces, seq_len, counts)
 
 
 @njit
@@ -265,22 +161,20 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     options.check()
     lengths = np.asarray(lengths)
     if repeats is None:
-        rounds = [make_segments(lengths, options.seq_len, options.overflow)]
+        rounds = [segments_of(lengths, options)]
     else:
-        rounds = make_rounds(lengths, repeats, options.seq_len, options.overflow)
+        rounds = make_rounds(lengths, repeats, options)
     parts, n_packs, report = [], 0, None
     k = options.alignment
     for segs in rounds:
         for a, b in doc_groups(segs, options.group_docs):
-            packing = run_packer(align_up(segs.table_length[a:b], k), options.seq_len,
-                                 options.algo, options.packer_options(), narrow_ids=True)
-            ids = packing.packs
+            ids, rep = _assign(segs.table_length[a:b], options)
             if n_packs:
                 ids[ids >= 0] += n_packs
             parts.append(ids)
-            n_packs += packing.report.n_packs
-            report = _merge_reports(report, packing.report)
-            del packing, ids
+            n_packs += rep.n_packs
+            report = _merge_reports(report, rep)
+            del ids
     if report is None:  # nothing to pack at all
         report = run_packer(np.empty(0, np.int64), options.seq_len, options.algo,
                             options.packer_options()).report
@@ -312,38 +206,34 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     return layout
 
 
-def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
-    """The output order rearranged into blocks of ``g`` packs of like attention cost
-    (:func:`packtool.train.balance.like_cost_order`), the shuffled order kept within a class."""
-    from ..train.balance import like_cost_order
-
-    lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
-    ok = packs >= 0
-    costs = np.bincount(packs[ok], weights=lengths[ok] ** 2, minlength=rank.size)
-    by_position = np.argsort(rank)
-    out = np.empty_like(rank)
-    out[like_cost_order(by_position, costs, g)] = np.arange(rank.size)
-    return out
-
-
-def shuffle_rank(n_packs: int, options: PackOptions, key: tuple = ()) -> np.ndarray:
-    """Each pack's output position: a seeded permutation (its own random stream, the
-    ``pack.shuffle`` domain of :mod:`packtool.seeds`), or the packer's order."""
-    if not options.shuffle:
-        return np.arange(n_packs, dtype=np.int64)
-    return seeds.rng(options.seed, "pack.shuffle", *key).permutation(n_packs).astype(np.int64)
-
-
-def make_rounds(lengths: np.ndarray, repeats: np.ndarray, seq_len: int, overflow: str
+def make_rounds(lengths: np.ndarray, repeats: np.ndarray, options: PackOptions
                 ) -> list[Segments]:
     """Segments of copy r of every document repeated more than r times, one list per r:
     packing each round on its own is what keeps copies of a document out of each other's
     packs."""
-    rounds = []
-    for r in range(int(repeats.max()) if repeats.size else 0):
-        keep = repeats > r
-        rounds.append(make_segments(np.where(keep, lengths, 0), seq_len, overflow))
-    return rounds
+    return [segments_of(np.where(repeats > r, lengths, 0), options)
+            for r in range(int(repeats.max()) if repeats.size else 0)]
+
+
+def segments_of(lengths: np.ndarray, options: PackOptions) -> Segments:
+    """The segments of documents ``lengths``: --overflow's pieces, or --vsl's chunks."""
+    if options.vsl is not None:
+        from .vsl import cut
+
+        return cut(lengths, options.vsl_bounds)
+    return make_segments(lengths, options.seq_len, options.overflow)
+
+
+def _assign(table: np.ndarray, options: PackOptions):
+    """(pack id per table entry, the packer's report): --vsl's rows, or the packer's packs
+    of the entries' lengths rounded up to --align's multiple."""
+    if options.vsl is not None:
+        from .vsl import vsl_packs
+
+        return vsl_packs(table, options.vsl_bounds[0], options.seed)
+    packing = run_packer(align_up(table, options.alignment), options.seq_len, options.algo,
+                         options.packer_options(), narrow_ids=True)
+    return packing.packs, packing.report
 
 
 def doc_groups(segs: Segments, group_docs: int | None) -> list[tuple[int, int]]:

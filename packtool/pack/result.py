@@ -61,9 +61,21 @@ def holdout_warning(valid: dict | None, sources: list[dict]) -> list[str]:
             "--valid-fraction or --valid-docs"]
 
 
+def vsl_lines(v: dict, n_tokens: int) -> list[str]:
+    """A --vsl dataset's rows per slot length and its remnant rows, for the summaries."""
+    rows = ", ".join(f"{int(k):,}: {n:,}" for k, n in sorted(v["rows"].items(),
+                                                             key=lambda kv: int(kv[0])))
+    share = 100 * v["n_remnant_tokens"] / max(n_tokens, 1)
+    return [f"  vsl {v['min']}:{v['max']}: chunk rows per length {{{rows}}}; "
+            f"{v['n_remnant_rows']:,} remnant rows of {v['min']:,} holding "
+            f"{v['n_remnant_tokens']:,} tokens ({share:.2f}% of the tokens); slots "
+            f"{100 * n_tokens / max(v['n_slot_tokens'], 1):.2f}% full"]
+
+
 def run_warnings(res, seq_len: int) -> list[str]:
-    """What a finished pack run warns about, from what it did."""
-    return (split_warning(res.counts, seq_len)
+    """What a finished pack run warns about, from what it did (--vsl cuts documents by
+    design: no warning that it split them)."""
+    return ([] if res.vsl else split_warning(res.counts, seq_len)
             + discard_warning(res.counts, res.n_tokens, seq_len)
             + holdout_warning(res.valid, res.sources))
 
@@ -89,6 +101,7 @@ class PackResult:
     valid: dict | None = None                           # the held-out split's counts
     warnings: list[str] = field(default_factory=list)
     published: str = ""   # an object-store output: what was uploaded (packtool.storage)
+    vsl: dict | None = None  # --vsl: index.json's vsl entry (rows per length, remnants)
 
     @property
     def efficiency(self) -> float:
@@ -115,11 +128,13 @@ class PackResult:
             over.append(f"segments aligned: {c['n_align_tokens']:,} pad tokens "
                         f"({100 * c['n_align_tokens'] / max(self.n_tokens, 1):.2f}%)")
         m = self.metrics
+        head = (f"{self.n_packs:,} packs of {self.seq_len:,} ({self.algo}), "
+                f"{self.n_tokens:,} tokens, efficiency {100 * m['efficiency']:.3f}%, "
+                f"{bounds_text(m)}, packing factor {m['packing_factor']:.2f}") if not self.vsl \
+            else (f"{self.n_packs:,} rows of {self.vsl['min']:,} to {self.vsl['max']:,} tokens "
+                  f"(--vsl), {self.n_tokens:,} tokens")
         lines = [
-            f"{self.out}: {self.n_packs:,} packs of {self.seq_len:,} ({self.algo}), "
-            f"{self.n_tokens:,} tokens, efficiency {100 * m['efficiency']:.3f}%, "
-            f"{bounds_text(m)}, packing factor {m['packing_factor']:.2f}"
-            + ("; " + "; ".join(over) if over else "")
+            f"{self.out}: {head}" + ("; " + "; ".join(over) if over else "")
             + f"; {self.n_shards} shard(s), {self.layout} layout, in {self.seconds:.2f}s "
             f"(assignment {self.assign_seconds:.2f}s)"
             + ("; source checksums verified" if self.sources_verified
@@ -137,6 +152,7 @@ class PackResult:
             lines.append(f"  held out: {v['n_docs_held_out']:,} documents -> {v['path']}: "
                          f"{v['n_packs']:,} packs, {v['n_tokens']:,} tokens")
         lines += [self.published] if self.published else []
+        lines += vsl_lines(self.vsl, self.n_tokens) if self.vsl else []
         lines += [f"warning: {w}" for w in self.warnings] if warnings else []
         return "\n".join(lines)
 

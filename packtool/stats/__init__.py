@@ -53,8 +53,16 @@ class StatsResult:
 
     def summary(self) -> str:
         if self.report["kind"] == "packed":
-            return render_packed(self.report)
-        return render_corpus(self.report)
+            text = render_packed(self.report)
+        else:
+            text = render_corpus(self.report)
+        v = self.report.get("vsl")
+        if v:
+            from ..pack.result import vsl_lines
+
+            text += "\n" + "\n".join(vsl_lines(v, v["n_tokens"])).replace(
+                "  vsl", ("" if self.report["kind"] == "packed" else "predicted: ") + "vsl", 1)
+        return text
 
     def to_json(self) -> dict:
         return self.report
@@ -86,6 +94,7 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
         raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory "
                             "or --lengths FILE")
     seed, overflow = options.pop("seed", 0), options.pop("overflow", "split")
+    vsl = options.pop("vsl", None)
     aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
     names = parse_algos(algos)
     if not names and (options.get("max_docs") or any(aligned.values())):
@@ -93,4 +102,9 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
     with shown(progress):
         rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size, names, seed,
                             options, source, overflow, aligned)
+    if vsl is not None:
+        from ..pack.vsl import predict
+        from ..vsl_options import parse_vsl
+
+        rep["vsl"] = predict(lengths, parse_vsl(vsl), seed)
     return StatsResult(rep, lengths)

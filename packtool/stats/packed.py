@@ -40,6 +40,10 @@ def packed_report(directory: str | Path) -> dict:
                                                "docs_used", "tokens_used", "token_share")}
                       for src in idx["sources"]]
     rep["held_out"] = idx.get("held_out")
+    if ds.vsl is not None:  # rows per slot length: a row's fill is against its own slot
+        rep["vsl"] = {**idx["vsl"], "n_tokens": idx["n_tokens"]}
+        fill = np.concatenate([np.diff(ds.shard(k).po) for k in range(ds.n_shards)]
+                              or [np.empty(0)]) / np.maximum(ds.row_lengths(), 1)
     values, counts = np.unique(seg_per_pack, return_counts=True)
     rep["segments_per_pack"] = {**_dist(seg_per_pack), "counts": {
         str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}}

@@ -46,7 +46,8 @@ class TorchPackedDataset(torch.utils.data.Dataset):
     """``torch.utils.data.Dataset`` over ``open_packed(directory)``.
 
     Items are dicts of tensors (input_ids, labels, position_ids int64; doc_ids, cu_seqlens
-    int32; max_seqlen int). With ``pad_to`` every item has that length (see
+    int32; max_seqlen int). With ``pad_to`` every item has that length, with
+    ``pad_rows=True`` its row's slot length (a --vsl remnant row padded to MIN) (see
     ``PackedReader.get`` in packtool.formats.packed for the pad conventions). ``directory``
     may be a URL (``s3://bucket/packed``): ``storage_options`` for its filesystem,
     ``cache_dir``/``cache_limit`` for the node's cache of its files (ranks of one node share
@@ -56,7 +57,7 @@ class TorchPackedDataset(torch.utils.data.Dataset):
     def __init__(self, directory, pad_to: int | None = None, pad_id: int = 0,
                  pad_multiple: int | None = None, per_segment: bool = False,
                  storage_options: dict | None = None, cache_dir=None,
-                 cache_limit: int | None = None):
+                 cache_limit: int | None = None, pad_rows: bool = False):
         cache = None
         if cache_dir is not None or cache_limit is not None:
             from ..storage.cache import Cache
@@ -65,6 +66,7 @@ class TorchPackedDataset(torch.utils.data.Dataset):
         self.packed = open_packed(directory, storage_options=storage_options, cache=cache)
         self.pad_to, self.pad_id = pad_to, pad_id
         self.pad_multiple, self.per_segment = pad_multiple, per_segment
+        self.pad_rows = pad_rows
 
     def __len__(self) -> int:
         return len(self.packed)
@@ -72,7 +74,7 @@ class TorchPackedDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         ex = (self.packed.get(i, pad_to=self.pad_to, pad_id=self.pad_id,
                               pad_multiple=self.pad_multiple, per_segment=self.per_segment)
-              if self.pad_to or self.pad_multiple else self.packed[i])
+              if self.pad_to or self.pad_multiple or self.pad_rows else self.packed[i])
         return {k: (torch.from_numpy(v) if hasattr(v, "dtype") else v) for k, v in ex.items()}
 
 

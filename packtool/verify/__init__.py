@@ -329,7 +329,7 @@ def _against_sources(ds, valid, corpora) -> None:
     (:mod:`.segments`), then (tokens layout) its tokens the sources' (the index layout reads
     these very tokens from the sources)."""
     index = ds.index
-    seq_len, overflow = int(index["seq_len"]), index["overflow"]
+    seq_len, overflow = int(index["seq_len"]), sg.policy_of(index)
     n_docs = sum(len(c) for c in corpora)
     sel = Selection(index, corpora)
     keys = sg.fresh_keys()

@@ -7,6 +7,9 @@ c copies (the mixture and the held-out split: :mod:`.draws`) becomes under ``--o
     split     its pieces (d, j*L, min(L, n - j*L)) for j < ceil(n / L)
     truncate  (d, 0, min(n, L))
     drop      (d, 0, n) when n <= L
+    --vsl MIN:MAX  n // MAX chunks (d, j*MAX, MAX), then one (d, o, 2**k) for every bit 2**k
+              of n % MAX from MAX/2 down to MIN (o: the tokens before it), then the remnant
+              (d, n - n % MIN, n % MIN) if n % MIN
 
 each c times (an empty document: nothing). The packs' segments must be exactly that multiset.
 Both sides are summed into fingerprints, per bucket of consecutive documents (4,096 buckets):
@@ -78,9 +81,46 @@ def fresh_keys() -> np.ndarray:
     return np.frombuffer(os.urandom(24), np.uint64).copy()
 
 
-def entries(n: np.ndarray, first: int, seq_len: int, overflow: str):
+def vsl_entries(n: np.ndarray, first: int, vsl: tuple[int, int]):
+    """:func:`entries` of a --vsl cut, from its definition: piece by piece, a bit at a time
+    (numpy over the documents, a pass per bit of MAX/MIN and per MAX chunk of the longest)."""
+    lo, hi = vsl
+    n = np.asarray(n, np.int64)
+    idx, off, length = [], [], []
+    done = np.zeros(n.size, np.int64)
+    for j in range(int((n // hi).max(initial=0))):
+        has = np.flatnonzero(n // hi > j)
+        idx.append(has), off.append(done[has].copy()), length.append(np.full(has.size, hi))
+        done[has] += hi
+    b = hi // 2
+    while b >= lo:
+        has = np.flatnonzero(n % hi & b)
+        idx.append(has), off.append(done[has].copy()), length.append(np.full(has.size, b))
+        done[has] += b
+        b //= 2
+    has = np.flatnonzero(n % lo)
+    idx.append(has), off.append(done[has].copy()), length.append(n[has] % lo)
+    idx, off, length = (np.concatenate(a).astype(np.int64) for a in (idx, off, length))
+    return first + idx, off, length, idx
+
+
+def policy_of(index: dict):
+    """What cut the documents: the overflow policy's name, or (MIN, MAX) of --vsl."""
+    v = index.get("vsl")
+    return (int(v["min"]), int(v["max"])) if v else index["overflow"]
+
+
+def described(policy) -> str:
+    return f"--vsl {policy[0]}:{policy[1]}" if isinstance(policy, tuple) else \
+        f"--overflow {policy}"
+
+
+def entries(n: np.ndarray, first: int, seq_len: int, overflow):
     """(document, offset, length, index of its document in ``n``) of every segment the
-    policy makes of documents first, first+1, ... of lengths ``n``."""
+    policy makes of documents first, first+1, ... of lengths ``n`` (``overflow``: a policy's
+    name, or (MIN, MAX) of a --vsl cut)."""
+    if isinstance(overflow, tuple):
+        return vsl_entries(n, first, overflow)
     n = np.asarray(n, np.int64)
     if overflow == "split":
         pieces = np.where(n > seq_len, -(-n // seq_len), (n > 0).astype(np.int64))
@@ -118,13 +158,16 @@ def packed(ds, tally: Tally, seq_len: int, overflow: str, n_docs: int) -> None:
     sources, of a length 1..L, at an offset the policy cuts at (a chunk at a time)."""
     for sh, _, doc, off, length in shard_chunks(ds):
         ok = (doc < n_docs) & (length >= 1) & (length <= seq_len) & (off >= 0)
-        ok &= (off % seq_len == 0) if overflow == "split" else (off == 0)
+        if isinstance(overflow, tuple):  # --vsl: a chunk at a multiple of its length
+            ok &= off % np.where(length < overflow[0], overflow[0], length) == 0
+        else:
+            ok &= (off % seq_len == 0) if overflow == "split" else (off == 0)
         if not ok.all():
             i = int(np.flatnonzero(~ok)[0])
             raise ValidationError(
                 f"{ds.directory} {sh.name}: segment mismatch: (document {int(doc[i]):,}, "
-                f"offset {int(off[i]):,}, length {int(length[i]):,}) is not one --overflow "
-                f"{overflow} makes of a document: tokens lost, duplicated or moved")
+                f"offset {int(off[i]):,}, length {int(length[i]):,}) is not one "
+                f"{described(overflow)} makes of a document: tokens lost, duplicated or moved")
         tally.add(doc, off, length)
 
 
@@ -164,13 +207,13 @@ def name_difference(ds, corpora: list, sel: Selection, split: str, bucket: int,
                                            overflow):
         raise ValidationError(
             f"{ds.directory}: segment mismatch: (document {d:,}, offset {o:,}, length {n:,}) "
-            f"is not one --overflow {overflow} makes of its source document: tokens lost, "
+            f"is not one {described(overflow)} makes of its source document: tokens lost, "
             "duplicated or moved")
     raise ValidationError(
         f"{ds.directory}: source document {d:,} (offset {o:,}) is in the packs "
         f"{int(n_got[bad[0]])} time(s), expected {int(n_want[bad[0]])}: segment mismatch, "
         f"tokens lost, duplicated or moved (the shards hold {got.n_segments:,} segments, the "
-        f"sources under --overflow {overflow} and the mixture make {want.n_segments:,})")
+        f"sources under {described(overflow)} and the mixture make {want.n_segments:,})")
 
 
 def _expected_rows(corpora, sel, split, lo, hi, seq_len, overflow):

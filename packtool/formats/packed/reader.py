@@ -27,7 +27,7 @@ from .files import (
     shard_table,
 )
 from .layout import derive, fold_shift, unpack_mask
-from .schema import alignment
+from .schema import alignment, vsl_bounds
 
 OPEN_SHARDS = 64  # shards whose memory maps stay open at once
 
@@ -69,6 +69,8 @@ class PackedReader:
         mask = self.index.get("mask_storage")
         self._shift = fold_shift(self.token_dtype) if mask == "folded" else 0
         self.align, self.pad_id = alignment(self.index)  # (1, 0): rows without pads
+        self.vsl = vsl_bounds(self.index)  # (MIN, MAX) of a --vsl dataset, else None
+        self._row_lengths = None
 
     def __len__(self) -> int:
         return int(self._pack_starts[-1])
@@ -210,6 +212,29 @@ class PackedReader:
         sh = self.shard(k)
         return attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear)
 
+    def row_lengths(self) -> np.ndarray:
+        """Every row's slot length (int64): seq_len for a fixed-length dataset; for a --vsl
+        one its chunk's 2**k, or MIN for a remnant row (max(MIN, its tokens)), from the
+        shards' pack tables (8 bytes a row, made once), never from their tokens."""
+        if self._row_lengths is None:
+            if self.vsl is None:
+                self._row_lengths = np.full(len(self), self.seq_len, np.int64)
+            else:
+                parts = [np.diff(self.shard(k).po) for k in range(self.n_shards)]
+                tokens = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+                self._row_lengths = np.maximum(tokens, self.vsl[0])
+        return self._row_lengths
+
+    def row_length(self, i: int) -> int:
+        """Row ``i``'s slot length: seq_len, or for a --vsl dataset 2**k (a chunk) or MIN (a
+        remnant row of at most MIN tokens)."""
+        if self.vsl is None:
+            self.locate(i)  # the range check
+            return self.seq_len
+        k, j = self.locate(i)
+        po = self.shard(k).po
+        return max(int(po[j + 1] - po[j]), self.vsl[0])
+
     def attention_costs(self, linear: float = 0.0) -> np.ndarray:
         """Per pack, the sum of its squared segment lengths (plus ``linear`` x its tokens),
         from the segment tables alone."""
@@ -240,13 +265,14 @@ class PackedReader:
 
     def get(self, i: int, pad_to: int | None = None, pad_id: int = 0,
             pad_multiple: int | None = None, per_segment: bool = False) -> dict:
-        """``ds[i]``, padded to ``pad_to`` tokens (default: seq_len, or with ``pad_multiple=k``
-        the next multiple of k) for fixed shapes; ``per_segment=True`` first pads every segment
-        to a multiple of k (context parallelism). See ``packtool.train.batching.pad_example``."""
+        """``ds[i]``, padded to ``pad_to`` tokens (default: the row's slot length, seq_len
+        or a --vsl row's :meth:`row_length`; with ``pad_multiple=k`` the next multiple of k);
+        ``per_segment=True`` first pads every segment to a multiple of k (context
+        parallelism). See ``packtool.train.batching.pad_example``."""
         from ...train.batching import pad_example
 
         if pad_to is None and pad_multiple is None:
-            pad_to = self.seq_len
+            pad_to = self.row_length(i)
         try:
             return pad_example(self[i], pad_to=pad_to, multiple=pad_multiple,
                                per_segment=per_segment, pad_id=pad_id)

@@ -19,6 +19,13 @@ index.json; a row places segment j's tokens at its padded start and pads up to t
 (Transformer Engine's ``cu_seqlens_padded``), all derived at load. It has its own version
 because a version-2 reader would lay the segments end to end, without their pads. Unaligned
 datasets are still written as version 2.
+
+Version 4 is version 2 cut by ``pack --vsl MIN:MAX`` (variable sequence length): the same shard
+files, and ``vsl`` in index.json. A row is one chunk of 2**k tokens (MIN <= 2**k <= MAX, at a
+multiple of 2**k in its document) or a remnant row of at most MIN tokens (pieces under MIN,
+each at a multiple of MIN); its slot length, max(MIN, its tokens), follows from the segment
+table. Its own version because a version-2 validator refuses those offsets (it asks every
+piece to start at a multiple of seq_len) and a version-2 reader knows no row lengths.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ FORMAT = "packtool.packed"
 VERSION = 2
 ALIGNED_VERSION = 3  # version 2 plus the alignment keys: written only for aligned datasets
 GROUPED_VERSION = 4  # version 2 plus pairs/groups (seg_group, seg_role, "groups")
+VSL_VERSION = 4      # version 2 plus the vsl key: written only for pack --vsl datasets
 READABLE = (1, 2, 3, 4)
 INDEX = "index.json"
 DIGEST_KEY = "index_sha256"
@@ -183,7 +191,8 @@ _COUNT_KEYS = ("n_packs", "n_docs", "n_empty", "n_overlong", "n_split", "n_split
                "n_segments", "n_tokens")
 INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test checks it)
     "format": Key(one_of(FORMAT), '"packtool.packed"'),
-    "version": Key(one_of(*READABLE), "2, or 3 for an aligned dataset (1 still read)"),
+    "version": Key(one_of(*READABLE), "2, 3 for an aligned dataset, 4 for a --vsl one (1 "
+                   "still read)"),
     "layout": Key(one_of(*LAYOUTS), '"index" (the plan only) or "tokens" (self-contained)'),
     "seq_len": Key(count(1, 2**31), "tokens per pack at most"),
     "algo": Key(string(True), "the packer"),
@@ -240,16 +249,23 @@ ALIGN_KEYS = {  # version 3 only: an aligned dataset
                     "fp8"),
     "n_align_tokens": Key(count(), "pad tokens the alignment adds over all packs"),
 }
+_VSL = obj({"min": count(1, 2**30), "max": count(1, 2**30), "rows": dict_of(count()),
+            "n_remnant_rows": count(), "n_remnant_tokens": count(), "n_slot_tokens": count()})
+VSL_KEYS = {  # version 4 only: a --vsl dataset
+    "vsl": Key(_VSL, "MIN and MAX of --vsl; chunk rows per slot length (\"256\": count), "
+               "remnant rows and their tokens, and the slot tokens (sum of row_length)"),
+}
 INDEX_KEYS.update({k: Key(v.spec, v.doc, optional=True) for k, v in ALIGN_KEYS.items()})
 _GROUPS = obj({"kind": one_of("pairs", "completions"), "share_prompt": boolean(),
                "n_groups": count(), "n_dropped_groups": count()})
 INDEX_KEYS["groups"] = Key(_GROUPS, "version 4 only: {kind (pairs or completions), "
                            "share_prompt, n_groups (in the sources), n_dropped_groups (over "
                            "--seq-len, with --overflow drop)}", optional=True)
-V2_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS and k != "groups"})
-V3_SPEC = obj({**{k: v for k, v in INDEX_KEYS.items() if k != "groups"}, **ALIGN_KEYS})
-V4_SPEC = obj({**{k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS},
-               "groups": _GROUPS})
+INDEX_KEYS.update({k: Key(v.spec, v.doc, optional=True) for k, v in VSL_KEYS.items()})
+_V4_ONLY = {"groups", *VSL_KEYS}  # a version-4 dataset has one of them (pairs or --vsl)
+V2_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS and k not in _V4_ONLY})
+V3_SPEC = obj({**{k: v for k, v in INDEX_KEYS.items() if k not in _V4_ONLY}, **ALIGN_KEYS})
+V4_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS})
 V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["token_dtype"],
                "loss_mask": INDEX_KEYS["loss_mask"], "n_packs": count(), "n_tokens": count(),
                "n_segments": count(), "n_docs": count(),
@@ -261,8 +277,15 @@ SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC, 4: V4_SPEC}
 
 
 def alignment(index: dict) -> tuple[int, int]:
-    """(K, pad id) of a dataset: (1, 0) before version 3 (the key is read nowhere else)."""
+    """(K, pad id) of a dataset: (1, 0) but in version 3 (the key is read nowhere else)."""
     if int(index["version"]) != ALIGNED_VERSION:
         return 1, 0
     return int(index["align"]), int(index["pad_id"])
+
+
+def vsl_bounds(index: dict) -> tuple[int, int] | None:
+    """(MIN, MAX) of a --vsl dataset (version 4), else None."""
+    if int(index["version"]) != VSL_VERSION or not index.get("vsl"):
+        return None  # version 4 of pairs and groups: fixed-length rows
+    return int(index["vsl"]["min"]), int(index["vsl"]["max"])
 SHARD_FILE = _FILE

@@ -13,7 +13,7 @@ import numpy as np
 from .files import ValidationError
 from .layout import align_up, fold_shift
 from .reader import PackedReader
-from .schema import INDEX, alignment
+from .schema import INDEX, alignment, vsl_bounds
 
 _V1_MESSAGES = {
     1: "offsets do not start at 0",
@@ -85,6 +85,42 @@ def _check_offsets(sh, seq_len: int) -> None:
             f"{INDEX}'s seq_len was edited or the shard is another dataset's")
 
 
+def _check_vsl(sh, lo: int, hi: int, tally: dict) -> None:
+    """Every row of a --vsl shard is one chunk (a single segment of 2**k tokens, MIN <= 2**k
+    <= MAX, at a multiple of 2**k in its document) or a remnant row (pieces under MIN tokens,
+    each at a multiple of MIN, at most MIN in all); adds the rows to ``tally``."""
+    ln = np.asarray(sh.seg_length, np.int64)
+    off = np.asarray(sh.seg_offset, np.int64)
+    ps = np.asarray(sh.pack_seg, np.int64)
+    nseg, tokens = np.diff(ps), np.diff(sh.po)
+    chunk_row = (nseg == 1) & (tokens >= lo)
+    seg_row = np.repeat(np.arange(nseg.size), nseg)
+    pow2 = (ln & (ln - 1)) == 0
+    ok = np.where(chunk_row[seg_row], pow2 & (ln <= hi) & (off % np.maximum(ln, 1) == 0),
+                  (ln < lo) & (off % lo == 0))
+    bad_rows = ~chunk_row & (tokens > lo)
+    if not ok.all() or bad_rows.any():
+        j = int(np.flatnonzero(bad_rows)[0]) if bad_rows.any() else \
+            int(seg_row[np.flatnonzero(~ok)[0]])
+        raise ValidationError(
+            f"{sh.name} pack {j:,}: {int(nseg[j])} segment(s), {int(tokens[j]):,} tokens (lengths "
+            f"{ln[ps[j]:ps[j + 1]][:8].tolist()}, offsets {off[ps[j]:ps[j + 1]][:8].tolist()}) is "
+            f"neither a chunk of 2**k tokens in {lo:,}..{hi:,} at a multiple of 2**k nor a "
+            f"remnant row of pieces under {lo:,} at multiples of {lo:,}, at most {lo:,} in all")
+    for k, c in zip(*np.unique(tokens[chunk_row], return_counts=True), strict=True):
+        tally["rows"][str(int(k))] = tally["rows"].get(str(int(k)), 0) + int(c)
+    tally["n_remnant_rows"] += int((~chunk_row).sum())
+    tally["n_remnant_tokens"] += int(tokens[~chunk_row].sum())
+    tally["n_slot_tokens"] += int(np.maximum(tokens, lo).sum())
+
+
+def _check_vsl_totals(index: dict, tally: dict, where: str) -> None:
+    want = {k: index["vsl"][k] for k in tally}
+    if want != tally:
+        raise ValidationError(f"{where}: vsl says {want}, the shards hold {tally}; the index was "
+                              "edited or the shards are another dataset's: re-run packtool pack")
+
+
 def validate_packed(directory: str | Path, checksums: bool = True):
     """Check a packed directory against the schema: index digest and keys, file names,
     sizes, dtypes, crc32, every invariant of every pack. Returns the opened reader (its
@@ -99,10 +135,15 @@ def validate_packed(directory: str | Path, checksums: bool = True):
         if pad_id >= int(index["vocab_size"]):
             raise ValidationError(f"{INDEX}: pad_id {pad_id:,} is outside the id space of "
                                   f"{index['vocab_size']:,} tokens; re-run packtool pack")
-    _check_seq_len(index, f"{str(ds.directory).rstrip('/')}/{INDEX}")
+    where = f"{str(ds.directory).rstrip('/')}/{INDEX}"
+    _check_seq_len(index, where)
+    vsl = vsl_bounds(index)
+    rows = {"rows": {}, "n_remnant_rows": 0, "n_remnant_tokens": 0, "n_slot_tokens": 0}
     for k, entry in enumerate(index["shards"]):
         sh = ds.shard(k)
-        if not (ds.index.get("groups") or {}).get("share_prompt"):  # a shared prompt's
+        if vsl is not None:
+            _check_vsl(sh, *vsl, rows)
+        elif not (ds.index.get("groups") or {}).get("share_prompt"):  # a shared prompt's
             _check_offsets(sh, ds.seq_len)  # completions start after it (verify.groups)
         if index["version"] == 1:
             _check_v1(sh, ds.seq_len)
@@ -119,4 +160,6 @@ def validate_packed(directory: str | Path, checksums: bool = True):
     for key, n in totals.items():
         if index[key] != n:
             raise ValidationError(f"{INDEX}: {key} is {index[key]:,} but the shards hold {n:,}")
+    if vsl is not None:
+        _check_vsl_totals(index, rows, where)
     return ds

@@ -30,6 +30,7 @@ from .schema import (
     GROUPED_VERSION,
     INDEX_KEYS,
     VERSION,
+    VSL_VERSION,
     array_length,
     shard_arrays,
 )
@@ -179,8 +180,9 @@ class _Fill:
 def index(meta: dict, shards: list[dict]) -> dict:
     """``index.json``: the format's keys, the caller's ``meta`` (layout, options, counts,
     metrics, sources...), the shards, and the index's own digest."""
-    version = (GROUPED_VERSION if meta.get("groups") else
-               ALIGNED_VERSION if meta.get("align", 1) > 1 else VERSION)
+    version = (ALIGNED_VERSION if meta.get("align", 1) > 1 else
+               GROUPED_VERSION if meta.get("groups") else
+               VSL_VERSION if meta.get("vsl") else VERSION)
     body = {"format": FORMAT, "version": version, **meta, "shards": shards,
             "created_by": f"packtool {__version__}"}
     unknown = set(body) - set(INDEX_KEYS)

@@ -1,0 +1,99 @@
+"""``packtool which``: a step's source documents, or where a record went, for one packed
+dataset (PackSampler) or a mixture of several (MixtureSampler)."""
+
+from __future__ import annotations
+
+import click
+
+from .app import cli, emit, run
+from .commands import local
+from .options import json_option
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--epoch", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--step", type=click.IntRange(0), default=None,
+              help="The step whose source documents to name.")
+@click.option("--rank", type=click.IntRange(0), default=None, help="Only this rank's packs.")
+@click.option("--record", default=None,
+              help="FILE:RECORD instead: where this input record (1-based line or row) went.")
+@click.option("--world-size", type=click.IntRange(1), default=1, show_default=True,
+              help="The sampler's world size.")
+@click.option("--batch-size", type=click.IntRange(1), default=1, show_default=True,
+              help="The sampler's packs per rank per step.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="The sampler's seed.")
+@click.option("--balance", type=click.Choice(["none", "attention"]), default="none",
+              show_default=True, help="The sampler's balance.")
+@click.option("--drop-last/--no-drop-last", default=True, show_default=True,
+              help="The sampler's drop_last (PackSampler's default: leave out the epoch's last "
+                   "packs that fill no whole step; --no-drop-last fills it with the first).")
+@click.option("--schedule", default=None, metavar="JSON|FILE",
+              help="A mixture (PATHS given as NAME=DIR): MixtureSampler's schedule, weights "
+                   "('{\"web\": 0.7, \"code\": 0.3}') or [step, weights] points, inline or "
+                   "in a file.")
+@click.option("--exhausted", type=click.Choice(["next_epoch", "stop"]), default="next_epoch",
+              show_default=True, help="A mixture's exhausted setting.")
+@json_option
+def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balance, drop_last,
+          schedule, exhausted, as_json):
+    """Name the source documents of a training step, or where an input record went.
+
+    PATHS is a packed directory or its URL, or for a MixtureSampler's run every source as
+    NAME=DIR with --schedule. From the segment tables and the sources'
+    manifests alone (no token is read): source
+    prefix, input file, record number (line or row) and token range of every segment of the
+    step's packs, as PackSampler (or MixtureSampler) schedules them with the same settings.
+
+    \b
+    Example:
+        packtool which out/packed --epoch 0 --step 1200 --world-size 8 --batch-size 4
+        packtool which out/packed --record data/part-3.jsonl:1042
+        packtool which web=out/web code=out/code --schedule '{"web": 0.7, "code": 0.3}' \\
+            --step 1200 --world-size 8 --batch-size 4
+    """
+    if (step is None) == (record is None):
+        raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
+    if schedule is not None or len(paths) > 1:
+        return _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed,
+                              balance, drop_last, schedule, exhausted, as_json)
+    from ..train.which import which_record, which_step
+
+    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed,
+                    balance=None if balance == "none" else balance, drop_last=drop_last)
+    (path,) = local(*paths)
+    if record is not None:
+        result = run(which_record, path, record, epoch, **settings)
+    else:
+        result = run(which_step, path, epoch, step, rank, **settings)
+    emit(result, as_json, False)
+
+
+def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed, balance,
+                   drop_last, schedule, exhausted, as_json):
+    from ..train.which_mixture import (
+        parse_schedule,
+        parse_sources,
+        which_mixture_record,
+        which_mixture_step,
+    )
+
+    if schedule is None:
+        raise click.UsageError("several PATHS are a mixture: give its --schedule (the weights "
+                               "MixtureSampler ran with) and every source as NAME=DIR")
+    if balance != "none" or not drop_last:
+        raise click.UsageError("--balance and --no-drop-last are PackSampler's settings; a "
+                               "MixtureSampler has neither")
+    named = run(parse_sources, paths)
+    named = dict(zip(named, local(*named.values()), strict=True))
+    plan = run(parse_schedule, schedule)
+    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed, exhausted=exhausted)
+    if record is not None:
+        result = run(which_mixture_record, named, plan, record, epoch, **settings)
+    else:
+        if epoch:
+            raise click.UsageError("a mixture's --step counts from the run's start (sources "
+                                   "start their epochs at different steps): drop --epoch")
+        result = run(which_mixture_step, named, plan, step, rank, **settings)
+    emit(result, as_json, False)
