@@ -291,9 +291,14 @@ def demo(fixtures, out, seq_len, algo):
 @click.option("--drop-last/--no-drop-last", default=True, show_default=True,
               help="The sampler's drop_last (PackSampler's default: leave out the epoch's last "
                    "packs that fill no whole step; --no-drop-last fills it with the first).")
+@click.option("--tokens-per-step", type=click.IntRange(1), default=None,
+              help="The token-budget sampler's T: each step takes T / L rows of one slot length "
+                   "L (PackSampler(..., tokens_per_step=T); no --batch-size).")
+@click.option("--curriculum", type=click.Choice(["uniform", "grow-p2"]), default="uniform",
+              show_default=True, help="The token-budget sampler's curriculum.")
 @json_option
 def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance, drop_last,
-          as_json):
+          tokens_per_step, curriculum, as_json):
     """Name the source documents of a training step, or where an input record went.
 
     PATH is a packed directory or its URL. From the segment tables and the sources'
@@ -305,11 +310,13 @@ def which(path, epoch, step, rank, record, world_size, batch_size, seed, balance
     Example:
         packtool which out/packed --epoch 0 --step 1200 --world-size 8 --batch-size 4
         packtool which out/packed --record data/part-3.jsonl:1042
+        packtool which out/vsl --step 40 --world-size 8 --tokens-per-step 524288
     """
     from ..train.which import which_record, which_step
 
     settings = dict(world_size=world_size, batch_size=batch_size, seed=seed,
-                    balance=None if balance == "none" else balance, drop_last=drop_last)
+                    balance=None if balance == "none" else balance, drop_last=drop_last,
+                    tokens_per_step=tokens_per_step, curriculum=curriculum)
     if (step is None) == (record is None):
         raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
     (path,) = local(path)
