@@ -39,22 +39,23 @@ def _count_blocks(lengths, block, most):  # pragma: no cover - compiled
     counts = np.zeros((blocks, most), np.int32)
     k = 0
     last, code = -1, -1
-    for i in range(n):
-        v = lengths[i]
-        if v != last:  # runs of one length are common: skip the table lookup
-            code = -1
-            for j in range(k):
-                if values[j] == v:
-                    code = j
-                    break
-            if code < 0:
-                if k == most:
-                    return values, counts, most + 1
-                values[k] = v
-                code = k
-                k += 1
-            last = v
-        counts[i // block, code] += 1
+    for b in range(blocks):  # block by block: no division per row
+        for i in range(b * block, min(n, (b + 1) * block)):
+            v = lengths[i]
+            if v != last:  # runs of one length are common: skip the table lookup
+                code = -1
+                for j in range(k):
+                    if values[j] == v:
+                        code = j
+                        break
+                if code < 0:
+                    if k == most:
+                        return values, counts, most + 1
+                    values[k] = v
+                    code = k
+                    k += 1
+                last = v
+            counts[b, code] += 1
     return values, counts, k
 
 
