@@ -10,11 +10,14 @@ key of its own::
     packer.random     [seed, 0x52414e44]             the ``random`` packer's document order
     sampler.epoch     [seed, 0x53414d50, epoch]      PackSampler's permutation of an epoch
     mixture.epoch     [seed, 0x4d495845, src, epoch] MixtureSampler: a source's epoch order
+    budget.order      [seed, 0x424f5244, epoch, L]   token-budget steps: length L's row order
+    budget.length     [seed, 0x424c454e, epoch]      token-budget steps: each step's length
     stats.batches     [seed, 0x53544154]             ``stats``' random-batch padding figure
     mixture.held_out  [seed, 1, source]              kept as they were (packtool.pack.plan)
     mixture.repeats   [seed, 2, source]
 
-The keys are fixed constants (ASCII of PACK, RAND, SAMP, STAT, MIXE), never derived at run time, so
+The keys are fixed constants (ASCII of PACK, RAND, SAMP, STAT, MIXE,
+BORD, BLEN), never derived at run time, so
 a seed gives the same numbers in every version that keeps this table.
 """
 
@@ -27,6 +30,8 @@ DOMAINS = {
     "packer.random": 0x52414E44,
     "sampler.epoch": 0x53414D50,
     "mixture.epoch": 0x4D495845,
+    "budget.order": 0x424F5244,
+    "budget.length": 0x424C454E,
     "stats.batches": 0x53544154,
     "mixture.held_out": 1,
     "mixture.repeats": 2,

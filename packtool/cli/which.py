@@ -29,6 +29,11 @@ from .options import json_option
 @click.option("--drop-last/--no-drop-last", default=True, show_default=True,
               help="The sampler's drop_last (PackSampler's default: leave out the epoch's last "
                    "packs that fill no whole step; --no-drop-last fills it with the first).")
+@click.option("--tokens-per-step", type=click.IntRange(1), default=None,
+              help="The token-budget sampler's T: each step takes T / L rows of one slot length "
+                   "L (PackSampler(..., tokens_per_step=T); no --batch-size).")
+@click.option("--curriculum", type=click.Choice(["uniform", "grow-p2"]), default="uniform",
+              show_default=True, help="The token-budget sampler's curriculum.")
 @click.option("--schedule", default=None, metavar="JSON|FILE",
               help="A mixture (PATHS given as NAME=DIR): MixtureSampler's schedule, weights "
                    "('{\"web\": 0.7, \"code\": 0.3}') or [step, weights] points, inline or "
@@ -37,7 +42,7 @@ from .options import json_option
               show_default=True, help="A mixture's exhausted setting.")
 @json_option
 def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balance, drop_last,
-          schedule, exhausted, as_json):
+          tokens_per_step, curriculum, schedule, exhausted, as_json):
     """Name the source documents of a training step, or where an input record went.
 
     PATHS is a packed directory or its URL, or for a MixtureSampler's run every source as
@@ -50,6 +55,7 @@ def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balanc
     Example:
         packtool which out/packed --epoch 0 --step 1200 --world-size 8 --batch-size 4
         packtool which out/packed --record data/part-3.jsonl:1042
+        packtool which out/vsl --step 40 --world-size 8 --tokens-per-step 524288
         packtool which web=out/web code=out/code --schedule '{"web": 0.7, "code": 0.3}' \\
             --step 1200 --world-size 8 --batch-size 4
     """
@@ -57,11 +63,12 @@ def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balanc
         raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
     if schedule is not None or len(paths) > 1:
         return _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed,
-                              balance, drop_last, schedule, exhausted, as_json)
+                              balance, drop_last, tokens_per_step, schedule, exhausted, as_json)
     from ..train.which import which_record, which_step
 
     settings = dict(world_size=world_size, batch_size=batch_size, seed=seed,
-                    balance=None if balance == "none" else balance, drop_last=drop_last)
+                    balance=None if balance == "none" else balance, drop_last=drop_last,
+                    tokens_per_step=tokens_per_step, curriculum=curriculum)
     (path,) = local(*paths)
     if record is not None:
         result = run(which_record, path, record, epoch, **settings)
@@ -71,7 +78,7 @@ def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balanc
 
 
 def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed, balance,
-                   drop_last, schedule, exhausted, as_json):
+                   drop_last, tokens_per_step, schedule, exhausted, as_json):
     from ..train.which_mixture import (
         parse_schedule,
         parse_sources,
@@ -82,9 +89,9 @@ def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, see
     if schedule is None:
         raise click.UsageError("several PATHS are a mixture: give its --schedule (the weights "
                                "MixtureSampler ran with) and every source as NAME=DIR")
-    if balance != "none" or not drop_last:
-        raise click.UsageError("--balance and --no-drop-last are PackSampler's settings; a "
-                               "MixtureSampler has neither")
+    if balance != "none" or not drop_last or tokens_per_step is not None:
+        raise click.UsageError("--balance, --no-drop-last and --tokens-per-step are "
+                               "PackSampler's settings; a MixtureSampler has none of them")
     named = run(parse_sources, paths)
     named = dict(zip(named, local(*named.values()), strict=True))
     plan = run(parse_schedule, schedule)

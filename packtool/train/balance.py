@@ -58,6 +58,20 @@ class CostClasses:
         return int(np.searchsorted(self.members[lo:lo + m], pack))
 
 
+def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
+    """Per pack, the sum of its squared segment lengths plus ``linear`` x its tokens (float64),
+    from every shard's segment table (no token is read; see
+    :mod:`packtool.formats.packed.layout`).
+
+    The linear term: a decoder block's forward pass costs ~24 d^2 FLOPs per token in its
+    projections and MLP and ~2 d l^2 per causal segment of l tokens in attention (QK^T and AV,
+    half of each skipped by the mask), so step time ~ sum(l^2) + 12 d * tokens for hidden size
+    d. ``linear=0`` (the default) balances attention alone, what dominates long-context runs;
+    ``linear=12 * hidden_size`` balances the whole block (at L=4096, d=4096 the linear part is
+    ~12x the attention of a full one-document pack, and every full pack costs within ~6%)."""
+    return packed.attention_costs(linear)
+
+
 def fingerprint(costs: np.ndarray | None) -> str | None:
     """First 16 hex digits of the sha256 of the costs (float64, little-endian)."""
     if costs is None:

@@ -68,23 +68,10 @@ import numpy as np
 
 from ..errors import PacktoolError
 from .balance import COST_RATIO, balance_steps, cost_table
+from .balance import attention_costs as attention_costs  # also from here (stats, tests)
 from .balance import fingerprint as fingerprint  # the state's costs_sha256, also from here
 from .order import EpochOrder, class_keys
 from .state import STATE_FORMAT, STATE_VERSION, check_state, dataset_identity
-
-
-def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
-    """Per pack, the sum of its squared segment lengths plus ``linear`` x its tokens (float64),
-    from every shard's segment table (no token is read; see
-    :mod:`packtool.formats.packed.layout`).
-
-    The linear term: a decoder block's forward pass costs ~24 d^2 FLOPs per token in its
-    projections and MLP and ~2 d l^2 per causal segment of l tokens in attention (QK^T and AV,
-    half of each skipped by the mask), so step time ~ sum(l^2) + 12 d * tokens for hidden size
-    d. ``linear=0`` (the default) balances attention alone, what dominates long-context runs;
-    ``linear=12 * hidden_size`` balances the whole block (at L=4096, d=4096 the linear part is
-    ~12x the attention of a full one-document pack, and every full pack costs within ~6%)."""
-    return packed.attention_costs(linear)
 
 
 def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,
@@ -112,6 +99,8 @@ class PackSampler:
     step. ``balance``: None, ``"attention"``, or an array of per-pack costs (e.g.
     ``attention_costs(ds, linear=12 * hidden_size)``). ``cost_ratio``: the widest cost ratio
     inside one class of like-cost packs (balance only).
+    ``tokens_per_step=T`` (and ``curriculum``) makes a token-budget sampler instead: steps of
+    one slot length and exactly T tokens (:mod:`packtool.train.budget`).
 
     >>> s = PackSampler(100, rank=1, world_size=4, batch_size=2)
     >>> s.set_epoch(0); batches = list(s.steps())        # 12 lists of 2 pack indices
@@ -129,9 +118,18 @@ class PackSampler:
     ``StatefulDataLoader``, which snapshots it as each batch is drawn.
     """
 
+    def __new__(cls, packs=None, *, tokens_per_step=None, curriculum=None, **kw):
+        """With ``tokens_per_step``: a :class:`packtool.train.budget.BudgetSampler`."""
+        if tokens_per_step is None and curriculum is None:
+            return super().__new__(cls)
+        from .budget import budget_sampler
+
+        return budget_sampler(packs, tokens_per_step, curriculum, kw)
+
     def __init__(self, packs, *, rank: int, world_size: int, seed: int = 0,
                  drop_last: bool = True, balance=None, batch_size: int = 1,
-                 cost_ratio: float = COST_RATIO):
+                 cost_ratio: float = COST_RATIO, tokens_per_step=None, curriculum=None):
+        # tokens_per_step, curriculum: None here (else __new__ made a BudgetSampler)
         n = packs if isinstance(packs, (int, np.integer)) else len(packs)
         for name, v, lo in (("n_packs", n, 1), ("world_size", world_size, 1),
                             ("batch_size", batch_size, 1), ("seed", seed, 0)):

@@ -133,6 +133,11 @@ def _check_form(state) -> None:
                             f"{type(state).__name__}")
     _check_types({k: state[k] for k in ("version", "format") if k in state})
     version = state.get("version")
+    if state.get("format") == "packtool.train.budget":
+        raise PacktoolError(
+            "this is a token-budget sampler's state (format 'packtool.train.budget', rows "
+            "consumed per slot length): resume it with PackSampler(..., tokens_per_step=T), "
+            "any T; a fixed-length PackSampler cannot continue it")
     if version == 1:
         raise PacktoolError(
             "sampler state version 1 (packtool before the elastic resume) cannot resume: its "

@@ -38,6 +38,8 @@ from ..errors import PacktoolError
 from ..formats.packed import open_packed
 from . import sampler as _sampler
 from .batching import collate_numpy
+from .budget import BudgetSampler
+from .budget_state import STATE_FORMAT as BUDGET_FORMAT
 
 MODEL_KEYS = ("input_ids", "labels", "position_ids")
 
@@ -301,6 +303,24 @@ class PackBatchSampler(_sampler.PackSampler, torch.utils.data.Sampler):
         sampler.load_state_dict(sampler_state(ckpt))   # or: another world size / batch size
     """
 
+    def __new__(cls, packs=None, *, tokens_per_step=None, curriculum=None, **kw):
+        if tokens_per_step is None and curriculum is None:
+            return super().__new__(cls)
+        from .budget import budget_sampler
+
+        return budget_sampler(packs, tokens_per_step, curriculum, kw, BudgetBatchSampler)
+
+    def __iter__(self):
+        return self.steps()
+
+    def __len__(self) -> int:
+        return self.n_steps - self.start_step
+
+
+class BudgetBatchSampler(BudgetSampler, torch.utils.data.Sampler):
+    """``PackBatchSampler(..., tokens_per_step=T)``: this rank's steps of one slot length each
+    (``T / L / world_size`` row indices); ``len()`` counts steps."""
+
     def __iter__(self):
         return self.steps()
 
@@ -319,7 +339,7 @@ def sampler_state(loader_state: dict) -> dict:
 
     def walk(v):
         if isinstance(v, dict):
-            if v.get("format") == _sampler.STATE_FORMAT:
+            if v.get("format") in (_sampler.STATE_FORMAT, BUDGET_FORMAT):
                 found.append(v)
                 return
             for x in v.values():

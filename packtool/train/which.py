@@ -71,8 +71,8 @@ class WhichResult:
         for st in self.steps:
             where = (f"step {st['step']} rank {st['rank']}" if st["step"] is not None else
                      "never taken (the mixture stops first, or gives its source weight 0)"
-                     if "source" in st else "left out (drop_last: no step of the epoch takes "
-                     "it)")
+                     if "source" in st else "left out (drop_last, or fewer than a step of its "
+                     "length left: no step of the epoch takes it)")
             what = f"{st['source']} row" if "source" in st else "pack"
             lines.append(f"  {what} {st['pack']:,} (tokens {st['tokens'][0]:,}..{st['tokens'][1]:,}"
                          f" of the document): epoch {st['epoch']} {where}")
@@ -215,17 +215,25 @@ def document_of(inp: dict, record: int, prefix: str) -> int:
 
 
 def _sampler(ds, epoch, world_size: int, batch_size: int, seed: int, balance: str | None,
-             drop_last: bool):
+             drop_last: bool, tokens_per_step: int | None = None, curriculum: str = "uniform"):
     """The PackSampler ``which`` answers for, after checking what the command line gave: the
     sampler takes no step of more packs than the dataset holds with drop_last, and without it
     fills one with repeats; ``which`` refuses both rather than deal ``G`` slots (work that grows
-    with the number typed, not with the data: ``--world-size 2**62`` would allocate 2**62)."""
+    with the number typed, not with the data: ``--world-size 2**62`` would allocate 2**62).
+    With ``tokens_per_step``, the token-budget sampler (a step's rows follow from T / L; it
+    refuses a world size that does not divide them)."""
     from .sampler import PackSampler
 
     for name, v, lo in (("epoch", epoch, 0), ("world-size", world_size, 1),
                         ("batch-size", batch_size, 1), ("seed", seed, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise PacktoolError(f"--{name} must be an integer >= {lo}, got {v!r}")
+    if tokens_per_step is not None:
+        if batch_size != 1 or not drop_last:
+            raise PacktoolError("--batch-size and --no-drop-last do not apply with "
+                                "--tokens-per-step (a step takes T / L rows of one length)")
+        return PackSampler(ds, rank=0, world_size=world_size, seed=seed, balance=balance,
+                           tokens_per_step=tokens_per_step, curriculum=curriculum)
     n, g = len(ds), world_size * batch_size
     if world_size > n:
         raise PacktoolError(
@@ -246,18 +254,26 @@ def _sampler(ds, epoch, world_size: int, batch_size: int, seed: int, balance: st
                        drop_last=bool(drop_last), balance=balance)
 
 
-def _settings(world_size, batch_size, drop_last) -> str:
+def _settings(world_size, batch_size, drop_last, tokens_per_step=None,
+              curriculum="uniform") -> str:
+    if tokens_per_step is not None:
+        return (f"world size {world_size}, {tokens_per_step:,} tokens a step, curriculum "
+                f"{curriculum}")
     return (f"world size {world_size} x batch size {batch_size} "
             + ("with drop_last" if drop_last else "without drop_last"))
 
 
 def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_size: int = 1,
                batch_size: int = 1, seed: int = 0, balance: str | None = None,
-               drop_last: bool = True) -> WhichResult:
+               drop_last: bool = True, tokens_per_step: int | None = None,
+               curriculum: str = "uniform") -> WhichResult:
     """The source documents of ``step`` of ``epoch`` (every rank, or ``rank``), as the
-    sampler with these settings schedules them. A step the sampler never takes is refused."""
+    sampler with these settings schedules them (``tokens_per_step``: the token-budget
+    sampler's). A step the sampler never takes is refused."""
     ds = open_packed(path, checksums=False)  # structure checked; no full read for a lookup
-    sampler = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last)
+    sampler = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last,
+                       tokens_per_step, curriculum)
+    shown = _settings(world_size, batch_size, drop_last, tokens_per_step, curriculum)
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))
                              or not 0 <= rank < world_size):
         raise PacktoolError(f"--rank {rank!r}: must be from 0 to {world_size - 1}")
@@ -267,16 +283,15 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_si
         left = len(sampler.left_out(epoch)) if drop_last else 0
         raise PacktoolError(
             f"step {step}: the sampler takes steps 0..{n_steps - 1} of epoch {epoch} at "
-            f"{_settings(world_size, batch_size, drop_last)}"
+            f"{shown}"
             + (f"; it leaves out the epoch's last {left:,} packs (fewer than a step), "
                "--no-drop-last fills a last step with the epoch's first packs instead"
-               if left and step == n_steps else ""))
+               if left and step == n_steps and tokens_per_step is None else ""))
     row = sampler.schedule_row(epoch, step)
     sources = Sources(ds)
     res = WhichResult(str(path), f"epoch {epoch} step {step}"
                       + (f" rank {rank}" if rank is not None else "")
-                      + f" ({_settings(world_size, batch_size, drop_last)}, seed {seed}, "
-                      f"balance {balance or 'none'})")
+                      + f" ({shown}, seed {seed}, balance {balance or 'none'})")
     for r in ([rank] if rank is not None else range(world_size)):
         for pack in row[r].tolist():
             docs, offs, lens = ds.segments(pack)
@@ -289,18 +304,20 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_si
 
 
 def which_record(path, spec: str, epoch: int = 0, *, world_size: int = 1, batch_size: int = 1,
-                 seed: int = 0, balance: str | None = None, drop_last: bool = True) -> WhichResult:
+                 seed: int = 0, balance: str | None = None, drop_last: bool = True,
+                 tokens_per_step: int | None = None, curriculum: str = "uniform") -> WhichResult:
     """Where record ``FILE:RECORD`` went: its packs, and the step and rank of each in
     ``epoch`` (every place the sampler yields the pack: without drop_last a pack of the epoch's
     first ones also fills the last step; with it, a pack of the left-out tail has none)."""
     file, rec = parse_record(spec)
     ds = open_packed(path, checksums=False)
-    sampler = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last)
+    sampler = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last,
+                       tokens_per_step, curriculum)
     sources = Sources(ds)
     doc = sources.find(file, rec)
+    shown = _settings(world_size, batch_size, drop_last, tokens_per_step, curriculum)
     res = WhichResult(str(path), f"{spec} (document {doc:,}) in epoch {epoch} "
-                      f"({_settings(world_size, batch_size, drop_last)}, seed {seed}, "
-                      f"balance {balance or 'none'})")
+                      f"({shown}, seed {seed}, balance {balance or 'none'})")
     found = rows_of(ds, doc)
     for pack, a, b in found:  # each pack's step by the inverse permutation: no schedule built
         for st, r in sampler.places(pack, epoch) or [(None, None)]:

@@ -1,0 +1,395 @@
+"""Token-budget steps: every global step takes rows of one slot length ``L``, ``T / L`` of them,
+so every step holds exactly ``T`` token slots (a remnant row of a ``--vsl`` dataset counts as
+its slot, MIN), whatever its length; a curriculum picks each step's length.
+
+    PackSampler(ds, rank=r, world_size=2, tokens_per_step=8192, curriculum="uniform")
+
+    lengths      512: 3,000 rows   1024: 1,200 rows   4096: 300 rows     (ds.row_lengths())
+    rows a step  16                8                  2                  (T / L: 8 per rank,
+    step 0: L=512  rank 0 [rows of 512 #0..7]  rank 1 [#8..15]            4, 1 at 2 ranks)
+    step 1: L=4096 rank 0 [row of 4096 #0]     rank 1 [#1]
+    step 2: L=512  rank 0 [#16..23]            rank 1 [#24..31]  ...
+
+``#i`` is position ``i`` of the length's order for the epoch: a keyed permutation of that
+length's rows (:class:`packtool.train.permute.Feistel`, packtool.seeds 'budget.order' of
+``[seed, epoch, L]``), computed per step, never held; the ``i``-th row of a length is found
+through a table of counts per block of rows (:mod:`packtool.train.by_length`). A step of
+length ``L`` takes the next ``T / L`` positions of its order, so what an epoch has consumed is
+one count per length, whatever the world size or ``T`` that consumed it. Each step's length
+is drawn (:mod:`packtool.train.curriculum`) from ``(seed, epoch, step, rows left per
+length)`` alone: every rank draws the same, and a resume under the same settings deals the
+steps of the uninterrupted run.
+
+**Epoch end, leftovers.** A length that has fewer than ``T / L`` rows left cannot fill a step:
+its weight drops to 0. The epoch ends when no length can fill one, after exactly
+``sum(rows_L // (T / L))`` steps (known in advance; the curriculum orders them). What is left
+(fewer than ``T / L`` rows of each length, under ``T`` tokens each) is in no step of the epoch:
+``left_out()`` lists it, the state's ``remaining`` counts it, and the next epoch permutes
+every row again, those included.
+
+**Resume, elastic.** The state records the epoch, the step and the rows consumed per length,
+which any other world size, ``T`` or curriculum continues: the next step draws its length from
+what is left and takes the next positions of that length's order, so nothing is repeated or
+skipped. Step numbers go on from the saved step (a state saved by 2 ranks after step 5 resumes
+on 1 rank at step 5).
+
+**Refused by name**: a length present whose ``T / L`` is not a whole number, or not divisible
+by the world size; a curriculum that gives weight to no length that can still fill a step;
+``batch_size`` (rows a step follow from ``T / L``) or ``drop_last=False`` (a leftover row would
+make a step of mixed lengths).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import PacktoolError
+from .balance import balance_steps, fingerprint
+from .budget_state import STATE_FORMAT, STATE_VERSION, check_budget_state
+from .by_length import RowsByLength
+from .curriculum import curriculum_of, draw
+from .permute import ROUNDS, Feistel
+from .state import dataset_identity
+
+MARK_EVERY = 256  # steps between remembered counts: a lookup replays at most 255 draws
+
+
+def budget_sampler(rows, tokens_per_step, curriculum, kw: dict, cls=None) -> BudgetSampler:
+    """``PackSampler(rows, tokens_per_step=T, ...)``: refuses what applies to fixed batches."""
+    if tokens_per_step is None:
+        raise PacktoolError("curriculum picks each step's slot length: give tokens_per_step=T "
+                            "too (steps of T tokens of one length), or drop curriculum")
+    for name, ok in (("batch_size", 1), ("drop_last", True), ("cost_ratio", None)):
+        if name in kw and kw.pop(name) != ok:
+            raise PacktoolError(
+                f"{name} does not apply with tokens_per_step: a step takes T / L rows of one "
+                "slot length L (dealt evenly to the ranks) and leaves out what cannot fill a "
+                f"step; drop {name}, or drop tokens_per_step for fixed batches")
+    return (cls or BudgetSampler)(rows, tokens_per_step=tokens_per_step,
+                                  curriculum="uniform" if curriculum is None else curriculum, **kw)
+
+
+def _rows_by_length(rows) -> RowsByLength:
+    """The rows' slot lengths: an array of them, ``rows.row_lengths()`` (a ``--vsl`` dataset),
+    or ``len(rows)`` rows of ``rows.seq_len`` (a fixed-length dataset)."""
+    if isinstance(rows, np.ndarray):
+        lengths = rows
+    elif hasattr(rows, "row_lengths"):
+        lengths = np.asarray(rows.row_lengths())
+        if lengths.shape != (len(rows),):
+            raise PacktoolError(f"row_lengths() gave shape {lengths.shape} for {len(rows):,} "
+                                "rows: it must give one slot length per row")
+    elif hasattr(rows, "seq_len") and hasattr(rows, "__len__"):
+        return RowsByLength.constant(len(rows), int(rows.seq_len))
+    else:
+        raise PacktoolError(
+            f"tokens_per_step needs every row's slot length, and {type(rows).__name__} gives "
+            "none: pass the packed dataset (open_packed(dir): row_lengths() of a --vsl pack, "
+            "else seq_len) or an array of row lengths")
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
+        raise PacktoolError(f"row lengths must be a 1-D integer array, got {lengths.dtype} of "
+                            f"shape {lengths.shape}")
+    if lengths.dtype != np.int64:
+        lengths = lengths.astype(np.int64)
+    return RowsByLength(lengths)
+
+
+class BudgetSampler:
+    """This rank's row indices, step by step, with ``tokens_per_step`` token slots a global
+    step. Made by ``PackSampler(rows, ..., tokens_per_step=T)``; ``rows``: a packed dataset or
+    an array of row lengths. ``curriculum``: ``"uniform"``, ``"grow-p2"`` or a callable
+    ``step -> weights per length``. ``balance``: None, ``"attention"`` or per-row costs: the
+    rows of a step dealt so every rank's share costs alike (:func:`balance_steps`).
+
+    >>> lengths = np.repeat([512, 1024, 4096], [300, 120, 30])
+    >>> s = PackSampler(lengths, rank=0, world_size=2, tokens_per_step=8192)
+    >>> s.n_steps                                 # 300 // 16 + 120 // 8 + 30 // 2
+    48
+    >>> state = s.state_dict(step=5)
+    >>> t = PackSampler(lengths, rank=0, world_size=1, tokens_per_step=16384)
+    >>> t.load_state_dict(state); t.start_step    # the rest as steps of 16,384 tokens
+    5
+    """
+
+    def __init__(self, rows, *, rank: int, world_size: int, tokens_per_step: int,
+                 curriculum="uniform", seed: int = 0, balance=None):
+        for name, v, lo in (("world_size", world_size, 1), ("tokens_per_step", tokens_per_step,
+                                                            1), ("seed", seed, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+                or not 0 <= rank < world_size:
+            raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
+                                f"got {rank!r}")
+        self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
+        self.tokens_per_step = int(tokens_per_step)
+        self.index = _rows_by_length(rows)
+        self.lengths, self.sizes = self.index.values, self.index.sizes
+        self.n_rows = int(self.sizes.sum())
+        self.per_step = self._check_shape()
+        self.curriculum, self._weights = curriculum_of(curriculum)
+        self.balance, self.costs = _costs(rows, balance, self.n_rows)
+        self.fingerprint = fingerprint(self.costs)
+        self.dataset = None if isinstance(rows, np.ndarray) else dataset_identity(rows)
+        self.epoch, self.start_step, self._handed = 0, 0, 0
+        self._resumed = None  # (epoch, step, consumed per length) of a resume
+        self._marks: dict = {}
+        self._cache: dict = {}
+
+    def _check_shape(self) -> np.ndarray:
+        t, w = self.tokens_per_step, self.world_size
+        least = int(np.lcm.reduce(self.lengths)) * w  # T / L rows divisible by w for every L
+        for length, m in zip(self.lengths.tolist(), self.sizes.tolist(), strict=True):
+            why = (f"is not a multiple of slot length {length:,} ({m:,} rows have it): a step "
+                   f"of that length would not hold exactly {t:,} tokens" if t % length else
+                   f"/ slot length {length:,} = {t // length:,} rows a step, which {w} ranks "
+                   "cannot share evenly" if (t // length) % w else None)
+            if why:
+                raise PacktoolError(f"tokens_per_step {t:,} {why}; use a multiple of {least:,} "
+                                    f"(every length {self.lengths.tolist()} x world size {w})")
+        return t // self.lengths
+
+    # ------------------------------------------------------------------ the epoch's draws
+
+    def _keyed(self, epoch: int):
+        """(draw key, per length its Feistel order) of ``epoch``, cached for two epochs."""
+        from ..seeds import rng
+
+        if epoch not in self._cache:
+            if len(self._cache) >= 2:
+                del self._cache[next(iter(self._cache))]
+            key = int(rng(self.seed, "budget.length", epoch).integers(0, 1 << 63))
+            perms = [Feistel(int(m), rng(self.seed, "budget.order", epoch, int(length))
+                             .integers(0, 1 << 63, ROUNDS, dtype=np.uint64))
+                     for length, m in zip(self.lengths, self.sizes, strict=True)]
+            self._cache[epoch] = (key, perms)
+        return self._cache[epoch]
+
+    def _origin(self, epoch: int) -> tuple[int, np.ndarray]:
+        if self._resumed is not None and self._resumed[0] == epoch:
+            return self._resumed[1], self._resumed[2]
+        return 0, np.zeros(len(self.lengths), np.int64)
+
+    def _next(self, epoch: int, step: int, consumed: np.ndarray) -> int | None:
+        """The length index step ``step`` takes after ``consumed``, None at the epoch's end."""
+        left = self.sizes - consumed
+        fill = left >= self.per_step
+        if not fill.any():
+            return None
+        w = self._weights(step, self.lengths, left * self.lengths, self.sizes * self.lengths)
+        w = [int(x) if f else 0 for x, f in zip(w, fill.tolist(), strict=True)]
+        if not sum(w):
+            can = [int(v) for v, f in zip(self.lengths, fill, strict=True) if f]
+            raise PacktoolError(
+                f"curriculum {self.curriculum!r} gives step {step} of epoch {epoch} weight 0 "
+                f"for every length that can still fill a step ({can}; the others have fewer "
+                f"than tokens_per_step / L rows left): give one of them a weight > 0")
+        return draw(self._keyed(epoch)[0], step, w)
+
+    def _consumed_at(self, epoch: int, step: int) -> np.ndarray:
+        """Rows per length consumed before ``step`` (replayed from the nearest mark)."""
+        first, consumed = self._origin(epoch)
+        if step < first:
+            raise PacktoolError(f"step {step} of epoch {epoch} comes before step {first}, where "
+                                "this sampler resumed: ask a sampler that did not resume")
+        marks = [s for s in self._marks.get(epoch, {}) if first <= s <= step]
+        at = max(marks, default=first)
+        if marks:
+            consumed = np.array(self._marks[epoch][at], np.int64)
+        while at < step:
+            k = self._next(epoch, at, consumed)
+            if k is None:
+                break
+            consumed = consumed.copy()
+            consumed[k] += self.per_step[k]
+            at += 1
+            self._mark(epoch, at, consumed)
+        return consumed
+
+    def _mark(self, epoch: int, step: int, consumed: np.ndarray) -> None:
+        if step % MARK_EVERY == 0:
+            if epoch not in self._marks:
+                self._marks = {epoch: {}}  # one epoch's marks at a time
+            self._marks[epoch][step] = tuple(consumed.tolist())
+
+    def _deal(self, epoch: int, consumed: np.ndarray, k: int) -> np.ndarray:
+        """The step of length index ``k`` after ``consumed``: [world_size, rows a rank]."""
+        r = int(self.per_step[k])
+        pos = int(consumed[k]) + np.arange(r, dtype=np.int64)
+        rows = self.index.select(k, self._keyed(epoch)[1][k].perm(pos))
+        b = r // self.world_size
+        if self.costs is None:
+            return rows.reshape(self.world_size, b)
+        slots = balance_steps(self.costs[rows][None], self.world_size, b)[0]
+        return rows[slots]
+
+    # ------------------------------------------------------------------ the schedule
+
+    def first_step(self, epoch: int | None = None) -> int:
+        """0, or the step where a resume began ``epoch``."""
+        return self._origin(self.epoch if epoch is None else int(epoch))[0]
+
+    def steps_in(self, epoch: int | None = None) -> int:
+        """Steps every rank takes in ``epoch`` (counted from its start)."""
+        first, consumed = self._origin(self.epoch if epoch is None else int(epoch))
+        return first + int(((self.sizes - consumed) // self.per_step).sum())
+
+    @property
+    def n_steps(self) -> int:
+        return self.steps_in(self.epoch)
+
+    def schedule_row(self, epoch: int, step: int) -> np.ndarray:
+        """Every rank's rows of ``step`` of ``epoch``: [world_size, T / L / world_size]."""
+        epoch, step = int(epoch), int(step)
+        if not self.first_step(epoch) <= step < self.steps_in(epoch):
+            raise IndexError(f"step {step} of {self.steps_in(epoch)}")
+        consumed = self._consumed_at(epoch, step)
+        return self._deal(epoch, consumed, self._next(epoch, step, consumed))
+
+    def _walk(self, epoch: int):
+        """(step, consumed before it, its length index) of every step from the first."""
+        step, consumed = self._origin(epoch)
+        while (k := self._next(epoch, step, consumed)) is not None:
+            yield step, consumed, k
+            consumed = consumed.copy()
+            consumed[k] += self.per_step[k]
+            step += 1
+
+    def step_lengths(self, epoch: int | None = None) -> np.ndarray:
+        """The slot length of every step of ``epoch`` from its first step."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        return np.array([int(self.lengths[k]) for _, _, k in self._walk(epoch)], np.int64)
+
+    def global_schedule(self, epoch: int | None = None) -> list[np.ndarray]:
+        """Every step's [world_size, rows a rank] from the epoch's first step (for tests)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch)]
+
+    def places(self, row: int, epoch: int | None = None) -> list[tuple[int, int]]:
+        """[(step, rank)] where ``epoch`` takes ``row``: one, or none (left out, or consumed
+        before the resume)."""
+        epoch, row = self.epoch if epoch is None else int(epoch), int(row)
+        if not 0 <= row < self.n_rows:
+            raise PacktoolError(f"row {row} is not one of the {self.n_rows:,} rows")
+        k, local = self.index.locate(row)
+        i = int(self._keyed(epoch)[1][k].inverse([local])[0])
+        _, consumed = self._origin(epoch)
+        full = (int(self.sizes[k]) - int(consumed[k])) // int(self.per_step[k])
+        if i < consumed[k] or (i - consumed[k]) // self.per_step[k] >= full:
+            return []
+        for step, before, j in self._walk(epoch):  # the step whose positions of k reach i
+            if j == k and before[k] + self.per_step[k] > i:
+                dealt = self._deal(epoch, before, k)
+                return [(step, int(np.argwhere(dealt == row)[0][0]))]
+        return []  # a curriculum that refuses first raises instead
+
+    def left_out(self, epoch: int | None = None) -> np.ndarray:
+        """Rows of ``epoch`` no step takes: per length, the last ``left % (T / L)`` of what was
+        left to deal (fewer than a step)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        _, consumed = self._origin(epoch)
+        perms, out = self._keyed(epoch)[1], []
+        for k, (m, r) in enumerate(zip(self.sizes.tolist(), self.per_step.tolist(),
+                                       strict=True)):
+            c = int(consumed[k])
+            start = c + (m - c) // r * r
+            out.append(self.index.select(k, perms[k].perm(np.arange(start, m))))
+        return np.sort(np.concatenate(out))
+
+    # ------------------------------------------------------------------ iteration
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch``; changing the epoch drops a pending resume."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise PacktoolError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if int(epoch) != self.epoch:
+            self.start_step = self._handed = 0
+            self._resumed = None
+        self.epoch = int(epoch)
+
+    def steps(self):
+        """This rank's rows (lists of ``T / L / world_size`` indices), step by step from the
+        resume point to the epoch's end, one step computed at a time."""
+        epoch, step = self.epoch, self.start_step
+        consumed = self._consumed_at(epoch, step)
+        self.start_step = self._handed = self.first_step()
+        while (k := self._next(epoch, step, consumed)) is not None:
+            mine = self._deal(epoch, consumed, k)[self.rank].tolist()
+            consumed = consumed.copy()
+            consumed[k] += self.per_step[k]
+            step += 1
+            self._mark(epoch, step, consumed)
+            self._handed = step  # before the yield: a snapshot after it counts the step
+            yield mine
+
+    def __iter__(self):
+        for batch in self.steps():
+            yield from batch
+
+    def __len__(self) -> int:
+        """Row indices the next iteration yields (known without drawing: every length gives
+        ``left // (T / L)`` steps of ``T / L / world_size`` rows a rank)."""
+        consumed = self._consumed_at(self.epoch, self.start_step)
+        full = (self.sizes - consumed) // self.per_step
+        return int((full * (self.per_step // self.world_size)).sum())
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self, step: int | None = None) -> dict:
+        """Where to resume, as JSON-ready plain data. ``step``: steps of the epoch the training
+        loop has finished (``n_steps``: step 0 of the next epoch); without it, the steps
+        ``steps()`` has handed out (torchdata's ``Stateful`` protocol). Records the rows
+        consumed per length and what defines the orders (seed, rows per length, costs,
+        dataset); world size, ``tokens_per_step``, curriculum and balance may change."""
+        first, n = self.first_step(), self.n_steps
+        roll = step is not None
+        step = max(self._handed, self.start_step) if step is None else step
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or not first <= step <= n:
+            raise PacktoolError(f"step must be {first}..{n} (steps of epoch {self.epoch}"
+                                f"{' after the resume' if first else ''}), got {step!r}")
+        epoch, step = self.epoch, int(step)
+        consumed = self._consumed_at(epoch, step)
+        origin = (first, int((self._origin(epoch)[1] * self.lengths).sum()))
+        if step == n and roll:
+            epoch, step, consumed, origin = epoch + 1, 0, np.zeros_like(consumed), (0, 0)
+        names = [str(v) for v in self.lengths.tolist()]
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": epoch,
+                "step": step, "consumed": dict(zip(names, consumed.tolist(), strict=True)),
+                "remaining": self.n_rows - int(consumed.sum()),
+                "origin": {"step": origin[0], "tokens": origin[1]},
+                "world_size": self.world_size, "tokens_per_step": self.tokens_per_step,
+                "curriculum": self.curriculum, "seed": self.seed,
+                "rows": dict(zip(names, self.sizes.tolist(), strict=True)),
+                "balance": self.balance, "costs_sha256": self.fingerprint,
+                "dataset": self.dataset}
+
+    def load_state_dict(self, state) -> None:
+        """Resume from ``state`` (of any rank, world size, ``tokens_per_step`` or curriculum):
+        the next iteration deals what the epoch has left. Refused by name: a malformed state,
+        a fixed-length PackSampler's state, another seed, other rows per length or dataset, a
+        step that disagrees with the rows consumed."""
+        epoch, step, consumed = check_budget_state(state, self)
+        self.epoch = epoch
+        self._resumed = (epoch, step, consumed) if step else None
+        self._marks = {}
+        self.start_step = self._handed = step
+
+
+def _costs(rows, balance, n: int):
+    """(balance as the state records it, per-row costs or None)."""
+    if balance is None:
+        return None, None
+    if isinstance(balance, str):
+        if balance != "attention":
+            raise PacktoolError(f"balance must be None, 'attention' or an array of per-row "
+                                f"costs, got {balance!r}")
+        if not hasattr(rows, "attention_costs"):
+            raise PacktoolError("balance='attention' reads segment lengths from a packed "
+                                "dataset: pass open_packed(dir), or balance=<per-row costs>")
+        return "attention", np.asarray(rows.attention_costs(), np.float64)
+    costs = np.asarray(balance, np.float64)
+    if costs.shape != (n,) or not np.isfinite(costs).all() or (costs < 0).any():
+        raise PacktoolError(f"balance costs must be {n:,} finite numbers >= 0 (one per row), "
+                            f"got shape {costs.shape}")
+    return "costs", costs
