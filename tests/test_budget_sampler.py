@@ -47,6 +47,19 @@ def packed(tmp_path_factory):
     return packtool.open_packed(d / "p")
 
 
+@pytest.fixture(scope="module")
+def vsl(packed):
+    """The whole fixture corpus packed with ``--vsl 256:2048``: chunk rows of 2**k, remnant
+    rows of 256."""
+    d = Path(packed.directory).parent
+    fx = ROOT / "fixtures"
+    packtool.tokenize_files(sorted(str(f) for f in (fx / "corpus").glob("part-*")),
+                            fx / "tokenizer", d / "all",
+                            packtool.tokenize.TokenizeOptions(eos="<|eos|>"))
+    packtool.pack_corpus([d / "all"], d / "v", 2048, "bfd", vsl="256:2048")
+    return packtool.open_packed(d / "v")
+
+
 def ranks(rows, world, **kw):
     return [PackSampler(rows, rank=r, world_size=world, **kw) for r in range(world)]
 
@@ -56,8 +69,15 @@ def steps_of(samplers):
     return [list(step) for step in zip(*(list(s.steps()) for s in samplers), strict=True)]
 
 
-def test_done_when_one_length_8192_tokens_no_repeat_and_2_to_1_rank_resume(packed):
-    ds = Varied(packed)
+@pytest.mark.parametrize("kind", ["vsl", "varied"])
+def test_done_when_one_length_8192_tokens_no_repeat_and_2_to_1_rank_resume(packed, vsl, kind):
+    """Issue 32.2's check, on a real ``pack --vsl 256:2048`` dataset and on varied lengths."""
+    ds = vsl if kind == "vsl" else Varied(packed)
+    if kind == "vsl":
+        ds.lengths = ds.row_lengths()
+        assert set(ds.lengths.tolist()) <= set(SLOTS) and len(set(ds.lengths.tolist())) > 1
+        for i in range(0, len(ds), 5):  # a row's tokens fit its slot
+            assert len(ds[i]["input_ids"]) <= ds.row_length(i)
     two = ranks(ds, 2, tokens_per_step=8192)
     steps = steps_of(two)
     assert len(steps) == two[0].n_steps == sum(
