@@ -12,18 +12,6 @@ FIXTURES = ROOT / "fixtures"
 TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.json"
 CORPUS = FIXTURES / "corpus"
 
-# torch.compile's kernel cache (transformers' flex_attention in test_block_mask.py and
-# test_conformance.py) is one folder, /tmp/torchinductor_$USER, for every process: each
-# pytest-xdist worker gets its own (kept across runs), so that two workers never build kernels
-# in one folder at once (a run of -n 2 failed once there with a C++ compile error).
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    import getpass
-    import tempfile
-
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
-        tempfile.gettempdir(),
-        f"torchinductor_{getpass.getuser()}_{os.environ['PYTEST_XDIST_WORKER']}"))
-
 
 def packtool_process(*args, env=None, check=True, cwd=ROOT):
     """``python -m packtool ARGS`` in a fresh process from the repository root (or ``cwd``,
