@@ -216,12 +216,39 @@ def modules_not_run() -> list[str]:
     return out
 
 
+class _WorkersNotRun:
+    """Under pytest-xdist (``-n 2``) each worker traces its own share of the tests: each
+    sends the modules it did not run, and a module counts as not run only when no worker
+    ran it. (The controller runs no test: its own trace is empty.)"""
+
+    def __init__(self):
+        self.lists: list[set[str]] = []
+
+    def pytest_testnodedown(self, node, error):
+        not_run = getattr(node, "workeroutput", {}).get("packtool_not_run")
+        if not_run is not None:
+            self.lists.append(set(not_run))
+
+
+def pytest_configure(config):
+    if _TIER_CHECK and config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_WorkersNotRun(), "packtool_workers_not_run")
+
+
 def pytest_sessionfinish(session, exitstatus):
     if not _TIER_CHECK:
         return
     sys.settrace(None)
     threading.settrace(None)
-    session.config.stash[_NOT_RUN] = missing = modules_not_run()
+    workers = session.config.pluginmanager.get_plugin("packtool_workers_not_run")
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller decides
+        session.config.workeroutput["packtool_not_run"] = modules_not_run()
+        return
+    if workers is not None and workers.lists:
+        missing = sorted(set.intersection(*workers.lists))
+    else:
+        missing = modules_not_run()
+    session.config.stash[_NOT_RUN] = missing
     if missing and session.exitstatus == 0:
         session.exitstatus = 1
 
