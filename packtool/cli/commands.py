@@ -178,6 +178,7 @@ def verify(ctx, path, sources, as_json):
               help="Report on lengths alone: a local .npy of document lengths or a "
                    "length,count CSV (a small file: copy it here from a store).")
 @fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, *ALIGN_FIELDS, "seed",
+        "share_prompt",
         seq_len={"required": False, "multiple": True, "type": ("ints", 1, 2**31 - 1),
                  "help": "Sequence lengths to evaluate: -L 512,2048 or -L 512 -L 2048 "
                  "(default 512 1024 2048 4096 8192)."})
