@@ -8,8 +8,9 @@ sequences sit together in their row, in order::
 
 A group longer than ``--seq-len`` cannot be split or truncated (its sequences would lose their
 prompt or each other): it is refused unless ``--overflow drop``, which drops it and counts it.
-With a prompt of a third of a pair's tokens, sharing saves a sixth of them (P + C + R against
-2P + C + R); of a group of G completions, (G - 1) x P tokens.
+Sharing stores P + C + R against 2P + C + R: with the prompt a third of P + C + R, a quarter
+fewer tokens (scripts/bench_preference.py: 24.3% on 20,000 such pairs, 19.8% on
+UltraFeedback-shaped ones, prompt 25%); of a group of G completions, (G - 1) x P tokens.
 """
 
 from __future__ import annotations
