@@ -2,6 +2,8 @@
 prompt's tokens copied before each, the loss mask on the completions, roles and prompt
 lengths per sequence (token format version 4), bad records named by file and line."""
 
+import json
+
 import numpy as np
 import pytest
 from conftest import TOKENIZER, run, write_jsonl
@@ -126,3 +128,39 @@ def test_a_tampered_role_file_is_refused_by_verify(tmp_path):
 
     with pytest.raises(FormatError, match="document 0 has role 1"):
         check_roles(roles, "x")
+
+
+@pytest.mark.parametrize("kind", ["pairs", "completions"])
+def test_summary_counts_groups_and_sequences(tmp_path, kind):
+    """The summary line and --json say groups and sequences, true to the corpus written."""
+    if kind == "pairs":
+        p = write_jsonl(tmp_path / "in.jsonl", PAIRS)
+        flags = ["--prompt-field", "prompt", "--chosen-field", "chosen", "--rejected-field",
+                 "rejected"]
+        want = "2 pairs, 4 sequences"
+    else:
+        p = write_jsonl(tmp_path / "in.jsonl", [{"q": "Say hi", "outs": ["hi", "yo", "hey"]},
+                                               {"q": "Count", "outs": ["one two"]}])
+        flags = ["--prompt-field", "q", "--completions-field", "outs"]
+        want = "2 groups of completions, 4 sequences"
+    base = ["tokenize", p, "--tokenizer", TOKENIZER, *flags]
+    r = run(*base, "--out", tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    assert f"{tmp_path / 'a'}: {want}, " in r.stdout
+    assert "documents" not in r.stdout.splitlines()[0]
+    assert "no --eos: completions" in r.output and "export --format" not in r.output
+    r = run(*base, "--out", tmp_path / "b", "--json", "-q")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    c = packtool.open_tokens(tmp_path / "b")
+    assert got["groups"] == {"kind": kind, "n_groups": c.groups["n_groups"],
+                             "n_sequences": len(c)}
+    assert got["n_docs"] == len(c) and got["n_tokens"] == c.n_tokens
+
+
+def test_summary_of_documents_is_unchanged(tmp_path):
+    p = write_jsonl(tmp_path / "d.jsonl", [{"text": "one two"}, {"text": "three"}])
+    r = run("tokenize", p, "--tokenizer", TOKENIZER, "--out", tmp_path / "d", "--json", "-q")
+    assert json.loads(r.stdout)["groups"] is None
+    r = run("tokenize", p, "--tokenizer", TOKENIZER, "--out", tmp_path / "e")
+    assert f"{tmp_path / 'e'}: 2 documents, " in r.stdout

@@ -181,6 +181,7 @@ def verify(ctx, path, sources, as_json):
               help="Report on lengths alone: a local .npy of document lengths or a "
                    "length,count CSV (a small file: copy it here from a store).")
 @fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, *ALIGN_FIELDS, "seed", "vsl",
+        "share_prompt",
         vsl={"help": "Also predict the rows pack --vsl MIN:MAX writes: rows per length, "
              "remnant rows and their share of the tokens."},
         seq_len={"required": False, "multiple": True, "type": ("ints", 1, 2**31 - 1),

@@ -54,6 +54,29 @@ OPTIONS = {
     "link": ("--copy", {("megatron", "corpus")}),  # link=False is --copy
 }
 RECORDS = {"corpus": "documents", "packed": "packs"}
+# pairs and groups (token and packed format version 4): a format whose rows can name each
+# sequence's group and role carries them (mds, parquet: seq_group, seq_role beside the
+# segments); the others would hand a trainer chosen and rejected alike as text to learn,
+# so they are refused, by name, with the reason
+NO_GROUPS = {
+    "megatron": "Megatron's GPTDataset has no notion of a group or a role: every sequence, "
+                "the rejected ones included, would be trained on as plain text (and with "
+                "--share-prompt, as one causal row, each completion would attend to its "
+                "siblings)",
+    "llmc": "an llm.c token stream has no groups or roles: chosen and rejected completions "
+            "would be trained on alike as text",
+    "parquet-packed": "Megatron-Bridge's GPTSFTPackedParquetDataset has no group or role "
+                      "column: it would train on every completion, the rejected ones "
+                      "included, as SFT",
+}
+SHARED_PROMPT = ("a --share-prompt row cannot be written as segments: cu_seqlens (seq_lengths) "
+                 "can only say 'attend within your own segment', so a completion would lose "
+                 "its prompt (or, read as one causal row, attend to its siblings), and the "
+                 "format's position_ids restart at 0 where a completion's continue from its "
+                 "prompt's end")
+GROUPS_FIX = ("train from the packed dataset with packtool.torch (block_mask, sequence_logps: "
+              "docs/TRAINING.md), or export --format parquet or mds from a pack without "
+              "--share-prompt (their seq_group and seq_role columns name each sequence)")
 
 
 @dataclass
@@ -167,6 +190,7 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
                                 for f, k in sorted(used_by))
             raise PacktoolError(f"{flag} applies to {where} only; drop it for --format {fmt}")
     source = _open(src, kind)
+    refuse_groups(source, kind, fmt, src)
     output = Output(out, default_options())
     if not output.remote:
         _refuse_self_overwrite(source, kind, Path(out))
@@ -189,6 +213,20 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
         seconds=time.perf_counter() - t0, notes=list(info.get("notes", [])),
         details=dict(info.get("details", {})),
     )
+
+
+def refuse_groups(source, kind: str, fmt: str, src) -> None:
+    """Pairs or groups refused where ``fmt`` cannot carry them (:data:`NO_GROUPS`), and a
+    --share-prompt pack everywhere (:data:`SHARED_PROMPT`)."""
+    groups = source.groups if kind == "corpus" else source.index.get("groups")
+    if not groups:
+        return
+    reason = NO_GROUPS.get(fmt) or (SHARED_PROMPT if groups.get("share_prompt") else None)
+    if reason is not None:
+        what = "preference pairs" if groups["kind"] == "pairs" else "groups of completions"
+        shared = " packed with --share-prompt" if groups.get("share_prompt") else ""
+        raise PacktoolError(f"{src} holds {what}{shared}; --format {fmt} cannot carry them: "
+                            f"{reason}; {GROUPS_FIX}")
 
 
 def _write(write, source, out: Output, overwrite: bool, tick, options: dict) -> dict:

@@ -12,6 +12,9 @@
                                     (pad_id, labels -100) and these are the padded boundaries
       labels        ndarray:int32   -100 at each segment's first token and where loss mask is 0
       loss_mask     ndarray:uint8   only when the packed dataset has one (SFT/chat)
+      seq_group     ndarray:int64   pairs and groups only: each segment's group and role (1
+      seq_role      ndarray:int32   chosen, 2 rejected, 3 + k completion k); a segment is one
+                                    sequence, prompt + completion (--share-prompt is refused)
 
 Read with ``StreamingDataset(local=DIR, shuffle=False)[i]`` (or ``remote=`` after uploading);
 for batches, ``StreamingDataLoader(dataset, batch_size=B, collate_fn=packtool.torch.collate_mds)``
@@ -92,11 +95,13 @@ def import_streaming():
     return streaming
 
 
-def columns(has_mask: bool) -> dict[str, str]:
+def columns(has_mask: bool, grouped: bool = False) -> dict[str, str]:
     cols = {"input_ids": "ndarray:int32", "position_ids": "ndarray:int32",
             "cu_seqlens": "ndarray:int32", "labels": "ndarray:int32"}
     if has_mask:
         cols[MASK] = "ndarray:uint8"
+    if grouped:
+        cols.update({"seq_group": "ndarray:int64", "seq_role": "ndarray:int32"})
     return cols
 
 
@@ -116,6 +121,9 @@ def _samples(ds, k: int, lo: int, hi: int, has_mask: bool):
             mask = r["mask"]
             sample[MASK] = (np.ones(b - a, np.uint8) if mask is None
                             else np.asarray(mask[a:b], np.uint8))
+        if "seg_group" in r:  # pairs and groups, plain layout: one segment a sequence
+            sample["seq_group"] = r["seg_group"][ps[j]:ps[j + 1]]
+            sample["seq_role"] = r["seg_role"][ps[j]:ps[j + 1]]
         yield sample
 
 
@@ -127,7 +135,7 @@ def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
         raise PacktoolError(f"{ds.directory} holds no packs; nothing to export")
     streaming = import_streaming()
     has_mask = bool(ds.index.get("loss_mask"))
-    cols = columns(has_mask)
+    cols = columns(has_mask, ds.index.get("groups") is not None)
     out = Path(out)
     with atomic_dir(out, overwrite, owned=export_owned) as tmp:
         with streaming.MDSWriter(out=str(tmp), columns=cols, compression=None) as w:

@@ -6,6 +6,9 @@ else a directory with one file per packed shard and a .packtool-export.json)::
       labels        list<int32>   -100 at each segment's first token and where the loss mask is 0
       position_ids  list<int32>   restart at 0 in every segment
       seq_lengths   list<int32>   segment lengths: cu_seqlens = [0, *cumsum(seq_lengths)]
+      seq_group     list<int64>   pairs and groups only: each segment's group (a segment is one
+      seq_role      list<int32>   sequence, prompt + completion) and role: 1 chosen, 2 rejected,
+                                  3 + k completion k (a --share-prompt pack is refused)
 
     parquet-packed   NVIDIA Megatron-Bridge ``GPTSFTPackedParquetDataset`` (zstd, *.idx.parquet)
       input_ids     list<int32>   tokens of the pack
@@ -47,6 +50,8 @@ def _columns(ds, k: int, lo: int, hi: int) -> dict:
         "seg_starts": r["seg_start"].astype(np.int32),
         "seq_lengths": r["seg_length"].astype(np.int32),
         "position_ids": r["positions"].astype(np.int32),
+        **({"seq_group": r["seg_group"], "seq_role": r["seg_role"]} if "seg_group" in r
+           else {}),
     }
 
 
@@ -55,12 +60,16 @@ def hf_table(ds, k: int, lo: int, hi: int):
 
     c = _columns(ds, k, lo, hi)
     tok_off, seg_off = pa.array(c["tok_off"]), pa.array(c["seg_off"])
-    return pa.table({
+    cols = {
         "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["tokens"])),
         "labels": pa.ListArray.from_arrays(tok_off, pa.array(c["labels"])),
         "position_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["position_ids"])),
         "seq_lengths": pa.ListArray.from_arrays(seg_off, pa.array(c["seq_lengths"])),
-    })
+    }
+    for name in ("seq_group", "seq_role"):  # pairs and groups, plain layout: one a sequence
+        if name in c:
+            cols[name] = pa.ListArray.from_arrays(seg_off, pa.array(c[name]))
+    return pa.table(cols)
 
 
 def bridge_table(ds, k: int, lo: int, hi: int):

@@ -8,8 +8,9 @@ sequences sit together in their row, in order::
 
 A group longer than ``--seq-len`` cannot be split or truncated (its sequences would lose their
 prompt or each other): it is refused unless ``--overflow drop``, which drops it and counts it.
-With a prompt of a third of a pair's tokens, sharing saves a sixth of them (P + C + R against
-2P + C + R); of a group of G completions, (G - 1) x P tokens.
+Sharing stores P + C + R against 2P + C + R: with the prompt a third of P + C + R, a quarter
+fewer tokens (scripts/bench_preference.py: 24.3% on 20,000 such pairs, 19.8% on
+UltraFeedback-shaped ones, prompt 25%); of a group of G completions, (G - 1) x P tokens.
 """
 
 from __future__ import annotations
@@ -69,6 +70,18 @@ def refuse_options(options: PackOptions, factors: list[float]) -> None:
                             f"{'it' if len(given) == 1 else 'them'}")
 
 
+def group_lengths(lengths: np.ndarray, table: GroupTable, share: bool) -> np.ndarray:
+    """Each group's tokens as the packer sees it (one item a group): the sum of its
+    sequences, or with ``share`` its prompt once plus each completion (``stats`` predicts
+    the packs from these)."""
+    lengths = np.asarray(lengths, np.int64)
+    body = lengths - table.prompt if share else lengths
+    items = np.bincount(table.group, weights=body, minlength=table.n_groups).astype(np.int64)
+    if share and table.n_groups:
+        items += table.prompt[table.first[:-1]]
+    return items
+
+
 def group_segments(lengths: np.ndarray, table: GroupTable, share: bool, seq_len: int,
                    overflow: str) -> tuple[GroupSegments, np.ndarray, np.ndarray]:
     """(segments, item per entry, item lengths): the table entries in group order and each
@@ -78,9 +91,7 @@ def group_segments(lengths: np.ndarray, table: GroupTable, share: bool, seq_len:
     n_docs, n_groups = lengths.size, table.n_groups
     p_first = table.prompt[table.first[:-1]] if n_groups else np.zeros(0, np.int64)
     body = lengths - table.prompt if share else lengths
-    items = np.bincount(table.group, weights=body, minlength=n_groups).astype(np.int64)
-    if share:
-        items += p_first
+    items = group_lengths(lengths, table, share)
     over = np.flatnonzero(items > seq_len)
     if over.size and overflow != "drop":
         g = int(over[0])

@@ -71,32 +71,52 @@ class StatsResult:
 def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_size: int = 8,
           algos: str | None = None, progress: bool = False, **options) -> StatsResult:
     """``packtool stats``: a packed directory, token-file prefixes, or a lengths file.
-    ``options``: seed, overflow, the packer options (max_depth, work_limit, max_docs...) and
-    the alignment (align, cp, tp, sequence_parallel, fp8: as ``pack`` takes them; with them
-    or max_docs and no ``algos``, bfd, pack's default, predicts the packs);
+    ``options``: seed, overflow, share_prompt (pairs and groups: packtool.stats.groups), the
+    packer options (max_depth, work_limit, max_docs...) and the alignment (align, cp, tp,
+    sequence_parallel, fp8: as ``pack`` takes them; with them or max_docs and no ``algos``,
+    bfd, pack's default, predicts the packs);
     ``progress``: a packer that runs long (optimal, nnlshp) shows it on stderr."""
     if paths and lengths_file:
         raise PacktoolError("give token-file prefixes / a packed directory, or --lengths, not both")
     if len(paths) == 1 and (kind_of(paths[0]) == "packed" or (  # a folder, or a URL of one
             not is_url(paths[0]) and Path(paths[0]).is_dir())):
         return StatsResult(packed_report(paths[0]), None)
+    table = None
     if lengths_file:
         from ..lengths import load_lengths
 
         lengths, source = load_lengths(lengths_file), lengths_file
     elif paths:
+        from ..formats.tokens.groups import group_table
         from ..pack import open_sources
 
         corpora = open_sources(list(paths))
         lengths = np.concatenate([c.lengths for c in corpora])
         source = ", ".join(paths)
+        table = group_table(corpora)
     else:
         raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory "
                             "or --lengths FILE")
     seed, overflow = options.pop("seed", 0), options.pop("overflow", "split")
     vsl = options.pop("vsl", None)
+    share = options.pop("share_prompt", False)
     aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
     names = parse_algos(algos)
+    if paths and table is not None:  # pairs and groups: packtool.stats.groups
+        from .groups import grouped_report
+
+        if vsl is not None:
+            raise PacktoolError("--vsl cuts documents into chunks; pairs and groups are packed "
+                                "whole (pack refuses --vsl for them): drop --vsl")
+
+        with shown(progress):
+            rep = grouped_report(lengths, table, share, seq_lens or DEFAULT_SEQ_LENS,
+                                 batch_size, names, seed, options, aligned, source, overflow)
+        return StatsResult(rep, lengths)  # --plot refuses it (plot_corpus)
+    if share:
+        raise PacktoolError("--share-prompt shares the prompt of pairs and groups; the corpus "
+                            "holds plain documents (tokenize with --chosen-field/"
+                            "--rejected-field or --completions-field)")
     if not names and (options.get("max_docs") or any(aligned.values())):
         names = ["bfd"]  # pack's default: the packs it would write, predicted
     with shown(progress):

@@ -17,8 +17,11 @@ def packed_report(directory: str | Path) -> dict:
     ds = open_packed(directory)
     idx = ds.index
     seg_per_pack, fill = [], []
+    n_seqs = 0
     for k in range(ds.n_shards):  # the segment tables only: no token is read
         sh = ds.shard(k)
+        if "seg_role" in sh.arrays:  # pairs and groups: a sequence is a segment of role > 0
+            n_seqs += int(np.count_nonzero(np.asarray(sh.arrays["seg_role"]) > 0))
         seg_per_pack.append(np.diff(np.asarray(sh.pack_seg, np.int64)))
         if ds.align > 1:  # a row's fill counts its pads: what the kernels compute
             fill.append(np.add.reduceat(align_up(sh.seg_length, ds.align),
@@ -44,6 +47,11 @@ def packed_report(directory: str | Path) -> dict:
         rep["vsl"] = {**idx["vsl"], "n_tokens": idx["n_tokens"]}
         fill = np.concatenate([np.diff(ds.shard(k).po) for k in range(ds.n_shards)]
                               or [np.empty(0)]) / np.maximum(ds.row_lengths(), 1)
+    if idx.get("groups"):
+        g = idx["groups"]
+        rep["groups"] = {**g, "n_groups_packed": g["n_groups"] - g["n_dropped_groups"],
+                         "n_sequences": n_seqs,
+                         "n_shared_prompts": rep["n_segments"] - n_seqs}
     values, counts = np.unique(seg_per_pack, return_counts=True)
     rep["segments_per_pack"] = {**_dist(seg_per_pack), "counts": {
         str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}}

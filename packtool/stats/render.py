@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import PacktoolError
 from .corpus import advice
+from .groups import groups_advice, groups_text
 
 BARS = " ▏▎▍▌▋▊▉█"
 
@@ -21,9 +22,11 @@ def _bar(value: float, width: int) -> str:
 
 def render_corpus(rep: dict) -> str:
     L = rep["length"]
+    unit = "groups" if "groups" in rep else "documents"  # a group is one item to the packer
     out = [
-        f"{rep['source'] or 'lengths'}: {rep['n_docs']:,} documents, {rep['n_tokens']:,} "
+        f"{rep['source'] or 'lengths'}: {rep['n_docs']:,} {unit}, {rep['n_tokens']:,} "
         f"tokens, {rep['n_empty']:,} empty",
+        *(groups_text(rep) if "groups" in rep else []),
         f"length: min {L['min']:,}  mean {L['mean']:,.1f}  p50 {L['p50']:,.0f}  "
         f"p90 {L['p90']:,.0f}  p99 {L['p99']:,.0f}  max {L['max']:,}",
         "",
@@ -34,7 +37,7 @@ def render_corpus(rep: dict) -> str:
         out.append(f"  {b['lo']:>8,}-{b['hi'] - 1:<8,} {_bar(b['count'] / top, 40)} "
                    f"{b['count']:,}")
     B = rep["batch_size"]
-    out += ["", f"documents longer than seq_len: --overflow {rep['overflow']} (as pack does)",
+    out += ["", f"{unit} longer than seq_len: --overflow {rep['overflow']} (as pack does)",
             f"{'seq_len':>8} {'overlong':>10} {'segments':>10} {'pad waste':>10} "
             f"{'batch' + str(B):>9} {'grouped':>8} {'max speedup':>12} {'min packs':>12}"]
     for s in rep["seq_lens"]:
@@ -50,7 +53,7 @@ def render_corpus(rep: dict) -> str:
                        f"the tokens); L1 bound {s['lower_bound_packs_aligned']:,} packs aligned")
     for s in rep["seq_lens"]:
         if "algos" in s:
-            out += _render_algos(s, B)
+            out += _render_algos(s, B, rep.get("groups"))
     return "\n".join(out)
 
 
@@ -66,7 +69,7 @@ def _costs(a: dict, s: dict) -> list[str]:
     return [f"  {a['algo']}: " + "; ".join(out)] if out else []
 
 
-def _render_algos(s: dict, batch_size: int) -> list[str]:
+def _render_algos(s: dict, batch_size: int, groups: dict | None = None) -> list[str]:
     lp = ""
     if s.get("lp_bound_packs") is not None:
         lp = f", LP {s['lp_bound_packs']:,}" + ("" if s.get("lp_converged") else
@@ -84,17 +87,24 @@ def _render_algos(s: dict, batch_size: int) -> list[str]:
         out.append(f"  {a['algo']:<11} {a['packs']:>12,} {100 * a['efficiency']:>10.3f}% "
                    f"{a['gap']:>8.3f}% {a['gap_to_best_bound']:>8.3f}% "
                    f"{a['packing_factor']:>7.2f} {a['seconds']:>8.3f} "
-                   f"{a['compile_seconds']:>8.3f} {a['attention_imbalance']:>6.2f}->"
-                   f"{a['attention_imbalance_balanced']:.2f}")
+                   f"{a['compile_seconds']:>8.3f} " + _attn(a))
         notes += _costs(a, s) + [f"  warning: {w}" for w in a.get("warnings", [])]
     out.append("  attn 8x1: max/mean rank attention cost (sum of squared segment lengths), "
                "8 ranks x 1 pack per step,")
     out.append("  mean over steps: shuffled -> PackSampler(balance='attention')")
     best = next(a for a in s["algos"] if a.get("packs") is not None) if any(
         a.get("packs") is not None for a in s["algos"]) else None
-    if best:
+    if best and groups:
+        out.append(f"  {groups_advice(groups, best['packing_factor'], batch_size)}")
+    elif best:
         out.append(f"  advice: {advice(best['packing_factor'], batch_size)}")
     return out + notes
+
+
+def _attn(a: dict) -> str:
+    if a["attention_imbalance"] is None:  # a grouped corpus: its items are not segments
+        return f"{'-':>13}"
+    return f"{a['attention_imbalance']:>6.2f}->{a['attention_imbalance_balanced']:.2f}"
 
 
 def render_packed(rep: dict) -> str:
@@ -128,6 +138,12 @@ def render_packed(rep: dict) -> str:
                      f"{src['n_docs']:,} documents, {src['tokens_used'] or 0:,} tokens used of "
                      f"{src['n_tokens']:,}, {100 * (src['token_share'] or 0):.2f}% of the "
                      "packed tokens")
+    if rep.get("groups"):
+        g = rep["groups"]
+        lines.append(f"{g['kind']}: {g['n_groups_packed']:,} groups whole in their rows "
+                     f"({g['n_dropped_groups']:,} dropped over --seq-len), {g['n_sequences']:,}"
+                     " sequences" + (f", {g['n_shared_prompts']:,} prompts stored once "
+                                     "(--share-prompt)" if g["share_prompt"] else ""))
     if rep.get("held_out"):
         h = rep["held_out"]
         lines.append(f"held out: {h['n_docs_held_out']:,} documents in {h['path']}/ "
@@ -136,6 +152,9 @@ def render_packed(rep: dict) -> str:
 
 
 def plot_corpus(rep: dict, lengths: np.ndarray, path: str | Path) -> None:
+    if "groups" in rep:  # its figures are of groups, the lengths of sequences
+        raise PacktoolError("--plot draws documents' lengths; a corpus of pairs or groups is "
+                            "reported as groups: drop --plot")
     try:
         import matplotlib
 

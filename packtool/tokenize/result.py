@@ -23,6 +23,15 @@ class TokenizeResult:
     engine: dict = field(default_factory=dict)  # what ran, and why faster ones did not
     n_tokens_tokenized: int | None = None  # by this run (skipped parts excluded); None: all
     published: str = ""   # an object-store output: what was uploaded (packtool.storage)
+    groups: dict | None = None  # pairs and groups: {kind, n_groups, n_sequences}
+
+    def _counted(self) -> str:
+        """What the corpus holds: documents, or a grouped corpus's groups and sequences (a
+        record is a group; each of its completions one sequence, a document of the files)."""
+        if not self.groups:
+            return f"{self.n_docs:,} documents"
+        what = "pairs" if self.groups["kind"] == "pairs" else "groups of completions"
+        return f"{self.groups['n_groups']:,} {what}, {self.groups['n_sequences']:,} sequences"
 
     @property
     def tokens_per_second(self) -> float:
@@ -35,7 +44,8 @@ class TokenizeResult:
             return ""
         text = f"; engine {e['name']} {e.get('version', '')}".rstrip()
         if e.get("checked_docs") is not None:
-            text += (f" ({e['checked_docs']:,} documents checked against "
+            text += (f" ({e['checked_docs']:,} {'sequences' if self.groups else 'documents'}"
+                     " checked against "
                      f"{e.get('reference') or 'tokenizers'}: identical)")
         if e.get("not_used"):
             text += "; not used: " + "; ".join(f"{k}: {v}" for k, v in e["not_used"].items())
@@ -47,11 +57,11 @@ class TokenizeResult:
         """What the run did; ``warnings``: with its warnings (the CLI prints them on stderr)."""
         skipped = f", {self.n_skipped:,} bad records skipped" if self.n_skipped else ""
         if self.executor == "finalize":
-            return (f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens "
+            return (f"{self.prefix}: {self._counted()}, {self.n_tokens:,} tokens "
                     f"({self.dtype}) in {self.n_parts} parts, every part checked (sha256); "
                     f"manifest written in {self.seconds:.1f}s")
         return (
-            f"{self.prefix}: {self.n_docs:,} documents, {self.n_tokens:,} tokens ({self.dtype}), "
+            f"{self.prefix}: {self._counted()}, {self.n_tokens:,} tokens ({self.dtype}), "
             f"{self.n_empty:,} empty{skipped} in {self.seconds:.1f}s "
             f"({self.tokens_per_second / 1e6:.2f}M tokens/s tokenized)"
             + (f"; {self.n_parts} parts ({self.executor})" if self.n_parts > 1 else "")
@@ -67,12 +77,24 @@ class TokenizeResult:
         return d
 
 
+def group_counts(kind: str | None, entries: list[dict]) -> dict | None:
+    """A grouped run's ``groups`` from its parts' entries (None for documents)."""
+    if kind is None:
+        return None
+    return {"kind": kind, "n_groups": sum(e.get("n_groups", 0) for e in entries),
+            "n_sequences": sum(e["n_docs"] for e in entries)}
+
+
 def eos_note(opts) -> list[str]:
     """One line when documents get no end token (no --eos; a chat template places its own):
     nothing is wrong with the corpus, but a trainer reading it as one flat stream (Megatron's
     --reset-attention-mask, llm.c) cannot tell where a document ends (docs/EXPORT.md)."""
     if opts.eos is not None or opts.mode == "messages":
         return []
+    if opts.group_kind:  # no flat-stream export takes pairs or groups (packtool.export)
+        return ["no --eos: completions do not end with an end-of-text token, so no sequence's "
+                "log-probability scores where it stops. Pass --eos TOKEN (e.g. "
+                "'<|endoftext|>')"]
     what = "documents" if opts.mode == "text" else "completions"
     return [f"no --eos: {what} do not end with an end-of-text token, so in a flat stream "
             "(export --format megatron or llmc) nothing separates them; packtool's packs keep "

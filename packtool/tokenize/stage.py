@@ -48,7 +48,7 @@ from .assemble import assemble, checked_parts
 from .part import PartJob, check_part, finished_parts, tokenize_part
 from .plan import TokenizePlan, check_out, plan_tokenize
 from .prepare import new_run
-from .result import TokenizeResult, eos_note, merge_engines
+from .result import TokenizeResult, eos_note, group_counts, merge_engines
 
 PLAN_FORMAT = "packtool.tokens.plan"
 
@@ -183,7 +183,8 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
         engine=merge_engines(engines) if engines else {},
         n_tokens_tokenized=sum(m["part"]["n_tokens"] for m in manifests.values()
                                if not m.get("skipped")),
-        published=_published(out, manifests, removed))
+        published=_published(out, manifests, removed),
+        groups=group_counts(opts.group_kind, entries))
 
 
 def _published(out: Output, manifests: dict, removed: list[str]) -> str | None:

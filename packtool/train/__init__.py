@@ -10,7 +10,8 @@
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.preference`: ``sequence_logps`` (each sequence's summed completion log-probability
-  in a packed batch of pairs or groups), ``dpo_loss``, and their attention masks.
+  in a packed batch of pairs or groups), ``dpo_loss``, ``sequence_rewards`` (a row's
+  rewards from its source corpora), and their attention masks.
 - :mod:`.which`: which step and rank a record lands in, and what a step holds.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
   path (``packtool conformance``).
@@ -19,8 +20,8 @@
 from .batching import collate_numpy
 from .cp import cp_shard
 from .mixture import MixtureSampler
-from .preference import dpo_loss, sequence_logps
+from .preference import dpo_loss, sequence_logps, sequence_rewards
 from .sampler import PackSampler
 
 __all__ = ["MixtureSampler", "PackSampler", "collate_numpy", "cp_shard", "dpo_loss",
-           "sequence_logps"]
+           "sequence_logps", "sequence_rewards"]

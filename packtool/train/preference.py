@@ -112,3 +112,32 @@ def dpo_loss(logps: dict, ref_logps: dict, beta: float = 0.1):
     margin = torch.stack([(logps[g, "chosen"] - ref_logps[g, "chosen"])
                           - (logps[g, "rejected"] - ref_logps[g, "rejected"]) for g in groups])
     return -torch.nn.functional.logsigmoid(beta * margin).mean()
+
+
+def sequence_rewards(ds, i: int, ex: dict | None = None) -> np.ndarray:
+    """The reward of each sequence of packed row ``i`` (``ex``: ``ds[i]`` if already read),
+    float32 in the order of its ``seq_group``/``seq_role``, from the token corpora it was
+    packed from (``tokenize --rewards-field``): a packed dataset stores no rewards (they
+    are a property of a record, not of a token), so each sequence's segment names its
+    document (``source_docs``) and the sources' ``.rewards`` hold its value. The sources are
+    opened through ``ds.sources()`` (those the index layout reads its tokens from; the tokens
+    layout opens them here), and each sequence's role is checked against theirs."""
+    ex = ds[i] if ex is None else ex
+    if "seq_role" not in ex:
+        raise PacktoolError("sequence_rewards needs a packed dataset of groups (tokenize "
+                            "--completions-field F --rewards-field R, then pack)")
+    corpora = ds.sources()
+    got = [c.per_doc("rewards") for c in corpora]
+    missing = [str(c.prefix) for c, g in zip(corpora, got, strict=True) if g is None]
+    if missing:
+        raise PacktoolError(f"{', '.join(missing)}: no rewards (tokenized without "
+                            "--rewards-field); tokenize again with --rewards-field R")
+    cu = np.asarray(ex["cu_seqlens"], np.int64)
+    is_seq = np.asarray(ex["seq_ids"])[cu[:-1]] >= 0  # a shared prompt's segment is no sequence
+    docs = np.asarray(ex["source_docs"], np.int64)[is_seq]
+    roles = np.concatenate([np.asarray(c.per_doc("roles")) for c in corpora])[docs]
+    if not np.array_equal(roles.astype(np.int64), np.asarray(ex["seq_role"], np.int64)):
+        raise PacktoolError(f"{ds.directory}: row {i}'s sequences do not have the roles of "
+                            "their source documents: the sources changed since pack; pack "
+                            "again")
+    return np.concatenate([np.asarray(g, np.float32) for g in got])[docs]

@@ -164,7 +164,8 @@ class PackedReader:
         ``mask`` (or None), ``seg_length`` and ``seg_start`` (in its pack) per segment,
         ``pack_seg`` and ``pack_tok`` (offsets of each pack's segments and tokens, from 0),
         ``positions`` and ``labels`` per token: the stored tokens, or with ``pads`` an
-        aligned dataset's rows as a trainer takes them (:func:`.layout.pad_range`)."""
+        aligned dataset's rows as a trainer takes them (:func:`.layout.pad_range`); a grouped
+        dataset's ``seg_group`` and ``seg_role`` per segment."""
         from .layout import pad_range, positions, range_labels, segment_starts
 
         sh = self.shard(k)
@@ -180,6 +181,9 @@ class PackedReader:
              "seg_start": segment_starts(seg_length, pack_seg), "pack_seg": pack_seg,
              "pack_tok": sh.po[lo:hi + 1] - sh.po[lo], "positions": positions(seg_length),
              "labels": range_labels(ids, seg_length, mask)}
+        if "seg_group" in sh.arrays:  # pairs and groups: each segment's group and role
+            r["seg_group"] = np.asarray(sh.arrays["seg_group"][s0:s1], np.int64)
+            r["seg_role"] = np.asarray(sh.arrays["seg_role"][s0:s1], np.int32)
         return pad_range(r, self.align, self.pad_id) if pads and self.align > 1 else r
 
     def __getitem__(self, i: int) -> dict:

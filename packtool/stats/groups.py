@@ -1,0 +1,71 @@
+"""``stats`` of a corpus of pairs or groups (token format version 4): the report of the items
+``pack`` plans, one a group of its total length (with ``--share-prompt`` its prompt once plus
+each completion: :func:`packtool.pack.grouped.group_lengths`), so the predicted packs are the
+packs ``pack`` writes. A group is never split: one longer than a seq_len is dropped and
+counted with ``--overflow drop``, and otherwise makes ``pack`` refuse at that seq_len, which
+the report says (``refused``) instead of predicting packs of pieces that will never exist."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import PacktoolError
+from .corpus import corpus_report
+
+UNSUPPORTED = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
+
+
+def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size: int,
+                   algos: list[str], seed: int, options: dict, aligned: dict, source: str,
+                   overflow: str) -> dict:
+    """The corpus report of a grouped corpus's items, with its ``groups`` figures and, per
+    seq_len, the groups over it and whether ``pack`` refuses there."""
+    from ..pack.grouped import group_lengths
+
+    given = [k for k in UNSUPPORTED if aligned.get(k) or options.get(k)]
+    if given:
+        raise PacktoolError(f"pairs and groups are packed whole, one item a group: "
+                            f"{', '.join('--' + k.replace('_', '-') for k in given)} cannot be "
+                            "used with them yet (pack refuses it too); drop it")
+    items = group_lengths(lengths, table, share)
+    rep = corpus_report(items, seq_lens, batch_size, algos, seed, options, source, "drop")
+    rep["overflow"] = overflow
+    rep["groups"] = {"kind": table.kind, "share_prompt": bool(share),
+                     "n_groups": table.n_groups, "n_sequences": int(lengths.size),
+                     "n_sequence_tokens": int(lengths.sum()), "n_tokens": int(items.sum())}
+    for s in rep["seq_lens"]:
+        s["overflow"] = overflow
+        s["refused"] = overflow != "drop" and s["n_overlong"] > 0
+        if s["refused"]:  # pack writes nothing at this seq_len: no packs to predict
+            s.pop("algos", None)
+        for a in s.get("algos", []):  # the costs of items, not of the rows' sequences
+            a["attention_imbalance"] = a["attention_imbalance_balanced"] = None
+    return rep
+
+
+def groups_advice(groups: dict, factor: float, batch_size: int) -> str:
+    """What a pack holds in groups and sequences (the packing factor counts groups)."""
+    per = groups["n_sequences"] / max(groups["n_groups"], 1)
+    return (f"packing factor {factor:.2f} counts groups: a pack holds {factor:.2f} groups "
+            f"({factor * per:.2f} sequences); a batch of {batch_size} groups is "
+            f"{batch_size / factor:.2f} packs (attention costs are not predicted for groups: "
+            "run stats on the packed dataset)")
+
+
+def groups_text(rep: dict) -> list[str]:
+    """The lines a grouped corpus report adds to the text report."""
+    g = rep["groups"]
+    what = "pairs" if g["kind"] == "pairs" else "groups of completions"
+    saved = g["n_sequence_tokens"] - g["n_tokens"]
+    out = [f"{g['n_groups']:,} {what} of {g['n_sequences']:,} sequences "
+           f"({g['n_sequence_tokens']:,} tokens); each group one item of its total length"
+           + (f", its prompt stored once (--share-prompt): {g['n_tokens']:,} tokens, "
+              f"{100 * saved / max(g['n_sequence_tokens'], 1):.1f}% fewer" if g["share_prompt"]
+              else "")]
+    for s in rep["seq_lens"]:
+        if s["refused"]:
+            out.append(f"  at {s['seq_len']:,}: {s['n_overlong']:,} group(s) longer: pack "
+                       "refuses (a group is never split); raise --seq-len"
+                       + ("" if g["share_prompt"] else ", pass --share-prompt")
+                       + " or --overflow drop")
+    return out

@@ -1,0 +1,123 @@
+"""packtool stats of pairs and groups: the packs predicted for a grouped corpus (a group one
+item of its total length; with --share-prompt its prompt once plus each completion) are the
+packs pack writes, for several packers, both layouts and --overflow drop; a seq_len that
+pack would refuse is said so; stats of a grouped packed dataset names groups and
+sequences."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import TOKENIZER, run, write_jsonl
+
+import packtool
+from packtool.errors import PacktoolError
+from packtool.formats.packed import open_packed
+from packtool.pack import pack_corpus
+from packtool.stats import stats
+from packtool.tokenize import TokenizeOptions, tokenize_files
+
+
+def records(n: int) -> list[dict]:
+    rng = np.random.default_rng(3)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota"]
+
+    def text(k):
+        return " ".join(rng.choice(words, int(k)))
+
+    return [{"q": text(rng.integers(3, 40)), "outs": [text(rng.integers(1, 30))
+                                                      for _ in range(int(rng.integers(1, 5)))]}
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pref-stats")
+    p = write_jsonl(d / "g.jsonl", records(80))
+    tokenize_files([str(p)], TOKENIZER, d / "g", TokenizeOptions(
+        prompt_field="q", completions_field="outs"))
+    return d, packtool.open_tokens(d / "g")
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("algo", ["bfd", "ffd"])
+def test_stats_predicts_the_packs_of_groups(groups, share, algo):
+    d, corpus = groups
+    L = 1024
+    rep = stats([str(corpus.prefix)], seq_lens=[L], algos=algo, share_prompt=share).report
+    s = rep["seq_lens"][0]
+    assert not s["refused"]
+    out = d / f"p-{share}-{algo}"
+    pack_corpus([corpus.prefix], out, L, algo, share_prompt=share, overwrite=True)
+    idx = open_packed(out).index
+    assert s["algos"][0]["packs"] == idx["n_packs"]
+    assert rep["n_tokens"] == rep["groups"]["n_tokens"] == idx["n_tokens"]
+    assert rep["n_docs"] == rep["groups"]["n_groups"] == idx["groups"]["n_groups"]
+    assert rep["groups"]["n_sequences"] == len(corpus)
+    if share:
+        assert rep["groups"]["n_tokens"] < rep["groups"]["n_sequence_tokens"]
+    else:
+        assert rep["groups"]["n_tokens"] == corpus.n_tokens
+
+
+def test_a_seq_len_pack_refuses_is_said_and_drop_predicted(groups):
+    d, corpus = groups
+    longest = int(stats([str(corpus.prefix)], seq_lens=[10**6]).report["length"]["max"])
+    L = longest - 1
+    rep = stats([str(corpus.prefix)], seq_lens=[L], algos="bfd").report
+    s = rep["seq_lens"][0]
+    assert s["refused"] and s["n_overlong"] >= 1 and "algos" not in s
+    with pytest.raises(PacktoolError, match="longer than --seq-len"):
+        pack_corpus([corpus.prefix], d / "refused", L)
+    text = stats([str(corpus.prefix)], seq_lens=[L]).summary()
+    assert "group(s) longer: pack refuses" in text
+    rep = stats([str(corpus.prefix)], seq_lens=[L], algos="bfd", overflow="drop").report
+    s = rep["seq_lens"][0]
+    assert not s["refused"]
+    pack_corpus([corpus.prefix], d / "dropped", L, overflow="drop", overwrite=True)
+    idx = open_packed(d / "dropped").index
+    assert s["algos"][0]["packs"] == idx["n_packs"]
+    assert s["n_overlong"] == idx["groups"]["n_dropped_groups"]
+
+
+def test_stats_cli_on_groups_and_options_pack_refuses(groups):
+    _, corpus = groups
+    r = run("stats", corpus.prefix, "-L", "1024", "--share-prompt", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["groups"]["share_prompt"] and rep["groups"]["kind"] == "completions"
+    r = run("stats", corpus.prefix, "-L", "1024", "--share-prompt")
+    assert "80 groups" in r.output and f"{len(corpus):,} sequences" in r.output
+    assert "stored once (--share-prompt)" in r.output
+    r = run("stats", corpus.prefix, "-L", "1024", "--max-docs", "4")
+    assert r.exit_code != 0 and "--max-docs cannot be used with them" in r.output
+
+
+def test_share_prompt_on_plain_documents_is_refused(tmp_path):
+    p = write_jsonl(tmp_path / "d.jsonl", [{"text": "one two three"}])
+    tokenize_files([str(p)], TOKENIZER, tmp_path / "d", TokenizeOptions())
+    r = run("stats", tmp_path / "d", "-L", "64", "--share-prompt")
+    assert r.exit_code != 0 and "plain documents" in r.output
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_stats_of_a_grouped_packed_dataset(groups, share):
+    d, corpus = groups
+    out = d / f"pk-{share}"
+    pack_corpus([corpus.prefix], out, 1024, share_prompt=share, overwrite=True)
+    r = run("stats", out, "--json")
+    assert r.exit_code == 0, r.output
+    g = json.loads(r.stdout)["groups"]
+    assert g["n_sequences"] == len(corpus) and g["n_groups_packed"] == 80
+    assert g["n_shared_prompts"] == (80 if share else 0)
+    text = run("stats", out).output
+    assert f"80 groups whole in their rows (0 dropped over --seq-len), {len(corpus):,} " \
+           "sequences" in text
+    assert ("80 prompts stored once" in text) == share
+
+
+def test_plot_of_a_grouped_corpus_is_refused(groups, tmp_path):
+    _, corpus = groups
+    r = run("stats", corpus.prefix, "-L", "1024", "--plot", tmp_path / "x.png")
+    assert r.exit_code != 0 and "reported as groups" in r.output
+    assert not (tmp_path / "x.png").exists()
