@@ -169,8 +169,8 @@ def profile(prefix: Path, workdir: Path, extra=()) -> None:
         (flow.SourceCheck, "_run", "source check (crc32 of the sources)"),
         (writer._Fill, "__call__", "fill a chunk (sort + gather + mask)"),
         (tokens, "gather", "  gather (bounds checks + kernel)"),
-        (Crc32, "update", "crc32 of what is written"),
-        (io_.HashingWriter, "write", "write a chunk (crc32 + write())"),
+        (Crc32, "update", "crc32 (of the sources, or of what is written)"),
+        (io_.HashingWriter, "put", "write() of a chunk"),
         (atomic, "fsync_path", "fsync"),
         (writer.ShardWriter, "write", "a shard, all of it"),
     ]]

@@ -293,6 +293,36 @@ def test_tokens_layout_refuses_a_corrupt_source_checked_while_writing(tmp_path, 
                                                           "a.boundaries", "a.json", "ok"]
 
 
+@pytest.mark.parametrize("chunk", [97, None])
+def test_tokens_layout_shards_are_the_sources_segments_byte_for_byte(tmp_path, corpus,
+                                                                     monkeypatch, chunk):
+    """Each tokens file is its npy header and then the segments' tokens, in order, read here
+    from the sources document by document (no packtool kernel), its crc32 the one index.json
+    records, and verify passes: with chunks of 97 tokens (many a shard, so the gathering
+    thread's crc32 runs ahead of the writes) and of the default size."""
+    import zlib
+
+    from packtool._io import npy_header
+    from packtool.formats.packed import writer
+
+    if chunk:
+        monkeypatch.setattr(writer, "CHUNK_TOKENS", chunk)
+    pack_corpus(sources(corpus), tmp_path / "p", 128, layout="tokens", shard_size=1500)
+    docs = [d for c in (packtool.open_tokens(p) for p in sources(corpus))
+            for d in (c[i] for i in range(len(c)))]
+    index = json.loads((tmp_path / "p" / "index.json").read_text())
+    assert len(index["shards"]) > 2
+    for sh in index["shards"]:
+        arr = {a: np.load(tmp_path / "p" / f["name"]) for a, f in sh["files"].items()}
+        want = np.concatenate([docs[int(d)][int(o):int(o) + int(n)] for d, o, n in zip(
+            arr["seg_doc"], arr["seg_offset"], arr["seg_length"], strict=True)])
+        raw = (tmp_path / "p" / sh["files"]["tokens"]["name"]).read_bytes()
+        dtype = arr["tokens"].dtype
+        assert raw == npy_header(dtype, want.size) + want.astype(dtype).tobytes()
+        assert f"{zlib.crc32(raw):08x}" == sh["files"]["tokens"]["crc32"]
+    assert verify_packed(tmp_path / "p", sources(corpus)).summary().startswith("OK")
+
+
 def _forge_crc32(data: bytearray, pos: int) -> None:
     """Rewrite data[pos:pos + 4] so that zlib.crc32(data) is what it was before data[:pos]
     changed: CRC-32 is linear, so 4 bytes chosen by running the register back from the
