@@ -66,9 +66,19 @@ class HashingWriter:
         self.nbytes = 0
 
     def write(self, array: np.ndarray) -> None:
+        self.put(self.hash(array))
+
+    def hash(self, array: np.ndarray) -> memoryview:
+        """Hash ``array``'s bytes, to be :meth:`put` next, in the order hashed: a thread
+        that fills buffers hashes each while it is still in cache and leaves the writing
+        thread only the write (see packtool.formats.packed.writer)."""
         buf = memoryview(np.ascontiguousarray(array)).cast("B")
         for h in self._hs:
             h.update(buf)
+        return buf
+
+    def put(self, buf: memoryview) -> None:
+        """Write bytes :meth:`hash` returned."""
         self._f.write(buf)
         self.nbytes += buf.nbytes
 
@@ -115,14 +125,14 @@ class NpyWriter(HashingWriter):
             except BaseException:
                 self.abort()
                 raise
-        super().write(header)
+        self.put(HashingWriter.hash(self, header))  # not counted as elements
 
-    def write(self, array: np.ndarray) -> None:
+    def hash(self, array: np.ndarray) -> memoryview:
         array = np.asarray(array)
         if array.dtype != self.dtype:
             array = array.astype(self.dtype)
         self.written += array.size
-        super().write(array)
+        return super().hash(array)
 
     def close(self) -> dict:
         if self.written != self.n:

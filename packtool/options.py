@@ -21,6 +21,7 @@ from .sources import DEFAULT_MAX_RECORD_BYTES, MEMORY_PER_RECORD_BYTE, TXT_SPLIT
 
 OVERFLOW = ("split", "truncate", "drop")
 LAYOUTS = ("index", "tokens")  # see packtool.formats.packed.schema
+SOURCE_CHECKS = ("crc32", "sha256")
 BALANCE = ("none", "attention")
 # = engines.ENGINE_NAMES (tested)
 ENGINES = ("auto", "hf", "sentencepiece", "gigatoken", "fastokens", "tokie")
@@ -216,6 +217,11 @@ class PackOptions:
     layout: str = opt("index", "index: store the plan only, tokens read from the corpus at "
                       "load (~2% of the token bytes); tokens: self-contained shards (~1.0x).",
                       type=("choice", LAYOUTS), show_default=True)
+    source_check: str = opt("crc32", "--layout tokens: how the sources are checked before "
+                            "their tokens are committed: crc32 (recorded by tokenize; any "
+                            "flipped byte; ~4 GB/s) or sha256 too (also an edit made to "
+                            "keep the crc32; ~1.4 GB/s).", "--check",
+                            type=("choice", SOURCE_CHECKS), show_default=True)
     balance: str = opt("none", "attention: order the packs so that every --balance-ranks "
                        "consecutive packs are of like attention cost (sum of squared segment "
                        "lengths), for trainers that take one pack per rank per step in order "
@@ -302,6 +308,7 @@ class PackOptions:
         check_seq_len_memory(self.seq_len, [self.algo])
         for name, value, allowed in (("--overflow", self.overflow, OVERFLOW),
                                      ("--layout", self.layout, LAYOUTS),
+                                     ("--check", self.source_check, SOURCE_CHECKS),
                                      ("--balance", self.balance, BALANCE)):
             if value not in allowed:
                 raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")

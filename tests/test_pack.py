@@ -293,6 +293,90 @@ def test_tokens_layout_refuses_a_corrupt_source_checked_while_writing(tmp_path, 
                                                           "a.boundaries", "a.json", "ok"]
 
 
+@pytest.mark.parametrize("chunk", [97, None])
+def test_tokens_layout_shards_are_the_sources_segments_byte_for_byte(tmp_path, corpus,
+                                                                     monkeypatch, chunk):
+    """Each tokens file is its npy header and then the segments' tokens, in order, read here
+    from the sources document by document (no packtool kernel), its crc32 the one index.json
+    records, and verify passes: with chunks of 97 tokens (many a shard, so the gathering
+    thread's crc32 runs ahead of the writes) and of the default size."""
+    import zlib
+
+    from packtool._io import npy_header
+    from packtool.formats.packed import writer
+
+    if chunk:
+        monkeypatch.setattr(writer, "CHUNK_TOKENS", chunk)
+    pack_corpus(sources(corpus), tmp_path / "p", 128, layout="tokens", shard_size=1500)
+    docs = [d for c in (packtool.open_tokens(p) for p in sources(corpus))
+            for d in (c[i] for i in range(len(c)))]
+    index = json.loads((tmp_path / "p" / "index.json").read_text())
+    assert len(index["shards"]) > 2
+    for sh in index["shards"]:
+        arr = {a: np.load(tmp_path / "p" / f["name"]) for a, f in sh["files"].items()}
+        want = np.concatenate([docs[int(d)][int(o):int(o) + int(n)] for d, o, n in zip(
+            arr["seg_doc"], arr["seg_offset"], arr["seg_length"], strict=True)])
+        raw = (tmp_path / "p" / sh["files"]["tokens"]["name"]).read_bytes()
+        dtype = arr["tokens"].dtype
+        assert raw == npy_header(dtype, want.size) + want.astype(dtype).tobytes()
+        assert f"{zlib.crc32(raw):08x}" == sh["files"]["tokens"]["crc32"]
+    assert verify_packed(tmp_path / "p", sources(corpus)).summary().startswith("OK")
+
+
+def _forge_crc32(data: bytearray, pos: int) -> None:
+    """Rewrite data[pos:pos + 4] so that zlib.crc32(data) is what it was before data[:pos]
+    changed: CRC-32 is linear, so 4 bytes chosen by running the register back from the
+    wanted value set it (a forgery a checksum does not catch; sha256 does)."""
+    import zlib
+
+    table = [0] * 256
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        table[i] = c
+    by_top = {t >> 24: i for i, t in enumerate(table)}  # the top bytes are all distinct
+    want = zlib.crc32(bytes(data)) ^ 0xFFFFFFFF
+    for b in reversed(data[pos + 4:]):  # back over the suffix, whose bytes are known
+        i = by_top[want >> 24]
+        want = (((want ^ table[i]) << 8) | (i ^ b)) & 0xFFFFFFFF
+    data[0] ^= 1  # the change the forgery hides
+    idx, r = [], want
+    for _ in range(4):  # back over the 4 free bytes: which table entry each step used
+        i = by_top[r >> 24]
+        idx.append(i)
+        r = ((r ^ table[i]) << 8) & 0xFFFFFFFF
+    reg = zlib.crc32(bytes(data[:pos])) ^ 0xFFFFFFFF
+    for k, i in enumerate(reversed(idx)):
+        data[pos + k] = (reg ^ i) & 0xFF
+        reg = table[i] ^ (reg >> 8)
+
+
+def test_check_sha256_refuses_a_source_whose_crc32_was_forged(tmp_path, corpus):
+    """--check crc32 (the default: ~4 GB/s, catches any flipped byte) cannot see a source
+    edited to keep its crc32; --check sha256 reads the sources for their sha256 too and
+    refuses it by name, before anything is committed."""
+    import shutil
+    import zlib
+
+    for name in ("a.bin", "a.boundaries", "a.json", ".a.part.json"):
+        shutil.copy(corpus / name, tmp_path / name)
+    data = bytearray((tmp_path / "a.bin").read_bytes())
+    before = zlib.crc32(bytes(data))
+    _forge_crc32(data, len(data) - 8)
+    assert zlib.crc32(bytes(data)) == before
+    (tmp_path / "a.bin").write_bytes(bytes(data))
+    res = pack_corpus([tmp_path / "a"], tmp_path / "crc", 128, layout="tokens")
+    assert res.sources_verified  # the crc32 matched: the default check passed it
+    with pytest.raises(packtool.PacktoolError, match=r"a\.bin: sha256 .* does not match"):
+        pack_corpus([tmp_path / "a"], tmp_path / "p", 128, layout="tokens",
+                     source_check="sha256")
+    assert not (tmp_path / "p").exists()
+    r = CliRunner().invoke(cli, ["pack", str(tmp_path / "a"), "-L", "128", "--layout",
+                                 "tokens", "--check", "sha256", "-o", str(tmp_path / "q")])
+    assert r.exit_code != 0 and "sha256" in r.output and not (tmp_path / "q").exists()
+
+
 def test_verify_says_what_the_policy_removed(tmp_path, corpus):
     """Issue 11.6: after --overflow truncate, verify said "every source token accounted for"
     although most tokens were cut away by request; it now names what was cut, and drop."""

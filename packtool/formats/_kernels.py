@@ -7,10 +7,12 @@ from .._numba import njit
 
 @njit
 def gather(src, src_start, length, dst, dst_start):
+    """Segment s: src[src_start[s]:+length[s]] to dst[dst_start[s]:]. A slice assignment a
+    segment (numba makes it one memcpy): 381 MB of uint32 in segments of ~800 tokens, in
+    source order, 0.075 s against 0.16 s for a loop a token (bench_tokens_layout.py)."""
     for s in range(src_start.shape[0]):
-        a, b = src_start[s], dst_start[s]
-        for j in range(length[s]):
-            dst[b + j] = src[a + j]
+        a, b, n = src_start[s], dst_start[s], length[s]
+        dst[b:b + n] = src[a:a + n]
 
 
 @njit

@@ -127,9 +127,10 @@ def pack(prefixes: list[str | Path], out: str | Path, options: PackOptions, *,
     ``prefixes`` may carry repeat factors (``web:2.0``); held-out documents
     (``options.valid_docs``/``valid_fraction``) are packed into ``out/valid``. With
     ``layout="tokens"`` the sources' token files are verified (crc32 where recorded, else
-    sha256: a full read) before the dataset is committed, since their bytes are copied into
-    it (``verify_sources=False`` skips it and says so); an index-layout dataset copies no
-    token, and its readers verify each source file on its first read.
+    sha256; sha256 too with ``options.source_check="sha256"``: a full read) before the
+    dataset is committed, since their bytes are copied into it (``verify_sources=False``
+    skips it and says so); an index-layout dataset copies no token, and its readers verify
+    each source file on its first read.
 
     ``run``: where the jobs run (:class:`packtool.executors.RunOptions`). The run holds
     ``out``'s lock throughout (a second run fails at once); array tasks hold it shared."""
@@ -151,7 +152,8 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
     # fail before the work (an array task too: it only reads OUT), and again at the end
     _check_replaceable(out, overwrite)
     verify_sources = verify_sources and options.layout == "tokens"
-    check = SourceCheck(corpora) if verify_sources and not run.one_task else None  # meanwhile
+    check = (SourceCheck(corpora, strong=options.source_check == "sha256")  # meanwhile
+             if verify_sources and not run.one_task else None)
     target = out if out.remote else out.at(staging_dir(out.path, digest, run))
     with shown(progress):  # a packer that runs long (optimal, nnlshp) shows it is working
         flow = plan_flow(corpora, factors, options, digest, stored,

@@ -5,10 +5,13 @@
 The tokens file is written as a copy is: the file system first asked whether it fits (a
 full disk is an error before any byte is written; not ``posix_fallocate``, under which the
 same writes ran 8x slower here), then chunks of ``CHUNK_TOKENS`` gathered
-segment by segment from the sources into one buffer and written from it, hashed (crc32)
-while hot, in order. Filling a memory map instead cost a page fault per 4 KB written and
-left every page dirty at once (bench_pack.py section 4: 0.29 GB/s for the gather, vs ~1 GB/s
-into a buffer).
+segment by segment from the sources into one buffer and written from it. Filling a memory
+map instead cost a page fault per 4 KB written and left every page dirty at once
+(bench_pack.py section 4: 0.29 GB/s for the gather, vs ~1 GB/s into a buffer).
+
+The thread that gathers a chunk also takes its crc32, in order (one thread fills every
+chunk), so the writing thread only writes: 381 MB in one shard, the writing thread's CPU
+0.185 -> 0.095 s, the process's unchanged (~0.33 s; scripts/bench_tokens_layout.py).
 """
 
 from __future__ import annotations
@@ -95,7 +98,8 @@ class ShardWriter:
 
     def _tokens(self, name, po, table, tick) -> dict:
         """The packs' tokens (and loss mask), a chunk of packs at a time: a thread gathers
-        chunk k+1 into one buffer while this one hashes and writes chunk k from the other."""
+        chunk k+1 into one buffer and hashes it while this one writes chunk k from the
+        other."""
         from concurrent.futures import ThreadPoolExecutor
 
         dtype = np.dtype(self.dtypes["token"])
@@ -104,7 +108,7 @@ class ShardWriter:
                            reserve_space=True)
         bits = (NpyWriter(self.directory / f"{name}.loss_mask.npy", np.dtype("u1"),
                           -(-n_tok // 8)) if self.mask_storage == "bits" else None)
-        fill = _Fill(self, po, table, dtype)
+        fill = _Fill(self, po, table, dtype, tokens)
         carry = np.zeros(0, np.uint8)
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="packtool-gather") as pool:
@@ -113,13 +117,13 @@ class ShardWriter:
                                                                   next(chunks, (1, None)))
                          if c is not None]
                 while ahead:
-                    dst, mask = ahead.pop(0).result()
+                    dst, mask, hashed = ahead.pop(0).result()
                     if bits is not None:
                         carry = np.concatenate([carry, mask])
                         whole = carry.size // 8 * 8
                         bits.write(np.packbits(carry[:whole], bitorder="little"))
                         carry = carry[whole:]
-                    tokens.write(dst)  # then its buffer is free for the chunk after next
+                    tokens.put(hashed)  # then its buffer is free for the chunk after next
                     k, c = next(chunks, (0, None))
                     if c is not None:
                         ahead.append(pool.submit(fill, c, k % 2))
@@ -140,10 +144,11 @@ class ShardWriter:
 
 class _Fill:
     """Chunks of packs of about CHUNK_TOKENS tokens, each gathered from the sources into one
-    of two buffers (and the loss mask folded into the token word where it is stored so)."""
+    of two buffers (and the loss mask folded into the token word where it is stored so),
+    then hashed into ``out`` (a :class:`packtool._io.NpyWriter`) for ``out.put`` to write."""
 
-    def __init__(self, writer: ShardWriter, po, table, dtype):
-        self.writer, self.po, self.table, self.dtype = writer, po, table, dtype
+    def __init__(self, writer: ShardWriter, po, table, dtype, out):
+        self.writer, self.po, self.table, self.dtype, self.out = writer, po, table, dtype, out
         self.ps = np.asarray(table["pack_seg"], np.int64)
         size = min(int(po[-1]), CHUNK_TOKENS + int(np.diff(po).max(initial=0)))
         self.bufs = [np.empty(size, dtype) for _ in range(2)]
@@ -174,7 +179,7 @@ class _Fill:
                            lengths[by_source], dst, starts[by_source], mask)
         if self.writer.mask_storage == "folded":
             dst |= mask.astype(self.dtype) << self.dtype.type(self.dtype.itemsize * 8 - 1)
-        return dst, mask
+        return dst, mask, self.out.hash(dst)  # chunks are filled in order, by one thread
 
 
 def index(meta: dict, shards: list[dict]) -> dict:
