@@ -14,7 +14,18 @@ jobs left on disk. datatrove's executors are the model::
 
 ``run(job, tick)`` must be a module-level function (Ray pickles it); ``tick(n)`` reports
 progress inside a local job (on Ray a job's weight is counted when it finishes). It returns
-``(result, skipped)``: ``skipped`` when the job found its output already finished.
+``(result, skipped)``: ``skipped`` when the job found its output already finished; or a
+:class:`Tail`: what is left of the job once its files are written, which only waits on a
+store (their upload, then the job's record). The local executor runs a job's tail in a
+thread while the next job computes, at most one tail at a time::
+
+    main thread    [ job 0 ][ job 1 ][ job 2 ]w[ job 3 ]     w: waits for the tail before
+    tail thread             [ up 0 ]  [  up 1  ][ up 2  ][ up 3 ]   (so at most two jobs'
+                                                                     files are on disk)
+
+A bucket run then takes about the larger of the work and the uploads plus one job's share
+of the other, instead of their sum (scripts/bench_bucket_overlap.py, docs/STORAGE.md: 19.0 s
+-> 15.6 s for tokenize over a 25 MB/s link). Ray runs a tail at once, in its task.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -136,16 +148,93 @@ def run_jobs(jobs: Jobs, run: RunOptions, progress: bool = False) -> tuple[dict,
             bar.close()
 
 
+class Tail:
+    """The rest of a job once its files are written, which only waits on a store: ``then()``
+    uploads them and gives the job's ``(result, skipped)``. ``held`` (the job's lock, its
+    scratch folder) is released when the tail ends, run or dropped."""
+
+    def __init__(self, then: Callable[[], tuple], held: contextlib.ExitStack):
+        self.then, self.held = then, held
+
+    def __call__(self) -> tuple:
+        with self.held:
+            return self.then()
+
+    def drop(self) -> None:
+        """Release what the job holds without publishing it (the run is failing)."""
+        self.held.close()
+
+
+def settle(outcome):
+    """A job's ``(result, skipped)``, its tail (if any) run here."""
+    return outcome() if isinstance(outcome, Tail) else outcome
+
+
+class _Behind:
+    """The one tail in flight in a local run, in a daemon thread (a second Ctrl-C, or the
+    CLI's exit, does not wait for it). Its error is raised in the main thread when the next
+    tail is handed over or at the end, as it was raised (a store's error keeps its class,
+    so the CLI names it as before); the run then commits nothing."""
+
+    def __init__(self, outcomes: dict):
+        self.outcomes, self.thread, self.error = outcomes, None, None
+
+    def hand(self, k: int, tail: Tail) -> None:
+        """Wait for the tail in flight, then start job ``k``'s (dropped if the one before
+        failed)."""
+        try:
+            self.wait()
+        except BaseException:
+            tail.drop()
+            raise
+
+        def run():
+            try:
+                self.outcomes[k] = tail()
+            except BaseException as e:  # a KeyboardInterrupt from _signals.check() too
+                self.error = e
+
+        self.thread = threading.Thread(target=run, name=f"packtool-tail-{k}", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def __enter__(self) -> _Behind:
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None:
+            self.wait()
+            return
+        # the run is failing (another job's error, Ctrl-C): the tail in flight ends first
+        # (after a signal, at its next object), so that its job's lock and scratch folder
+        # are released before the output's lock; its own error is not the first one
+        if self.thread is not None:
+            self.thread.join()  # a second Ctrl-C stops the wait
+        self.error = None
+
+
 def _run_local(jobs: Jobs, mine: list[int], bar) -> tuple[dict, int]:
-    results, skipped = {}, 0
+    outcomes: dict = {}
     tick = bar.update if bar is not None else _no_tick
-    for k in mine:
-        before = bar.n if bar is not None else 0
-        results[k], was_done = jobs.run(jobs.items[k], tick)
-        skipped += bool(was_done)
-        if bar is not None:  # a skipped job ticks nothing: count its weight now
-            bar.update(max(0, before + int(jobs.weights[k]) - bar.n))
-    return results, skipped
+    with _Behind(outcomes) as behind:
+        for k in mine:
+            before = bar.n if bar is not None else 0
+            outcome = jobs.run(jobs.items[k], tick)
+            if isinstance(outcome, Tail):
+                behind.hand(k, outcome)
+            else:
+                outcomes[k] = outcome
+            if bar is not None:  # a skipped job ticks nothing: count its weight now
+                bar.update(max(0, before + int(jobs.weights[k]) - bar.n))
+    return ({k: result for k, (result, _) in outcomes.items()},
+            sum(bool(was_done) for _, was_done in outcomes.values()))
 
 
 def _no_tick(n: int) -> None:
@@ -163,7 +252,7 @@ def _ray_job(run, item, env: dict):
             os.environ[k] = env[k]
         else:
             os.environ.pop(k, None)
-    return run(item, _no_tick)
+    return settle(run(item, _no_tick))
 
 
 def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, int]:

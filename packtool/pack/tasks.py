@@ -7,16 +7,19 @@ wherever the output is (:class:`packtool.storage.output.Output`)::
                (a local folder: and its crc32)
     write      into the output's scratch folder (a local staging folder itself): files, then
                the entry, renamed in (packtool._atomic.commit_job)
-    publish    nothing more locally; uploaded and verified for a bucket, the entry last
+    publish    nothing more locally; uploaded and verified for a bucket, the entry last,
+               while the next job is written (the executor runs the job's Tail in a thread)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..executors import Tail
 from ..formats.packed import VALID
 from ..storage.output import Output
 from . import entries as fe
@@ -82,19 +85,27 @@ def check_job(inner, out: Output, checksums: bool = True) -> tuple[dict | None, 
 
 def run_task(task: PackTask, tick) -> tuple[dict, bool]:
     """Make the job's shards exist at the output, verified: (its result, True if it already
-    was written and so skipped)."""
+    was written and so skipped), or for a bucket the :class:`~packtool.executors.Tail` that
+    publishes them (it holds the job's lock and scratch folder until then)."""
     out, inner = task.output(), task.inner
     name = entry_name(inner)
-    with out.job_lock(name.replace(".entry.json", ".lock"), inner.label()):
+    with contextlib.ExitStack() as held:
+        held.enter_context(out.job_lock(name.replace(".entry.json", ".lock"), inner.label()))
         done, _ = check_job(inner, out)
         if done is not None:
             tick(getattr(inner, "n_tokens", 0))
             return (done if isinstance(inner, ShardJob) else inner.g), True
-        with out.scratch() as folder:
-            here = dataclasses.replace(inner, target=dataclasses.replace(
-                inner.target, staging=str(folder)))
-            result, _ = task.write(here, tick)
-            files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                           if p.is_file() and not p.name.startswith(".")) if out.remote else []
+        folder = held.enter_context(out.scratch())
+        here = dataclasses.replace(inner, target=dataclasses.replace(
+            inner.target, staging=str(folder)))
+        result, _ = task.write(here, tick)
+        if not out.remote:  # committed in place: nothing left to do
+            return result, False
+        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                       if p.is_file() and not p.name.startswith("."))
+
+        def publish() -> tuple[dict, bool]:
             out.publish(folder, files, name)
-    return result, False
+            return result, False
+
+        return Tail(publish, held.pop_all())  # uploaded while the next shard is written

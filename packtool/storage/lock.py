@@ -19,6 +19,7 @@ import os
 import socket
 import time
 
+from .. import _signals
 from .._temps import pid_alive
 from ..errors import PacktoolError
 from . import put
@@ -109,12 +110,20 @@ class StoreLock:
         delay = 0.2
         while True:
             try:
-                return self._take()
+                # a Ctrl-C raised while the put is answered would leave the object, taken,
+                # with no one to release it: it is recorded, then the lock released here
+                with _signals.deferred():
+                    self._take()
+                break
             except _Held:
                 if not self.wait:
                     raise
             time.sleep(delay)  # another writer of the same job: it finishes, then we skip it
             delay = min(2 * delay, 5.0)
+        if _signals.received:
+            self.__exit__(None, None, None)
+            _signals.check()
+        return self
 
     def _take(self):
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
@@ -181,7 +190,8 @@ class StoreLock:
 
     def __exit__(self, *exc):
         _HELD.discard(self.token)
-        with contextlib.suppress(Exception):  # a store that is down keeps it: stale, see above
+        with _signals.deferred(), contextlib.suppress(Exception):  # a store that is down
+            # keeps it: stale, see above; a second Ctrl-C does not stop the release half-way
             # only our own: a lock object some other run holds now (taken over as stale,
             # wrongly, after a pid was reused) stays its holder's
             if json.loads(self.fs.cat_file(self.rpath)).get("token") == self.token:

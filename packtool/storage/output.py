@@ -17,8 +17,11 @@ path; datatrove's ``DataFolder`` serves both). The steps, and what each does whe
 
 A job's files are in place, with its record last, when ``publish`` returns: a job is
 finished when its record is there and lists files of the sizes (locally, the checksums) it
-gives. Manifests (the commit point) are written last of all by the stage, through
-``put`` or, for a local folder, its journaled commit (:mod:`packtool._atomic`).
+gives. For a bucket, a stage hands ``publish`` to its executor as the job's tail
+(:class:`packtool.executors.Tail`, holding the job's lock and scratch folder), which the
+local executor runs in a thread while the next job is written. Manifests (the commit
+point) are written last of all by the stage, after every tail, through ``put`` or, for a
+local folder, its journaled commit (:mod:`packtool._atomic`).
 """
 
 from __future__ import annotations

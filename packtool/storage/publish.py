@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import _signals
 from ..errors import PacktoolError
 from . import put
 from .lock import (  # noqa: F401  (moved to lock.py; imports from here keep working)
@@ -98,6 +99,7 @@ def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
     with ThreadPoolExecutor(1, thread_name_prefix="packtool-md5") as pool:
         md5s = {r: pool.submit(_md5_etags, local, CHUNK) for local, r in files}
         for local, rpath in files:
+            _signals.check()  # a signal stops a job's upload (in a thread: see executors)
             size, state = local.stat().st_size, before[rpath]
             if state is not None and state[0] == size and _same(state, size,
                                                                  md5s[rpath].result()):

@@ -32,7 +32,7 @@ from pathlib import Path
 from .. import _signals
 from .._atomic import reclaim
 from ..errors import FormatError, PacktoolError
-from ..executors import Jobs, RunOptions, run_jobs
+from ..executors import Jobs, RunOptions, Tail, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.tokens import (
     FORMAT,
@@ -98,31 +98,38 @@ class PartTask:
 
 def run_task(task: PartTask, tick) -> tuple[dict, bool]:
     """Make part ``task.k`` exist at the output, verified: (its manifest, True if it was
-    already finished and so skipped). Atomic and idempotent; two writers of one part (array
-    tasks) serialize on the part's lock."""
+    already finished and so skipped), or for a bucket the :class:`~packtool.executors.Tail`
+    that publishes it (it holds the part's lock and scratch folder until then). Atomic and
+    idempotent; two writers of one part (array tasks) serialize on the part's lock."""
     out, plan, k = task.output(), task.plan, task.k
     part = plan.parts[k]
-    with out.job_lock(f".{part.name}.part.lock", f"part {part.name}"):
+    with contextlib.ExitStack() as held:
+        held.enter_context(out.job_lock(f".{part.name}.part.lock", f"part {part.name}"))
         done, _ = finished(plan, k, out)
         if done is not None:
             tick(part.bytes)
             return {**done, "skipped": True}, True
-        with out.scratch() as folder:
-            here = (dataclasses.replace(plan, prefix=folder / plan.prefix.name) if out.remote
-                    else plan)
-            manifest = tokenize_part(PartJob(here, k, task.opts), tick)
-            # read back: the bytes there are those hashed while writing (crc32 suffices)
-            verify_part_files(here.part_prefix(part), manifest["part"], strong=False)
+        folder = held.enter_context(out.scratch())
+        here = (dataclasses.replace(plan, prefix=folder / plan.prefix.name) if out.remote
+                else plan)
+        manifest = tokenize_part(PartJob(here, k, task.opts), tick)
+        # read back: the bytes there are those hashed while writing (crc32 suffices)
+        verify_part_files(here.part_prefix(part), manifest["part"], strong=False)
+        if not out.remote:  # committed in place: nothing left to do
+            return manifest, False
+        if task.opts.overwrite:  # the manifest being replaced leaves first
+            out.remove([f"{plan.prefix.name}.json"])
+        names = [f"{part.name}.{key}" for key in manifest["part"]["checksums"]]
+        record = here.part_manifest(part).name
+
+        def publish() -> tuple[dict, bool]:
             from ..storage.publish import Published
 
             sent = Published(str(out.path))
-            if task.opts.overwrite:  # the manifest being replaced leaves first
-                out.remove([f"{plan.prefix.name}.json"] if out.remote else [])
-            out.publish(folder, [f"{part.name}.{key}" for key in manifest["part"]["checksums"]],
-                        here.part_manifest(part).name, sent)
-    if out.remote:
-        manifest["published"] = dataclasses.asdict(sent)
-    return manifest, False
+            out.publish(folder, names, record, sent)
+            return {**manifest, "published": dataclasses.asdict(sent)}, False
+
+        return Tail(publish, held.pop_all())  # uploaded while the next part is tokenized
 
 
 def finished(plan: TokenizePlan, k: int, out: Output) -> tuple[dict | None, str]:
