@@ -90,6 +90,7 @@ def test_feistel_is_a_permutation_and_its_inverse():
         Feistel(10, keys).perm([10])
 
 
+@pytest.mark.slow  # 3.5-9 s: the fast tier keeps its 3 minutes
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_every_epoch_a_permutation_and_places_where_steps_yield(data):
@@ -386,6 +387,7 @@ def test_state_names_a_real_datasets_index(packed):
     assert s.state_dict(1)["dataset"] == packed.index["index_sha256"]
 
 
+@pytest.mark.slow  # 3.5-9 s: the fast tier keeps its 3 minutes
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_elastic_resume_every_pack_once(data):

@@ -264,6 +264,7 @@ def test_verify_hashes_a_cache_entry_this_process_checked_before(s3, local, tmp_
     assert entry.read_bytes() == good
 
 
+@pytest.mark.slow  # 3.5-9 s: the fast tier keeps its 3 minutes
 def test_a_cached_source_file_symlink_or_truncation_is_repaired(s3, local, tmp_path):
     """Under the index layout the tokens are the corpus's .bin: a bit flipped in its cached
     copy is found by verify --source and by a reader; an entry swapped for a symbolic link

@@ -76,6 +76,7 @@ def test_a_store_that_stops_answering_fails_within_the_timeout(server, corpus, t
     cli("pack", url, "-L", 128, "-o", f"{url}-p", "-q", env=env_of(server, tmp_path))
 
 
+@pytest.mark.slow  # 3.5-9 s: the fast tier keeps its 3 minutes
 def test_store_failures_are_named_never_tracebacks(server, corpus, tmp_path):
     url = put_corpus(server, corpus)
     anonymous = {k: v for k, v in env_of(server, tmp_path).items() if not k.startswith("AWS_")}
