@@ -49,6 +49,7 @@ from .budget_state import STATE_FORMAT, STATE_VERSION, check_budget_state
 from .by_length import RowsByLength
 from .curriculum import curriculum_of, draw
 from .permute import ROUNDS, Feistel
+from .shape import check_shape
 from .state import dataset_identity
 
 MARK_EVERY = 256  # steps between remembered counts: a lookup replays at most 255 draws
@@ -113,14 +114,8 @@ class BudgetSampler:
 
     def __init__(self, rows, *, rank: int, world_size: int, tokens_per_step: int,
                  curriculum="uniform", seed: int = 0, balance=None):
-        for name, v, lo in (("world_size", world_size, 1), ("tokens_per_step", tokens_per_step,
-                                                            1), ("seed", seed, 0)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-                raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
-                or not 0 <= rank < world_size:
-            raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
-                                f"got {rank!r}")
+        check_shape(rank, world_size, ("tokens_per_step", tokens_per_step, 1),
+                    ("seed", seed, 0))
         self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
         self.tokens_per_step = int(tokens_per_step)
         self.index = _rows_by_length(rows)

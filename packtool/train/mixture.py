@@ -41,6 +41,7 @@ import numpy as np
 from ..errors import PacktoolError
 from .mixture_state import STATE_FORMAT, STATE_VERSION, check_mixture_state
 from .schedule import Segment, check_schedule, deal
+from .shape import check_shape
 
 EXHAUSTED = ("next_epoch", "stop")
 MARK_EVERY = 256  # steps between remembered cursors: ledger(s) replays at most 255 steps
@@ -360,11 +361,4 @@ def _weights_json(seg: Segment, names: list[str]) -> dict:
 
 
 def _check_shape(rank, world_size, batch_size, seed) -> None:
-    for name, v, lo in (("world_size", world_size, 1), ("batch_size", batch_size, 1),
-                        ("seed", seed, 0)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
-            or not 0 <= rank < world_size:
-        raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
-                            f"got {rank!r}")
+    check_shape(rank, world_size, ("batch_size", batch_size, 1), ("seed", seed, 0))

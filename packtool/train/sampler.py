@@ -71,6 +71,7 @@ from .balance import COST_RATIO, balance_steps, cost_table
 from .balance import attention_costs as attention_costs  # also from here (stats, tests)
 from .balance import fingerprint as fingerprint  # the state's costs_sha256, also from here
 from .order import EpochOrder, class_keys
+from .shape import check_shape
 from .state import STATE_FORMAT, STATE_VERSION, check_state, dataset_identity
 
 
@@ -131,14 +132,8 @@ class PackSampler:
                  cost_ratio: float = COST_RATIO, tokens_per_step=None, curriculum=None):
         # tokens_per_step, curriculum: None here (else __new__ made a BudgetSampler)
         n = packs if isinstance(packs, (int, np.integer)) else len(packs)
-        for name, v, lo in (("n_packs", n, 1), ("world_size", world_size, 1),
-                            ("batch_size", batch_size, 1), ("seed", seed, 0)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-                raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
-                or not 0 <= rank < world_size:
-            raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
-                                f"got {rank!r}")
+        check_shape(rank, world_size, ("n_packs", n, 1), ("batch_size", batch_size, 1),
+                    ("seed", seed, 0))
         if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float)) \
                 or not 1.01 <= cost_ratio < float("inf"):
             raise PacktoolError(f"cost_ratio must be a number >= 1.01 (1.1: packs of one class "
