@@ -121,3 +121,41 @@ def test_plot_of_a_grouped_corpus_is_refused(groups, tmp_path):
     r = run("stats", corpus.prefix, "-L", "1024", "--plot", tmp_path / "x.png")
     assert r.exit_code != 0 and "reported as groups" in r.output
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_grouped_dataset_records_what_was_done_with_overlong_groups(groups, tmp_path):
+    """A group is never cut, so index.json says "refuse" (the default --overflow split
+    included) or "drop", never "split"; --overflow truncate is refused by name, by pack and
+    stats alike; a reader refuses an index claiming a cut for pairs or groups, and a plain
+    dataset still records its option as given."""
+    import shutil
+
+    from packtool.errors import FormatError
+    from packtool.formats._manifest import digest
+    from packtool.formats.packed.schema import DIGEST_KEY
+
+    d, corpus = groups
+    pack_corpus([corpus.prefix], tmp_path / "kept", 1024)
+    assert open_packed(tmp_path / "kept").index["overflow"] == "refuse"
+    assert stats([str(corpus.prefix)], seq_lens=[1024]).report["overflow"] == "refuse"
+    longest = int(stats([str(corpus.prefix)], seq_lens=[10**6]).report["length"]["max"])
+    pack_corpus([corpus.prefix], tmp_path / "dropped", longest - 1, overflow="drop")
+    idx = open_packed(tmp_path / "dropped").index
+    assert idx["overflow"] == "drop" and idx["groups"]["n_dropped_groups"] >= 1
+    for call in (lambda: pack_corpus([corpus.prefix], tmp_path / "t", 1024, overflow="truncate"),
+                 lambda: stats([str(corpus.prefix)], seq_lens=[1024], overflow="truncate")):
+        with pytest.raises(PacktoolError, match="never cut"):
+            call()
+    assert not (tmp_path / "t").exists()
+    forged = tmp_path / "forged"
+    shutil.copytree(tmp_path / "kept", forged)
+    index = json.loads((forged / "index.json").read_text())
+    index["overflow"] = "truncate"
+    index[DIGEST_KEY] = digest(index, DIGEST_KEY)
+    (forged / "index.json").write_text(json.dumps(index))
+    with pytest.raises(FormatError, match="pairs or groups"):
+        open_packed(forged)
+    plain = write_jsonl(tmp_path / "p.jsonl", [{"text": "one two three four"}] * 3)
+    tokenize_files([str(plain)], TOKENIZER, tmp_path / "p", TokenizeOptions())
+    pack_corpus([tmp_path / "p"], tmp_path / "pp", 64)
+    assert open_packed(tmp_path / "pp").index["overflow"] == "split"

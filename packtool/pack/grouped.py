@@ -82,6 +82,17 @@ def group_lengths(lengths: np.ndarray, table: GroupTable, share: bool) -> np.nda
     return items
 
 
+def group_overflow(overflow: str) -> str:
+    """What ``--overflow`` does to pairs and groups, which are never cut: "drop" (dropped and
+    counted) or "refuse" (the default ``split`` too); ``truncate`` is refused by name."""
+    if overflow == "truncate":
+        raise PacktoolError(
+            "--overflow truncate cuts documents, and a pair or group is never cut (a "
+            "sequence without its end, or a prompt without its completions): over-long "
+            "groups are refused, or dropped and counted with --overflow drop")
+    return "drop" if overflow == "drop" else "refuse"
+
+
 def group_segments(lengths: np.ndarray, table: GroupTable, share: bool, seq_len: int,
                    overflow: str) -> tuple[GroupSegments, np.ndarray, np.ndarray]:
     """(segments, item per entry, item lengths): the table entries in group order and each
@@ -134,6 +145,7 @@ def plan_grouped(lengths: np.ndarray, options: PackOptions, table: GroupTable) -
     """The layout of a grouped corpus: groups packed as items, each group's segments
     together in its row, in order; packs shuffled and sharded as :func:`plan_pack` does."""
     options.check()
+    group_overflow(options.overflow)
     segs, item, items = group_segments(lengths, table, options.share_prompt, options.seq_len,
                                        options.overflow)
     packing = run_packer(items, options.seq_len, options.algo, options.packer_options())

@@ -13,6 +13,7 @@ from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..formats.packed.costs import COST_RATIO
 from ..metrics import histogram_metrics
 from ..storage import is_url, relative
+from .grouped import group_overflow
 from .plan import PackLayout, PackOptions
 
 METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
@@ -130,8 +131,10 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
     return {"layout": opts.layout, "seq_len": opts.seq_len, "algo": opts.algo,
             "algo_options": rep.options, "balance": balance_entry(opts), "seed": opts.seed,
             "shuffle": opts.shuffle,
-            "overflow": opts.overflow, **stored, "group_docs": opts.group_docs,
-            "n_packs": layout.n_packs, **layout.counts, **metrics(layout),
+            "overflow": (group_overflow(opts.overflow) if getattr(layout, "groups", None)
+                         else opts.overflow),
+            **stored, "group_docs": opts.group_docs, "n_packs": layout.n_packs,
+            **layout.counts, **metrics(layout),
             "attention_imbalance": imbalance(layout), "cost_ratio": COST_RATIO,
             "solver": rep.to_json(),
             "split": split, "held_out": held_out,

@@ -20,13 +20,14 @@ def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size
                    overflow: str) -> dict:
     """The corpus report of a grouped corpus's items, with its ``groups`` figures and, per
     seq_len, the groups over it and whether ``pack`` refuses there."""
-    from ..pack.grouped import group_lengths
+    from ..pack.grouped import group_lengths, group_overflow
 
     given = [k for k in UNSUPPORTED if aligned.get(k) or options.get(k)]
     if given:
         raise PacktoolError(f"pairs and groups are packed whole, one item a group: "
                             f"{', '.join('--' + k.replace('_', '-') for k in given)} cannot be "
                             "used with them yet (pack refuses it too); drop it")
+    overflow = group_overflow(overflow)  # what pack does: "drop" or "refuse"
     items = group_lengths(lengths, table, share)
     rep = corpus_report(items, seq_lens, batch_size, algos, seed, options, source, "drop")
     rep["overflow"] = overflow
@@ -35,7 +36,7 @@ def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size
                      "n_sequence_tokens": int(lengths.sum()), "n_tokens": int(items.sum())}
     for s in rep["seq_lens"]:
         s["overflow"] = overflow
-        s["refused"] = overflow != "drop" and s["n_overlong"] > 0
+        s["refused"] = overflow == "refuse" and s["n_overlong"] > 0
         if s["refused"]:  # pack writes nothing at this seq_len: no packs to predict
             s.pop("algos", None)
         for a in s.get("algos", []):  # the costs of items, not of the rows' sequences

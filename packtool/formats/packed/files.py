@@ -49,6 +49,7 @@ def read_index(directory, place=None) -> dict:
         index = read_manifest(path, FORMAT, READABLE)
     check_digest(index, DIGEST_KEY, path, FIX)
     check(index, SPECS[index["version"]], path, FIX)
+    _check_overflow(index, path)
     want = {a.name for a in shard_arrays(index)}
     for sh in index["shards"]:
         if set(sh["files"]) != want:
@@ -60,6 +61,16 @@ def read_index(directory, place=None) -> dict:
             if place is None or not place.remote:
                 confined_file(Path(directory) / name, path)
     return index
+
+
+def _check_overflow(index: dict, path) -> None:
+    """A group is never cut: a dataset of pairs or groups records "refuse" or "drop" (or
+    "split", what packtool wrote before it said so, meaning the same refusal), and "refuse"
+    belongs to such a dataset only."""
+    grouped, overflow = bool(index.get("groups")), index["overflow"]
+    if (grouped and overflow == "truncate") or (not grouped and overflow == "refuse"):
+        raise FormatError(f"{path}: overflow {overflow!r} in a dataset "
+                          f"{'of' if grouped else 'without'} pairs or groups; {FIX}")
 
 
 def load_array(path: Path, dtype: np.dtype, n: int, name=None) -> np.ndarray:

@@ -201,7 +201,9 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
                    "packs in blocks of like attention cost: objective and ranks, or null",
                    optional=True),
     "seed": Key(count(), "shuffle/packer seed"), "shuffle": Key(boolean(), "packs shuffled"),
-    "overflow": Key(one_of("split", "truncate", "drop"), "split, truncate or drop"),
+    "overflow": Key(one_of("split", "truncate", "drop", "refuse"),
+                    "split, truncate or drop; a dataset of pairs or groups (version 4, "
+                    "never cut): refuse or drop"),
     "token_dtype": Key(one_of("uint16", "uint32"), "uint16 or uint32"),
     "vocab_size": Key(count(1), "the sources' id space"),
     "loss_mask": Key(boolean(), "labels follow the sources' loss masks"),
