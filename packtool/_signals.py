@@ -75,27 +75,34 @@ def committed() -> None:
     _committed = True
 
 
-def commits_to(manifest: Path, kept) -> None:
+def commits_to(manifest, kept, exists=None) -> None:
     """The run's output is made of several commits (a tokenize's parts) and is complete only
     once ``manifest`` is in place; ``kept()`` says what a stopped run leaves for the next to
-    resume from ("3 finished part(s) of it (...)"), or None."""
+    resume from ("3 finished part(s) of it (...)"), or None. ``exists()``: whether the
+    manifest is in place, for an output in a bucket (its URL in ``manifest``), where no
+    local commit marks the point of no return."""
     global _commits_to
-    _commits_to = (Path(manifest), kept)
+    _commits_to = (manifest if exists else Path(manifest), kept, exists)
 
 
 def after_commit() -> bool:
     """Whether the received signal came after the output's commit had become final (for an
     output of several commits: its manifest's)."""
-    if not (_committed and received):  # commits proceed only while none was received
+    if not received:
+        return False
+    if _commits_to is not None and _commits_to[2] is not None:  # a bucket's: its own word
+        return bool(_commits_to[2]())
+    if not _committed:  # commits proceed only while none was received
         return False
     return _commits_to is None or _commits_to[0].exists()
 
 
-def kept() -> tuple[Path, str] | None:
+def kept() -> tuple[Path | str, str, bool] | None:
     """For a run stopped before its output was complete: (the manifest that would have
-    committed it, what of it stays for a re-run), or None when nothing does."""
+    committed it, what of it stays for a re-run, whether it is in a bucket), or None when
+    nothing does."""
     if _commits_to is None:
         return None
-    manifest, what = _commits_to
+    manifest, what, exists = _commits_to
     left = what()
-    return (manifest, left) if left else None
+    return (manifest, left, exists is not None) if left else None

@@ -179,7 +179,7 @@ class _Behind:
     def __init__(self, outcomes: dict):
         self.outcomes, self.thread, self.error = outcomes, None, None
 
-    def hand(self, k: int, tail: Tail) -> None:
+    def hand(self, k: int, tail: Tail, label: str = "") -> None:
         """Wait for the tail in flight, then start job ``k``'s (dropped if the one before
         failed)."""
         try:
@@ -191,6 +191,7 @@ class _Behind:
         def run():
             try:
                 self.outcomes[k] = tail()
+                FINISHED.append(label)
             except BaseException as e:  # a KeyboardInterrupt from _signals.check() too
                 self.error = e
 
@@ -220,17 +221,34 @@ class _Behind:
         self.error = None
 
 
+# the labels of the jobs a local run has finished (published, for a bucket), in the order
+# they finished: what a run stopped half-way leaves for the next (packtool._signals.kept)
+FINISHED: list[str] = []
+
+
+def finished_jobs(noun: str) -> str | None:
+    """"2 finished part(s) of it (part 0 (c.part-00000); ...)" of :data:`FINISHED`."""
+    done = list(FINISHED)
+    if not done:
+        return None
+    shown = "; ".join(done[:3]) + (f" and {len(done) - 3} more" if len(done) > 3 else "")
+    return f"{len(done)} finished {noun}(s) of it ({shown})"
+
+
 def _run_local(jobs: Jobs, mine: list[int], bar) -> tuple[dict, int]:
     outcomes: dict = {}
     tick = bar.update if bar is not None else _no_tick
+    FINISHED.clear()
     with _Behind(outcomes) as behind:
         for k in mine:
             before = bar.n if bar is not None else 0
-            outcome = jobs.run(jobs.items[k], tick)
+            item = jobs.items[k]
+            outcome = jobs.run(item, tick)
             if isinstance(outcome, Tail):
-                behind.hand(k, outcome)
+                behind.hand(k, outcome, jobs.label(item))
             else:
                 outcomes[k] = outcome
+                FINISHED.append(jobs.label(item))
             if bar is not None:  # a skipped job ticks nothing: count its weight now
                 bar.update(max(0, before + int(jobs.weights[k]) - bar.n))
     return ({k: result for k, (result, _) in outcomes.items()},

@@ -110,10 +110,13 @@ def _interrupted(signal) -> int:
     if complete:  # past the point of no return: say so, do not claim less
         click.echo(f"{what} after the output was complete: it is in place.", err=True)
     elif kept is not None:  # finished parts, committed one by one, but no manifest
-        manifest, left = kept
+        manifest, left, bucket = kept
+        rest = ("objects of a job not finished may be there, unlisted: readers see nothing "
+                "before the manifest, and the re-run replaces them" if bucket
+                else "nothing half-written is left")
         click.echo(f"{what} before the output was complete ({manifest} was not written): "
-                   f"{left} stay, and the same command run again resumes from them; nothing "
-                   "half-written is left.", err=True)
+                   f"{left} stay, and the same command run again resumes from them; {rest}.",
+                   err=True)
     else:
         click.echo(f"{what}: no output was written.", err=True)
     return 143 if term else 130

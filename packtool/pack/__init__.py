@@ -20,6 +20,7 @@ import json
 import time
 from pathlib import Path
 
+from .. import _signals
 from .._atomic import (
     check_replaceable,
     clear_temporaries,
@@ -32,7 +33,7 @@ from .._atomic import (
 )
 from .._progress import shown
 from ..errors import PacktoolError, listing
-from ..executors import Jobs, RunOptions, run_jobs
+from ..executors import Jobs, RunOptions, finished_jobs, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.packed import INDEX, VALID, index, read_index
 from ..storage import default_options, is_url
@@ -160,6 +161,10 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
                          "" if out.remote else str(target.path))
     notes = _begin(out, target, digest, run, overwrite)
     local = not run.one_task and not run.finalize and not out.remote
+    committed: list[bool] = []
+    if out.remote:  # the shards published stay for a re-run; index.json's put commits
+        _signals.commits_to(join_path(out, INDEX), lambda: finished_jobs("shard"),
+                            exists=lambda: bool(committed))
     try:
         jobs = flow.jobs()
         run_jobs(Jobs(PackTasks(jobs.items, jobs.run, str(target.path),
@@ -174,6 +179,7 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
         if check is not None:
             check.wait()
         idx, removed = _commit(out, target, splits, overwrite, flow.remove_entries)
+        committed.append(True)
     except BaseException as e:
         if is_enospc(e) and not out.remote:
             raise no_space(e, out.path, [target.path] if local else []) from None
