@@ -200,3 +200,23 @@ def test_what_would_break_a_group_apart_is_refused_by_name(pairs, tmp_path, opti
     with pytest.raises(PacktoolError, match=f"pairs and groups are packed whole.*{says}"):
         pack_corpus([d / "pairs"], tmp_path / "p", seq_len, **options)
     assert not (tmp_path / "p").exists()
+
+
+def test_a_rows_attention_cost_is_what_its_mask_computes(pairs):
+    """A completion after a shared prompt attends to the prompt's p tokens too, which the
+    costs (stats DIR, the stored cost classes, the balanced sampler) left out: a row's cost
+    (sum of x^2 over causal segments, i.e. 2 x attended pairs - tokens) now equals what the
+    4-D mask the trainer gets computes, with and without --share-prompt, and the stored
+    costs verify."""
+    _, dirs = pairs
+    for share in (False, True):
+        ds = open_packed(dirs[share, "tokens"])
+        costs = ds.attention_costs()
+        for i in range(len(ds)):
+            row = ds[i]
+            batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
+                                      for k, v in row.items()}])
+            m = model_inputs(batch, mask="4d", dtype=None)["attention_mask"][0, 0]
+            n = int(batch["input_ids"].shape[1])
+            assert costs[i] == 2 * int(m.sum()) - n, (share, i)
+        verify_packed(dirs[share, "tokens"])

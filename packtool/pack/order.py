@@ -12,11 +12,15 @@ from ..options import PackOptions
 def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
     """The output order rearranged into blocks of ``g`` packs of like attention cost
     (:func:`packtool.train.balance.like_cost_order`), the shuffled order kept within a class."""
+    from ..formats.packed.layout import shared_prompt_terms
     from ..train.balance import like_cost_order
 
     lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
+    terms = lengths ** 2
+    if len(rounds) == 1 and getattr(rounds[0], "role", None) is not None:  # pairs, groups
+        terms += shared_prompt_terms(lengths, rounds[0].role, rounds[0].group)
     ok = packs >= 0
-    costs = np.bincount(packs[ok], weights=lengths[ok] ** 2, minlength=rank.size)
+    costs = np.bincount(packs[ok], weights=terms[ok], minlength=rank.size)
     by_position = np.argsort(rank)
     out = np.empty_like(rank)
     out[like_cost_order(by_position, costs, g)] = np.arange(rank.size)

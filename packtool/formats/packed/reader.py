@@ -210,11 +210,15 @@ class PackedReader:
 
     def shard_costs(self, k: int, linear: float = 0.0) -> np.ndarray:
         """Per pack of shard ``k``: the sum of its squared segment lengths (plus ``linear`` x
-        its tokens), from its segment table alone."""
+        its tokens, and with shared prompts each completion's attention to its prompt), from
+        its segment table alone."""
         from .layout import attention_costs
 
         sh = self.shard(k)
-        return attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear)
+        shared = (self.index.get("groups") or {}).get("share_prompt")
+        return attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear,
+                               seg_role=sh.arrays["seg_role"] if shared else None,
+                               seg_group=sh.arrays["seg_group"] if shared else None)
 
     def row_lengths(self) -> np.ndarray:
         """Every row's slot length (int64): seq_len for a fixed-length dataset; for a --vsl

@@ -80,7 +80,10 @@ class ShardWriter:
             tick(n_tok)
         return {"name": name, "n_packs": n_packs, "n_segments": n_seg, "n_tokens": n_tok,
                 "files": {a.name: files[a.name] for a in self.arrays},
-                **shard_entry(attention_costs(np.asarray(seg_length), pack_seg))}
+                **shard_entry(attention_costs(
+                    np.asarray(seg_length), pack_seg,
+                    seg_role=(groups or {}).get("seg_role"),
+                    seg_group=(groups or {}).get("seg_group")))}
 
     def _small(self, name, array, values, n_tok, n_packs, n_seg) -> dict:
         dtype = np.dtype(self.dtypes.get(array.dtype, array.dtype))
