@@ -136,8 +136,9 @@ class PackLayout:
 
             tokens = np.empty(self.n_packs, np.int64)
             costs = np.empty(self.n_packs, np.float64)
-            r = self.rounds[0]  # pairs and groups: with shared prompts, completions see them
-            roles = getattr(r, "role", None) if len(self.rounds) == 1 else None
+            # pairs and groups: with shared prompts, completions see them
+            r = self.rounds[0] if len(self.rounds) == 1 else None
+            roles = getattr(r, "role", None)
             for p0, p1, at, lengths in self.pack_chunks():
                 tokens[p0:p1] = np.add.reduceat(lengths, at, dtype=np.int64)
                 sq = lengths.astype(np.float64)
