@@ -260,3 +260,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"PACKTOOL_TIER_CHECK: {len(missing)} module(s) of packtool/ not run: "
             + ", ".join(missing) if missing else
             "PACKTOOL_TIER_CHECK: every module of packtool/ ran")
+
+
+def launch_ranks(script: Path, args: list, world: int) -> None:
+    """Start ``python script *args`` once per rank of a ``torch.distributed`` group of
+    ``world`` processes on this machine (RANK, WORLD_SIZE, a free MASTER_PORT) and wait for
+    all; a rank that fails fails the test with its output's tail."""
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for p in procs:
+        out, _ = p.communicate(timeout=600)  # a hung collective fails instead of blocking CI
+        assert p.returncode == 0, out.decode()[-3000:]

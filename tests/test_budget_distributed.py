@@ -11,8 +11,6 @@ state; and one rank resuming from it deals exactly the rows the epoch has left.
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -53,18 +51,9 @@ def worker(workdir: Path) -> None:
 
 
 def launch(workdir: Path) -> list[dict]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, str(workdir)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    for p in procs:
-        out, _ = p.communicate(timeout=600)  # a hung collective fails instead of blocking CI
-        assert p.returncode == 0, out.decode()[-3000:]
+    from conftest import launch_ranks
+
+    launch_ranks(Path(__file__), [workdir], WORLD)
     return [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -16,8 +16,6 @@ epoch's packs, each exactly once, less the left-out tail (< W x B packs).
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -123,18 +121,9 @@ def worker(workdir: Path, mode: str) -> None:
 
 
 def launch(workdir: Path, mode: str, world: int = WORLD) -> list[dict]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, str(workdir), mode], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    for p in procs:
-        out, _ = p.communicate(timeout=600)  # a hung collective fails instead of blocking CI
-        assert p.returncode == 0, out.decode()[-3000:]
+    from conftest import launch_ranks
+
+    launch_ranks(Path(__file__), [workdir, mode], world)
     return [json.loads((workdir / f"{mode}-{r}.json").read_text()) for r in range(world)]
 
 

@@ -129,79 +129,25 @@ def test_an_upload_failing_in_the_background_is_named_and_nothing_is_committed(
 
 
 _SLOW_UPLOAD = """
-import os, sys, time
-ready = sys.argv[1]
-from packtool.storage import publish
-real = publish.upload
-def upload(fs, files, result):
-    if not os.path.exists(ready):  # the first tail: say so, then take a while
-        open(ready, "w").close()
-        time.sleep(1.0)
-    real(fs, files, result)
-publish.upload = upload
-sys.argv = ["packtool"] + sys.argv[2:]
-from packtool.cli import main
-main()
-"""
-
-
-@pytest.mark.slow
-def test_ctrl_c_while_a_tail_uploads_leaves_nothing_half_published(s3, bucket, tmp_path):
-    """SIGINT while part 0's tail uploads (and part 1 is tokenized): the tail stops at its
-    next object and releases its lock and scratch folder before the run's lock; the run
-    says it was interrupted (exit 130); no manifest, no lock object, no scratch file is
-    left; the same command then completes."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from conftest import ROOT
-
-    ready = tmp_path / "ready"
-    url = f"s3://{bucket}/out/c"
-    args = ["tokenize", CORPUS, "-t", TOKENIZER, "--eos", "<|eos|>", "--part-bytes", 200_000,
-            "-o", url, "-q"]
-    env = {**os.environ, **s3.env, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_UPLOAD, str(ready), *map(str, args)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "Interrupted" in err and "Traceback" not in err, err
-    s3.fs.invalidate_cache()
-    names = {p.rsplit("/", 1)[-1] for p in s3.fs.find(f"{bucket}/out")}
-    assert "c.json" not in names and not [n for n in names if n.endswith(".lock")], names
-    assert not [p for p in (tmp_path / "cache" / "staging").rglob("*") if p.is_file()]
-    r = run(*args[:-1], "--json")
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["n_parts"] == 4
-
-
-_SLOW_SECOND_UPLOAD = """
-import os, sys, time
-ready = sys.argv[1]
+import sys, time
+ready, nth = sys.argv[1], int(sys.argv[2])
 from packtool.storage import publish
 real, calls = publish.upload, []
 def upload(fs, files, result):
     calls.append(1)
-    if len(calls) == 2:  # the first job is published: say so, then take a while
+    if len(calls) == nth:  # the jobs before are published: say so, then take a while
         open(ready, "w").close()
         time.sleep(1.0)
     real(fs, files, result)
 publish.upload = upload
-sys.argv = ["packtool"] + sys.argv[2:]
+sys.argv = ["packtool"] + sys.argv[3:]
 from packtool.cli import main
 main()
 """
 
 
-def _interrupt_second_upload(s3, tmp_path, args: list) -> str:
-    """Run the CLI with ``args``, SIGINT it while its second job uploads; its stderr."""
+def _interrupt_upload(s3, tmp_path, args: list, nth: int) -> str:
+    """Run the CLI with ``args``, SIGINT it while its ``nth`` job uploads; its stderr."""
     import os
     import signal
     import subprocess
@@ -213,7 +159,7 @@ def _interrupt_second_upload(s3, tmp_path, args: list) -> str:
     ready = tmp_path / "ready"
     ready.unlink(missing_ok=True)
     env = {**os.environ, **s3.env, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_SECOND_UPLOAD, str(ready),
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_UPLOAD, str(ready), str(nth),
                              *map(str, args)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -227,6 +173,29 @@ def _interrupt_second_upload(s3, tmp_path, args: list) -> str:
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_a_tail_uploads_leaves_nothing_half_published(s3, bucket, tmp_path):
+    """SIGINT while part 0's tail uploads (and part 1 is tokenized): the tail stops at its
+    next object and releases its lock and scratch folder before the run's lock; the run
+    says it was interrupted (exit 130); no manifest, no lock object, no scratch file is
+    left; the same command then completes, and the message says no output was written
+    (nothing was published yet)."""
+    url = f"s3://{bucket}/out/c"
+    args = ["tokenize", CORPUS, "-t", TOKENIZER, "--eos", "<|eos|>", "--part-bytes", 200_000,
+            "-o", url, "-q"]
+    err = _interrupt_upload(s3, tmp_path, args, 1)
+    assert "Interrupted: no output was written" in err, err
+    s3.fs.invalidate_cache()
+    names = {p.rsplit("/", 1)[-1] for p in s3.fs.find(f"{bucket}/out")}
+    assert "c.json" not in names and not [n for n in names if n.endswith(".lock")], names
+    assert not [p for p in (tmp_path / "cache" / "staging").rglob("*") if p.is_file()]
+    r = run(*args[:-1], "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_parts"] == 4
+
+
+
+
+@pytest.mark.slow
 def test_ctrl_c_after_a_job_was_published_names_what_stays_in_the_bucket(s3, bucket, tmp_path):
     """Ctrl-C once a bucket tokenize had published part 0 (or a pack shard 0) said "no
     output was written" though the part stays and a re-run skips it: the message now names
@@ -235,7 +204,7 @@ def test_ctrl_c_after_a_job_was_published_names_what_stays_in_the_bucket(s3, buc
     url = f"s3://{bucket}/out/c"
     args = ["tokenize", CORPUS, "-t", TOKENIZER, "--eos", "<|eos|>", "--part-bytes", 200_000,
             "-o", url, "-q"]
-    err = _interrupt_second_upload(s3, tmp_path, args)
+    err = _interrupt_upload(s3, tmp_path, args, 2)
     assert f"({url}.json was not written)" in err, err
     assert "1 finished part(s) of it (part 0 (c.part-00000)) stay" in err, err
     assert "run again resumes from them" in err and "no output was written" not in err, err
@@ -246,7 +215,7 @@ def test_ctrl_c_after_a_job_was_published_names_what_stays_in_the_bucket(s3, buc
     packed = f"s3://{bucket}/out/packed"
     args = ["pack", url, "-L", 256, "--layout", "tokens", "--shard-size", 2_000, "-o", packed,
             "-q"]
-    err = _interrupt_second_upload(s3, tmp_path, args)
+    err = _interrupt_upload(s3, tmp_path, args, 2)
     assert f"({packed}/index.json was not written)" in err, err
     assert "1 finished shard(s) of it (train shard 0 (shard-00000)) stay" in err, err
     r = run(*args)
