@@ -11,7 +11,9 @@ in the planner or the gather kernel cannot vouch for itself:
    document must become under the overflow policy is in the packs exactly as often as
    asked, and nothing else is (:mod:`.segments`: fingerprints of both multisets, a
    document's miscount named by one more pass); every stored token (and loss mask) equals
-   the source's, compared with plain numpy indexing.
+   the source's, compared with plain numpy indexing;
+3. the attention costs index.json stores per shard are what each row's mask computes
+   (:mod:`.costs`, with a completion's attention to its shared prompt).
 
 It streams: the sources a chunk of 2**18 documents at a time (their boundaries), the packs a
 shard at a time. Memory: one shard's arrays and one chunk, plus 2 bits a document per source
@@ -33,6 +35,7 @@ from ..formats.tokens import open_tokens, validate_tokens
 from ..storage import is_url, join, kind_of, local_path, parent
 from ..storage.cache import rehashing
 from . import segments as sg
+from .costs import check_stored_costs
 from .draws import Selection
 
 VerifyError = ValidationError
@@ -182,7 +185,7 @@ def _verify_packed(directory, sources) -> VerifyResult:
                               for s in index["sources"]]
     for d in (ds, valid):
         if d is not None:
-            _stored_costs(d)
+            check_stored_costs(d)
     return result
 
 
@@ -212,22 +215,6 @@ def _max_docs(ds) -> None:
         if per.size and int(per.max()) > cap:
             j = int(np.argmax(per))
             raise VerifyError(f"{sh.name} pack {j:,}: {int(per[j])} segments > --max-docs {cap}")
-
-
-def _stored_costs(ds) -> None:
-    """The cost classes index.json stores (what a balanced sampler deals by) are those of
-    each shard's packs (checked last: a shard's content against the sources says more)."""
-    from ..formats.packed.costs import shard_entry
-
-    ratio = ds.index.get("cost_ratio")
-    for k, entry in enumerate(ds.index["shards"]):
-        if ratio is None or "cost_classes" not in entry:
-            continue
-        want = shard_entry(ds.shard_costs(k), ratio)
-        for key in ("cost_classes", "costs_sha256"):
-            if entry.get(key) != want[key]:
-                raise VerifyError(f"{ds.directory}/index.json: {entry['name']}'s {key} is not "
-                                  "its packs' (re-run packtool pack)")
 
 
 def _aligned(ds, valid, corpora) -> dict:
