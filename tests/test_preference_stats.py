@@ -157,5 +157,51 @@ def test_a_grouped_dataset_records_what_was_done_with_overlong_groups(groups, tm
         open_packed(forged)
     plain = write_jsonl(tmp_path / "p.jsonl", [{"text": "one two three four"}] * 3)
     tokenize_files([str(plain)], TOKENIZER, tmp_path / "p", TokenizeOptions())
-    pack_corpus([tmp_path / "p"], tmp_path / "pp", 64)
-    assert open_packed(tmp_path / "pp").index["overflow"] == "split"
+    for policy in ("split", "truncate", "drop"):
+        res = pack_corpus([tmp_path / "p"], tmp_path / f"pp-{policy}", 64, overflow=policy)
+        idx = open_packed(tmp_path / f"pp-{policy}").index
+        assert idx["overflow"] == res.overflow == policy
+        assert "groups" not in idx and res.groups is None
+
+
+def test_what_a_grouped_pack_reports_of_its_overflow(groups, tmp_path):
+    """Pack's summary, --json and warning, stats of the dataset and verify --source say
+    what was done to groups over --seq-len (refused, or dropped whole and counted), never
+    that they were split, and never offer --overflow split as the fix; verify counts the
+    dropped groups itself and refuses an index that miscounts them."""
+    import shutil
+
+    from packtool.errors import FormatError
+    from packtool.formats._manifest import digest
+    from packtool.formats.packed.schema import DIGEST_KEY
+    from packtool.stats.render import render_corpus, render_packed
+    from packtool.verify import VerifyError, verify
+
+    d, corpus = groups
+    r = run("pack", corpus.prefix, "-L", 1024, "-o", tmp_path / "kept", "-q", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["overflow"] == "refuse"
+    assert "groups over seq_len refused" in render_packed(stats([str(tmp_path / "kept")]).report)
+    assert "refused, as pack does" in render_corpus(
+        stats([str(corpus.prefix)], seq_lens=[1024]).report)
+    L = int(stats([str(corpus.prefix)], seq_lens=[10**6]).report["length"]["p50"])
+    res = pack_corpus([corpus.prefix], tmp_path / "dropped", L, overflow="drop")
+    idx = open_packed(tmp_path / "dropped").index
+    n_groups = idx["groups"]["n_dropped_groups"]
+    assert res.overflow == "drop" and res.groups == idx["groups"] and n_groups >= 1
+    assert (f"dropped {n_groups:,} groups over --seq-len ({idx['n_dropped']:,} sequences, "
+            f"{idx['n_dropped_tokens']:,} tokens)") in res.summary()
+    warned = [w for w in res.warnings if "--overflow drop discarded" in w]
+    assert warned and "--overflow split" not in warned[0] and "never cut" in warned[0]
+    assert f"dropped whole: {n_groups:,} groups" in render_packed(
+        stats([str(tmp_path / "dropped")]).report)
+    said = verify(tmp_path / "dropped", [corpus.prefix]).summary()
+    assert (f"{idx['n_dropped_tokens']:,} in {idx['n_dropped']:,} sequences of {n_groups:,} "
+            "groups dropped whole by --overflow drop") in said
+    forged = tmp_path / "forged"
+    shutil.copytree(tmp_path / "dropped", forged)
+    index = json.loads((forged / "index.json").read_text())
+    index["groups"]["n_dropped_groups"] -= 1
+    index[DIGEST_KEY] = digest(index, DIGEST_KEY)
+    (forged / "index.json").write_text(json.dumps(index))
+    with pytest.raises((VerifyError, FormatError), match="dropped over seq_len"):
+        verify(forged, [corpus.prefix])

@@ -21,7 +21,14 @@ from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
 from ..storage import is_url
 from . import jobs as pj
-from .meta import METRIC_KEYS, group_index_meta, index_meta, metrics, storage
+from .meta import (
+    METRIC_KEYS,
+    group_index_meta,
+    index_meta,
+    metrics,
+    recorded_overflow,
+    storage,
+)
 from .mixture import mixture_plan, refuse_idle, resolve_sources, share_factors
 from .plan import PackOptions, plan_pack
 from .result import PackResult
@@ -223,7 +230,8 @@ class Global:
             solver=lay.report.to_json() if idx is None else idx["solver"], seconds=seconds,
             sources_verified=False, sources=[] if idx is None else idx["sources"],
             valid=None if idx is None else idx["held_out"],
-            vsl=None if idx is None else idx.get("vsl"),
+            vsl=None if idx is None else idx.get("vsl"), overflow=recorded_overflow(lay),
+            groups=getattr(lay, "groups", None) if idx is None else idx.get("groups"),
             warnings=warnings + list(lay.report.warnings))
 
 
@@ -276,7 +284,7 @@ class Grouped:
             metrics={k: idx[k] for k in METRIC_KEYS} if idx else {},
             solver=idx["solver"] if idx else {}, seconds=seconds, sources_verified=False,
             sources=idx["sources"] if idx else [], valid=idx["held_out"] if idx else None,
-            warnings=warnings)
+            overflow=self.options.overflow, warnings=warnings)
 
 
 def refuse_missing(out: Path, bad: list[str], n: int, what: str) -> None:

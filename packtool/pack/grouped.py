@@ -49,6 +49,7 @@ class GroupSegments:
     counts: dict = field(default_factory=dict)
     split_docs: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     split_pieces: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    n_dropped_groups: int = 0  # over seq_len with --overflow drop (not a group of 0 tokens)
 
     def locate(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         index = np.asarray(index, np.int64)
@@ -137,7 +138,8 @@ def group_segments(lengths: np.ndarray, table: GroupTable, share: bool, seq_len:
               "n_dropped": int(np.isin(table.group, over).sum()),
               "n_dropped_tokens": int(lengths[np.isin(table.group, over)].sum()),
               "n_segments": int(np.count_nonzero(seg_len)), "n_tokens": int(seg_len.sum())}
-    segs = GroupSegments(seg_len, seg_doc, seg_off, group, role, seq_len, counts)
+    segs = GroupSegments(seg_len, seg_doc, seg_off, group, role, seq_len, counts,
+                         n_dropped_groups=int(over.size))
     return segs, group, items
 
 
@@ -161,7 +163,7 @@ def plan_grouped(lengths: np.ndarray, options: PackOptions, table: GroupTable) -
                         packing.report)
     layout.groups = {"kind": table.kind, "share_prompt": bool(options.share_prompt),
                      "n_groups": table.n_groups,
-                     "n_dropped_groups": int(np.count_nonzero(items == 0))}
+                     "n_dropped_groups": segs.n_dropped_groups}
     pack_len = layout.pack_lengths()
     if n_packs and int(pack_len.max()) > options.seq_len:  # a packer bug never reaches disk
         raise RuntimeError(f"packer {options.algo} made a pack of {int(pack_len.max())} "

@@ -130,16 +130,21 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
     opts, rep = layout.options, layout.report
     return {"layout": opts.layout, "seq_len": opts.seq_len, "algo": opts.algo,
             "algo_options": rep.options, "balance": balance_entry(opts), "seed": opts.seed,
-            "shuffle": opts.shuffle,
-            "overflow": (group_overflow(opts.overflow) if getattr(layout, "groups", None)
-                         else opts.overflow),
-            **stored, "group_docs": opts.group_docs, "n_packs": layout.n_packs,
-            **layout.counts, **metrics(layout),
-            "attention_imbalance": imbalance(layout), "cost_ratio": COST_RATIO,
+            "shuffle": opts.shuffle, "overflow": recorded_overflow(layout), **stored,
+            "group_docs": opts.group_docs, "n_packs": layout.n_packs, **layout.counts,
+            **metrics(layout), "attention_imbalance": imbalance(layout), "cost_ratio": COST_RATIO,
             "solver": rep.to_json(),
             "split": split, "held_out": held_out,
             "sources": source_entries(layout, corpora, factors, folder), **vsl_entry(layout),
             **({"groups": layout.groups} if getattr(layout, "groups", None) else {})}
+
+
+def recorded_overflow(layout: PackLayout) -> str:
+    """What index.json (and pack's --json) records of --overflow: the option as given, or for
+    pairs and groups, which are never cut, what was done with one over --seq-len: "refuse"
+    (the default ``split`` too) or "drop"."""
+    grouped = getattr(layout, "groups", None)
+    return group_overflow(layout.options.overflow) if grouped else layout.options.overflow
 
 
 def vsl_entry(layout: PackLayout) -> dict:

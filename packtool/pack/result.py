@@ -33,10 +33,13 @@ def split_warning(counts: dict, seq_len: int) -> list[str]:
 DISCARD_WARN_SHARE = 0.10
 
 
-def discard_warning(counts: dict, n_tokens: int, seq_len: int) -> list[str]:
+def discard_warning(counts: dict, n_tokens: int, seq_len: int,
+                    groups: dict | None = None) -> list[str]:
     """A warning (the share and the fix) when --overflow truncate or drop threw away more
     than DISCARD_WARN_SHARE of the tokens of the documents packed; ``n_tokens``: the tokens
-    kept."""
+    kept; ``groups``: index.json's entry of pairs and groups, which --overflow split cannot
+    keep (a group is never cut), so the fix offered is a larger --seq-len or a shared
+    prompt."""
     cut, dropped = counts.get("n_truncated_tokens", 0), counts.get("n_dropped_tokens", 0)
     total = n_tokens + cut + dropped
     if not total or cut + dropped <= DISCARD_WARN_SHARE * total:
@@ -45,8 +48,11 @@ def discard_warning(counts: dict, n_tokens: int, seq_len: int) -> list[str]:
                        if n) or "--overflow"
     return [f"{how} discarded {cut + dropped:,} of {total:,} tokens "
             f"({100 * (cut + dropped) / total:.1f}%, more than {100 * DISCARD_WARN_SHARE:g}%; "
-            f"{n_tokens:,} kept) at --seq-len {seq_len:,}: use --overflow split to keep them, "
-            "or a larger --seq-len (packtool stats PREFIX shows the length percentiles)"]
+            f"{n_tokens:,} kept) at --seq-len {seq_len:,}: "
+            + (("raise --seq-len" + ("" if groups["share_prompt"] else " or pass --share-prompt")
+                + " to keep them (a group is never cut; " if groups else
+                "use --overflow split to keep them, or a larger --seq-len (")
+               + "packtool stats PREFIX shows the length percentiles)")]
 
 
 def holdout_warning(valid: dict | None, sources: list[dict]) -> list[str]:
@@ -76,7 +82,7 @@ def run_warnings(res, seq_len: int) -> list[str]:
     """What a finished pack run warns about, from what it did (--vsl cuts documents by
     design: no warning that it split them)."""
     return ([] if res.vsl else split_warning(res.counts, seq_len)
-            + discard_warning(res.counts, res.n_tokens, seq_len)
+            + discard_warning(res.counts, res.n_tokens, seq_len, res.groups)
             + holdout_warning(res.valid, res.sources))
 
 
@@ -102,6 +108,8 @@ class PackResult:
     warnings: list[str] = field(default_factory=list)
     published: str = ""   # an object-store output: what was uploaded (packtool.storage)
     vsl: dict | None = None  # --vsl: index.json's vsl entry (rows per length, remnants)
+    overflow: str = ""       # index.json's: the policy done (pairs and groups: refuse or drop)
+    groups: dict | None = None  # pairs and groups: index.json's groups entry
 
     @property
     def efficiency(self) -> float:
@@ -120,7 +128,12 @@ class PackResult:
         if c["n_truncated"]:
             over.append(f"truncated {c['n_truncated']:,} docs "
                         f"(-{c['n_truncated_tokens']:,} tokens)")
-        if c["n_dropped"]:
+        if c["n_dropped"] and self.groups:  # a group is dropped whole, never cut
+            unit = "pairs" if self.groups["kind"] == "pairs" else "groups"
+            over.append(f"dropped {self.groups['n_dropped_groups']:,} {unit} over --seq-len "
+                        f"({c['n_dropped']:,} sequences, "
+                        f"{c['n_dropped_tokens']:,} tokens)")
+        elif c["n_dropped"]:
             over.append(f"dropped {c['n_dropped']:,} docs ({c['n_dropped_tokens']:,} tokens)")
         if c["n_empty"]:
             over.append(f"skipped {c['n_empty']:,} empty docs")

@@ -37,7 +37,9 @@ def render_corpus(rep: dict) -> str:
         out.append(f"  {b['lo']:>8,}-{b['hi'] - 1:<8,} {_bar(b['count'] / top, 40)} "
                    f"{b['count']:,}")
     B = rep["batch_size"]
-    out += ["", f"{unit} longer than seq_len: --overflow {rep['overflow']} (as pack does)",
+    policy = ("refused, as pack does (a group is never cut; --overflow drop drops them)"
+              if rep["overflow"] == "refuse" else f"--overflow {rep['overflow']} (as pack does)")
+    out += ["", f"{unit} longer than seq_len: {policy}",
             f"{'seq_len':>8} {'overlong':>10} {'segments':>10} {'pad waste':>10} "
             f"{'batch' + str(B):>9} {'grouped':>8} {'max speedup':>12} {'min packs':>12}"]
     for s in rep["seq_lens"]:
@@ -107,6 +109,23 @@ def _attn(a: dict) -> str:
     return f"{a['attention_imbalance']:>6.2f}->{a['attention_imbalance_balanced']:.2f}"
 
 
+def _overflow_line(rep: dict) -> str:
+    """What the overflow policy did; a group is never cut, so for pairs and groups only what
+    was dropped (an index written before 2026-11-27 records "split" for "refuse")."""
+    if not rep.get("groups"):
+        return (f"overflow ({rep['overflow']}): {rep['n_overlong']:,} over-long documents; "
+                f"split {rep['n_split']:,} into {rep['n_split_pieces']:,} pieces, truncated "
+                f"{rep['n_truncated']:,} (-{rep['n_truncated_tokens']:,} tokens), dropped "
+                f"{rep['n_dropped']:,} ({rep['n_dropped_tokens']:,} tokens); "
+                f"{rep['n_empty']:,} empty documents skipped")
+    policy = "drop" if rep["overflow"] == "drop" else "refuse"
+    return (f"overflow ({policy}): groups over seq_len "
+            + (f"dropped whole: {rep['groups']['n_dropped_groups']:,} groups "
+               f"({rep['n_dropped']:,} sequences, {rep['n_dropped_tokens']:,} tokens)"
+               if policy == "drop" else "refused (none was packed or cut)")
+            + f"; {rep['n_empty']:,} empty sequences skipped")
+
+
 def render_packed(rep: dict) -> str:
     from ..metrics import bounds_text
 
@@ -126,11 +145,7 @@ def render_packed(rep: dict) -> str:
         *([f"segments aligned to {rep['align']}: {rep['n_align_tokens']:,} pad tokens of id "
            f"{rep['pad_id']} ({100 * rep['n_align_tokens'] / max(rep['n_tokens'], 1):.2f}%; "
            "pack fill counts them)"] if rep.get("align") else []),
-        f"overflow ({rep['overflow']}): {rep['n_overlong']:,} over-long documents; split "
-        f"{rep['n_split']:,} into {rep['n_split_pieces']:,} pieces, truncated "
-        f"{rep['n_truncated']:,} (-{rep['n_truncated_tokens']:,} tokens), dropped "
-        f"{rep['n_dropped']:,} ({rep['n_dropped_tokens']:,} tokens); {rep['n_empty']:,} empty "
-        "documents skipped",
+        _overflow_line(rep),
     ]
     for src in rep["sources"]:
         factor = 1.0 if src["factor"] is None else src["factor"]

@@ -70,8 +70,10 @@ class VerifyResult:
             what = (f"; every source token accounted for: {self.n_tokens:,} packed {how}"
                     + (f", {p['n_truncated_tokens']:,} truncated away from {p['n_truncated']:,} "
                        "documents by --overflow truncate" if p.get("n_truncated") else "")
-                    + (f", {p['n_dropped_tokens']:,} in {p['n_dropped']:,} documents dropped by "
-                       "--overflow drop" if p.get("n_dropped") else ""))
+                    + (f", {p['n_dropped_tokens']:,} in {p['n_dropped']:,} "
+                       + (f"sequences of {p['n_dropped_groups']:,} groups dropped whole"
+                          if "n_dropped_groups" in p else "documents dropped")
+                       + " by --overflow drop" if p.get("n_dropped") else ""))
         held = ""
         if self.valid:
             v = self.valid
@@ -170,7 +172,7 @@ def _verify_packed(directory, sources) -> VerifyResult:
 
         check_rows(ds)
         if sources:
-            against_sources(ds, corpora)
+            result.policy = against_sources(ds, corpora)
             result.sources_checked = True
             return result
     if ds.align > 1:

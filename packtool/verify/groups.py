@@ -50,9 +50,13 @@ def _roles_in_order(seen: list, pack: int) -> None:
                               "shared prompt (0) first, then 1, 2 or 3, 4, ...")
 
 
-def expected_segments(corpora: list, share: bool, seq_len: int, drop: bool) -> Counter:
-    """(document, offset, length) of every segment the sources make, by a loop over groups."""
+def expected_segments(corpora: list, share: bool, seq_len: int, drop: bool
+                      ) -> tuple[Counter, Counter]:
+    """(document, offset, length) of every segment the sources make, by a loop over groups;
+    and what ``drop`` dropped: groups, sequences and their tokens (each sequence whole, its
+    prompt included, as index.json counts them)."""
     want: Counter = Counter()
+    dropped: Counter = Counter()
     base = 0
     docs = []
     for c in corpora:
@@ -77,15 +81,18 @@ def expected_segments(corpora: list, share: bool, seq_len: int, drop: bool) -> C
             if not drop:
                 raise VerifyError(f"a group of {sum(s[2] for s in segs):,} tokens is over "
                                   f"seq_len {seq_len:,} but the dataset says none was dropped")
+            dropped.update(groups=1, sequences=len(g), tokens=sum(d[3] for d in g))
             continue
         want.update(segs)
-    return want
+    return want, dropped
 
 
-def against_sources(ds, corpora: list) -> None:
-    """Every segment of the packs is one the sources make, each exactly once."""
+def against_sources(ds, corpora: list) -> dict:
+    """Every segment of the packs is one the sources make, each exactly once, and the groups
+    index.json says were dropped are those over seq_len; returns what was dropped (verify's
+    summary names it)."""
     idx = ds.index
-    want = expected_segments(corpora, idx["groups"]["share_prompt"], int(idx["seq_len"]),
+    want, dropped = expected_segments(corpora, idx["groups"]["share_prompt"], int(idx["seq_len"]),
                              idx["overflow"] == "drop")
     got: Counter = Counter()
     for k in range(ds.n_shards):
@@ -98,3 +105,10 @@ def against_sources(ds, corpora: list) -> None:
                 if extra else f"segment {next(iter(missing))} of the sources is missing")
         raise VerifyError(f"{ds.directory}: {what}; every sequence (shared prompt) must be "
                           "in the packs exactly once")
+    said = (idx["groups"].get("n_dropped_groups", 0), idx["n_dropped"], idx["n_dropped_tokens"])
+    found = (dropped["groups"], dropped["sequences"], dropped["tokens"])
+    if said != found:
+        raise VerifyError(f"{ds.directory}: index.json says {said[0]:,} groups ({said[1]:,} "
+                          f"sequences, {said[2]:,} tokens) were dropped over seq_len, the "
+                          f"sources make it {found[0]:,} ({found[1]:,}, {found[2]:,})")
+    return {"n_dropped": found[1], "n_dropped_tokens": found[2], "n_dropped_groups": found[0]}
