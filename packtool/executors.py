@@ -221,8 +221,9 @@ class _Behind:
         self.error = None
 
 
-# the labels of the jobs a local run has finished (published, for a bucket), in the order
-# they finished: what a run stopped half-way leaves for the next (packtool._signals.kept)
+# the labels of the jobs a run has finished (published, for a bucket), in the order they
+# finished (for Ray: came back to the driver): what a run stopped half-way leaves for the
+# next (packtool._signals.kept)
 FINISHED: list[str] = []
 
 
@@ -277,6 +278,7 @@ def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, i
     """One Ray task per job (``run.ray_cpus`` CPUs each), retried on worker death; the first
     failure cancels the rest."""
     results, skipped = {}, 0
+    FINISHED.clear()
     with ray_session(run.ray_address) as ray:
         remote = ray.remote(num_cpus=run.ray_cpus, max_retries=run.max_retries)(_ray_job)
         fn = ray.put(jobs.run)
@@ -292,6 +294,7 @@ def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, i
                     except Exception as e:
                         raise _ray_error(e, jobs.label(jobs.items[k])) from None
                     skipped += bool(was_done)
+                    FINISHED.append(jobs.label(jobs.items[k]))  # published, for a bucket
                     if bar is not None:
                         bar.update(int(jobs.weights[k]))
         except BaseException:

@@ -74,6 +74,25 @@ def test_a_failing_tail_is_raised_and_the_next_job_is_dropped():
     assert ran == [0, 1] and sorted(released) == [0, 1]
 
 
+def _ray_part(item, tick):
+    return item * 10, False
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_run_records_the_jobs_that_came_back(ray_instance):
+    """What a Ctrl-C message names as staying (packtool._signals.kept): a Ray driver recorded
+    no finished job, so a bucket run on Ray stopped after parts were published said "no
+    output was written"; now every job whose result came back is named."""
+    from packtool.executors import finished_jobs
+
+    jobs = Jobs([0, 1, 2], _ray_part, [1] * 3, lambda k: f"part {k}", "test")
+    assert run_jobs(jobs, RunOptions(executor="ray")) == ({0: 0, 1: 10, 2: 20}, 0)
+    said = finished_jobs("part")
+    assert said.startswith("3 finished part(s) of it (") and all(
+        f"part {k}" in said for k in range(3)), said
+
+
 # ------------------------------------------------------------------- against a real S3
 @pytest.fixture()
 def bucket(s3, monkeypatch, tmp_path):
@@ -130,24 +149,30 @@ def test_an_upload_failing_in_the_background_is_named_and_nothing_is_committed(
 
 _SLOW_UPLOAD = """
 import sys, time
-ready, nth = sys.argv[1], int(sys.argv[2])
+ready, when = sys.argv[1], sys.argv[2]
 from packtool.storage import publish
-real, calls = publish.upload, []
+real, calls, put_object = publish.upload, [], publish.put_object
 def upload(fs, files, result):
     calls.append(1)
-    if len(calls) == nth:  # the jobs before are published: say so, then take a while
-        open(ready, "w").close()
+    if when.isdigit() and len(calls) == int(when):  # the jobs before are published: say
+        open(ready, "w").close()                    # so, then take a while
         time.sleep(1.0)
     real(fs, files, result)
-publish.upload = upload
+def put(fs, rpath, data, url):
+    put_object(fs, rpath, data, url)
+    if rpath.endswith("/" + when):  # just put (a manifest): say so, then take a while
+        open(ready, "w").close()
+        time.sleep(1.0)
+publish.upload, publish.put_object = upload, put
 sys.argv = ["packtool"] + sys.argv[3:]
 from packtool.cli import main
 main()
 """
 
 
-def _interrupt_upload(s3, tmp_path, args: list, nth: int) -> str:
-    """Run the CLI with ``args``, SIGINT it while its ``nth`` job uploads; its stderr."""
+def _interrupt_upload(s3, tmp_path, args: list, when: int | str) -> str:
+    """Run the CLI with ``args``, SIGINT it while its ``when``-th job uploads (or just after
+    the object named ``when`` was put); its stderr."""
     import os
     import signal
     import subprocess
@@ -159,7 +184,7 @@ def _interrupt_upload(s3, tmp_path, args: list, nth: int) -> str:
     ready = tmp_path / "ready"
     ready.unlink(missing_ok=True)
     env = {**os.environ, **s3.env, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_UPLOAD, str(ready), str(nth),
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_UPLOAD, str(ready), str(when),
                              *map(str, args)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -193,8 +218,6 @@ def test_ctrl_c_while_a_tail_uploads_leaves_nothing_half_published(s3, bucket, t
     assert json.loads(r.stdout)["n_parts"] == 4
 
 
-
-
 @pytest.mark.slow
 def test_ctrl_c_after_a_job_was_published_names_what_stays_in_the_bucket(s3, bucket, tmp_path):
     """Ctrl-C once a bucket tokenize had published part 0 (or a pack shard 0) said "no
@@ -222,3 +245,34 @@ def test_ctrl_c_after_a_job_was_published_names_what_stays_in_the_bucket(s3, buc
     assert r.exit_code == 0, r.output
     s3.fs.invalidate_cache()
     assert s3.fs.exists(f"{bucket}/out/packed/index.json")
+
+
+@pytest.mark.slow
+def test_ctrl_c_once_the_manifest_was_put_says_the_output_is_in_place(s3, bucket, tmp_path):
+    """Ctrl-C just after a bucket tokenize put c.json (or a pack its index.json), during the
+    clean-up of leftovers, said the manifest "was not written" though readers already saw
+    the dataset: the manifest's put is the commit; the clean-up still finishes, and a
+    re-run finds the output there."""
+    url = f"s3://{bucket}/out/c"
+    args = ["tokenize", CORPUS, "-t", TOKENIZER, "--eos", "<|eos|>", "--part-bytes", 200_000,
+            "-o", url, "-q"]
+    err = _interrupt_upload(s3, tmp_path, args, "c.json")
+    assert "Interrupted after the output was complete: it is in place." in err, err
+    assert "was not written" not in err, err
+    s3.fs.invalidate_cache()
+    names = {p.rsplit("/", 1)[-1] for p in s3.fs.find(f"{bucket}/out")}
+    assert "c.json" in names and ".c.plan.json" not in names, names  # cleaned up after it
+    r = run(*args)
+    assert r.exit_code == 1 and "output already exists" in r.output, r.output
+
+    packed = f"s3://{bucket}/out/packed"
+    args = ["pack", url, "-L", 256, "--layout", "tokens", "--shard-size", 2_000, "-o", packed,
+            "-q"]
+    err = _interrupt_upload(s3, tmp_path, args, "packed/index.json")
+    assert "Interrupted after the output was complete: it is in place." in err, err
+    s3.fs.invalidate_cache()
+    names = {p.rsplit("/", 1)[-1] for p in s3.fs.find(f"{bucket}/out/packed")}
+    assert "index.json" in names and ".packtool-plan.json" not in names, names
+    assert not [n for n in names if n.endswith(".entry.json")], names  # cleaned up after it
+    r = run("verify", packed)
+    assert r.exit_code == 0, r.output

@@ -161,10 +161,9 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
                          "" if out.remote else str(target.path))
     notes = _begin(out, target, digest, run, overwrite)
     local = not run.one_task and not run.finalize and not out.remote
-    committed: list[bool] = []
     if out.remote:  # the shards published stay for a re-run; index.json's put commits
         _signals.commits_to(join_path(out, INDEX), lambda: finished_jobs("shard"),
-                            exists=lambda: bool(committed))
+                            exists=lambda: out.committed)
     try:
         jobs = flow.jobs()
         run_jobs(Jobs(PackTasks(jobs.items, jobs.run, str(target.path),
@@ -179,7 +178,6 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
         if check is not None:
             check.wait()
         idx, removed = _commit(out, target, splits, overwrite, flow.remove_entries)
-        committed.append(True)
     except BaseException as e:
         if is_enospc(e) and not out.remote:
             raise no_space(e, out.path, [target.path] if local else []) from None
@@ -290,16 +288,23 @@ def _commit(out: Output, target: Output, splits: dict, overwrite: bool, remove_e
         sub = f"{VALID}/" if split == "valid" else ""
         final = join_path(out, VALID) if split == "valid" else out.path
         idx = index(make_meta(held, final), shards)
-        if not out.remote:
-            Path(target.path, sub).mkdir(exist_ok=True)
-        target.put(sub + INDEX, manifest_text(idx).encode())
+        data = manifest_text(idx).encode()
+        if out.remote and split == "train":  # the put that commits the dataset
+            target.commit([(INDEX, data)])
+        else:
+            if not out.remote:
+                Path(target.path, sub).mkdir(exist_ok=True)
+            target.put(sub + INDEX, data)
         keep |= {sub + INDEX} | {sub + f["name"] for sh in shards for f in sh["files"].values()}
         if split == "valid":
             held = held_out_entry(options, idx)
-    if out.remote:
-        stale = [n for n in out.place.names() if n not in keep
-                 and (ours_hidden(out.place, n) or _ours_data(n)) and not n.endswith(".lock")]
-        return idx, [n for n in out.remove(stale) if not n.startswith(".")]
+    if out.remote:  # a signal now waits for the clean-up (the dataset is in place), as
+        with _signals.deferred():  # tokenize's: no leftover of ours stays unlisted beside it
+            stale = [n for n in out.place.names() if n not in keep and not n.endswith(".lock")
+                     and (ours_hidden(out.place, n) or _ours_data(n))]
+            removed = [n for n in out.remove(stale) if not n.startswith(".")]
+        _signals.check()
+        return idx, removed
     staging = Path(target.path)
     remove_entries(staging)
     clear_temporaries(staging)

@@ -36,7 +36,11 @@ from .place import Place
 
 class Output:
     """The output ``path`` (a prefix ``out/corpus``, or a folder ``out/packed``): ``place``
-    is the folder that holds it, ``name`` its name there."""
+    is the folder that holds it, ``name`` its name there. ``committed``: :meth:`commit` has
+    put the manifest in place (a bucket has no local commit to ask: a Ctrl-C during the
+    clean-up after it finds the output complete, packtool._signals.after_commit)."""
+
+    committed = False
 
     def __init__(self, path, storage_options: dict | None = None):
         self.remote = is_url(path)
@@ -158,8 +162,12 @@ class Output:
         commit point: one journaled commit locally (all or none, whatever kills the run),
         puts in order in a bucket (the last put commits; a reader trusts only it)."""
         if self.remote:
-            for name, data in files:
-                self.put(name, data)
+            from .. import _signals
+
+            with _signals.deferred():  # a put stopped half-way may or may not have landed:
+                for name, data in files:  # a signal waits, the caller checks after it
+                    self.put(name, data)
+                self.committed = True
             return
         from .._atomic import atomic_files
         from .._io import create
@@ -169,6 +177,7 @@ class Output:
             for tmp, (_, data) in zip(tmps, files, strict=True):
                 with create(tmp) as f:
                     f.write(data)
+        self.committed = True
 
     def put_new(self, name: str, data: bytes) -> bool:
         """``name`` written whole unless it exists (the first of several tasks wins): True

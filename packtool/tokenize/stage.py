@@ -147,12 +147,11 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
     if not out.remote:
         plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
     removed: list[str] = []
-    published: list[bool] = []
     if not out.remote:  # a part's commit is not the output's: a signal before
         _signals.commits_to(plan.json_path, lambda: finished_parts(plan, -1))  # PREFIX.json
     else:  # the parts this run published stay too; the manifest's put is the commit
         _signals.commits_to(out.place.path(f"{stem}.json"), lambda: finished_jobs("part"),
-                            exists=lambda: bool(published))
+                            exists=lambda: out.committed)
     try:  # from the retired list's writing on: a failure before the commit removes it
         if not run.finalize:
             _begin(out, plan, opts, run)
@@ -164,7 +163,6 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
         if not run.one_task:
             ms = None if run.finalize else [manifests[k] for k in range(len(plan.parts))]
             manifest, removed = finalize_tokenize(plan, out, ms)
-            published.append(True)
     except BaseException:
         with contextlib.suppress(Exception):  # a store that is down: the error is the one above
             if out.place.is_file(f"{stem}.json"):  # the old manifest is there: nothing to vouch
