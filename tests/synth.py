@@ -127,3 +127,17 @@ def lognormal_lengths(n_docs: int, median: float = 300, sigma: float = 1.0, cap:
     rng = np.random.default_rng(seed)
     return np.clip(np.round(rng.lognormal(np.log(median), sigma, n_docs)), 1, cap
                    ).astype(np.int64)
+
+
+def group_records(n: int, seed: int = 3) -> list[dict]:
+    """Records of a prompt (``q``, 3-40 words) and 1-4 completions (``outs``, 1-30 words
+    each), from a small vocabulary: a corpus of groups for ``--completions-field outs``."""
+    rng = np.random.default_rng(seed)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota"]
+
+    def text(k):
+        return " ".join(rng.choice(words, int(k)))
+
+    return [{"q": text(rng.integers(3, 40)), "outs": [text(rng.integers(1, 30))
+                                                      for _ in range(int(rng.integers(1, 5)))]}
+            for _ in range(n)]

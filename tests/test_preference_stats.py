@@ -6,9 +6,9 @@ sequences."""
 
 import json
 
-import numpy as np
 import pytest
 from conftest import TOKENIZER, run, write_jsonl
+from synth import group_records
 
 import packtool
 from packtool.errors import PacktoolError
@@ -18,22 +18,10 @@ from packtool.stats import stats
 from packtool.tokenize import TokenizeOptions, tokenize_files
 
 
-def records(n: int) -> list[dict]:
-    rng = np.random.default_rng(3)
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota"]
-
-    def text(k):
-        return " ".join(rng.choice(words, int(k)))
-
-    return [{"q": text(rng.integers(3, 40)), "outs": [text(rng.integers(1, 30))
-                                                      for _ in range(int(rng.integers(1, 5)))]}
-            for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def groups(tmp_path_factory):
     d = tmp_path_factory.mktemp("pref-stats")
-    p = write_jsonl(d / "g.jsonl", records(80))
+    p = write_jsonl(d / "g.jsonl", group_records(80, seed=3))
     tokenize_files([str(p)], TOKENIZER, d / "g", TokenizeOptions(
         prompt_field="q", completions_field="outs"))
     return d, packtool.open_tokens(d / "g")

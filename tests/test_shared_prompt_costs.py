@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from conftest import TOKENIZER, run, write_jsonl
-from synth import make_documents
+from synth import group_records, make_documents
 
 from packtool.formats.packed import index_digest, open_packed
 from packtool.formats.packed.costs import dataset_digest, digest, shard_entry
@@ -25,25 +25,12 @@ from packtool.verify import VerifyError, verify_packed
 SEQ_LEN = 1024
 
 
-def group_records(n: int) -> list[dict]:
-    """A prompt of 3-40 words and 1-4 completions of 1-30 words each."""
-    rng = np.random.default_rng(5)
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota"]
-
-    def text(k):
-        return " ".join(rng.choice(words, int(k)))
-
-    return [{"q": text(rng.integers(3, 40)), "outs": [text(rng.integers(1, 30))
-                                                      for _ in range(int(rng.integers(1, 5)))]}
-            for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     """{name: packed dir}: groups with and without --share-prompt, plain documents; each a
     few shards, the grouped ones balanced (--balance attention orders packs by cost)."""
     d = tmp_path_factory.mktemp("share-cost")
-    tokenize_files([str(write_jsonl(d / "g.jsonl", group_records(60)))], TOKENIZER, d / "g",
+    tokenize_files([str(write_jsonl(d / "g.jsonl", group_records(60, seed=5)))], TOKENIZER, d / "g",
                    TokenizeOptions(prompt_field="q", completions_field="outs"))
     docs = [{"text": t} for t in make_documents(40, seed=2)]
     tokenize_files([str(write_jsonl(d / "d.jsonl", docs))], TOKENIZER, d / "d",
