@@ -127,12 +127,13 @@ class PackLayout:
             p0 = p1
 
     def pack_sums(self) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens as int64, attention cost as float64: the sum of squared segment lengths)
+        """(tokens as int64, attention cost as float64: the sum of squared segment lengths,
+        with shared prompts :func:`~packtool.formats.packed.layout.attention_costs`'s term)
         per pack, made once, a chunk of segments at a time, and kept: 16 bytes a pack,
         one gather of the segment lengths for the shard plan, the jobs' weights and the
         index's figures (at 1e8 documents each gather took ~2.6 s)."""
         if self.sums is None:
-            from ..formats.packed.layout import shared_prompt_terms
+            from ..formats.packed.layout import attention_costs
 
             tokens = np.empty(self.n_packs, np.int64)
             costs = np.empty(self.n_packs, np.float64)
@@ -141,12 +142,12 @@ class PackLayout:
             roles = getattr(r, "role", None)
             for p0, p1, at, lengths in self.pack_chunks():
                 tokens[p0:p1] = np.add.reduceat(lengths, at, dtype=np.int64)
-                sq = lengths.astype(np.float64)
-                term = sq * sq
-                if roles is not None:
-                    idx = self.order[int(self.seg_first[p0]):int(self.seg_first[p1])]
-                    term += shared_prompt_terms(sq, roles[idx], r.group[idx])
-                costs[p0:p1] = np.add.reduceat(term, at)
+                idx = (None if roles is None else
+                       self.order[int(self.seg_first[p0]):int(self.seg_first[p1])])
+                costs[p0:p1] = attention_costs(
+                    lengths, np.append(at, lengths.size),
+                    seg_role=None if idx is None else roles[idx],
+                    seg_group=None if idx is None else r.group[idx])
             self.sums = (tokens, costs)
         return self.sums
 
