@@ -605,3 +605,30 @@ def test_signal_in_a_parts_cleanup_or_before_its_commit_leaves_no_temporary(
         tokenize_files([str(inputs)], TOKENIZER, out, TokenizeOptions(part_bytes=1))
     assert _signals.received == [signal.SIGINT]
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n], os.listdir(tmp_path)
+
+
+def test_a_swallowed_ctrl_c_while_the_reader_never_answers_still_ends_the_run(
+        tmp_path, monkeypatch):
+    """A fault-injection run hung 300 s: the Ctrl-C's exception was raised inside an import
+    and swallowed there, leaving the module's lock held, and the reader thread, importing
+    the same module, never answered the main thread waiting for its next batch. The wait
+    now looks at the signals received and ends the run."""
+    import threading
+
+    from packtool.tokenize import TokenizeOptions, pipeline, tokenize_files
+
+    never = threading.Event()
+
+    def stuck(*a, **k):  # the reader, blocked as on a lock a dead import holds
+        _signals.received.append(signal.SIGINT)  # its exception went nowhere
+        never.wait(60)
+        yield from ()
+
+    monkeypatch.setattr(_signals, "received", [])
+    monkeypatch.setattr(pipeline, "iter_documents", stuck)
+    p = write_jsonl(tmp_path / "a.jsonl", [{"text": "one two three"}])
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_files([str(p)], TOKENIZER, tmp_path / "out", TokenizeOptions())
+    assert time.monotonic() - t0 < 30
+    never.set()

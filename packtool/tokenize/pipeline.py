@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _signals
 from ..engines import Sampled, sample_picks
 from ..errors import PacktoolError
 from ..sources import (
@@ -153,6 +154,18 @@ def rust_parallelism_off():
             os.environ["TOKENIZERS_PARALLELISM"] = old
 
 
+def _next_batch(reader: Reader):
+    """The reader's next item, waited for a tenth of a second at a time with a look at the
+    signals received meanwhile: a Ctrl-C whose exception a library swallowed (one raised
+    inside an import can leave that module's lock held, so the reader, importing the same
+    module, never answers: a fault-injection run hung 300 s so) still ends the run."""
+    while True:
+        try:
+            return reader.queue.get(timeout=0.1)
+        except queue.Empty:
+            _signals.check()
+
+
 def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
     """Feed ``reader``'s batches to ``workers`` threads running ``encode`` and write their
     results in input order; the sample check's picks are made here, in input order.
@@ -167,7 +180,7 @@ def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
             n_submitted, sampled = 0, Sampled()
             while not done or pending:
                 while not done and len(pending) < 2 * workers:
-                    item = reader.queue.get()
+                    item = _next_batch(reader)
                     if item is _DONE:
                         done = True
                     elif isinstance(item, BaseException):
