@@ -27,6 +27,7 @@ import sys
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +167,16 @@ def _next_batch(reader: Reader):
             _signals.check()
 
 
+def _result(future):
+    """A batch's encoding, waited for as :func:`_next_batch` waits (a worker can block on
+    the same dead import lock)."""
+    while True:
+        try:
+            return future.result(timeout=0.1)
+        except FutureTimeout:
+            _signals.check()
+
+
 def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
     """Feed ``reader``'s batches to ``workers`` threads running ``encode`` and write their
     results in input order; the sample check's picks are made here, in input order.
@@ -196,7 +207,7 @@ def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
                 if not pending:
                     break
                 future, bytes_read = pending.popleft()
-                writer.write(*future.result())
+                writer.write(*_result(future))
                 tick(bytes_read - done_bytes)
                 done_bytes = bytes_read
     except BaseException:
