@@ -12,6 +12,11 @@ Reading: manifests are read directly; data files are fetched into a local cache
 (:mod:`.cache`), verified against their checksums when fetched and their cached copies checked
 when opened (size always, crc32 once per process), then memory-mapped.
 Writing: :mod:`.publish` (data objects first, each verified, the manifest last: the commit).
+
+Modules: :mod:`.place` a folder as the readers see it, :mod:`.cache` the local cache of
+fetched files, :mod:`.output` where a stage writes (a folder or a bucket prefix),
+:mod:`.publish` the commit to a store, :mod:`.lock` the lock object of a store without
+locks, :mod:`.stage_out` local scratch folders for outputs bound for a store.
 """
 
 from __future__ import annotations
