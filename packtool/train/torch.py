@@ -212,6 +212,12 @@ def block_mask(batch: dict, device=None, block_size: int = 128):
     except ImportError as e:  # pragma: no cover - torch < 2.5
         raise ImportError("block_mask needs FlexAttention (torch >= 2.5): pip install -U torch"
                           ) from e
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+            or block_size < 1:
+        from ..errors import PacktoolError
+
+        raise PacktoolError(f"block_size must be an integer >= 1 (FlexAttention's tile, "
+                            f"default 128), got {block_size!r}")
     cu, n = _segments(batch)
     pre = None
     if _shared(batch):  # a completion also sees its group's prompt (packtool.train.preference)

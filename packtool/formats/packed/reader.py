@@ -111,6 +111,9 @@ class PackedReader:
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, pack within it) of pack ``i``."""
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise PacktoolError(f"a pack index must be an integer, got {i!r} "
+                                f"({type(i).__name__}); use int(i)")
         lo, hi, k = self._span
         if lo <= i < hi:
             return k, i - lo
