@@ -5,6 +5,7 @@ import is an arrow all the same), relative ones resolved; ``importlib`` strings 
 package's lazy names) are not imports."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -45,13 +46,22 @@ def _exists(mod: str) -> bool:
     return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
 
 
+def _statements(nodes):
+    """Every statement, nested ones too (an import is a statement: no expression holds one)."""
+    for node in nodes:
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            yield from _statements(getattr(node, field, None) or [])
+
+
+@functools.cache
 def imports() -> list[tuple[str, str, str]]:
     """(importing package, imported package, "file:line") for every import of packtool."""
     out = []
     for path in sorted(ROOT.rglob("*.py")):
         mod = _module(path)
         here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _statements(ast.parse(path.read_text(), str(path)).body):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
