@@ -165,13 +165,17 @@ class BudgetSampler:
             return self._resumed[1], self._resumed[2]
         return 0, np.zeros(len(self.lengths), np.int64)
 
-    def _next(self, epoch: int, step: int, consumed: np.ndarray) -> int | None:
-        """The length index step ``step`` takes after ``consumed``, None at the epoch's end."""
+    def _next(self, epoch: int, step: int, consumed: np.ndarray, per_step=None,
+              weights=None) -> int | None:
+        """The length index step ``step`` takes after ``consumed``, None at the epoch's end
+        (``per_step``, ``weights``: another T's rows a step and another curriculum's)."""
+        per_step = self.per_step if per_step is None else per_step
         left = self.sizes - consumed
-        fill = left >= self.per_step
+        fill = left >= per_step
         if not fill.any():
             return None
-        w = self._weights(step, self.lengths, left * self.lengths, self.sizes * self.lengths)
+        w = (weights or self._weights)(step, self.lengths, left * self.lengths,
+                                       self.sizes * self.lengths)
         w = [int(x) if f else 0 for x, f in zip(w, fill.tolist(), strict=True)]
         if not sum(w):
             can = [int(v) for v, f in zip(self.lengths, fill, strict=True) if f]
@@ -345,14 +349,16 @@ class BudgetSampler:
                                 f"{' after the resume' if first else ''}), got {step!r}")
         epoch, step = self.epoch, int(step)
         consumed = self._consumed_at(epoch, step)
-        origin = (first, int((self._origin(epoch)[1] * self.lengths).sum()))
+        at = self._origin(epoch)[1]
         if step == n and roll:
-            epoch, step, consumed, origin = epoch + 1, 0, np.zeros_like(consumed), (0, 0)
+            epoch, step, consumed, first, at = epoch + 1, 0, np.zeros_like(consumed), 0, 0 * at
         names = [str(v) for v in self.lengths.tolist()]
+        origin = {"step": first, "tokens": int((at * self.lengths).sum()),
+                  "consumed": dict(zip(names, at.tolist(), strict=True))}
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": epoch,
                 "step": step, "consumed": dict(zip(names, consumed.tolist(), strict=True)),
                 "remaining": self.n_rows - int(consumed.sum()),
-                "origin": {"step": origin[0], "tokens": origin[1]},
+                "origin": origin,
                 "world_size": self.world_size, "tokens_per_step": self.tokens_per_step,
                 "curriculum": self.curriculum, "seed": self.seed,
                 "rows": dict(zip(names, self.sizes.tolist(), strict=True)),
@@ -363,12 +369,52 @@ class BudgetSampler:
         """Resume from ``state`` (of any rank, world size, ``tokens_per_step`` or curriculum):
         the next iteration deals what the epoch has left. Refused by name: a malformed state,
         a fixed-length PackSampler's state, another seed, other rows per length or dataset, a
-        step that disagrees with the rows consumed."""
-        epoch, step, consumed = check_budget_state(state, self)
+        step that disagrees with the rows consumed, rows consumed that the draws from the
+        state's origin do not give."""
+        epoch, step, consumed, origin = check_budget_state(state, self)
+        self._check_draws(state, epoch, step, consumed, origin)
         self.epoch = epoch
         self._resumed = (epoch, step, consumed) if step else None
         self._marks = {}
         self.start_step = self._handed = step
+
+    def _check_draws(self, state, epoch: int, step: int, consumed, origin) -> None:
+        """``consumed`` is what the saving run's draws took from its origin (the step where it
+        began the epoch and the rows consumed then): the same token total spread over other
+        lengths would repeat and skip rows. A state saved before its origin's rows were
+        recorded (packtool before issue 38) that began its epoch by a resume is checked by its
+        tokens alone."""
+        s0, c0 = origin
+        if c0 is None:
+            return
+        t, name = int(state["tokens_per_step"]), state["curriculum"]
+        if name == "callable" and self.curriculum != "callable":
+            return  # the saving run's own function: nothing here can replay it
+        weights = self._weights if name in ("callable", self.curriculum) else None
+        if weights is None:
+            try:
+                weights = curriculum_of(name)[1]
+            except PacktoolError:
+                raise PacktoolError(f"budget state has curriculum={name!r}: this packtool "
+                                    "knows no such curriculum; the state is corrupt, save it "
+                                    "again") from None
+        if (t % self.lengths).any():
+            raise PacktoolError(f"budget state has tokens_per_step={t:,}: not a multiple of "
+                                f"every slot length {self.lengths.tolist()}; the state is "
+                                "corrupt, save it again")
+        per_step, c = t // self.lengths, c0.copy()
+        for at in range(s0, step):
+            k = self._next(epoch, at, c, per_step, weights)
+            if k is None:
+                break
+            c[k] += per_step[k]
+        if not np.array_equal(c, consumed):
+            names = [str(v) for v in self.lengths.tolist()]
+            raise PacktoolError(
+                f"budget state has consumed {dict(zip(names, consumed.tolist(), strict=True))} "
+                f"but its {step - s0} step(s) of {t:,} tokens from step {s0} (curriculum "
+                f"{name}, seed {self.seed}) take {dict(zip(names, c.tolist(), strict=True))}: "
+                "resuming would repeat and skip rows; the state is corrupt, save it again")
 
 
 def _costs(rows, balance, n: int):

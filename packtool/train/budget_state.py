@@ -29,9 +29,10 @@ _FIELDS = ("format", "version", "epoch", "step", "consumed", "origin", "world_si
            "dataset")
 
 
-def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
-    """(epoch, step, rows consumed per length) of a well-formed state of ``sampler``'s
-    orders, or a PacktoolError naming what is wrong."""
+def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray, tuple]:
+    """(epoch, step, rows consumed per length, (origin step, its rows consumed per length or
+    None)) of a well-formed state of ``sampler``'s orders, or a PacktoolError naming what is
+    wrong."""
     _check_form(state)
     epoch, step = _int(state, "epoch"), _int(state, "step")
     _int(state, "world_size", 1)
@@ -44,10 +45,19 @@ def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
                                 f"there are {m:,} rows of that length; the state is corrupt, "
                                 "save it again")
     origin = state["origin"]
-    if not isinstance(origin, Mapping) or set(origin) != {"step", "tokens"}:
+    if not isinstance(origin, Mapping) or not {"step", "tokens"} <= set(origin) <= {
+            "step", "tokens", "consumed"}:
         raise PacktoolError(f"budget state has origin={origin!r}: it must be {{'step': S, "
-                            "'tokens': N}}; the state is corrupt, save it again")
+                            "'tokens': N, 'consumed': {length: rows}}; the state is corrupt, "
+                            "save it again")
     s0, t0 = _int(origin, "step"), _int(origin, "tokens")
+    c0 = None if s0 else np.zeros_like(consumed)  # a state from step 0 began with nothing
+    if "consumed" in origin:
+        c0 = _per_length(origin["consumed"], "origin.consumed", sampler)
+        if (c0 > consumed).any() or int((c0 * sampler.lengths).sum()) != t0:
+            raise PacktoolError(f"budget state has origin={origin!r}: its rows must be at most "
+                                f"those consumed and hold its {t0:,} tokens; the state is "
+                                "corrupt, save it again")
     tokens = int((consumed * sampler.lengths).sum())
     if not s0 <= step or not t0 <= tokens or tokens - t0 != (step - s0) * t \
             or (s0 == 0 and t0 != 0):
@@ -56,7 +66,7 @@ def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
             f"origin (step {s0}, {t0:,} tokens) at {t:,} tokens a step that is step "
             f"{s0 + (tokens - t0) / t:g}, so one of the two is wrong and resuming would repeat "
             "or skip rows; the state is corrupt, save it again")
-    return epoch, step, consumed
+    return epoch, step, consumed, (s0, c0)
 
 
 def _check_form(state) -> None:
