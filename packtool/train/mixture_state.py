@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 
 from ..errors import PacktoolError
-from .schedule import Segment
+from .schedule import Segment, counts_after
 
 STATE_FORMAT = "packtool.train.mixture"
 STATE_VERSION = 1
@@ -31,7 +31,60 @@ def check_mixture_state(state, sampler):
             "would repeat and skip rows; build the sampler with the saved seed")
     epoch, pos = _sources(state["sources"], sampler)
     seg, taken, counts = _segment(state["segment"], sampler.names, step)
+    _agree(state, sampler, step, seg, taken, counts,
+           [e * src.n + p for e, p, src in zip(epoch, pos, sampler.sources, strict=True)])
     return step, seg, taken, counts, epoch, pos
+
+
+def _agree(state, sampler, step: int, seg: Segment, taken: int, counts: tuple,
+           total: list[int]) -> None:
+    """The counts, positions and step are what the schedule computes from each other: the
+    segment's counts are the deadline order's after its rows; each source's rows since the
+    segment began are its count; every step since the state's origin (0, or where a resume
+    began) took ``world_size x batch_size`` rows. A state of packtool before issue 38 has no
+    origin (nor the segment's start positions): its step is checked to be at most its rows, and
+    its positions against the counts where its segment began at step 0."""
+    names = sampler.names
+    want = counts_after(seg, taken)
+    if tuple(want) != tuple(counts):
+        raise PacktoolError(
+            f"mixture state has segment counts {dict(zip(names, counts, strict=True))} after "
+            f"{taken:,} rows, but the schedule's deadline order gives "
+            f"{dict(zip(names, want, strict=True))}: resuming would break the weights' bound "
+            "and take rows in other proportions; the state is corrupt, save it again")
+    saved = state["segment"].get("positions")
+    if saved is None and seg.start == 0:
+        saved = dict.fromkeys(names, 0)
+    if saved is not None:
+        if not isinstance(saved, Mapping) or set(saved) != set(names):
+            raise PacktoolError(f"mixture state has segment.positions={saved!r}: it must give "
+                                "every source's rows; the state is corrupt, save it again")
+        for n, t, c in zip(names, total, counts, strict=True):
+            at = _count(saved[n], f"segment.positions.{n}")
+            if t - at != c:
+                raise PacktoolError(
+                    f"mixture state has source {n} at position {t:,} of its stream (epoch x "
+                    f"rows + position) but its segment began at {at:,} and counts {c:,} rows "
+                    f"of {n}: a row would be {'repeated' if t - at < c else 'skipped'}; the "
+                    "state is corrupt, save it again")
+    g = _count(state["world_size"], "world_size") * _count(state["batch_size"], "batch_size")
+    origin = state.get("origin")
+    if origin is None:
+        s0, rows0, ok = 0, 0, step <= sum(total)
+    else:
+        if not isinstance(origin, Mapping) or set(origin) != {"step", "rows"}:
+            raise PacktoolError(f"mixture state has origin={origin!r}: it must be {{'step': S, "
+                                "'rows': N}}; the state is corrupt, save it again")
+        s0, rows0 = _count(origin["step"], "origin.step", step), _count(origin["rows"],
+                                                                          "origin.rows")
+        ok = sum(total) - rows0 == (step - s0) * g and (
+            seg.start <= s0 or taken == (step - seg.start) * g)
+    if not ok:
+        raise PacktoolError(
+            f"mixture state has step={step:,} but its sources took {sum(total) - rows0:,} rows "
+            f"since step {s0:,}, at {g} rows a step (world_size x batch_size): one of the two "
+            "is wrong and resuming would repeat or skip rows; the state is corrupt, save it "
+            "again")
 
 
 def _check_form(state) -> None:
