@@ -79,7 +79,7 @@ def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balanc
 
 def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed, balance,
                    drop_last, tokens_per_step, schedule, exhausted, as_json):
-    from ..train.which_mixture import (
+    from ..train.which import (
         parse_schedule,
         parse_sources,
         which_mixture_record,
