@@ -811,3 +811,20 @@ def test_per_segment_padding_keeps_logits_and_loss(packed):
     assert (a.logits[0] - b.logits[0][sel]).abs().max().item() < 1e-4
     assert padded["input_ids"].shape[1] > plain["input_ids"].shape[1]  # pads were added
     assert a.loss.item() == pytest.approx(b.loss.item(), rel=1e-5)
+
+
+def test_one_class_per_public_name():
+    """``packtool.torch.PackSampler`` was a second class named PackSampler beside
+    ``packtool.train.PackSampler`` (issue 38): it is the same class, which a DataLoader takes."""
+    pytest.importorskip("torch")
+    import packtool.torch
+    import packtool.train
+
+    assert packtool.torch.PackSampler is packtool.train.PackSampler
+    names = {}
+    for mod in (packtool.train, packtool.torch):
+        for name in dir(mod):
+            obj = getattr(mod, name)
+            if isinstance(obj, type) and obj.__module__.startswith("packtool"):
+                names.setdefault(name, set()).add(obj)
+    assert all(len(v) == 1 for v in names.values()), names
