@@ -262,7 +262,7 @@ def test_states_of_another_mixture_refused_by_name():
            ({**state, "sources": {**state["sources"], "books": {
                **state["sources"]["books"], "position": 42}}}, "books.position=42"),
            ({**state, "segment": {**state["segment"], "rows": 3}}, "counts.* must be|sum to"),
-           ({**state, "format": "packtool.train.sampler", "version": 2}, "a PackSampler state"),
+           ({**state, "rule": "fixed"}, "fixed-length PackSampler's state"),
            ("state", "must be a dict")]
     for st_, match in bad:
         with pytest.raises(PacktoolError, match=match):

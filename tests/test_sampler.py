@@ -289,8 +289,8 @@ def test_malformed_states_refused_by_field():
         s.load_state_dict({"version": 1, "epoch": 0, "step": 3, "seed": 0, "n_packs": 40,
                            "world_size": 2, "batch_size": 2, "drop_last": True,
                            "balance": None})
-    with pytest.raises(PacktoolError, match="version 5"):
-        s.load_state_dict({**good, "version": 5})
+    with pytest.raises(PacktoolError, match="version 6"):
+        s.load_state_dict({**good, "version": 6})
     for old in (2, 3):  # the whole epoch drawn by rng.permutation: other packs, refused
         with pytest.raises(PacktoolError, match=f"version {old} cannot resume.*finish that "
                                                 "epoch with the packtool that saved"):
@@ -368,7 +368,7 @@ def test_state_of_another_dataset_refused():
     identity (its index_sha256) tells their states apart."""
     a, b = FakePacked(40, "a" * 64), FakePacked(40, "b" * 64)
     state = PackSampler(a, rank=0, world_size=2, batch_size=2).state_dict(3)
-    assert state["dataset"] == "a" * 64 and state["version"] == 4
+    assert state["dataset"] == "a" * 64 and state["version"] == 5
     PackSampler(a, rank=1, world_size=4).load_state_dict(state)
     with pytest.raises(PacktoolError, match="dataset='a{64}'.*another packed dataset"):
         PackSampler(b, rank=0, world_size=2, batch_size=2).load_state_dict(state)

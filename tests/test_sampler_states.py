@@ -38,3 +38,30 @@ def test_old_state_continues_as_the_old_code_did(path):
                 break
         got.append(mine)
     assert [[got[r][k] for r in range(len(got))] for k in range(STEPS)] == case["next"]
+
+
+def test_one_state_schema_for_every_rule_and_a_rule_continues_only_its_own():
+    """Every step rule saves one format and version with its rule named (issue 38: three
+    formats); another rule's state is refused by name, with the sampler that continues it."""
+    import numpy as np
+
+    from packtool.errors import PacktoolError
+    from packtool.train import MixtureSampler, PackSampler
+
+    samplers = {
+        "fixed": PackSampler(40, rank=0, world_size=2, batch_size=2),
+        "budget": PackSampler(np.repeat([512, 1024], [40, 20]), rank=0, world_size=2,
+                              tokens_per_step=4096),
+        "mixture": MixtureSampler({"a": 30, "b": 20}, {"a": 0.5, "b": 0.5}, rank=0,
+                                  world_size=2, batch_size=2),
+    }
+    states = {rule: s.state_dict(step=2) for rule, s in samplers.items()}
+    assert {(st["format"], st["version"]) for st in states.values()} == {
+        ("packtool.train.sampler", 5)}
+    assert {rule: st["rule"] for rule, st in states.items()} == {r: r for r in samplers}
+    for rule, s in samplers.items():
+        s.load_state_dict(states[rule])
+        for other, st in states.items():
+            if other != rule:
+                with pytest.raises(PacktoolError, match=f"rule {other!r}.*rule is {rule!r}"):
+                    s.load_state_dict(st)

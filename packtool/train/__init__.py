@@ -1,10 +1,13 @@
 """The training side: what a trainer needs from a packed dataset once it is written.
 
-- :mod:`.sampler` (and :mod:`.state`): ``PackSampler``, the epoch order of packs per rank,
-  resumable at any world size; its numpy core is the arithmetic, torch wraps it.
-- :mod:`.mixture` (:mod:`.schedule`, :mod:`.mixture_state`): ``MixtureSampler``, rows of
+- :mod:`.sampler`: ``PackSampler``, the epoch order of packs per rank (with
+  ``tokens_per_step``, :mod:`.budget`'s token-budget steps), resumable at any world size;
+  its numpy core is the arithmetic, torch wraps it.
+- :mod:`.mixture` (:mod:`.schedule`): ``MixtureSampler``, rows of
   several packed datasets per step in proportions a schedule sets and may change mid-run,
   with a ledger and an exact resume under another schedule or shape.
+- :mod:`.state`: one state for every step rule (fixed packs, token budget, mixture) and one
+  reader that refuses a forged one: counts, step and positions as the rule computes them.
 - :mod:`.balance`: packs dealt so each rank's step costs the same attention work.
 - :mod:`.batching`: packs collated into one padding-free ``[1, N]`` row (numpy).
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).

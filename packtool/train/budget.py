@@ -45,12 +45,11 @@ import numpy as np
 
 from ..errors import PacktoolError
 from .balance import balance_steps, fingerprint
-from .budget_state import STATE_FORMAT, STATE_VERSION, check_budget_state
 from .by_length import RowsByLength
 from .curriculum import curriculum_of, draw
 from .permute import ROUNDS, Feistel
 from .shape import check_shape
-from .state import dataset_identity
+from .state import check_budget_state, dataset_identity, stamp
 
 MARK_EVERY = 256  # steps between remembered counts: a lookup replays at most 255 draws
 
@@ -355,7 +354,7 @@ class BudgetSampler:
         names = [str(v) for v in self.lengths.tolist()]
         origin = {"step": first, "tokens": int((at * self.lengths).sum()),
                   "consumed": dict(zip(names, at.tolist(), strict=True))}
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": epoch,
+        return stamp("budget", {"epoch": epoch,
                 "step": step, "consumed": dict(zip(names, consumed.tolist(), strict=True)),
                 "remaining": self.n_rows - int(consumed.sum()),
                 "origin": origin,
@@ -363,7 +362,7 @@ class BudgetSampler:
                 "curriculum": self.curriculum, "seed": self.seed,
                 "rows": dict(zip(names, self.sizes.tolist(), strict=True)),
                 "balance": self.balance, "costs_sha256": self.fingerprint,
-                "dataset": self.dataset}
+                "dataset": self.dataset})
 
     def load_state_dict(self, state) -> None:
         """Resume from ``state`` (of any rank, world size, ``tokens_per_step`` or curriculum):

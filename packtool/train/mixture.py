@@ -38,9 +38,9 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import PacktoolError
-from .mixture_state import STATE_FORMAT, STATE_VERSION, check_mixture_state
 from .schedule import Segment, check_schedule, counts_after, deal
 from .shape import check_shape
+from .state import check_mixture_state, stamp
 
 EXHAUSTED = ("next_epoch", "stop")
 
@@ -342,7 +342,7 @@ class MixtureSampler:
         total = [_stream(e, p, src.n) for e, p, src in zip(cur.epoch, cur.pos, self.sources,
                                                             strict=True)]
         rows0 = sum(self._total0)
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "step": cur.step,
+        return stamp("mixture", {"step": cur.step,
                 "world_size": self.world_size, "batch_size": self.batch_size,
                 "seed": self.seed, "exhausted": self.exhausted,
                 "segment": {"start": seg.start, "weights": _weights_json(seg, self.names),
@@ -353,7 +353,7 @@ class MixtureSampler:
                 "origin": {"step": self.start_step, "rows": rows0},
                 "sources": {s.name: {**s.identity, "n_rows": s.n, "epoch": cur.epoch[i],
                                      "position": cur.pos[i]}
-                            for i, s in enumerate(self.sources)}}
+                            for i, s in enumerate(self.sources)}})
 
     def load_state_dict(self, state) -> None:
         """Resume from ``state`` (from :meth:`state_dict`, of any rank, world size, batch size

@@ -1,33 +1,132 @@
-"""A sampler state, checked field by field before a resume: version and format, every field's
-type, the fields that define the epoch order (seed, number of packs, drop_last, balance, cost
-ratio, a fingerprint of the per-pack costs), the dataset it was saved for, counts in range, and
-the step against the packs consumed. Every refusal is a :class:`PacktoolError` naming the
-field, its value (or type), what it must be and what to do.
+"""One state for every step rule, checked before a resume: ``{"format":
+"packtool.train.sampler", "version": 5, "rule": R, ...}`` with R the sampler's step rule and
+its fields (below). One reader (:func:`read_state`) takes the envelope and the format each rule
+saved before it (fixed packs ``packtool.train.sampler`` v4, token budget
+``packtool.train.budget`` v1, mixture ``packtool.train.mixture`` v1: tests/data/sampler-states
+holds states saved by that code, which resume exactly) and refuses another rule's state by name;
+then the rule's checker proves the counts consistent: what was consumed, the step and the
+positions must be what the rule computes from each other, so a forged state that would repeat
+or skip rows is refused. Every refusal is a :class:`PacktoolError` naming the field, its value
+(or type), what it must be and what to do.
 
-Versions: 4 (issue 32) has the fields of 3 but counts them in another epoch order: each
-step's packs are computed per step from a keyed permutation (:mod:`packtool.train.order`)
-where 2 and 3 drew the whole epoch with ``rng.permutation``, so their consumed counts name
-other packs; they are refused by name (finish that epoch with the packtool that saved the
-state, or start the next epoch). ``dataset`` (since 3) is the ``index_sha256`` of the packed
-dataset the sampler was built from (None when it was built from a pack count, which names no
-dataset), so that a state of another dataset with as many packs is refused (with
-``balance=None`` nothing else tells the two apart). It is compared when both the state and the
-sampler know it: a sampler built from a count cannot check it, and a state saved from a count
-carries none. Version 1 and unknown versions are refused by name too.
+- ``fixed`` (``PackSampler(ds, ...)``): packs consumed per cost class of the epoch order; the
+  step against them (:func:`check_state`). Versions 2 and 3 counted another epoch order (the
+  epoch drawn whole by ``rng.permutation``; now a keyed permutation computed per step, issue
+  32) and version 1 another stream: refused by name. ``dataset`` is the ``index_sha256`` of
+  the packed dataset (None when built from a count), compared where both know it.
+- ``budget`` (``PackSampler(ds, tokens_per_step=T)``): rows consumed per slot length, the
+  origin (step, tokens and rows per length where the saving run began the epoch) and the step:
+  ``tokens - origin.tokens == (step - origin.step) * T``, and the rows per length are what the
+  curriculum's draws take from the origin (:func:`check_budget_state`).
+- ``mixture`` (``MixtureSampler``): per source its epoch and position, the schedule segment's
+  start, weights, rows and counts, the positions where the segment began, and the origin
+  (step, rows) where the run began (:func:`check_mixture_state`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from fractions import Fraction
 
 import numpy as np
 
 from ..errors import PacktoolError
+from .schedule import Segment, counts_after
 
 STATE_FORMAT = "packtool.train.sampler"
-STATE_VERSION = 4
-_READS = (4,)
-_OLD_ORDER = (2, 3)  # the epoch drawn whole by rng.permutation: another order of the packs
+STATE_VERSION = 5
+RULES = {  # rule -> (what its state counts, the sampler that continues it)
+    "fixed": ("a fixed-length PackSampler's state: packs consumed of one epoch order",
+              "PackSampler(...) without tokens_per_step"),
+    "budget": ("a token-budget sampler's state: rows consumed per slot length",
+               "PackSampler(..., tokens_per_step=T), any T"),
+    "mixture": ("a MixtureSampler's state: a position in each source's stream",
+                "MixtureSampler(...) with its sources"),
+}
+_BEFORE = {STATE_FORMAT: ("fixed", 4), "packtool.train.budget": ("budget", 1),
+           "packtool.train.mixture": ("mixture", 1)}  # each rule's format before version 5
+
+
+def is_state(v) -> bool:
+    """A sampler state of any rule (a loader's state holds one)."""
+    return isinstance(v, Mapping) and v.get("format") in _BEFORE
+
+
+def stamp(rule: str, fields: dict) -> dict:
+    """``fields`` as a state of ``rule``."""
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, "rule": rule, **fields}
+
+
+def read_state(state, rule: str, fields) -> None:
+    """``state`` is a mapping of a version this packtool reads, of ``rule``, with ``fields``;
+    else a PacktoolError naming what it is and what continues it."""
+    if not isinstance(state, Mapping):
+        raise PacktoolError(f"sampler state must be a dict (from the sampler's state_dict()), "
+                            f"got {type(state).__name__}")
+    for key, types, what in (("format", str, "a string"), ("rule", str, "a string"),
+                             ("version", (int, np.integer), "an integer")):
+        v = state.get(key)
+        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, types)):
+            raise PacktoolError(f"sampler state has {key} of type {type(v).__name__}: it must "
+                                f"be {what}; the state is corrupt or was not made by the "
+                                "sampler's state_dict(), save it again")
+    fmt, version = state.get("format"), state.get("version")
+    saved, last = ("fixed", 4) if fmt is None else _BEFORE.get(fmt, (None, None))
+    if fmt == STATE_FORMAT and "rule" in state:
+        saved, last = state["rule"], STATE_VERSION
+    if saved in RULES and saved != rule:
+        raise PacktoolError(f"this is {RULES[saved][0]} (rule {saved!r}), and this sampler's "
+                            f"rule is {rule!r}: it cannot continue it; resume it with "
+                            f"{RULES[saved][1]}, or start the next epoch here")
+    if saved == "fixed" and version == 1:
+        raise PacktoolError(
+            "sampler state version 1 (packtool before the elastic resume) cannot resume: its "
+            "epoch order came from default_rng([seed, epoch]), which packtool no longer uses "
+            "(the sampler's stream is now its own, issue 18.10), so resuming would repeat and "
+            f"skip packs of epoch {state.get('epoch')!r}; start the next epoch with "
+            "sampler.set_epoch(epoch + 1), or finish this one with the packtool that saved it")
+    if saved == "fixed" and version in (2, 3):
+        raise PacktoolError(
+            f"sampler state version {version} cannot resume in this packtool: its epoch order "
+            "(the whole epoch drawn by rng.permutation) was replaced by one computed per step "
+            "(a keyed permutation, issue 32), so its consumed counts name other packs and "
+            f"resuming would repeat and skip packs of epoch {state.get('epoch')!r}; finish "
+            "that epoch with the packtool that saved the state, or start the next one here "
+            "(sampler.set_epoch(epoch + 1) without load_state_dict)")
+    if saved not in RULES or version not in (last, STATE_VERSION) \
+            or (version == STATE_VERSION) != (fmt == STATE_FORMAT and "rule" in state):
+        raise PacktoolError(f"sampler state version {version}, format {fmt!r}: this packtool "
+                            f"reads version {STATE_VERSION} of {STATE_FORMAT!r} (and each "
+                            f"rule's format before it); it was saved by another packtool, or "
+                            "is not a sampler state")
+    missing = [k for k in fields if k not in state]
+    if missing:
+        raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
+                            "not made by the sampler's state_dict(); save it again")
+
+
+def _int(state, key: str, lo: int = 0, hi: int | None = None, what: str | None = None) -> int:
+    v = state[key]
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < lo \
+            or (hi is not None and v > hi):
+        limit = f"an integer >= {lo}" + (f" and <= {hi:,}" if hi is not None else "")
+        raise PacktoolError(f"sampler state has {what or key}={v!r}: it must be {limit}; the "
+                            "state is corrupt, save it again")
+    return int(v)
+
+
+def _same_dataset(saved, sampler) -> None:
+    if saved is not None and sampler.dataset is not None and saved != sampler.dataset:
+        raise PacktoolError(
+            f"sampler state has dataset={saved!r} but this sampler reads dataset "
+            f"{sampler.dataset!r} (the packed index's index_sha256): the state was saved for "
+            "another packed dataset, and resuming would train rows that were never in its "
+            "order; build the sampler from the dataset the state was saved for, or start its "
+            "epoch afresh")
+
+
+# ------------------------------------------------------------------ fixed packs per step
 _INT, _STR_OR_NONE = (int, np.integer), (str, type(None))
 _TYPES = {  # field -> (accepted types, what to say); bool is refused where an int is meant
     "format": ((str,), "a string"), "version": (_INT, "an integer"),
@@ -46,25 +145,16 @@ _FIELDS = tuple(_TYPES)
 def check_state(state, sampler) -> tuple[int, np.ndarray]:
     """(epoch, consumed per class) of a well-formed state of ``sampler``'s epoch order and
     dataset, or a PacktoolError naming the field, its value, what it must be, and what to do."""
-    _check_form(state)
-    epoch = _count(state, "epoch", 0)
-    _count(state, "step", 0, sampler.n_packs)  # a step holds at least one pack
-    _count(state, "world_size", 1)
-    _count(state, "batch_size", 1)
+    read_state(state, "fixed", _FIELDS)
+    _check_types(state)
+    epoch = _int(state, "epoch", 0)
+    _int(state, "step", 0, sampler.n_packs)  # a step holds at least one pack
+    _int(state, "world_size", 1)
+    _int(state, "batch_size", 1)
     _check_order(state, sampler)
     consumed = _consumed(state, sampler)
     _check_step(state, int(consumed.sum()), sampler.n_packs)
     return epoch, consumed
-
-
-def _count(state, key: str, lo: int, hi: int | None = None) -> int:
-    v = state[key]
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo \
-            or (hi is not None and v > hi):
-        limit = f"an integer >= {lo}" + (f" and <= {hi:,}" if hi is not None else "")
-        raise PacktoolError(f"sampler state has {key}={v!r}: it must be {limit}; the state "
-                            "is corrupt, save it again")
-    return int(v)
 
 
 def _check_types(state) -> None:
@@ -95,14 +185,7 @@ def _check_order(state, sampler) -> None:
                 f"packs; build the sampler with the saved {key}"
                 + (" (the same packed dataset and per-pack costs)"
                    if key in ("n_packs", "costs_sha256") else ""))
-    saved = state.get("dataset")
-    if saved is not None and sampler.dataset is not None and saved != sampler.dataset:
-        raise PacktoolError(
-            f"sampler state has dataset={saved!r} but this sampler reads dataset "
-            f"{sampler.dataset!r} (the packed index's index_sha256): the state was saved for "
-            f"another packed dataset with as many packs ({sampler.n_packs:,}), and resuming "
-            "would train packs that were never in its epoch order; build the sampler from the "
-            "dataset the state was saved for, or start its epoch afresh")
+    _same_dataset(state.get("dataset"), sampler)
 
 
 def _check_step(state, consumed: int, n_packs: int) -> None:
@@ -124,45 +207,6 @@ def _check_step(state, consumed: int, n_packs: int) -> None:
             f"world_size {state['world_size']} x batch_size {state['batch_size']} ({g} packs a "
             f"step) that is {want}, so one of the two is wrong and resuming would repeat or "
             "skip packs; the state is corrupt, save it again")
-
-
-def _check_form(state) -> None:
-    """A mapping of a version this packtool reads and this format, with every field typed."""
-    if not isinstance(state, Mapping):
-        raise PacktoolError(f"sampler state must be a dict (from PackSampler.state_dict()), got "
-                            f"{type(state).__name__}")
-    _check_types({k: state[k] for k in ("version", "format") if k in state})
-    version = state.get("version")
-    if state.get("format") == "packtool.train.budget":
-        raise PacktoolError(
-            "this is a token-budget sampler's state (format 'packtool.train.budget', rows "
-            "consumed per slot length): resume it with PackSampler(..., tokens_per_step=T), "
-            "any T; a fixed-length PackSampler cannot continue it")
-    if version == 1:
-        raise PacktoolError(
-            "sampler state version 1 (packtool before the elastic resume) cannot resume: its "
-            "epoch order came from default_rng([seed, epoch]), which packtool no longer uses "
-            "(the sampler's stream is now its own, issue 18.10), so resuming would repeat and "
-            f"skip packs of epoch {state.get('epoch')!r}; start the next epoch with "
-            "sampler.set_epoch(epoch + 1), or finish this one with the packtool that saved it")
-    if version in _OLD_ORDER:
-        raise PacktoolError(
-            f"sampler state version {version} cannot resume in this packtool: its epoch order "
-            "(the whole epoch drawn by rng.permutation) was replaced by one computed per step "
-            "(a keyed permutation, issue 32), so its consumed counts name other packs and "
-            f"resuming would repeat and skip packs of epoch {state.get('epoch')!r}; finish "
-            "that epoch with the packtool that saved the state, or start the next one here "
-            "(sampler.set_epoch(epoch + 1) without load_state_dict)")
-    if version not in _READS or state.get("format") != STATE_FORMAT:
-        raise PacktoolError(f"sampler state version {version!r}, format {state.get('format')!r}: "
-                            f"this packtool reads version {', '.join(map(str, _READS))} of "
-                            f"{STATE_FORMAT!r}; it was saved by another packtool (or is not a "
-                            "sampler state)")
-    missing = [k for k in _FIELDS if k not in state]
-    if missing:
-        raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
-                            "not made by PackSampler.state_dict(); save it again")
-    _check_types(state)
 
 
 def _consumed(state, sampler) -> np.ndarray:
@@ -190,3 +234,223 @@ def dataset_identity(packs) -> str | None:
     index = getattr(getattr(packs, "packed", packs), "index", None)
     digest = index.get("index_sha256") if isinstance(index, dict) else None
     return digest if isinstance(digest, str) else None
+
+
+# ------------------------------------------------------------------ a token budget per step
+
+_BUDGET_FIELDS = ("format", "version", "epoch", "step", "consumed", "origin", "world_size",
+           "tokens_per_step", "curriculum", "seed", "rows", "balance", "costs_sha256",
+           "dataset")
+
+
+def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray, tuple]:
+    """(epoch, step, rows consumed per length, (origin step, its rows consumed per length or
+    None)) of a well-formed state of ``sampler``'s orders, or a PacktoolError naming what is
+    wrong."""
+    read_state(state, "budget", _BUDGET_FIELDS)
+    epoch, step = _int(state, "epoch"), _int(state, "step")
+    _int(state, "world_size", 1)
+    t = _int(state, "tokens_per_step", 1)
+    _same_rows(state, sampler)
+    consumed = _per_length(state["consumed"], "consumed", sampler)
+    for k, (c, m) in enumerate(zip(consumed.tolist(), sampler.sizes.tolist(), strict=True)):
+        if c > m:
+            raise PacktoolError(f"sampler state has consumed[{int(sampler.lengths[k])}]={c:,}: "
+                                f"there are {m:,} rows of that length; the state is corrupt, "
+                                "save it again")
+    origin = state["origin"]
+    if not isinstance(origin, Mapping) or not {"step", "tokens"} <= set(origin) <= {
+            "step", "tokens", "consumed"}:
+        raise PacktoolError(f"sampler state has origin={origin!r}: it must be {{'step': S, "
+                            "'tokens': N, 'consumed': {length: rows}}; the state is corrupt, "
+                            "save it again")
+    s0, t0 = _int(origin, "step"), _int(origin, "tokens")
+    c0 = None if s0 else np.zeros_like(consumed)  # a state from step 0 began with nothing
+    if "consumed" in origin:
+        c0 = _per_length(origin["consumed"], "origin.consumed", sampler)
+        if (c0 > consumed).any() or int((c0 * sampler.lengths).sum()) != t0:
+            raise PacktoolError(f"sampler state has origin={origin!r}: its rows must be at most "
+                                f"those consumed and hold its {t0:,} tokens; the state is "
+                                "corrupt, save it again")
+    tokens = int((consumed * sampler.lengths).sum())
+    if not s0 <= step or not t0 <= tokens or tokens - t0 != (step - s0) * t \
+            or (s0 == 0 and t0 != 0):
+        raise PacktoolError(
+            f"sampler state has step={step} but consumed counts {tokens:,} tokens: from its "
+            f"origin (step {s0}, {t0:,} tokens) at {t:,} tokens a step that is step "
+            f"{s0 + (tokens - t0) / t:g}, so one of the two is wrong and resuming would repeat "
+            "or skip rows; the state is corrupt, save it again")
+    return epoch, step, consumed, (s0, c0)
+
+
+def _per_length(saved, what: str, sampler) -> np.ndarray:
+    """A {length: count} field as counts aligned with ``sampler.lengths``."""
+    names = [str(v) for v in sampler.lengths.tolist()]
+    if not isinstance(saved, Mapping) or sorted(saved, key=str) != sorted(names):
+        got = sorted(map(str, saved)) if isinstance(saved, Mapping) else saved
+        raise PacktoolError(f"sampler state has {what} for lengths {got!r} but this dataset's "
+                            f"rows have lengths {names}: it was saved for another dataset; "
+                            "build the sampler from the dataset the state was saved for")
+    out = np.zeros(len(names), np.int64)
+    for k, name in enumerate(names):
+        v = saved[name]
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise PacktoolError(f"sampler state has {what}[{name}]={v!r}: it must be an integer "
+                                ">= 0; the state is corrupt, save it again")
+        out[k] = int(v)
+    return out
+
+
+def _same_rows(state, sampler) -> None:
+    """Seed, rows per length and dataset as the sampler's."""
+    rows = _per_length(state["rows"], "rows", sampler)
+    if not np.array_equal(rows, sampler.sizes):
+        raise PacktoolError(
+            f"sampler state has rows per length {state['rows']!r} but this dataset has "
+            f"{dict(zip(map(str, sampler.lengths.tolist()), sampler.sizes.tolist(), strict=True))}"
+            ": it was saved for another dataset, and resuming would repeat and skip rows; "
+            "build the sampler from the dataset the state was saved for")
+    if state["seed"] != sampler.seed:  # balance deals within a step: it may change
+        raise PacktoolError(
+            f"sampler state has seed={state['seed']!r} but this sampler has seed="
+            f"{sampler.seed!r}: the seed keys every length's order and every draw, and "
+            "resuming would repeat and skip rows; build the sampler with the saved seed")
+    _same_dataset(state["dataset"], sampler)
+
+
+# ------------------------------------------------------------------ a mixture by schedule
+
+_MIXTURE_FIELDS = ("format", "version", "step", "world_size", "batch_size", "seed", "exhausted",
+           "segment", "sources")
+
+
+def check_mixture_state(state, sampler):
+    """(step, saved segment, its rows taken and counts, epochs, positions) of a well-formed
+    state of ``sampler``'s sources, or a PacktoolError naming what is wrong."""
+    read_state(state, "mixture", _MIXTURE_FIELDS)
+    step = _count(state["step"], "step")
+    if state["seed"] != sampler.seed:
+        raise PacktoolError(
+            f"sampler state has seed={state['seed']!r} but this sampler has seed="
+            f"{sampler.seed!r}: every source's epoch order comes from the seed, and resuming "
+            "would repeat and skip rows; build the sampler with the saved seed")
+    epoch, pos = _sources(state["sources"], sampler)
+    seg, taken, counts = _segment(state["segment"], sampler.names, step)
+    _agree(state, sampler, step, seg, taken, counts,
+           [e * src.n + p for e, p, src in zip(epoch, pos, sampler.sources, strict=True)])
+    return step, seg, taken, counts, epoch, pos
+
+
+def _agree(state, sampler, step: int, seg: Segment, taken: int, counts: tuple,
+           total: list[int]) -> None:
+    """The counts, positions and step are what the schedule computes from each other: the
+    segment's counts are the deadline order's after its rows; each source's rows since the
+    segment began are its count; every step since the state's origin (0, or where a resume
+    began) took ``world_size x batch_size`` rows. A state of packtool before issue 38 has no
+    origin (nor the segment's start positions): its step is checked to be at most its rows, and
+    its positions against the counts where its segment began at step 0."""
+    names = sampler.names
+    want = counts_after(seg, taken)
+    if tuple(want) != tuple(counts):
+        raise PacktoolError(
+            f"sampler state has segment counts {dict(zip(names, counts, strict=True))} after "
+            f"{taken:,} rows, but the schedule's deadline order gives "
+            f"{dict(zip(names, want, strict=True))}: resuming would break the weights' bound "
+            "and take rows in other proportions; the state is corrupt, save it again")
+    saved = state["segment"].get("positions")
+    if saved is None and seg.start == 0:
+        saved = dict.fromkeys(names, 0)
+    if saved is not None:
+        if not isinstance(saved, Mapping) or set(saved) != set(names):
+            raise PacktoolError(f"sampler state has segment.positions={saved!r}: it must give "
+                                "every source's rows; the state is corrupt, save it again")
+        for n, t, c in zip(names, total, counts, strict=True):
+            at = _count(saved[n], f"segment.positions.{n}")
+            if t - at != c:
+                raise PacktoolError(
+                    f"sampler state has source {n} at position {t:,} of its stream (epoch x "
+                    f"rows + position) but its segment began at {at:,} and counts {c:,} rows "
+                    f"of {n}: a row would be {'repeated' if t - at < c else 'skipped'}; the "
+                    "state is corrupt, save it again")
+    g = _count(state["world_size"], "world_size") * _count(state["batch_size"], "batch_size")
+    origin = state.get("origin")
+    if origin is None:
+        s0, rows0, ok = 0, 0, step <= sum(total)
+    else:
+        if not isinstance(origin, Mapping) or set(origin) != {"step", "rows"}:
+            raise PacktoolError(f"sampler state has origin={origin!r}: it must be {{'step': S, "
+                                "'rows': N}}; the state is corrupt, save it again")
+        s0, rows0 = _count(origin["step"], "origin.step", step), _count(origin["rows"],
+                                                                          "origin.rows")
+        ok = sum(total) - rows0 == (step - s0) * g and (
+            seg.start <= s0 or taken == (step - seg.start) * g)
+    if not ok:
+        raise PacktoolError(
+            f"sampler state has step={step:,} but its sources took {sum(total) - rows0:,} rows "
+            f"since step {s0:,}, at {g} rows a step (world_size x batch_size): one of the two "
+            "is wrong and resuming would repeat or skip rows; the state is corrupt, save it "
+            "again")
+
+
+def _count(v, what: str, hi: int | None = None) -> int:
+    return _int({what: v}, what, 0, hi)
+
+
+def _sources(saved, sampler) -> tuple[tuple, tuple]:
+    """Per source (in the sampler's name order) its saved epoch and position."""
+    if not isinstance(saved, Mapping):
+        raise PacktoolError(f"sampler state has sources={saved!r}: it must be a dict by source "
+                            "name; the state is corrupt, save it again")
+    missing = [n for n in sampler.names if n not in saved]
+    extra = sorted(str(n) for n in saved if n not in sampler.names)
+    if missing or extra:
+        raise PacktoolError(
+            f"mixture state is of the sources {', '.join(sorted(map(str, saved)))} but this "
+            f"sampler has {', '.join(sampler.names)}"
+            + (f" (the state lacks {', '.join(missing)}" if missing else " (")
+            + (f"{'; ' if missing else ''}the sampler lacks {', '.join(extra)})" if extra
+               else ")")
+            + ": it belongs to another mixture; build the sampler with the saved sources")
+    epoch, pos = [], []
+    for src in sampler.sources:
+        s = saved[src.name]
+        if not isinstance(s, Mapping):
+            raise PacktoolError(f"sampler state has sources.{src.name}={s!r}: it must be a "
+                                "dict; the state is corrupt, save it again")
+        for key, mine in src.identity.items():
+            if s.get(key) != mine:
+                raise PacktoolError(
+                    f"sampler state has source {src.name} with {key}={s.get(key)!r} but this "
+                    f"sampler's {src.name} has {key}={mine!r}: it is another dataset, and "
+                    f"resuming would repeat and skip its rows; give {src.name} the dataset the "
+                    "state was saved with")
+        epoch.append(_count(s.get("epoch"), f"sources.{src.name}.epoch"))
+        pos.append(_count(s.get("position"), f"sources.{src.name}.position", src.n))
+    return tuple(epoch), tuple(pos)
+
+
+def _segment(seg, names: list[str], step: int) -> tuple[Segment, int, tuple]:
+    """The saved segment (start, weights) and its counters."""
+    ok = isinstance(seg, Mapping) and all(k in seg for k in ("start", "weights", "rows",
+                                                             "counts"))
+    if not ok or not isinstance(seg["weights"], Mapping) or \
+            not isinstance(seg["counts"], Mapping) or \
+            set(seg["weights"]) != set(names) or set(seg["counts"]) != set(names):
+        raise PacktoolError(f"sampler state has segment={seg!r}: it must hold start, weights "
+                            "and counts of every source, and rows; the state is corrupt, save "
+                            "it again")
+    start = _count(seg["start"], "segment.start", step)
+    taken = _count(seg["rows"], "segment.rows")
+    counts = tuple(_count(seg["counts"][n], f"segment.counts.{n}", taken) for n in names)
+    try:
+        w = [Fraction(str(seg["weights"][n])) for n in names]
+    except (ValueError, ZeroDivisionError):
+        w = [Fraction(-1)]
+    if sum(counts) != taken or min(w) < 0 or sum(w) != 1:
+        raise PacktoolError(f"sampler state has segment={seg!r}: its counts must sum to its "
+                            "rows and its weights be fractions >= 0 summing to 1; the state is "
+                            "corrupt, save it again")
+    den = math.lcm(*(f.denominator for f in w))
+    shares = tuple(int(f * den) for f in w)
+    return Segment(start, shares, sum(shares)), taken, counts
+

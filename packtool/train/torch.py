@@ -39,7 +39,7 @@ from ..formats.packed import open_packed
 from . import sampler as _sampler
 from .batching import collate_numpy
 from .budget import BudgetSampler
-from .budget_state import STATE_FORMAT as BUDGET_FORMAT
+from .state import is_state
 
 MODEL_KEYS = ("input_ids", "labels", "position_ids")
 
@@ -334,7 +334,7 @@ def sampler_state(loader_state: dict) -> dict:
 
     def walk(v):
         if isinstance(v, dict):
-            if v.get("format") in (_sampler.STATE_FORMAT, BUDGET_FORMAT):
+            if is_state(v):
                 found.append(v)
                 return
             for x in v.values():
