@@ -15,7 +15,8 @@
 - :mod:`.preference`: ``sequence_logps`` (each sequence's summed completion log-probability
   in a packed batch of pairs or groups), ``dpo_loss``, ``sequence_rewards`` (a row's
   rewards from its source corpora), and their attention masks.
-- :mod:`.which`: which step and rank a record lands in, and what a step holds.
+- :mod:`.which`: which step and rank a record lands in, and what a step holds (one dataset
+  or a mixture); :mod:`.records` names a document's input file and record.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
   path (``packtool conformance``).
 """

@@ -370,50 +370,11 @@ class BudgetSampler:
         a fixed-length PackSampler's state, another seed, other rows per length or dataset, a
         step that disagrees with the rows consumed, rows consumed that the draws from the
         state's origin do not give."""
-        epoch, step, consumed, origin = check_budget_state(state, self)
-        self._check_draws(state, epoch, step, consumed, origin)
+        epoch, step, consumed = check_budget_state(state, self)
         self.epoch = epoch
         self._resumed = (epoch, step, consumed) if step else None
         self._marks = {}
         self.start_step = self._handed = step
-
-    def _check_draws(self, state, epoch: int, step: int, consumed, origin) -> None:
-        """``consumed`` is what the saving run's draws took from its origin (the step where it
-        began the epoch and the rows consumed then): the same token total spread over other
-        lengths would repeat and skip rows. A state saved before its origin's rows were
-        recorded (packtool before issue 38) that began its epoch by a resume is checked by its
-        tokens alone."""
-        s0, c0 = origin
-        if c0 is None:
-            return
-        t, name = int(state["tokens_per_step"]), state["curriculum"]
-        if name == "callable" and self.curriculum != "callable":
-            return  # the saving run's own function: nothing here can replay it
-        weights = self._weights if name in ("callable", self.curriculum) else None
-        if weights is None:
-            try:
-                weights = curriculum_of(name)[1]
-            except PacktoolError:
-                raise PacktoolError(f"budget state has curriculum={name!r}: this packtool "
-                                    "knows no such curriculum; the state is corrupt, save it "
-                                    "again") from None
-        if (t % self.lengths).any():
-            raise PacktoolError(f"budget state has tokens_per_step={t:,}: not a multiple of "
-                                f"every slot length {self.lengths.tolist()}; the state is "
-                                "corrupt, save it again")
-        per_step, c = t // self.lengths, c0.copy()
-        for at in range(s0, step):
-            k = self._next(epoch, at, c, per_step, weights)
-            if k is None:
-                break
-            c[k] += per_step[k]
-        if not np.array_equal(c, consumed):
-            names = [str(v) for v in self.lengths.tolist()]
-            raise PacktoolError(
-                f"budget state has consumed {dict(zip(names, consumed.tolist(), strict=True))} "
-                f"but its {step - s0} step(s) of {t:,} tokens from step {s0} (curriculum "
-                f"{name}, seed {self.seed}) take {dict(zip(names, c.tolist(), strict=True))}: "
-                "resuming would repeat and skip rows; the state is corrupt, save it again")
 
 
 def _costs(rows, balance, n: int):

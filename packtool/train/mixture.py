@@ -38,9 +38,10 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import PacktoolError
-from .schedule import Segment, check_schedule, counts_after, deal
+from .mixture_state import check_mixture_state
+from .schedule import Segment, check_schedule, counts_after, deal, least_step
 from .shape import check_shape
-from .state import check_mixture_state, stamp
+from .state import stamp
 
 EXHAUSTED = ("next_epoch", "stop")
 
@@ -252,7 +253,7 @@ class MixtureSampler:
     def _stop_step(self) -> int:
         """exhausted="stop": the first step that needs a row past a source's epoch."""
         if self._stop is None:
-            self._stop = _first(self.start_step, lambda s: any(
+            self._stop = least_step(self.start_step, lambda s: any(
                 t > lim for t, lim in zip(self._total(s + 1), self._limit, strict=True)))
         return self._stop
 
@@ -306,7 +307,7 @@ class MixtureSampler:
         last = max(self.segments[-1].start, self.start_step)
         if not self.segments[-1].shares[i] and self._total(last)[i] <= at:
             return None  # weight 0 from there on: never
-        step = _first(self.start_step, lambda s: self._total(s + 1)[i] > at)
+        step = least_step(self.start_step, lambda s: self._total(s + 1)[i] > at)
         if self.exhausted == "stop" and step >= self._stop_step():
             return None
         cur = self._at(step)
@@ -386,21 +387,6 @@ def _place(total: int, epoch: int, pos: int, total0: int, n: int) -> tuple[int, 
         return epoch, pos
     e = (total - 1) // n
     return e, total - e * n
-
-
-def _first(lo: int, pred) -> int:
-    """The least step >= ``lo`` where ``pred`` (False, then True from some step on) holds:
-    doubling, then halving, O(log step) calls."""
-    hi, width = lo, 1
-    while not pred(hi):
-        lo, hi, width = hi + 1, hi + width, width * 2
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if pred(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def _weights_json(seg: Segment, names: list[str]) -> dict:

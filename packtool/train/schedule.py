@@ -167,3 +167,18 @@ def counts_after(seg: Segment, rows: int) -> tuple[int, ...]:
         if at % PERIOD_MARK == 0 and at // PERIOD_MARK == len(marks):
             marks.append(tuple(counts))
     return tuple(q * a + c for a, c in zip(seg.shares, counts, strict=True))
+
+
+def least_step(lo: int, pred) -> int:
+    """The least step >= ``lo`` where ``pred`` (False, then True from some step on) holds:
+    doubling, then halving, O(log step) calls."""
+    hi, width = lo, 1
+    while not pred(hi):
+        lo, hi, width = hi + 1, hi + width, width * 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

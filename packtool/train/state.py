@@ -1,38 +1,30 @@
-"""One state for every step rule, checked before a resume: ``{"format":
-"packtool.train.sampler", "version": 5, "rule": R, ...}`` with R the sampler's step rule and
-its fields (below). One reader (:func:`read_state`) takes the envelope and the format each rule
-saved before it (fixed packs ``packtool.train.sampler`` v4, token budget
+"""One state for every step rule: ``{"format": "packtool.train.sampler", "version": 5,
+"rule": R, ...}``, R the sampler's step rule and its fields. One reader (:func:`read_state`)
+takes it, and the format each rule saved before (fixed ``packtool.train.sampler`` v4, budget
 ``packtool.train.budget`` v1, mixture ``packtool.train.mixture`` v1: tests/data/sampler-states
-holds states saved by that code, which resume exactly) and refuses another rule's state by name;
-then the rule's checker proves the counts consistent: what was consumed, the step and the
-positions must be what the rule computes from each other, so a forged state that would repeat
-or skip rows is refused. Every refusal is a :class:`PacktoolError` naming the field, its value
-(or type), what it must be and what to do.
+resume exactly), and refuses another rule's state by name; then the rule's check proves the
+counts consistent, so a forged state that would repeat or skip rows is refused:
 
-- ``fixed`` (``PackSampler(ds, ...)``): packs consumed per cost class of the epoch order; the
-  step against them (:func:`check_state`). Versions 2 and 3 counted another epoch order (the
-  epoch drawn whole by ``rng.permutation``; now a keyed permutation computed per step, issue
-  32) and version 1 another stream: refused by name. ``dataset`` is the ``index_sha256`` of
-  the packed dataset (None when built from a count), compared where both know it.
-- ``budget`` (``PackSampler(ds, tokens_per_step=T)``): rows consumed per slot length, the
-  origin (step, tokens and rows per length where the saving run began the epoch) and the step:
-  ``tokens - origin.tokens == (step - origin.step) * T``, and the rows per length are what the
-  curriculum's draws take from the origin (:func:`check_budget_state`).
-- ``mixture`` (``MixtureSampler``): per source its epoch and position, the schedule segment's
-  start, weights, rows and counts, the positions where the segment began, and the origin
-  (step, rows) where the run began (:func:`check_mixture_state`).
+- ``fixed``: packs consumed per cost class of the epoch order, against the step.
+- ``budget``: rows consumed per slot length are what the curriculum's draws take from the
+  origin (step, tokens, rows per length where the saving run began the epoch), and
+  ``tokens - origin.tokens == (step - origin.step) * T``.
+- ``mixture`` (:mod:`.mixture_state`): the segment's counts are the deadline order's after
+  its rows, each source's position is where the segment began plus its count, and every step
+  since the origin took ``world_size x batch_size`` rows.
+
+Every refusal is a :class:`PacktoolError` naming the field, its value (or type), what it must
+be and what to do.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from fractions import Fraction
 
 import numpy as np
 
 from ..errors import PacktoolError
-from .schedule import Segment, counts_after
+from .curriculum import curriculum_of
 
 STATE_FORMAT = "packtool.train.sampler"
 STATE_VERSION = 5
@@ -72,28 +64,22 @@ def read_state(state, rule: str, fields) -> None:
                                 f"be {what}; the state is corrupt or was not made by the "
                                 "sampler's state_dict(), save it again")
     fmt, version = state.get("format"), state.get("version")
-    saved, last = ("fixed", 4) if fmt is None else _BEFORE.get(fmt, (None, None))
+    saved, last = ("fixed", 1) if fmt is None else _BEFORE.get(fmt, (None, None))
     if fmt == STATE_FORMAT and "rule" in state:
         saved, last = state["rule"], STATE_VERSION
     if saved in RULES and saved != rule:
         raise PacktoolError(f"this is {RULES[saved][0]} (rule {saved!r}), and this sampler's "
                             f"rule is {rule!r}: it cannot continue it; resume it with "
                             f"{RULES[saved][1]}, or start the next epoch here")
-    if saved == "fixed" and version == 1:
+    if saved == "fixed" and version in (1, 2, 3):  # another stream, or the epoch drawn whole
+        why = ("its epoch order came from default_rng([seed, epoch]), which packtool no longer "
+               "uses (issue 18.10)" if version == 1 else "its epoch order (the whole epoch "
+               "drawn by rng.permutation) was replaced by a keyed permutation (issue 32)")
         raise PacktoolError(
-            "sampler state version 1 (packtool before the elastic resume) cannot resume: its "
-            "epoch order came from default_rng([seed, epoch]), which packtool no longer uses "
-            "(the sampler's stream is now its own, issue 18.10), so resuming would repeat and "
-            f"skip packs of epoch {state.get('epoch')!r}; start the next epoch with "
-            "sampler.set_epoch(epoch + 1), or finish this one with the packtool that saved it")
-    if saved == "fixed" and version in (2, 3):
-        raise PacktoolError(
-            f"sampler state version {version} cannot resume in this packtool: its epoch order "
-            "(the whole epoch drawn by rng.permutation) was replaced by one computed per step "
-            "(a keyed permutation, issue 32), so its consumed counts name other packs and "
-            f"resuming would repeat and skip packs of epoch {state.get('epoch')!r}; finish "
-            "that epoch with the packtool that saved the state, or start the next one here "
-            "(sampler.set_epoch(epoch + 1) without load_state_dict)")
+            f"sampler state version {version} cannot resume in this packtool: {why}, so its "
+            "consumed counts name other packs and resuming would repeat and skip packs of "
+            f"epoch {state.get('epoch')!r}; finish that epoch with the packtool that saved the "
+            "state, or start the next one here (sampler.set_epoch(epoch + 1))")
     if saved not in RULES or version not in (last, STATE_VERSION) \
             or (version == STATE_VERSION) != (fmt == STATE_FORMAT and "rule" in state):
         raise PacktoolError(f"sampler state version {version}, format {fmt!r}: this packtool "
@@ -243,10 +229,9 @@ _BUDGET_FIELDS = ("format", "version", "epoch", "step", "consumed", "origin", "w
            "dataset")
 
 
-def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray, tuple]:
-    """(epoch, step, rows consumed per length, (origin step, its rows consumed per length or
-    None)) of a well-formed state of ``sampler``'s orders, or a PacktoolError naming what is
-    wrong."""
+def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
+    """(epoch, step, rows consumed per length) of a well-formed state of ``sampler``'s orders,
+    or a PacktoolError naming what is wrong."""
     read_state(state, "budget", _BUDGET_FIELDS)
     epoch, step = _int(state, "epoch"), _int(state, "step")
     _int(state, "world_size", 1)
@@ -280,7 +265,8 @@ def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray, tuple]:
             f"origin (step {s0}, {t0:,} tokens) at {t:,} tokens a step that is step "
             f"{s0 + (tokens - t0) / t:g}, so one of the two is wrong and resuming would repeat "
             "or skip rows; the state is corrupt, save it again")
-    return epoch, step, consumed, (s0, c0)
+    _check_draws(state, sampler, epoch, step, consumed, (s0, c0))
+    return epoch, step, consumed
 
 
 def _per_length(saved, what: str, sampler) -> np.ndarray:
@@ -318,139 +304,40 @@ def _same_rows(state, sampler) -> None:
     _same_dataset(state["dataset"], sampler)
 
 
-# ------------------------------------------------------------------ a mixture by schedule
-
-_MIXTURE_FIELDS = ("format", "version", "step", "world_size", "batch_size", "seed", "exhausted",
-           "segment", "sources")
-
-
-def check_mixture_state(state, sampler):
-    """(step, saved segment, its rows taken and counts, epochs, positions) of a well-formed
-    state of ``sampler``'s sources, or a PacktoolError naming what is wrong."""
-    read_state(state, "mixture", _MIXTURE_FIELDS)
-    step = _count(state["step"], "step")
-    if state["seed"] != sampler.seed:
-        raise PacktoolError(
-            f"sampler state has seed={state['seed']!r} but this sampler has seed="
-            f"{sampler.seed!r}: every source's epoch order comes from the seed, and resuming "
-            "would repeat and skip rows; build the sampler with the saved seed")
-    epoch, pos = _sources(state["sources"], sampler)
-    seg, taken, counts = _segment(state["segment"], sampler.names, step)
-    _agree(state, sampler, step, seg, taken, counts,
-           [e * src.n + p for e, p, src in zip(epoch, pos, sampler.sources, strict=True)])
-    return step, seg, taken, counts, epoch, pos
-
-
-def _agree(state, sampler, step: int, seg: Segment, taken: int, counts: tuple,
-           total: list[int]) -> None:
-    """The counts, positions and step are what the schedule computes from each other: the
-    segment's counts are the deadline order's after its rows; each source's rows since the
-    segment began are its count; every step since the state's origin (0, or where a resume
-    began) took ``world_size x batch_size`` rows. A state of packtool before issue 38 has no
-    origin (nor the segment's start positions): its step is checked to be at most its rows, and
-    its positions against the counts where its segment began at step 0."""
-    names = sampler.names
-    want = counts_after(seg, taken)
-    if tuple(want) != tuple(counts):
-        raise PacktoolError(
-            f"sampler state has segment counts {dict(zip(names, counts, strict=True))} after "
-            f"{taken:,} rows, but the schedule's deadline order gives "
-            f"{dict(zip(names, want, strict=True))}: resuming would break the weights' bound "
-            "and take rows in other proportions; the state is corrupt, save it again")
-    saved = state["segment"].get("positions")
-    if saved is None and seg.start == 0:
-        saved = dict.fromkeys(names, 0)
-    if saved is not None:
-        if not isinstance(saved, Mapping) or set(saved) != set(names):
-            raise PacktoolError(f"sampler state has segment.positions={saved!r}: it must give "
-                                "every source's rows; the state is corrupt, save it again")
-        for n, t, c in zip(names, total, counts, strict=True):
-            at = _count(saved[n], f"segment.positions.{n}")
-            if t - at != c:
-                raise PacktoolError(
-                    f"sampler state has source {n} at position {t:,} of its stream (epoch x "
-                    f"rows + position) but its segment began at {at:,} and counts {c:,} rows "
-                    f"of {n}: a row would be {'repeated' if t - at < c else 'skipped'}; the "
-                    "state is corrupt, save it again")
-    g = _count(state["world_size"], "world_size") * _count(state["batch_size"], "batch_size")
-    origin = state.get("origin")
-    if origin is None:
-        s0, rows0, ok = 0, 0, step <= sum(total)
-    else:
-        if not isinstance(origin, Mapping) or set(origin) != {"step", "rows"}:
-            raise PacktoolError(f"sampler state has origin={origin!r}: it must be {{'step': S, "
-                                "'rows': N}}; the state is corrupt, save it again")
-        s0, rows0 = _count(origin["step"], "origin.step", step), _count(origin["rows"],
-                                                                          "origin.rows")
-        ok = sum(total) - rows0 == (step - s0) * g and (
-            seg.start <= s0 or taken == (step - seg.start) * g)
-    if not ok:
-        raise PacktoolError(
-            f"sampler state has step={step:,} but its sources took {sum(total) - rows0:,} rows "
-            f"since step {s0:,}, at {g} rows a step (world_size x batch_size): one of the two "
-            "is wrong and resuming would repeat or skip rows; the state is corrupt, save it "
-            "again")
-
-
-def _count(v, what: str, hi: int | None = None) -> int:
-    return _int({what: v}, what, 0, hi)
-
-
-def _sources(saved, sampler) -> tuple[tuple, tuple]:
-    """Per source (in the sampler's name order) its saved epoch and position."""
-    if not isinstance(saved, Mapping):
-        raise PacktoolError(f"sampler state has sources={saved!r}: it must be a dict by source "
-                            "name; the state is corrupt, save it again")
-    missing = [n for n in sampler.names if n not in saved]
-    extra = sorted(str(n) for n in saved if n not in sampler.names)
-    if missing or extra:
-        raise PacktoolError(
-            f"mixture state is of the sources {', '.join(sorted(map(str, saved)))} but this "
-            f"sampler has {', '.join(sampler.names)}"
-            + (f" (the state lacks {', '.join(missing)}" if missing else " (")
-            + (f"{'; ' if missing else ''}the sampler lacks {', '.join(extra)})" if extra
-               else ")")
-            + ": it belongs to another mixture; build the sampler with the saved sources")
-    epoch, pos = [], []
-    for src in sampler.sources:
-        s = saved[src.name]
-        if not isinstance(s, Mapping):
-            raise PacktoolError(f"sampler state has sources.{src.name}={s!r}: it must be a "
-                                "dict; the state is corrupt, save it again")
-        for key, mine in src.identity.items():
-            if s.get(key) != mine:
-                raise PacktoolError(
-                    f"sampler state has source {src.name} with {key}={s.get(key)!r} but this "
-                    f"sampler's {src.name} has {key}={mine!r}: it is another dataset, and "
-                    f"resuming would repeat and skip its rows; give {src.name} the dataset the "
-                    "state was saved with")
-        epoch.append(_count(s.get("epoch"), f"sources.{src.name}.epoch"))
-        pos.append(_count(s.get("position"), f"sources.{src.name}.position", src.n))
-    return tuple(epoch), tuple(pos)
-
-
-def _segment(seg, names: list[str], step: int) -> tuple[Segment, int, tuple]:
-    """The saved segment (start, weights) and its counters."""
-    ok = isinstance(seg, Mapping) and all(k in seg for k in ("start", "weights", "rows",
-                                                             "counts"))
-    if not ok or not isinstance(seg["weights"], Mapping) or \
-            not isinstance(seg["counts"], Mapping) or \
-            set(seg["weights"]) != set(names) or set(seg["counts"]) != set(names):
-        raise PacktoolError(f"sampler state has segment={seg!r}: it must hold start, weights "
-                            "and counts of every source, and rows; the state is corrupt, save "
-                            "it again")
-    start = _count(seg["start"], "segment.start", step)
-    taken = _count(seg["rows"], "segment.rows")
-    counts = tuple(_count(seg["counts"][n], f"segment.counts.{n}", taken) for n in names)
-    try:
-        w = [Fraction(str(seg["weights"][n])) for n in names]
-    except (ValueError, ZeroDivisionError):
-        w = [Fraction(-1)]
-    if sum(counts) != taken or min(w) < 0 or sum(w) != 1:
-        raise PacktoolError(f"sampler state has segment={seg!r}: its counts must sum to its "
-                            "rows and its weights be fractions >= 0 summing to 1; the state is "
+def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> None:
+    """``consumed`` is what the saving run's draws took from its origin (the step where it
+    began the epoch and the rows consumed then): the same token total spread over other
+    lengths would repeat and skip rows. A state saved before its origin's rows were
+    recorded (packtool before issue 38) that began its epoch by a resume is checked by its
+    tokens alone."""
+    s0, c0 = origin
+    if c0 is None:
+        return
+    t, name = int(state["tokens_per_step"]), state["curriculum"]
+    if name == "callable" and sampler.curriculum != "callable":
+        return  # the saving run's own function: nothing here can replay it
+    weights = sampler._weights if name in ("callable", sampler.curriculum) else None
+    if weights is None:
+        try:
+            weights = curriculum_of(name)[1]
+        except PacktoolError:
+            raise PacktoolError(f"budget state has curriculum={name!r}: this packtool "
+                                "knows no such curriculum; the state is corrupt, save it "
+                                "again") from None
+    if (t % sampler.lengths).any():
+        raise PacktoolError(f"budget state has tokens_per_step={t:,}: not a multiple of "
+                            f"every slot length {sampler.lengths.tolist()}; the state is "
                             "corrupt, save it again")
-    den = math.lcm(*(f.denominator for f in w))
-    shares = tuple(int(f * den) for f in w)
-    return Segment(start, shares, sum(shares)), taken, counts
-
+    per_step, c = t // sampler.lengths, c0.copy()
+    for at in range(s0, step):
+        k = sampler._next(epoch, at, c, per_step, weights)
+        if k is None:
+            break
+        c[k] += per_step[k]
+    if not np.array_equal(c, consumed):
+        names = [str(v) for v in sampler.lengths.tolist()]
+        raise PacktoolError(
+            f"budget state has consumed {dict(zip(names, consumed.tolist(), strict=True))} "
+            f"but its {step - s0} step(s) of {t:,} tokens from step {s0} (curriculum "
+            f"{name}, seed {sampler.seed}) take {dict(zip(names, c.tolist(), strict=True))}: "
+            "resuming would repeat and skip rows; the state is corrupt, save it again")
