@@ -3,8 +3,8 @@
 - :mod:`.sampler`: ``PackSampler``, the epoch order of packs per rank (with
   ``tokens_per_step``, :mod:`.budget`'s token-budget steps), resumable at any world size;
   its numpy core is the arithmetic, torch wraps it.
-- :mod:`.mixture` (:mod:`.schedule`, :mod:`.mixture_state` its state's checks): ``MixtureSampler``, rows of
-  several packed datasets per step in proportions a schedule sets and may change mid-run,
+- :mod:`.mixture` (:mod:`.schedule`, :mod:`.mixture_state` its state's checks):
+  ``MixtureSampler``, rows of several packed datasets per step in proportions a schedule sets and may change mid-run,
   with a ledger and an exact resume under another schedule or shape.
 - :mod:`.state`: one state for every step rule (fixed packs, token budget, mixture) and one
   reader that refuses a forged one: counts, step and positions as the rule computes them.
