@@ -4,12 +4,10 @@
   ``tokens_per_step``, :mod:`.budget`'s token-budget steps), resumable at any world size;
   its numpy core is the arithmetic, torch wraps it.
 - :mod:`.mixture` (:mod:`.schedule`, :mod:`.mixture_state` its state's checks):
-  ``MixtureSampler``, rows of several packed datasets per step in proportions a schedule sets and may change mid-run,
-  with a ledger and an exact resume under another schedule or shape.
+  ``MixtureSampler``, rows of several packed datasets per step in proportions a schedule sets
+  and may change mid-run, with a ledger and an exact resume under another schedule or shape.
 - :mod:`.state`: one state for every step rule (fixed packs, token budget, mixture) and one
   reader that refuses a forged one: counts, step and positions as the rule computes them.
-- :mod:`.balance`: packs dealt so each rank's step costs the same attention work.
-- :mod:`.batching`: packs collated into one padding-free ``[1, N]`` row (numpy).
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.preference`: ``sequence_logps`` (each sequence's summed completion log-probability
