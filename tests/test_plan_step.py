@@ -381,3 +381,32 @@ def test_verl_signature_adapter_against_verl():
 
         # at verl's count: 1.0000-1.0055 against verl's 1.0003-1.042, one case 1.0148 / 1.0071
         assert spread(same) <= spread(their_idx) * 1.01, t
+
+
+def test_stats_step_plan_gives_the_plans_figures(tmp_path):
+    """``stats --lengths FILE --step-plan W:T:S`` reports what plan_lengths gives, step by
+    step; a bad spec and a packed directory are refused by name."""
+    import json
+
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    rng = np.random.default_rng(9)
+    lengths = rng.integers(1, 3000, 5000)
+    np.save(tmp_path / "l.npy", lengths)
+    r = CliRunner().invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"), "-L", "4096",
+                                 "--step-plan", "16:8192:2000", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)["step_plan"]
+    plans = [plan_step(lengths[s:s + 2000], max_tokens=8192, world_size=16)
+             for s in range(0, 5000, 2000)]
+    assert got["steps"] == 3 and got["micro_batches"] == [min(p.m for p in plans),
+                                                          max(p.m for p in plans)]
+    assert got["cost_imbalance"][1] == pytest.approx(max(p.imbalance for p in plans))
+    r = CliRunner().invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"),
+                                 "--step-plan", "16"])
+    assert r.exit_code != 0 and "WORLD:MAX_TOKENS" in r.output
+    r = CliRunner().invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"), "-L", "4096",
+                                 "--step-plan", "16:2048"])
+    assert r.exit_code != 0 and "> max_tokens 2,048" in r.output

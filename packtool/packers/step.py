@@ -107,15 +107,19 @@ def _first_fit(units, tokens, costs, docs, n_bins, max_tokens, max_docs, bin_of,
 
 @njit
 def _improve(units, tokens, costs, docs, n_bins, max_tokens, max_docs, bin_of, cost, rounds):
-    """Up to ``rounds`` times, the move or swap of units between the costliest bin and
-    another that lowers the costlier of the two most, within both bins' room."""
+    """Up to ``rounds`` times (until the costliest bin is within 0.1% of the mean), the
+    move or swap of units between the costliest bin and another that lowers the costlier of
+    the two most, within both bins' room."""
     fill = np.zeros(n_bins, np.int64)
     count = np.zeros(n_bins, np.int64)
     for u in units:
         fill[bin_of[u]] += tokens[u]
         count[bin_of[u]] += docs[u]
+    mean = cost.sum() / n_bins
     for _ in range(rounds):
         h = np.argmax(cost)
+        if cost[h] <= mean * (1 + 1e-3):  # even to 0.1%: what is left is not worth a scan
+            return
         best, bu, bv, bb = 0.0, -1, -1, -1
         for u in units:
             if bin_of[u] != h:
@@ -179,7 +183,7 @@ def _plan(order, tokens, costs, docs, world_size, m, max_tokens, max_docs, slot_
                 or _first_fit(units, tokens, costs, docs, m, max_tokens, max_docs, bin_of,
                               cost)):
             return False
-        _improve(units, tokens, costs, docs, m, max_tokens, max_docs, bin_of, cost, 16 * m)
+        _improve(units, tokens, costs, docs, m, max_tokens, max_docs, bin_of, cost, 2 * m)
         slot = np.empty(m, np.int64)
         slot[np.argsort(-cost, kind="mergesort")] = slot_order
         for u in units:
