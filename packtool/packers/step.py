@@ -100,8 +100,7 @@ def _deal(units, tokens, costs, docs, n_bins, max_tokens, max_docs, bin_of, cost
 
 @njit
 def _first_fit(units, tokens, costs, docs, n_bins, max_tokens, max_docs, bin_of, cost):
-    """First fit decreasing by tokens: where the cost-led deal finds no room, the tightest
-    packing of the rank's units into its ``n_bins`` (a few dozen: a scan each)."""
+    """First fit decreasing by tokens, where the cost-led deal finds no room (tighter)."""
     fill = np.zeros(n_bins, np.int64)
     count = np.zeros(n_bins, np.int64)
     cost[:] = 0.0
@@ -232,11 +231,9 @@ class StepLayout:
     tokens: np.ndarray
     costs: np.ndarray
     docs: np.ndarray
-    aligned: np.ndarray
 
     def imbalance(self, values: np.ndarray) -> float:
-        """max / mean over ranks of a [world_size, m] array summed per rank (1.0 when all
-        are 0)."""
+        """max / mean over ranks of a [world_size, m] array summed per rank (1.0 if all 0)."""
         per_rank = values.sum(axis=1)
         mean = per_rank.mean()
         return float(per_rank.max() / mean) if mean > 0 else 1.0
@@ -347,7 +344,7 @@ def plan_lengths(lengths, *, max_tokens: int, world_size: int, groups=None, alig
     shape, n_mb = (world_size, m), world_size * m
     return StepLayout(mb, m, np.bincount(mb, aligned, n_mb).astype(np.int64).reshape(shape),
                       np.bincount(mb, costs, n_mb).reshape(shape),
-                      np.bincount(mb, minlength=n_mb).reshape(shape), aligned)
+                      np.bincount(mb, minlength=n_mb).reshape(shape))
 
 
 def slot_order(m: int, pipeline_order: bool) -> np.ndarray:
@@ -366,8 +363,8 @@ def _micro_batch_count(micro_batches, order, utok, ucost, udocs, world_size, max
     """Deal at the given count, or (``"auto"``) at the smallest multiple of ``multiple_of``
     that fits, from the bound up: +1 step twice, then doubling steps, then a bisection."""
     def fits(m):
-        return _plan(order, utok, ucost, udocs, world_size, m, max_tokens, cap,
-                     slot_order(m, pipeline_order), mb_of)
+        so = slot_order(m, pipeline_order)
+        return _plan(order, utok, ucost, udocs, world_size, m, max_tokens, cap, so, mb_of)
 
     if micro_batches != "auto":
         m = _int("micro_batches", micro_batches, 1, 'or "auto"')
