@@ -410,3 +410,22 @@ def test_stats_step_plan_gives_the_plans_figures(tmp_path):
     r = CliRunner().invoke(cli, ["stats", "--lengths", str(tmp_path / "l.npy"), "-L", "4096",
                                  "--step-plan", "16:2048"])
     assert r.exit_code != 0 and "> max_tokens 2,048" in r.output
+
+
+def test_verl_signature_adapter_all_reduces_the_count(tmp_path):
+    """With a data-parallel group (gloo, one process here) the count goes through
+    all_reduce(MAX) as verl's does, then min_num_micro_batch and the pipeline multiple."""
+    torch = pytest.importorskip("torch")
+    dist = torch.distributed
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed unavailable or already initialised")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        lengths = np.full(12, 100)
+        batch = _verl_batch(torch, lengths, 128)
+        _, index = rearrange_micro_batches(batch, 400, dp_group=dist.group.WORLD,
+                                           min_num_micro_batch=5, num_batches_divided_by=2)
+        assert len(index) == 6 and sorted(sum(index, [])) == list(range(12))
+    finally:
+        dist.destroy_process_group()
