@@ -31,10 +31,10 @@ permutation drawn from ``seed``: the same inputs and seed give the same plan on 
 Measured (``python scripts/bench_plan_step.py``; CPU ms a call on a shared 2-core machine;
 max/mean rank attention cost at M micro-batches per rank, verl 0.9.1's in brackets):
 
-    lognormal, 8,192 x 64 ranks      2.6 ms   1.0000 at M 13  (verl 1.0445 at M 14, 4.8 s)
-    lognormal, 65,536 x 512 ranks   27 ms     1.0000 at M 13  (verl 1.0283 at M 14, 51 s)
-    squad11-384, 65,536 x 512       32 ms     1.0001 at M 6   (verl 1.0012 at M 6)
-    GRPO x16 groups, 65,536 x 512    7.4 ms   1.0053 at M 5   (verl 1.1763 at M 5)
+    lognormal, 8,192 x 64 ranks      2.5 ms   1.0000 at M 13  (verl 1.0445 at M 14, 5.9 s)
+    lognormal, 65,536 x 512 ranks   25 ms     1.0000 at M 13  (verl 1.0283 at M 14, 46 s)
+    squad11-384, 65,536 x 512       31 ms     1.0001 at M 6   (verl 1.0012 at M 6)
+    GRPO x16 groups, 65,536 x 512    8.6 ms   1.0053 at M 5   (verl 1.1763 at M 5)
 
 Tokens are balanced less (1.015-1.086 max/mean against verl's 1.000-1.05): the cost is what
 is balanced, and attention, not tokens, is what differs between ranks of equal tokens.
