@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PacktoolError
+from ..formats.packed.batching import collate_numpy
 from ..formats.packed.layout import derive_aligned
 from ..packers.step import check_lengths, plan_lengths
-from ..formats.packed.batching import collate_numpy
 
 
 @dataclass
