@@ -15,6 +15,9 @@
 - :mod:`.which`: which step and rank a record lands in, and what a step holds.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
   path (``packtool conformance``).
+- :mod:`.attention`: ``attn_implementation="packtool"``, a varlen kernel fed by the row's
+  boundaries, chosen once per process; :mod:`.prepare`: ``prepare_model``, which sets it and
+  proves it on a packed row.
 """
 
 from .batching import collate_numpy

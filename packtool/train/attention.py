@@ -256,8 +256,11 @@ def packtool_attention(module, query, key, value, attention_mask, scaling=None, 
     -> ([B, T, H, D], None), attention within each segment of ``cu_seq_lens_q`` over the
     flattened row, through :func:`kernel_for`'s kernel."""
     import torch
-    from torch.nn.attention.flex_attention import BlockMask
 
+    try:
+        from torch.nn.attention.flex_attention import BlockMask
+    except ImportError:  # torch < 2.5: no FlexAttention, so no BlockMask to be given
+        BlockMask = ()
     b, h, t, d = query.shape
     flex_mask = attention_mask if isinstance(attention_mask, BlockMask) else None
     if attention_mask is not None and flex_mask is None:
