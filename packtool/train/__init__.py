@@ -16,11 +16,21 @@
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
   path (``packtool conformance``).
 - :mod:`.attention`: ``attn_implementation="packtool"``, a varlen kernel fed by the row's
-  boundaries, chosen once per process; :mod:`.prepare`: ``prepare_model``, which sets it and
-  proves it on a packed row.
+  boundaries, chosen once per process, and the CPU reference conformance checks against;
+  :mod:`.prepare`: ``prepare_model``, which sets it and proves it on a packed row.
+- :mod:`.order` (:mod:`.permute`): an epoch's steps computed one at a time from a keyed
+  permutation, never the epoch in memory.
+- :mod:`.budget` (:mod:`.budget_state`, :mod:`.by_length`, :mod:`.curriculum`): token-budget
+  steps (``tokens_per_step=T``): rows of one slot length a step, the length drawn by a
+  curriculum.
+- :mod:`.shape`: the rank/world-size checks every sampler shares.
+- :mod:`.which_mixture`: :mod:`.which` for a mixture.
+
+The cost model (:mod:`packtool.formats.packed.balance`) and the collation
+(:mod:`packtool.formats.packed.batching`) live with the packed format.
 """
 
-from .batching import collate_numpy
+from ..formats.packed.batching import collate_numpy
 from .cp import cp_shard
 from .mixture import MixtureSampler
 from .preference import dpo_loss, sequence_logps, sequence_rewards
