@@ -73,6 +73,26 @@ def test_a_layer_without_boundaries_is_refused_not_whole_row():
                               cu_seq_lens_q=torch.tensor([0, 10], dtype=torch.int32))
 
 
+def test_transformers_builds_no_mask_for_it():
+    """Packed position ids would have transformers build a dense [N, N] mask (its sdpa path:
+    +8 GB at 16k tokens); for "packtool" it builds none."""
+    import inspect
+
+    from transformers.masking_utils import create_causal_mask
+
+    model = tiny("llama")
+    at.register()
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])
+    given = {"config": model.config, "inputs_embeds": torch.zeros(1, 7, 64),
+             "input_embeds": torch.zeros(1, 7, 64), "attention_mask": None, "cache": None,
+             "past_key_values": None, "cache_position": torch.arange(7), "position_ids": pos}
+    kw = {k: v for k, v in given.items() if k in inspect.signature(create_causal_mask).parameters}
+    model.set_attn_implementation("sdpa")
+    assert create_causal_mask(**kw) is not None  # the packed rows' mask, for sdpa
+    model.set_attn_implementation("packtool")
+    assert create_causal_mask(**kw) is None
+
+
 def naive(q, k, v, cu, window=None, softcap=None, sinks=None):
     """Segment by segment, the obvious loop (q [T, H, D], k/v [T, Hkv, D])."""
     rep = q.shape[1] // k.shape[1]
