@@ -8,10 +8,10 @@ worker too)."""
 from .train.attention import attention_kernel  # noqa: F401
 from .train.attention import register as register_attention  # noqa: F401
 from .train.prepare import prepare_model  # noqa: F401
+from .train.sampler import PackSampler  # noqa: F401  (one class: a DataLoader takes it as it is)
 from .train.torch import (  # noqa: F401
     MODEL_KEYS,
     PackBatchSampler,
-    PackSampler,
     TorchPackedDataset,
     block_mask,
     collate_mds,
