@@ -13,7 +13,7 @@ from __future__ import annotations
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field, fields
 
-from . import vsl_options as _vsl
+from . import conflicts
 from .chat.sandbox import DEFAULT_MAX_RENDER_CHARS as MAX_RENDER_CHARS
 from .chat.sandbox import DEFAULT_RENDER_TIMEOUT as RENDER_TIMEOUT
 from .errors import PacktoolError
@@ -34,6 +34,32 @@ def opt(default, help: str, *flags: str, type="str", **kw):
     """A field with its command-line form (``flags`` default to ``--field-name``)."""
     return field(default=default,
                  metadata={"cli": {"flags": flags, "help": help, "type": type, **kw}})
+
+
+def parse_vsl(spec) -> tuple[int, int] | None:
+    """(MIN, MAX) of ``--vsl MIN:MAX`` (a string, or a pair from the library), checked:
+    powers of two, 1 <= MIN <= MAX < 2**31. None stays None."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        lo_s, sep, hi_s = spec.partition(":")
+        if not sep or not lo_s.strip().isdigit() or not hi_s.strip().isdigit():
+            raise PacktoolError(f"--vsl {spec!r}: give MIN:MAX, two powers of two (e.g. "
+                                "--vsl 256:8192)")
+        lo, hi = int(lo_s), int(hi_s)
+    else:
+        try:
+            lo, hi = (int(v) for v in spec)
+        except (TypeError, ValueError):
+            raise PacktoolError(f"vsl={spec!r}: give (MIN, MAX) or 'MIN:MAX'") from None
+    for name, v in (("MIN", lo), ("MAX", hi)):
+        if v < 1 or v >= 2**31 or v & (v - 1):
+            up = 1 << max(int(v) - 1, 0).bit_length()
+            raise PacktoolError(f"--vsl {lo}:{hi}: {name} {v:,} is not a power of two from 1 to "
+                                f"2**30; use {max(up >> 1, 1):,} or {min(up, 2**30):,}")
+    if lo > hi:
+        raise PacktoolError(f"--vsl {lo}:{hi}: MIN {lo:,} > MAX {hi:,}; use --vsl {hi}:{lo}")
+    return lo, hi
 
 
 @dataclass
@@ -260,12 +286,12 @@ class PackOptions:
     def __post_init__(self):
         if self.vsl is not None and self.seq_len is None:  # --vsl sets the longest row
             with suppress(PacktoolError):  # check() says what is wrong with it
-                object.__setattr__(self, "seq_len", _vsl.parse_vsl(self.vsl)[1])
+                object.__setattr__(self, "seq_len", parse_vsl(self.vsl)[1])
 
     @property
     def vsl_bounds(self) -> tuple[int, int] | None:
         """(MIN, MAX) of --vsl, or None."""
-        return _vsl.parse_vsl(self.vsl)
+        return parse_vsl(self.vsl)
 
     @property
     def alignment(self) -> int:
@@ -327,10 +353,23 @@ class PackOptions:
             raise PacktoolError(f"--group-docs must be a positive number of documents, got "
                                 f"{self.group_docs!r}")
         self.check_alignment()
-        if self.vsl is not None:
-            bad = _vsl.vsl_conflicts(self)
-            if bad:
-                raise PacktoolError(f"--vsl {self.vsl}: " + "; ".join(bad))
+        if self.vsl is not None and self.seq_len != self.vsl_bounds[1]:
+            raise PacktoolError(f"--seq-len {self.seq_len:,} is not --vsl's MAX "
+                                f"{self.vsl_bounds[1]:,} (a vsl row holds at most MAX tokens): "
+                                f"drop --seq-len or pass --seq-len {self.vsl_bounds[1]}")
+        conflicts.check(self.features())
+
+    def features(self) -> set[str]:
+        """The features of :mod:`packtool.conflicts` these options turn on."""
+        on = {"vsl": self.vsl is not None, "align": self.alignment > 1,
+              "max_docs": self.max_docs is not None, "algo": self.algo != "bfd",
+              "packer_limits": any(v is not None for v in (self.max_depth, self.work_limit,
+                                                           self.time_limit)),
+              "truncate": self.overflow == "truncate", "drop": self.overflow == "drop",
+              "group_docs": self.group_docs is not None, "balance": self.balance != "none",
+              "share_prompt": self.share_prompt,
+              "holdout": bool(self.valid_docs or self.valid_fraction)}
+        return {name for name, used in on.items() if used}
 
     def check_alignment(self) -> None:
         """--align and the options it derives from: positive integers, combined sensibly,
@@ -349,6 +388,13 @@ class PackOptions:
                                 "sequence parallelism does): add --sequence-parallel, or drop "
                                 "--tp")
         k = self.alignment
+        from .formats.packed.schema import MAX_ALIGN
+
+        if k >= MAX_ALIGN:
+            raise PacktoolError(
+                f"alignment {k:,} ({self.alignment_source()}) is not below {MAX_ALIGN:,}, the "
+                "largest a packed dataset records (its readers refuse more): use a smaller "
+                "--align (the lcm of --align, 2 x --cp, --tp and 16 for --fp8 is what counts)")
         if self.pad_id is not None and k == 1:
             raise PacktoolError("--pad-id is the id of alignment pads: give it with --align "
                                 "(or --cp/--tp/--fp8), or drop it")

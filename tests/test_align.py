@@ -250,7 +250,7 @@ def test_collate_max_docs_gives_a_fixed_length(corpus, tmp_path):
                                             "max_docs 3"):
         collate_numpy([ds[short], ds[0]], max_docs=3) if len(ds.segments(short)[2]) <= 3 \
             else collate_numpy([ds[0], ds[0]], max_docs=3)
-    with pytest.raises(PacktoolError, match="pad_multiple's row pad"):
+    with pytest.raises(PacktoolError, match="collate max_docs=K x collate pad_multiple"):
         collate_numpy([ds[0]], max_docs=4, pad_multiple=64)
 
 

@@ -9,7 +9,8 @@ import pytest
 from packtool.formats import packed, tokens
 from packtool.pack import entries
 
-DOC = (Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md").read_text()
+DOC_DIR = Path(__file__).resolve().parent.parent / "docs"
+DOC = (DOC_DIR / "FORMAT.md").read_text()
 # `name` spans outside fenced blocks (whose ``` would pair with the wrong backticks)
 QUOTED = set(re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", DOC, flags=re.S)))
 
@@ -164,3 +165,14 @@ def test_every_measured_row_has_its_command():
     missing = {s for row in rows for s in re.findall(r"scripts/(\w+\.py)", row)
                if not (ROOT / "scripts" / s).is_file()}
     assert not missing, missing
+
+
+def test_conflict_table_is_the_one_in_the_docs():
+    """docs/PIPELINE.md shows packtool.conflicts' table as it is, row for row."""
+    from packtool import conflicts
+
+    page = (DOC_DIR / "PIPELINE.md").read_text()
+    assert conflicts.markdown() in page
+    rows = [r for r in page.split("## Which options combine")[1].split("\n## ")[0].splitlines()
+            if r.startswith("| ") and not r.startswith("| Together")]
+    assert len(rows) == len(conflicts.CONFLICTS)

@@ -167,7 +167,7 @@ def test_shared_rows_refuse_varlen_and_block_mask_keeps_siblings_apart(pairs):
     ds = open_packed(dirs[True, "tokens"])
     batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
                               for k, v in ds[0].items()}])
-    with pytest.raises(PacktoolError, match="cu_seq_lens.*mask='4d'"):
+    with pytest.raises(PacktoolError, match="cu_seqlens.*mask='4d'"):
         model_inputs(batch)
     from torch.nn.attention.flex_attention import flex_attention
 

@@ -15,12 +15,11 @@ import packtool
 from packtool.cli import cli
 from packtool.errors import PacktoolError
 from packtool.formats.packed import index_digest, open_packed
-from packtool.options import PackOptions
+from packtool.options import PackOptions, parse_vsl
 from packtool.pack.plan import plan_pack
 from packtool.pack.vsl import cut, vsl_packs
 from packtool.stats import stats
 from packtool.verify import VerifyError, verify_packed
-from packtool.vsl_options import parse_vsl
 
 
 def reference_cut(n: int, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -109,8 +108,8 @@ def test_bad_bounds_refused(spec, msg):
 
 
 @pytest.mark.parametrize("extra,msg", [
-    (["--align", "16"], "--align: not with --vsl"), (["--max-docs", "4"], "--max-docs"),
-    (["--algo", "ffd"], "--algo ffd: --vsl packs its remnants with bfd"),
+    (["--align", "16"], "--vsl x alignment"), (["--max-docs", "4"], "--max-docs"),
+    (["--algo", "ffd"], "--vsl x --algo other than bfd: --vsl packs its remnants with bfd"),
     (["-L", "4096"], "--seq-len 4,096 is not --vsl's MAX 2,048"),
     (["--overflow", "drop"], "--overflow drop"), (["--group-docs", "10"], "--group-docs"),
     (["--balance", "attention"], "--balance attention"), (["--vsl", "100:2048"], "power of two")])

@@ -56,21 +56,6 @@ class GroupSegments:
         return self.doc[index], self.offset[index]
 
 
-def refuse_options(options: PackOptions, factors: list[float]) -> None:
-    """What a grouped pack cannot do, refused by name (each would break a group apart or
-    change its rows' shape)."""
-    given = [name for name, on in (
-        ("repeat factors or target shares", any(f != 1 for f in factors)),
-        ("--valid-docs/--valid-fraction", options.valid_docs or options.valid_fraction),
-        ("--group-docs", options.group_docs), ("--max-docs", options.max_docs),
-        (f"alignment ({options.alignment_source()})", options.alignment > 1),
-        ("--vsl (it cuts sequences into chunks)", options.vsl_bounds is not None)) if on]
-    if given:
-        raise PacktoolError(f"pairs and groups are packed whole, one item a group: "
-                            f"{', '.join(given)} cannot be used with them yet; drop "
-                            f"{'it' if len(given) == 1 else 'them'}")
-
-
 def group_lengths(lengths: np.ndarray, table: GroupTable, share: bool) -> np.ndarray:
     """Each group's tokens as the packer sees it (one item a group): the sum of its
     sequences, or with ``share`` its prompt once plus each completion (``stats`` predicts

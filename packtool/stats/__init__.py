@@ -102,29 +102,31 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
     share = options.pop("share_prompt", False)
     aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
     names = parse_algos(algos)
+    if paths:  # what pack would refuse, stats refuses the same way
+        from .. import conflicts
+
+        conflicts.check({"groups" if table is not None else "plain"}
+                        | ({"vsl"} if vsl is not None else set())
+                        | ({"share_prompt"} if share else set()))
     if paths and table is not None:  # pairs and groups: packtool.stats.groups
         from .groups import grouped_report
-
-        if vsl is not None:
-            raise PacktoolError("--vsl cuts documents into chunks; pairs and groups are packed "
-                                "whole (pack refuses --vsl for them): drop --vsl")
 
         with shown(progress):
             rep = grouped_report(lengths, table, share, seq_lens or DEFAULT_SEQ_LENS,
                                  batch_size, names, seed, options, aligned, source, overflow)
         return StatsResult(rep, lengths)  # --plot refuses it (plot_corpus)
     if share:
-        raise PacktoolError("--share-prompt shares the prompt of pairs and groups; the corpus "
-                            "holds plain documents (tokenize with --chosen-field/"
-                            "--rejected-field or --completions-field)")
+        from .. import conflicts
+
+        conflicts.check({"plain", "share_prompt"})
     if not names and (options.get("max_docs") or any(aligned.values())):
         names = ["bfd"]  # pack's default: the packs it would write, predicted
     with shown(progress):
         rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size, names, seed,
                             options, source, overflow, aligned)
     if vsl is not None:
+        from ..options import parse_vsl
         from ..pack.vsl import predict
-        from ..vsl_options import parse_vsl
 
         rep["vsl"] = predict(lengths, parse_vsl(vsl), seed)
     return StatsResult(rep, lengths)

@@ -53,6 +53,7 @@ from .._manifest import (
 FORMAT = "packtool.packed"
 VERSION = 2
 ALIGNED_VERSION = 3  # version 2 plus the alignment keys: written only for aligned datasets
+MAX_ALIGN = 2**20  # an alignment K is below this (pack refuses more, naming it)
 GROUPED_VERSION = 4  # version 2 plus pairs/groups (seg_group, seg_role, "groups")
 VSL_VERSION = 4      # version 2 plus the vsl key: written only for pack --vsl datasets
 READABLE = (1, 2, 3, 4)
@@ -245,7 +246,7 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
 _PARALLEL = obj({"cp": nullable(count(1)), "tp": nullable(count(1)),
                  "sequence_parallel": boolean(), "fp8": boolean()})
 ALIGN_KEYS = {  # version 3 only: an aligned dataset
-    "align": Key(count(2, 2**20), "K: every segment padded to a multiple of K in its row"),
+    "align": Key(count(2, MAX_ALIGN), "K: every segment padded to a multiple of K in its row"),
     "pad_id": Key(count(), "the token id of the alignment pads"),
     "parallel": Key(_PARALLEL, "what set K: cp, tp (null if not given), sequence_parallel, "
                     "fp8"),
