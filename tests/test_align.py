@@ -184,11 +184,14 @@ def test_verify_refuses_an_alignment_edited(corpus, aligned, tmp_path):
     import shutil
 
     for change, match in (({"align": 64}, "longer than seq_len|n_align_tokens"),
-                          ({"pad_id": 5000}, "pad_id 5,000 is outside the id space")):
+                          ({"pad_id": 5000}, "pad_id 5,000 is outside the id space"),
+                          ({"parallel": {"cp": 16, "tp": None, "sequence_parallel": False,
+                                         "fp8": False}}, "cp needs a multiple of 32"),
+                          ({"version": 2}, "version 2 with the alignment keys")):
         out = tmp_path / str(change)
         shutil.copytree(aligned, out)
         _rewrite(out, **change)
-        with pytest.raises(VerifyError, match=match):
+        with pytest.raises(PacktoolError, match=match):  # a VerifyError or the reader's
             verify_packed(out, [corpus])
 
 

@@ -243,3 +243,18 @@ def test_torch_dataset_pads_rows_to_their_slot(packed):
         real = ds.packed[i]["input_ids"].size
         assert ex["position_ids"][:real].tolist() == ds.packed[i]["position_ids"].tolist()
     assert packtool.open_packed(d / "p").vsl == (256, 2048)
+
+
+def test_validator_refuses_a_max_that_is_not_seq_len(packed, tmp_path):
+    """vsl.max edited to 2x seq_len (digest recomputed) was accepted, issue 38."""
+    import shutil
+
+    d, _ = packed
+    bad = tmp_path / "bad"
+    shutil.copytree(d / "whole", bad)
+    idx = json.loads((bad / "index.json").read_text())
+    idx["vsl"]["max"] = 2 * idx["seq_len"]
+    idx["index_sha256"] = index_digest(idx)
+    (bad / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(PacktoolError, match="disagrees with seq_len"):
+        verify_packed(bad)

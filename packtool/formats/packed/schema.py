@@ -279,6 +279,31 @@ V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["toke
 SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC, 4: V4_SPEC}
 
 
+def disagreement(index: dict) -> str | None:
+    """What in an index (its digest recomputed, so consistent-looking) contradicts itself, or
+    None: alignment keys outside version 3 (an aligned dataset relabelled version 2 would be
+    served unaligned), a K that the parallel sizes it records do not divide into, a --vsl MAX
+    that is not seq_len."""
+    version = int(index["version"])
+    stray = sorted(k for k in ALIGN_KEYS if k in index)
+    if stray and version != ALIGNED_VERSION:
+        return (f"version {version} with the alignment keys {', '.join(stray)} (an aligned "
+                f"dataset is version {ALIGNED_VERSION})")
+    if version == ALIGNED_VERSION:
+        k, par = int(index["align"]), index["parallel"]
+        need = [("cp", 2 * par["cp"]) if par["cp"] else None,
+                ("tp", par["tp"]) if par["tp"] and par["sequence_parallel"] else None,
+                ("fp8", 16) if par["fp8"] else None]
+        bad = [f"{name} needs a multiple of {m}" for name, m in filter(None, need) if k % m]
+        if bad:
+            return f"align {k} disagrees with parallel {par}: {'; '.join(bad)}"
+    vsl = index.get("vsl") if version == VSL_VERSION else None
+    if vsl and (vsl["max"] != index["seq_len"] or vsl["min"] > vsl["max"]):
+        return (f"vsl min {vsl['min']:,} max {vsl['max']:,} disagrees with seq_len "
+                f"{index['seq_len']:,} (a --vsl dataset's seq_len is its MAX, MIN <= MAX)")
+    return None
+
+
 def alignment(index: dict) -> tuple[int, int]:
     """(K, pad id) of a dataset: (1, 0) but in version 3 (the key is read nowhere else)."""
     if int(index["version"]) != ALIGNED_VERSION:
