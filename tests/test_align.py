@@ -213,6 +213,7 @@ def test_stats_predicts_the_packs_pack_writes(corpus, tmp_path, k):
     squad = load_histogram_csv(reference_histogram("squad11-384"))
     write_token_corpus(tmp_path / "squad", squad, vocab_size=500)
     for prefix, seq_len in ((corpus, 1024), (tmp_path / "squad", 512)):
+        plain = stats([str(prefix)], seq_lens=[seq_len], algos="bfd").report["seq_lens"][0]
         for extra in ({"align": k}, {"max_docs": 4}, {"align": k, "max_docs": 8}):
             rep = stats([str(prefix)], seq_lens=[seq_len], **extra).report["seq_lens"][0]
             row = rep["algos"][0]
@@ -223,6 +224,8 @@ def test_stats_predicts_the_packs_pack_writes(corpus, tmp_path, k):
             if "align" in extra:
                 assert rep["align_tokens"] == res.counts["n_align_tokens"]
                 assert row["packs_unaligned"] <= row["packs"]
+                # compared with the plain packs, not the capped ones (issue 38)
+                assert row["packs_unaligned"] == plain["algos"][0]["packs"]
             if "max_docs" in extra:
                 assert row["packs_uncapped"] <= row["packs"]
                 ds = open_packed(out)

@@ -13,9 +13,10 @@ tokens is ceil(n / L) segments), so every figure describes the pipeline ``pack``
 ``algos`` runs each registered packer on the segments (nothing is written; the same call as
 ``pack``, so ``packs`` equals what ``pack`` writes with the same options and seed) and ranks
 them by packs, then time. Kernels are compiled before the clock starts (``compile_seconds``
-says how long that took). The packing factor p (segments per pack) drives the advice: a
-packed batch holds p times as many sequences, so divide the batch size (or accumulation
-steps) by p to keep sequences per optimizer step, or, for small p, keep the batch and use
+says how long that took). The packing factor p (sequences per pack, :mod:`packtool.metrics`)
+drives the advice: a packed batch holds p times as many sequences, so divide the batch size
+(or accumulation steps) by p to keep sequences per optimizer step, or, for small p, keep the
+batch and use
 beta := beta ** p for Adam/LAMB (Krell et al., 2021).
 """
 

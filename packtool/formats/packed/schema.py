@@ -226,7 +226,8 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
     "lp_converged": Key(nullable(boolean()), "whether that LP converged, or null"),
     "best_bound_packs": Key(count(), "max of the valid bounds"),
     "gap_to_best_bound_percent": Key(number(), "packs above the best bound, %"),
-    "packing_factor": Key(number(0), "segments per pack"),
+    "packing_factor": Key(number(0), "sequences per pack (a shared prompt is a segment, no "
+                          "sequence)"),
     "cost_ratio": Key(number(1), "the grid of the shards' cost_classes (see "
                       "packtool.formats.packed.costs)", optional=True),
     "attention_imbalance": Key(nullable(number(0)), "max/mean pack attention cost over "
