@@ -16,8 +16,7 @@ them by packs, then time. Kernels are compiled before the clock starts (``compil
 says how long that took). The packing factor p (sequences per pack, :mod:`packtool.metrics`)
 drives the advice: a packed batch holds p times as many sequences, so divide the batch size
 (or accumulation steps) by p to keep sequences per optimizer step, or, for small p, keep the
-batch and use
-beta := beta ** p for Adam/LAMB (Krell et al., 2021).
+batch and use beta := beta ** p for Adam/LAMB (Krell et al., 2021).
 """
 
 from __future__ import annotations
