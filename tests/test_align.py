@@ -187,7 +187,7 @@ def test_verify_refuses_an_alignment_edited(corpus, aligned, tmp_path):
                           ({"pad_id": 5000}, "pad_id 5,000 is outside the id space"),
                           ({"parallel": {"cp": 16, "tp": None, "sequence_parallel": False,
                                          "fp8": False}}, "cp needs a multiple of 32"),
-                          ({"version": 2}, "version 2 with the alignment keys")):
+                          ({"version": 2}, "version 2 with the keys align")):
         out = tmp_path / str(change)
         shutil.copytree(aligned, out)
         _rewrite(out, **change)

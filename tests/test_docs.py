@@ -176,3 +176,14 @@ def test_conflict_table_is_the_one_in_the_docs():
     rows = [r for r in page.split("## Which options combine")[1].split("\n## ")[0].splitlines()
             if r.startswith("| ") and not r.startswith("| Together")]
     assert len(rows) == len(conflicts.CONFLICTS)
+
+
+def test_every_packed_version_is_listed_with_its_keys():
+    """docs/FORMAT.md's table of packed versions: one row per version, naming the keys that
+    make its layout (packtool.formats.packed.schema.VERSION_KEYS)."""
+    from packtool.formats.packed.schema import READABLE, VERSION_KEYS
+
+    rows = {int(m.group(1)): m.group(0) for m in re.finditer(r"^\| (\d) \|.*$", DOC, re.M)}
+    assert set(rows) == set(READABLE)
+    for v, keys in VERSION_KEYS.items():
+        assert all(f"`{k}`" in rows[v] for k in keys), (v, rows[v])

@@ -54,7 +54,7 @@ OPTIONS = {
     "link": ("--copy", {("megatron", "corpus")}),  # link=False is --copy
 }
 RECORDS = {"corpus": "documents", "packed": "packs"}
-# pairs and groups (token and packed format version 4): a format whose rows can name each
+# pairs and groups (tokens version 4, packed 5): a format whose rows can name each
 # sequence's group and role carries them (mds, parquet: seq_group, seq_role beside the
 # segments); the others would hand a trainer chosen and rejected alike as text to learn,
 # so they are refused, by name, with the reason
