@@ -86,7 +86,7 @@ def test_stats_cli_on_groups_and_options_pack_refuses(groups):
     assert "80 groups" in r.output and f"{len(corpus):,} sequences" in r.output
     assert "stored once (--share-prompt)" in r.output
     r = run("stats", corpus.prefix, "-L", "1024", "--max-docs", "4")
-    assert r.exit_code != 0 and "--max-docs cannot be used with them" in r.output
+    assert r.exit_code != 0 and "pairs and groups x --max-docs" in r.output
 
 
 def test_share_prompt_on_plain_documents_is_refused(tmp_path):

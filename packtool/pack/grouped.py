@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import conflicts
 from ..errors import PacktoolError
 from ..formats.tokens.groups import GroupTable
 from ..packers import run_packer
@@ -72,10 +73,7 @@ def group_overflow(overflow: str) -> str:
     """What ``--overflow`` does to pairs and groups, which are never cut: "drop" (dropped and
     counted) or "refuse" (the default ``split`` too); ``truncate`` is refused by name."""
     if overflow == "truncate":
-        raise PacktoolError(
-            "--overflow truncate cuts documents, and a pair or group is never cut (a "
-            "sequence without its end, or a prompt without its completions): over-long "
-            "groups are refused, or dropped and counted with --overflow drop")
+        conflicts.check({"groups", "truncate"})
     return "drop" if overflow == "drop" else "refuse"
 
 

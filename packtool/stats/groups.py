@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import PacktoolError
+from .. import conflicts
 from ..metrics import packing_factor
 from .corpus import corpus_report
 
-UNSUPPORTED = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
+ALIGNING = ("align", "cp", "tp", "sequence_parallel", "fp8")
 
 
 def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size: int,
@@ -23,11 +23,8 @@ def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size
     seq_len, the groups over it and whether ``pack`` refuses there."""
     from ..pack.grouped import group_lengths, group_overflow
 
-    given = [k for k in UNSUPPORTED if aligned.get(k) or options.get(k)]
-    if given:
-        raise PacktoolError(f"pairs and groups are packed whole, one item a group: "
-                            f"{', '.join('--' + k.replace('_', '-') for k in given)} cannot be "
-                            "used with them yet (pack refuses it too); drop it")
+    conflicts.check({"groups"} | ({"max_docs"} if options.get("max_docs") else set())
+                    | ({"align"} if any(aligned.get(k) for k in ALIGNING) else set()))
     overflow = group_overflow(overflow)  # what pack does: "drop" or "refuse"
     items = group_lengths(lengths, table, share)
     rep = corpus_report(items, seq_lens, batch_size, algos, seed, options, source, "drop")
