@@ -26,11 +26,11 @@ import packtool  # noqa: E402
 from packtool import conflicts  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
 from packtool.formats.packed import open_packed  # noqa: E402
+from packtool.formats.packed.batching import collate_numpy  # noqa: E402
 from packtool.pack import pack_corpus  # noqa: E402
 from packtool.tokenize import TokenizeOptions, tokenize_files  # noqa: E402
 from packtool.torch import block_mask, model_inputs  # noqa: E402
 from packtool.train import sequence_logps  # noqa: E402
-from packtool.train.batching import collate_numpy  # noqa: E402
 from packtool.train.cp import cp_shard  # noqa: E402
 
 VOCAB, L, ALIGN, MAX_ALIGN = 2048, 512, 8, 2**20

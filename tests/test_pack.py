@@ -10,11 +10,11 @@ from conftest import TOKENIZER, slow, write_jsonl
 import packtool
 from packtool.cli import cli
 from packtool.formats.packed import open_packed
+from packtool.formats.packed.batching import collate_numpy as collate
 from packtool.pack import pack_corpus
 from packtool.pack.plan import make_segments
 from packtool.packers import PACKERS
 from packtool.tokenize import TokenizeOptions, tokenize_files
-from packtool.train.batching import collate_numpy as collate
 from packtool.verify import VerifyError, verify_packed
 
 
@@ -139,9 +139,9 @@ def test_refuses_existing_output_and_unknown_version(tmp_path, corpus):
     pack_corpus(sources(corpus), tmp_path / "p", 64, overwrite=True)
     assert open_packed(tmp_path / "p").seq_len == 64
     idx = json.loads((tmp_path / "p" / "index.json").read_text())
-    idx["version"] = 5
+    idx["version"] = 6
     (tmp_path / "p" / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(packtool.FormatError, match="packtool.packed version 5 is not supported"):
+    with pytest.raises(packtool.FormatError, match="packtool.packed version 6 is not supported"):
         open_packed(tmp_path / "p")
 
 

@@ -12,6 +12,16 @@ that path, and a bucket is written the same way as a folder (:mod:`packtool.stor
     bucket s3://b/OUT    no rename: jobs publish straight to OUT (.packtool-plan.json vouches
                          for their objects until an index does), index.json put last: the
                          commit; entries, the marker and leftovers of ours removed after it
+
+Modules: :mod:`.plan` the plan from lengths, :mod:`.segments` documents cut into segments
+(``--overflow``), :mod:`.vsl` ``--vsl`` cutting, :mod:`.grouped` the plan of pairs and
+groups, :mod:`.mixture` mixtures and held-out splits from lengths, :mod:`.selection` their
+draws as bitmaps (``--group-docs``), :mod:`.order` the packs' output order (shuffle,
+``--balance attention``), :mod:`.flow` the plan turned into jobs and an index,
+:mod:`.jobs` one shard's job, :mod:`.groups` the jobs of ``--group-docs``,
+:mod:`.entries` what a finished job records, :mod:`.tasks` the jobs run against the
+output, :mod:`.meta` index.json's keys besides the format's, :mod:`.result` what
+``pack`` reports.
 """
 
 from __future__ import annotations
@@ -35,7 +45,8 @@ from .._progress import shown
 from ..errors import PacktoolError, listing
 from ..executors import Jobs, RunOptions, finished_jobs, run_jobs
 from ..formats._manifest import manifest_text
-from ..formats.packed import INDEX, VALID, index, read_index
+from ..formats.packed import INDEX, VALID, index
+from ..formats.packed.files import dataset_files, ours_hidden
 from ..storage import default_options, is_url
 from ..storage.output import Output
 from .flow import SourceCheck, open_sources, plan_flow, plan_sources, with_targets
@@ -82,34 +93,6 @@ def owned(folder, place=None) -> None:
                             f"{place.folder} holds files that are not part of the packed "
                             f"dataset it holds ({listing(extra)}); move them away or choose "
                             "another --out")
-
-
-def dataset_files(place) -> set[str]:
-    """Every file a packed dataset's index.json lists (and its held-out split's, under
-    valid/), relative to its folder; the index is validated (format, schema, digest)."""
-    idx = read_index(place.folder, place)
-    names = {INDEX} | {f["name"] for sh in idx["shards"] for f in sh["files"].values()}
-    if idx.get("held_out"):
-        valid = read_index(place.sub(VALID).folder, place.sub(VALID))
-        names |= {f"{VALID}/{n}" for n in
-                  {INDEX} | {f["name"] for sh in valid["shards"] for f in sh["files"].values()}}
-    return names
-
-
-_HIDDEN = ("(?:valid/)?\\.(?:shard|group)-[0-9]+\\.(?:entry\\.json|lock)|\\.packtool[-.].*")
-
-
-def ours_hidden(place, name: str) -> bool:
-    """packtool's own hidden files: locally a lock file shaped as its locks are or a dead
-    run's temporary (:func:`packtool._temps.left_by_us`); in a bucket, the lock objects,
-    the plan marker and job entries of a run in progress (vouched for by the marker)."""
-    import re
-
-    if not place.remote:
-        from .._temps import left_by_us
-
-        return left_by_us(Path(place.path(name)))
-    return re.fullmatch(_HIDDEN, name) is not None
 
 
 def staging_dir(out: Path, digest: str, run: RunOptions) -> Path:

@@ -22,6 +22,9 @@ boundaries), so each is written, checked and resumed alone; concatenating the pa
 (and .mask) gives a one-part run's file byte for byte. Versions 1 and 2 stay readable.
 
 Zero-length documents keep their entry, so document index = input record index.
+
+``groups.py``: a corpus of pairs or groups, its group structure checked and laid out for
+the packer.
 """
 
 from .corpus import (

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import conflicts
-from ..errors import PacktoolError
+from ... import conflicts
+from ...errors import PacktoolError
 
 IGNORE_INDEX = -100
 # input_ids get pad_id; positions computed; a pad is in no group, no sequence, no completion
