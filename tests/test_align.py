@@ -186,7 +186,7 @@ def test_verify_refuses_an_alignment_edited(corpus, aligned, tmp_path):
     for change, match in (({"align": 64}, "longer than seq_len|n_align_tokens"),
                           ({"pad_id": 5000}, "pad_id 5,000 is outside the id space"),
                           ({"parallel": {"cp": 16, "tp": None, "sequence_parallel": False,
-                                         "fp8": False}}, "cp needs a multiple of 32"),
+                                         "fp8": False}}, "need a multiple of 32"),
                           ({"version": 2}, "version 2 with the keys align")):
         out = tmp_path / str(change)
         shutil.copytree(aligned, out)

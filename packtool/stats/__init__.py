@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import conflicts
 from .._progress import shown
 from ..errors import PacktoolError
 from ..storage import is_url, kind_of
@@ -106,23 +107,16 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
     share = options.pop("share_prompt", False)
     aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
     names = parse_algos(algos)
-    if paths:  # what pack would refuse, stats refuses the same way
-        from .. import conflicts
-
-        conflicts.check({"groups" if table is not None else "plain"}
-                        | ({"vsl"} if vsl is not None else set())
-                        | ({"share_prompt"} if share else set()))
-    if paths and table is not None:  # pairs and groups: packtool.stats.groups
+    grouped = bool(paths) and table is not None  # what pack would refuse, refused alike:
+    conflicts.check({"groups" if grouped else "plain"} | ({"vsl"} if vsl and grouped else set())
+                    | ({"share_prompt"} if share else set()))
+    if grouped:  # pairs and groups: packtool.stats.groups
         from .groups import grouped_report
 
         with shown(progress):
             rep = grouped_report(lengths, table, share, seq_lens or DEFAULT_SEQ_LENS,
                                  batch_size, names, seed, options, aligned, source, overflow)
         return StatsResult(rep, lengths)  # --plot refuses it (plot_corpus)
-    if share:
-        from .. import conflicts
-
-        conflicts.check({"plain", "share_prompt"})
     if not names and (options.get("max_docs") or any(aligned.values())):
         names = ["bfd"]  # pack's default: the packs it would write, predicted
     with shown(progress):

@@ -288,6 +288,14 @@ VERSION_KEYS = {  # the keys that make each version's layout (docs/FORMAT.md, te
     2: (), 3: tuple(ALIGN_KEYS), 4: tuple(VSL_KEYS), 5: ("groups",)}
 
 
+def parallel_alignment(cp, tp, sequence_parallel, fp8) -> int:
+    """The alignment the parallel sizes need: the lcm of 2 x cp, tp under sequence
+    parallelism and 16 for fp8 (1: none)."""
+    from math import lcm
+
+    return lcm(2 * cp if cp else 1, tp if tp and sequence_parallel else 1, 16 if fp8 else 1)
+
+
 def disagreement(index: dict) -> str | None:
     """What in an index (its digest recomputed, so consistent-looking) contradicts itself, or
     None: alignment keys outside version 3 (an aligned dataset relabelled version 2 would be
@@ -304,14 +312,10 @@ def disagreement(index: dict) -> str | None:
         if version > VERSION and not any(k in index for k in VERSION_KEYS[version]) and not (
                 version == VSL_VERSION and "groups" in index):
             return f"version {version} without its keys {', '.join(VERSION_KEYS[version])}"
-    if version == ALIGNED_VERSION:
-        k, par = int(index["align"]), index["parallel"]
-        need = [("cp", 2 * par["cp"]) if par["cp"] else None,
-                ("tp", par["tp"]) if par["tp"] and par["sequence_parallel"] else None,
-                ("fp8", 16) if par["fp8"] else None]
-        bad = [f"{name} needs a multiple of {m}" for name, m in filter(None, need) if k % m]
-        if bad:
-            return f"align {k} disagrees with parallel {par}: {'; '.join(bad)}"
+    if version == ALIGNED_VERSION and int(index["align"]) % (
+            m := parallel_alignment(**index["parallel"])):
+        return (f"align {index['align']} disagrees with parallel {index['parallel']}: they "
+                f"need a multiple of {m}")
     vsl = index.get("vsl") if version == VSL_VERSION else None
     if vsl and (vsl["max"] != index["seq_len"] or vsl["min"] > vsl["max"]):
         return (f"vsl min {vsl['min']:,} max {vsl['max']:,} disagrees with seq_len "
