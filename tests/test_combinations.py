@@ -78,7 +78,7 @@ def world(tmp_path_factory):
 PACKS = st.fixed_dictionaries({  # weighted toward what packs: most of the time goes to reading
     "corpus": st.sampled_from(["plain", "plain", "pairs", "groups"]),
     "seq_len": st.sampled_from([L] * 5 + [1]),
-    "align": st.sampled_from([None, None, ALIGN, ALIGN, MAX_ALIGN]),
+    "align": st.sampled_from([None, None, ALIGN, "cp", "fp8", MAX_ALIGN]),
     "max_docs": st.sampled_from([None, None, 3]), "vsl": st.sampled_from([None] * 4 + ["16:512"]),
     "share_prompt": st.sampled_from([False, False, True]),
     "overflow": st.sampled_from(["split"] * 4 + ["truncate", "drop"]),
@@ -104,7 +104,8 @@ def packed(world, p: dict):
     key = tuple(sorted(p.items()))
     if key not in cache:
         seq_len = p["align"] if p["align"] == MAX_ALIGN else p["seq_len"]
-        opts = {k: v for k, v in p.items() if k not in ("corpus", "seq_len") and v}
+        opts = {k: v for k, v in p.items() if k not in ("corpus", "seq_len", "align") and v}
+        opts.update({"cp": {"cp": 4}, "fp8": {"fp8": True}}.get(p["align"], {"align": p["align"]}))
         if p["vsl"]:
             seq_len = None
         if p["align"]:
@@ -157,7 +158,7 @@ def exact_or_refused(world, p: dict, r: dict) -> None:
     limit = (p["align"] == MAX_ALIGN  # the readers' limit on the alignment
              or (p["seq_len"] == 1 and not p["vsl"] and (
                  p["overflow"] == "drop" or p["corpus"] != "plain"))  # nothing left
-             or (p["align"] == ALIGN and p["seq_len"] % ALIGN))
+             or (p["align"] and p["seq_len"] == 1))  # not a multiple of the alignment
     ds, err = packed(world, p)
     if found or limit:
         assert err is not None, f"packed though {[c.name for c in found]} / a limit"
@@ -170,7 +171,7 @@ def exact_or_refused(world, p: dict, r: dict) -> None:
 
 
 def read(world, ds, p: dict, r: dict) -> None:
-    groups, aligned = p["corpus"] != "plain", bool(p["align"])
+    groups, aligned = p["corpus"] != "plain", bool(p["align"])  # to 8 (--cp 4) or 16
     if r["per_segment"] and not r["pad_multiple"]:
         r = {**r, "per_segment": False}  # a value error (no multiple), not a combination
     if r["collate_per_segment"] and not r["collate_multiple"]:
