@@ -4,6 +4,7 @@
     packs = packtool.assign_packs(corpus.lengths, 4096)     # pack id per document
     ds = packtool.open_packed("out/packed")                 # after `packtool pack`
     row = packtool.collate_numpy([ds[0], ds[1]])            # one [1, N] varlen row
+    plan = packtool.plan_step(lengths, max_tokens=16384, world_size=8)  # inside an RL step
 
 Everything loads on first use, so ``packtool --help`` starts without numba, scipy, pyarrow.
 
@@ -51,6 +52,8 @@ _LAZY = {
     "open_packed": "formats.packed",
     "PackedReader": "formats.packed",
     "collate_numpy": "formats.packed.batching",
+    "plan_step": "train.step",
+    "StepPlan": "train.step",
     "assign_packs": "packers",
     "run_packer": "packers",
     "PackerOptions": "packers",

@@ -43,6 +43,7 @@ from .corpus import (
     corpus_report,
     parse_algos,
     seq_len_report,
+    step_plan_report,
 )
 from .packed import packed_report
 from .render import plot_corpus, render_corpus, render_packed
@@ -67,6 +68,15 @@ class StatsResult:
 
             text += "\n" + "\n".join(vsl_lines(v, v["n_tokens"])).replace(
                 "  vsl", ("" if self.report["kind"] == "packed" else "predicted: ") + "vsl", 1)
+        sp = self.report.get("step_plan")
+        if sp:
+            text += (f"\nstep plan ({sp['steps']} step(s) of {sp['sequences_per_step']:,} "
+                     f"sequences, {sp['world_size']} ranks, micro-batches of "
+                     f"{sp['max_tokens']:,} tokens): {sp['micro_batches'][0]}-"
+                     f"{sp['micro_batches'][1]} micro-batches per rank, rank attention cost "
+                     f"max/mean {sp['cost_imbalance'][0]:.4f} (worst {sp['cost_imbalance'][1]:.4f})"
+                     f", tokens {sp['token_imbalance'][0]:.4f}, "
+                     f"{sp['ms_per_plan']:.1f} ms a plan")
         return text
 
     def to_json(self) -> dict:
@@ -74,7 +84,23 @@ class StatsResult:
 
 
 def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_size: int = 8,
-          algos: str | None = None, progress: bool = False, **options) -> StatsResult:
+          algos: str | None = None, progress: bool = False, step_plan: str | None = None,
+          **options) -> StatsResult:
+    """:func:`report`, and with ``step_plan`` ("WORLD:MAX_TOKENS[:SEQS]") the lengths planned
+    as training steps (:func:`step_plan_report`)."""
+    result = report(paths, lengths_file, seq_lens, batch_size, algos, progress, **options)
+    if step_plan is not None:
+        if result.report["kind"] == "packed" or "groups" in result.report:
+            raise PacktoolError("--step-plan plans plain sequences from their lengths: pass "
+                                "token files of documents or --lengths (a corpus of pairs or "
+                                "groups: packtool.plan_step(lengths, groups=...) in the step)")
+        result.report["step_plan"] = step_plan_report(result.lengths, step_plan,
+                                                      options.get("seed", 0))
+    return result
+
+
+def report(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_size: int = 8,
+           algos: str | None = None, progress: bool = False, **options) -> StatsResult:
     """``packtool stats``: a packed directory, token-file prefixes, or a lengths file.
     ``options``: seed, overflow, share_prompt (pairs and groups: packtool.stats.groups), the
     packer options (max_depth, work_limit, max_docs...) and the alignment (align, cp, tp,

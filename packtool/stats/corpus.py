@@ -278,3 +278,37 @@ def advice(packing_factor: float, batch_size: int) -> str:
         text += (f"; or keep the batch and set beta1 := 0.9^p = {0.9 ** p:.4f}, "
                  f"beta2 := 0.999^p = {0.999 ** p:.5f} (Adam/LAMB)")
     return text + "."
+
+
+def step_plan_report(lengths: np.ndarray, spec: str, seed: int = 0) -> dict:
+    """``--step-plan WORLD:MAX_TOKENS[:SEQS]``: the lengths planned as training steps of SEQS
+    sequences (default: all of them in one step) over WORLD ranks, micro-batches of at most
+    MAX_TOKENS tokens (:mod:`packtool.packers.step`, what ``packtool.plan_step`` computes):
+    micro-batches per rank, max/mean rank attention cost and tokens (mean and worst over the
+    steps), and the CPU time of one plan (the kernels' loading or compiling not counted)."""
+    from ..packers.step import plan_lengths
+
+    parts = spec.split(":")
+    try:
+        world, max_tokens, *rest = (int(p.replace(",", "")) for p in parts)
+        per_step = rest[0] if rest else len(lengths)
+    except ValueError:
+        world = -1
+    if len(parts) not in (2, 3) or world < 1 or max_tokens < 1 or per_step < 1:
+        raise PacktoolError(f"--step-plan {spec!r}: give WORLD:MAX_TOKENS[:SEQS], e.g. "
+                            "--step-plan 64:16384 (64 ranks, micro-batches of 16,384 tokens) "
+                            "or 64:16384:8192 (steps of 8,192 sequences)")
+    figures = []
+    plan_lengths(np.ones(1, np.int64), max_tokens=1, world_size=1)  # load the kernels first
+    for start in range(0, len(lengths), per_step):
+        t = time.process_time()
+        p = plan_lengths(lengths[start:start + per_step], max_tokens=max_tokens,
+                         world_size=world, seed=seed)
+        figures.append((p.m, p.imbalance(p.costs), p.imbalance(p.tokens),
+                        time.process_time() - t))
+    m, cost, tok, cpu = (np.array(f, np.float64) for f in zip(*figures, strict=True))
+    return {"world_size": world, "max_tokens": max_tokens, "sequences_per_step": per_step,
+            "steps": len(figures), "micro_batches": [int(m.min()), int(m.max())],
+            "cost_imbalance": [float(cost.mean()), float(cost.max())],
+            "token_imbalance": [float(tok.mean()), float(tok.max())],
+            "ms_per_plan": float(cpu.mean() * 1e3)}

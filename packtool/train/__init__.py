@@ -9,6 +9,9 @@
 - :mod:`.state`: one state for every step rule (fixed packs, token budget, mixture) and one
   reader that refuses a forged one: counts, step and positions as the rule computes them.
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
+- :mod:`.step`: ``plan_step``, an RL step's micro-batches planned from lengths (groups whole,
+  the same count on every rank), with restore/check and the loss weights; verl's
+  ``rearrange_micro_batches`` signature.
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.preference`: ``sequence_logps`` (each sequence's summed completion log-probability
   in a packed batch of pairs or groups), ``dpo_loss``, ``sequence_rewards`` (a row's
