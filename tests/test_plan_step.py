@@ -11,8 +11,8 @@ import pytest
 
 import packtool
 from packtool.errors import PacktoolError
+from packtool.formats.packed.batching import collate_numpy
 from packtool.packers import step as kernels
-from packtool.train.batching import collate_numpy
 from packtool.train.cp import cp_shard
 from packtool.train.step import StepPlan, plan_step, rearrange_micro_batches
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PacktoolError
+from ..formats.packed.batching import collate_numpy
 from ..formats.packed.layout import derive_aligned
 from ..packers.step import check_lengths, plan_lengths
-from .batching import collate_numpy
 
 
 @dataclass
@@ -135,7 +135,7 @@ class StepPlan:
 
     def row(self, token_ids, rank: int, m: int, pad_id: int = 0) -> dict:
         """Micro-batch ``m`` of ``rank`` as one padding-free ``[1, N]`` row, through
-        :func:`~packtool.train.batching.collate_numpy` (its keys: input_ids, labels,
+        :func:`~packtool.formats.packed.batching.collate_numpy` (its keys: input_ids, labels,
         position_ids, cu_seq_lens_q/k, max_length_q/k, seq_idx; cu_seqlens_padded where
         ``align`` > 1; cu_seq_lens of max_docs + 1 entries under ``max_docs``).
         ``token_ids``: the step's sequences, one 1-D array (or list) each, in its order."""
