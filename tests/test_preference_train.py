@@ -13,6 +13,7 @@ from conftest import TOKENIZER, write_jsonl  # noqa: E402
 from synth import make_documents  # noqa: E402
 
 import packtool  # noqa: E402
+import packtool.torch  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
 from packtool.formats.packed import open_packed  # noqa: E402
 from packtool.pack import pack_corpus  # noqa: E402
@@ -188,6 +189,30 @@ def test_shared_rows_refuse_varlen_and_block_mask_keeps_siblings_apart(pairs):
     for a, b in siblings:
         assert not m[np.ix_(seg == a, seg == b)].any()
     assert m[np.ix_(seg == siblings[0][0], seg == sp[siblings[0][0]])].all()
+
+
+@pytest.mark.slow
+def test_shared_rows_through_packtool_attention_with_their_block_mask(pairs):
+    """attn_implementation="packtool" (packtool.torch.prepare_model): shared-prompt rows take
+    block_mask(batch) (FlexAttention), plain rows model_inputs(batch) (varlen), and both give
+    each sequence's log-probability as it is alone."""
+    corpus, dirs = pairs
+    model = tiny_llama(int(corpus.meta["vocab_size"]))
+    want = alone(model, corpus)
+    packtool.torch.prepare_model(model)
+    got = packed_logps(model, dirs[False, "tokens"])
+    ds = open_packed(dirs[True, "tokens"])
+    for i in range(len(ds)):
+        batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
+                                  for k, v in ds[i].items()}])
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                           attention_mask=block_mask(batch), use_cache=False).logits
+        shared = sequence_logps(logits, batch)
+        assert all(abs(float(shared[k]) - float(want[k])) < TOL for k in shared)
+        got.update({k: v for k, v in shared.items() if k not in got})
+    assert set(got) == set(want)
+    assert max(abs(float(got[k]) - float(v)) for k, v in want.items()) < TOL
 
 
 def test_bad_arguments_are_refused_by_name(pairs):

@@ -19,8 +19,10 @@
 - :mod:`.which`: which step and rank a record lands in, and what a step holds (one dataset
   or a mixture); :mod:`.records` names a document's input file and record.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
-  path (``packtool conformance``); :mod:`.attention` the reference attention it checks
-  against on CPU (what varlen flash attention and a document-causal mask compute).
+  path (``packtool conformance``).
+- :mod:`.attention`: ``attn_implementation="packtool"``, a varlen kernel fed by the row's
+  boundaries, chosen once per process, and the CPU reference conformance checks against;
+  :mod:`.prepare`: ``prepare_model``, which sets it and proves it on a packed row.
 - :mod:`.order` (:mod:`.permute`): an epoch's steps computed one at a time from a keyed
   permutation, never the epoch in memory.
 - :mod:`.budget` (:mod:`.by_length`, :mod:`.curriculum`): token-budget

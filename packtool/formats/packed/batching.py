@@ -141,9 +141,9 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     the pads with their segment.
 
     ``max_docs=K`` (``pack --max-docs K``): cu_seq_lens_q/k (and cu_seqlens_padded) have
-    exactly B x K + 1 entries for B packs, the last offset repeated (empty segments, which
-    varlen kernels skip): one shape for the whole run, as CUDA graphs need. A pack of more
-    than K segments is refused.
+    B x K + 1 entries for B packs (the last offset repeated: empty segments, which varlen kernels
+    skip), max_length_q/k the longest pack's length (a bound; an int that changes per batch is a
+    recompile per batch, ms-swift #9798): one shape for a run of packs padded to one length.
     """
     if not examples:
         raise PacktoolError("collate needs at least one example")
@@ -173,6 +173,7 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     seq_idx = np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None, :]
     if max_docs is not None:
         cu, cup = (_fixed(c, len(examples) * max_docs) for c in (cu, cup))
+        max_len = max(len(ex["input_ids"]) for ex in examples)  # a bound: one value, one compile
     row = {k: v[None, :] for k, v in flat.items()}
     row.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len,
                max_length_k=max_len, seq_idx=seq_idx)
