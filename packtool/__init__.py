@@ -14,7 +14,7 @@ checks every import, lazy ones included)::
 
     0  packtool errors
     1  _crc _io _signals _locks _temps _atomic _numba _progress seeds bounds lengths metrics
-       vsl_options chat
+       conflicts chat
     2  storage
     3  sources
     4  formats
@@ -28,8 +28,8 @@ checks every import, lazy ones included)::
 - 1: no packtool concepts: ``_crc`` crc32, ``_io`` reads and digests, ``_signals`` Ctrl-C
   and SIGTERM, ``_locks``/``_temps``/``_atomic`` the local commit (lock, temporary names,
   rename), ``_numba`` every numba option and compile, ``_progress`` progress bars, ``seeds``
-  the random streams, ``bounds``/``lengths``/``metrics`` packing arithmetic, ``vsl_options``
-  the --vsl parameters, ``chat`` chat templates.
+  the random streams, ``bounds``/``lengths``/``metrics`` packing arithmetic, ``conflicts``
+  which features cannot be used together (one table), ``chat`` chat templates.
 - 2: ``storage``: local folders and buckets behind one interface.
 - 3: ``sources``: the input readers (txt, jsonl, parquet, pairs and groups).
 - 4: ``formats``: packtool's own formats (``tokens``, ``packed``), each with schema, writer,

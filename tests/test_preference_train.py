@@ -168,7 +168,7 @@ def test_shared_rows_refuse_varlen_and_block_mask_keeps_siblings_apart(pairs):
     ds = open_packed(dirs[True, "tokens"])
     batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
                               for k, v in ds[0].items()}])
-    with pytest.raises(PacktoolError, match="cu_seq_lens.*mask='4d'"):
+    with pytest.raises(PacktoolError, match="cu_seqlens.*mask='4d'"):
         model_inputs(batch)
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -272,3 +272,31 @@ def test_a_rows_attention_cost_is_what_its_mask_computes(pairs):
             n = int(batch["input_ids"].shape[1])
             assert costs[i] == 2 * int(m.sum()) - n, (share, i)
         verify_packed(dirs[share, "tokens"])
+
+
+def test_one_version_one_layout_and_old_pairs_still_read(pairs, tmp_path):
+    """Pairs are version 5 (they were version 4, the number --vsl has, issue 38); a dataset of
+    pairs written as version 4 reads as it did, and a version 4 with both keys is refused."""
+    import json
+    import shutil
+
+    from packtool.formats.packed import index_digest
+
+    src = pairs[1][True, "tokens"]
+    assert open_packed(src).index["version"] == 5
+    old = tmp_path / "v4"
+    shutil.copytree(src, old)
+    idx = json.loads((old / "index.json").read_text())
+    idx["version"] = 4
+    idx["index_sha256"] = index_digest(idx)
+    (old / "index.json").write_text(json.dumps(idx))
+    a, b = open_packed(src), open_packed(old)
+    for k, v in a[0].items():
+        assert np.array_equal(np.asarray(v), np.asarray(b[0][k])), k
+    verify_packed(old)
+    idx["vsl"] = {"min": 256, "max": 512, "rows": {}, "n_remnant_rows": 0,
+                  "n_remnant_tokens": 0, "n_slot_tokens": 0}
+    idx["index_sha256"] = index_digest(idx)
+    (old / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(PacktoolError, match="one version, one layout"):
+        open_packed(old)

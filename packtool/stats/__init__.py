@@ -13,10 +13,10 @@ tokens is ceil(n / L) segments), so every figure describes the pipeline ``pack``
 ``algos`` runs each registered packer on the segments (nothing is written; the same call as
 ``pack``, so ``packs`` equals what ``pack`` writes with the same options and seed) and ranks
 them by packs, then time. Kernels are compiled before the clock starts (``compile_seconds``
-says how long that took). The packing factor p (segments per pack) drives the advice: a
-packed batch holds p times as many sequences, so divide the batch size (or accumulation
-steps) by p to keep sequences per optimizer step, or, for small p, keep the batch and use
-beta := beta ** p for Adam/LAMB (Krell et al., 2021).
+says how long that took). The packing factor p (sequences per pack, :mod:`packtool.metrics`)
+drives the advice: a packed batch holds p times as many sequences, so divide the batch size
+(or accumulation steps) by p to keep sequences per optimizer step, or, for small p, keep the
+batch and use beta := beta ** p for Adam/LAMB (Krell et al., 2021).
 
 Modules: :mod:`.corpus` the corpus report and the packers compared, :mod:`.packed` a packed
 dataset's report, :mod:`.groups` a corpus of pairs or groups, :mod:`.render` the reports as
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import conflicts
 from .._progress import shown
 from ..errors import PacktoolError
 from ..storage import is_url, kind_of
@@ -132,29 +133,24 @@ def report(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch
     share = options.pop("share_prompt", False)
     aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
     names = parse_algos(algos)
-    if paths and table is not None:  # pairs and groups: packtool.stats.groups
+    grouped = bool(paths) and table is not None  # what pack would refuse, refused alike:
+    conflicts.check({"groups" if grouped else "plain"} | ({"vsl"} if vsl and grouped else set())
+                    | ({"share_prompt"} if share else set()))
+    if grouped:  # pairs and groups: packtool.stats.groups
         from .groups import grouped_report
-
-        if vsl is not None:
-            raise PacktoolError("--vsl cuts documents into chunks; pairs and groups are packed "
-                                "whole (pack refuses --vsl for them): drop --vsl")
 
         with shown(progress):
             rep = grouped_report(lengths, table, share, seq_lens or DEFAULT_SEQ_LENS,
                                  batch_size, names, seed, options, aligned, source, overflow)
         return StatsResult(rep, lengths)  # --plot refuses it (plot_corpus)
-    if share:
-        raise PacktoolError("--share-prompt shares the prompt of pairs and groups; the corpus "
-                            "holds plain documents (tokenize with --chosen-field/"
-                            "--rejected-field or --completions-field)")
     if not names and (options.get("max_docs") or any(aligned.values())):
         names = ["bfd"]  # pack's default: the packs it would write, predicted
     with shown(progress):
         rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size, names, seed,
                             options, source, overflow, aligned)
     if vsl is not None:
+        from ..options import parse_vsl
         from ..pack.vsl import predict
-        from ..vsl_options import parse_vsl
 
         rep["vsl"] = predict(lengths, parse_vsl(vsl), seed)
     return StatsResult(rep, lengths)

@@ -126,9 +126,9 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
 def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed: int = 0,
                   algo_options: dict | None = None, align: int = 1) -> list[dict]:
     """Run each packer on the segments as ``pack`` would (rounded up to ``align``); kernels
-    compiled before timing. With ``align`` > 1 each row also gives the packs without the
-    alignment (``packs_unaligned``), with ``max_docs`` those without the cap
-    (``packs_uncapped``): what each costs in packs."""
+    compiled before timing. With ``align`` > 1 each row also gives the plain packs, neither
+    aligned nor capped (``packs_unaligned``), with ``max_docs`` those without the cap, aligned
+    as asked (``packs_uncapped``): what each costs in packs."""
     from .._numba import compile_seconds
     from .._progress import shown
     from ..formats.packed.balance import step_imbalance
@@ -185,8 +185,9 @@ def _costs_of(real, seg_lengths, seq_len: int, algo: str, opts, align: int) -> d
     from ..packers import run_packer
 
     out = {}
-    if align > 1:
-        out["packs_unaligned"] = run_packer(real, seq_len, algo, opts).report.n_packs
+    if align > 1:  # plain: neither the alignment nor the cap
+        out["packs_unaligned"] = run_packer(real, seq_len, algo, replace(
+            opts, max_docs=None)).report.n_packs
     if opts.max_docs:
         out["packs_uncapped"] = run_packer(seg_lengths, seq_len, algo, replace(
             opts, max_docs=None)).report.n_packs
