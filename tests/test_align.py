@@ -195,6 +195,22 @@ def test_verify_refuses_an_alignment_edited(corpus, aligned, tmp_path):
             verify_packed(out, [corpus])
 
 
+def test_verify_refuses_a_pad_id_changed_within_the_vocabulary(corpus, aligned, tmp_path):
+    """issue 38: a pad_id moved to another id of the vocabulary, the digest recomputed, was
+    accepted (nothing contradicted it). index.json records where the id came from
+    (``pad_from``), and verify --source recomputes it from the source with its own code."""
+    import shutil
+
+    idx = json.loads((aligned / "index.json").read_text())
+    assert idx["pad_from"] in ("tokenizer", "eos")
+    assert verify_packed(aligned, [corpus]).align["pad_id"] == idx["pad_id"]
+    out = tmp_path / "p"
+    shutil.copytree(aligned, out)
+    _rewrite(out, pad_id=idx["pad_id"] + 1)
+    with pytest.raises(VerifyError, match="pad_id .* is not the"):
+        verify_packed(out, [corpus])
+
+
 def test_verify_refuses_a_pack_over_max_docs(corpus, aligned, tmp_path):
     import shutil
 

@@ -78,27 +78,29 @@ def align_entry(options: PackOptions, corpora: list, vocab: int) -> dict:
     k = options.alignment
     if k == 1:
         return {}
-    pad = options.pad_id if options.pad_id is not None else default_pad_id(corpora)
+    pad, pad_from = ((options.pad_id, "option") if options.pad_id is not None
+                     else default_pad_id(corpora))
     if pad >= vocab:
         raise PacktoolError(f"--pad-id {pad:,} is outside the sources' id space of {vocab:,} "
                             f"tokens; pass an id below {vocab:,} (the tokenizer's pad or eos)")
-    return {"align": k, "pad_id": int(pad),
+    return {"align": k, "pad_id": int(pad), "pad_from": pad_from,
             "parallel": {"cp": options.cp, "tp": options.tp,
                          "sequence_parallel": options.sequence_parallel, "fp8": options.fp8}}
 
 
-def default_pad_id(corpora: list) -> int:
-    """The id alignment pads carry when --pad-id is not given: the tokenizer's pad token
-    (its tokenizer_config.json beside the tokenizer.json the corpus recorded), else its eos
-    token, else the eos id tokenize appended (--eos). Pads are never trained on (labels
+def default_pad_id(corpora: list) -> tuple[int, str]:
+    """The id alignment pads carry when --pad-id is not given, and where it came from
+    (index.json's ``pad_from``, which ``verify --source`` recomputes): the tokenizer's pad
+    token (its tokenizer_config.json beside the tokenizer.json the corpus recorded), else its
+    eos token ("tokenizer"), else the eos id tokenize appended (--eos: "eos"). Pads are never trained on (labels
     -100) nor seen by a real token (they follow it, under a causal mask), so any id in the
     vocabulary is correct; these are the ids a model's embedding expects there."""
     meta = corpora[0].meta
     found = _config_special(meta.get("tokenizer", {}).get("path"))
     if found is not None:
-        return found
+        return found, "tokenizer"
     if meta.get("eos_id") is not None:
-        return int(meta["eos_id"])
+        return int(meta["eos_id"]), "eos"
     raise PacktoolError(
         f"--align: no pad id known for {corpora[0].prefix} (its tokenizer "
         f"{meta.get('tokenizer', {}).get('path')!r} has no readable tokenizer_config.json "

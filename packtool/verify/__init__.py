@@ -227,8 +227,14 @@ def _aligned(ds, valid, corpora) -> dict:
     """Every row of an aligned dataset (and its held-out split) laid out as
     :mod:`.aligned` defines, the tokens the sources' when given; the pads counted agree
     with index.json's ``n_align_tokens``."""
-    from .aligned import check_rows
+    from .aligned import check_rows, source_pad_id
 
+    if corpora is not None and ds.index.get("pad_from") in ("tokenizer", "eos"):
+        want = source_pad_id(corpora[0].meta, ds.index["pad_from"])
+        if want != ds.pad_id:
+            raise VerifyError(f"{ds.directory}/index.json: pad_id {ds.pad_id:,} is not the "
+                              f"{ds.index['pad_from']} pad id of {corpora[0].prefix} ({want}); "
+                              "re-run packtool pack")
     tokens = (None if corpora is None else
               lambda doc, off, length: _source_tokens(corpora, doc, off, length))
     for d in (ds, valid):

@@ -257,6 +257,10 @@ ALIGN_KEYS = {  # version 3 only: an aligned dataset
     "parallel": Key(_PARALLEL, "what set K: cp, tp (null if not given), sequence_parallel, "
                     "fp8"),
     "n_align_tokens": Key(count(), "pad tokens the alignment adds over all packs"),
+    "pad_from": Key(one_of("option", "tokenizer", "eos"), "where pad_id came from: --pad-id, "
+                    "the source tokenizer's pad (else eos) token, or tokenize's --eos id "
+                    "(verify --source recomputes the last two; absent before issue 38)",
+                    optional=True),
 }
 _VSL = obj({"min": count(1, 2**30), "max": count(1, 2**30), "rows": dict_of(count()),
             "n_remnant_rows": count(), "n_remnant_tokens": count(), "n_slot_tokens": count()})
