@@ -94,7 +94,8 @@ def default_pad_id(corpora: list) -> tuple[int, str]:
     token (its tokenizer_config.json beside the tokenizer.json the corpus recorded), else its
     eos token ("tokenizer"), else the eos id tokenize appended (--eos: "eos"). Pads are
     never trained on (labels -100) nor seen by a real token (they follow it, under a causal
-    mask), so any id in the vocabulary is correct; these are the ids a model's embedding expects there."""
+    mask), so any id in the vocabulary is correct; these are the ids a model's embedding
+    expects there."""
     meta = corpora[0].meta
     found = _config_special(meta.get("tokenizer", {}).get("path"))
     if found is not None:
