@@ -17,8 +17,8 @@ from conftest import ROOT, TOKENIZER, run, slow, write_jsonl
 from synth import make_documents
 
 import packtool
-from packtool import _locks
 from packtool.export import MARKER
+from packtool.storage import flock as _locks
 
 
 def snapshot(folder: Path) -> dict:

@@ -19,7 +19,7 @@ from .. import __version__
 from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
-from ..storage import is_url
+from ..storage import local_file
 from . import jobs as pj
 from .meta import (
     METRIC_KEYS,
@@ -66,7 +66,7 @@ def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list:
     corpora = [open_tokens(p) for p in prefixes]
     seen = set()
     for c in corpora:
-        key = c.prefix if is_url(c.prefix) else Path(c.prefix).resolve()
+        key = local.resolve() if (local := local_file(c.prefix)) else c.prefix
         if key in seen:
             raise PacktoolError(f"token files {c.prefix} given twice; to use a corpus more than "
                                 f"once give it a repeat factor ({c.prefix}:2.0) instead")
@@ -199,7 +199,7 @@ class Global:
 
     def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
         """Every shard of the plan checked (``check(job)``: its entry and files where they
-        were written, :func:`packtool.pack.tasks.check_job`);
+        were written, :func:`packtool.pack.jobs.check_job`);
         {split: (index meta without held_out, shard entries)}."""
         entries, bad = {}, []
         for i in range(len(self.shards)):

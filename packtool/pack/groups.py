@@ -163,7 +163,7 @@ def write_group(job: GroupJob, tick) -> tuple[int, bool]:
     reads the entries from where they were published, and an executor keeps every job's
     result (a group's entry holds its length histogram, ~40 KB: 0.3 B a document at
     10^5-document groups)."""
-    from .._atomic import commit_job, job_files
+    from ..storage.atomic import commit_job, job_files
 
     staging = Path(job.target.staging)
     with job_files(staging, f"group-{job.g:05d}") as tmp:

@@ -3,7 +3,6 @@ counts and figures of the plan, and per source where it is and what the packs us
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ from ..errors import PacktoolError
 from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..formats.packed.costs import COST_RATIO
 from ..metrics import histogram_metrics
-from ..storage import is_url, relative
+from ..storage import local_file, relative
 from .grouped import group_overflow
 from .plan import PackLayout, PackOptions
 
@@ -107,9 +106,9 @@ def _config_special(path) -> int | None:
     missing)."""
     import json
 
-    if not path or is_url(str(path)):
+    tok = local_file(str(path)) if path else None
+    if tok is None:
         return None
-    tok = Path(path)
     try:
         config = json.loads((tok.parent / "tokenizer_config.json").read_text())
         added = {t["content"]: int(t["id"]) for t in
@@ -213,7 +212,7 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
 
 
 def source_entry(c, folder: Path) -> dict:
-    prefix = c.prefix if is_url(c.prefix) else Path(os.path.abspath(c.prefix))
+    prefix = local_file(c.prefix) or c.prefix
     return {"prefix": str(prefix), "path": relative(prefix, folder),
             "manifest_sha256": c.file_sha256,
             "n_docs": len(c), "n_tokens": c.n_tokens, "dtype": c.dtype.name,

@@ -56,6 +56,11 @@ def local_path(path):
     return unquote("/" + rest)
 
 
+def local_file(path) -> Path | None:
+    """The local file or folder ``path`` names, absolute; None for a store's URL."""
+    return None if is_url(path) else Path(os.path.abspath(local_path(path)))
+
+
 def protocol(url: str) -> str:
     return str(url).split("://", 1)[0]
 
