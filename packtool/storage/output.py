@@ -34,7 +34,22 @@ import dataclasses
 import os
 from pathlib import Path
 
+from ..errors import PacktoolError
 from . import basename, is_url, join, local_path, parent
+from .atomic import (
+    atomic_files,
+    check_output_name,
+    check_replaceable,
+    clear_temporaries,
+    commit_dir,
+    fsync_path,
+    is_enospc,
+    no_space,
+    output_lock,
+    reclaim,
+    remove_path,
+    temp_name,
+)
 from .place import Place
 
 
@@ -109,8 +124,6 @@ class FolderOutput(Output):
         """``--out`` is a prefix, not a folder, and a name the file system can hold; the
         prefix (absolute)."""
         from ..errors import PacktoolError
-        from .atomic import check_output_name
-
         given = self.given
         if str(given).endswith(("/", "\\")) or Path(given).is_dir():
             raise PacktoolError(f"--out {given} is a directory; give a prefix inside it, e.g. "
@@ -146,8 +159,6 @@ class FolderOutput(Output):
     def lock(self, shared: bool = False):
         """The whole run's lock on the output (``shared``: the array tasks of one run hold
         it together); yields the notes of what was recovered from dead runs."""
-        from .atomic import output_lock
-
         with output_lock(self.path, shared=shared) as notes:
             yield notes
 
@@ -164,8 +175,6 @@ class FolderOutput(Output):
 
     def reclaim(self) -> list[str]:
         """What killed writers left beside the output, removed (under the run's lock)."""
-        from .atomic import reclaim
-
         return reclaim(Path(self.path))
 
     # ----------------------------------------------------------------------- a job
@@ -208,8 +217,6 @@ class FolderOutput(Output):
         place, not yet vouched for by anything: written under the run's lock and removed
         by the run's clean-up if it fails."""
         from .._io import write_new
-        from .atomic import fsync_path
-
         final = Path(self.place.path(name))
         final.parent.mkdir(exist_ok=True)
         final.unlink(missing_ok=True)
@@ -220,8 +227,6 @@ class FolderOutput(Output):
         """Small files (records, then the manifest) written together, the last one the
         commit point: one journaled commit (all or none, whatever kills the run)."""
         from .._io import create
-        from .atomic import atomic_files
-
         paths = [Path(self.place.path(n)) for n, _ in files]
         with atomic_files(paths, True, key=paths[-1]) as tmps:
             for tmp, (_, data) in zip(tmps, files, strict=True):
@@ -233,8 +238,6 @@ class FolderOutput(Output):
         """``name`` written whole unless it exists (the first of several tasks wins): True
         if this call wrote it."""
         from .._io import write_new
-        from .atomic import temp_name
-
         final = Path(self.place.path(name))
         tmp = temp_name(final)
         write_new(tmp, data.decode("utf-8"))
@@ -253,16 +256,12 @@ class FolderOutput(Output):
     def check_replaceable(self, overwrite: bool, owned, manifest: str, vouched) -> None:
         """The folder may be written: nothing is there, or (``overwrite``) what ``owned``
         proves ours."""
-        from .atomic import check_replaceable
-
         check_replaceable(Path(self.path), overwrite, owned)
 
     def staging(self, digest: str, run) -> Output:
         """Where the jobs are assembled: a temporary of this process for a local run
         (removed if it fails, reclaimed if it is killed); for Ray or array tasks a folder
         named by the plan, which every task (and a re-run, which resumes) finds."""
-        from .atomic import temp_name
-
         out = Path(self.path)
         if run.executor == "local" and run.tasks is None and not run.finalize:
             return self.sibling(temp_name(out))
@@ -273,14 +272,10 @@ class FolderOutput(Output):
         """The staging folder of this plan, ready. Another plan's staging folder is refused
         (finish it with --finalize) unless --overwrite discards it, which only a whole run
         (holding the lock alone) may do."""
-        from .atomic import reclaim, remove_path
-
         path, staging = Path(self.path), Path(target.path)
         others = [p for p in path.parent.glob(f".{path.name}.staging-*")
                   if p != staging and p.is_dir() and not p.is_symlink()]
         if others and not (overwrite and not run.one_task):
-            from ..errors import PacktoolError
-
             raise PacktoolError(
                 f"{path} is being assembled from another plan ({others[0].name}: other "
                 "sources, options or version); finish that run (the same command with "
@@ -288,14 +283,10 @@ class FolderOutput(Output):
         for p in others:
             remove_path(p)
         if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
-            from ..errors import PacktoolError
-
             raise PacktoolError(f"{staging} is a symbolic link or not a folder; packtool "
                                 f"assembles {path} only in a real folder of its own (never "
                                 "through a link): remove it, or choose another --out")
         if run.finalize and not staging.is_dir():
-            from ..errors import PacktoolError
-
             raise PacktoolError(f"--finalize: no task of this plan has run for {path} (no "
                                 f"{staging.name}); run the array tasks first (--tasks N "
                                 "--task K)")
@@ -307,8 +298,6 @@ class FolderOutput(Output):
                 keep, ours, remove_entries) -> list[str]:
         """The staging folder made the output: its ``manifest`` (name, bytes) written, the
         job entries and temporaries removed, then swapped in for the output (the commit)."""
-        from .atomic import check_replaceable, clear_temporaries, commit_dir
-
         target.put(*manifest)
         staging = Path(target.path)
         remove_entries(staging)
@@ -320,8 +309,6 @@ class FolderOutput(Output):
     def failed(self, e: BaseException, target: Output, whole_run: bool) -> None:
         """A run failing: a full disk said as such; a whole run's staging folder undone
         (nothing half-written)."""
-        from .atomic import is_enospc, no_space, remove_path
-
         if is_enospc(e):
             raise no_space(e, self.path, [target.path] if whole_run else []) from None
         if whole_run:
@@ -350,8 +337,6 @@ class BucketOutput(Output):
 
     def check_prefix(self) -> Path:
         """``--out`` is a prefix, not a folder: the prefix's name."""
-        from ..errors import PacktoolError
-
         if str(self.given).endswith("/"):
             raise PacktoolError(f"--out {self.given} ends with '/': give a prefix, e.g. "
                                 f"{self.given}corpus")
@@ -481,8 +466,6 @@ class BucketOutput(Output):
         """The output may be written: nothing is there, (``overwrite``) what ``owned``
         proves ours, or the objects of a run in progress that ``vouched(names)`` (its
         plan marker) accepts."""
-        from ..errors import PacktoolError
-
         names = {n for n in self.place.names() if not n.endswith(".lock")}
         if manifest in names:
             if not overwrite:
@@ -501,8 +484,6 @@ class BucketOutput(Output):
         --overwrite discards it), and with --overwrite the old ``manifests`` removed:
         readers stop seeing the old output."""
         import json
-
-        from ..errors import PacktoolError
 
         if run.finalize:
             return []
