@@ -568,7 +568,7 @@ def pause():
         open(ready, "w").close()
         while not os.path.exists(go):
             time.sleep(0.01)
-import packtool.pack.jobs as pj
+import packtool.pack.shards as pj
 import packtool.tokenize.stage as stage
 write_shard, run_part = pj.write_shard, stage.run_task
 def shard(job, tick):

@@ -1,17 +1,25 @@
 """``packtool pack``: token corpora -> a packed dataset, as plan, jobs, finalize.
 
-:func:`packtool.pack.plan.plan_pack` decides everything from lengths alone (pure, tested
-without disk); the shards are written as jobs (:mod:`.jobs`, :mod:`.groups`, run against the
-output by :mod:`.tasks`) by whichever executor runs them (:mod:`packtool.executors`: here, on
-Ray, or as array tasks); finalize writes ``index.json``. A local run is the one-task case of
-that path, and a bucket is written the same way as a folder (:mod:`packtool.storage.output`)::
+The plan is decided from lengths alone (pure, tested without disk); the shards are written
+as jobs by whichever executor runs them (:mod:`packtool.executors`: here, on Ray, or as array
+tasks), each through :func:`packtool.storage.write.run_job`; finalize writes ``index.json``
+and commits the output the way its kind does (:mod:`packtool.storage.output`: a local
+staging folder swapped in, or a bucket's index put last). The modules:
 
-    local folder OUT     jobs write into a staging folder beside OUT (a temporary of this
-                         process, or .OUT.staging-<digest> for Ray and array tasks); the
-                         index is written there and the folder swapped in: the commit
-    bucket s3://b/OUT    no rename: jobs publish straight to OUT (.packtool-plan.json vouches
-                         for their objects until an index does), index.json put last: the
-                         commit; entries, the marker and leftovers of ours removed after it
+    plan.py       PackOptions and plan_pack: lengths -> segments, packs, order, shards
+    segments.py   what documents become before packing (--overflow split/truncate/drop)
+    order.py      the packs' output order (seeded shuffle, --balance attention)
+    vsl.py        --vsl MIN:MAX: documents cut into power-of-two rows
+    pairs.py      preference pairs and groups: a group is one item to the packer
+    mixture.py    PREFIX:FACTOR repeats and the held-out split, from lengths alone
+    selection.py  the mixture's draws as bitmaps, for --group-docs
+    flow.py       sources opened and the plan turned into jobs: the whole corpus planned
+                  here (WholeCorpusPlan) or group by group (StreamedPlan)
+    shards.py     the shard job: its files, its entry, the task run against the output
+    streamed.py   --group-docs G: a job plans and writes one group of documents
+    entries.py    the job entries (.shard-K.entry.json, .group-G.entry.json) and their check
+    meta.py       what index.json says besides the shards: options, counts, sources
+    result.py     what pack reports
 """
 
 from __future__ import annotations
@@ -29,10 +37,10 @@ from ..formats.packed.ownership import dataset_files, ours, ours_hidden, owned
 from ..storage import default_options
 from ..storage.output import Output, open_output
 from .flow import SourceCheck, open_sources, plan_flow, plan_sources, with_targets
-from .jobs import PackTasks, check_job, run_task
 from .meta import held_out_entry
 from .plan import PackOptions
 from .result import PackResult, run_warnings
+from .shards import PackTasks, check_job, run_task
 
 __all__ = ["PackResult", "dataset_files", "open_sources", "ours_hidden", "owned", "pack",
            "pack_corpus"]

@@ -12,7 +12,7 @@ from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..formats.packed.costs import COST_RATIO
 from ..metrics import histogram_metrics
 from ..storage import local_file, relative
-from .grouped import group_overflow
+from .pairs import group_overflow
 from .plan import PackLayout, PackOptions
 
 METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
@@ -191,7 +191,7 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
     tokens = np.zeros(len(corpora), np.int64)
     docs = np.zeros(len(corpora), np.int64)
     for r in layout.rounds:
-        if hasattr(r, "group"):  # grouped: entries carry their document (packtool.pack.grouped)
+        if hasattr(r, "group"):  # grouped: entries carry their document (packtool.pack.pairs)
             src = np.searchsorted(base, r.doc, side="right") - 1
             tokens += np.bincount(src, weights=r.table_length, minlength=len(corpora)).astype(
                 np.int64)
@@ -221,7 +221,7 @@ def source_entry(c, folder: Path) -> dict:
 
 def group_index_meta(combined: dict, options: PackOptions, corpora: list, factors: list[float],
                      split: str, held_out: dict | None, folder: Path, stored: dict) -> dict:
-    """index.json's body for a dataset planned group by group (packtool.pack.groups): the
+    """index.json's body for a dataset planned group by group (packtool.pack.streamed): the
     groups' counts, histograms and per-source use added up."""
     from ..packers import PackerReport
 

@@ -12,8 +12,9 @@ each does where::
     job_lock(name)         flock, waited for                   lock object, waited for
     scratch()              the folder itself: a job commits    a scratch folder of this
                            its files in place (atomic)         process (storage.stage_out)
-    finish_job(...)        the job's result: already in place  a Tail that uploads each file,
-                                                               verified, the record last
+    finish_job(...)        the job's result: already in place  a PendingUpload: each file
+                                                               uploaded, verified, the
+                                                               record last
     put(name, data)        written whole                       one put, its size checked
     commit(files)          one journaled commit                puts in order, the last commits
     staging(...)           a staging folder beside OUT,        OUT itself, its objects vouched
@@ -36,20 +37,6 @@ from pathlib import Path
 
 from ..errors import PacktoolError
 from . import basename, is_url, join, local_path, parent
-from .atomic import (
-    atomic_files,
-    check_output_name,
-    check_replaceable,
-    clear_temporaries,
-    commit_dir,
-    fsync_path,
-    is_enospc,
-    no_space,
-    output_lock,
-    reclaim,
-    remove_path,
-    temp_name,
-)
 from .place import Place
 
 
@@ -99,9 +86,6 @@ class Output:
         """The path (or URL) of ``name`` inside the output's folder."""
         return join(self.path, name)
 
-    def _lock_name(self) -> str:
-        return f".{self.name}.lock" if self.name else ".packtool.lock"
-
     def remove(self, names) -> list[str]:
         """Remove ``names`` (relative to the place) where they exist; those removed."""
         gone = []
@@ -110,9 +94,6 @@ class Output:
                 self._remove_one(name)
                 gone.append(name)
         return gone
-
-    def put_new(self, name: str, data: bytes) -> bool:  # pragma: no cover - abstract
-        raise NotImplementedError
 
 
 class FolderOutput(Output):
@@ -123,7 +104,8 @@ class FolderOutput(Output):
     def check_prefix(self) -> Path:
         """``--out`` is a prefix, not a folder, and a name the file system can hold; the
         prefix (absolute)."""
-        from ..errors import PacktoolError
+        from .atomic import check_output_name
+
         given = self.given
         if str(given).endswith(("/", "\\")) or Path(given).is_dir():
             raise PacktoolError(f"--out {given} is a directory; give a prefix inside it, e.g. "
@@ -159,6 +141,8 @@ class FolderOutput(Output):
     def lock(self, shared: bool = False):
         """The whole run's lock on the output (``shared``: the array tasks of one run hold
         it together); yields the notes of what was recovered from dead runs."""
+        from .atomic import output_lock
+
         with output_lock(self.path, shared=shared) as notes:
             yield notes
 
@@ -175,6 +159,8 @@ class FolderOutput(Output):
 
     def reclaim(self) -> list[str]:
         """What killed writers left beside the output, removed (under the run's lock)."""
+        from .atomic import reclaim
+
         return reclaim(Path(self.path))
 
     # ----------------------------------------------------------------------- a job
@@ -192,9 +178,6 @@ class FolderOutput(Output):
     def finish_job(self, held, folder, names, record, result, *, retire=(), report=False):
         """The job's ``(result, skipped)``: its files are committed in place already."""
         return result, False
-
-    def publish(self, folder: Path, names: list[str], record: str | None, sent=None) -> None:
-        """Nothing to publish: the files are in place."""
 
     def published(self, text: str) -> None:
         """What publishing did, for the result: nothing, locally."""
@@ -217,6 +200,8 @@ class FolderOutput(Output):
         place, not yet vouched for by anything: written under the run's lock and removed
         by the run's clean-up if it fails."""
         from .._io import write_new
+        from .atomic import fsync_path
+
         final = Path(self.place.path(name))
         final.parent.mkdir(exist_ok=True)
         final.unlink(missing_ok=True)
@@ -227,6 +212,8 @@ class FolderOutput(Output):
         """Small files (records, then the manifest) written together, the last one the
         commit point: one journaled commit (all or none, whatever kills the run)."""
         from .._io import create
+        from .atomic import atomic_files
+
         paths = [Path(self.place.path(n)) for n, _ in files]
         with atomic_files(paths, True, key=paths[-1]) as tmps:
             for tmp, (_, data) in zip(tmps, files, strict=True):
@@ -238,6 +225,8 @@ class FolderOutput(Output):
         """``name`` written whole unless it exists (the first of several tasks wins): True
         if this call wrote it."""
         from .._io import write_new
+        from .atomic import temp_name
+
         final = Path(self.place.path(name))
         tmp = temp_name(final)
         write_new(tmp, data.decode("utf-8"))
@@ -256,12 +245,16 @@ class FolderOutput(Output):
     def check_replaceable(self, overwrite: bool, owned, manifest: str, vouched) -> None:
         """The folder may be written: nothing is there, or (``overwrite``) what ``owned``
         proves ours."""
+        from .atomic import check_replaceable
+
         check_replaceable(Path(self.path), overwrite, owned)
 
     def staging(self, digest: str, run) -> Output:
         """Where the jobs are assembled: a temporary of this process for a local run
         (removed if it fails, reclaimed if it is killed); for Ray or array tasks a folder
         named by the plan, which every task (and a re-run, which resumes) finds."""
+        from .atomic import temp_name
+
         out = Path(self.path)
         if run.executor == "local" and run.tasks is None and not run.finalize:
             return self.sibling(temp_name(out))
@@ -272,6 +265,8 @@ class FolderOutput(Output):
         """The staging folder of this plan, ready. Another plan's staging folder is refused
         (finish it with --finalize) unless --overwrite discards it, which only a whole run
         (holding the lock alone) may do."""
+        from .atomic import reclaim, remove_path
+
         path, staging = Path(self.path), Path(target.path)
         others = [p for p in path.parent.glob(f".{path.name}.staging-*")
                   if p != staging and p.is_dir() and not p.is_symlink()]
@@ -298,6 +293,8 @@ class FolderOutput(Output):
                 keep, ours, remove_entries) -> list[str]:
         """The staging folder made the output: its ``manifest`` (name, bytes) written, the
         job entries and temporaries removed, then swapped in for the output (the commit)."""
+        from .atomic import check_replaceable, clear_temporaries, commit_dir
+
         target.put(*manifest)
         staging = Path(target.path)
         remove_entries(staging)
@@ -309,6 +306,8 @@ class FolderOutput(Output):
     def failed(self, e: BaseException, target: Output, whole_run: bool) -> None:
         """A run failing: a full disk said as such; a whole run's staging folder undone
         (nothing half-written)."""
+        from .atomic import is_enospc, no_space, remove_path
+
         if is_enospc(e):
             raise no_space(e, self.path, [target.path] if whole_run else []) from None
         if whole_run:
@@ -363,7 +362,7 @@ class BucketOutput(Output):
             return
         from .lock import StoreLock
 
-        name = self._lock_name()
+        name = f".{self.name}.lock" if self.name else ".packtool.lock"
         with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name))):
             yield []
 
@@ -392,10 +391,10 @@ class BucketOutput(Output):
         return self.place
 
     def finish_job(self, held, folder, names, record, result, *, retire=(), report=False):
-        """The :class:`~packtool.executors.Tail` that publishes the job (``retire``: what
+        """The :class:`~packtool.executors.PendingUpload` that publishes the job (``retire``: what
         leaves first; ``report``: the result gains what was sent), holding the job's lock
         and scratch folder until then: uploaded while the next job is written."""
-        from ..executors import Tail
+        from ..executors import PendingUpload
         from .publish import Published
 
         self.remove(list(retire))
@@ -406,7 +405,7 @@ class BucketOutput(Output):
             return ({**result, "published": dataclasses.asdict(sent)} if report else result,
                     False)
 
-        return Tail(publish, held.pop_all())
+        return PendingUpload(publish, held.pop_all())
 
     def publish(self, folder: Path, names: list[str], record: str | None, sent=None) -> None:
         """A job's files (``names``, relative to ``folder``) uploaded and verified, then its

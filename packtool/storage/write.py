@@ -7,7 +7,7 @@ for every stage and wherever the output is (:class:`packtool.storage.output.Outp
                skipped (resume)
     write      into the output's scratch folder (a local folder itself: files, then the
                record, committed in place by packtool.storage.atomic)
-    finish     nothing more locally; for a bucket a Tail that uploads the files, each
+    finish     nothing more locally; for a bucket a PendingUpload that uploads the files, each
                verified, the record last, while the next job is written
 
 The job is idempotent and atomic, so the local loop, Ray tasks and array tasks run the same
@@ -28,7 +28,7 @@ def run_job(out: Output, lock: str, label: str, finished: Callable, skipped: Cal
     written (then ``skipped(result)`` gives the job's result and ticks its progress);
     else ``write(folder)`` writes it into the scratch folder and gives (file names, record
     name, result, options of :meth:`Output.finish_job`). The job's ``(result, skipped)``, or
-    for a bucket the Tail that publishes it (holding the job's lock and scratch folder)."""
+    for a bucket the PendingUpload that publishes it (holding the job's lock and scratch folder)."""
     with contextlib.ExitStack() as held:
         held.enter_context(out.job_lock(lock, label))
         done = finished()

@@ -36,8 +36,14 @@ from ..formats.tokens import (
     FORMAT,
     part_manifest_path,
     read_corpus_manifest,
-    read_part_manifest,
     verify_part_files,
+)
+from ..formats.tokens.ownership import (
+    PLAN_FORMAT,
+    our_parts,
+    plan_marker,
+    refuse_foreign,
+    retired_list,
 )
 from ..options import TokenizeOptions
 from ..storage import default_options
@@ -48,8 +54,6 @@ from .part import PartJob, check_part, finished_parts, tokenize_part
 from .plan import TokenizePlan, plan_tokenize
 from .prepare import new_run
 from .result import TokenizeResult, eos_note, group_counts, merge_engines
-
-PLAN_FORMAT = "packtool.tokens.plan"
 
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
@@ -96,8 +100,9 @@ class PartTask:
 
 def run_task(task: PartTask, tick) -> tuple[dict, bool]:
     """Make part ``task.k`` exist at the output, verified: (its manifest, True if it was
-    already finished and so skipped), or for a bucket the :class:`~packtool.executors.Tail`
-    that publishes it (it holds the part's lock and scratch folder until then). Atomic and
+    already finished and so skipped), or for a bucket the
+    :class:`~packtool.executors.PendingUpload` that publishes it (it holds the part's lock
+    and scratch folder until then). Atomic and
     idempotent; two writers of one part (array tasks) serialize on the part's lock."""
     out, plan, k = task.output(), task.plan, task.k
     part = plan.parts[k]
@@ -152,7 +157,7 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
     except BaseException:
         with contextlib.suppress(Exception):  # a store that is down: the error is the one above
             if out.place.is_file(f"{stem}.json"):  # the old manifest is there: nothing to vouch
-                out.remove([_retired(stem)])       # for
+                out.remove([retired_list(stem)])       # for
         raise
     # what killed writers (a Ray worker killed mid-part, then retried) left beside the
     # parts: removed under the run's exclusive lock, once every part is in
@@ -191,14 +196,6 @@ def _published(out: Output, manifests: dict, removed: list[str]) -> str | None:
 
 
 # ------------------------------------------------------------------------ ownership
-def _plan_file(stem: str) -> str:
-    return f".{stem}.plan.json"
-
-
-def _retired(stem: str) -> str:
-    return f".{stem}.retired.json"
-
-
 def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptions) -> None:
     """Before any data file changes: refuse what is not ours, register the plan (or find it
     the one in progress), and list the parts of a manifest being overwritten."""
@@ -214,10 +211,10 @@ def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptio
             raise PacktoolError(f"--overwrite refused: {place.path(manifest)} is not a "
                                 f"packtool token manifest ({e}); move it away if it is yours, "
                                 "or choose another --out") from None
-    _refuse_foreign_files(out, plan)
-    registered = _plan_file(stem)
+    refuse_foreign(out.place, stem, [q.name for q in plan.parts])
+    registered = plan_marker(stem)
     body = json.dumps({"format": PLAN_FORMAT, "digest": plan.digest, "n_parts": len(plan.parts),
-                       "parts": sorted(_our_names(out, stem) | {q.name for q in plan.parts})
+                       "parts": sorted(our_parts(out.place, stem) | {q.name for q in plan.parts})
                        }).encode()
     if run.one_task:  # registered whole, unless a task got there first
         out.put_new(registered, body)
@@ -244,53 +241,9 @@ def _retire(out: Output, plan: TokenizePlan) -> None:
     vouches for, so that their files stay provably ours once that manifest leaves (with
     the first new part) until the new manifest is in place."""
     stem = plan.prefix.name
-    names = sorted(_our_names(out, stem))
-    out.put(_retired(stem), json.dumps({"format": FORMAT, "parts": [
+    names = sorted(our_parts(out.place, stem))
+    out.put(retired_list(stem), json.dumps({"format": FORMAT, "parts": [
         {"name": n} for n in names]}).encode())
-
-
-def _our_names(out: Output, stem: str) -> set[str]:
-    """Part names the corpus manifest (or one retired by an interrupted --overwrite, or the
-    plan marker of a run in progress in a bucket) lists, under the prefix's current name (a
-    corpus renamed a.* -> b.* still lists a.part-...)."""
-    names: set[str] = set()
-    for name in (f"{stem}.json", _retired(stem), _plan_file(stem)):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-            meta = json.loads(out.place.read_bytes(name))
-            if meta.get("format") == PLAN_FORMAT:
-                names |= {n for n in meta.get("parts", []) if isinstance(n, str)}
-                continue
-            if meta.get("format") != FORMAT:
-                continue
-            was = (meta.get("plan") or {}).get("prefix") or stem
-            for q in meta.get("parts") or [{"name": stem}]:
-                n = q["name"]
-                if n == was or n.startswith(was + ".part-"):
-                    n = stem + n[len(was):]
-                names.add(n)
-    return names
-
-
-def _refuse_foreign_files(out: Output, plan: TokenizePlan) -> None:
-    """Data files at a part's name are ours only when a manifest of ours (the corpus's, a
-    retired one, or the part's own) vouches for them; anything else is the user's, never
-    replaced, even with --overwrite."""
-    listed, there = _our_names(out, plan.prefix.name), out.place.names()
-    for q in plan.parts:
-        found = [f"{q.name}{s}" for s in (".bin", ".boundaries", ".mask")
-                 if f"{q.name}{s}" in there]
-        if not found or q.name in listed:
-            continue
-        record = part_manifest_path(Path("."), q.name).name
-        try:
-            ours = read_part_manifest(record, out.place) is not None
-        except FormatError:
-            ours = False
-        if not ours:
-            raise PacktoolError(f"{', '.join(str(out.place.path(f)) for f in found)} exist(s) "
-                                "and no packtool manifest lists them: not a packtool output, "
-                                "so not replaced even with --overwrite; move them away or "
-                                "choose another --out")
 
 
 # ------------------------------------------------------------------------- finalize
@@ -314,7 +267,7 @@ def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
     with _signals.deferred():
         out.commit(files)
         removed = _remove_stale_parts(plan, out)
-        out.remove([_plan_file(stem), _retired(stem)])
+        out.remove([plan_marker(stem), retired_list(stem)])
     _signals.check()
     return manifest, removed
 
@@ -328,7 +281,8 @@ def _remove_stale_parts(plan: TokenizePlan, out: Output) -> list[str]:
     names = {n[1:-len(".part.json")] for n in there
              if n.startswith(f".{stem}") and n.endswith(".part.json")}
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        names |= {q["name"] for q in json.loads(out.place.read_bytes(_retired(stem)))["parts"]}
+        names |= {q["name"] for q in
+                  json.loads(out.place.read_bytes(retired_list(stem)))["parts"]}
     stale = []
     for name in sorted(names - keep):
         if name == stem or name.startswith(f"{stem}.part-"):

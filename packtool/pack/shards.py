@@ -105,7 +105,7 @@ class ShardJobs(Sequence):
         arrays = (first, *shard_segments(layout, segs, dtypes))
         groups = None
         if self.target.grouped:
-            from .grouped import shard_groups
+            from .pairs import shard_groups
 
             g, r = shard_groups(layout, segs)
             groups = {"seg_group": stored(g, dtypes["group"]), "seg_role": stored(r, "<u2")}
@@ -214,7 +214,7 @@ def remove_entries(folder: Path) -> None:
 @dataclass(frozen=True)
 class PackTask:
     """A shard or group job of the plan (``inner``), written by ``write``
-    (:func:`write_shard` or :func:`packtool.pack.groups.write_group`) to the output folder
+    (:func:`write_shard` or :func:`packtool.pack.streamed.write_group`) to the output folder
     ``path`` (picklable: a Ray worker or an array task opens the output itself)."""
 
     inner: object
