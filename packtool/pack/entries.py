@@ -17,7 +17,6 @@ name) counts as not written, named, so the job is done again.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from ..errors import FormatError
 from ..formats._manifest import (
@@ -104,16 +103,12 @@ def _made(kind: str, body: dict) -> dict:
     return body
 
 
-def read_entry(path, kind: str, place=None) -> tuple[dict | None, str]:
-    """(the entry, "") of a job entry of ``kind`` that is readable and fits its schema, else
-    (None, why): "missing", or what is wrong with it. ``place``: a
-    :class:`packtool.storage.place.Place` it is read from (``path``: its name there)."""
+def read_entry(name: str, kind: str, place) -> tuple[dict | None, str]:
+    """(the entry, "") of the job entry ``name`` of ``kind`` in ``place`` (a
+    :class:`packtool.storage.place.Place`) that is readable and fits its schema, else
+    (None, why): "missing", or what is wrong with it."""
     version, spec = _SPECS[kind]
-    if place is None:
-        from ..storage.place import Place
-
-        place, path = Place(Path(path).parent), Path(path).name
-    name, path = str(path), place.path(str(path))
+    path = place.path(name)
     try:
         if place.is_link(name):
             return None, f"{path} is a symbolic link, not an entry packtool wrote"
