@@ -6,6 +6,39 @@
     row = packtool.collate_numpy([ds[0], ds[1]])            # one [1, N] varlen row
 
 Everything loads on first use, so ``packtool --help`` starts without numba, scipy, pyarrow.
+
+Layers, bottom to top: a module imports only from its own layer or below, and no two
+packages import each other through any chain (``tests/test_layers.py`` reads this table and
+checks every import, lazy ones included)::
+
+    0  packtool errors
+    1  _crc _io _signals _numba _progress seeds bounds lengths metrics
+       vsl_options chat
+    2  storage
+    3  sources
+    4  formats
+    5  engines packers
+    6  options executors
+    7  tokenize pack stats verify export
+    8  train torch
+    9  cli __main__
+
+- 0: ``packtool`` (this file: the version, the lazy names above) and ``errors`` (PacktoolError).
+- 1: no packtool concepts: ``_crc`` crc32, ``_io`` reads and digests, ``_signals`` Ctrl-C
+  and SIGTERM, ``_numba`` every numba option and compile, ``_progress`` progress bars, ``seeds``
+  the random streams, ``bounds``/``lengths``/``metrics`` packing arithmetic, ``vsl_options``
+  the --vsl parameters, ``chat`` chat templates.
+- 2: ``storage``: local folders and buckets behind one interface, chosen once
+  (``open_output``), and the local commit (``atomic``, ``temps``, ``flock``).
+- 3: ``sources``: the input readers (txt, jsonl, parquet, pairs and groups).
+- 4: ``formats``: packtool's own formats (``tokens``, ``packed``), each with schema, writer,
+  reader and validator, and what the packed format's rows cost and how they collate.
+- 5: ``engines`` the tokenizer loader and engines; ``packers`` the packing algorithms.
+- 6: ``options`` every stage's options; ``executors`` run a stage's jobs here or on Ray.
+- 7: the stages: ``tokenize``, ``pack``, ``stats``, ``verify``, ``export``.
+- 8: ``train`` the training side (samplers, preference losses, torch), ``torch`` its public
+  name.
+- 9: ``cli`` the command line, ``__main__`` its entry point.
 """
 
 __version__ = "0.1.0"
@@ -17,7 +50,7 @@ _LAZY = {
     "TokenCorpus": "formats.tokens",
     "open_packed": "formats.packed",
     "PackedReader": "formats.packed",
-    "collate_numpy": "train.batching",
+    "collate_numpy": "formats.packed.batching",
     "assign_packs": "packers",
     "run_packer": "packers",
     "PackerOptions": "packers",

@@ -65,8 +65,44 @@ class _CompileWatch(_event.Listener):
                 self.total += time.perf_counter() - self.started
 
 
+class _SignalsHeld(_event.Listener):
+    """Ctrl-C (and SIGTERM) wait while the main thread holds numba's compiler lock, then stop
+    the run as they would have: compiling and loading cached kernels run Python inside
+    llvmlite's ctypes callbacks, where a KeyboardInterrupt is printed as an "Exception
+    ignored on calling ctypes callback function" traceback and dropped (1 Ctrl-C in 60
+    landed there) before the run stopped with the right message. Held for at most one
+    compilation (~1-2 s a kernel, milliseconds from the cache)."""
+
+    def __init__(self):
+        self.depth, self.seen, self.held = 0, 0, None
+
+    def on_start(self, event):
+        if threading.current_thread() is not threading.main_thread():
+            return  # a signal is handled in the main thread: elsewhere nothing to hold
+        self.depth += 1
+        if self.depth == 1:
+            from . import _signals
+
+            self.seen = len(_signals.received)
+            self.held = _signals.deferred()
+            self.held.__enter__()
+
+    def on_end(self, event):
+        if threading.current_thread() is not threading.main_thread() or not self.depth:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            from . import _signals
+
+            self.held.__exit__(None, None, None)
+            self.held = None
+            if len(_signals.received) > self.seen:
+                _signals.check()  # the signal that arrived meanwhile, raised here
+
+
 _WATCH = _CompileWatch()
 _event.register("numba:compile", _WATCH)
+_event.register("numba:compiler_lock", _SignalsHeld())
 
 
 @contextmanager

@@ -14,6 +14,34 @@ import contextvars
 import threading
 
 _SHOWN = contextvars.ContextVar("packtool_progress_shown", default=False)
+LOG_INTERVAL = 30.0  # seconds between a bar's lines when stderr is not a terminal
+
+
+class _Lines:
+    """stderr when it is not a terminal (a log file, a pipe, CI): every redraw a line of its
+    own, not ``\r``-joined onto one line (~60 redraws a minute made one log line of them)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").replace("\x1b[A", "").strip()
+        if text:
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _where() -> dict:
+    """tqdm's output and redraw interval: stderr redrawn twice a second on a terminal; else
+    a line when the bar starts, one every ``LOG_INTERVAL`` seconds, and one when it ends."""
+    import sys
+
+    err = sys.stderr
+    if getattr(err, "isatty", lambda: False)():
+        return {"file": err, "mininterval": 0.5}
+    return {"file": _Lines(err), "mininterval": LOG_INTERVAL, "maxinterval": LOG_INTERVAL}
 
 
 def progress_bar(total: int, desc: str, unit: str = "tok", enabled: bool = True):
@@ -24,7 +52,7 @@ def progress_bar(total: int, desc: str, unit: str = "tok", enabled: bool = True)
     from tqdm import tqdm
 
     return tqdm(total=total, unit=unit, unit_scale=True, desc=desc, dynamic_ncols=True,
-                mininterval=0.5, **({"unit_divisor": 1024} if unit == "B" else {}))
+                **_where(), **({"unit_divisor": 1024} if unit == "B" else {}))
 
 
 @contextlib.contextmanager
@@ -56,7 +84,7 @@ def activity(desc: str, unit: str | None = None, delay: float = 1.0):
     from tqdm import tqdm
 
     counted = "{n_fmt} " + unit + "s, " if unit else ""
-    bar = tqdm(total=None, desc=desc, unit=unit or "it", delay=delay, mininterval=0.5,
+    bar = tqdm(total=None, desc=desc, unit=unit or "it", delay=delay, **_where(),
                miniters=0, dynamic_ncols=True,
                bar_format="{desc}: " + counted + "{elapsed} elapsed{postfix}")
     lock, done = threading.Lock(), threading.Event()

@@ -115,6 +115,21 @@ class TokenizeOptions:
                                      ("--txt-split", self.txt_split, TXT_SPLITS)):
             if value not in allowed:
                 raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
+        fields = [(f"--{k.replace('_', '-')}", v) for k, v in (
+            ("prompt_field", self.prompt_field), ("completion_field", self.completion_field),
+            ("messages_field", self.messages_field), ("chosen_field", self.chosen_field),
+            ("rejected_field", self.rejected_field),
+            ("completions_field", self.completions_field),
+            ("rewards_field", self.rewards_field)) if v]
+        for i, (a, v) in enumerate(fields):
+            for b, w in fields[i + 1:]:
+                if v == w:
+                    raise PacktoolError(f"{a} and {b} both name the field {v!r}: each names "
+                                        "a different key of the record; give the other one")
+        if self.train_on != "assistant" and self.mode != "messages":
+            raise PacktoolError(f"--train-on {self.train_on} chooses the trained tokens of a "
+                                f"chat (--messages-field); {self.mode.replace('_', '/')} "
+                                "records train on their completions only: drop --train-on")
         if self.group_kind:
             self._check_groups()
         elif bool(self.prompt_field) != bool(self.completion_field):

@@ -13,11 +13,12 @@ key of its own::
     budget.order      [seed, 0x424f5244, epoch, L]   token-budget steps: length L's row order
     budget.length     [seed, 0x424c454e, epoch]      token-budget steps: each step's length
     stats.batches     [seed, 0x53544154]             ``stats``' random-batch padding figure
+    stats.imbalance   [seed, 0x494d4241]             ``stats``' attention-imbalance epoch
     mixture.held_out  [seed, 1, source]              kept as they were (packtool.pack.plan)
     mixture.repeats   [seed, 2, source]
 
 The keys are fixed constants (ASCII of PACK, RAND, SAMP, STAT, MIXE,
-BORD, BLEN), never derived at run time, so
+BORD, BLEN, IMBA), never derived at run time, so
 a seed gives the same numbers in every version that keeps this table.
 """
 
@@ -33,6 +34,7 @@ DOMAINS = {
     "budget.order": 0x424F5244,
     "budget.length": 0x424C454E,
     "stats.batches": 0x53544154,
+    "stats.imbalance": 0x494D4241,
     "mixture.held_out": 1,
     "mixture.repeats": 2,
 }

@@ -1,4 +1,5 @@
-"""Build fixtures/: a small BPE tokenizer trained with `tokenizers` and the demo corpus.
+"""Build fixtures/: a small BPE tokenizer trained with `tokenizers`, the demo corpus and
+64 preference pairs made from it (pairs.jsonl, for docs/training/preference.md).
 
     python scripts/make_fixtures.py           # rewrites fixtures/ deterministically
 
@@ -51,6 +52,17 @@ def write_jsonl(path: Path, docs: list[str], opener=open) -> None:
             f.write((json.dumps({"id": i, "text": d}, ensure_ascii=False) + "\n").encode())
 
 
+def write_pairs(path: Path, docs: list[str], n: int = 64) -> None:
+    """Preference pairs for the docs' preference page: a prompt (a document's first words),
+    the chosen completion (the words after them), the rejected one (another document's)."""
+    with open(path, "wb") as f:
+        for i in range(n):
+            words, other = docs[i].split(), docs[(i + 7) % len(docs)].split()
+            rec = {"prompt": " ".join(words[:16]), "chosen": " " + " ".join(words[16:48]),
+                   "rejected": " " + " ".join(other[:24])}
+            f.write((json.dumps(rec, ensure_ascii=False) + "\n").encode())
+
+
 def main() -> None:
     docs = make_documents(1220, seed=7, median_words=90, sigma=1.1, max_words=3000)
     (ROOT / "tokenizer").mkdir(parents=True, exist_ok=True)
@@ -78,6 +90,7 @@ def main() -> None:
     pq.write_table(table, corpus / "part-3.parquet", row_group_size=100)
     for i, d in enumerate(docs[1200:1220]):
         (corpus / "notes" / f"note-{i:02d}.txt").write_text(d + "\n", encoding="utf-8")
+    write_pairs(ROOT / "pairs.jsonl", docs[:64])
     print(f"wrote {ROOT}: tokenizer ({tok.get_vocab_size()} tokens), {len(docs)} documents")
 
 

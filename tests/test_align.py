@@ -19,13 +19,13 @@ import packtool
 from packtool.cli import cli
 from packtool.errors import PacktoolError
 from packtool.formats.packed import index_digest, open_packed
+from packtool.formats.packed.batching import collate_numpy
 from packtool.lengths import load_histogram_csv, reference_histogram
 from packtool.options import PackOptions
 from packtool.pack import pack_corpus
 from packtool.pack.plan import plan_pack
 from packtool.packers import PackerOptions, run_packer
 from packtool.stats import stats
-from packtool.train.batching import collate_numpy
 from packtool.verify import VerifyError, verify_packed
 
 CAPPED = ("bfd", "ffd", "sorted", "random", "sequential")

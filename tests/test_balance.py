@@ -8,11 +8,11 @@ from click.testing import CliRunner
 from synth import lognormal_lengths, write_token_corpus
 
 from packtool.cli import cli
+from packtool.formats.packed.balance import cost_classes, like_cost_order
 from packtool.options import PackOptions
 from packtool.pack.meta import imbalance
 from packtool.pack.plan import plan_pack
 from packtool.packers import assign_packs
-from packtool.train.balance import cost_classes, like_cost_order
 
 
 def heavy_tail(n=60_000):
@@ -80,7 +80,7 @@ def test_one_pack_per_rank_dealt_as_lpt_deals_it():
 
     import naive
 
-    from packtool.train.balance import balance_steps
+    from packtool.formats.packed.balance import balance_steps
 
     rng = np.random.default_rng(3)
     for world in (1, 2, 5, 8):

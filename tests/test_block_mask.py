@@ -91,7 +91,7 @@ def test_bad_batches_are_refused(change, needle):
 @pytest.mark.slow
 def test_a_transformers_model_takes_the_mask_as_its_attention_mask():
     """transformers' flex_attention implementation takes a BlockMask for ``attention_mask``:
-    a packed row then gives each document's logits (what docs/TRAINING.md shows)."""
+    a packed row then gives each document's logits (what docs/training/single-gpu.md shows)."""
     transformers = pytest.importorskip("transformers")
     # torch 2.13's CPU flex_attention, recompiled with dynamic shapes after other tests'
     # compiles (test_conformance's), emits C++ that does not build ('cur_qSplitSize8' not

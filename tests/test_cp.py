@@ -11,9 +11,9 @@ import pytest
 from synth import lognormal_lengths
 
 from packtool.errors import PacktoolError
+from packtool.formats.packed.batching import collate_numpy
 from packtool.formats.packed.layout import derive
 from packtool.train import cp_shard
-from packtool.train.batching import collate_numpy
 
 CP_SIZES = (1, 2, 4, 8)
 

@@ -173,8 +173,9 @@ def families(tmp_path_factory):
 
 @pytest.mark.slow
 def test_id_space_is_what_get_vocab_says(families, tmp_path):
-    """packtool.tokenizer.id_space reads the JSON; the reference is the library's vocabulary."""
-    from packtool.tokenizer import id_space, load_tokenizer
+    """packtool.engines.tokenizer.id_space reads the JSON; the reference is the library's
+    vocabulary."""
+    from packtool.engines.tokenizer import id_space, load_tokenizer
 
     def reference(tok):
         vocab = tok.get_vocab(with_added_tokens=True)

@@ -49,3 +49,18 @@ def test_a_file_url_of_another_host_is_refused_by_name(tmp_path):
     assert local_path("file:///a%20b/c") == "/a b/c"
     assert local_path("file://localhost/a") == "/a"
     assert local_path("s3://b/c") == "s3://b/c"
+
+
+@pytest.mark.parametrize("where", ["s3://bkt", "s3://bkt/", "gs://bkt"])
+def test_a_bucket_without_a_name_in_it_is_refused_by_name(tmp_path, where):
+    """``-o s3://bkt`` said "no filesystem for s3::// (Protocol not known: s3:)": a corpus
+    prefix or an output is a name inside a bucket, and the message says so (nothing is
+    asked of the store, so no backend or network is needed)."""
+    from conftest import run
+
+    for args in (("tokenize", CORPUS / "part-0.jsonl", "-t", TOKENIZER, "-o", where),
+                 ("pack", where, "-L", 128, "-o", tmp_path / "p")):
+        r = run(*args, catch_exceptions=False)
+        assert r.exit_code == 1 and "names a whole bucket" in r.output, r.output
+        assert "s3://bkt/NAME" in r.output or "gs://bkt/NAME" in r.output
+    assert not list(tmp_path.iterdir())

@@ -10,11 +10,11 @@ from conftest import TOKENIZER, slow, write_jsonl
 import packtool
 from packtool.cli import cli
 from packtool.formats.packed import open_packed
+from packtool.formats.packed.batching import collate_numpy as collate
 from packtool.pack import pack_corpus
 from packtool.pack.plan import make_segments
 from packtool.packers import PACKERS
 from packtool.tokenize import TokenizeOptions, tokenize_files
-from packtool.train.batching import collate_numpy as collate
 from packtool.verify import VerifyError, verify_packed
 
 

@@ -93,6 +93,8 @@ def test_bad_pair_records_name_file_and_line(tmp_path, record, match):
     ({"q": "p", "outs": ["a", 3], "r": [1, 2]}, "field 'outs[1]' is number"),
     ({"q": "p", "outs": ["a", "b"], "r": [1]}, "holds 1 rewards for 2 completions"),
     ({"q": "p", "outs": ["a"], "r": ["x"]}, "r[0] is 'x', expected a finite number"),
+    ({"q": "p", "outs": ["a"], "r": [10 ** 400]},
+     "r[0] is 100000000000... (401 chars), expected a finite number"),
 ])
 def test_bad_group_records(tmp_path, record, match):
     p = write_jsonl(tmp_path / "b.jsonl", [{"q": "p", "outs": ["a"], "r": [0]}, record])
@@ -102,7 +104,9 @@ def test_bad_group_records(tmp_path, record, match):
     r = run("tokenize", p, "-t", TOKENIZER, "-o", tmp_path / "s", "--prompt-field", "q",
             "--completions-field", "outs", "--rewards-field", "r", "--skip-bad-records", "-q")
     assert r.exit_code == 0, r.output
-    assert packtool.open_tokens(tmp_path / "s").groups["n_groups"] == 1
+    corpus = packtool.open_tokens(tmp_path / "s")
+    assert corpus.groups["n_groups"] == 1
+    assert sum(corpus.meta["inputs"][0]["skipped"].values()) == 1
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -114,6 +118,17 @@ def test_bad_group_records(tmp_path, record, match):
      "--completion-field is for SFT"),
     ({"rewards_field": "r", "chosen_field": "c", "rejected_field": "r2", "prompt_field": "p"},
      "--rewards-field goes with --completions-field"),
+    ({"chosen_field": "c", "rejected_field": "c", "prompt_field": "p"},
+     "--chosen-field and --rejected-field both name the field 'c'"),
+    ({"chosen_field": "c", "rejected_field": "r", "prompt_field": "c"},
+     "--prompt-field and --chosen-field both name the field 'c'"),
+    ({"completions_field": "f", "rewards_field": "f", "prompt_field": "p"},
+     "--completions-field and --rewards-field both name"),
+    ({"chosen_field": "c", "rejected_field": "r", "prompt_field": "p", "train_on": "all"},
+     "--train-on all chooses the trained tokens of a chat"),
+    ({"chosen_field": "c", "rejected_field": "r", "messages_field": "m", "train_on": "all"},
+     "pairs records train on their completions only"),
+    ({"prompt_field": "p", "completion_field": "p"}, "both name the field 'p'"),
 ])
 def test_option_combinations_refused(kw, match):
     with pytest.raises(PacktoolError, match=match):

@@ -190,6 +190,33 @@ def test_shared_rows_refuse_varlen_and_block_mask_keeps_siblings_apart(pairs):
     assert m[np.ix_(seg == siblings[0][0], seg == sp[siblings[0][0]])].all()
 
 
+def test_bad_arguments_are_refused_by_name(pairs):
+    """Logits of another shape or vocabulary, a reference of another batch, a beta that is
+    not a finite positive number, a FlexAttention tile of 0: each refused by name (they were
+    an IndexError, a KeyError, a ZeroDivisionError, or a NaN loss)."""
+    ds = open_packed(pairs[1][False, "tokens"])
+    batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
+                              for k, v in ds[i].items()} for i in (0, 1)])
+    n, vocab = batch["input_ids"].shape[1], int(batch["input_ids"].max()) + 1
+    for bad in (torch.zeros(n), torch.zeros(1, n - 1, vocab), torch.zeros(2, n, vocab),
+                torch.zeros(n - 3, vocab), np.zeros((n, vocab))):
+        with pytest.raises(PacktoolError, match=f"logits must be a tensor \\[1, {n}, V\\]"):
+            sequence_logps(bad, batch)
+    with pytest.raises(PacktoolError, match="logits' vocabulary"):
+        sequence_logps(torch.zeros(1, n, vocab - 1), batch)
+    logps = sequence_logps(torch.zeros(1, n, vocab), batch)
+    assert float(dpo_loss(logps, logps)) == pytest.approx(np.log(2))
+    other = {(g + 1000, r): v for (g, r), v in logps.items()}
+    with pytest.raises(PacktoolError, match="reference's sequences are not the policy's"):
+        dpo_loss(logps, other)
+    for beta in (float("nan"), float("inf"), 0.0, -0.1, True, "0.1"):
+        with pytest.raises(PacktoolError, match="beta must be a finite number > 0"):
+            dpo_loss(logps, logps, beta=beta)
+    for size in (0, -128, 1.5):
+        with pytest.raises(PacktoolError, match="block_size must be an integer >= 1"):
+            block_mask(batch, block_size=size)
+
+
 @pytest.mark.parametrize("options,says", [
     ({"vsl": "256:512", "seq_len": 512}, "--vsl"), ({"group_docs": 10}, "--group-docs"),
     ({"max_docs": 2}, "--max-docs"), ({"align": 8}, "alignment"),

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import PacktoolError
-from packtool.train.balance import group_steps
-from packtool.train.batching import collate_numpy, pad_example
+from packtool.formats.packed.balance import group_steps
+from packtool.formats.packed.batching import collate_numpy, pad_example
 from packtool.train.sampler import PackSampler, attention_costs, balance_steps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +160,7 @@ class StoredClasses:
     sampler must deal from them without reading any pack's segments to start."""
 
     def __init__(self, costs, tmp_path):
-        from packtool.train.balance import CostClasses
+        from packtool.formats.packed.balance import CostClasses
 
         self.costs, self.index, self.read = costs, {}, []
         table = CostClasses.from_costs(costs, 1.1, "f" * 16)

@@ -13,13 +13,14 @@ from conftest import TOKENIZER, run, write_jsonl
 from synth import group_records, make_documents
 
 from packtool.formats.packed import index_digest, open_packed
+from packtool.formats.packed.balance import step_imbalance
+from packtool.formats.packed.batching import collate_numpy
 from packtool.formats.packed.costs import dataset_digest, digest, shard_entry
 from packtool.pack import pack_corpus
 from packtool.stats.corpus import ATTN_RANKS
 from packtool.tokenize import TokenizeOptions, tokenize_files
-from packtool.train.batching import collate_numpy
 from packtool.train.preference import allowed
-from packtool.train.sampler import PackSampler, step_imbalance
+from packtool.train.sampler import PackSampler
 from packtool.verify import VerifyError, verify_packed
 
 SEQ_LEN = 1024

@@ -1,20 +1,27 @@
-"""Issue 18.6: every snippet in README.md and docs/*.md runs as written.
+"""Issue 18.6 and 38.7: every snippet in README.md and docs/ (its pages under docs/training/
+too) runs as written.
 
 The README's pipeline (its ``packtool ...`` lines) runs first, in a temporary folder laid
 out as it assumes: ``data/`` and ``more/*.jsonl.zst`` (110 records of the bundled corpus,
 ~22,000 tokens: 6 packs of 4,096, so that the training loops below take one step), and
 ``path/to/model`` (the bundled tokenizer, with the README's ``--eos '</s>'`` added as a
-special token); then docs/EXPORT.md's ``packtool export`` lines. That leaves what the
-Python snippets read: ``out/corpus``, ``out/packed``, ``out/mega/corpus``, ``out/llmc``,
-``out/mds``, ``out/packed.parquet``. Every ```python block then runs in a fresh process in
-that folder. (The README's install block is .ci/run's, not run here.)
+special token); then docs/EXPORT.md's ``packtool export`` lines, then the setup commands that
+docs/TRAINING.md and each page of docs/training/ show above their first snippet (the bundled
+``fixtures/`` tokenized and packed into ``out/fixture/``; a command shown on several pages runs
+once). That leaves what the Python snippets read: ``out/corpus``, ``out/packed``,
+``out/mega/corpus``, ``out/llmc``, ``out/mds``, ``out/packed.parquet``, ``out/fixture/...``.
+Every ```python block then runs in a fresh process in that folder. (The README's install
+block is .ci/run's, not run here.)
 
-A snippet may use names the reader brings, and only these (:data:`READER`): ``model``, a
-causal language model (here a one-layer Llama of width 32). A block is skipped only when the
-line before its fence says so with a reason, ``<!-- snippet: skip (needs GPUs ...) -->``;
-the reason is shown in the test report.
+A snippet defines what it uses, or uses names its page's first snippet defines (a page is read
+from the top: ``model`` and ``ds`` of a training page's opening snippet); that first snippet
+then runs before it, in the same process. A name defined nowhere fails at once
+(:func:`test_python_snippets_define_what_they_use`), before anything runs. A block is skipped
+only when the line before its fence says so with a reason,
+``<!-- snippet: skip (needs GPUs ...) -->``; the reason is shown in the test report.
 """
-
+import ast
+import builtins
 import os
 import re
 import shlex
@@ -26,15 +33,10 @@ from pathlib import Path
 import pytest
 from conftest import CORPUS, ROOT, TOKENIZER
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((.+)\)\s*-->")
-READER = {"model": """
-import transformers as _t
-model = _t.LlamaForCausalLM(_t.LlamaConfig(
-    vocab_size=2112, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=8192))
-"""}
-FIXTURE_COMMANDS = [ROOT / "README.md", ROOT / "docs" / "EXPORT.md"]  # their packtool lines
+FIXTURE_COMMANDS = [ROOT / "README.md", ROOT / "docs" / "EXPORT.md", ROOT / "docs" / "TRAINING.md",
+                    *sorted((ROOT / "docs" / "training").glob("*.md"))]  # their packtool lines
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"{self.path.name}:{self.line}"
+        return f"{self.path.relative_to(ROOT).as_posix().removeprefix('docs/')}:{self.line}"
 
 
 def blocks(path: Path) -> list[Block]:
@@ -78,6 +80,31 @@ PYTHON = [b for p in DOCS for b in blocks(p) if b.lang == "python"]
 SHELL = [b for p in FIXTURE_COMMANDS for b in blocks(p) if b.lang in ("bash", "sh")]
 
 
+def names(code: str) -> tuple[set[str], set[str]]:
+    """(names the code binds, names it reads)."""
+    bound, used = set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, (ast.Store, ast.Del)) else used).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return bound, used
+
+
+def prelude(block: Block) -> Block | None:
+    """The page's first snippet when ``block`` reads a name only that one defines."""
+    first = next(b for b in PYTHON if b.path == block.path)
+    if first is block:
+        return None
+    bound, used = names(block.code)
+    free = used - bound - set(dir(builtins))
+    return first if free & names(first.code)[0] else None
+
+
 def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1",
             "HF_HOME": "hf-home", "MPLBACKEND": "Agg"}
@@ -105,27 +132,44 @@ def workspace(tmp_path_factory):
     (block, argv, returncode, stderr)."""
     w = tmp_path_factory.mktemp("snippets")
     _layout(w)
-    ran = []
+    (w / "fixtures").symlink_to(ROOT / "fixtures")  # the training pages' commands read it
+    ran, seen = [], set()
     for block in SHELL:
         for argv in packtool_lines(block):
+            if tuple(argv) in seen:  # the same setup shown on several pages
+                continue
+            seen.add(tuple(argv))
             r = subprocess.run([sys.executable, "-m", "packtool", *argv[1:]], cwd=w,
                                env=_env(), capture_output=True, text=True, timeout=600)
             ran.append((block.id, argv, r.returncode, r.stderr))
     return w, ran
 
 
-@pytest.mark.slow  # 11 commands, each a fresh process (stats --algos all --plot; the mds
-# export imports torch): ~11 s on 2 cores
+@pytest.mark.slow  # 19 commands, each a fresh process (stats --algos all --plot; the mds
+# exports import torch): ~20 s on 2 cores
 def test_the_readme_pipeline_and_the_export_commands_run(workspace):
     w, ran = workspace
     commands = [(where.split(":")[0], argv[1]) for where, argv, _, _ in ran]
     assert commands[:5] == [("README.md", c) for c in ("tokenize", "pack", "verify", "stats",
                                                         "export")], commands
-    assert commands[5:] and {c for _, c in commands[5:]} == {"export"}, commands
+    exports = {c for where, c in commands if where == "EXPORT.md"}
+    setups = {where for where, c in commands if where.startswith(("TRAINING.md", "training/"))}
+    assert exports == {"export"} and {"TRAINING.md", "training/preference.md"} <= setups, commands
     failed = [f"{where}: {' '.join(argv)} -> {rc}: {err[-600:]}"
               for where, argv, rc, err in ran if rc != 0]
     assert not failed, "\n".join(failed)
     assert (w / "lengths.png").stat().st_size > 0  # the README's stats --plot
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in PYTHON if not b.skip])
+def test_python_snippets_define_what_they_use(block):
+    """A name a snippet reads is its own, Python's, or its page's first snippet's: a reader who
+    copies the page from the top has it (TRAINING.md's snippets once used a ``model`` that no
+    page defined)."""
+    bound, used = names(block.code)
+    first = prelude(block)
+    known = bound | set(dir(builtins)) | (names(first.code)[0] if first else set())
+    assert not used - known, f"{block.id} uses {sorted(used - known)}, defined nowhere before it"
 
 
 def test_skips_are_few_and_say_why():
@@ -140,10 +184,8 @@ def test_python_snippet_runs(block, workspace, tmp_path):
     if block.skip:
         pytest.skip(f"{block.id}: {block.skip}")
     w, _ = workspace
-    code = block.code
-    for name, setup in READER.items():
-        if re.search(rf"\b{name}\b", code) and not re.search(rf"^{name}\s*=", code, re.M):
-            code = setup + code
+    first = prelude(block)
+    code = block.code if first is None else first.code + block.code
     script = tmp_path / "snippet.py"
     script.write_text(code)
     r = subprocess.run([sys.executable, str(script)], cwd=w, env=_env(), capture_output=True,

@@ -169,7 +169,7 @@ def test_a_model_packtool_does_not_convert_is_served_by_the_reference(models):
 
 
 def test_sentencepiece_runs_a_model_file_only():
-    from packtool.tokenizer import load_tokenizer
+    from packtool.engines.tokenizer import load_tokenizer
 
     tok, path = load_tokenizer(TOKENIZER)
     with pytest.raises(PacktoolError, match="--engine sentencepiece .* not one"):

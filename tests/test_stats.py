@@ -271,9 +271,9 @@ def test_attention_imbalance_for_every_packer():
     """stats reports, per packer, the attention max/mean at 8 ranks x 1 pack per step, shuffled
     and with PackSampler(balance='attention'): heavy-tailed web-like lengths are far from even
     shuffled and within 10% balanced (packs unchanged)."""
+    from packtool.formats.packed.balance import step_imbalance
     from packtool.packers import assign_packs
     from packtool.stats import compare_algos
-    from packtool.train.sampler import step_imbalance
 
     lengths = np.clip(np.random.default_rng(0).lognormal(np.log(300), 1.0, 60_000), 1,
                       4096).astype(np.int64)

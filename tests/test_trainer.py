@@ -1,6 +1,6 @@
-"""The Hugging Face ``Trainer`` recipe of docs/TRAINING.md, run as written: PackBatchSampler in
-an overridden ``get_train_dataloader``, ``collate_tensors``, a tiny Llama built from a config,
-and ``trainer.train(resume_from_checkpoint=...)`` after an interruption.
+"""The Hugging Face ``Trainer`` recipe of docs/training/many-ranks.md, run as written:
+PackBatchSampler in an overridden ``get_train_dataloader``, ``collate_tensors``, a tiny Llama
+built from a config, and ``trainer.train(resume_from_checkpoint=...)`` after an interruption.
 
 Trainer resumes data by re-iterating the loader's batch sampler and dropping the epoch's finished
 batches (accelerate's ``skip_first_batches``: index lists only, no pack is read), after calling
@@ -47,7 +47,7 @@ def run(packed_dir, out, seen, max_steps, resume=None):
         seen.append([int(e.pop("pack")) for e in examples])
         return collate_tensors(examples)
 
-    class PackedTrainer(Trainer):  # docs/TRAINING.md, "Hugging Face Trainer"
+    class PackedTrainer(Trainer):  # docs/training/many-ranks.md, "Hugging Face Trainer"
         def get_train_dataloader(self):
             a = self.args
             sampler = PackBatchSampler(self.train_dataset.packed, rank=a.process_index,

@@ -121,6 +121,24 @@ def test_activity_shows_only_when_asked_and_on_stderr(capsys):
     assert capsys.readouterr() == ("", "")
 
 
+def test_a_bar_on_a_log_is_lines_not_redraws(capsys, monkeypatch):
+    """stderr not a terminal (a log file, CI): a line when a bar starts, one every
+    LOG_INTERVAL seconds and one when it ends, never ``\\r`` redraws piled onto one line
+    (~60 of them a minute before)."""
+    monkeypatch.setattr(_progress, "LOG_INTERVAL", 0.3)
+    bar = _progress.progress_bar(1000, "tokenize")
+    for _ in range(14):
+        bar.update(50)
+        time.sleep(0.05)  # 0.7 s: at most two lines in between
+    bar.update(300)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    lines = err.splitlines()
+    assert 2 <= len(lines) <= 5 and all(line.startswith("tokenize:") for line in lines), lines
+    assert "1.00k/1.00k" in lines[-1]
+
+
 def test_optimal_and_nnlshp_show_progress_in_pack(corpora, tmp_path, monkeypatch, capsys):
     from functools import partial
 

@@ -158,6 +158,12 @@ def test_pack_verify_source(packed):
             assert (np.diff(ex["cu_seqlens"]) < 256).all()
         starts = np.repeat(ex["cu_seqlens"][:-1], np.diff(ex["cu_seqlens"]))
         assert np.array_equal(ex["position_ids"], np.arange(n) - starts)  # restart per segment
+    for bad in (1.5, "1", True):  # not an index: refused by name, not a numpy IndexError
+        with pytest.raises(PacktoolError, match="pack index must be an integer"):
+            ds.row_length(bad)
+        with pytest.raises(PacktoolError, match="pack index must be an integer"):
+            ds[bad]
+    assert ds.row_length(np.int64(0)) == lengths[0]
     v = ds.index["vsl"]
     rows = {str(k): int(c) for k, c in zip(*np.unique(lengths, return_counts=True),
                                            strict=True)}

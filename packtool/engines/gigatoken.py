@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tokenizer import tokenizer_json
 from .base import Engine, EngineRefused, narrow, version
+from .tokenizer import tokenizer_json
 
 UNSUPPORTED = {"model": {"WordPiece", "Unigram", "WordLevel"}}
 PARALLEL = True  # see the module docstring

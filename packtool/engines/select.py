@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PacktoolError
-from ..tokenizer import tokenizer_json
 from . import fastokens, gigatoken, ranking, spm, tokie
 from .base import Engine, EngineMismatch, EngineRefused, version
 from .base import hf as _hf
+from .tokenizer import tokenizer_json
 
 # select_engine's counters belong to one part; what it decided does not (Selection.fresh)
 _PER_PART = {"checked_docs", "checked_tokens"}

@@ -18,6 +18,10 @@ docs/EXPORT.md::
 Every writer streams shard by shard (or in fixed chunks of documents) and writes under
 temporary names renamed into place when complete, so memory stays bounded by one shard's
 segment table and an interrupted export leaves nothing under the requested name.
+
+Modules: one per format (:mod:`.megatron`, :mod:`.llmc`, :mod:`.mds`, :mod:`.parquet`
+for both parquet layouts), and :mod:`.marker` the small manifest that marks an export as
+packtool's.
 """
 
 from __future__ import annotations

@@ -7,4 +7,8 @@ edit.
 
 The trainers' formats that ``export`` writes are not here: :mod:`packtool.export` has their
 writers only; their readers are the trainers' libraries (docs/EXPORT.md).
+
+Shared by both: ``_manifest`` (reading a manifest, its schema check, its digest, the rule
+for file names in it) and ``_kernels`` (the numba gather kernels, apart so that opening a
+dataset does not import numba).
 """

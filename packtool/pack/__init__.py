@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .._progress import shown
 from ..errors import PacktoolError
-from ..executors import Jobs, RunOptions, run_jobs
+from ..executors import Jobs, RunOptions, finished_jobs, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.packed import INDEX, VALID, index
 from ..formats.packed.ownership import dataset_files, ours, ours_hidden, owned
@@ -103,7 +103,7 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
     marker = json.dumps({"format": PLAN_FORMAT, "digest": digest}).encode()
     notes = out.begin(target, digest, run, overwrite, MARKER, marker,
                       [INDEX, f"{VALID}/{INDEX}"])
-    out.commits_to(INDEX, "shard")
+    out.commits_to(INDEX, lambda: finished_jobs("shard"))
     try:
         jobs = flow.jobs()
         run_jobs(Jobs(PackTasks(jobs.items, jobs.run, str(target.path),

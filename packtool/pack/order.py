@@ -11,9 +11,10 @@ from ..options import PackOptions
 
 def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
     """The output order rearranged into blocks of ``g`` packs of like attention cost
-    (:func:`packtool.train.balance.like_cost_order`), the shuffled order kept within a class."""
+    (:func:`packtool.formats.packed.balance.like_cost_order`), the shuffled order kept
+    within a class."""
+    from ..formats.packed.balance import like_cost_order
     from ..formats.packed.layout import shared_prompt_terms
-    from ..train.balance import like_cost_order
 
     lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
     terms = lengths ** 2

@@ -10,6 +10,12 @@ options each one reads, and an option a packer does not read is an error, not ig
 The registry names and option sets are plain data: ``packtool --help`` lists ``--algo``
 choices without importing numba, scipy or highspy. :func:`run_packer` is the checked entry
 point; :func:`assign_packs` returns the ids alone.
+
+Modules: one algorithm each, its trade-off in its docstring: :mod:`.bfd` best fit
+decreasing, :mod:`.ffd` first fit decreasing, :mod:`.simple` next fit (``sequential``,
+``random``), :mod:`.spfhp` and :mod:`.nnlshp` Graphcore's histogram packers,
+:mod:`.optimal` the cutting-stock LP rounded (solved in :mod:`._lp`); :mod:`._common` the
+kernels they share (counting sort, bucket trees).
 """
 
 from __future__ import annotations
@@ -229,8 +235,8 @@ def assign_packs(lengths, seq_len: int, algo: str = "bfd", seed: int = 0,
                  **options) -> np.ndarray:
     """Pack id of every document (see :func:`run_packer` for the report).
     ``balance="attention"`` numbers the packs so that every ``balance_ranks`` consecutive
-    ids are of like attention cost (:mod:`packtool.train.balance`): the same packs, in an order for
-    one pack per rank per step. A document longer than ``seq_len`` is refused
+    ids are of like attention cost (:mod:`packtool.formats.packed.balance`): the same packs,
+    in an order for one pack per rank per step. A document longer than ``seq_len`` is refused
     (``overflow="error"``), packed as its first ``seq_len`` tokens (``"truncate"``) or left
     out with id -1 (``"drop"``); a split document would need several ids, so splitting is
     :func:`packtool.pack.plan.make_segments`'s (and ``packtool pack --overflow split``'s).
@@ -252,7 +258,7 @@ def assign_packs(lengths, seq_len: int, algo: str = "bfd", seed: int = 0,
     if balance == "attention" and packs.size and packs.max() >= 0:
         import numpy as np
 
-        from ..train.balance import like_cost_order
+        from ..formats.packed.balance import like_cost_order
 
         ok = packs >= 0
         n_packs = int(packs.max()) + 1

@@ -21,6 +21,11 @@ fix, unless ``skip_bad_records`` is set, in which case it is counted per input f
 about 210x its size in memory (``MEMORY_PER_RECORD_BYTE``; a 16 MB line of Japanese peaked at
 3.4 GB RSS), so the limit is what keeps a stray giant record from taking the machine down.
 JSONL and text lines over the limit are skipped in 1 MiB pieces, never held whole.
+
+Modules: :mod:`.discover` finding the files, :mod:`.files` one reader per kind,
+:mod:`.jsonl` and :mod:`.txt` and :mod:`.columnar` (Parquet, Arrow) the readers,
+:mod:`.records` a record's text (field, chat) and the bad-record rule, :mod:`.groups`
+preference pairs and groups read from a record.
 """
 
 from __future__ import annotations

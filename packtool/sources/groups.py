@@ -92,7 +92,15 @@ def _rewards(value, key: str, n: int) -> tuple[float, ...]:
     if len(value) != n:
         raise BadRecord("bad_rewards", f"field {key!r} holds {len(value)} rewards for {n} "
                         "completions; give one per completion")
+    out = []
     for i, r in enumerate(value):
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-            raise BadRecord("bad_rewards", f"{key}[{i}] is {r!r}, expected a finite number")
-    return tuple(float(r) for r in value)
+        try:  # an int of 400 digits is finite to JSON and too large for a float
+            f = float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else None
+        except OverflowError:
+            f = None
+        if f is None or not math.isfinite(f):
+            shown = repr(r) if len(repr(r)) <= 40 else f"{repr(r)[:12]}... ({len(repr(r))} chars)"
+            raise BadRecord("bad_rewards", f"{key}[{i}] is {shown}, expected a finite number "
+                            "(a float64)")
+        out.append(f)
+    return tuple(out)

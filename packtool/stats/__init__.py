@@ -17,6 +17,10 @@ says how long that took). The packing factor p (segments per pack) drives the ad
 packed batch holds p times as many sequences, so divide the batch size (or accumulation
 steps) by p to keep sequences per optimizer step, or, for small p, keep the batch and use
 beta := beta ** p for Adam/LAMB (Krell et al., 2021).
+
+Modules: :mod:`.corpus` the corpus report and the packers compared, :mod:`.packed` a packed
+dataset's report, :mod:`.groups` a corpus of pairs or groups, :mod:`.render` the reports as
+text (and the length plot).
 """
 
 from __future__ import annotations

@@ -131,10 +131,10 @@ def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed:
     (``packs_uncapped``): what each costs in packs."""
     from .._numba import compile_seconds
     from .._progress import shown
+    from ..formats.packed.balance import step_imbalance
     from ..formats.packed.layout import align_up
     from ..metrics import pack_metrics
     from ..packers import PACKERS, PackerOptions, run_packer
-    from ..train.sampler import step_imbalance
 
     given = {k: v for k, v in (algo_options or {}).items() if v not in (None, False)}
     unread = set(given) - set().union(*(PACKERS[a].options for a in algos))

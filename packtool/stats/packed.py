@@ -56,7 +56,7 @@ def packed_report(directory: str | Path) -> dict:
     rep["segments_per_pack"] = {**_dist(seg_per_pack), "counts": {
         str(int(v)): int(c) for v, c in zip(values, counts, strict=True)}}
     rep["pack_fill"] = _dist(fill)
-    from ..train.sampler import attention_costs, step_imbalance
+    from ..formats.packed.balance import attention_costs, step_imbalance
 
     costs = attention_costs(ds)
     rep["attention_imbalance"] = step_imbalance(costs, ATTN_RANKS)

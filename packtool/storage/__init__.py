@@ -12,6 +12,14 @@ Reading: manifests are read directly; data files are fetched into a local cache
 (:mod:`.cache`), verified against their checksums when fetched and their cached copies checked
 when opened (size always, crc32 once per process), then memory-mapped.
 Writing: :mod:`.publish` (data objects first, each verified, the manifest last: the commit).
+
+Modules: :mod:`.place` a folder as the readers see it, :mod:`.cache` the local cache of
+fetched files, :mod:`.output` where a stage writes (``open_output``: a FolderOutput or a
+BucketOutput, chosen once), :mod:`.write` one job of a stage written to an output,
+:mod:`.atomic` a local folder's commits (temporary names, a journal, the swap),
+:mod:`.temps` its temporaries and what a dead run left, :mod:`.flock` local file locks,
+:mod:`.publish` the commit to a store, :mod:`.lock` the lock object of a store without
+locks, :mod:`.stage_out` local scratch folders for outputs bound for a store.
 """
 
 from __future__ import annotations
@@ -137,35 +145,44 @@ def timeout() -> float:
 
 def bounded(proto: str, options: dict) -> dict:
     """``options`` with a timeout on every request where the backend takes one and the user
-    set none: s3fs's botocore config (connect and read timeouts, and 2 attempts a request in
-    botocore's standard mode, which retries throttling, 5xx and broken connections). s3fs
-    retries a timed-out request 5 times itself, so a store that stops answering fails a
-    command after ~10 x the timeout (before: botocore's 5 legacy attempts of 15 s read
-    timeout each, 5 times: ~6 min per request, for ever in a run of many). gcsfs, adlfs and
-    the HTTP backend keep their own defaults (their timeout options differ by version)."""
+    set none: s3fs's botocore config, a connect and a read timeout of T
+    (``$PACKTOOL_STORAGE_TIMEOUT``) and ``ATTEMPTS`` attempts a request in botocore's
+    standard mode (it retries throttling, 5xx, broken connections and timeouts, backing off
+    rand x 1 s, then rand x 2 s). s3fs's own retries are turned off (:func:`filesystem`):
+    they multiplied botocore's (5 x 2 attempts a request, 5 x 5 x 2 for a read, so a
+    stopped store held a command 20-50 x T: 41 s at T = 2, and ``verify`` over 900 s at
+    the default). A store that stops answering now fails a request within ``ATTEMPTS`` x T
+    plus 3 s of back-off (~3 min at the default 60 s). gcsfs, adlfs and the HTTP backend
+    keep their own defaults (their timeout options differ by version)."""
     if proto not in S3:
         return options
     t = timeout()
     config = {"connect_timeout": t, "read_timeout": t,
-              "retries": {"max_attempts": 2, "mode": "standard"},
+              "retries": {"max_attempts": ATTEMPTS, "mode": "standard"},
               **(options.get("config_kwargs") or {})}
     return {**options, "config_kwargs": config}
 
 
+ATTEMPTS = 3  # botocore's standard mode default
+BACKOFF_S = 3.0  # its back-off between them at most: 1 s, then 2 s
 SLOWEST_BYTES_S = 64 * 1024  # the slowest upload a put is given time for
 
 
+def deadline(nbytes: int = 0) -> float:
+    """Seconds one request may take in all: every attempt's timeout, the back-off between
+    them, and ``nbytes`` at 64 kB/s; a slower link sets a larger PACKTOOL_STORAGE_TIMEOUT."""
+    return ATTEMPTS * timeout() + BACKOFF_S + nbytes / SLOWEST_BYTES_S
+
+
 def put(fs, rpath: str, data: bytes | None = None, local: str | None = None, **kwargs) -> None:
-    """One put (``data``, or the file ``local``) within a deadline: the backend's own timeouts
-    do not bound a PUT, whose ``Expect: 100-continue`` waits for a stopped server for ever
-    (botocore adds it, aiohttp's read timeout does not cover it). The deadline is every
-    attempt's worth of the timeout (s3fs tries 5 times, botocore up to 3) plus the bytes at
-    64 kB/s; a slower link sets a larger PACKTOOL_STORAGE_TIMEOUT."""
+    """One put (``data``, or the file ``local``) within :func:`deadline`: the backend's own
+    timeouts do not bound a PUT, whose ``Expect: 100-continue`` waits for a stopped server
+    for ever (botocore adds it, aiohttp's read timeout does not cover it)."""
     nbytes = len(data) if data is not None else os.path.getsize(local)
     from fsspec.asyn import AsyncFileSystem
 
     if isinstance(fs, AsyncFileSystem):
-        kwargs["timeout"] = 20 * timeout() + nbytes / SLOWEST_BYTES_S
+        kwargs["timeout"] = deadline(nbytes)
     if data is not None:
         fs.pipe_file(rpath, data, **kwargs)
     else:
@@ -211,6 +228,7 @@ def filesystem(url: str, storage_options: dict | None = None):
                 fs = cls(**options)
             if proto in S3:  # s3fs: its session takes the options now (an unknown one
                 fs.connect()  # failed the first request, with a traceback)
+                fs.retries = 1  # botocore retries (bounded()); s3fs's would multiply them
         except Exception as e:  # a backend's own validation of the options
             raise PacktoolError(
                 f"{url}: cannot open {proto}:// with --storage-options {storage_options!r}: "
@@ -240,8 +258,15 @@ def join(base, *names: str):
 
 
 def parent(path):
+    """The folder holding ``path``; a URL's is inside its bucket (``s3://bkt`` has none: an
+    output or a corpus prefix is a name inside a bucket, refused by name here, not later
+    as a filesystem for ``s3:``)."""
     if is_url(path):
         proto, rest = str(path).split("://", 1)
+        if "/" not in rest.strip("/"):
+            raise PacktoolError(f"{path} names a whole bucket (or host); packtool reads and "
+                                f"writes a name inside one: give {proto}://"
+                                f"{rest.strip('/') or 'BUCKET'}/NAME")
         return f"{proto}://{posixpath.dirname(rest.rstrip('/'))}"
     return Path(path).parent
 
@@ -304,16 +329,17 @@ def store_error(e: BaseException, urls=()) -> PacktoolError | None:
     names = {c.__name__ for c in type(e).__mro__}
     where = ", ".join(dict.fromkeys(str(u) for u in urls)) or "the store"
     at = _endpoint(e)
+    said = str(e) or type(e).__name__  # an FSTimeoutError says nothing: "()" before
     if names & _CREDENTIALS:
         return PacktoolError(
-            f"{where}: no credentials for the store at {at} ({e}); give them where the "
+            f"{where}: no credentials for the store at {at} ({said}); give them where the "
             "backend looks (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE and "
             "~/.aws/credentials, an instance role; GOOGLE_APPLICATION_CREDENTIALS for gs://) "
             "or in --storage-options (e.g. '{\"key\": ..., \"secret\": ...}', or "
             "'{\"anon\": true}' for a public bucket)")
     if names & _UNREACHABLE:
         return PacktoolError(
-            f"{where}: cannot reach the store at {at} ({e}); check that it is up and that "
+            f"{where}: cannot reach the store at {at} ({said}); check that it is up and that "
             "--storage-options' endpoint_url names it, then run the command again (a run "
             "cut short resumes: finished parts and shards are skipped)")
     if "ClientResponseError" in names:  # aiohttp: an http(s):// server's refusal
@@ -324,7 +350,8 @@ def store_error(e: BaseException, urls=()) -> PacktoolError | None:
             "--storage-options gives its headers ('{\"http\": {\"headers\": {...}}}')")
     if names & _TIMED_OUT:
         return PacktoolError(
-            f"{where}: the store at {at} did not answer within {timeout():g} s ({e}); check "
+            f"{where}: the store at {at} did not answer within {timeout():g} s "
+            f"({said}, after {ATTEMPTS} attempts); check "
             f"that it is up and reachable, or allow it longer ({TIMEOUT_ENV}=SECONDS, or "
             "--storage-options '{\"config_kwargs\": {\"read_timeout\": SECONDS}}'), then run "
             "the command again (a run cut short resumes)")

@@ -183,7 +183,7 @@ class FolderOutput(Output):
         """What publishing did, for the result: nothing, locally."""
         return None
 
-    def commits_to(self, manifest: str, kind: str, finished_here=None) -> None:
+    def commits_to(self, manifest: str, published, finished_here=None) -> None:
         """The run is complete only once ``manifest`` is committed; ``finished_here()``
         says what a stopped run leaves (None: its jobs are staged, so nothing stays)."""
         if finished_here is not None:
@@ -391,11 +391,12 @@ class BucketOutput(Output):
         return self.place
 
     def finish_job(self, held, folder, names, record, result, *, retire=(), report=False):
-        """The :class:`~packtool.executors.PendingUpload` that publishes the job (``retire``: what
-        leaves first; ``report``: the result gains what was sent), holding the job's lock
-        and scratch folder until then: uploaded while the next job is written."""
-        from ..executors import PendingUpload
+        """The :class:`~packtool.storage.write.PendingUpload` that publishes the job
+        (``retire``: what leaves first; ``report``: the result gains what was sent), holding
+        the job's lock and scratch folder until then: uploaded while the next job is
+        written."""
         from .publish import Published
+        from .write import PendingUpload
 
         self.remove(list(retire))
 
@@ -422,13 +423,12 @@ class BucketOutput(Output):
     def published(self, text: str) -> str:
         return f"published to {self.path}: {text}"
 
-    def commits_to(self, manifest: str, kind: str, finished_here=None) -> None:
-        """The run's objects stay for a re-run; the manifest's put is the commit."""
+    def commits_to(self, manifest: str, published, finished_here=None) -> None:
+        """The run's objects stay for a re-run (``published()`` says which); the
+        manifest's put is the commit."""
         from .. import _signals
-        from ..executors import finished_jobs
 
-        _signals.commits_to(self.place.path(manifest), lambda: finished_jobs(kind),
-                            exists=lambda: self.committed)
+        _signals.commits_to(self.place.path(manifest), published, exists=lambda: self.committed)
 
     def mark_plan(self, name: str, body: bytes) -> None:
         """No journaled commit in a bucket: until a job's record is there, the plan marker

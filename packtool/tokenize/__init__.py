@@ -1,7 +1,13 @@
 """Stage 1: raw corpora -> token files (``PREFIX.json`` and its parts' ``.bin``,
 ``.boundaries``, ``.mask``): a plan of parts (:mod:`.plan`), each a job (:mod:`.part`) run by
 the pipeline (:mod:`.pipeline`, :mod:`.encode`), and the stage that runs them and writes the
-manifest (:mod:`.stage`)."""
+manifest (:mod:`.stage`).
+
+Besides: :mod:`.prepare` what every part needs once per process (tokenizer, ids,
+encoder, engine), :mod:`.groups` pairs and groups to sequences (the prompt encoded once),
+:mod:`.assemble` ``PREFIX.json`` from the parts' manifests, :mod:`.result` what a run
+reports.
+"""
 
 from ..options import TokenizeOptions
 from .encode import make_encoder

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from .. import __version__
 from .._io import sha256_file
+from ..engines.tokenizer import resolve_tokenizer_path
 from ..errors import PacktoolError
 from ..formats.tokens import part_manifest_path, part_name, plan_digest
 from ..options import TokenizeOptions
 from ..sources import RemoteInput, expand_inputs, identity
-from ..tokenizer import resolve_tokenizer_path
 
 # options that change no output byte (threads, batching, engine: a fast engine is proven equal
 # to the reference; part_bytes: the plan's own digest), left out of the parts' digests

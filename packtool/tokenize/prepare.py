@@ -12,17 +12,17 @@ from pathlib import Path
 
 from .._io import sha256_file
 from ..engines import select_engine
-from ..formats.tokens import token_dtype
-from ..options import TokenizeOptions
-from ..sources import ReadOptions
-from ..storage import local_file
-from ..tokenizer import (
+from ..engines.tokenizer import (
     id_space,
     load_tokenizer,
     refuse_doubled_specials,
     resolve_tokenizer_path,
     special_token_id,
 )
+from ..formats.tokens import token_dtype
+from ..options import TokenizeOptions
+from ..sources import ReadOptions
+from ..storage import local_file
 from .encode import make_encoder
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .. import _signals
 from ..errors import FormatError, PacktoolError
-from ..executors import Jobs, RunOptions, run_jobs
+from ..executors import Jobs, RunOptions, finished_jobs, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.tokens import (
     FORMAT,
@@ -101,7 +101,7 @@ class PartTask:
 def run_task(task: PartTask, tick) -> tuple[dict, bool]:
     """Make part ``task.k`` exist at the output, verified: (its manifest, True if it was
     already finished and so skipped), or for a bucket the
-    :class:`~packtool.executors.PendingUpload` that publishes it (it holds the part's lock
+    :class:`~packtool.storage.write.PendingUpload` that publishes it (it holds the part's lock
     and scratch folder until then). Atomic and
     idempotent; two writers of one part (array tasks) serialize on the part's lock."""
     out, plan, k = task.output(), task.plan, task.k
@@ -142,7 +142,7 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
     out.make_place()  # an array task may be first
     removed: list[str] = []
     # a part's commit is not the output's: PREFIX.json is (the parts stay for a re-run)
-    out.commits_to(f"{stem}.json", "part", lambda: finished_parts(plan, -1))
+    out.commits_to(f"{stem}.json", lambda: finished_jobs("part"), lambda: finished_parts(plan, -1))
     try:  # from the retired list's writing on: a failure before the commit removes it
         if not run.finalize:
             _begin(out, plan, opts, run)

@@ -14,10 +14,21 @@
   rewards from its source corpora), and their attention masks.
 - :mod:`.which`: which step and rank a record lands in, and what a step holds.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
-  path (``packtool conformance``).
+  path (``packtool conformance``); :mod:`.attention` the reference attention it checks
+  against on CPU (what varlen flash attention and a document-causal mask compute).
+- :mod:`.order` (:mod:`.permute`): an epoch's steps computed one at a time from a keyed
+  permutation, never the epoch in memory.
+- :mod:`.budget` (:mod:`.budget_state`, :mod:`.by_length`, :mod:`.curriculum`): token-budget
+  steps (``tokens_per_step=T``): rows of one slot length a step, the length drawn by a
+  curriculum.
+- :mod:`.shape`: the rank/world-size checks every sampler shares.
+- :mod:`.which_mixture`: :mod:`.which` for a mixture.
+
+The cost model (:mod:`packtool.formats.packed.balance`) and the collation
+(:mod:`packtool.formats.packed.batching`) live with the packed format.
 """
 
-from .batching import collate_numpy
+from ..formats.packed.batching import collate_numpy
 from .cp import cp_shard
 from .mixture import MixtureSampler
 from .preference import dpo_loss, sequence_logps, sequence_rewards

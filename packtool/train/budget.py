@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PacktoolError
-from .balance import balance_steps, fingerprint
+from ..formats.packed.balance import balance_steps, fingerprint
 from .budget_state import STATE_FORMAT, STATE_VERSION, check_budget_state
 from .by_length import RowsByLength
 from .curriculum import curriculum_of, draw

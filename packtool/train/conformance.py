@@ -278,7 +278,7 @@ def documents(vocab: int):
     import numpy as np
     import torch
 
-    from .batching import collate_numpy
+    from ..formats.packed.batching import collate_numpy
 
     rng = np.random.default_rng(0)
     docs = [rng.integers(1, vocab, n) for n in DOC_LENGTHS]

@@ -75,7 +75,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PacktoolError
-from .batching import IGNORE_INDEX
+from ..formats.packed.batching import IGNORE_INDEX
 
 MODES = ("zigzag", "balanced")
 PER_TOKEN = ("input_ids", "labels", "position_ids", "doc_ids", "loss_mask")

@@ -15,7 +15,7 @@ epoch, each from its own random start::
 After a resume that consumed ``D_k`` of each class, at ``G`` packs a step, class ``k`` gives
 ``f_k = (m_k - D_k) // G`` *full steps*: its positions ``D_k + jG .. D_k + (j+1)G - 1``, the
 step's time that of its last pack (the queue of the class fills then: the outlier delay of
-:mod:`packtool.train.balance`). Full steps run in order of time (ties: lower class first);
+:mod:`packtool.formats.packed.balance`). Full steps run in order of time (ties: lower class first);
 the ``(m_k - D_k) % G`` positions each class has left (fewer than a step) follow in time
 order, cut into steps of ``G``: with ``drop_last`` the last ``rest % G`` are left out, without
 it the last step is filled with the epoch's first packs on the time line again.

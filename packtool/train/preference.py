@@ -84,8 +84,17 @@ def sequence_logps(logits, batch: dict) -> dict:
         raise PacktoolError("sequence_logps needs a batch of pairs or groups (keys seq_ids, "
                             "completion_mask, seq_group, seq_role): pack a corpus tokenized "
                             "with --chosen-field/--rejected-field or --completions-field")
-    lg = logits[0] if logits.dim() == 3 else logits
     ids = batch["input_ids"].reshape(-1)
+    shape = tuple(getattr(logits, "shape", ()))
+    if not (len(shape) == 2 or (len(shape) == 3 and shape[0] == 1)) \
+            or shape[-2] != ids.numel() or not hasattr(logits, "dim"):
+        raise PacktoolError(f"logits must be a tensor [1, {ids.numel()}, V] or "
+                            f"[{ids.numel()}, V] (one row per token of the batch's input_ids), "
+                            f"got shape {list(shape)}: pass the model's output for this batch")
+    lg = logits[0] if logits.dim() == 3 else logits
+    if ids.numel() and int(ids.max()) >= lg.shape[-1]:
+        raise PacktoolError(f"token id {int(ids.max())} >= the logits' vocabulary "
+                            f"{lg.shape[-1]}: these logits are not of this batch's tokenizer")
     seq = torch.as_tensor(_np(batch["seq_ids"]).reshape(-1), dtype=torch.long)
     keep = (seq >= 0) & torch.as_tensor(_np(batch["completion_mask"]).reshape(-1) > 0)
     pred = torch.as_tensor(predecessors(batch))
@@ -104,11 +113,22 @@ def dpo_loss(logps: dict, ref_logps: dict, beta: float = 0.1):
     """The DPO loss (Rafailov et al. 2023), mean over the pairs of ``logps`` (policy) and
     ``ref_logps`` (reference), both from :func:`sequence_logps`:
     -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))."""
+    import math
+
     import torch
 
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) \
+            or not math.isfinite(beta) or beta <= 0:
+        raise PacktoolError(f"dpo_loss: beta must be a finite number > 0 (DPO's usual 0.1 to "
+                            f"0.5), got {beta!r}")
     groups = [g for (g, role) in logps if role == "chosen"]
     if not groups:
         raise PacktoolError("dpo_loss: no chosen sequence in the batch (a batch of pairs?)")
+    if set(logps) != set(ref_logps):
+        odd = sorted(set(logps) ^ set(ref_logps), key=str)
+        raise PacktoolError(f"dpo_loss: the reference's sequences are not the policy's "
+                            f"({len(odd)} (group, role) in one only, e.g. {odd[0]}): compute "
+                            "both with sequence_logps on the same batch")
     margin = torch.stack([(logps[g, "chosen"] - ref_logps[g, "chosen"])
                           - (logps[g, "rejected"] - ref_logps[g, "rejected"]) for g in groups])
     return -torch.nn.functional.logsigmoid(beta * margin).mean()

@@ -67,29 +67,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PacktoolError
-from .balance import COST_RATIO, balance_steps, cost_table
-from .balance import attention_costs as attention_costs  # also from here (stats, tests)
-from .balance import fingerprint as fingerprint  # the state's costs_sha256, also from here
+from ..formats.packed.balance import COST_RATIO, balance_steps, cost_table
+from ..formats.packed.balance import attention_costs as attention_costs  # also from here (docs)
+from ..formats.packed.balance import fingerprint as fingerprint  # the state's costs_sha256
 from .order import EpochOrder, class_keys
 from .shape import check_shape
 from .state import STATE_FORMAT, STATE_VERSION, check_state, dataset_identity
-
-
-def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,
-                   seed: int = 0) -> float:
-    """Mean over an epoch's steps of the costliest rank's cost over the mean rank's cost, for
-    ``costs`` per pack (e.g. ``np.bincount(packs, weights=lengths ** 2)``), in a shuffled
-    epoch (``balanced=False``) or with ``balance=costs`` (steps of like cost, then dealt).
-    1.0 is perfect; ``packtool stats`` reports it at 8 ranks x 1 pack for every packer."""
-    costs = np.asarray(costs, dtype=np.float64)
-    if not len(costs) or not costs.any():
-        return 1.0
-    s = PackSampler(len(costs), rank=0, world_size=world_size, batch_size=batch_size,
-                    seed=seed, drop_last=False, balance=costs if balanced else None)
-    per_rank = costs[s.global_schedule()].sum(axis=2)
-    mean = per_rank.mean(axis=1)
-    ok = mean > 0
-    return float((per_rank.max(axis=1)[ok] / mean[ok]).mean())
 
 
 class PackSampler:

@@ -36,8 +36,8 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 
 from ..errors import PacktoolError
 from ..formats.packed import open_packed
+from ..formats.packed.batching import collate_numpy
 from . import sampler as _sampler
-from .batching import collate_numpy
 from .budget import BudgetSampler
 from .budget_state import STATE_FORMAT as BUDGET_FORMAT
 
@@ -86,7 +86,7 @@ def collate_tensors(examples: list[dict], pad_multiple: int | None = None,
     """Flatten packs into one ``[1, N]`` row of tensors: input_ids, labels, position_ids
     (int64), cu_seq_lens_q/k (int32), max_length_q/k (int), seq_idx (int32), and for aligned
     packs cu_seqlens_padded. ``pad_multiple``, ``per_segment``: see
-    ``packtool.train.batching.pad_example``; ``max_docs``: cu_seq_lens of a fixed B x K + 1
+    ``packtool.formats.packed.batching.pad_example``; ``max_docs``: cu_seq_lens of a fixed B x K + 1
     (see ``collate_numpy``; bind them with functools.partial)."""
     import numpy as np
 
@@ -212,6 +212,12 @@ def block_mask(batch: dict, device=None, block_size: int = 128):
     except ImportError as e:  # pragma: no cover - torch < 2.5
         raise ImportError("block_mask needs FlexAttention (torch >= 2.5): pip install -U torch"
                           ) from e
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+            or block_size < 1:
+        from ..errors import PacktoolError
+
+        raise PacktoolError(f"block_size must be an integer >= 1 (FlexAttention's tile, "
+                            f"default 128), got {block_size!r}")
     cu, n = _segments(batch)
     pre = None
     if _shared(batch):  # a completion also sees its group's prompt (packtool.train.preference)

@@ -20,6 +20,10 @@ shard at a time. Memory: one shard's arrays and one chunk, plus 2 bits a documen
 with a mixture or a held-out split (and, while a sample above 2% of a source is drawn, a byte
 per candidate): no per-document array otherwise (docs/SCALE.md has the measured bytes per
 document and the time against pack's, scripts/bench_scale_memory.py).
+
+Also: :mod:`.rules` the held-out rule in its own exact arithmetic, :mod:`.aligned` an
+aligned dataset's rows from the definition, :mod:`.groups` pairs and groups (every group in
+one pack, its prompt first).
 """
 
 from __future__ import annotations
@@ -196,7 +200,7 @@ def _unlisted(ds) -> None:
     (the shards' files, the held-out split) and packtool's own hidden leftovers: anything
     else (an export written inside it, `export P -o P/ex`) is an error naming it, since
     readers and the sampler take the index's word for what the dataset is."""
-    from ..pack import dataset_files, ours_hidden
+    from ..formats.packed.ownership import dataset_files, ours_hidden
 
     extra = ds.place.unlisted(dataset_files(ds.place), ours_hidden)
     if extra:

@@ -1,7 +1,16 @@
 """The packed format (``packtool.packed``, version 2; version 1 read): what ``pack`` writes
 and ``open_packed`` reads. Schema (``schema.py``), the layout's arithmetic (``layout.py``),
 writer (``writer.py``), its files opened and checked (``files.py``), the one reader
-(``reader.py``), the validator (``validate.py``); the files are written up in docs/FORMAT.md."""
+(``reader.py``), the validator (``validate.py``), the proof that a folder is a dataset of
+packtool's own (``ownership.py``); the files are written up in docs/FORMAT.md.
+
+What a row costs and how rows reach a model, beside the format they describe (the reader
+stores them, the packers, ``stats`` and the trainer use them): ``costs.py`` the cost classes
+stored with the index, ``balance.py`` steps of like attention cost (the cost model: classes,
+like-cost order, dealing, ``step_imbalance``), ``batching.py`` packs collated into one
+``[1, N]`` row and padded (``collate_numpy``, ``pad_example``), ``groups.py`` a grouped
+pack's extra keys (pairs and groups).
+"""
 
 from .._manifest import digest as _digest
 from .files import (

@@ -4,7 +4,7 @@ A pack's attention cost is the sum of its squared segment lengths, plus 2 p c fo
 completion of c tokens that attends to its group's shared prompt of p tokens (``pack
 --share-prompt``: :func:`packtool.formats.packed.layout.shared_prompt_terms`), i.e. 2 x the
 (query, key) pairs its mask attends - its tokens. A balanced sampler
-(``PackSampler(balance="attention")``, :mod:`packtool.train.balance`) takes a step's packs
+(``PackSampler(balance="attention")``, :mod:`packtool.formats.packed.balance`) takes a step's packs
 from one *cost class*, costs within ``ratio`` of each other. Classes are cells of one fixed
 grid, ``[ratio^k, ratio^(k+1))`` for every integer k, so a shard's classes follow from its own
 packs: every pack job counts its shard's packs per cell and the index carries the counts

@@ -111,6 +111,9 @@ class PackedReader:
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, pack within it) of pack ``i``."""
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise PacktoolError(f"a pack index must be an integer, got {i!r} "
+                                f"({type(i).__name__}); use int(i)")
         lo, hi, k = self._span
         if lo <= i < hi:
             return k, i - lo
@@ -261,7 +264,7 @@ class PackedReader:
         """The attention-cost classes the index stores (pack-time counts per shard:
         :mod:`packtool.formats.packed.costs`), for ``ratio`` its ``cost_ratio``; else None
         (the sampler computes them from every pack's segments)."""
-        from ...train.balance import CostClasses
+        from .balance import CostClasses
         from .costs import StoredClasses
 
         shards = self.index["shards"]
@@ -276,8 +279,8 @@ class PackedReader:
         """``ds[i]``, padded to ``pad_to`` tokens (default: the row's slot length, seq_len
         or a --vsl row's :meth:`row_length`; with ``pad_multiple=k`` the next multiple of k);
         ``per_segment=True`` first pads every segment to a multiple of k (context
-        parallelism). See ``packtool.train.batching.pad_example``."""
-        from ...train.batching import pad_example
+        parallelism). See ``packtool.formats.packed.batching.pad_example``."""
+        from .batching import pad_example
 
         if pad_to is None and pad_multiple is None:
             pad_to = self.row_length(i)

@@ -9,18 +9,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import PacktoolError
+from ..errors import PacktoolError
 
 
 def resolve_tokenizer_path(tok: str | Path) -> Path:
     """A ``tokenizer.json``, a SentencePiece ``*.model``, or a folder holding one (the
     ``tokenizer.json`` first, as Hugging Face loads it), local or at a URL (fetched once into
     the cache: :func:`packtool.storage.stage_out.fetch_tokenizer`)."""
-    from .storage import is_url, local_path
+    from ..storage import is_url, local_path
 
     tok = local_path(tok)
     if is_url(tok):
-        from .storage.stage_out import fetch_tokenizer
+        from ..storage.stage_out import fetch_tokenizer
 
         return fetch_tokenizer(str(tok))
     p = Path(tok)
@@ -48,7 +48,7 @@ def load_tokenizer(tok: str | Path):
 
     path = resolve_tokenizer_path(tok)
     if path.suffix == ".model":
-        from .engines.spm import load_model
+        from .spm import load_model
 
         tokenizer, _ = load_model(path)
         _remember(tokenizer)

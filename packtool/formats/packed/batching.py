@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import PacktoolError
+from ...errors import PacktoolError
 
 IGNORE_INDEX = -100
 PAD_FILL = {"labels": IGNORE_INDEX, "doc_ids": -1}  # input_ids get pad_id; positions computed

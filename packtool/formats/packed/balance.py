@@ -8,7 +8,9 @@ fall into classes of costs within ``COST_RATIO`` of each other, and a step takes
 class. Measured (``python scripts/bench_balance.py``, 8 ranks, mean over steps of max/mean
 rank cost): 2.472 shuffled -> 1.037 at one pack per rank per step, 1.001 at four, with the same
 packs. The sampler (``PackSampler(balance="attention")``) does this per epoch;
-``pack --balance attention`` orders the dataset this way for readers that take packs in order.
+``pack --balance attention`` orders the dataset this way for readers that take packs in order;
+``stats`` reports :func:`step_imbalance` for every packer. The model lives with the format it
+describes (the reader's stored classes, the packers' order), the trainer only uses it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.packed.costs import COST_RATIO, cost_cells
+from .costs import COST_RATIO, cost_cells
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def cost_table(packs, balance, ratio: float, n_packs: int):
     from the classes the packed index stores where it has them (``packs.cost_classes(ratio)``:
     a memory map, nothing per pack read at start), else from every pack's segment table; or an
     array of per-pack costs."""
-    from ..errors import PacktoolError
+    from ...errors import PacktoolError
 
     if balance is None:
         return None, None
@@ -201,3 +203,31 @@ def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
         slots[active, hi, i], slots[active, lo, k] = b, a
     return slots
 
+
+
+def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,
+                   seed: int = 0) -> float:
+    """Mean over an epoch's steps of the costliest rank's cost over the mean rank's cost, for
+    ``costs`` per pack (e.g. ``np.bincount(packs, weights=lengths ** 2)``), in a shuffled
+    epoch (``balanced=False``: packs in a seeded random order, ``G = world_size x
+    batch_size`` a step, the last step filled from the front) or balanced (the same order
+    made of steps of one cost class where the classes allow, :func:`like_cost_order`, then
+    dealt by :func:`balance_steps`): what the balanced sampler does, without its time line.
+    1.0 is perfect; ``packtool stats`` reports it at 8 ranks x 1 pack for every packer."""
+    from ...seeds import rng
+
+    costs = np.asarray(costs, dtype=np.float64)
+    if not len(costs) or not costs.any():
+        return 1.0
+    g = int(world_size) * int(batch_size)
+    order = rng(seed, "stats.imbalance").permutation(len(costs))
+    if balanced:
+        order = like_cost_order(order, costs, g)
+    steps = costs[np.resize(order, -(-len(order) // g) * g)].reshape(-1, g)
+    if balanced:
+        slots = balance_steps(steps, world_size, batch_size).reshape(len(steps), g)
+        steps = np.take_along_axis(steps, slots, axis=1)
+    per_rank = steps.reshape(len(steps), world_size, batch_size).sum(axis=2)
+    mean = per_rank.mean(axis=1)
+    ok = mean > 0
+    return float((per_rank.max(axis=1)[ok] / mean[ok]).mean())
