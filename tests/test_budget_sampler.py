@@ -120,8 +120,9 @@ def test_uniform_draws_in_proportion_to_tokens_left():
     s = PackSampler(lengths, rank=0, world_size=1, tokens_per_step=8192, seed=3)
     state = s.state_dict(step=20)
     # after 20 steps: craft the counts (320 rows of 512 = 20 steps), tokens left 40,960 :
-    # 102,400 : 163,840
+    # 102,400 : 163,840; as a resume's origin (the draws of steps 0..19 would not give them)
     state["consumed"] = {"512": 320, "1024": 0, "4096": 0}
+    state["origin"] = {"step": 20, "tokens": 320 * 512, "consumed": state["consumed"]}
     n, counts = 3000, {512: 0, 1024: 0, 4096: 0}
     for e in range(n):
         t = PackSampler(lengths, rank=0, world_size=1, tokens_per_step=8192, seed=3)
@@ -328,3 +329,28 @@ def test_which_names_a_token_budget_steps_rows(packed):
     assert r.exit_code == 0, r.output
     r = run("which", path, "--step", 0, "--world-size", 3, "--tokens-per-step", 1024)
     assert r.exit_code != 0 and "which 3 ranks cannot share evenly" in r.output
+
+
+def test_consumed_moved_between_lengths_is_refused():
+    """Rows moved between lengths with the same token total (2 rows of 512 for 1 of 1024) agree
+    with the step's token count but not with the draws that made them: the sampler would repeat
+    and skip rows (issue 38). Refused, also for a state saved after an elastic resume."""
+    lengths = np.repeat([512, 1024, 4096], [300, 120, 30])
+    s = PackSampler(lengths, rank=0, world_size=2, tokens_per_step=8192, seed=1)
+    state = s.state_dict(step=7)
+    c = state["consumed"]
+    assert c["512"] >= 2
+    forged = {**state, "consumed": {**c, "512": c["512"] - 2, "1024": c["1024"] + 1}}
+    with pytest.raises(PacktoolError, match="consumed"):
+        PackSampler(lengths, rank=0, world_size=2, tokens_per_step=8192,
+                    seed=1).load_state_dict(forged)
+    t = PackSampler(lengths, rank=0, world_size=1, tokens_per_step=16384, seed=1)
+    t.load_state_dict(state)
+    later = t.state_dict(step=12)
+    c = later["consumed"]
+    forged = {**later, "consumed": {**c, "512": c["512"] + 2, "1024": c["1024"] - 1}}
+    with pytest.raises(PacktoolError, match="consumed"):
+        PackSampler(lengths, rank=0, world_size=2, tokens_per_step=8192,
+                    seed=1).load_state_dict(forged)
+    PackSampler(lengths, rank=0, world_size=2, tokens_per_step=8192,
+                seed=1).load_state_dict(later)

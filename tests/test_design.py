@@ -1,8 +1,10 @@
 """The design holds: no import cycle anywhere in packtool/, no private name imported from
 another module (a private module's helpers included: what another module uses is public),
-no module over 400 lines, no function over 60 (issue 19)."""
+no function over 60 lines (issue 19); a module over 400 lines is a warning, never the reason
+for a split (issue 38)."""
 
 import ast
+import warnings
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "packtool"
@@ -119,7 +121,8 @@ def test_modules_and_functions_stay_small():
                 n = node.end_lineno - node.lineno + 1
                 if n > 60:
                     big_functions.append(f"{name}.{node.name} ({n} lines)")
-    assert not big_modules, big_modules
+    if big_modules:  # a warning, never the reason for a split (issue 38): rooms by concept
+        warnings.warn(f"modules over 400 lines: {big_modules}", stacklevel=1)
     assert not big_functions, big_functions
 
 

@@ -262,7 +262,7 @@ def test_states_of_another_mixture_refused_by_name():
            ({**state, "sources": {**state["sources"], "books": {
                **state["sources"]["books"], "position": 42}}}, "books.position=42"),
            ({**state, "segment": {**state["segment"], "rows": 3}}, "counts.* must be|sum to"),
-           ({**state, "format": "packtool.train.sampler", "version": 2}, "a PackSampler state"),
+           ({**state, "rule": "fixed"}, "fixed-length PackSampler's state"),
            ("state", "must be a dict")]
     for st_, match in bad:
         with pytest.raises(PacktoolError, match=match):
@@ -275,3 +275,106 @@ def test_orders_are_per_source_and_seed():
     assert np.array_equal(s.order("web", 0), t.order("web", 0))  # other sources leave it
     assert sorted(s.order("web", 1).tolist()) == list(range(500))
     assert not np.array_equal(s.order("web", 0), s.order("web", 1))
+
+
+def _forged(state, **change):
+    """``state`` with segment/source fields changed (``code_position=...``, ``counts=...``)."""
+    out = json.loads(json.dumps(state))
+    for key, v in change.items():
+        if key.endswith("_position"):
+            out["sources"][key[:-9]]["position"] = v
+        elif key == "counts":
+            out["segment"]["counts"] = v
+        else:
+            out[key] = v
+    return out
+
+
+def test_forged_mixture_states_are_refused():
+    """A step far past the positions, a source moved back one row (a row repeated) and counts
+    skewed within the segment: each disagrees with what the schedule computes from the others
+    (issue 38), and each was accepted."""
+    s = MixtureSampler(SIZES, CHANGE, rank=0, world_size=2, batch_size=3, seed=3)
+    state = s.state_dict(step=60)
+    src, seg = state["sources"], state["segment"]
+    cases = [
+        (_forged(state, step=10**12), "step"),
+        (_forged(state, code_position=src["code"]["position"] - 1), "position"),
+        (_forged(state, web_position=src["web"]["position"] + 1,
+                 code_position=src["code"]["position"] - 1), "position"),
+        (_forged(state, counts={**seg["counts"], "web": seg["counts"]["web"] + 1,
+                                "code": seg["counts"]["code"] - 1}), "counts"),
+    ]
+    for forged, field in cases:
+        with pytest.raises(PacktoolError, match=field):
+            MixtureSampler(SIZES, CHANGE, rank=0, world_size=1, seed=3).load_state_dict(forged)
+    t = MixtureSampler(SIZES, CHANGE, rank=0, world_size=1, seed=3)
+    t.load_state_dict(state)  # the true state still loads, and so does one saved after it
+    list(t.steps(until=70))
+    MixtureSampler(SIZES, CHANGE, rank=0, world_size=4, seed=3).load_state_dict(
+        t.state_dict(step=70))
+
+
+def test_numpy_weights_of_every_kind_are_weights():
+    for w in (np.int64(7), np.float64(0.7), np.int32(7), np.float32(0.5), Fraction(7, 10)):
+        s = MixtureSampler({"a": 10, "b": 10}, {"a": w, "b": 3}, rank=0, world_size=1)
+        assert s.segments[0].shares[0] > 0
+    for w in (np.bool_(True), True, np.float64("nan"), np.int64(-1)):
+        with pytest.raises(PacktoolError, match="weight"):
+            MixtureSampler({"a": 10, "b": 10}, {"a": w, "b": 3}, rank=0, world_size=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=4).filter(any), st.integers(0, 400))
+def test_counts_after_equals_dealing_every_row(shares, rows):
+    """The period shortcut (:func:`counts_after`) against dealing row by row."""
+    from packtool.train.schedule import Segment, counts_after
+
+    seg = Segment(0, tuple(shares), sum(shares))
+    counts = [0] * len(shares)
+    deal(seg, 0, counts, rows)
+    assert counts_after(seg, rows) == tuple(counts)
+
+
+def test_which_and_ledger_far_out_answer_without_replay_and_agree_after_a_resume():
+    """Step 10^12 is computed, not replayed (issue 38: `which --step 1000000` replayed every
+    step, 42 s); a resumed sampler and exhausted='stop' answer as their iteration yields."""
+    import signal
+
+    def slow(*_):
+        raise TimeoutError("replayed from step 0")
+
+    old = signal.signal(signal.SIGALRM, slow)
+    signal.setitimer(signal.ITIMER_REAL, 20)
+    try:
+        s = MixtureSampler(SIZES, CHANGE, rank=0, world_size=4, batch_size=8)
+        rows = 32 * (10**12 - 20)  # since the point at step 20: 25% web, 30% books
+        ledger = s.ledger(10**12)
+        assert ledger["books"]["rows"] == rows * 3 // 10
+        assert ledger["web"]["rows"] == 32 * 20 * 7 // 10 + rows // 4
+        assert len(s.which_step(10**12)) == 4
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    state = MixtureSampler(SIZES, CHANGE, rank=0, world_size=2, batch_size=3,
+                           seed=2).state_dict(step=15)
+    for kw in ({"exhausted": "next_epoch"}, {"exhausted": "stop"}):
+        ranks = []
+        for r in range(3):
+            t = MixtureSampler(SIZES, CHANGE, rank=r, world_size=3, batch_size=2, seed=2, **kw)
+            t.load_state_dict(state)
+            ranks.append(list(t.steps(until=80)))
+        s = MixtureSampler(SIZES, CHANGE, rank=0, world_size=3, batch_size=2, seed=2, **kw)
+        s.load_state_dict(state)
+        taken = {n: state["sources"][n]["epoch"] * SIZES[n] + state["sources"][n]["position"]
+                 for n in SIZES}
+        for k in range(len(ranks[0])):
+            assert s.which_step(15 + k) == [ranks[r][k] for r in range(3)]
+            for r in range(3):
+                for src, row in ranks[r][k]:
+                    assert s.which_row(src, row, taken[src] // SIZES[src]) == (15 + k, r)
+                    taken[src] += 1
+        if kw["exhausted"] == "stop":
+            assert len(ranks[0]) < 65
+            with pytest.raises(PacktoolError, match="stops before"):
+                s.ledger(15 + len(ranks[0]) + 1)

@@ -289,8 +289,8 @@ def test_malformed_states_refused_by_field():
         s.load_state_dict({"version": 1, "epoch": 0, "step": 3, "seed": 0, "n_packs": 40,
                            "world_size": 2, "batch_size": 2, "drop_last": True,
                            "balance": None})
-    with pytest.raises(PacktoolError, match="version 5"):
-        s.load_state_dict({**good, "version": 5})
+    with pytest.raises(PacktoolError, match="version 6"):
+        s.load_state_dict({**good, "version": 6})
     for old in (2, 3):  # the whole epoch drawn by rng.permutation: other packs, refused
         with pytest.raises(PacktoolError, match=f"version {old} cannot resume.*finish that "
                                                 "epoch with the packtool that saved"):
@@ -368,7 +368,7 @@ def test_state_of_another_dataset_refused():
     identity (its index_sha256) tells their states apart."""
     a, b = FakePacked(40, "a" * 64), FakePacked(40, "b" * 64)
     state = PackSampler(a, rank=0, world_size=2, batch_size=2).state_dict(3)
-    assert state["dataset"] == "a" * 64 and state["version"] == 4
+    assert state["dataset"] == "a" * 64 and state["version"] == 5
     PackSampler(a, rank=1, world_size=4).load_state_dict(state)
     with pytest.raises(PacktoolError, match="dataset='a{64}'.*another packed dataset"):
         PackSampler(b, rank=0, world_size=2, batch_size=2).load_state_dict(state)
@@ -811,3 +811,20 @@ def test_per_segment_padding_keeps_logits_and_loss(packed):
     assert (a.logits[0] - b.logits[0][sel]).abs().max().item() < 1e-4
     assert padded["input_ids"].shape[1] > plain["input_ids"].shape[1]  # pads were added
     assert a.loss.item() == pytest.approx(b.loss.item(), rel=1e-5)
+
+
+def test_one_class_per_public_name():
+    """``packtool.torch.PackSampler`` was a second class named PackSampler beside
+    ``packtool.train.PackSampler`` (issue 38): it is the same class, which a DataLoader takes."""
+    pytest.importorskip("torch")
+    import packtool.torch
+    import packtool.train
+
+    assert packtool.torch.PackSampler is packtool.train.PackSampler
+    names = {}
+    for mod in (packtool.train, packtool.torch):
+        for name in dir(mod):
+            obj = getattr(mod, name)
+            if isinstance(obj, type) and obj.__module__.startswith("packtool"):
+                names.setdefault(name, set()).add(obj)
+    assert all(len(v) == 1 for v in names.values()), names

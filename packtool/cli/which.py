@@ -3,8 +3,13 @@ dataset (PackSampler) or a mixture of several (MixtureSampler)."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import click
 
+from ..errors import PacktoolError
 from .app import cli, emit, run
 from .commands import local
 from .options import json_option
@@ -79,12 +84,7 @@ def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balanc
 
 def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed, balance,
                    drop_last, tokens_per_step, schedule, exhausted, as_json):
-    from ..train.which_mixture import (
-        parse_schedule,
-        parse_sources,
-        which_mixture_record,
-        which_mixture_step,
-    )
+    from ..train.which import which_mixture_record, which_mixture_step
 
     if schedule is None:
         raise click.UsageError("several PATHS are a mixture: give its --schedule (the weights "
@@ -104,3 +104,42 @@ def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, see
                                    "start their epochs at different steps): drop --epoch")
         result = run(which_mixture_step, named, plan, step, rank, **settings)
     emit(result, as_json, False)
+
+
+NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def parse_sources(paths: list[str]) -> dict[str, str]:
+    """``NAME=DIR`` arguments as {name: directory}; a name twice or a bare DIR among named
+    ones is refused by name."""
+    out: dict[str, str] = {}
+    for arg in paths:
+        name, sep, path = str(arg).partition("=")
+        if not sep or not NAME.fullmatch(name) or not path:
+            raise PacktoolError(f"{arg!r}: a mixture names every source as NAME=DIR (the names "
+                                "the schedule uses: web=packed/web code=packed/code)")
+        if name in out:
+            raise PacktoolError(f"source {name!r} is given twice ({out[name]} and {path}); "
+                                "give each source once")
+        out[name] = path
+    return out
+
+
+def parse_schedule(text: str):
+    """The ``--schedule`` value: inline JSON, or a file holding it."""
+    raw = str(text)
+    if not raw.lstrip().startswith(("{", "[")):
+        try:
+            raw = Path(raw).read_text(encoding="utf-8")
+        except OSError as e:
+            raise PacktoolError(f"--schedule {text}: not inline JSON and not a readable file "
+                                f"({e.strerror or e})") from None
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise PacktoolError(f"--schedule {text}: not valid JSON ({e}); give an object of "
+                            'weights ({"web": 0.7, "code": 0.3}) or a list of [step, weights] '
+                            "points") from None
+    if isinstance(value, list):
+        return [tuple(p) if isinstance(p, list) else p for p in value]
+    return value

@@ -57,7 +57,7 @@ OPTIONS = {
     "link": ("--copy", {("megatron", "corpus")}),  # link=False is --copy
 }
 RECORDS = {"corpus": "documents", "packed": "packs"}
-# pairs and groups (token and packed format version 4): a format whose rows can name each
+# pairs and groups (tokens version 4, packed 5): a format whose rows can name each
 # sequence's group and role carries them (mds, parquet: seq_group, seq_role beside the
 # segments); the others would hand a trainer chosen and rejected alike as text to learn,
 # so they are refused, by name, with the reason
@@ -72,11 +72,6 @@ NO_GROUPS = {
                       "column: it would train on every completion, the rejected ones "
                       "included, as SFT",
 }
-SHARED_PROMPT = ("a --share-prompt row cannot be written as segments: cu_seqlens (seq_lengths) "
-                 "can only say 'attend within your own segment', so a completion would lose "
-                 "its prompt (or, read as one causal row, attend to its siblings), and the "
-                 "format's position_ids restart at 0 where a completion's continue from its "
-                 "prompt's end")
 GROUPS_FIX = ("train from the packed dataset with packtool.torch (block_mask, sequence_logps: "
               "docs/TRAINING.md), or export --format parquet or mds from a pack without "
               "--share-prompt (their seq_group and seq_role columns name each sequence)")
@@ -219,14 +214,19 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
 
 def refuse_groups(source, kind: str, fmt: str, src) -> None:
     """Pairs or groups refused where ``fmt`` cannot carry them (:data:`NO_GROUPS`), and a
-    --share-prompt pack everywhere (:data:`SHARED_PROMPT`)."""
+    --share-prompt pack everywhere (:mod:`packtool.conflicts`)."""
     groups = source.groups if kind == "corpus" else source.index.get("groups")
     if not groups:
         return
-    reason = NO_GROUPS.get(fmt) or (SHARED_PROMPT if groups.get("share_prompt") else None)
+    reason = NO_GROUPS.get(fmt)
+    what = "preference pairs" if groups["kind"] == "pairs" else "groups of completions"
+    shared = " packed with --share-prompt" if groups.get("share_prompt") else ""
+    if reason is None and shared:
+        from .. import conflicts
+
+        conflicts.check({"share_prompt", "export_segments"},
+                        f"{src} holds {what}{shared}; --format {fmt} cannot carry them")
     if reason is not None:
-        what = "preference pairs" if groups["kind"] == "pairs" else "groups of completions"
-        shared = " packed with --share-prompt" if groups.get("share_prompt") else ""
         raise PacktoolError(f"{src} holds {what}{shared}; --format {fmt} cannot carry them: "
                             f"{reason}; {GROUPS_FIX}")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, conflicts
 from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
@@ -144,15 +144,10 @@ def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
     :class:`StreamedPlan` with ``--group-docs``); this process's opened sources handed to
     them."""
     from ..formats.tokens.groups import group_table
-    from .pairs import refuse_options
 
     table = group_table(corpora)
-    if table is not None:
-        refuse_options(options, factors)
-    elif options.share_prompt:
-        raise PacktoolError("--share-prompt shares the prompt of pairs and groups; the sources "
-                            "are plain documents (tokenize with --chosen-field/--rejected-field"
-                            " or --completions-field)")
+    conflicts.check(options.features() | {"groups" if table is not None else "plain"}
+                    | ({"mixture"} if any(f != 1 for f in factors) else set()))
     target = pj.Target(staging, tuple(str(c.prefix) for c in corpora), stored["dtypes"],
                        options.layout, stored["mask_storage"], table is not None)
     flow = StreamedPlan(corpora, factors, options, target, digest) if options.group_docs else \
@@ -191,6 +186,7 @@ class WholeCorpusPlan:
                     else {"train": self.layout}, digest, target, t0)
 
     def _ready(self, layouts: dict, digest: str, target, t0: float) -> None:
+        refuse_empty(layouts["train"].n_packs, self.options)
         self.assign_seconds = time.perf_counter() - t0
         self.layouts = layouts
         self.shards = pj.shard_jobs(self.layouts, {"plan": digest}, target)
@@ -265,6 +261,7 @@ class StreamedPlan:
                 folded[split].add(part)
         refuse_missing(out, bad, len(self.groups), "groups")
         self.combined = {s: c.result() for s, c in folded.items()}
+        refuse_empty((self.combined["train"] or {}).get("n_packs", 0), self.options)
         return {split: (lambda held, final, c=c, split=split: group_index_meta(
                     c, self.options, self.corpora, self.factors, split, held, final, stored),
                         c["shards"], self.options)
@@ -287,6 +284,16 @@ class StreamedPlan:
             solver=idx["solver"] if idx else {}, seconds=seconds, sources_verified=False,
             sources=idx["sources"] if idx else [], valid=idx["held_out"] if idx else None,
             overflow=self.options.overflow, warnings=warnings)
+
+
+def refuse_empty(n_packs: int, options: PackOptions) -> None:
+    """An empty training set is refused (as ``pack --help`` says), before anything is
+    committed: every document or group dropped by --overflow drop, or none fitting."""
+    if not n_packs:
+        raise PacktoolError(
+            f"the training set would be empty: no document or group is left at --seq-len "
+            f"{options.seq_len:,} with --overflow {options.overflow} (every one longer, and "
+            "dropped); raise --seq-len, or use --overflow split for plain documents")
 
 
 def refuse_missing(out: Path, bad: list[str], n: int, what: str) -> None:

@@ -39,8 +39,12 @@ def histogram(layout: PackLayout, chunk: int = 1 << 22) -> np.ndarray:
 
 def metrics(layout: PackLayout) -> dict:
     rep = layout.report
+    g = getattr(layout, "groups", None)
+    seqs = None
+    if g and g["share_prompt"]:  # a kept group's shared prompt: a segment, not a sequence
+        seqs = layout.counts["n_segments"] - (g["n_groups"] - g["n_dropped_groups"])
     return histogram_metrics(histogram(layout), layout.options.seq_len, layout.n_packs,
-                             rep.lp_bound, rep.lp_converged)
+                             rep.lp_bound, rep.lp_converged, seqs)
 
 
 def storage(corpora: list, options: PackOptions, longest: int) -> dict:

@@ -1,28 +1,34 @@
 """The training side: what a trainer needs from a packed dataset once it is written.
 
-- :mod:`.sampler` (and :mod:`.state`): ``PackSampler``, the epoch order of packs per rank,
-  resumable at any world size; its numpy core is the arithmetic, torch wraps it.
-- :mod:`.mixture` (:mod:`.schedule`, :mod:`.mixture_state`): ``MixtureSampler``, rows of
-  several packed datasets per step in proportions a schedule sets and may change mid-run,
-  with a ledger and an exact resume under another schedule or shape.
-- :mod:`.balance`: packs dealt so each rank's step costs the same attention work.
-- :mod:`.batching`: packs collated into one padding-free ``[1, N]`` row (numpy).
+- :mod:`.sampler`: ``PackSampler``, the epoch order of packs per rank (with
+  ``tokens_per_step``, :mod:`.budget`'s token-budget steps), resumable at any world size;
+  its numpy core is the arithmetic, torch wraps it.
+- :mod:`.mixture` (:mod:`.schedule`, :mod:`.mixture_state` its state's checks):
+  ``MixtureSampler``, rows of several packed datasets per step in proportions a schedule sets
+  and may change mid-run, with a ledger and an exact resume under another schedule or shape.
+- :mod:`.state`: one state for every step rule (fixed packs, token budget, mixture) and one
+  reader that refuses a forged one: counts, step and positions as the rule computes them.
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
+- :mod:`.step`: ``plan_step``, an RL step's micro-batches planned from lengths (groups whole,
+  the same count on every rank), with restore/check and the loss weights; verl's
+  ``rearrange_micro_batches`` signature.
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.preference`: ``sequence_logps`` (each sequence's summed completion log-probability
   in a packed batch of pairs or groups), ``dpo_loss``, ``sequence_rewards`` (a row's
   rewards from its source corpora), and their attention masks.
-- :mod:`.which`: which step and rank a record lands in, and what a step holds.
+- :mod:`.which`: which step and rank a record lands in, and what a step holds (one dataset
+  or a mixture); :mod:`.records` names a document's input file and record.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
-  path (``packtool conformance``); :mod:`.attention` the reference attention it checks
-  against on CPU (what varlen flash attention and a document-causal mask compute).
+  path (``packtool conformance``).
+- :mod:`.attention`: ``attn_implementation="packtool"``, a varlen kernel fed by the row's
+  boundaries, chosen once per process, and the CPU reference conformance checks against;
+  :mod:`.prepare`: ``prepare_model``, which sets it and proves it on a packed row.
 - :mod:`.order` (:mod:`.permute`): an epoch's steps computed one at a time from a keyed
   permutation, never the epoch in memory.
-- :mod:`.budget` (:mod:`.budget_state`, :mod:`.by_length`, :mod:`.curriculum`): token-budget
+- :mod:`.budget` (:mod:`.by_length`, :mod:`.curriculum`): token-budget
   steps (``tokens_per_step=T``): rows of one slot length a step, the length drawn by a
   curriculum.
 - :mod:`.shape`: the rank/world-size checks every sampler shares.
-- :mod:`.which_mixture`: :mod:`.which` for a mixture.
 
 The cost model (:mod:`packtool.formats.packed.balance`) and the collation
 (:mod:`packtool.formats.packed.batching`) live with the packed format.

@@ -45,12 +45,11 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..formats.packed.balance import balance_steps, fingerprint
-from .budget_state import STATE_FORMAT, STATE_VERSION, check_budget_state
 from .by_length import RowsByLength
 from .curriculum import curriculum_of, draw
 from .permute import ROUNDS, Feistel
 from .shape import check_shape
-from .state import dataset_identity
+from .state import check_budget_state, dataset_identity, stamp
 
 MARK_EVERY = 256  # steps between remembered counts: a lookup replays at most 255 draws
 
@@ -165,13 +164,17 @@ class BudgetSampler:
             return self._resumed[1], self._resumed[2]
         return 0, np.zeros(len(self.lengths), np.int64)
 
-    def _next(self, epoch: int, step: int, consumed: np.ndarray) -> int | None:
-        """The length index step ``step`` takes after ``consumed``, None at the epoch's end."""
+    def _next(self, epoch: int, step: int, consumed: np.ndarray, per_step=None,
+              weights=None) -> int | None:
+        """The length index step ``step`` takes after ``consumed``, None at the epoch's end
+        (``per_step``, ``weights``: another T's rows a step and another curriculum's)."""
+        per_step = self.per_step if per_step is None else per_step
         left = self.sizes - consumed
-        fill = left >= self.per_step
+        fill = left >= per_step
         if not fill.any():
             return None
-        w = self._weights(step, self.lengths, left * self.lengths, self.sizes * self.lengths)
+        w = (weights or self._weights)(step, self.lengths, left * self.lengths,
+                                       self.sizes * self.lengths)
         w = [int(x) if f else 0 for x, f in zip(w, fill.tolist(), strict=True)]
         if not sum(w):
             can = [int(v) for v, f in zip(self.lengths, fill, strict=True) if f]
@@ -345,25 +348,28 @@ class BudgetSampler:
                                 f"{' after the resume' if first else ''}), got {step!r}")
         epoch, step = self.epoch, int(step)
         consumed = self._consumed_at(epoch, step)
-        origin = (first, int((self._origin(epoch)[1] * self.lengths).sum()))
+        at = self._origin(epoch)[1]
         if step == n and roll:
-            epoch, step, consumed, origin = epoch + 1, 0, np.zeros_like(consumed), (0, 0)
+            epoch, step, consumed, first, at = epoch + 1, 0, np.zeros_like(consumed), 0, 0 * at
         names = [str(v) for v in self.lengths.tolist()]
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": epoch,
+        origin = {"step": first, "tokens": int((at * self.lengths).sum()),
+                  "consumed": dict(zip(names, at.tolist(), strict=True))}
+        return stamp("budget", {"epoch": epoch,
                 "step": step, "consumed": dict(zip(names, consumed.tolist(), strict=True)),
                 "remaining": self.n_rows - int(consumed.sum()),
-                "origin": {"step": origin[0], "tokens": origin[1]},
+                "origin": origin,
                 "world_size": self.world_size, "tokens_per_step": self.tokens_per_step,
                 "curriculum": self.curriculum, "seed": self.seed,
                 "rows": dict(zip(names, self.sizes.tolist(), strict=True)),
                 "balance": self.balance, "costs_sha256": self.fingerprint,
-                "dataset": self.dataset}
+                "dataset": self.dataset})
 
     def load_state_dict(self, state) -> None:
         """Resume from ``state`` (of any rank, world size, ``tokens_per_step`` or curriculum):
         the next iteration deals what the epoch has left. Refused by name: a malformed state,
         a fixed-length PackSampler's state, another seed, other rows per length or dataset, a
-        step that disagrees with the rows consumed."""
+        step that disagrees with the rows consumed, rows consumed that the draws from the
+        state's origin do not give."""
         epoch, step, consumed = check_budget_state(state, self)
         self.epoch = epoch
         self._resumed = (epoch, step, consumed) if step else None

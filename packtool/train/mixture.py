@@ -30,7 +30,6 @@ that step on (a new segment: the bound holds from it), and its later points as w
 
 from __future__ import annotations
 
-import bisect
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -39,12 +38,12 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import PacktoolError
-from .mixture_state import STATE_FORMAT, STATE_VERSION, check_mixture_state
-from .schedule import Segment, check_schedule, deal
+from .mixture_state import check_mixture_state
+from .schedule import Segment, check_schedule, counts_after, deal, least_step
 from .shape import check_shape
+from .state import stamp
 
 EXHAUSTED = ("next_epoch", "stop")
-MARK_EVERY = 256  # steps between remembered cursors: ledger(s) replays at most 255 steps
 
 
 @dataclass(frozen=True)
@@ -142,10 +141,16 @@ class MixtureSampler:
 
     def _begin(self, origin: Cursor) -> None:
         self.start_step = origin.step
-        self._marks = {origin.step: origin}
-        self._mark_steps = [origin.step]  # sorted
-        self._last = origin  # the cursor asked for last
+        self._origin = origin
         self._handed = origin.step  # steps this sampler's steps() has handed out
+        n = [src.n for src in self.sources]
+        self._total0 = tuple(_stream(e, p, n_) for e, p, n_ in zip(origin.epoch, origin.pos, n,
+                                                                    strict=True))
+        # rows of each source's stream the sampler may take: with exhausted="stop" the rest of
+        # the epoch it stands in at the origin
+        self._limit = None if self.exhausted != "stop" else tuple(
+            (e + 1) * n_ for e, n_ in zip(origin.epoch, n, strict=True))
+        self._stop = None  # the step the sampler stops before (stop), found when asked
 
     # ------------------------------------------------------------------ the streams
 
@@ -209,28 +214,48 @@ class MixtureSampler:
         return seg, taken, counts, deal(self.segments[seg], taken, counts, self.global_batch)
 
     def _cursor_at(self, step: int) -> Cursor:
-        """The cursor before ``step`` (>= start_step), replayed from the nearest mark."""
+        """The cursor before ``step`` (>= start_step), computed, not replayed: per schedule
+        segment the rows it dealt (:func:`.schedule.counts_after`), O(segments) for any step."""
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
                 or step < self.start_step:
             raise PacktoolError(f"step must be an integer >= {self.start_step:,} (the first "
                                 "step of this sampler" + (", where it resumed" if self.start_step
                                                           else "") + f"), got {step!r}")
-        cur = self._marks[self._mark_steps[bisect.bisect_right(self._mark_steps, step) - 1]]
-        if cur.step <= self._last.step <= step:  # a ledger per step replays one step
-            cur = self._last
-        while cur.step < step:
-            nxt = self._advance(cur)
-            if nxt is None:
-                raise PacktoolError(self._stopped(cur, f"step {step:,}"))
-            cur = nxt[0]
-            self._mark(cur)
-        self._last = cur
-        return cur
+        step = int(step)
+        if self.exhausted == "stop" and step > self._stop_step():
+            raise PacktoolError(self._stopped(self._at(self._stop_step()), f"step {step:,}"))
+        return self._at(step)
 
-    def _mark(self, cur: Cursor) -> None:
-        if cur.step % MARK_EVERY == 0 and cur.step not in self._marks:
-            self._marks[cur.step] = cur
-            bisect.insort(self._mark_steps, cur.step)
+    def _at(self, step: int) -> Cursor:
+        o = self._origin
+        seg, taken, counts, at = o.seg, o.taken, o.counts, o.step
+        total = list(self._total0)
+        while at < step:
+            if seg + 1 < len(self.segments) and self.segments[seg + 1].start <= at:
+                seg, taken, counts = seg + 1, 0, (0,) * len(self.names)
+            nxt = self.segments[seg + 1].start if seg + 1 < len(self.segments) else step
+            end = min(step, nxt)
+            rows = taken + (end - at) * self.global_batch
+            new = counts_after(self.segments[seg], rows)
+            total = [t + b - a for t, a, b in zip(total, counts, new, strict=True)]
+            at, taken, counts = end, rows, new
+        places = [_place(t, e, p, t0, src.n) for t, e, p, t0, src in zip(
+            total, o.epoch, o.pos, self._total0, self.sources, strict=True)]
+        return Cursor(step, seg, taken, tuple(counts), tuple(e for e, _ in places),
+                      tuple(p for _, p in places))
+
+    def _total(self, step: int) -> list[int]:
+        """Per source, rows of its stream taken before ``step``."""
+        c = self._at(step)
+        return [_stream(e, p, src.n) for e, p, src in zip(c.epoch, c.pos, self.sources,
+                                                          strict=True)]
+
+    def _stop_step(self) -> int:
+        """exhausted="stop": the first step that needs a row past a source's epoch."""
+        if self._stop is None:
+            self._stop = least_step(self.start_step, lambda s: any(
+                t > lim for t, lim in zip(self._total(s + 1), self._limit, strict=True)))
+        return self._stop
 
     def _stopped(self, cur: Cursor, what: str) -> str:
         need = np.bincount(self._deal(cur)[3], minlength=len(self.names))
@@ -252,7 +277,6 @@ class MixtureSampler:
             if nxt is None:
                 return
             cur, pairs = nxt
-            self._mark(cur)
             self._handed = cur.step  # before the yield: a snapshot after it counts the step
             yield [(self.names[i], r) for i, r in pairs[lo:lo + self.batch_size]]
 
@@ -276,31 +300,20 @@ class MixtureSampler:
                                 f"{row!r}")
         order = self.order(source, epoch)
         at = int(epoch) * n + int(np.flatnonzero(order == row)[0])  # its place in the stream
-        cur = self._marks[self.start_step]
-        if cur.epoch[i] * n + cur.pos[i] > at:
+        if self._total(self.start_step)[i] > at:
             raise PacktoolError(f"row {row} of {source} (epoch {epoch}) was taken before step "
                                 f"{self.start_step:,}, where this sampler resumed; ask a sampler "
                                 "that did not resume")
-        for m in self._mark_steps:  # the last mark before it, then step by step
-            c = self._marks[m]
-            if c.epoch[i] * n + c.pos[i] <= at:
-                cur = c
-        return self._find(cur, i, at)
-
-    def _find(self, cur: Cursor, i: int, at: int) -> tuple[int, int] | None:
-        n = self.sources[i].n
-        while True:
-            if self.segments[-1].start <= cur.step and not self.segments[-1].shares[i]:
-                return None  # weight 0 from here on: never
-            nxt = self._advance(cur)
-            if nxt is None:
-                return None
-            after, pairs = nxt
-            if after.epoch[i] * n + after.pos[i] > at:  # in this step: its k-th row of i
-                k = at - (cur.epoch[i] * n + cur.pos[i])
-                slot = [j for j, (src, _) in enumerate(pairs) if src == i][k]
-                return cur.step, slot // self.batch_size
-            cur = after
+        last = max(self.segments[-1].start, self.start_step)
+        if not self.segments[-1].shares[i] and self._total(last)[i] <= at:
+            return None  # weight 0 from there on: never
+        step = least_step(self.start_step, lambda s: self._total(s + 1)[i] > at)
+        if self.exhausted == "stop" and step >= self._stop_step():
+            return None
+        cur = self._at(step)
+        k = at - _stream(cur.epoch[i], cur.pos[i], n)  # the step's k-th row of source i
+        slot = [j for j, (src, _) in enumerate(self._advance(cur)[1]) if src == i][k]
+        return step, slot // self.batch_size
 
     # ------------------------------------------------------------------ the ledger
 
@@ -327,15 +340,21 @@ class MixtureSampler:
         step = max(self._handed, self.start_step) if step is None else step
         cur = self._cursor_at(step)
         seg = self.segments[cur.seg]
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "step": cur.step,
+        total = [_stream(e, p, src.n) for e, p, src in zip(cur.epoch, cur.pos, self.sources,
+                                                            strict=True)]
+        rows0 = sum(self._total0)
+        return stamp("mixture", {"step": cur.step,
                 "world_size": self.world_size, "batch_size": self.batch_size,
                 "seed": self.seed, "exhausted": self.exhausted,
                 "segment": {"start": seg.start, "weights": _weights_json(seg, self.names),
                             "rows": cur.taken,
-                            "counts": dict(zip(self.names, cur.counts, strict=True))},
+                            "counts": dict(zip(self.names, cur.counts, strict=True)),
+                            "positions": {n: t - c for n, t, c in zip(
+                                self.names, total, cur.counts, strict=True)}},
+                "origin": {"step": self.start_step, "rows": rows0},
                 "sources": {s.name: {**s.identity, "n_rows": s.n, "epoch": cur.epoch[i],
                                      "position": cur.pos[i]}
-                            for i, s in enumerate(self.sources)}}
+                            for i, s in enumerate(self.sources)}})
 
     def load_state_dict(self, state) -> None:
         """Resume from ``state`` (from :meth:`state_dict`, of any rank, world size, batch size
@@ -353,6 +372,21 @@ class MixtureSampler:
             self.segments = [replace(self.segments[mine], start=step), *later]
             taken, counts = 0, (0,) * len(self.names)
         self._begin(Cursor(step, 0, taken, counts, epoch, pos))
+
+
+def _stream(epoch: int, pos: int, n: int) -> int:
+    """Rows of a source's stream taken at (epoch, rows of it taken)."""
+    return epoch * n + pos
+
+
+def _place(total: int, epoch: int, pos: int, total0: int, n: int) -> tuple[int, int]:
+    """(epoch, rows of it) after ``total`` rows of the stream, as taking them one by one from
+    (``epoch``, ``pos``) = ``total0`` leaves it: an epoch used up rolls over when its next row
+    is taken, so ``n`` rows of epoch 0 stand at (0, n)."""
+    if total == total0:
+        return epoch, pos
+    e = (total - 1) // n
+    return e, total - e * n
 
 
 def _weights_json(seg: Segment, names: list[str]) -> dict:

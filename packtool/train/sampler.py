@@ -72,7 +72,7 @@ from ..formats.packed.balance import attention_costs as attention_costs  # also 
 from ..formats.packed.balance import fingerprint as fingerprint  # the state's costs_sha256
 from .order import EpochOrder, class_keys
 from .shape import check_shape
-from .state import STATE_FORMAT, STATE_VERSION, check_state, dataset_identity
+from .state import check_state, dataset_identity, stamp
 
 
 class PackSampler:
@@ -343,13 +343,13 @@ class PackSampler:
         consumed = self._consumed_at(step)
         if step == n_steps and roll:
             epoch, step, consumed = epoch + 1, 0, np.zeros_like(consumed)
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": epoch,
-                "step": step, "consumed": consumed.tolist(),
+        return stamp("fixed", {
+                "epoch": epoch, "step": step, "consumed": consumed.tolist(),
                 "remaining": self.n_packs - int(consumed.sum()),
                 "world_size": self.world_size, "batch_size": self.batch_size,
                 "seed": self.seed, "n_packs": self.n_packs, "drop_last": self.drop_last,
                 "balance": self.balance, "cost_ratio": self.cost_ratio,
-                "costs_sha256": self.fingerprint, "dataset": self.dataset}
+                "costs_sha256": self.fingerprint, "dataset": self.dataset})
 
     def _consumed_at(self, step: int) -> np.ndarray:
         """Packs per class the current epoch's steps before ``step`` consumed (all of them at

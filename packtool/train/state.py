@@ -1,19 +1,20 @@
-"""A sampler state, checked field by field before a resume: version and format, every field's
-type, the fields that define the epoch order (seed, number of packs, drop_last, balance, cost
-ratio, a fingerprint of the per-pack costs), the dataset it was saved for, counts in range, and
-the step against the packs consumed. Every refusal is a :class:`PacktoolError` naming the
-field, its value (or type), what it must be and what to do.
+"""One state for every step rule: ``{"format": "packtool.train.sampler", "version": 5,
+"rule": R, ...}``, R the sampler's step rule and its fields. One reader (:func:`read_state`)
+takes it, and the format each rule saved before (fixed ``packtool.train.sampler`` v4, budget
+``packtool.train.budget`` v1, mixture ``packtool.train.mixture`` v1: tests/data/sampler-states
+resume exactly), and refuses another rule's state by name; then the rule's check proves the
+counts consistent, so a forged state that would repeat or skip rows is refused:
 
-Versions: 4 (issue 32) has the fields of 3 but counts them in another epoch order: each
-step's packs are computed per step from a keyed permutation (:mod:`packtool.train.order`)
-where 2 and 3 drew the whole epoch with ``rng.permutation``, so their consumed counts name
-other packs; they are refused by name (finish that epoch with the packtool that saved the
-state, or start the next epoch). ``dataset`` (since 3) is the ``index_sha256`` of the packed
-dataset the sampler was built from (None when it was built from a pack count, which names no
-dataset), so that a state of another dataset with as many packs is refused (with
-``balance=None`` nothing else tells the two apart). It is compared when both the state and the
-sampler know it: a sampler built from a count cannot check it, and a state saved from a count
-carries none. Version 1 and unknown versions are refused by name too.
+- ``fixed``: packs consumed per cost class of the epoch order, against the step.
+- ``budget``: rows consumed per slot length are what the curriculum's draws take from the
+  origin (step, tokens, rows per length where the saving run began the epoch), and
+  ``tokens - origin.tokens == (step - origin.step) * T``.
+- ``mixture`` (:mod:`.mixture_state`): the segment's counts are the deadline order's after
+  its rows, each source's position is where the segment began plus its count, and every step
+  since the origin took ``world_size x batch_size`` rows.
+
+Every refusal is a :class:`PacktoolError` naming the field, its value (or type), what it must
+be and what to do.
 """
 
 from __future__ import annotations
@@ -23,11 +24,95 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import PacktoolError
+from .curriculum import curriculum_of
 
 STATE_FORMAT = "packtool.train.sampler"
-STATE_VERSION = 4
-_READS = (4,)
-_OLD_ORDER = (2, 3)  # the epoch drawn whole by rng.permutation: another order of the packs
+STATE_VERSION = 5
+RULES = {  # rule -> (what its state counts, the sampler that continues it)
+    "fixed": ("a fixed-length PackSampler's state: packs consumed of one epoch order",
+              "PackSampler(...) without tokens_per_step"),
+    "budget": ("a token-budget sampler's state: rows consumed per slot length",
+               "PackSampler(..., tokens_per_step=T), any T"),
+    "mixture": ("a MixtureSampler's state: a position in each source's stream",
+                "MixtureSampler(...) with its sources"),
+}
+_BEFORE = {STATE_FORMAT: ("fixed", 4), "packtool.train.budget": ("budget", 1),
+           "packtool.train.mixture": ("mixture", 1)}  # each rule's format before version 5
+
+
+def is_state(v) -> bool:
+    """A sampler state of any rule (a loader's state holds one)."""
+    return isinstance(v, Mapping) and v.get("format") in _BEFORE
+
+
+def stamp(rule: str, fields: dict) -> dict:
+    """``fields`` as a state of ``rule``."""
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, "rule": rule, **fields}
+
+
+def read_state(state, rule: str, fields) -> None:
+    """``state`` is a mapping of a version this packtool reads, of ``rule``, with ``fields``;
+    else a PacktoolError naming what it is and what continues it."""
+    if not isinstance(state, Mapping):
+        raise PacktoolError(f"sampler state must be a dict (from the sampler's state_dict()), "
+                            f"got {type(state).__name__}")
+    for key, types, what in (("format", str, "a string"), ("rule", str, "a string"),
+                             ("version", (int, np.integer), "an integer")):
+        v = state.get(key)
+        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, types)):
+            raise PacktoolError(f"sampler state has {key} of type {type(v).__name__}: it must "
+                                f"be {what}; the state is corrupt or was not made by the "
+                                "sampler's state_dict(), save it again")
+    fmt, version = state.get("format"), state.get("version")
+    saved, last = ("fixed", 1) if fmt is None else _BEFORE.get(fmt, (None, None))
+    if fmt == STATE_FORMAT and "rule" in state:
+        saved, last = state["rule"], STATE_VERSION
+    if saved in RULES and saved != rule:
+        raise PacktoolError(f"this is {RULES[saved][0]} (rule {saved!r}), and this sampler's "
+                            f"rule is {rule!r}: it cannot continue it; resume it with "
+                            f"{RULES[saved][1]}, or start the next epoch here")
+    if saved == "fixed" and version in (1, 2, 3):  # another stream, or the epoch drawn whole
+        why = ("its epoch order came from default_rng([seed, epoch]), which packtool no longer "
+               "uses (issue 18.10)" if version == 1 else "its epoch order (the whole epoch "
+               "drawn by rng.permutation) was replaced by a keyed permutation (issue 32)")
+        raise PacktoolError(
+            f"sampler state version {version} cannot resume in this packtool: {why}, so its "
+            "consumed counts name other packs and resuming would repeat and skip packs of "
+            f"epoch {state.get('epoch')!r}; finish that epoch with the packtool that saved the "
+            "state, or start the next one here (sampler.set_epoch(epoch + 1))")
+    if saved not in RULES or version not in (last, STATE_VERSION) \
+            or (version == STATE_VERSION) != (fmt == STATE_FORMAT and "rule" in state):
+        raise PacktoolError(f"sampler state version {version}, format {fmt!r}: this packtool "
+                            f"reads version {STATE_VERSION} of {STATE_FORMAT!r} (and each "
+                            f"rule's format before it); it was saved by another packtool, or "
+                            "is not a sampler state")
+    missing = [k for k in fields if k not in state]
+    if missing:
+        raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
+                            "not made by the sampler's state_dict(); save it again")
+
+
+def _int(state, key: str, lo: int = 0, hi: int | None = None, what: str | None = None) -> int:
+    v = state[key]
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < lo \
+            or (hi is not None and v > hi):
+        limit = f"an integer >= {lo}" + (f" and <= {hi:,}" if hi is not None else "")
+        raise PacktoolError(f"sampler state has {what or key}={v!r}: it must be {limit}; the "
+                            "state is corrupt, save it again")
+    return int(v)
+
+
+def _same_dataset(saved, sampler) -> None:
+    if saved is not None and sampler.dataset is not None and saved != sampler.dataset:
+        raise PacktoolError(
+            f"sampler state has dataset={saved!r} but this sampler reads dataset "
+            f"{sampler.dataset!r} (the packed index's index_sha256): the state was saved for "
+            "another packed dataset, and resuming would train rows that were never in its "
+            "order; build the sampler from the dataset the state was saved for, or start its "
+            "epoch afresh")
+
+
+# ------------------------------------------------------------------ fixed packs per step
 _INT, _STR_OR_NONE = (int, np.integer), (str, type(None))
 _TYPES = {  # field -> (accepted types, what to say); bool is refused where an int is meant
     "format": ((str,), "a string"), "version": (_INT, "an integer"),
@@ -46,25 +131,16 @@ _FIELDS = tuple(_TYPES)
 def check_state(state, sampler) -> tuple[int, np.ndarray]:
     """(epoch, consumed per class) of a well-formed state of ``sampler``'s epoch order and
     dataset, or a PacktoolError naming the field, its value, what it must be, and what to do."""
-    _check_form(state)
-    epoch = _count(state, "epoch", 0)
-    _count(state, "step", 0, sampler.n_packs)  # a step holds at least one pack
-    _count(state, "world_size", 1)
-    _count(state, "batch_size", 1)
+    read_state(state, "fixed", _FIELDS)
+    _check_types(state)
+    epoch = _int(state, "epoch", 0)
+    _int(state, "step", 0, sampler.n_packs)  # a step holds at least one pack
+    _int(state, "world_size", 1)
+    _int(state, "batch_size", 1)
     _check_order(state, sampler)
     consumed = _consumed(state, sampler)
     _check_step(state, int(consumed.sum()), sampler.n_packs)
     return epoch, consumed
-
-
-def _count(state, key: str, lo: int, hi: int | None = None) -> int:
-    v = state[key]
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo \
-            or (hi is not None and v > hi):
-        limit = f"an integer >= {lo}" + (f" and <= {hi:,}" if hi is not None else "")
-        raise PacktoolError(f"sampler state has {key}={v!r}: it must be {limit}; the state "
-                            "is corrupt, save it again")
-    return int(v)
 
 
 def _check_types(state) -> None:
@@ -95,14 +171,7 @@ def _check_order(state, sampler) -> None:
                 f"packs; build the sampler with the saved {key}"
                 + (" (the same packed dataset and per-pack costs)"
                    if key in ("n_packs", "costs_sha256") else ""))
-    saved = state.get("dataset")
-    if saved is not None and sampler.dataset is not None and saved != sampler.dataset:
-        raise PacktoolError(
-            f"sampler state has dataset={saved!r} but this sampler reads dataset "
-            f"{sampler.dataset!r} (the packed index's index_sha256): the state was saved for "
-            f"another packed dataset with as many packs ({sampler.n_packs:,}), and resuming "
-            "would train packs that were never in its epoch order; build the sampler from the "
-            "dataset the state was saved for, or start its epoch afresh")
+    _same_dataset(state.get("dataset"), sampler)
 
 
 def _check_step(state, consumed: int, n_packs: int) -> None:
@@ -124,45 +193,6 @@ def _check_step(state, consumed: int, n_packs: int) -> None:
             f"world_size {state['world_size']} x batch_size {state['batch_size']} ({g} packs a "
             f"step) that is {want}, so one of the two is wrong and resuming would repeat or "
             "skip packs; the state is corrupt, save it again")
-
-
-def _check_form(state) -> None:
-    """A mapping of a version this packtool reads and this format, with every field typed."""
-    if not isinstance(state, Mapping):
-        raise PacktoolError(f"sampler state must be a dict (from PackSampler.state_dict()), got "
-                            f"{type(state).__name__}")
-    _check_types({k: state[k] for k in ("version", "format") if k in state})
-    version = state.get("version")
-    if state.get("format") == "packtool.train.budget":
-        raise PacktoolError(
-            "this is a token-budget sampler's state (format 'packtool.train.budget', rows "
-            "consumed per slot length): resume it with PackSampler(..., tokens_per_step=T), "
-            "any T; a fixed-length PackSampler cannot continue it")
-    if version == 1:
-        raise PacktoolError(
-            "sampler state version 1 (packtool before the elastic resume) cannot resume: its "
-            "epoch order came from default_rng([seed, epoch]), which packtool no longer uses "
-            "(the sampler's stream is now its own, issue 18.10), so resuming would repeat and "
-            f"skip packs of epoch {state.get('epoch')!r}; start the next epoch with "
-            "sampler.set_epoch(epoch + 1), or finish this one with the packtool that saved it")
-    if version in _OLD_ORDER:
-        raise PacktoolError(
-            f"sampler state version {version} cannot resume in this packtool: its epoch order "
-            "(the whole epoch drawn by rng.permutation) was replaced by one computed per step "
-            "(a keyed permutation, issue 32), so its consumed counts name other packs and "
-            f"resuming would repeat and skip packs of epoch {state.get('epoch')!r}; finish "
-            "that epoch with the packtool that saved the state, or start the next one here "
-            "(sampler.set_epoch(epoch + 1) without load_state_dict)")
-    if version not in _READS or state.get("format") != STATE_FORMAT:
-        raise PacktoolError(f"sampler state version {version!r}, format {state.get('format')!r}: "
-                            f"this packtool reads version {', '.join(map(str, _READS))} of "
-                            f"{STATE_FORMAT!r}; it was saved by another packtool (or is not a "
-                            "sampler state)")
-    missing = [k for k in _FIELDS if k not in state]
-    if missing:
-        raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
-                            "not made by PackSampler.state_dict(); save it again")
-    _check_types(state)
 
 
 def _consumed(state, sampler) -> np.ndarray:
@@ -190,3 +220,124 @@ def dataset_identity(packs) -> str | None:
     index = getattr(getattr(packs, "packed", packs), "index", None)
     digest = index.get("index_sha256") if isinstance(index, dict) else None
     return digest if isinstance(digest, str) else None
+
+
+# ------------------------------------------------------------------ a token budget per step
+
+_BUDGET_FIELDS = ("format", "version", "epoch", "step", "consumed", "origin", "world_size",
+           "tokens_per_step", "curriculum", "seed", "rows", "balance", "costs_sha256",
+           "dataset")
+
+
+def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
+    """(epoch, step, rows consumed per length) of a well-formed state of ``sampler``'s orders,
+    or a PacktoolError naming what is wrong."""
+    read_state(state, "budget", _BUDGET_FIELDS)
+    epoch, step = _int(state, "epoch"), _int(state, "step")
+    _int(state, "world_size", 1)
+    t = _int(state, "tokens_per_step", 1)
+    _same_rows(state, sampler)
+    consumed = _per_length(state["consumed"], "consumed", sampler)
+    for k, (c, m) in enumerate(zip(consumed.tolist(), sampler.sizes.tolist(), strict=True)):
+        if c > m:
+            raise PacktoolError(f"sampler state has consumed[{int(sampler.lengths[k])}]={c:,}: "
+                                f"there are {m:,} rows of that length; the state is corrupt, "
+                                "save it again")
+    origin = state["origin"]
+    if not isinstance(origin, Mapping) or not {"step", "tokens"} <= set(origin) <= {
+            "step", "tokens", "consumed"}:
+        raise PacktoolError(f"sampler state has origin={origin!r}: it must be {{'step': S, "
+                            "'tokens': N, 'consumed': {length: rows}}; the state is corrupt, "
+                            "save it again")
+    s0, t0 = _int(origin, "step"), _int(origin, "tokens")
+    c0 = None if s0 else np.zeros_like(consumed)  # a state from step 0 began with nothing
+    if "consumed" in origin:
+        c0 = _per_length(origin["consumed"], "origin.consumed", sampler)
+        if (c0 > consumed).any() or int((c0 * sampler.lengths).sum()) != t0:
+            raise PacktoolError(f"sampler state has origin={origin!r}: its rows must be at most "
+                                f"those consumed and hold its {t0:,} tokens; the state is "
+                                "corrupt, save it again")
+    tokens = int((consumed * sampler.lengths).sum())
+    if not s0 <= step or not t0 <= tokens or tokens - t0 != (step - s0) * t \
+            or (s0 == 0 and t0 != 0):
+        raise PacktoolError(
+            f"sampler state has step={step} but consumed counts {tokens:,} tokens: from its "
+            f"origin (step {s0}, {t0:,} tokens) at {t:,} tokens a step that is step "
+            f"{s0 + (tokens - t0) / t:g}, so one of the two is wrong and resuming would repeat "
+            "or skip rows; the state is corrupt, save it again")
+    _check_draws(state, sampler, epoch, step, consumed, (s0, c0))
+    return epoch, step, consumed
+
+
+def _per_length(saved, what: str, sampler) -> np.ndarray:
+    """A {length: count} field as counts aligned with ``sampler.lengths``."""
+    names = [str(v) for v in sampler.lengths.tolist()]
+    if not isinstance(saved, Mapping) or sorted(saved, key=str) != sorted(names):
+        got = sorted(map(str, saved)) if isinstance(saved, Mapping) else saved
+        raise PacktoolError(f"sampler state has {what} for lengths {got!r} but this dataset's "
+                            f"rows have lengths {names}: it was saved for another dataset; "
+                            "build the sampler from the dataset the state was saved for")
+    out = np.zeros(len(names), np.int64)
+    for k, name in enumerate(names):
+        v = saved[name]
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise PacktoolError(f"sampler state has {what}[{name}]={v!r}: it must be an integer "
+                                ">= 0; the state is corrupt, save it again")
+        out[k] = int(v)
+    return out
+
+
+def _same_rows(state, sampler) -> None:
+    """Seed, rows per length and dataset as the sampler's."""
+    rows = _per_length(state["rows"], "rows", sampler)
+    if not np.array_equal(rows, sampler.sizes):
+        raise PacktoolError(
+            f"sampler state has rows per length {state['rows']!r} but this dataset has "
+            f"{dict(zip(map(str, sampler.lengths.tolist()), sampler.sizes.tolist(), strict=True))}"
+            ": it was saved for another dataset, and resuming would repeat and skip rows; "
+            "build the sampler from the dataset the state was saved for")
+    if state["seed"] != sampler.seed:  # balance deals within a step: it may change
+        raise PacktoolError(
+            f"sampler state has seed={state['seed']!r} but this sampler has seed="
+            f"{sampler.seed!r}: the seed keys every length's order and every draw, and "
+            "resuming would repeat and skip rows; build the sampler with the saved seed")
+    _same_dataset(state["dataset"], sampler)
+
+
+def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> None:
+    """``consumed`` is what the saving run's draws took from its origin (the step where it
+    began the epoch and the rows consumed then): the same token total spread over other
+    lengths would repeat and skip rows. A state saved before its origin's rows were
+    recorded (packtool before issue 38) that began its epoch by a resume is checked by its
+    tokens alone."""
+    s0, c0 = origin
+    if c0 is None:
+        return
+    t, name = int(state["tokens_per_step"]), state["curriculum"]
+    if name == "callable" and sampler.curriculum != "callable":
+        return  # the saving run's own function: nothing here can replay it
+    weights = sampler._weights if name in ("callable", sampler.curriculum) else None
+    if weights is None:
+        try:
+            weights = curriculum_of(name)[1]
+        except PacktoolError:
+            raise PacktoolError(f"budget state has curriculum={name!r}: this packtool "
+                                "knows no such curriculum; the state is corrupt, save it "
+                                "again") from None
+    if (t % sampler.lengths).any():
+        raise PacktoolError(f"budget state has tokens_per_step={t:,}: not a multiple of "
+                            f"every slot length {sampler.lengths.tolist()}; the state is "
+                            "corrupt, save it again")
+    per_step, c = t // sampler.lengths, c0.copy()
+    for at in range(s0, step):
+        k = sampler._next(epoch, at, c, per_step, weights)
+        if k is None:
+            break
+        c[k] += per_step[k]
+    if not np.array_equal(c, consumed):
+        names = [str(v) for v in sampler.lengths.tolist()]
+        raise PacktoolError(
+            f"budget state has consumed {dict(zip(names, consumed.tolist(), strict=True))} "
+            f"but its {step - s0} step(s) of {t:,} tokens from step {s0} (curriculum "
+            f"{name}, seed {sampler.seed}) take {dict(zip(names, c.tolist(), strict=True))}: "
+            "resuming would repeat and skip rows; the state is corrupt, save it again")

@@ -39,7 +39,7 @@ from ..formats.packed import open_packed
 from ..formats.packed.batching import collate_numpy
 from . import sampler as _sampler
 from .budget import BudgetSampler
-from .budget_state import STATE_FORMAT as BUDGET_FORMAT
+from .state import is_state
 
 MODEL_KEYS = ("input_ids", "labels", "position_ids")
 
@@ -134,11 +134,9 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0,
     if mask is not None:
         return _with_4d_mask(batch, mask, position_ids_start, dtype)
     if _shared(batch):
-        raise PacktoolError(
-            "this batch shares prompts (pack --share-prompt): a completion attends to its "
-            "prompt and itself, which flash-attention varlen's cu_seq_lens (and transformers' "
-            "masks inferred from position_ids) cannot express; pass mask='4d' (eager/sdpa "
-            "attention) or use packtool.torch.block_mask(batch) with FlexAttention")
+        from .. import conflicts
+
+        conflicts.check({"share_prompt", "varlen"}, "this batch shares prompts")
     keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
                          if varlen else ())
     out = {k: batch[k] for k in keys}
@@ -286,17 +284,12 @@ def _segments(batch: dict) -> tuple[np.ndarray, int]:
     return cu, n
 
 
-class PackSampler(_sampler.PackSampler, torch.utils.data.Sampler):
-    """``DataLoader(ds, sampler=PackSampler(...), batch_size=<its batch_size>)``: this rank's
-    pack indices, one at a time (the numpy core, :class:`packtool.train.sampler.PackSampler`:
-    rank-sharded, ``set_epoch``, ``state_dict(step)`` / ``load_state_dict``, balance, elastic
-    resume). Give the DataLoader the sampler's ``batch_size`` so its batches are the sampler's
-    steps. A step counts as handed out once its last pack is."""
-
-
 class PackBatchSampler(_sampler.PackSampler, torch.utils.data.Sampler):
     """``DataLoader(ds, batch_sampler=PackBatchSampler(...))``: this rank's steps, each a list
-    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as :class:`PackSampler`.
+    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as ``PackSampler``,
+    which a DataLoader takes as it is (``DataLoader(ds, sampler=PackSampler(...),
+    batch_size=<its batch_size>)``: this rank's pack indices one at a time, a step handed out
+    once its last pack is; ``packtool.torch.PackSampler`` is that one class).
 
     Both samplers implement torchdata's ``Stateful`` protocol (``state_dict()`` /
     ``load_state_dict``), so ``torchdata.stateful_dataloader.StatefulDataLoader`` checkpoints
@@ -345,7 +338,7 @@ def sampler_state(loader_state: dict) -> dict:
 
     def walk(v):
         if isinstance(v, dict):
-            if v.get("format") in (_sampler.STATE_FORMAT, BUDGET_FORMAT):
+            if is_state(v):
                 found.append(v)
                 return
             for x in v.values():

@@ -26,6 +26,7 @@ from .schema import (
     alignment,
     array_dtype,
     array_length,
+    disagreement,
     shard_arrays,
 )
 
@@ -50,6 +51,8 @@ def read_index(directory, place=None) -> dict:
     check_digest(index, DIGEST_KEY, path, FIX)
     check(index, SPECS[index["version"]], path, FIX)
     _check_overflow(index, path)
+    if (why := disagreement(index)) is not None:
+        raise FormatError(f"{path}: {why}; {FIX}")
     want = {a.name for a in shard_arrays(index)}
     for sh in index["shards"]:
         if set(sh["files"]) != want:
