@@ -13,7 +13,7 @@ packages import each other through any chain (``tests/test_layers.py`` reads thi
 checks every import, lazy ones included)::
 
     0  packtool errors
-    1  _crc _io _signals _locks _temps _atomic _numba _progress seeds bounds lengths metrics
+    1  _crc _io _signals _numba _progress seeds bounds lengths metrics
        conflicts chat
     2  storage
     3  sources
@@ -26,11 +26,11 @@ checks every import, lazy ones included)::
 
 - 0: ``packtool`` (this file: the version, the lazy names above) and ``errors`` (PacktoolError).
 - 1: no packtool concepts: ``_crc`` crc32, ``_io`` reads and digests, ``_signals`` Ctrl-C
-  and SIGTERM, ``_locks``/``_temps``/``_atomic`` the local commit (lock, temporary names,
-  rename), ``_numba`` every numba option and compile, ``_progress`` progress bars, ``seeds``
+  and SIGTERM, ``_numba`` every numba option and compile, ``_progress`` progress bars, ``seeds``
   the random streams, ``bounds``/``lengths``/``metrics`` packing arithmetic, ``conflicts``
   which features cannot be used together (one table), ``chat`` chat templates.
-- 2: ``storage``: local folders and buckets behind one interface.
+- 2: ``storage``: local folders and buckets behind one interface, chosen once
+  (``open_output``), and the local commit (``atomic``, ``temps``, ``flock``).
 - 3: ``sources``: the input readers (txt, jsonl, parquet, pairs and groups).
 - 4: ``formats``: packtool's own formats (``tokens``, ``packed``), each with schema, writer,
   reader and validator, and what the packed format's rows cost and how they collate.

@@ -1,8 +1,9 @@
-"""How a pack run's plan becomes jobs and an index: :class:`Global` plans the whole corpus in
-this process and hands out one job per shard (:mod:`.jobs`); :class:`Grouped` (``--group-docs
-G``) hands out one job per group of documents, each planning and writing its own shards
-(:mod:`.groups`). Both check every job's output at finalize, wherever it was written (the
-staging folder, or a store: ``check``), and say what the index of each split holds."""
+"""How a pack run's plan becomes jobs and an index: :class:`WholeCorpusPlan` plans the whole
+corpus in this process and hands out one job per shard (:mod:`.shards`); :class:`StreamedPlan`
+(``--group-docs G``) hands out one job per group of documents, each planning and writing its
+own shards (:mod:`.streamed`). Both check every job's output at finalize, wherever it was
+written (the staging folder, or a store: ``check``), and say what the index of each split
+holds."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from .. import __version__, conflicts
 from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
-from ..storage import is_url
-from . import jobs as pj
+from ..storage import local_file
+from . import shards as pj
 from .meta import (
     METRIC_KEYS,
     group_index_meta,
@@ -66,7 +67,7 @@ def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list:
     corpora = [open_tokens(p) for p in prefixes]
     seen = set()
     for c in corpora:
-        key = c.prefix if is_url(c.prefix) else Path(c.prefix).resolve()
+        key = local.resolve() if (local := local_file(c.prefix)) else c.prefix
         if key in seen:
             raise PacktoolError(f"token files {c.prefix} given twice; to use a corpus more than "
                                 f"once give it a repeat factor ({c.prefix}:2.0) instead")
@@ -139,8 +140,9 @@ def plan_sources(prefixes, options: PackOptions) -> tuple[list, list[float], str
 
 def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
               staging: str):
-    """The run's plan as jobs writing into ``staging`` (a :class:`Global` plan, or
-    :class:`Grouped` with ``--group-docs``); this process's opened sources handed to them."""
+    """The run's plan as jobs writing into ``staging`` (a :class:`WholeCorpusPlan`, or a
+    :class:`StreamedPlan` with ``--group-docs``); this process's opened sources handed to
+    them."""
     from ..formats.tokens.groups import group_table
 
     table = group_table(corpora)
@@ -148,21 +150,21 @@ def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
                     | ({"mixture"} if any(f != 1 for f in factors) else set()))
     target = pj.Target(staging, tuple(str(c.prefix) for c in corpora), stored["dtypes"],
                        options.layout, stored["mask_storage"], table is not None)
-    flow = Grouped(corpora, factors, options, target, digest) if options.group_docs else \
-        Global(corpora, factors, options, target, digest, table)
+    flow = StreamedPlan(corpora, factors, options, target, digest) if options.group_docs else \
+        WholeCorpusPlan(corpora, factors, options, target, digest, table)
     pj.provide_sources(target.prefixes, corpora)
     return flow
 
 
-class Global:
+class WholeCorpusPlan:
     """One plan of the whole corpus in this process; shard jobs write it."""
 
     def __init__(self, corpora, factors, options: PackOptions, target, digest, table=None):
         t0 = time.perf_counter()
         self.corpora, self.factors, self.options = corpora, factors, options
         lengths = read_lengths(corpora)
-        if table is not None:  # pairs and groups: packtool.pack.grouped
-            from .grouped import plan_grouped
+        if table is not None:  # pairs and groups: packtool.pack.pairs
+            from .pairs import plan_grouped
 
             self.layout = plan_grouped(lengths, options, table)
             self._ready({"train": self.layout}, digest, target, t0)
@@ -195,7 +197,7 @@ class Global:
 
     def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
         """Every shard of the plan checked (``check(job)``: its entry and files where they
-        were written, :func:`packtool.pack.tasks.check_job`);
+        were written, :func:`packtool.pack.shards.check_job`);
         {split: (index meta without held_out, shard entries)}."""
         entries, bad = {}, []
         for i in range(len(self.shards)):
@@ -231,16 +233,16 @@ class Global:
             warnings=warnings + list(lay.report.warnings))
 
 
-class Grouped:
-    """--group-docs G: one job per group plans and writes it (packtool.pack.groups)."""
+class StreamedPlan:
+    """--group-docs G: one job per group plans and writes it (packtool.pack.streamed)."""
 
     def __init__(self, corpora, factors, options: PackOptions, target, digest):
-        from . import groups
+        from . import streamed
 
         t0 = time.perf_counter()
-        self.g = groups
+        self.g = streamed
         self.corpora, self.factors, self.options = corpora, factors, options
-        self.groups = groups.group_jobs(corpora, factors, options, target, digest)
+        self.groups = streamed.group_jobs(corpora, factors, options, target, digest)
         self.combined: dict = {}  # per split, what finalize folded from the groups' entries
         self.assign_seconds = time.perf_counter() - t0
 
@@ -249,7 +251,7 @@ class Grouped:
                     lambda j: j.label(), "pack")
 
     def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
-        folded, bad = {s: self.g.Combined() for s in ("valid", "train")}, []
+        folded, bad = {s: self.g.SplitTotals() for s in ("valid", "train")}, []
         for job in self.groups:  # folded as checked: one entry in memory at a time
             entry, why = check(job)
             if entry is None:

@@ -3,7 +3,6 @@ counts and figures of the plan, and per source where it is and what the packs us
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +11,8 @@ from ..errors import PacktoolError
 from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..formats.packed.costs import COST_RATIO
 from ..metrics import histogram_metrics
-from ..storage import is_url, relative
-from .grouped import group_overflow
+from ..storage import local_file, relative
+from .pairs import group_overflow
 from .plan import PackLayout, PackOptions
 
 METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
@@ -114,9 +113,9 @@ def _config_special(path) -> int | None:
     missing)."""
     import json
 
-    if not path or is_url(str(path)):
+    tok = local_file(str(path)) if path else None
+    if tok is None:
         return None
-    tok = Path(path)
     try:
         config = json.loads((tok.parent / "tokenizer_config.json").read_text())
         added = {t["content"]: int(t["id"]) for t in
@@ -199,7 +198,7 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
     tokens = np.zeros(len(corpora), np.int64)
     docs = np.zeros(len(corpora), np.int64)
     for r in layout.rounds:
-        if hasattr(r, "group"):  # grouped: entries carry their document (packtool.pack.grouped)
+        if hasattr(r, "group"):  # grouped: entries carry their document (packtool.pack.pairs)
             src = np.searchsorted(base, r.doc, side="right") - 1
             tokens += np.bincount(src, weights=r.table_length, minlength=len(corpora)).astype(
                 np.int64)
@@ -220,7 +219,7 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
 
 
 def source_entry(c, folder: Path) -> dict:
-    prefix = c.prefix if is_url(c.prefix) else Path(os.path.abspath(c.prefix))
+    prefix = local_file(c.prefix) or c.prefix
     return {"prefix": str(prefix), "path": relative(prefix, folder),
             "manifest_sha256": c.file_sha256,
             "n_docs": len(c), "n_tokens": c.n_tokens, "dtype": c.dtype.name,
@@ -229,7 +228,7 @@ def source_entry(c, folder: Path) -> dict:
 
 def group_index_meta(combined: dict, options: PackOptions, corpora: list, factors: list[float],
                      split: str, held_out: dict | None, folder: Path, stored: dict) -> dict:
-    """index.json's body for a dataset planned group by group (packtool.pack.groups): the
+    """index.json's body for a dataset planned group by group (packtool.pack.streamed): the
     groups' counts, histograms and per-source use added up."""
     from ..packers import PackerReport
 

@@ -1,6 +1,6 @@
 """``stats`` of a corpus of pairs or groups (token format version 4): the report of the items
 ``pack`` plans, one a group of its total length (with ``--share-prompt`` its prompt once plus
-each completion: :func:`packtool.pack.grouped.group_lengths`), so the predicted packs are the
+each completion: :func:`packtool.pack.pairs.group_lengths`), so the predicted packs are the
 packs ``pack`` writes. A group is never split: one longer than a seq_len is dropped and
 counted with ``--overflow drop``, and otherwise makes ``pack`` refuse at that seq_len, which
 the report says (``refused``) instead of predicting packs of pieces that will never exist."""
@@ -21,7 +21,7 @@ def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size
                    overflow: str) -> dict:
     """The corpus report of a grouped corpus's items, with its ``groups`` figures and, per
     seq_len, the groups over it and whether ``pack`` refuses there."""
-    from ..pack.grouped import group_lengths, group_overflow
+    from ..pack.pairs import group_lengths, group_overflow
 
     conflicts.check({"groups"} | ({"max_docs"} if options.get("max_docs") else set())
                     | ({"align"} if any(aligned.get(k) for k in ALIGNING) else set()))

@@ -200,7 +200,7 @@ def _unlisted(ds) -> None:
     (the shards' files, the held-out split) and packtool's own hidden leftovers: anything
     else (an export written inside it, `export P -o P/ex`) is an error naming it, since
     readers and the sampler take the index's word for what the dataset is."""
-    from ..formats.packed.files import dataset_files, ours_hidden
+    from ..formats.packed.ownership import dataset_files, ours_hidden
 
     extra = ds.place.unlisted(dataset_files(ds.place), ours_hidden)
     if extra:
