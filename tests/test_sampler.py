@@ -122,7 +122,7 @@ def test_every_epoch_a_permutation_and_places_where_steps_yield(data):
         assert len(left) == n % g
     else:
         assert set(taken) == set(range(n)) and not left and len(taken) - n < g
-    assert all(s.places(p) == sorted(where.get(p, [])) for p in range(n))
+    assert all(s.where(p) == sorted(where.get(p, [])) for p in range(n))
     cls = s.classes
     for k in range(s.n_steps):
         before = [p for r in ranks for b in r[:k] for p in b]
@@ -146,7 +146,7 @@ def test_first_step_of_250m_packs_allocates_under_64mb():
         t = PackSampler(n, rank=5, world_size=6, batch_size=2, seed=1)
         t.load_state_dict(state)
         resumed = next(t.steps())
-        where = s.places(first[0])
+        where = s.where(first[0])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -201,7 +201,7 @@ def test_stored_cost_classes_deal_as_the_costs_do(tmp_path):
     assert sum(ds.read) <= 2 * (1 << 16)  # one chunk of steps, never every pack
     assert first == next(plain.steps())
     assert np.array_equal(stored.global_schedule(), plain.global_schedule())
-    assert all(stored.places(p) == plain.places(p) for p in range(0, 500, 7))
+    assert all(stored.where(p) == plain.where(p) for p in range(0, 500, 7))
     state = plain.state_dict(20) | {"costs_sha256": "f" * 16, "balance": "attention"}
     stored.load_state_dict(state)
     assert list(stored.steps())[0] == plain.global_schedule()[20, 1].tolist()
@@ -416,9 +416,10 @@ def test_elastic_resume_every_pack_once(data):
 
 @pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_schedule_row_is_the_schedules_row(balanced, drop_last):
-    """``schedule_row`` (what ``which`` uses: one step balanced, not the epoch) is exactly that
-    row of the whole epoch's schedule, fresh and after an elastic resume."""
+def test_which_is_the_schedules_row(balanced, drop_last):
+    """``which(step)`` (what ``packtool which`` uses: one step balanced, not the epoch) is
+    exactly that row of the whole epoch's schedule, fresh and after an elastic resume (steps
+    counted from the epoch's start)."""
     costs = np.random.default_rng(1).lognormal(0, 1.5, 203) if balanced else None
     s = PackSampler(203, rank=0, world_size=4, batch_size=3, balance=costs, seed=2,
                     drop_last=drop_last)
@@ -428,7 +429,7 @@ def test_schedule_row_is_the_schedules_row(balanced, drop_last):
         sched = s.global_schedule(epoch)
         assert len(sched) == s.steps_in(epoch)
         for i in range(len(sched)):
-            assert np.array_equal(fresh.schedule_row(epoch, i), sched[i])
+            assert np.array_equal(fresh.which(i, epoch), sched[i])
     r = PackSampler(203, rank=1, world_size=2, batch_size=2, balance=costs, seed=2,
                     drop_last=drop_last)
     r.load_state_dict(s.state_dict(5))
@@ -436,9 +437,12 @@ def test_schedule_row_is_the_schedules_row(balanced, drop_last):
                        drop_last=drop_last)
     rows.load_state_dict(s.state_dict(5))
     sched = r.global_schedule(0)
-    assert all(np.array_equal(rows.schedule_row(0, i), sched[i]) for i in range(len(sched)))
-    with pytest.raises(IndexError):
-        rows.schedule_row(0, len(sched))
+    first = rows.first_step(0)
+    assert first > 0
+    assert all(np.array_equal(rows.which(first + i, 0), sched[i]) for i in range(len(sched)))
+    for outside in (first - 1, first + len(sched)):
+        with pytest.raises(IndexError):
+            rows.which(outside, 0)
 
 
 def test_elastic_two_to_three_and_one():
@@ -561,7 +565,7 @@ def test_stored_cost_classes_give_the_computed_schedule(corpus_dir, world, batch
     for e in (0, 1):
         assert np.array_equal(stored.global_schedule(e), computed.global_schedule(e))
     for pack in range(0, len(packed), 7):
-        assert stored.places(pack, 1) == computed.places(pack, 1)
+        assert stored.where(pack, 1) == computed.where(pack, 1)
     full = [list(b) for b in sampler(packed).steps()]
     resumed = sampler(Unstored(packed))
     resumed.load_state_dict(stored.state_dict(3))

@@ -84,7 +84,7 @@ def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balanc
 
 def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed, balance,
                    drop_last, tokens_per_step, schedule, exhausted, as_json):
-    from ..train.which import which_mixture_record, which_mixture_step
+    from ..train.which import which_record, which_step
 
     if schedule is None:
         raise click.UsageError("several PATHS are a mixture: give its --schedule (the weights "
@@ -95,14 +95,15 @@ def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, see
     named = run(parse_sources, paths)
     named = dict(zip(named, local(*named.values()), strict=True))
     plan = run(parse_schedule, schedule)
-    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed, exhausted=exhausted)
+    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed, exhausted=exhausted,
+                    schedule=plan)
     if record is not None:
-        result = run(which_mixture_record, named, plan, record, epoch, **settings)
+        result = run(which_record, named, record, epoch, **settings)
     else:
         if epoch:
             raise click.UsageError("a mixture's --step counts from the run's start (sources "
                                    "start their epochs at different steps): drop --epoch")
-        result = run(which_mixture_step, named, plan, step, rank, **settings)
+        result = run(which_step, named, 0, step, rank, **settings)
     emit(result, as_json, False)
 
 
