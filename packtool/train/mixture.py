@@ -38,9 +38,9 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import PacktoolError
-from .mixture_state import check_mixture_state
 from .sampler import Sampler
 from .schedule import Segment, check_schedule, counts_after, deal, least_step
+from .state import check_mixture_state
 
 EXHAUSTED = ("next_epoch", "stop")
 

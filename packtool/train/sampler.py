@@ -88,8 +88,19 @@ from ..formats.packed.balance import COST_RATIO, balance_steps, cost_table
 from ..formats.packed.balance import attention_costs as attention_costs  # also from here (docs)
 from ..formats.packed.balance import fingerprint as fingerprint  # the state's costs_sha256
 from .order import EpochOrder, class_keys
-from .shape import check_shape
 from .state import check_state, dataset_identity, stamp
+
+
+def check_shape(rank, world_size, *counts: tuple[str, object, int]) -> None:
+    """Each of ``counts`` ((name, value, minimum), checked first, in order), ``world_size``
+    >= 1, then ``rank`` in 0..world_size - 1, each refused by name."""
+    for name, v, lo in (*counts, ("world_size", world_size, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+            or not 0 <= rank < world_size:
+        raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
+                            f"got {rank!r}")
 
 
 class Sampler:
