@@ -832,3 +832,87 @@ def test_one_class_per_public_name():
             if isinstance(obj, type) and obj.__module__.startswith("packtool"):
                 names.setdefault(name, set()).add(obj)
     assert all(len(v) == 1 for v in names.values()), names
+    by_class = {}
+    for name, objs in names.items():
+        for obj in objs:
+            by_class.setdefault(obj, set()).add(name)
+    assert all(len(v) == 1 for v in by_class.values()), by_class  # no class under two names
+    assert issubclass(packtool.torch.PackBatchSampler, packtool.train.Sampler)
+    assert issubclass(packtool.train.MixtureSampler, packtool.train.Sampler)
+
+
+def test_a_rule_is_a_value_the_call_forms_name():
+    """``PackSampler(n, batch_size=b, ...)`` is ``Sampler(n, rule=FixedPacks(b, ...))``:
+    the same steps, the same state, each loads the other's; and a new step rule is one class
+    answering the sampler's questions (here: packs in order, G a step), with iteration,
+    which/where, the handed-out count and the state envelope coming from Sampler."""
+    from packtool.train import FixedPacks, Sampler
+
+    a = PackSampler(90, rank=1, world_size=3, batch_size=2, seed=4, drop_last=False)
+    b = Sampler(90, rule=FixedPacks(2, drop_last=False), rank=1, world_size=3, seed=4)
+    assert list(a.steps()) == list(b.steps()) and a.state_dict(4) == b.state_dict(4)
+    b.load_state_dict(a.state_dict(7))
+    assert b.start_step == 7 and b.which(7) == a.which(7)
+
+    class InOrder:  # a rule: the packs in order, world_size x batch a step
+        name, per_epoch = "in-order", True
+
+        def __init__(self, batch):
+            self.batch = batch
+
+        def counts(self, n):
+            return (("n_packs", n, 1),)
+
+        def bind(self, s, n):
+            self.s, self.g = s, s.world_size * self.batch
+            self.n = n
+
+        def first_step(self, epoch):
+            return 0
+
+        def steps_in(self, epoch):
+            return self.n // self.g
+
+        def rows(self, epoch, step):
+            at = step * self.g
+            return [list(range(at + r * self.batch, at + (r + 1) * self.batch))
+                    for r in range(self.s.world_size)]
+
+        def deal(self, epoch, start, until):
+            for step in range(start, self.steps_in(epoch) if until is None else until):
+                yield self.rows(epoch, step)[self.s.rank]
+
+        def places(self, row, epoch, source):
+            step, slot = divmod(row, self.g)
+            return [(step, slot // self.batch)] if step < self.steps_in(epoch) else []
+
+        def left_out(self, epoch):
+            return np.arange(self.steps_in(epoch) * self.g, self.n)
+
+        def items(self, epoch, start):
+            return (self.steps_in(epoch) - start) * self.batch
+
+        def new_epoch(self):
+            pass
+
+        def fields(self, epoch, step, roll):
+            return {"epoch": epoch + roll, "step": 0 if roll else step}
+
+        def load(self, state):
+            return state["epoch"], state["step"]
+
+    s = Sampler(23, rule=InOrder(2), rank=1, world_size=2)
+    assert list(s.steps()) == [[2, 3], [6, 7], [10, 11], [14, 15], [18, 19]]
+    assert s.which(2) == [[8, 9], [10, 11]] and s.where(11) == [(2, 1)]
+    assert s.left_out().tolist() == [20, 21, 22] and len(s) == 10
+    it = iter(s)
+    next(it)
+    assert s.state_dict()["step"] == 0  # a step counts once its last row is handed out
+    next(it)
+    state = s.state_dict()
+    assert state["rule"] == "in-order" and state["step"] == 1
+    t = Sampler(23, rule=InOrder(2), rank=1, world_size=2)
+    t.load_state_dict(state)
+    assert list(t) == [6, 7, 10, 11, 14, 15, 18, 19]
+    with pytest.raises(PacktoolError, match="rank must be in 0..1"):
+        Sampler(23, rule=InOrder(2), rank=2, world_size=2)

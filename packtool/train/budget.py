@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PacktoolError
-from ..formats.packed.balance import balance_steps, fingerprint
+from ..formats.packed.balance import balance_steps, costs_of, fingerprint
 from .by_length import RowsByLength
 from .curriculum import curriculum_of, draw
 from .permute import ROUNDS, Feistel
@@ -131,7 +131,7 @@ class TokenBudget:
         self.lengths, self.sizes = self.index.values, self.index.sizes
         self.n_rows = int(self.sizes.sum())
         self.per_step = self._check_shape()
-        self.balance, self.costs = _costs(rows, self._balance, self.n_rows)
+        self.balance, self.costs = costs_of(rows, self._balance, self.n_rows)
         self.fingerprint = fingerprint(self.costs)
         self.dataset = None if isinstance(rows, np.ndarray) else dataset_identity(rows)
         self._resumed = None  # (epoch, step, consumed per length) of a resume
@@ -346,22 +346,3 @@ class TokenBudget:
         self._resumed = (epoch, step, consumed) if step else None
         self._marks = {}
         return epoch, step
-
-
-def _costs(rows, balance, n: int):
-    """(balance as the state records it, per-row costs or None)."""
-    if balance is None:
-        return None, None
-    if isinstance(balance, str):
-        if balance != "attention":
-            raise PacktoolError(f"balance must be None, 'attention' or an array of per-row "
-                                f"costs, got {balance!r}")
-        if not hasattr(rows, "attention_costs"):
-            raise PacktoolError("balance='attention' reads segment lengths from a packed "
-                                "dataset: pass open_packed(dir), or balance=<per-row costs>")
-        return "attention", np.asarray(rows.attention_costs(), np.float64)
-    costs = np.asarray(balance, np.float64)
-    if costs.shape != (n,) or not np.isfinite(costs).all() or (costs < 0).any():
-        raise PacktoolError(f"balance costs must be {n:,} finite numbers >= 0 (one per row), "
-                            f"got shape {costs.shape}")
-    return "costs", costs
