@@ -53,21 +53,15 @@ def stamp(rule: str, fields: dict) -> dict:
     return {"format": STATE_FORMAT, "version": STATE_VERSION, "rule": rule, **fields}
 
 
-def read_state(state, rule: str, fields: dict) -> None:
-    """``state`` is a mapping of a version this packtool reads, of ``rule``, with ``fields``
-    ({name: (types, what to say)}) each of its type (an array where a number belongs would
-    otherwise compare element-wise inside numpy); else a PacktoolError naming what it is and
-    what continues it."""
+def read_state(state, rule: str, sampler) -> None:
+    """``state`` is a mapping of a version this packtool reads, of ``rule``, with the rule's
+    fields (:data:`FIELDS`) each of its type (an array where a number belongs would otherwise
+    compare element-wise inside numpy), and of ``sampler``'s seed; else a PacktoolError naming
+    what it is and what continues it."""
     if not isinstance(state, Mapping):
         raise PacktoolError(f"sampler state must be a dict (from the sampler's state_dict()), "
                             f"got {type(state).__name__}")
-    for key, types, what in (("format", str, "a string"), ("rule", str, "a string"),
-                             ("version", (int, np.integer), "an integer")):
-        v = state.get(key)
-        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, types)):
-            raise PacktoolError(f"sampler state has {key} of type {type(v).__name__}: it must "
-                                f"be {what}; the state is corrupt or was not made by the "
-                                "sampler's state_dict(), save it again")
+    _typed(state, {"format": _STR, "rule": _STR, "version": _INT})
     fmt, version = state.get("format"), state.get("version")
     saved, last = ("fixed", 1) if fmt is None else _BEFORE.get(fmt, (None, None))
     if fmt == STATE_FORMAT and "rule" in state:
@@ -91,13 +85,25 @@ def read_state(state, rule: str, fields: dict) -> None:
                             f"reads version {STATE_VERSION} of {STATE_FORMAT!r} (and each "
                             f"rule's format before it); it was saved by another packtool, or "
                             "is not a sampler state")
+    fields = FIELDS[rule]
     missing = [k for k in ("format", "version", *fields) if k not in state]
     if missing:
         raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
                             "not made by the sampler's state_dict(); save it again")
+    _typed(state, fields)
+    if state["seed"] != sampler.seed:
+        raise PacktoolError(
+            f"sampler state has seed={state['seed']!r} but this sampler has seed="
+            f"{sampler.seed!r}: the seed keys every order and draw, and resuming would repeat "
+            "and skip rows; build the sampler with the saved seed")
+
+
+def _typed(state, fields: dict) -> None:
+    """Each of ``fields`` in ``state`` of its type (bool is refused as an integer)."""
     for key, (types, what) in fields.items():
-        v = state[key]
-        if (isinstance(v, (bool, np.bool_)) and types is _INT[0]) or not isinstance(v, types):
+        v = state.get(key)
+        if key in state and ((isinstance(v, (bool, np.bool_)) and types is _INT[0])
+                             or not isinstance(v, types)):
             raise PacktoolError(f"sampler state has {key} of type {type(v).__name__}: it must "
                                 f"be {what}; the state is corrupt or was not made by the "
                                 "sampler's state_dict(), save it again")
@@ -144,7 +150,7 @@ FIELDS = {  # rule -> {field: (accepted types, what to say)}; bool is refused as
 def check_state(state, sampler) -> tuple[int, np.ndarray]:
     """(epoch, consumed per class) of a well-formed state of ``sampler``'s epoch order and
     dataset, or a PacktoolError naming the field, its value, what it must be, and what to do."""
-    read_state(state, "fixed", FIELDS["fixed"])
+    read_state(state, "fixed", sampler)
     epoch = count(state["epoch"], "epoch")
     count(state["step"], "step", 0, sampler.n_packs)  # a step holds at least one pack
     count(state["world_size"], "world_size", 1)
@@ -158,7 +164,7 @@ def check_state(state, sampler) -> tuple[int, np.ndarray]:
 def _check_order(state, sampler) -> None:
     """The state belongs to this sampler's epoch order (same seed, packs, costs...) and, where
     both know it, to the same dataset."""
-    for key, mine in (("seed", sampler.seed), ("n_packs", sampler.n_packs),
+    for key, mine in (("n_packs", sampler.n_packs),
                       ("drop_last", sampler.drop_last), ("balance", sampler.balance),
                       ("cost_ratio", sampler.cost_ratio),
                       ("costs_sha256", sampler.fingerprint)):
@@ -225,7 +231,7 @@ def dataset_identity(packs) -> str | None:
 def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
     """(epoch, step, rows consumed per length) of a well-formed state of ``sampler``'s orders,
     or a PacktoolError naming what is wrong."""
-    read_state(state, "budget", FIELDS["budget"])
+    read_state(state, "budget", sampler)
     epoch, step = count(state["epoch"], "epoch"), count(state["step"], "step")
     count(state["world_size"], "world_size", 1)
     t = count(state["tokens_per_step"], "tokens_per_step", 1)
@@ -281,7 +287,7 @@ def _per_length(saved, what: str, sampler) -> np.ndarray:
 
 
 def _same_rows(state, sampler) -> None:
-    """Seed, rows per length and dataset as the sampler's."""
+    """Rows per length and dataset as the sampler's."""
     rows = _per_length(state["rows"], "rows", sampler)
     if not np.array_equal(rows, sampler.sizes):
         raise PacktoolError(
@@ -289,11 +295,6 @@ def _same_rows(state, sampler) -> None:
             f"{dict(zip(map(str, sampler.lengths.tolist()), sampler.sizes.tolist(), strict=True))}"
             ": it was saved for another dataset, and resuming would repeat and skip rows; "
             "build the sampler from the dataset the state was saved for")
-    if state["seed"] != sampler.seed:  # balance deals within a step: it may change
-        raise PacktoolError(
-            f"sampler state has seed={state['seed']!r} but this sampler has seed="
-            f"{sampler.seed!r}: the seed keys every length's order and every draw, and "
-            "resuming would repeat and skip rows; build the sampler with the saved seed")
     _same_dataset(state["dataset"], sampler)
 
 
@@ -346,13 +347,8 @@ def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> Non
 def check_mixture_state(state, sampler):
     """(step, saved segment, its rows taken and counts, epochs, positions) of a well-formed
     state of ``sampler``'s sources, or a PacktoolError naming what is wrong."""
-    read_state(state, "mixture", FIELDS["mixture"])
+    read_state(state, "mixture", sampler)
     step = count(state["step"], "step")
-    if state["seed"] != sampler.seed:
-        raise PacktoolError(
-            f"sampler state has seed={state['seed']!r} but this sampler has seed="
-            f"{sampler.seed!r}: every source's epoch order comes from the seed, and resuming "
-            "would repeat and skip rows; build the sampler with the saved seed")
     epoch, pos = _sources(state["sources"], sampler)
     seg, taken, counts = _segment(state["segment"], sampler.names, step)
     _agree(state, sampler, step, seg, taken, counts,
