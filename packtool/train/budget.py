@@ -194,23 +194,15 @@ class TokenBudget:
 
     def _consumed_at(self, epoch: int, step: int) -> np.ndarray:
         """Rows per length consumed before ``step`` (replayed from the nearest mark)."""
-        first, consumed = self._origin(epoch)
+        first = self._origin(epoch)[0]
         if step < first:
             raise PacktoolError(f"step {step} of epoch {epoch} comes before step {first}, where "
                                 "this sampler resumed: ask a sampler that did not resume")
-        marks = [s for s in self._marks.get(epoch, {}) if first <= s <= step]
-        at = max(marks, default=first)
-        if marks:
-            consumed = np.array(self._marks[epoch][at], np.int64)
-        while at < step:
-            k = self._next(epoch, at, consumed)
-            if k is None:
-                break
-            consumed = consumed.copy()
-            consumed[k] += self.per_step[k]
-            at += 1
-            self._mark(epoch, at, consumed)
-        return consumed
+        at = max((s for s in self._marks.get(epoch, {}) if first <= s <= step), default=None)
+        mark = None if at is None else (at, np.array(self._marks[epoch][at], np.int64))
+        for at, consumed, k in self._walk(epoch, mark):
+            if at == step or k is None:
+                return consumed
 
     def _mark(self, epoch: int, step: int, consumed: np.ndarray) -> None:
         if step % MARK_EVERY == 0:
@@ -247,24 +239,28 @@ class TokenBudget:
         consumed = self._consumed_at(epoch, int(step))
         return self._deal(epoch, consumed, self._next(epoch, int(step), consumed)).tolist()
 
-    def _walk(self, epoch: int):
-        """(step, consumed before it, its length index) of every step from the first."""
-        step, consumed = self._origin(epoch)
+    def _walk(self, epoch: int, start: tuple | None = None):
+        """(step, rows consumed before it, its length index) of every step from ``start``
+        ((step, consumed); the epoch's first), then (the epoch's end, consumed, None)."""
+        step, consumed = start or self._origin(epoch)
         while (k := self._next(epoch, step, consumed)) is not None:
             yield step, consumed, k
             consumed = consumed.copy()
             consumed[k] += self.per_step[k]
             step += 1
+            self._mark(epoch, step, consumed)
+        yield step, consumed, None
 
     def step_lengths(self, epoch: int | None = None) -> np.ndarray:
         """The slot length of every step of ``epoch`` from its first step."""
         epoch = self.s.epoch if epoch is None else int(epoch)
-        return np.array([int(self.lengths[k]) for _, _, k in self._walk(epoch)], np.int64)
+        return np.array([self.lengths[k] for _, _, k in self._walk(epoch) if k is not None],
+                        np.int64)
 
     def global_schedule(self, epoch: int | None = None) -> list[np.ndarray]:
         """Every step's [world_size, rows a rank] from the epoch's first step (for tests)."""
         epoch = self.s.epoch if epoch is None else int(epoch)
-        return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch)]
+        return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch) if k is not None]
 
     def places(self, row: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:
         """[(step, rank)] where ``epoch`` takes ``row``: one, or none (left out, or consumed
@@ -301,17 +297,12 @@ class TokenBudget:
     def new_epoch(self) -> None:
         self._resumed = None
 
-    def deal(self, epoch: int, step: int, until: int | None):
+    def deal(self, epoch: int, start: int, until: int | None):
         """This rank's rows (lists of ``T / L / world_size`` indices), one step at a time."""
-        consumed = self._consumed_at(epoch, step)
-        while (until is None or step < until) and \
-                (k := self._next(epoch, step, consumed)) is not None:
-            mine = self._deal(epoch, consumed, k)[self.s.rank].tolist()
-            consumed = consumed.copy()
-            consumed[k] += self.per_step[k]
-            step += 1
-            self._mark(epoch, step, consumed)
-            yield mine
+        for step, consumed, k in self._walk(epoch, (start, self._consumed_at(epoch, start))):
+            if k is None or (until is not None and step >= until):
+                return
+            yield self._deal(epoch, consumed, k)[self.s.rank].tolist()
 
     def items(self, epoch: int, start: int) -> int:
         """Known without drawing: every length gives ``left // (T / L)`` steps of ``T / L /
