@@ -4,6 +4,7 @@
     packs = packtool.assign_packs(corpus.lengths, 4096)     # pack id per document
     ds = packtool.open_packed("out/packed")                 # after `packtool pack`
     row = packtool.collate_numpy([ds[0], ds[1]])            # one [1, N] varlen row
+    plan = packtool.plan_step(lengths, max_tokens=16384, world_size=8)  # inside an RL step
 
 Everything loads on first use, so ``packtool --help`` starts without numba, scipy, pyarrow.
 
@@ -12,8 +13,8 @@ packages import each other through any chain (``tests/test_layers.py`` reads thi
 checks every import, lazy ones included)::
 
     0  packtool errors
-    1  _crc _io _signals _locks _temps _atomic _numba _progress seeds bounds lengths metrics
-       vsl_options chat
+    1  _crc _io _signals _numba _progress seeds bounds lengths metrics
+       conflicts chat
     2  storage
     3  sources
     4  formats
@@ -25,11 +26,11 @@ checks every import, lazy ones included)::
 
 - 0: ``packtool`` (this file: the version, the lazy names above) and ``errors`` (PacktoolError).
 - 1: no packtool concepts: ``_crc`` crc32, ``_io`` reads and digests, ``_signals`` Ctrl-C
-  and SIGTERM, ``_locks``/``_temps``/``_atomic`` the local commit (lock, temporary names,
-  rename), ``_numba`` every numba option and compile, ``_progress`` progress bars, ``seeds``
-  the random streams, ``bounds``/``lengths``/``metrics`` packing arithmetic, ``vsl_options``
-  the --vsl parameters, ``chat`` chat templates.
-- 2: ``storage``: local folders and buckets behind one interface.
+  and SIGTERM, ``_numba`` every numba option and compile, ``_progress`` progress bars, ``seeds``
+  the random streams, ``bounds``/``lengths``/``metrics`` packing arithmetic, ``conflicts``
+  which features cannot be used together (one table), ``chat`` chat templates.
+- 2: ``storage``: local folders and buckets behind one interface, chosen once
+  (``open_output``), and the local commit (``atomic``, ``temps``, ``flock``).
 - 3: ``sources``: the input readers (txt, jsonl, parquet, pairs and groups).
 - 4: ``formats``: packtool's own formats (``tokens``, ``packed``), each with schema, writer,
   reader and validator, and what the packed format's rows cost and how they collate.
@@ -51,6 +52,8 @@ _LAZY = {
     "open_packed": "formats.packed",
     "PackedReader": "formats.packed",
     "collate_numpy": "formats.packed.batching",
+    "plan_step": "train.step",
+    "StepPlan": "train.step",
     "assign_packs": "packers",
     "run_packer": "packers",
     "PackerOptions": "packers",

@@ -2,7 +2,7 @@
 
 The handler raises in the main thread; an exception raised inside a foreign callback (numba
 loading its cache runs Python through ctypes) can be printed and dropped there, so the
-signal is also recorded, and every commit (:mod:`packtool._atomic`) checks the record before
+signal is also recorded, and every commit (:mod:`packtool.storage.atomic`) checks the record before
 renaming anything into place: a received signal always ends the run with nothing written.
 During a commit the handler only records (:func:`deferred`): the commit then undoes itself
 instead of stopping half-way between two renames.

@@ -15,9 +15,10 @@ jobs left on disk. datatrove's executors are the model::
 ``run(job, tick)`` must be a module-level function (Ray pickles it); ``tick(n)`` reports
 progress inside a local job (on Ray a job's weight is counted when it finishes). It returns
 ``(result, skipped)``: ``skipped`` when the job found its output already finished; or a
-:class:`Tail`: what is left of the job once its files are written, which only waits on a
-store (their upload, then the job's record). The local executor runs a job's tail in a
-thread while the next job computes, at most one tail at a time::
+:class:`~packtool.storage.write.PendingUpload`: what is left of the job once its files are
+written, which only waits on a store (their upload, then the job's record). The local
+executor runs a job's tail in a thread while the next job computes, at most one tail at a
+time::
 
     main thread    [ job 0 ][ job 1 ][ job 2 ]w[ job 3 ]     w: waits for the tail before
     tail thread             [ up 0 ]  [  up 1  ][ up 2  ][ up 3 ]   (so at most two jobs'
@@ -42,6 +43,7 @@ from pathlib import Path
 from ._progress import progress_bar
 from .errors import PacktoolError
 from .options import opt
+from .storage.write import PendingUpload
 
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT = 10.0  # seconds to reach a Ray address before naming it unreachable
@@ -148,26 +150,9 @@ def run_jobs(jobs: Jobs, run: RunOptions, progress: bool = False) -> tuple[dict,
             bar.close()
 
 
-class Tail:
-    """The rest of a job once its files are written, which only waits on a store: ``then()``
-    uploads them and gives the job's ``(result, skipped)``. ``held`` (the job's lock, its
-    scratch folder) is released when the tail ends, run or dropped."""
-
-    def __init__(self, then: Callable[[], tuple], held: contextlib.ExitStack):
-        self.then, self.held = then, held
-
-    def __call__(self) -> tuple:
-        with self.held:
-            return self.then()
-
-    def drop(self) -> None:
-        """Release what the job holds without publishing it (the run is failing)."""
-        self.held.close()
-
-
 def settle(outcome):
     """A job's ``(result, skipped)``, its tail (if any) run here."""
-    return outcome() if isinstance(outcome, Tail) else outcome
+    return outcome() if isinstance(outcome, PendingUpload) else outcome
 
 
 class _Behind:
@@ -179,7 +164,7 @@ class _Behind:
     def __init__(self, outcomes: dict):
         self.outcomes, self.thread, self.error = outcomes, None, None
 
-    def hand(self, k: int, tail: Tail, label: str = "") -> None:
+    def hand(self, k: int, tail: PendingUpload, label: str = "") -> None:
         """Wait for the tail in flight, then start job ``k``'s (dropped if the one before
         failed)."""
         try:
@@ -245,7 +230,7 @@ def _run_local(jobs: Jobs, mine: list[int], bar) -> tuple[dict, int]:
             before = bar.n if bar is not None else 0
             item = jobs.items[k]
             outcome = jobs.run(item, tick)
-            if isinstance(outcome, Tail):
+            if isinstance(outcome, PendingUpload):
                 behind.hand(k, outcome, jobs.label(item))
             else:
                 outcomes[k] = outcome

@@ -2,6 +2,13 @@
 lower bounds and the gaps to them, the packing factor. One function, so a number printed by
 ``stats`` and the same number printed by ``pack`` are computed the same way.
 
+The packing factor is **sequences per pack**: a sequence is what a trainer takes as one
+example, a document (or a piece of one) or a completion of a pair or group with its prompt. A
+segment is a run of a row's tokens with its own positions; a shared prompt
+(``--share-prompt``) is a segment but no sequence, so for 12.35 pairs a row stored with their
+prompts shared a row holds 37.05 segments, 24.7 sequences (the packing factor) and 12.35
+groups (``stats``' ``groups_per_pack``).
+
 Bounds (see :mod:`packtool.bounds`): L1 = ceil(tokens / L); Martello-Toth L2 >= L1; the LP
 bound when the optimal packer ran. An LP stopped before convergence still gives a valid bound
 (Farley's), which can be *weaker* than L1: it is reported with ``lp_converged: false`` and the
@@ -23,9 +30,11 @@ def pack_metrics(seg_lengths: np.ndarray, seq_len: int, n_packs: int,
 
 
 def histogram_metrics(hist: np.ndarray, seq_len: int, n_packs: int,
-                      lp_bound: int | None = None, lp_converged: bool | None = None) -> dict:
+                      lp_bound: int | None = None, lp_converged: bool | None = None,
+                      n_sequences: int | None = None) -> dict:
     """:func:`pack_metrics` from the histogram of segment lengths (``hist[v]`` segments of v
-    tokens): what a plan made group by group adds up, in O(seq_len) memory."""
+    tokens): what a plan made group by group adds up, in O(seq_len) memory. ``n_sequences``:
+    where not every segment is a sequence (shared prompts)."""
     from .bounds import l2_bound_hist
 
     hist = np.asarray(hist, np.int64)
@@ -43,8 +52,14 @@ def histogram_metrics(hist: np.ndarray, seq_len: int, n_packs: int,
         "lp_converged": lp_converged,
         "best_bound_packs": best,
         "gap_to_best_bound_percent": _gap(n_packs, best),
-        "packing_factor": n_segments / n_packs if n_packs else 0.0,
+        "packing_factor": packing_factor(
+            n_segments if n_sequences is None else n_sequences, n_packs),
     }
+
+
+def packing_factor(n_sequences: int, n_packs: int) -> float:
+    """Sequences per pack (module docstring), 0 for no pack."""
+    return n_sequences / n_packs if n_packs else 0.0
 
 
 def _gap(n_packs: int, bound: int) -> float:

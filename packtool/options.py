@@ -11,9 +11,9 @@ turns into a click type (``("int", lo, hi)``, ``("float", lo)``, ``("choice", na
 from __future__ import annotations
 
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
-from . import vsl_options as _vsl
+from . import conflicts
 from .chat.sandbox import DEFAULT_MAX_RENDER_CHARS as MAX_RENDER_CHARS
 from .chat.sandbox import DEFAULT_RENDER_TIMEOUT as RENDER_TIMEOUT
 from .errors import PacktoolError
@@ -34,6 +34,32 @@ def opt(default, help: str, *flags: str, type="str", **kw):
     """A field with its command-line form (``flags`` default to ``--field-name``)."""
     return field(default=default,
                  metadata={"cli": {"flags": flags, "help": help, "type": type, **kw}})
+
+
+def parse_vsl(spec) -> tuple[int, int] | None:
+    """(MIN, MAX) of ``--vsl MIN:MAX`` (a string, or a pair from the library), checked:
+    powers of two, 1 <= MIN <= MAX < 2**31. None stays None."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        lo_s, sep, hi_s = spec.partition(":")
+        if not sep or not lo_s.strip().isdigit() or not hi_s.strip().isdigit():
+            raise PacktoolError(f"--vsl {spec!r}: give MIN:MAX, two powers of two (e.g. "
+                                "--vsl 256:8192)")
+        lo, hi = int(lo_s), int(hi_s)
+    else:
+        try:
+            lo, hi = (int(v) for v in spec)
+        except (TypeError, ValueError):
+            raise PacktoolError(f"vsl={spec!r}: give (MIN, MAX) or 'MIN:MAX'") from None
+    for name, v in (("MIN", lo), ("MAX", hi)):
+        if v < 1 or v >= 2**31 or v & (v - 1):
+            up = 1 << max(int(v) - 1, 0).bit_length()
+            raise PacktoolError(f"--vsl {lo}:{hi}: {name} {v:,} is not a power of two from 1 to "
+                                f"2**30; use {max(up >> 1, 1):,} or {min(up, 2**30):,}")
+    if lo > hi:
+        raise PacktoolError(f"--vsl {lo}:{hi}: MIN {lo:,} > MAX {hi:,}; use --vsl {hi}:{lo}")
+    return lo, hi
 
 
 @dataclass
@@ -106,10 +132,9 @@ class TokenizeOptions:
         if self.max_record_bytes < 1:
             raise PacktoolError(f"--max-record-bytes {self.max_record_bytes}: must be at least "
                                 f"1 (default {DEFAULT_MAX_RECORD_BYTES:,})")
-        if self.batch_size < 1 or self.workers < 0:
-            raise PacktoolError("--batch-size must be at least 1 and --workers at least 0")
-        if self.part_bytes < 1:
-            raise PacktoolError(f"--part-bytes {self.part_bytes}: must be at least 1")
+        if self.batch_size < 1 or self.workers < 0 or self.part_bytes < 1:
+            raise PacktoolError("--batch-size and --part-bytes must be at least 1 and "
+                                "--workers at least 0")
         for name, value, allowed in (("--engine", self.engine, ENGINES),
                                      ("--engine-check", self.engine_check, ENGINE_CHECKS),
                                      ("--txt-split", self.txt_split, TXT_SPLITS)):
@@ -163,9 +188,6 @@ class TokenizeOptions:
         if self.rewards_field and not self.completions_field:
             raise PacktoolError("--rewards-field goes with --completions-field (one reward "
                                 "per completion)")
-        if self.messages_field and self.bos:
-            raise PacktoolError("with --messages-field the chat template writes the special "
-                                "tokens it wants at the start; drop --bos")
 
     def _group_flags(self) -> str:
         return ("--chosen-field/--rejected-field" if self.chosen_field
@@ -275,12 +297,11 @@ class PackOptions:
     def __post_init__(self):
         if self.vsl is not None and self.seq_len is None:  # --vsl sets the longest row
             with suppress(PacktoolError):  # check() says what is wrong with it
-                object.__setattr__(self, "seq_len", _vsl.parse_vsl(self.vsl)[1])
+                object.__setattr__(self, "seq_len", parse_vsl(self.vsl)[1])
 
     @property
-    def vsl_bounds(self) -> tuple[int, int] | None:
-        """(MIN, MAX) of --vsl, or None."""
-        return _vsl.parse_vsl(self.vsl)
+    def vsl_bounds(self) -> tuple[int, int] | None:  # (MIN, MAX) of --vsl, or None
+        return parse_vsl(self.vsl)
 
     @property
     def alignment(self) -> int:
@@ -288,12 +309,10 @@ class PackOptions:
         --tp under --sequence-parallel and 16 with --fp8 (1: no alignment)."""
         from math import lcm
 
-        k = self.align or 1
-        if self.cp:
-            k = lcm(k, 2 * self.cp)
-        if self.tp and self.sequence_parallel:
-            k = lcm(k, self.tp)
-        return lcm(k, 16) if self.fp8 else k
+        from .formats.packed.schema import parallel_alignment
+
+        return lcm(self.align or 1, parallel_alignment(self.cp, self.tp, self.sequence_parallel,
+                                                       self.fp8))
 
     def alignment_source(self) -> str:
         """The options that set :attr:`alignment`, as the user gave them (for messages)."""
@@ -306,8 +325,7 @@ class PackOptions:
     def packer_options(self):
         from .packers import PackerOptions
 
-        names = {f.name for f in fields(PackerOptions)}
-        return PackerOptions(**{k: v for k, v in asdict(self).items() if k in names})
+        return PackerOptions(**{f.name: getattr(self, f.name) for f in fields(PackerOptions)})
 
     def check(self) -> None:
         if self.seq_len is None:
@@ -327,35 +345,37 @@ class PackOptions:
                                      ("--balance", self.balance, BALANCE)):
             if value not in allowed:
                 raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise PacktoolError(f"--seed must be an integer >= 0, got {self.seed!r}")
-        if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) \
-                or self.shard_size < 1:
-            raise PacktoolError(f"--shard-size must be a positive number of tokens, got "
-                                f"{self.shard_size!r}")
-        if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(
-                self.tokens, int) or self.tokens < 1):
-            raise PacktoolError(f"--tokens must be a positive number of tokens, got "
-                                f"{self.tokens!r}")
-        if self.group_docs is not None and (isinstance(self.group_docs, bool) or not isinstance(
-                self.group_docs, int) or self.group_docs < 1):
-            raise PacktoolError(f"--group-docs must be a positive number of documents, got "
-                                f"{self.group_docs!r}")
         self.check_alignment()
-        if self.vsl is not None:
-            bad = _vsl.vsl_conflicts(self)
-            if bad:
-                raise PacktoolError(f"--vsl {self.vsl}: " + "; ".join(bad))
+        if self.vsl is not None and self.seq_len != self.vsl_bounds[1]:
+            raise PacktoolError(f"--seq-len {self.seq_len:,} is not --vsl's MAX "
+                                f"{self.vsl_bounds[1]:,} (a vsl row holds at most MAX tokens): "
+                                f"drop --seq-len or pass --seq-len {self.vsl_bounds[1]}")
+        conflicts.check(self.features())
+
+    def features(self) -> set[str]:
+        """The features of :mod:`packtool.conflicts` these options turn on."""
+        on = {"vsl": self.vsl is not None, "align": self.alignment > 1,
+              "max_docs": self.max_docs is not None, "algo": self.algo != "bfd",
+              "packer_limits": any(v is not None for v in (self.max_depth, self.work_limit,
+                                                           self.time_limit)),
+              "truncate": self.overflow == "truncate", "drop": self.overflow == "drop",
+              "group_docs": self.group_docs is not None, "balance": self.balance != "none",
+              "share_prompt": self.share_prompt,
+              "holdout": bool(self.valid_docs or self.valid_fraction)}
+        return {name for name, used in on.items() if used}
 
     def check_alignment(self) -> None:
         """--align and the options it derives from: positive integers, combined sensibly,
         and a --seq-len that is a multiple of the alignment (a pack of aligned segments is
         one, so a row of exactly --seq-len tokens must be reachable)."""
-        for name, value in (("--align", self.align), ("--cp", self.cp), ("--tp", self.tp),
-                            ("--pad-id", self.pad_id), ("--max-docs", self.max_docs)):
+        for name in ("seed", "shard_size", "tokens", "group_docs", "align", "cp", "tp",
+                     "pad_id", "max_docs"):
+            value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < (0 if name == "--pad-id" else 1)):
-                raise PacktoolError(f"{name} must be a positive integer, got {value!r}")
+                                      or value < (0 if name in ("seed", "pad_id") else 1)):
+                raise PacktoolError(f"--{name.replace('_', '-')} must be "
+                                    + ("an integer >= 0" if name in ("seed", "pad_id")
+                                       else "a positive integer") + f", got {value!r}")
         if self.sequence_parallel and not self.tp:
             raise PacktoolError("--sequence-parallel splits sequences over the tensor-parallel "
                                 "ranks: also pass --tp M")
@@ -363,7 +383,12 @@ class PackOptions:
             raise PacktoolError(f"--tp {self.tp} alone does not split sequences (only Megatron's "
                                 "sequence parallelism does): add --sequence-parallel, or drop "
                                 "--tp")
-        k = self.alignment
+        from .formats.packed.schema import MAX_ALIGN
+
+        if (k := self.alignment) >= MAX_ALIGN:  # the lcm of --align, 2 x --cp, --tp, 16
+            raise PacktoolError(f"alignment {k:,} ({self.alignment_source()}) is not below "
+                                f"{MAX_ALIGN:,}, the most a packed dataset records (its readers "
+                                "refuse more): use a smaller --align, --cp or --tp")
         if self.pad_id is not None and k == 1:
             raise PacktoolError("--pad-id is the id of alignment pads: give it with --align "
                                 "(or --cp/--tp/--fp8), or drop it")

@@ -2,7 +2,7 @@
 default) and with ``PACKTOOL_FSYNC=0``, as ratios measured in this run.
 
 A commit fsyncs each data file and its folder before the commit point (the manifest's rename,
-or the dataset folder's swap) and the folder after it (``packtool._atomic.FSYNC``). Each run
+or the dataset folder's swap) and the folder after it (``packtool.storage.atomic.FSYNC``). Each run
 is the CLI in a fresh process, best of ``--repeat``:
 
 - tokenize: ``--files`` JSONL files of ``--mb`` MB grouped into one part (the default), and

@@ -17,7 +17,7 @@ The saving is conservative: plain drops the pairs over 4096 (their tokens not co
 import numpy as np
 
 from packtool.formats.tokens.groups import GroupTable
-from packtool.pack.grouped import plan_grouped
+from packtool.pack.pairs import plan_grouped
 from packtool.pack.plan import PackOptions, plan_pack
 
 SHAPES = {"ultrafeedback": (160, 260), "third": (240, 260)}  # prompt, completion medians

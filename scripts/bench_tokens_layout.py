@@ -166,11 +166,11 @@ def profile(prefix: Path, workdir: Path, extra=()) -> None:
 
     from click.testing import CliRunner
 
-    import packtool._atomic as atomic
     import packtool._io as io_
     import packtool.formats.packed.writer as writer
     import packtool.formats.tokens as tokens
     import packtool.pack.flow as flow
+    import packtool.storage.atomic as atomic
     from packtool._crc import Crc32
     from packtool.cli import cli
 

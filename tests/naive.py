@@ -257,3 +257,20 @@ def capped_best_fit_decreasing_sizes(lengths, capacity, max_docs):
         pack = [room - length, held + 1]
         (closed if pack[1] >= max_docs else open_).append(pack)
     return sorted((capacity - r, h) for r, h in open_ + closed)
+
+
+def cheapest_fit(order, tokens, costs, docs, n_bins, max_tokens, max_docs):
+    """The step planner's deal: each unit of ``order`` into the cheapest bin (ties: the lowest
+    bin) with room for its tokens and documents; None when one has no room anywhere."""
+    fill, count, cost, out = [0] * n_bins, [0] * n_bins, [0.0] * n_bins, [-1] * len(tokens)
+    for u in order:
+        room = [b for b in range(n_bins)
+                if fill[b] + tokens[u] <= max_tokens and count[b] + docs[u] <= max_docs]
+        if not room:
+            return None
+        b = min(room, key=lambda b: (cost[b], b))
+        fill[b] += tokens[u]
+        count[b] += docs[u]
+        cost[b] += costs[u]
+        out[u] = b
+    return out

@@ -184,12 +184,31 @@ def test_verify_refuses_an_alignment_edited(corpus, aligned, tmp_path):
     import shutil
 
     for change, match in (({"align": 64}, "longer than seq_len|n_align_tokens"),
-                          ({"pad_id": 5000}, "pad_id 5,000 is outside the id space")):
+                          ({"pad_id": 5000}, "pad_id 5,000 is outside the id space"),
+                          ({"parallel": {"cp": 16, "tp": None, "sequence_parallel": False,
+                                         "fp8": False}}, "need a multiple of 32"),
+                          ({"version": 2}, "version 2 with the keys align")):
         out = tmp_path / str(change)
         shutil.copytree(aligned, out)
         _rewrite(out, **change)
-        with pytest.raises(VerifyError, match=match):
+        with pytest.raises(PacktoolError, match=match):  # a VerifyError or the reader's
             verify_packed(out, [corpus])
+
+
+def test_verify_refuses_a_pad_id_changed_within_the_vocabulary(corpus, aligned, tmp_path):
+    """issue 38: a pad_id moved to another id of the vocabulary, the digest recomputed, was
+    accepted (nothing contradicted it). index.json records where the id came from
+    (``pad_from``), and verify --source recomputes it from the source with its own code."""
+    import shutil
+
+    idx = json.loads((aligned / "index.json").read_text())
+    assert idx["pad_from"] in ("tokenizer", "eos")
+    assert verify_packed(aligned, [corpus]).align["pad_id"] == idx["pad_id"]
+    out = tmp_path / "p"
+    shutil.copytree(aligned, out)
+    _rewrite(out, pad_id=idx["pad_id"] + 1)
+    with pytest.raises(VerifyError, match="pad_id .* is not the"):
+        verify_packed(out, [corpus])
 
 
 def test_verify_refuses_a_pack_over_max_docs(corpus, aligned, tmp_path):
@@ -210,6 +229,7 @@ def test_stats_predicts_the_packs_pack_writes(corpus, tmp_path, k):
     squad = load_histogram_csv(reference_histogram("squad11-384"))
     write_token_corpus(tmp_path / "squad", squad, vocab_size=500)
     for prefix, seq_len in ((corpus, 1024), (tmp_path / "squad", 512)):
+        plain = stats([str(prefix)], seq_lens=[seq_len], algos="bfd").report["seq_lens"][0]
         for extra in ({"align": k}, {"max_docs": 4}, {"align": k, "max_docs": 8}):
             rep = stats([str(prefix)], seq_lens=[seq_len], **extra).report["seq_lens"][0]
             row = rep["algos"][0]
@@ -220,6 +240,8 @@ def test_stats_predicts_the_packs_pack_writes(corpus, tmp_path, k):
             if "align" in extra:
                 assert rep["align_tokens"] == res.counts["n_align_tokens"]
                 assert row["packs_unaligned"] <= row["packs"]
+                # compared with the plain packs, not the capped ones (issue 38)
+                assert row["packs_unaligned"] == plain["algos"][0]["packs"]
             if "max_docs" in extra:
                 assert row["packs_uncapped"] <= row["packs"]
                 ds = open_packed(out)
@@ -250,7 +272,7 @@ def test_collate_max_docs_gives_a_fixed_length(corpus, tmp_path):
                                             "max_docs 3"):
         collate_numpy([ds[short], ds[0]], max_docs=3) if len(ds.segments(short)[2]) <= 3 \
             else collate_numpy([ds[0], ds[0]], max_docs=3)
-    with pytest.raises(PacktoolError, match="pad_multiple's row pad"):
+    with pytest.raises(PacktoolError, match="collate max_docs=K x collate pad_multiple"):
         collate_numpy([ds[0]], max_docs=4, pad_multiple=64)
 
 
@@ -265,7 +287,8 @@ def test_collate_aligned_rows(aligned):
     assert row["cu_seqlens_padded"][:cup.size].tolist() == cup.tolist()
     assert row["cu_seq_lens_q"][:cu.size].tolist() == cu.tolist()
     assert row["cu_seq_lens_q"].size == row["cu_seqlens_padded"].size == 25
-    assert row["max_length_q"] == int(np.diff(cup).max())
+    # max_docs: the longest pack's length, a bound on every segment (one value, one compile)
+    assert row["max_length_q"] == max(n_a, int(b["cu_seqlens_padded"][-1])) >= np.diff(cup).max()
     assert row["seq_idx"].shape == row["input_ids"].shape
     got = ds.get(0, pad_to=1024)  # a row pad: a segment of its own in both boundaries
     assert got["cu_seqlens_padded"][-1] == 1024 and len(got["cu_seqlens"]) == len(

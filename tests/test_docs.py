@@ -9,7 +9,8 @@ import pytest
 from packtool.formats import packed, tokens
 from packtool.pack import entries
 
-DOC = (Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md").read_text()
+DOC_DIR = Path(__file__).resolve().parent.parent / "docs"
+DOC = (DOC_DIR / "FORMAT.md").read_text()
 # `name` spans outside fenced blocks (whose ``` would pair with the wrong backticks)
 QUOTED = set(re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", DOC, flags=re.S)))
 
@@ -165,3 +166,25 @@ def test_every_measured_row_has_its_command():
     missing = {s for row in rows for s in re.findall(r"scripts/(\w+\.py)", row)
                if not (ROOT / "scripts" / s).is_file()}
     assert not missing, missing
+
+
+def test_conflict_table_is_the_one_in_the_docs():
+    """docs/PIPELINE.md shows packtool.conflicts' table as it is, row for row."""
+    from packtool import conflicts
+
+    page = (DOC_DIR / "PIPELINE.md").read_text()
+    assert conflicts.markdown() in page
+    rows = [r for r in page.split("## Which options combine")[1].split("\n## ")[0].splitlines()
+            if r.startswith("| ") and not r.startswith("| Together")]
+    assert len(rows) == len(conflicts.CONFLICTS)
+
+
+def test_every_packed_version_is_listed_with_its_keys():
+    """docs/FORMAT.md's table of packed versions: one row per version, naming the keys that
+    make its layout (packtool.formats.packed.schema.VERSION_KEYS)."""
+    from packtool.formats.packed.schema import READABLE, VERSION_KEYS
+
+    rows = {int(m.group(1)): m.group(0) for m in re.finditer(r"^\| (\d) \|.*$", DOC, re.M)}
+    assert set(rows) == set(READABLE)
+    for v, keys in VERSION_KEYS.items():
+        assert all(f"`{k}`" in rows[v] for k in keys), (v, rows[v])

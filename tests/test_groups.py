@@ -1,4 +1,4 @@
-"""``pack --group-docs G`` (packtool/pack/groups.py): each job plans and writes one group of
+"""``pack --group-docs G`` (packtool/pack/streamed.py): each job plans and writes one group of
 documents; the held-out and repeated documents are the global plan's, drawn in memory of the
 sample (packtool/pack/selection.py). Checked against the global plan, with both layouts, a
 mixture and a held-out fraction, as array tasks with --finalize, and with a job killed
@@ -201,7 +201,7 @@ def test_bad_group_entry_is_redone(corpora, tmp_path):
 
 SLOW_TASK = """
 import sys, time
-from packtool.pack import groups
+from packtool.pack import streamed as groups
 real = groups.ShardWriter
 class Slow(real):
     def write(self, *a, **k):

@@ -18,7 +18,8 @@ import pytest
 from conftest import ROOT, TOKENIZER, run, slow, write_jsonl
 from synth import make_documents
 
-from packtool import _atomic, _signals
+from packtool import _signals
+from packtool.storage import atomic as _atomic
 
 _cli = partial(run, catch_exceptions=False)
 
@@ -117,7 +118,7 @@ def test_enospc_from_write_or_space_check(tmp_path, corpus, monkeypatch, command
 
 # --------------------------------------------------- 5: lock, commits, concurrent runs
 def _hold_lock(out: Path) -> subprocess.Popen:
-    code = ("import sys, time\nfrom packtool._atomic import output_lock\n"
+    code = ("import sys, time\nfrom packtool.storage.atomic import output_lock\n"
             "with output_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(out)], env=_env(),
                             stdout=subprocess.PIPE, text=True)
@@ -168,7 +169,7 @@ def replace(a, b):
             os._exit(9)  # SIGKILL-like: no cleanup of any kind
     real(a, b)
 os.replace = replace
-import packtool._atomic as atomic
+import packtool.storage.atomic as atomic
 if sys.argv[2] == "noexchange":
     atomic.EXCHANGE = False
 else:

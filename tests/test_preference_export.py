@@ -81,8 +81,8 @@ def test_mds_carries_groups_and_roles(tmp_path, pairs):
     ("megatron", True, "GPTDataset has no notion of a group"),
     ("parquet-packed", False, "GPTSFTPackedParquetDataset has no group or role"),
     ("parquet-packed", True, "GPTSFTPackedParquetDataset has no group or role"),
-    ("parquet", True, "cu_seqlens (seq_lengths) can only say"),
-    ("mds", True, "cu_seqlens (seq_lengths) can only say"),
+    ("parquet", True, "attend within your own segment"),
+    ("mds", True, "attend within your own segment"),
 ])
 def test_packed_formats_that_cannot_carry_groups_are_refused(tmp_path, pairs, fmt, share, why):
     _, packed = pairs

@@ -42,6 +42,14 @@ def test_stats_predicts_the_packs_of_groups(groups, share, algo):
     assert rep["n_tokens"] == rep["groups"]["n_tokens"] == idx["n_tokens"]
     assert rep["n_docs"] == rep["groups"]["n_groups"] == idx["groups"]["n_groups"]
     assert rep["groups"]["n_sequences"] == len(corpus)
+    # one packing factor, sequences per pack, in stats, pack, the packed stats and verify's
+    # counts (pack printed segments per pack, 1.5x with --share-prompt; stats groups, issue 38)
+    factor = len(corpus) / idx["n_packs"]
+    assert s["algos"][0]["packing_factor"] == pytest.approx(factor)
+    assert idx["packing_factor"] == pytest.approx(factor)
+    assert s["algos"][0]["groups_per_pack"] == pytest.approx(idx["groups"]["n_groups"]
+                                                             / idx["n_packs"])
+    assert stats([str(out)]).report["packing_factor"] == pytest.approx(factor)
     if share:
         assert rep["groups"]["n_tokens"] < rep["groups"]["n_sequence_tokens"]
     else:
@@ -78,7 +86,7 @@ def test_stats_cli_on_groups_and_options_pack_refuses(groups):
     assert "80 groups" in r.output and f"{len(corpus):,} sequences" in r.output
     assert "stored once (--share-prompt)" in r.output
     r = run("stats", corpus.prefix, "-L", "1024", "--max-docs", "4")
-    assert r.exit_code != 0 and "--max-docs cannot be used with them" in r.output
+    assert r.exit_code != 0 and "pairs and groups x --max-docs" in r.output
 
 
 def test_share_prompt_on_plain_documents_is_refused(tmp_path):

@@ -13,6 +13,7 @@ from conftest import TOKENIZER, write_jsonl  # noqa: E402
 from synth import make_documents  # noqa: E402
 
 import packtool  # noqa: E402
+import packtool.torch  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
 from packtool.formats.packed import open_packed  # noqa: E402
 from packtool.pack import pack_corpus  # noqa: E402
@@ -167,7 +168,7 @@ def test_shared_rows_refuse_varlen_and_block_mask_keeps_siblings_apart(pairs):
     ds = open_packed(dirs[True, "tokens"])
     batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
                               for k, v in ds[0].items()}])
-    with pytest.raises(PacktoolError, match="cu_seq_lens.*mask='4d'"):
+    with pytest.raises(PacktoolError, match="cu_seqlens.*mask='4d'"):
         model_inputs(batch)
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -188,6 +189,30 @@ def test_shared_rows_refuse_varlen_and_block_mask_keeps_siblings_apart(pairs):
     for a, b in siblings:
         assert not m[np.ix_(seg == a, seg == b)].any()
     assert m[np.ix_(seg == siblings[0][0], seg == sp[siblings[0][0]])].all()
+
+
+@pytest.mark.slow
+def test_shared_rows_through_packtool_attention_with_their_block_mask(pairs):
+    """attn_implementation="packtool" (packtool.torch.prepare_model): shared-prompt rows take
+    block_mask(batch) (FlexAttention), plain rows model_inputs(batch) (varlen), and both give
+    each sequence's log-probability as it is alone."""
+    corpus, dirs = pairs
+    model = tiny_llama(int(corpus.meta["vocab_size"]))
+    want = alone(model, corpus)
+    packtool.torch.prepare_model(model)
+    got = packed_logps(model, dirs[False, "tokens"])
+    ds = open_packed(dirs[True, "tokens"])
+    for i in range(len(ds)):
+        batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
+                                  for k, v in ds[i].items()}])
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                           attention_mask=block_mask(batch), use_cache=False).logits
+        shared = sequence_logps(logits, batch)
+        assert all(abs(float(shared[k]) - float(want[k])) < TOL for k in shared)
+        got.update({k: v for k, v in shared.items() if k not in got})
+    assert set(got) == set(want)
+    assert max(abs(float(got[k]) - float(v)) for k, v in want.items()) < TOL
 
 
 def test_bad_arguments_are_refused_by_name(pairs):
@@ -247,3 +272,31 @@ def test_a_rows_attention_cost_is_what_its_mask_computes(pairs):
             n = int(batch["input_ids"].shape[1])
             assert costs[i] == 2 * int(m.sum()) - n, (share, i)
         verify_packed(dirs[share, "tokens"])
+
+
+def test_one_version_one_layout_and_old_pairs_still_read(pairs, tmp_path):
+    """Pairs are version 5 (they were version 4, the number --vsl has, issue 38); a dataset of
+    pairs written as version 4 reads as it did, and a version 4 with both keys is refused."""
+    import json
+    import shutil
+
+    from packtool.formats.packed import index_digest
+
+    src = pairs[1][True, "tokens"]
+    assert open_packed(src).index["version"] == 5
+    old = tmp_path / "v4"
+    shutil.copytree(src, old)
+    idx = json.loads((old / "index.json").read_text())
+    idx["version"] = 4
+    idx["index_sha256"] = index_digest(idx)
+    (old / "index.json").write_text(json.dumps(idx))
+    a, b = open_packed(src), open_packed(old)
+    for k, v in a[0].items():
+        assert np.array_equal(np.asarray(v), np.asarray(b[0][k])), k
+    verify_packed(old)
+    idx["vsl"] = {"min": 256, "max": 512, "rows": {}, "n_remnant_rows": 0,
+                  "n_remnant_tokens": 0, "n_slot_tokens": 0}
+    idx["index_sha256"] = index_digest(idx)
+    (old / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(PacktoolError, match="one version, one layout"):
+        open_packed(old)

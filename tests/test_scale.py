@@ -21,8 +21,8 @@ from synth import make_documents
 import packtool
 from packtool.cli import cli
 from packtool.executors import RunOptions, deal
-from packtool.pack import jobs as pack_jobs
 from packtool.pack import pack
+from packtool.pack import shards as pack_jobs
 from packtool.pack.plan import PackOptions, plan_pack
 from packtool.tokenize import TokenizeOptions, group_files, plan_tokenize, tokenize_files
 

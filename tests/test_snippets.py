@@ -174,7 +174,7 @@ def test_python_snippets_define_what_they_use(block):
 
 def test_skips_are_few_and_say_why():
     skipped = [b for b in PYTHON if b.skip]
-    assert len(skipped) <= 2, [b.id for b in skipped]
+    assert len(skipped) <= 4, [b.id for b in skipped]  # torchrun, Megatron-Bridge, verl, TRL
     assert all(len(b.skip) > 20 for b in skipped)
 
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 from conftest import CORPUS, TOKENIZER, run
 
-from packtool.executors import Jobs, RunOptions, Tail, run_jobs
+from packtool.executors import Jobs, PendingUpload, RunOptions, run_jobs
 
 WAIT = 10.0  # seconds a job waits for the tail before it (long: a loaded machine)
 
@@ -35,7 +35,7 @@ def overlapping_jobs(events: list, n: int = 3) -> tuple[Jobs, list]:
 
         held = contextlib.ExitStack()
         held.callback(released.append, k)
-        return Tail(then, held)
+        return PendingUpload(then, held)
 
     return Jobs(list(range(n)), job, [1] * n, str, "test"), released
 
@@ -67,7 +67,7 @@ def test_a_failing_tail_is_raised_and_the_next_job_is_dropped():
 
         held = contextlib.ExitStack()
         held.callback(released.append, k)
-        return Tail(then, held)
+        return PendingUpload(then, held)
 
     with pytest.raises(OSError, match="the store went away"):
         run_jobs(Jobs(list(range(4)), job, [1] * 4, str, "test"), RunOptions())

@@ -17,8 +17,8 @@ from conftest import ROOT, TOKENIZER, run, slow, write_jsonl
 from synth import make_documents
 
 import packtool
-from packtool import _locks
 from packtool.export import MARKER
+from packtool.storage import flock as _locks
 
 
 def snapshot(folder: Path) -> dict:
@@ -568,7 +568,7 @@ def pause():
         open(ready, "w").close()
         while not os.path.exists(go):
             time.sleep(0.01)
-import packtool.pack.jobs as pj
+import packtool.pack.shards as pj
 import packtool.tokenize.stage as stage
 write_shard, run_part = pj.write_shard, stage.run_task
 def shard(job, tick):

@@ -15,12 +15,11 @@ import packtool
 from packtool.cli import cli
 from packtool.errors import PacktoolError
 from packtool.formats.packed import index_digest, open_packed
-from packtool.options import PackOptions
+from packtool.options import PackOptions, parse_vsl
 from packtool.pack.plan import plan_pack
 from packtool.pack.vsl import cut, vsl_packs
 from packtool.stats import stats
 from packtool.verify import VerifyError, verify_packed
-from packtool.vsl_options import parse_vsl
 
 
 def reference_cut(n: int, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -109,8 +108,8 @@ def test_bad_bounds_refused(spec, msg):
 
 
 @pytest.mark.parametrize("extra,msg", [
-    (["--align", "16"], "--align: not with --vsl"), (["--max-docs", "4"], "--max-docs"),
-    (["--algo", "ffd"], "--algo ffd: --vsl packs its remnants with bfd"),
+    (["--align", "16"], "--vsl x alignment"), (["--max-docs", "4"], "--max-docs"),
+    (["--algo", "ffd"], "--vsl x --algo other than bfd: --vsl packs its remnants with bfd"),
     (["-L", "4096"], "--seq-len 4,096 is not --vsl's MAX 2,048"),
     (["--overflow", "drop"], "--overflow drop"), (["--group-docs", "10"], "--group-docs"),
     (["--balance", "attention"], "--balance attention"), (["--vsl", "100:2048"], "power of two")])
@@ -250,3 +249,18 @@ def test_torch_dataset_pads_rows_to_their_slot(packed):
         real = ds.packed[i]["input_ids"].size
         assert ex["position_ids"][:real].tolist() == ds.packed[i]["position_ids"].tolist()
     assert packtool.open_packed(d / "p").vsl == (256, 2048)
+
+
+def test_validator_refuses_a_max_that_is_not_seq_len(packed, tmp_path):
+    """vsl.max edited to 2x seq_len (digest recomputed) was accepted, issue 38."""
+    import shutil
+
+    d, _ = packed
+    bad = tmp_path / "bad"
+    shutil.copytree(d / "whole", bad)
+    idx = json.loads((bad / "index.json").read_text())
+    idx["vsl"]["max"] = 2 * idx["seq_len"]
+    idx["index_sha256"] = index_digest(idx)
+    (bad / "index.json").write_text(json.dumps(idx))
+    with pytest.raises(PacktoolError, match="disagrees with seq_len"):
+        verify_packed(bad)

@@ -71,7 +71,7 @@ def _urls(args, kwargs) -> list[str]:
 def _os_error(e: OSError) -> click.ClickException:
     import errno
 
-    from .._atomic import final_name
+    from ..storage.atomic import final_name
 
     where = f" {final_name(e.filename)}" if e.filename else ""  # the output, not a temp
     if e.errno in (errno.ENOSPC, errno.EDQUOT):

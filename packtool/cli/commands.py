@@ -189,11 +189,16 @@ def verify(ctx, path, sources, as_json):
 @click.option("--batch-size", "-b", type=click.IntRange(1), default=8, show_default=True,
               help="Batch size for the dynamic-padding figures.")
 @click.option("--algos", default=None, help="'all' or a comma list of packers to compare.")
+@click.option("--step-plan", "step_plan", metavar="WORLD:MAX_TOKENS[:SEQS]",
+              help="Also plan the lengths as training steps (packtool.plan_step): WORLD "
+                   "ranks, micro-batches of MAX_TOKENS tokens, SEQS sequences a step (default "
+                   "all): micro-batches per rank and max/mean rank cost and tokens.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG here (a local file: a picture to look at, not a dataset): "
                    "length histogram and padding waste per seq_len.")
 @json_option
-def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, **kw):
+def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, step_plan,
+          **kw):
     """Padding waste, what packing saves and how each packer does.
 
     PATHS are token-file prefixes (one corpus), or one packed directory, local or URLs; or pass
@@ -206,12 +211,13 @@ def stats(paths, lengths_file, batch_size, algos, plot_path, as_json, seq_len, *
         packtool stats out/corpus -L 4096 --align 16 --max-docs 8
         packtool stats out/corpus --vsl 256:8192
         packtool stats --lengths lengths.csv -L 512 --algos bfd,spfhp --json
+        packtool stats --lengths lengths.npy --step-plan 64:16384:8192
         packtool stats out/packed
     """
     from .. import stats as st
 
     result = run(st.stats, local(*paths), lengths_file, flat(seq_len), batch_size, algos,
-                 progress=True, **kw)
+                 progress=True, step_plan=step_plan, **kw)
     if plot_path:
         if result.lengths is None:
             raise click.ClickException("--plot draws a corpus report; pass token files or "

@@ -26,7 +26,6 @@ packtool's.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 from .._progress import progress_bar
 from ..errors import PacktoolError
 from ..storage import default_options
-from ..storage.output import Output
+from ..storage.output import Output, open_output
 from .marker import MARKER, write_marker  # noqa: F401 - the marker's public names
 
 # (format, source kind) -> "module:function" in packtool.formats; imported on use so that
@@ -58,7 +57,7 @@ OPTIONS = {
     "link": ("--copy", {("megatron", "corpus")}),  # link=False is --copy
 }
 RECORDS = {"corpus": "documents", "packed": "packs"}
-# pairs and groups (token and packed format version 4): a format whose rows can name each
+# pairs and groups (tokens version 4, packed 5): a format whose rows can name each
 # sequence's group and role carries them (mds, parquet: seq_group, seq_role beside the
 # segments); the others would hand a trainer chosen and rejected alike as text to learn,
 # so they are refused, by name, with the reason
@@ -73,11 +72,6 @@ NO_GROUPS = {
                       "column: it would train on every completion, the rejected ones "
                       "included, as SFT",
 }
-SHARED_PROMPT = ("a --share-prompt row cannot be written as segments: cu_seqlens (seq_lengths) "
-                 "can only say 'attend within your own segment', so a completion would lose "
-                 "its prompt (or, read as one causal row, attend to its siblings), and the "
-                 "format's position_ids restart at 0 where a completion's continue from its "
-                 "prompt's end")
 GROUPS_FIX = ("train from the packed dataset with packtool.torch (block_mask, sequence_logps: "
               "docs/TRAINING.md), or export --format parquet or mds from a pack without "
               "--share-prompt (their seq_group and seq_role columns name each sequence)")
@@ -134,9 +128,9 @@ def _open(src: str | Path, kind: str):
 
 
 def _source_paths(source, kind: str) -> list[Path]:
-    from ..storage import is_url
+    from ..storage import local_file
 
-    if is_url(source.directory if kind == "packed" else source.prefix):
+    if local_file(source.directory if kind == "packed" else source.prefix) is None:
         return []  # a remote source is never a local output
     if kind == "packed":
         return [Path(os.path.abspath(source.directory))]
@@ -146,11 +140,11 @@ def _source_paths(source, kind: str) -> list[Path]:
     return [Path(os.path.abspath(p)) for p in files]
 
 
-def _refuse_self_overwrite(source, kind: str, out: Path) -> None:
+def _refuse_self_overwrite(source, kind: str, output: Output) -> None:
     """The output never replaces the data being read (even with --overwrite), nor lands
     inside a packed dataset being read."""
-    target = Path(os.path.abspath(out))
-    for p in _source_paths(source, kind):
+    target, out = output.local_target, Path(output.given)
+    for p in _source_paths(source, kind) if target is not None else []:
         same_prefix = kind == "corpus" and p.with_suffix("") == target.with_suffix("")
         if target == p or target in p.parents or same_prefix:
             raise PacktoolError(
@@ -195,9 +189,8 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
             raise PacktoolError(f"{flag} applies to {where} only; drop it for --format {fmt}")
     source = _open(src, kind)
     refuse_groups(source, kind, fmt, src)
-    output = Output(out, default_options())
-    if not output.remote:
-        _refuse_self_overwrite(source, kind, Path(out))
+    output = open_output(out, default_options())
+    _refuse_self_overwrite(source, kind, output)
     if kind == "corpus":  # before anything is written (a hard link reads nothing)
         source.verify_checksums()
     module, fn = writer.split(":")
@@ -221,74 +214,50 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
 
 def refuse_groups(source, kind: str, fmt: str, src) -> None:
     """Pairs or groups refused where ``fmt`` cannot carry them (:data:`NO_GROUPS`), and a
-    --share-prompt pack everywhere (:data:`SHARED_PROMPT`)."""
+    --share-prompt pack everywhere (:mod:`packtool.conflicts`)."""
     groups = source.groups if kind == "corpus" else source.index.get("groups")
     if not groups:
         return
-    reason = NO_GROUPS.get(fmt) or (SHARED_PROMPT if groups.get("share_prompt") else None)
+    reason = NO_GROUPS.get(fmt)
+    what = "preference pairs" if groups["kind"] == "pairs" else "groups of completions"
+    shared = " packed with --share-prompt" if groups.get("share_prompt") else ""
+    if reason is None and shared:
+        from .. import conflicts
+
+        conflicts.check({"share_prompt", "export_segments"},
+                        f"{src} holds {what}{shared}; --format {fmt} cannot carry them")
     if reason is not None:
-        what = "preference pairs" if groups["kind"] == "pairs" else "groups of completions"
-        shared = " packed with --share-prompt" if groups.get("share_prompt") else ""
         raise PacktoolError(f"{src} holds {what}{shared}; --format {fmt} cannot carry them: "
                             f"{reason}; {GROUPS_FIX}")
 
 
 def _write(write, source, out: Output, overwrite: bool, tick, options: dict) -> dict:
-    """Run a format's writer into the output's scratch folder (a local output's own folder:
-    the writer commits there atomically, proving what it replaces ours), then publish what
-    it wrote (nothing more locally; for a bucket, under the output's lock, what is there
-    proven ours by the same proofs first, the objects uploaded, the marker last, and the
-    previous export's objects the new one does not list removed)."""
-    from .marker import OLD_MARKER, export_owned, files_owned, sidecar_path
+    """Run a format's writer into the folder the output gives (a local output's own folder:
+    the writer commits there atomically, proving what it replaces ours; for a bucket, under
+    the output's lock, a scratch folder, what is there proven ours by the same proofs
+    first), then publish what it wrote (nothing more locally; for a bucket the objects
+    uploaded, the marker last, and the previous export's objects the new one does not list
+    removed)."""
+    from .marker import OLD_MARKER, sidecar_path
 
-    lock = out.lock() if out.remote else contextlib.nullcontext([])  # locally: the writer's
-    with lock, out.scratch() as folder:
-        target, inside = folder / out.name, out.inside()
-        old = inside.place.names() if out.remote else set()
-        if old and not overwrite:
-            raise PacktoolError(f"output already exists: {out.path}; pass --overwrite to "
-                                "replace it")
-        if old:
-            export_owned(out.path, inside.place)
-        single = {out.name, f"{out.name}.bin", f"{out.name}.idx", f"{out.name}.parquet"}
-        side = sidecar_path(Path(out.name)).name
-        if out.remote:
-            _files_there(out, single, side, overwrite, files_owned)
-        info = write(source, target, overwrite=overwrite and not out.remote, tick=tick,
-                     **options)
-        if not out.remote:
-            return info
-        from ..storage.publish import Published
-
-        sent = Published(str(out.path))
-        if target.is_dir():  # a directory export: data objects, then the marker
-            names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
-                           if p.is_file())
-            last = [n for n in names if n in (MARKER, OLD_MARKER)]
-            inside.publish(target, [n for n in names if n not in last], None, sent)
-            for n in last:
-                inside.put(n, (target / n).read_bytes())
-            removed = inside.remove(sorted(old - set(names) - {n for n in old
-                                                               if n.endswith(".lock")}))
-            files = [f"{out.path}/{Path(f).relative_to(target).as_posix()}"
-                     for f in info["files"]]
-        else:  # single files beside a hidden sidecar, sent last
-            names = sorted(p.name for p in folder.iterdir() if p.is_file()
-                           and not p.name.endswith(".lock") and not p.name.startswith("."))
-            out.publish(folder, names, side if (folder / side).is_file() else None, sent)
-            removed = []
-            files = [str(out.place.path(Path(f).name)) for f in info["files"]]
-    notes = list(info.get("notes", [])) + [
-        f"published to {out.path}: {sent.uploaded:,} objects uploaded ({sent.bytes_sent / 1e6:,.1f}"
-        " MB), each verified, the marker last"
-        + (f"; {len(removed):,} objects of the previous export removed" if removed else "")]
-    return {**info, "files": files, "notes": notes}
+    side = sidecar_path(Path(out.name)).name
+    with out.export_session(lambda o, old: _owned_there(o, old, overwrite, side)
+                            ) as (folder, old):
+        info = write(source, folder / out.name, overwrite=overwrite, tick=tick, **options)
+        return out.publish_export(folder, info, old, (MARKER, OLD_MARKER, side))
 
 
-def _files_there(out: Output, single: set[str], side: str, overwrite: bool, files_owned
-                 ) -> None:
-    """Objects already at a single-file export's names are ours (its sidecar lists them,
-    of their sizes), or a refusal naming them."""
+def _owned_there(out: Output, old: set, overwrite: bool, side: str) -> None:
+    """What a bucket holds at the export's names is ours to replace (a directory export's
+    marker, a single-file export's sidecar, proves it), or a refusal naming it."""
+    from .marker import export_owned, files_owned
+
+    if old and not overwrite:
+        raise PacktoolError(f"output already exists: {out.path}; pass --overwrite to "
+                            "replace it")
+    if old:
+        export_owned(out.path, out.as_folder().place)
+    single = {out.name, f"{out.name}.bin", f"{out.name}.idx", f"{out.name}.parquet"}
     there = {n for n in out.place.names() if "/" not in n}
     found = sorted((single & there) - {side})
     if not found:
@@ -297,7 +266,7 @@ def _files_there(out: Output, single: set[str], side: str, overwrite: bool, file
         raise PacktoolError(f"output already exists: "
                             f"{', '.join(str(out.place.path(n)) for n in found)}; pass "
                             "--overwrite to replace it")
-    files_owned(side, found, found, out.place)
+    files_owned(side, found, out.place)
 
 
 def _no_tick(n: int) -> None:

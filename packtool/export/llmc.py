@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_dir
 from .._io import create
 from .._numba import njit
 from ..errors import PacktoolError
+from ..storage.atomic import atomic_dir
 
 MAGIC = 20240520
 VERSION = 1

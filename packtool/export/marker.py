@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from pathlib import Path
 
 from ..errors import PacktoolError, listing
@@ -71,10 +70,7 @@ def export_owned(folder, place=None) -> None:
     path = place.path(marker)
     fix = "choose another --out"
     try:
-        if place.remote:
-            body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION, place.read_bytes)
-        else:
-            body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION)
+        body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION, place.reader)
         check(body, _SPEC, path, fix)
         check_digest(body, DIGEST_KEY, path, fix)
         for name in body["files"]:
@@ -91,12 +87,9 @@ def export_owned(folder, place=None) -> None:
 
 
 def _hidden_ours(place, name: str) -> bool:
-    """A lock or a dead run's temporary packtool left (locally, shaped as its are)."""
-    if place.remote:
-        return name.endswith(".lock") and "/" not in name and name.startswith(".")
-    from .._temps import left_by_us
-
-    return left_by_us(Path(place.path(name)))
+    """A lock or a dead run's temporary packtool left (locally, shaped as its are; in a
+    bucket, a lock object)."""
+    return place.hidden_ours(name, r"\.(?:[^/]*\.)?lock")
 
 
 # ------------------------------------------------------------- exports of single files
@@ -113,17 +106,17 @@ def sidecar_path(key: Path) -> Path:
 
 @contextlib.contextmanager
 def export_files(paths: list[Path], key: Path, overwrite: bool, fmt: str, source):
-    """:func:`packtool._atomic.atomic_files` for an export of single files: yields their
+    """:func:`packtool.storage.atomic.atomic_files` for an export of single files: yields their
     temporaries; commits them with the sidecar (written last, from the temporaries' sizes
     and times, which a rename keeps). With --overwrite, files already at ``paths`` are
     replaced only when the sidecar proves them ours (:func:`files_owned`)."""
-    from .._atomic import atomic_files
     from .._io import write_new
+    from ..storage.atomic import atomic_files
 
     side = sidecar_path(Path(os.path.abspath(key)))
     paths = [Path(os.path.abspath(p)) for p in paths]
     with atomic_files([*paths, side], overwrite, key=key,
-                      owned=lambda found: files_owned(side, paths, found)) as temps:
+                      owned=lambda found: files_owned(side, found)) as temps:
         yield temps[:-1]
         files = []
         for p, t in zip(paths, temps, strict=False):
@@ -136,46 +129,37 @@ def export_files(paths: list[Path], key: Path, overwrite: bool, fmt: str, source
         write_new(temps[-1], manifest_text(body))
 
 
-def files_owned(side, paths: list, found: list, place=None) -> None:
-    """Prove the files ``found`` at an export's ``paths`` our previous export: its sidecar
+def files_owned(side, found: list, place=None) -> None:
+    """Prove the files ``found`` at an export's names our previous export: its sidecar
     ``side`` is valid (format, schema, digest) and lists each, a regular file of the size
-    (and, locally, the modification time) it was committed with; in a bucket
-    (``place``: the folder, and ``side``, ``paths`` and ``found`` names in it) each object
-    of the size listed. Else a refusal naming them."""
-    remote = place is not None and place.remote
-    names = ", ".join(str(p) for p in found if p != side) or str(side)
+    (and, where the folder keeps one, the modification time) it was committed with. Local
+    paths, or (``place``: a bucket's folder) names in it. Else a refusal naming them."""
+    from ..storage.place import Place
+
+    if place is None:
+        place, side, found = Place(Path(side).parent), Path(side).name, [
+            Path(p).name for p in found]
+    names = ", ".join(str(place.path(p)) for p in found if p != side) or str(side)
     fix = "move them away if they are yours, remove them if not, or choose another --out"
     try:
-        if remote:
-            if not place.is_file(side):
-                raise PacktoolError(f"no {side} beside them says packtool wrote them")
-            body = read_manifest(place.path(side), SIDECAR_FORMAT, SIDECAR_VERSION,
-                                 place.read_bytes)
-        else:
-            if side.is_symlink() or not side.exists():
-                raise PacktoolError(f"no {side.name} beside them says packtool wrote them")
-            body = read_manifest(side, SIDECAR_FORMAT, SIDECAR_VERSION)
-        check(body, _SIDECAR, side, fix)
-        check_digest(body, DIGEST_KEY, side, fix)
+        if place.is_link(side) or not place.is_file(side):
+            raise PacktoolError(f"no {side} beside them says packtool wrote them")
+        body = read_manifest(place.path(side), SIDECAR_FORMAT, SIDECAR_VERSION, place.reader)
+        check(body, _SIDECAR, place.path(side), fix)
+        check_digest(body, DIGEST_KEY, place.path(side), fix)
         listed = {f["name"]: f for f in body["files"]}
-        sizes = place.sizes([n for n in found if n != side]) if remote else {}
-        for p in found:
-            if p == side:
+        states = place.file_states([n for n in found if n != side])
+        for name in found:
+            if name == side:
                 continue
-            name = p if remote else p.name
             f = listed.get(name)
             if f is None:
-                raise PacktoolError(f"{Path(str(side)).name} does not list {name}")
-            if remote:
-                if sizes[p] != f["bytes"]:
-                    raise PacktoolError(f"{name} changed since packtool exported it (its size "
-                                        f"differs from {side})")
-                continue
-            st = os.lstat(p)
-            if not stat.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != (
-                    f["bytes"], f["mtime_ns"]):
-                raise PacktoolError(f"{p.name} changed since packtool exported it (size or "
-                                    f"modification time differ from {side.name})")
+                raise PacktoolError(f"{side} does not list {name}")
+            state = states[name]
+            if state is None or state != (f["bytes"], f["mtime_ns"] if state[1] is not None
+                                          else None):
+                raise PacktoolError(f"{name} changed since packtool exported it (its size or "
+                                    f"modification time differ from {side})")
     except PacktoolError as e:
         raise PacktoolError(f"--overwrite refused for {names}: not provably packtool's "
                             f"export ({e}); {fix}") from None

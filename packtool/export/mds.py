@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_dir
 from ..errors import PacktoolError
+from ..storage.atomic import atomic_dir
 
 MASK = "loss_mask"
 

@@ -178,7 +178,7 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
                       corpus) as (tmp_bin, tmp_idx):
         bins = [q.file("bin") for q in corpus.parts]  # a remote part: its verified copy
         if len(bins) == 1:
-            mode, why = _link_or_copy(bins[0], tmp_bin, link and not corpus.parts[0].remote)
+            mode, why = _link_or_copy(bins[0], tmp_bin, link and not corpus.parts[0].cached)
         else:  # one .bin of all parts in order: the corpus's global document order
             _concatenate(bins, tmp_bin)
             mode, why = "copy", f"{len(bins)} parts concatenated"

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_dir
 from ..errors import PacktoolError
 from ..formats.packed import IGNORE_INDEX
+from ..storage.atomic import atomic_dir
 
 ROWS_PER_GROUP = 1024
 

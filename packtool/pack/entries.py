@@ -17,7 +17,6 @@ name) counts as not written, named, so the job is done again.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from ..errors import FormatError
 from ..formats._manifest import (
@@ -104,19 +103,16 @@ def _made(kind: str, body: dict) -> dict:
     return body
 
 
-def read_entry(path, kind: str, place=None) -> tuple[dict | None, str]:
-    """(the entry, "") of a job entry of ``kind`` that is readable and fits its schema, else
-    (None, why): "missing", or what is wrong with it. ``place``: a
-    :class:`packtool.storage.place.Place` it is read from (``path``: its name there)."""
+def read_entry(name: str, kind: str, place) -> tuple[dict | None, str]:
+    """(the entry, "") of the job entry ``name`` of ``kind`` in ``place`` (a
+    :class:`packtool.storage.place.Place`) that is readable and fits its schema, else
+    (None, why): "missing", or what is wrong with it."""
     version, spec = _SPECS[kind]
+    path = place.path(name)
     try:
-        if place is not None and place.remote:
-            m = json.loads(place.read_bytes(str(path)))
-            path = place.path(str(path))
-        elif (path := Path(place.path(str(path))) if place is not None else path).is_symlink():
+        if place.is_link(name):
             return None, f"{path} is a symbolic link, not an entry packtool wrote"
-        else:
-            m = json.loads(path.read_text())
+        m = json.loads(place.read_bytes(name))
     except FileNotFoundError:
         return None, "missing"
     except (OSError, ValueError) as e:
@@ -144,31 +140,24 @@ def shards_of(entry: dict) -> list[dict]:
     return [sh for s in entry["splits"].values() for sh in s["shards"]]
 
 
-def check_objects(place, prefix: str, shards: list[dict]) -> str:
-    """"" when every file of ``shards`` is an object of ``place`` (under ``prefix``: "" or
-    "valid/") of its listed size, else why not. (Their content is checked when read.)"""
-    sizes = place.sizes([prefix + f["name"] for sh in shards for f in sh["files"].values()])
-    for sh in shards:
-        for f in sh["files"].values():
-            size = sizes[prefix + f["name"]]
-            if size != f["bytes"]:
-                where = place.path(prefix + f["name"])
-                return (f"{where} is missing" if size is None else
-                        f"{where} has {size:,} bytes, its entry {f['bytes']:,}")
-    return ""
-
-
-def check_files(folder: Path, shards: list[dict], checksums: bool = True) -> str:
-    """"" when every file of ``shards`` is in ``folder`` as listed (a regular file of its
-    size and, with ``checksums``, its crc32), else why not."""
+def check_files(place, prefix: str, shards: list[dict], checksums: bool = True) -> str:
+    """"" when every file of ``shards`` is in ``place`` (under ``prefix``: "" or "valid/")
+    as listed, else why not: a regular file of its size and, with ``checksums``, its crc32
+    in a local folder; an object of its size in a bucket (its content is checked when
+    read)."""
+    names = [prefix + f["name"] for sh in shards for f in sh["files"].values()]
+    sizes = place.sizes(names)
     try:
         for sh in shards:
             for f in sh["files"].values():
-                path = folder / f["name"]
-                if path.is_symlink() or not path.is_file() or \
-                        path.stat().st_size != f["bytes"]:
-                    return f"{path} is missing or of the wrong size"
-                if checksums:
+                name = prefix + f["name"]
+                size, where = sizes[name], place.path(name)
+                if place.is_link(name):
+                    return f"{where} is a symbolic link, not a file packtool wrote"
+                if size != f["bytes"]:
+                    return (f"{where} is missing" if size is None else
+                            f"{where} has {size:,} bytes, its entry {f['bytes']:,}")
+                if checksums and (path := place.file_here(name)) is not None:
                     check_crc(path, f["crc32"])
     except FormatError as e:
         return f"corrupt: {e}"

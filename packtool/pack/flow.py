@@ -1,8 +1,9 @@
-"""How a pack run's plan becomes jobs and an index: :class:`Global` plans the whole corpus in
-this process and hands out one job per shard (:mod:`.jobs`); :class:`Grouped` (``--group-docs
-G``) hands out one job per group of documents, each planning and writing its own shards
-(:mod:`.groups`). Both check every job's output at finalize, wherever it was written (the
-staging folder, or a store: ``check``), and say what the index of each split holds."""
+"""How a pack run's plan becomes jobs and an index: :class:`WholeCorpusPlan` plans the whole
+corpus in this process and hands out one job per shard (:mod:`.shards`); :class:`StreamedPlan`
+(``--group-docs G``) hands out one job per group of documents, each planning and writing its
+own shards (:mod:`.streamed`). Both check every job's output at finalize, wherever it was
+written (the staging folder, or a store: ``check``), and say what the index of each split
+holds."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, conflicts
 from ..errors import PacktoolError
 from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
-from ..storage import is_url
-from . import jobs as pj
+from ..storage import local_file
+from . import shards as pj
 from .meta import (
     METRIC_KEYS,
     group_index_meta,
@@ -66,7 +67,7 @@ def open_sources(prefixes: list[str | Path], checksums: bool = False) -> list:
     corpora = [open_tokens(p) for p in prefixes]
     seen = set()
     for c in corpora:
-        key = c.prefix if is_url(c.prefix) else Path(c.prefix).resolve()
+        key = local.resolve() if (local := local_file(c.prefix)) else c.prefix
         if key in seen:
             raise PacktoolError(f"token files {c.prefix} given twice; to use a corpus more than "
                                 f"once give it a repeat factor ({c.prefix}:2.0) instead")
@@ -139,35 +140,31 @@ def plan_sources(prefixes, options: PackOptions) -> tuple[list, list[float], str
 
 def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
               staging: str):
-    """The run's plan as jobs writing into ``staging`` (a :class:`Global` plan, or
-    :class:`Grouped` with ``--group-docs``); this process's opened sources handed to them."""
+    """The run's plan as jobs writing into ``staging`` (a :class:`WholeCorpusPlan`, or a
+    :class:`StreamedPlan` with ``--group-docs``); this process's opened sources handed to
+    them."""
     from ..formats.tokens.groups import group_table
-    from .grouped import refuse_options
 
     table = group_table(corpora)
-    if table is not None:
-        refuse_options(options, factors)
-    elif options.share_prompt:
-        raise PacktoolError("--share-prompt shares the prompt of pairs and groups; the sources "
-                            "are plain documents (tokenize with --chosen-field/--rejected-field"
-                            " or --completions-field)")
+    conflicts.check(options.features() | {"groups" if table is not None else "plain"}
+                    | ({"mixture"} if any(f != 1 for f in factors) else set()))
     target = pj.Target(staging, tuple(str(c.prefix) for c in corpora), stored["dtypes"],
                        options.layout, stored["mask_storage"], table is not None)
-    flow = Grouped(corpora, factors, options, target, digest) if options.group_docs else \
-        Global(corpora, factors, options, target, digest, table)
+    flow = StreamedPlan(corpora, factors, options, target, digest) if options.group_docs else \
+        WholeCorpusPlan(corpora, factors, options, target, digest, table)
     pj.provide_sources(target.prefixes, corpora)
     return flow
 
 
-class Global:
+class WholeCorpusPlan:
     """One plan of the whole corpus in this process; shard jobs write it."""
 
     def __init__(self, corpora, factors, options: PackOptions, target, digest, table=None):
         t0 = time.perf_counter()
         self.corpora, self.factors, self.options = corpora, factors, options
         lengths = read_lengths(corpora)
-        if table is not None:  # pairs and groups: packtool.pack.grouped
-            from .grouped import plan_grouped
+        if table is not None:  # pairs and groups: packtool.pack.pairs
+            from .pairs import plan_grouped
 
             self.layout = plan_grouped(lengths, options, table)
             self._ready({"train": self.layout}, digest, target, t0)
@@ -189,6 +186,7 @@ class Global:
                     else {"train": self.layout}, digest, target, t0)
 
     def _ready(self, layouts: dict, digest: str, target, t0: float) -> None:
+        refuse_empty(layouts["train"].n_packs, self.options)
         self.assign_seconds = time.perf_counter() - t0
         self.layouts = layouts
         self.shards = pj.shard_jobs(self.layouts, {"plan": digest}, target)
@@ -199,7 +197,7 @@ class Global:
 
     def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
         """Every shard of the plan checked (``check(job)``: its entry and files where they
-        were written, :func:`packtool.pack.tasks.check_job`);
+        were written, :func:`packtool.pack.shards.check_job`);
         {split: (index meta without held_out, shard entries)}."""
         entries, bad = {}, []
         for i in range(len(self.shards)):
@@ -235,16 +233,16 @@ class Global:
             warnings=warnings + list(lay.report.warnings))
 
 
-class Grouped:
-    """--group-docs G: one job per group plans and writes it (packtool.pack.groups)."""
+class StreamedPlan:
+    """--group-docs G: one job per group plans and writes it (packtool.pack.streamed)."""
 
     def __init__(self, corpora, factors, options: PackOptions, target, digest):
-        from . import groups
+        from . import streamed
 
         t0 = time.perf_counter()
-        self.g = groups
+        self.g = streamed
         self.corpora, self.factors, self.options = corpora, factors, options
-        self.groups = groups.group_jobs(corpora, factors, options, target, digest)
+        self.groups = streamed.group_jobs(corpora, factors, options, target, digest)
         self.combined: dict = {}  # per split, what finalize folded from the groups' entries
         self.assign_seconds = time.perf_counter() - t0
 
@@ -253,7 +251,7 @@ class Grouped:
                     lambda j: j.label(), "pack")
 
     def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
-        folded, bad = {s: self.g.Combined() for s in ("valid", "train")}, []
+        folded, bad = {s: self.g.SplitTotals() for s in ("valid", "train")}, []
         for job in self.groups:  # folded as checked: one entry in memory at a time
             entry, why = check(job)
             if entry is None:
@@ -263,6 +261,7 @@ class Grouped:
                 folded[split].add(part)
         refuse_missing(out, bad, len(self.groups), "groups")
         self.combined = {s: c.result() for s, c in folded.items()}
+        refuse_empty((self.combined["train"] or {}).get("n_packs", 0), self.options)
         return {split: (lambda held, final, c=c, split=split: group_index_meta(
                     c, self.options, self.corpora, self.factors, split, held, final, stored),
                         c["shards"], self.options)
@@ -285,6 +284,16 @@ class Grouped:
             solver=idx["solver"] if idx else {}, seconds=seconds, sources_verified=False,
             sources=idx["sources"] if idx else [], valid=idx["held_out"] if idx else None,
             overflow=self.options.overflow, warnings=warnings)
+
+
+def refuse_empty(n_packs: int, options: PackOptions) -> None:
+    """An empty training set is refused (as ``pack --help`` says), before anything is
+    committed: every document or group dropped by --overflow drop, or none fitting."""
+    if not n_packs:
+        raise PacktoolError(
+            f"the training set would be empty: no document or group is left at --seq-len "
+            f"{options.seq_len:,} with --overflow {options.overflow} (every one longer, and "
+            "dropped); raise --seq-len, or use --overflow split for plain documents")
 
 
 def refuse_missing(out: Path, bad: list[str], n: int, what: str) -> None:

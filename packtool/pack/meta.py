@@ -3,7 +3,6 @@ counts and figures of the plan, and per source where it is and what the packs us
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +11,8 @@ from ..errors import PacktoolError
 from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..formats.packed.costs import COST_RATIO
 from ..metrics import histogram_metrics
-from ..storage import is_url, relative
-from .grouped import group_overflow
+from ..storage import local_file, relative
+from .pairs import group_overflow
 from .plan import PackLayout, PackOptions
 
 METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs",
@@ -40,8 +39,12 @@ def histogram(layout: PackLayout, chunk: int = 1 << 22) -> np.ndarray:
 
 def metrics(layout: PackLayout) -> dict:
     rep = layout.report
+    g = getattr(layout, "groups", None)
+    seqs = None
+    if g and g["share_prompt"]:  # a kept group's shared prompt: a segment, not a sequence
+        seqs = layout.counts["n_segments"] - (g["n_groups"] - g["n_dropped_groups"])
     return histogram_metrics(histogram(layout), layout.options.seq_len, layout.n_packs,
-                             rep.lp_bound, rep.lp_converged)
+                             rep.lp_bound, rep.lp_converged, seqs)
 
 
 def storage(corpora: list, options: PackOptions, longest: int) -> dict:
@@ -74,27 +77,30 @@ def align_entry(options: PackOptions, corpora: list, vocab: int) -> dict:
     k = options.alignment
     if k == 1:
         return {}
-    pad = options.pad_id if options.pad_id is not None else default_pad_id(corpora)
+    pad, pad_from = ((options.pad_id, "option") if options.pad_id is not None
+                     else default_pad_id(corpora))
     if pad >= vocab:
         raise PacktoolError(f"--pad-id {pad:,} is outside the sources' id space of {vocab:,} "
                             f"tokens; pass an id below {vocab:,} (the tokenizer's pad or eos)")
-    return {"align": k, "pad_id": int(pad),
+    return {"align": k, "pad_id": int(pad), "pad_from": pad_from,
             "parallel": {"cp": options.cp, "tp": options.tp,
                          "sequence_parallel": options.sequence_parallel, "fp8": options.fp8}}
 
 
-def default_pad_id(corpora: list) -> int:
-    """The id alignment pads carry when --pad-id is not given: the tokenizer's pad token
-    (its tokenizer_config.json beside the tokenizer.json the corpus recorded), else its eos
-    token, else the eos id tokenize appended (--eos). Pads are never trained on (labels
-    -100) nor seen by a real token (they follow it, under a causal mask), so any id in the
-    vocabulary is correct; these are the ids a model's embedding expects there."""
+def default_pad_id(corpora: list) -> tuple[int, str]:
+    """The id alignment pads carry when --pad-id is not given, and where it came from
+    (index.json's ``pad_from``, which ``verify --source`` recomputes): the tokenizer's pad
+    token (its tokenizer_config.json beside the tokenizer.json the corpus recorded), else its
+    eos token ("tokenizer"), else the eos id tokenize appended (--eos: "eos"). Pads are
+    never trained on (labels -100) nor seen by a real token (they follow it, under a causal
+    mask), so any id in the vocabulary is correct; these are the ids a model's embedding
+    expects there."""
     meta = corpora[0].meta
     found = _config_special(meta.get("tokenizer", {}).get("path"))
     if found is not None:
-        return found
+        return found, "tokenizer"
     if meta.get("eos_id") is not None:
-        return int(meta["eos_id"])
+        return int(meta["eos_id"]), "eos"
     raise PacktoolError(
         f"--align: no pad id known for {corpora[0].prefix} (its tokenizer "
         f"{meta.get('tokenizer', {}).get('path')!r} has no readable tokenizer_config.json "
@@ -107,9 +113,9 @@ def _config_special(path) -> int | None:
     missing)."""
     import json
 
-    if not path or is_url(str(path)):
+    tok = local_file(str(path)) if path else None
+    if tok is None:
         return None
-    tok = Path(path)
     try:
         config = json.loads((tok.parent / "tokenizer_config.json").read_text())
         added = {t["content"]: int(t["id"]) for t in
@@ -192,7 +198,7 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
     tokens = np.zeros(len(corpora), np.int64)
     docs = np.zeros(len(corpora), np.int64)
     for r in layout.rounds:
-        if hasattr(r, "group"):  # grouped: entries carry their document (packtool.pack.grouped)
+        if hasattr(r, "group"):  # grouped: entries carry their document (packtool.pack.pairs)
             src = np.searchsorted(base, r.doc, side="right") - 1
             tokens += np.bincount(src, weights=r.table_length, minlength=len(corpora)).astype(
                 np.int64)
@@ -213,7 +219,7 @@ def source_entries(layout: PackLayout, corpora: list, factors: list[float],
 
 
 def source_entry(c, folder: Path) -> dict:
-    prefix = c.prefix if is_url(c.prefix) else Path(os.path.abspath(c.prefix))
+    prefix = local_file(c.prefix) or c.prefix
     return {"prefix": str(prefix), "path": relative(prefix, folder),
             "manifest_sha256": c.file_sha256,
             "n_docs": len(c), "n_tokens": c.n_tokens, "dtype": c.dtype.name,
@@ -222,7 +228,7 @@ def source_entry(c, folder: Path) -> dict:
 
 def group_index_meta(combined: dict, options: PackOptions, corpora: list, factors: list[float],
                      split: str, held_out: dict | None, folder: Path, stored: dict) -> dict:
-    """index.json's body for a dataset planned group by group (packtool.pack.groups): the
+    """index.json's body for a dataset planned group by group (packtool.pack.streamed): the
     groups' counts, histograms and per-source use added up."""
     from ..packers import PackerReport
 

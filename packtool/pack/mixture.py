@@ -39,10 +39,10 @@ def resolve_source(spec: str) -> tuple[str, float]:
     says that ``:2`` was read as a factor; a raw input (``prose.jsonl``) points to
     ``packtool tokenize``."""
     from ..formats.tokens import split_prefix
-    from ..storage import is_url
+    from ..storage import local_file
 
     prefix, factor = parse_source(spec)
-    if is_url(spec):
+    if local_file(spec) is None:
         return prefix, factor
     whole = Path(f"{split_prefix(spec)}.json")
     if prefix != str(spec):
@@ -228,10 +228,10 @@ def resolve_share(spec: str) -> tuple[str, float] | None:
     """:func:`parse_share`, checked against the files there as :func:`resolve_source` checks
     ``PREFIX:FACTOR`` (a corpus named ``c=0.5`` is a corpus, not a share)."""
     from ..formats.tokens import split_prefix
-    from ..storage import is_url
+    from ..storage import local_file
 
     parsed = parse_share(spec)
-    if parsed is None or is_url(spec):
+    if parsed is None or local_file(spec) is None:
         return parsed
     whole, head = Path(f"{split_prefix(spec)}.json"), Path(f"{split_prefix(parsed[0])}.json")
     if whole.exists() and head.exists():

@@ -13,10 +13,10 @@ tokens is ceil(n / L) segments), so every figure describes the pipeline ``pack``
 ``algos`` runs each registered packer on the segments (nothing is written; the same call as
 ``pack``, so ``packs`` equals what ``pack`` writes with the same options and seed) and ranks
 them by packs, then time. Kernels are compiled before the clock starts (``compile_seconds``
-says how long that took). The packing factor p (segments per pack) drives the advice: a
-packed batch holds p times as many sequences, so divide the batch size (or accumulation
-steps) by p to keep sequences per optimizer step, or, for small p, keep the batch and use
-beta := beta ** p for Adam/LAMB (Krell et al., 2021).
+says how long that took). The packing factor p (sequences per pack, :mod:`packtool.metrics`)
+drives the advice: a packed batch holds p times as many sequences, so divide the batch size
+(or accumulation steps) by p to keep sequences per optimizer step, or, for small p, keep the
+batch and use beta := beta ** p for Adam/LAMB (Krell et al., 2021).
 
 Modules: :mod:`.corpus` the corpus report and the packers compared, :mod:`.packed` a packed
 dataset's report, :mod:`.groups` a corpus of pairs or groups, :mod:`.render` the reports as
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import conflicts
 from .._progress import shown
 from ..errors import PacktoolError
 from ..storage import is_url, kind_of
@@ -42,6 +43,7 @@ from .corpus import (
     corpus_report,
     parse_algos,
     seq_len_report,
+    step_plan_report,
 )
 from .packed import packed_report
 from .render import plot_corpus, render_corpus, render_packed
@@ -66,6 +68,15 @@ class StatsResult:
 
             text += "\n" + "\n".join(vsl_lines(v, v["n_tokens"])).replace(
                 "  vsl", ("" if self.report["kind"] == "packed" else "predicted: ") + "vsl", 1)
+        sp = self.report.get("step_plan")
+        if sp:
+            text += (f"\nstep plan ({sp['steps']} step(s) of {sp['sequences_per_step']:,} "
+                     f"sequences, {sp['world_size']} ranks, micro-batches of "
+                     f"{sp['max_tokens']:,} tokens): {sp['micro_batches'][0]}-"
+                     f"{sp['micro_batches'][1]} micro-batches per rank, rank attention cost "
+                     f"max/mean {sp['cost_imbalance'][0]:.4f} (worst {sp['cost_imbalance'][1]:.4f})"
+                     f", tokens {sp['token_imbalance'][0]:.4f}, "
+                     f"{sp['ms_per_plan']:.1f} ms a plan")
         return text
 
     def to_json(self) -> dict:
@@ -73,7 +84,23 @@ class StatsResult:
 
 
 def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_size: int = 8,
-          algos: str | None = None, progress: bool = False, **options) -> StatsResult:
+          algos: str | None = None, progress: bool = False, step_plan: str | None = None,
+          **options) -> StatsResult:
+    """:func:`report`, and with ``step_plan`` ("WORLD:MAX_TOKENS[:SEQS]") the lengths planned
+    as training steps (:func:`step_plan_report`)."""
+    result = report(paths, lengths_file, seq_lens, batch_size, algos, progress, **options)
+    if step_plan is not None:
+        if result.report["kind"] == "packed" or "groups" in result.report:
+            raise PacktoolError("--step-plan plans plain sequences from their lengths: pass "
+                                "token files of documents or --lengths (a corpus of pairs or "
+                                "groups: packtool.plan_step(lengths, groups=...) in the step)")
+        result.report["step_plan"] = step_plan_report(result.lengths, step_plan,
+                                                      options.get("seed", 0))
+    return result
+
+
+def report(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_size: int = 8,
+           algos: str | None = None, progress: bool = False, **options) -> StatsResult:
     """``packtool stats``: a packed directory, token-file prefixes, or a lengths file.
     ``options``: seed, overflow, share_prompt (pairs and groups: packtool.stats.groups), the
     packer options (max_depth, work_limit, max_docs...) and the alignment (align, cp, tp,
@@ -106,29 +133,24 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
     share = options.pop("share_prompt", False)
     aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
     names = parse_algos(algos)
-    if paths and table is not None:  # pairs and groups: packtool.stats.groups
+    grouped = bool(paths) and table is not None  # what pack would refuse, refused alike:
+    conflicts.check({"groups" if grouped else "plain"} | ({"vsl"} if vsl and grouped else set())
+                    | ({"share_prompt"} if share else set()))
+    if grouped:  # pairs and groups: packtool.stats.groups
         from .groups import grouped_report
-
-        if vsl is not None:
-            raise PacktoolError("--vsl cuts documents into chunks; pairs and groups are packed "
-                                "whole (pack refuses --vsl for them): drop --vsl")
 
         with shown(progress):
             rep = grouped_report(lengths, table, share, seq_lens or DEFAULT_SEQ_LENS,
                                  batch_size, names, seed, options, aligned, source, overflow)
         return StatsResult(rep, lengths)  # --plot refuses it (plot_corpus)
-    if share:
-        raise PacktoolError("--share-prompt shares the prompt of pairs and groups; the corpus "
-                            "holds plain documents (tokenize with --chosen-field/"
-                            "--rejected-field or --completions-field)")
     if not names and (options.get("max_docs") or any(aligned.values())):
         names = ["bfd"]  # pack's default: the packs it would write, predicted
     with shown(progress):
         rep = corpus_report(lengths, seq_lens or DEFAULT_SEQ_LENS, batch_size, names, seed,
                             options, source, overflow, aligned)
     if vsl is not None:
+        from ..options import parse_vsl
         from ..pack.vsl import predict
-        from ..vsl_options import parse_vsl
 
         rep["vsl"] = predict(lengths, parse_vsl(vsl), seed)
     return StatsResult(rep, lengths)

@@ -126,9 +126,9 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
 def compare_algos(seg_lengths: np.ndarray, seq_len: int, algos: list[str], seed: int = 0,
                   algo_options: dict | None = None, align: int = 1) -> list[dict]:
     """Run each packer on the segments as ``pack`` would (rounded up to ``align``); kernels
-    compiled before timing. With ``align`` > 1 each row also gives the packs without the
-    alignment (``packs_unaligned``), with ``max_docs`` those without the cap
-    (``packs_uncapped``): what each costs in packs."""
+    compiled before timing. With ``align`` > 1 each row also gives the plain packs, neither
+    aligned nor capped (``packs_unaligned``), with ``max_docs`` those without the cap, aligned
+    as asked (``packs_uncapped``): what each costs in packs."""
     from .._numba import compile_seconds
     from .._progress import shown
     from ..formats.packed.balance import step_imbalance
@@ -185,8 +185,9 @@ def _costs_of(real, seg_lengths, seq_len: int, algo: str, opts, align: int) -> d
     from ..packers import run_packer
 
     out = {}
-    if align > 1:
-        out["packs_unaligned"] = run_packer(real, seq_len, algo, opts).report.n_packs
+    if align > 1:  # plain: neither the alignment nor the cap
+        out["packs_unaligned"] = run_packer(real, seq_len, algo, replace(
+            opts, max_docs=None)).report.n_packs
     if opts.max_docs:
         out["packs_uncapped"] = run_packer(seg_lengths, seq_len, algo, replace(
             opts, max_docs=None)).report.n_packs
@@ -277,3 +278,37 @@ def advice(packing_factor: float, batch_size: int) -> str:
         text += (f"; or keep the batch and set beta1 := 0.9^p = {0.9 ** p:.4f}, "
                  f"beta2 := 0.999^p = {0.999 ** p:.5f} (Adam/LAMB)")
     return text + "."
+
+
+def step_plan_report(lengths: np.ndarray, spec: str, seed: int = 0) -> dict:
+    """``--step-plan WORLD:MAX_TOKENS[:SEQS]``: the lengths planned as training steps of SEQS
+    sequences (default: all of them in one step) over WORLD ranks, micro-batches of at most
+    MAX_TOKENS tokens (:mod:`packtool.packers.step`, what ``packtool.plan_step`` computes):
+    micro-batches per rank, max/mean rank attention cost and tokens (mean and worst over the
+    steps), and the CPU time of one plan (the kernels' loading or compiling not counted)."""
+    from ..packers.step import plan_lengths
+
+    parts = spec.split(":")
+    try:
+        world, max_tokens, *rest = (int(p.replace(",", "")) for p in parts)
+        per_step = rest[0] if rest else len(lengths)
+    except ValueError:
+        world = -1
+    if len(parts) not in (2, 3) or world < 1 or max_tokens < 1 or per_step < 1:
+        raise PacktoolError(f"--step-plan {spec!r}: give WORLD:MAX_TOKENS[:SEQS], e.g. "
+                            "--step-plan 64:16384 (64 ranks, micro-batches of 16,384 tokens) "
+                            "or 64:16384:8192 (steps of 8,192 sequences)")
+    figures = []
+    plan_lengths(np.ones(1, np.int64), max_tokens=1, world_size=1)  # load the kernels first
+    for start in range(0, len(lengths), per_step):
+        t = time.process_time()
+        p = plan_lengths(lengths[start:start + per_step], max_tokens=max_tokens,
+                         world_size=world, seed=seed)
+        figures.append((p.m, p.imbalance(p.costs), p.imbalance(p.tokens),
+                        time.process_time() - t))
+    m, cost, tok, cpu = (np.array(f, np.float64) for f in zip(*figures, strict=True))
+    return {"world_size": world, "max_tokens": max_tokens, "sequences_per_step": per_step,
+            "steps": len(figures), "micro_batches": [int(m.min()), int(m.max())],
+            "cost_imbalance": [float(cost.mean()), float(cost.max())],
+            "token_imbalance": [float(tok.mean()), float(tok.max())],
+            "ms_per_plan": float(cpu.mean() * 1e3)}

@@ -1,6 +1,6 @@
 """``stats`` of a corpus of pairs or groups (token format version 4): the report of the items
 ``pack`` plans, one a group of its total length (with ``--share-prompt`` its prompt once plus
-each completion: :func:`packtool.pack.grouped.group_lengths`), so the predicted packs are the
+each completion: :func:`packtool.pack.pairs.group_lengths`), so the predicted packs are the
 packs ``pack`` writes. A group is never split: one longer than a seq_len is dropped and
 counted with ``--overflow drop``, and otherwise makes ``pack`` refuse at that seq_len, which
 the report says (``refused``) instead of predicting packs of pieces that will never exist."""
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import PacktoolError
+from .. import conflicts
+from ..metrics import packing_factor
 from .corpus import corpus_report
 
-UNSUPPORTED = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
+ALIGNING = ("align", "cp", "tp", "sequence_parallel", "fp8")
 
 
 def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size: int,
@@ -20,16 +21,14 @@ def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size
                    overflow: str) -> dict:
     """The corpus report of a grouped corpus's items, with its ``groups`` figures and, per
     seq_len, the groups over it and whether ``pack`` refuses there."""
-    from ..pack.grouped import group_lengths, group_overflow
+    from ..pack.pairs import group_lengths, group_overflow
 
-    given = [k for k in UNSUPPORTED if aligned.get(k) or options.get(k)]
-    if given:
-        raise PacktoolError(f"pairs and groups are packed whole, one item a group: "
-                            f"{', '.join('--' + k.replace('_', '-') for k in given)} cannot be "
-                            "used with them yet (pack refuses it too); drop it")
+    conflicts.check({"groups"} | ({"max_docs"} if options.get("max_docs") else set())
+                    | ({"align"} if any(aligned.get(k) for k in ALIGNING) else set()))
     overflow = group_overflow(overflow)  # what pack does: "drop" or "refuse"
     items = group_lengths(lengths, table, share)
     rep = corpus_report(items, seq_lens, batch_size, algos, seed, options, source, "drop")
+    per_group = np.bincount(table.group, minlength=table.n_groups)  # sequences of each group
     rep["overflow"] = overflow
     rep["groups"] = {"kind": table.kind, "share_prompt": bool(share),
                      "n_groups": table.n_groups, "n_sequences": int(lengths.size),
@@ -39,17 +38,21 @@ def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size
         s["refused"] = overflow == "refuse" and s["n_overlong"] > 0
         if s["refused"]:  # pack writes nothing at this seq_len: no packs to predict
             s.pop("algos", None)
+        kept = items <= s["seq_len"]
         for a in s.get("algos", []):  # the costs of items, not of the rows' sequences
             a["attention_imbalance"] = a["attention_imbalance_balanced"] = None
+            if a.get("packs") is not None:  # the packing factor counts sequences, as pack's
+                a["groups_per_pack"] = a["packing_factor"]
+                a["packing_factor"] = packing_factor(int(per_group[kept].sum()), a["packs"])
     return rep
 
 
-def groups_advice(groups: dict, factor: float, batch_size: int) -> str:
-    """What a pack holds in groups and sequences (the packing factor counts groups)."""
-    per = groups["n_sequences"] / max(groups["n_groups"], 1)
-    return (f"packing factor {factor:.2f} counts groups: a pack holds {factor:.2f} groups "
-            f"({factor * per:.2f} sequences); a batch of {batch_size} groups is "
-            f"{batch_size / factor:.2f} packs (attention costs are not predicted for groups: "
+def groups_advice(best: dict, batch_size: int) -> str:
+    """What a pack holds in sequences (the packing factor) and groups."""
+    factor, per_pack = best["packing_factor"], best["groups_per_pack"]
+    return (f"packing factor {factor:.2f}: a pack holds {factor:.2f} sequences in "
+            f"{per_pack:.2f} groups; a batch of {batch_size} groups is "
+            f"{batch_size / per_pack:.2f} packs (attention costs are not predicted for groups: "
             "run stats on the packed dataset)")
 
 

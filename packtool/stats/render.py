@@ -62,11 +62,15 @@ def render_corpus(rep: dict) -> str:
 def _costs(a: dict, s: dict) -> list[str]:
     """What the alignment and the --max-docs cap cost a packer, in packs."""
     out = []
+    both = "packs_unaligned" in a and "packs_uncapped" in a
     if "packs_unaligned" in a:
-        out.append(f"aligned to {s['align']}: {a['packs']:,} packs vs {a['packs_unaligned']:,} "
-                   f"unaligned (+{a['packs'] - a['packs_unaligned']:,})")
+        out.append(f"aligned to {s['align']}{' and capped' if both else ''}: {a['packs']:,} "
+                   f"packs vs {a['packs_unaligned']:,} "
+                   f"{'neither aligned nor capped' if both else 'unaligned'} "
+                   f"(+{a['packs'] - a['packs_unaligned']:,})")
     if "packs_uncapped" in a:
-        out.append(f"--max-docs cap: {a['packs']:,} packs vs {a['packs_uncapped']:,} uncapped "
+        out.append(f"--max-docs cap: {a['packs']:,} packs vs {a['packs_uncapped']:,} uncapped"
+                   f"{', aligned alike' if both else ''} "
                    f"(+{a['packs'] - a['packs_uncapped']:,})")
     return [f"  {a['algo']}: " + "; ".join(out)] if out else []
 
@@ -97,7 +101,7 @@ def _render_algos(s: dict, batch_size: int, groups: dict | None = None) -> list[
     best = next(a for a in s["algos"] if a.get("packs") is not None) if any(
         a.get("packs") is not None for a in s["algos"]) else None
     if best and groups:
-        out.append(f"  {groups_advice(groups, best['packing_factor'], batch_size)}")
+        out.append(f"  {groups_advice(best, batch_size)}")
     elif best:
         out.append(f"  advice: {advice(best['packing_factor'], batch_size)}")
     return out + notes

@@ -14,7 +14,10 @@ when opened (size always, crc32 once per process), then memory-mapped.
 Writing: :mod:`.publish` (data objects first, each verified, the manifest last: the commit).
 
 Modules: :mod:`.place` a folder as the readers see it, :mod:`.cache` the local cache of
-fetched files, :mod:`.output` where a stage writes (a folder or a bucket prefix),
+fetched files, :mod:`.output` where a stage writes (``open_output``: a FolderOutput or a
+BucketOutput, chosen once), :mod:`.write` one job of a stage written to an output,
+:mod:`.atomic` a local folder's commits (temporary names, a journal, the swap),
+:mod:`.temps` its temporaries and what a dead run left, :mod:`.flock` local file locks,
 :mod:`.publish` the commit to a store, :mod:`.lock` the lock object of a store without
 locks, :mod:`.stage_out` local scratch folders for outputs bound for a store.
 """
@@ -59,6 +62,11 @@ def local_path(path):
     if not slash:
         raise PacktoolError(f"{path}: a file:// URL with no path; write file:///PATH")
     return unquote("/" + rest)
+
+
+def local_file(path) -> Path | None:
+    """The local file or folder ``path`` names, absolute; None for a store's URL."""
+    return None if is_url(path) else Path(os.path.abspath(local_path(path)))
 
 
 def protocol(url: str) -> str:

@@ -39,10 +39,10 @@ import sys
 import threading
 from pathlib import Path
 
-from .. import _locks
 from .._crc import hasher
 from .._io import create, file_digests
 from ..errors import FormatError, PacktoolError
+from . import flock
 
 DEFAULT_LIMIT = 64 << 30
 CHUNK = 1 << 22
@@ -137,7 +137,7 @@ class Cache:
         if self._fault(key, expect) is None:
             os.utime(local, follow_symlinks=False)  # most recently used
             return local
-        with _locks.waiting(self.dir / "locks" / f".{key}.lock", f"cache entry {url}"):
+        with flock.waiting(self.dir / "locks" / f".{key}.lock", f"cache entry {url}"):
             fault = self._fault(key, expect)  # another process may have fetched or fixed it
             if fault is None:
                 return local
@@ -238,7 +238,7 @@ class Cache:
         self._mark((st.st_dev, st.st_ino, size, h.crc32()), strict)
 
     def _evict(self, keep: Path) -> None:
-        with _locks.hold(self.dir / ".cache.lock", "wait", f"cache {self.dir}"):
+        with flock.hold(self.dir / ".cache.lock", "wait", f"cache {self.dir}"):
             entries = []
             for p in (self.dir / "objects").iterdir():
                 if p.name.startswith("."):

@@ -20,10 +20,10 @@ import socket
 import time
 
 from .. import _signals
-from .._temps import pid_alive
 from ..errors import PacktoolError
 from . import put
 from .place import protocols
+from .temps import pid_alive
 
 LOCK_ENV = "PACKTOOL_UNSAFE_STORE_LOCK"
 

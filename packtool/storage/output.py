@@ -1,37 +1,49 @@
-"""Where a stage writes: one interface over a local folder and a bucket prefix.
+"""Where a stage writes: one interface, chosen once by :func:`open_output`, over a local
+folder (:class:`FolderOutput`) and a bucket prefix (:class:`BucketOutput`).
 
 ``tokenize``, ``pack`` and ``export`` are written once over an :class:`Output`; where the
 files live is the output's business (mosaicml/streaming's uploader is a no-op for a local
-path; datatrove's ``DataFolder`` serves both). The steps, and what each does where::
+path; datatrove's ``DataFolder`` serves both), and no stage asks again. The steps, and what
+each does where::
 
-    step                   local folder                        bucket (no rename)
-    lock(shared)           flock of .NAME.lock (_atomic)       lock object, conditional put
+    step                   FolderOutput                        BucketOutput (no rename)
+    lock(shared)           flock of .NAME.lock                 lock object, conditional put
     place                  reads and listings of the folder    the same, through fsspec
     job_lock(name)         flock, waited for                   lock object, waited for
     scratch()              the folder itself: a job commits    a scratch folder of this
-                           its files in place (_atomic)        process (storage.stage_out)
-    publish(dir, names,    nothing: already in place           each object uploaded and
-            record)                                            verified, the record last
-    put(name, data)        written whole, renamed in           one put, its size checked
+                           its files in place (atomic)         process (storage.stage_out)
+    finish_job(...)        the job's result: already in place  a PendingUpload: each file
+                                                               uploaded, verified, the
+                                                               record last
+    put(name, data)        written whole                       one put, its size checked
+    commit(files)          one journaled commit                puts in order, the last commits
+    staging(...)           a staging folder beside OUT,        OUT itself, its objects vouched
+      begin/swap_in        swapped in for OUT: the commit      for by a plan marker until the
+                                                               manifest's put; then a sweep
     remove(names)          unlinked                            deleted
 
-A job's files are in place, with its record last, when ``publish`` returns: a job is
-finished when its record is there and lists files of the sizes (locally, the checksums) it
-gives. For a bucket, a stage hands ``publish`` to its executor as the job's tail
-(:class:`packtool.executors.Tail`, holding the job's lock and scratch folder), which the
-local executor runs in a thread while the next job is written. Manifests (the commit
-point) are written last of all by the stage, after every tail, through ``put`` or, for a
-local folder, its journaled commit (:mod:`packtool._atomic`).
+A job's files are in place, with its record last, when its tail returns: a job is finished
+when its record is there and lists files of the sizes (locally, the checksums) it gives.
+The local executor runs a bucket job's tail in a thread while the next job is written.
+Manifests (the commit point) are written last of all, after every tail.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 
-from . import basename, is_url, local_path, parent
+from ..errors import PacktoolError
+from . import basename, is_url, join, local_path, parent
 from .place import Place
+
+
+def open_output(url, storage_options: dict | None = None) -> Output:
+    """The output at ``url``: a :class:`BucketOutput` for a store's URL, else a
+    :class:`FolderOutput` (a path, or a ``file://`` URL)."""
+    return (BucketOutput if is_url(url) else FolderOutput)(url, storage_options)
 
 
 class Output:
@@ -43,134 +55,164 @@ class Output:
     committed = False
 
     def __init__(self, path, storage_options: dict | None = None):
-        self.remote = is_url(path)
-        self.path = (str(path).rstrip("/") if self.remote
-                     else Path(os.path.abspath(local_path(path))))
+        self.given = local_path(path)
+        self.path = self._normal(self.given)
         self.name = basename(self.path)
         self.place = Place(parent(self.path), storage_options)
 
+    @staticmethod
+    def _normal(path):
+        return Path(os.path.abspath(path))
+
     def __repr__(self) -> str:
-        return f"Output({self.path!s})"
+        return f"{type(self).__name__}({self.path!s})"
 
-    def inside(self) -> Output:
-        """The output as a folder of its own (a packed dataset, a directory export)."""
-        out = Output.__new__(Output)
-        out.remote, out.path, out.name = self.remote, self.path, ""
-        out.place = Place(self.path, self.place.storage_options)
+    def _folder_at(self, path) -> Output:
+        out = object.__new__(type(self))
+        out.given, out.path, out.name = path, path, ""
+        out.place = Place(path, self.place.storage_options)
         return out
 
-    def at(self, folder) -> Output:
-        """Another folder written the same way (a local staging folder, a split)."""
-        out = Output.__new__(Output)
-        out.remote, out.path, out.name = self.remote, folder, ""
-        out.place = Place(folder, self.place.storage_options)
-        return out
+    def as_folder(self) -> Output:
+        """The output as a folder of its own (a packed dataset, a directory export): its
+        files are named relative to it."""
+        return self._folder_at(self.path)
 
-    # ------------------------------------------------------------------------ locks
+    def sibling(self, path) -> Output:
+        """Another folder written the same way (a local staging folder)."""
+        return self._folder_at(path)
+
+    def child(self, name: str):
+        """The path (or URL) of ``name`` inside the output's folder."""
+        return join(self.path, name)
+
+    def remove(self, names) -> list[str]:
+        """Remove ``names`` (relative to the place) where they exist; those removed."""
+        gone = []
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                self._remove_one(name)
+                gone.append(name)
+        return gone
+
+
+class FolderOutput(Output):
+    """A local folder: every job commits its files in place (packtool.storage.atomic), so a
+    job is finished when its files are written, and manifests are committed journaled."""
+
+    # ------------------------------------------------------------------ the prefix
+    def check_prefix(self) -> Path:
+        """``--out`` is a prefix, not a folder, and a name the file system can hold; the
+        prefix (absolute)."""
+        from .atomic import check_output_name
+
+        given = self.given
+        if str(given).endswith(("/", "\\")) or Path(given).is_dir():
+            raise PacktoolError(f"--out {given} is a directory; give a prefix inside it, e.g. "
+                                f"{Path(given) / 'corpus'}")
+        check_output_name(Path(self.path))  # the rule every command's --out obeys
+        return Path(self.path)
+
+    def file_ids(self, names) -> set[tuple[int, int]]:
+        """(device, inode) of the files at ``names`` (relative to the place) that exist: an
+        input that is one of them is an output."""
+        ids = set()
+        for n in names:
+            with contextlib.suppress(OSError):
+                st = os.stat(self.place.path(n))
+                ids.add((st.st_dev, st.st_ino))
+        return ids
+
+    def contains(self, path) -> bool:
+        """Whether the file or folder ``path`` lies inside the output."""
+        return (not is_url(path)
+                and str(Path(path).resolve()).startswith(str(self.path).rstrip("/") + "/"))
+
+    @property
+    def local_target(self) -> Path:
+        """The local path written, to compare with the inputs read."""
+        return Path(self.path)
+
+    def make_place(self) -> None:
+        Path(self.place.folder).mkdir(parents=True, exist_ok=True)
+
+    # ----------------------------------------------------------------------- locks
     @contextlib.contextmanager
     def lock(self, shared: bool = False):
         """The whole run's lock on the output (``shared``: the array tasks of one run hold
         it together); yields the notes of what was recovered from dead runs."""
-        if not self.remote:
-            from .._atomic import output_lock
+        from .atomic import output_lock
 
-            with output_lock(self.path, shared=shared) as notes:
-                yield notes
-            return
-        if shared:
-            yield []
-            return
-        from .lock import StoreLock
-
-        name = self._lock_name()
-        with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name))):
-            yield []
-
-    def _lock_name(self) -> str:
-        return f".{self.name}.lock" if self.name else ".packtool.lock"
+        with output_lock(self.path, shared=shared) as notes:
+            yield notes
 
     @contextlib.contextmanager
     def job_lock(self, name: str, label: str):
         """One job's lock (``name``, a hidden file beside the job's files): a second writer
         of the same job waits, then finds it done."""
-        if not self.remote:
-            from .. import _locks
+        from . import flock
 
-            lock = Path(self.place.path(name))
-            lock.parent.mkdir(exist_ok=True)  # valid/ of a staging folder, made by its first job
-            with _locks.waiting(lock, label):
-                yield
-            return
-        from .lock import StoreLock
-
-        with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name)),
-                       wait=True):
+        lock = Path(self.place.path(name))
+        lock.parent.mkdir(exist_ok=True)  # valid/ of a staging folder, made by its first job
+        with flock.waiting(lock, label):
             yield
+
+    def reclaim(self) -> list[str]:
+        """What killed writers left beside the output, removed (under the run's lock)."""
+        from .atomic import reclaim
+
+        return reclaim(Path(self.path))
 
     # ----------------------------------------------------------------------- a job
     @contextlib.contextmanager
     def scratch(self):
-        """The local folder a job writes its files in: the output's own folder (they are
-        committed in place), or for a bucket a scratch folder of this process, removed
-        when the job is published."""
-        if not self.remote:
-            yield Path(self.place.folder)
-            return
-        from .stage_out import scratch_dir
+        """The folder a job writes its files in: the output's own (committed in place)."""
+        yield Path(self.place.folder)
 
-        with scratch_dir(str(self.path)) as folder:
-            yield folder
+    @property
+    def store_place(self):
+        """The place to check a job's objects in by size, None where its files are read
+        and checksummed directly (a local folder)."""
+        return None
 
-    def publish(self, folder: Path, names: list[str], record: str | None, sent=None) -> None:
-        """A job's files (``names``, relative to ``folder``) and then its ``record`` in
-        place: nothing to do for a local folder (the job committed them there); uploaded
-        and verified for a bucket, the record last."""
-        if not self.remote:
-            return
-        from .publish import Published, put_object, upload
+    def finish_job(self, held, folder, names, record, result, *, retire=(), report=False):
+        """The job's ``(result, skipped)``: its files are committed in place already."""
+        return result, False
 
-        sent = sent if sent is not None else Published(str(self.path))
-        root = self.place.root
-        upload(self.place.fs, [(folder / n, f"{root}/{n}") for n in names], sent)
-        if record is not None:
-            put_object(self.place.fs, f"{root}/{record}", (folder / record).read_bytes(),
-                       str(self.place.path(record)))
+    def published(self, text: str) -> None:
+        """What publishing did, for the result: nothing, locally."""
+        return None
 
-    # -------------------------------------------------------------------- manifests
+    def commits_to(self, manifest: str, published, finished_here=None) -> None:
+        """The run is complete only once ``manifest`` is committed; ``finished_here()``
+        says what a stopped run leaves (None: its jobs are staged, so nothing stays)."""
+        if finished_here is not None:
+            from .. import _signals
+
+            _signals.commits_to(self.place.path(manifest), finished_here)
+
+    def mark_plan(self, name: str, body: bytes) -> None:
+        """Nothing: a journaled commit vouches for a job's files locally."""
+
+    # ------------------------------------------------------------------- manifests
     def put(self, name: str, data: bytes) -> None:
-        """A small object (a marker, a staging folder's index) written whole: in place
-        locally, one verified put in a bucket."""
-        if self.remote:
-            from .publish import put_object
-
-            put_object(self.place.fs, f"{self.place.root}/{name}", data,
-                       str(self.place.path(name)))
-            return
-        from .._atomic import fsync_path
+        """A small file (a staging folder's index, the retired list), written whole in
+        place, not yet vouched for by anything: written under the run's lock and removed
+        by the run's clean-up if it fails."""
         from .._io import write_new
+        from .atomic import fsync_path
 
-        # locally what is put is not yet vouched for by anything (a staging folder's index,
-        # the retired list): written in place, under the run's lock, and removed by the
-        # run's clean-up if it fails
         final = Path(self.place.path(name))
+        final.parent.mkdir(exist_ok=True)
         final.unlink(missing_ok=True)
         write_new(final, data.decode("utf-8"))
         fsync_path(final)
 
     def commit(self, files: list[tuple[str, bytes]]) -> None:
         """Small files (records, then the manifest) written together, the last one the
-        commit point: one journaled commit locally (all or none, whatever kills the run),
-        puts in order in a bucket (the last put commits; a reader trusts only it)."""
-        if self.remote:
-            from .. import _signals
-
-            with _signals.deferred():  # a put stopped half-way may or may not have landed:
-                for name, data in files:  # a signal waits, the caller checks after it
-                    self.put(name, data)
-                self.committed = True
-            return
-        from .._atomic import atomic_files
+        commit point: one journaled commit (all or none, whatever kills the run)."""
         from .._io import create
+        from .atomic import atomic_files
 
         paths = [Path(self.place.path(n)) for n, _ in files]
         with atomic_files(paths, True, key=paths[-1]) as tmps:
@@ -182,13 +224,8 @@ class Output:
     def put_new(self, name: str, data: bytes) -> bool:
         """``name`` written whole unless it exists (the first of several tasks wins): True
         if this call wrote it."""
-        if self.remote:
-            if self.place.is_file(name):
-                return False
-            self.put(name, data)
-            return True
-        from .._atomic import temp_name
         from .._io import write_new
+        from .atomic import temp_name
 
         final = Path(self.place.path(name))
         tmp = temp_name(final)
@@ -201,14 +238,325 @@ class Output:
         finally:
             tmp.unlink()
 
-    def remove(self, names) -> list[str]:
-        """Remove ``names`` (relative to the place) where they exist; those removed."""
-        gone = []
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                if self.remote:
-                    self.place.fs.rm_file(f"{self.place.root}/{name}")
-                else:
-                    Path(self.place.path(name)).unlink()
-                gone.append(name)
-        return gone
+    def _remove_one(self, name: str) -> None:
+        Path(self.place.path(name)).unlink()
+
+    # ------------------------------------------------ a folder assembled, then swapped in
+    def check_replaceable(self, overwrite: bool, owned, manifest: str, vouched) -> None:
+        """The folder may be written: nothing is there, or (``overwrite``) what ``owned``
+        proves ours."""
+        from .atomic import check_replaceable
+
+        check_replaceable(Path(self.path), overwrite, owned)
+
+    def staging(self, digest: str, run) -> Output:
+        """Where the jobs are assembled: a temporary of this process for a local run
+        (removed if it fails, reclaimed if it is killed); for Ray or array tasks a folder
+        named by the plan, which every task (and a re-run, which resumes) finds."""
+        from .atomic import temp_name
+
+        out = Path(self.path)
+        if run.executor == "local" and run.tasks is None and not run.finalize:
+            return self.sibling(temp_name(out))
+        return self.sibling(out.with_name(f".{out.name}.staging-{digest[:16]}"))
+
+    def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
+              body: bytes, manifests: list[str]) -> list[str]:
+        """The staging folder of this plan, ready. Another plan's staging folder is refused
+        (finish it with --finalize) unless --overwrite discards it, which only a whole run
+        (holding the lock alone) may do."""
+        from .atomic import reclaim, remove_path
+
+        path, staging = Path(self.path), Path(target.path)
+        others = [p for p in path.parent.glob(f".{path.name}.staging-*")
+                  if p != staging and p.is_dir() and not p.is_symlink()]
+        if others and not (overwrite and not run.one_task):
+            raise PacktoolError(
+                f"{path} is being assembled from another plan ({others[0].name}: other "
+                "sources, options or version); finish that run (the same command with "
+                "--finalize) or pass --overwrite to discard it")
+        for p in others:
+            remove_path(p)
+        if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
+            raise PacktoolError(f"{staging} is a symbolic link or not a folder; packtool "
+                                f"assembles {path} only in a real folder of its own (never "
+                                "through a link): remove it, or choose another --out")
+        if run.finalize and not staging.is_dir():
+            raise PacktoolError(f"--finalize: no task of this plan has run for {path} (no "
+                                f"{staging.name}); run the array tasks first (--tasks N "
+                                "--task K)")
+        notes = [] if run.one_task else reclaim(path, inside=staging)  # before ours exists
+        staging.mkdir(exist_ok=True)
+        return notes
+
+    def swap_in(self, target: Output, manifest: tuple[str, bytes], *, overwrite: bool, owned,
+                keep, ours, remove_entries) -> list[str]:
+        """The staging folder made the output: its ``manifest`` (name, bytes) written, the
+        job entries and temporaries removed, then swapped in for the output (the commit)."""
+        from .atomic import check_replaceable, clear_temporaries, commit_dir
+
+        target.put(*manifest)
+        staging = Path(target.path)
+        remove_entries(staging)
+        clear_temporaries(staging)
+        check_replaceable(Path(self.path), overwrite, owned)
+        commit_dir(staging, Path(self.path))
+        return []
+
+    def failed(self, e: BaseException, target: Output, whole_run: bool) -> None:
+        """A run failing: a full disk said as such; a whole run's staging folder undone
+        (nothing half-written)."""
+        from .atomic import is_enospc, no_space, remove_path
+
+        if is_enospc(e):
+            raise no_space(e, self.path, [target.path] if whole_run else []) from None
+        if whole_run:
+            remove_path(target.path)
+
+    # ---------------------------------------------------------------------- exports
+    @contextlib.contextmanager
+    def export_session(self, check_existing=None):
+        """(the folder a writer writes into, what is there for it to replace): the
+        output's own folder, the writer committing atomically and proving ours what it
+        replaces (so nothing listed here)."""
+        yield Path(self.place.folder), set()
+
+    def publish_export(self, folder: Path, info: dict, old: set, last) -> dict:
+        return info
+
+
+class BucketOutput(Output):
+    """A bucket prefix: no rename, so a job is written in a local scratch folder and
+    uploaded, each object verified, its record last; a plan marker vouches for the objects
+    of a run in progress until a manifest does."""
+
+    @staticmethod
+    def _normal(path):
+        return str(path).rstrip("/")
+
+    def check_prefix(self) -> Path:
+        """``--out`` is a prefix, not a folder: the prefix's name."""
+        if str(self.given).endswith("/"):
+            raise PacktoolError(f"--out {self.given} ends with '/': give a prefix, e.g. "
+                                f"{self.given}corpus")
+        return Path(self.name)
+
+    def file_ids(self, names) -> set:
+        return set()  # an object is never one of this machine's input files
+
+    def contains(self, path) -> bool:
+        return is_url(path) and str(path).startswith(str(self.path).rstrip("/") + "/")
+
+    local_target = None  # a store's objects are never this machine's input files
+
+    def make_place(self) -> None:
+        """Nothing: a bucket has no folders to make."""
+
+    # ----------------------------------------------------------------------- locks
+    @contextlib.contextmanager
+    def lock(self, shared: bool = False):
+        """The whole run's lock object (array tasks, ``shared``, hold none: the plan
+        marker keeps another plan out); yields no notes."""
+        if shared:
+            yield []
+            return
+        from .lock import StoreLock
+
+        name = f".{self.name}.lock" if self.name else ".packtool.lock"
+        with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name))):
+            yield []
+
+    @contextlib.contextmanager
+    def job_lock(self, name: str, label: str):
+        from .lock import StoreLock
+
+        with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name)),
+                       wait=True):
+            yield
+
+    def reclaim(self) -> list[str]:
+        return []  # a bucket's leftovers are swept after the commit
+
+    # ----------------------------------------------------------------------- a job
+    @contextlib.contextmanager
+    def scratch(self):
+        """A scratch folder of this process, removed when the job is published."""
+        from .stage_out import scratch_dir
+
+        with scratch_dir(str(self.path)) as folder:
+            yield folder
+
+    @property
+    def store_place(self):
+        return self.place
+
+    def finish_job(self, held, folder, names, record, result, *, retire=(), report=False):
+        """The :class:`~packtool.storage.write.PendingUpload` that publishes the job
+        (``retire``: what leaves first; ``report``: the result gains what was sent), holding
+        the job's lock and scratch folder until then: uploaded while the next job is
+        written."""
+        from .publish import Published
+        from .write import PendingUpload
+
+        self.remove(list(retire))
+
+        def publish() -> tuple:
+            sent = Published(str(self.path))
+            self.publish(folder, names, record, sent)
+            return ({**result, "published": dataclasses.asdict(sent)} if report else result,
+                    False)
+
+        return PendingUpload(publish, held.pop_all())
+
+    def publish(self, folder: Path, names: list[str], record: str | None, sent=None) -> None:
+        """A job's files (``names``, relative to ``folder``) uploaded and verified, then its
+        ``record``."""
+        from .publish import Published, put_object, upload
+
+        sent = sent if sent is not None else Published(str(self.path))
+        root = self.place.root
+        upload(self.place.fs, [(folder / n, f"{root}/{n}") for n in names], sent)
+        if record is not None:
+            put_object(self.place.fs, f"{root}/{record}", (folder / record).read_bytes(),
+                       str(self.place.path(record)))
+
+    def published(self, text: str) -> str:
+        return f"published to {self.path}: {text}"
+
+    def commits_to(self, manifest: str, published, finished_here=None) -> None:
+        """The run's objects stay for a re-run (``published()`` says which); the
+        manifest's put is the commit."""
+        from .. import _signals
+
+        _signals.commits_to(self.place.path(manifest), published, exists=lambda: self.committed)
+
+    def mark_plan(self, name: str, body: bytes) -> None:
+        """No journaled commit in a bucket: until a job's record is there, the plan marker
+        vouches for its objects."""
+        self.put(name, body)
+
+    # ------------------------------------------------------------------- manifests
+    def put(self, name: str, data: bytes) -> None:
+        """One verified put."""
+        from .publish import put_object
+
+        put_object(self.place.fs, f"{self.place.root}/{name}", data, str(self.place.path(name)))
+
+    def commit(self, files: list[tuple[str, bytes]]) -> None:
+        """Puts in order: the last put commits (a reader trusts only it)."""
+        from .. import _signals
+
+        with _signals.deferred():  # a put stopped half-way may or may not have landed:
+            for name, data in files:  # a signal waits, the caller checks after it
+                self.put(name, data)
+            self.committed = True
+
+    def put_new(self, name: str, data: bytes) -> bool:
+        if self.place.is_file(name):
+            return False
+        self.put(name, data)
+        return True
+
+    def _remove_one(self, name: str) -> None:
+        self.place.fs.rm_file(f"{self.place.root}/{name}")
+
+    # ------------------------------------------- a prefix written in place, then swept
+    def check_replaceable(self, overwrite: bool, owned, manifest: str, vouched) -> None:
+        """The output may be written: nothing is there, (``overwrite``) what ``owned``
+        proves ours, or the objects of a run in progress that ``vouched(names)`` (its
+        plan marker) accepts."""
+        names = {n for n in self.place.names() if not n.endswith(".lock")}
+        if manifest in names:
+            if not overwrite:
+                raise PacktoolError(f"output already exists: {self.path}/{manifest}; pass "
+                                    "--overwrite to replace it")
+            owned(self.path, self.place)
+            return
+        vouched(names)
+
+    def staging(self, digest: str, run) -> Output:
+        return self  # no rename: the jobs publish straight to the output
+
+    def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
+              body: bytes, manifests: list[str]) -> list[str]:
+        """The plan marker of this plan put (another plan's refused unless a whole run's
+        --overwrite discards it), and with --overwrite the old ``manifests`` removed:
+        readers stop seeing the old output."""
+        import json
+
+        if run.finalize:
+            return []
+        try:
+            current = json.loads(self.place.read_bytes(marker))
+        except (FileNotFoundError, ValueError):
+            current = {}
+        current = current if isinstance(current, dict) else {}
+        if current and current.get("digest") != digest and (not overwrite or run.one_task):
+            raise PacktoolError(f"{self.path} is being assembled from another plan ({marker}); "
+                                "finish that run (the same command, or --finalize after its "
+                                "array tasks) or pass --overwrite to a whole run to discard it")
+        self.put(marker, body)
+        if overwrite and self.place.is_file(manifests[0]) and not run.one_task:
+            self.remove(manifests)
+        return []
+
+    def swap_in(self, target: Output, manifest: tuple[str, bytes], *, overwrite: bool, owned,
+                keep, ours, remove_entries) -> list[str]:
+        """The ``manifest`` (name, bytes) put: the commit. Then every leftover of ours not
+        in ``keep`` (job entries, the plan marker, an earlier run's objects) removed; a
+        signal waits for this clean-up, as tokenize's does. The data objects removed."""
+        from .. import _signals
+
+        target.commit([manifest])
+        with _signals.deferred():
+            stale = [n for n in self.place.names() if n not in keep and not n.endswith(".lock")
+                     and ours(self.place, n)]
+            removed = [n for n in self.remove(stale) if not n.startswith(".")]
+        _signals.check()
+        return removed
+
+    def failed(self, e: BaseException, target: Output, whole_run: bool) -> None:
+        """Nothing undone: the objects published stay for a re-run."""
+
+    # ---------------------------------------------------------------------- exports
+    @contextlib.contextmanager
+    def export_session(self, check_existing=None):
+        """Under the output's lock, a scratch folder the writer writes into, and the
+        objects already at the output (``check_existing(self)`` proves single files ours)."""
+        with self.lock(), self.scratch() as folder:
+            old = self.as_folder().place.names()
+            if check_existing is not None:
+                check_existing(self, old)
+            yield folder, old
+
+    def publish_export(self, folder: Path, info: dict, old: set, last) -> dict:
+        """What the writer wrote into ``folder`` uploaded: a directory export's data objects,
+        then its markers (``last``), then the previous export's objects it does not list
+        removed; single files with their sidecar (the last of ``last``) sent last."""
+        from .publish import Published
+
+        sent, target, inside = Published(str(self.path)), folder / self.name, self.as_folder()
+        if target.is_dir():
+            names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
+                           if p.is_file())
+            final = [n for n in names if n in last]
+            inside.publish(target, [n for n in names if n not in final], None, sent)
+            for n in final:
+                inside.put(n, (target / n).read_bytes())
+            removed = inside.remove(sorted(old - set(names) - {n for n in old
+                                                               if n.endswith(".lock")}))
+            files = [f"{self.path}/{Path(f).relative_to(target).as_posix()}"
+                     for f in info["files"]]
+        else:
+            side = last[-1]
+            names = sorted(p.name for p in folder.iterdir() if p.is_file()
+                           and not p.name.endswith(".lock") and not p.name.startswith("."))
+            self.publish(folder, names, side if (folder / side).is_file() else None, sent)
+            removed = []
+            files = [str(self.place.path(Path(f).name)) for f in info["files"]]
+        notes = list(info.get("notes", [])) + [self.published(
+            f"{sent.uploaded:,} objects uploaded ({sent.bytes_sent / 1e6:,.1f} MB), each "
+            "verified, the marker last"
+            + (f"; {len(removed):,} objects of the previous export removed" if removed
+               else ""))]
+        return {**info, "files": files, "notes": notes}

@@ -136,6 +136,24 @@ class Place:
         states = object_states(self.fs, [self._remote(n) for n in names])
         return {n: None if (s := states[self._remote(n)]) is None else s[0] for n in names}
 
+    def file_states(self, names: list[str]) -> dict[str, tuple[int, int | None] | None]:
+        """(bytes, modification time in ns) of each regular file of ``names`` (a store's
+        object: its size, no time), None where there is none (or, locally, a link or
+        something other than a regular file)."""
+        if self.remote:
+            return {n: None if s is None else (s, None) for n, s in self.sizes(names).items()}
+        import stat
+
+        out = {}
+        for n in names:
+            try:
+                st = os.lstat(self.path(n))
+            except FileNotFoundError:
+                out[n] = None
+                continue
+            out[n] = (st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
+        return out
+
     def unlisted(self, listed: set[str], ours, there: set[str] | None = None) -> list[str]:
         """The files under the folder (``there``, else listed now) that are neither in
         ``listed`` (what a manifest names) nor packtool's own (``ours(place, name)``): the
@@ -163,6 +181,33 @@ class Place:
             for n in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
                 out.add(n if rel == "." else f"{rel}/{n}".replace(os.sep, "/"))
         return out
+
+    def hidden_ours(self, name: str, bucket_pattern: str) -> bool:
+        """Whether ``name`` is a hidden file packtool leaves: locally a lock or a dead run's
+        temporary, shaped as packtool's are (packtool.storage.temps.left_by_us); in a bucket,
+        a name ``bucket_pattern`` matches (a format's locks, markers and job entries)."""
+        if not self.remote:
+            from .temps import left_by_us
+
+            return left_by_us(self.path(name))
+        import re
+
+        return re.fullmatch(bucket_pattern, name) is not None
+
+    @property
+    def reader(self):
+        """How a manifest here is read (formats._manifest.read_json_bytes): None, directly,
+        for a local folder; through the store otherwise."""
+        return self.read_bytes if self.remote else None
+
+    def is_link(self, name: str) -> bool:
+        """A symbolic link (never in a bucket): no file packtool wrote."""
+        return not self.remote and self.path(name).is_symlink()
+
+    def file_here(self, name: str) -> Path | None:
+        """The local file to read and checksum directly; None for an object (its content
+        is checked when it is fetched)."""
+        return None if self.remote else self.path(name)
 
     def local(self, name: str, expect: dict) -> Path:
         """A local path to the file: itself (local), or its verified copy in the cache."""

@@ -18,9 +18,9 @@ import shutil
 import socket
 from pathlib import Path
 
-from .._temps import pid_alive
 from ..errors import PacktoolError
 from . import basename
+from .temps import pid_alive
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """``PREFIX.json`` from the finished parts' own manifests, wherever they are (a local folder,
-:mod:`.stage`; a store, :mod:`.remote`): every part checked, their settings equal, the
+:mod:`.stage`, a local folder or a store): every part checked, their settings equal, the
 corpus manifest built."""
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ import os
 import time
 from dataclasses import dataclass
 
-from .._atomic import atomic_files
 from .._io import write_new
 from ..engines import EngineMismatch, engine_manifest, mismatch_warning
 from ..errors import FormatError, PacktoolError
@@ -38,6 +37,7 @@ from ..formats.tokens import (
 from ..formats.tokens.writer import GROUP_KEYS
 from ..options import TokenizeOptions
 from ..sources import as_input, content_unchanged
+from ..storage.atomic import atomic_files
 from . import pipeline
 from .plan import TokenizePlan
 from .prepare import setup

@@ -9,19 +9,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from .._atomic import check_output_name
 from .._io import sha256_file
 from ..engines.tokenizer import resolve_tokenizer_path
 from ..errors import PacktoolError
 from ..formats.tokens import part_manifest_path, part_name, plan_digest
 from ..options import TokenizeOptions
 from ..sources import RemoteInput, expand_inputs, identity
-from ..storage import basename, is_url
 
 # options that change no output byte (threads, batching, engine: a fast engine is proven equal
 # to the reference; part_bytes: the plan's own digest), left out of the parts' digests
@@ -100,28 +97,14 @@ def group_files(sizes: list[int], part_bytes: int) -> list[list[int]]:
     return groups
 
 
-def check_out(out: str | Path) -> Path:
-    """``--out`` is a prefix, not a folder, and a name the file system can hold."""
-    prefix = Path(out)
-    if str(out).endswith(("/", "\\")) or prefix.is_dir():
-        raise PacktoolError(f"--out {out} is a directory; give a prefix inside it, e.g. "
-                            f"{prefix / 'corpus'}")
-    check_output_name(Path(os.path.abspath(out)))  # the rule every command's --out obeys
-    return prefix
-
-
-def check_url(out: str) -> str:
-    if str(out).endswith("/"):
-        raise PacktoolError(f"--out {out} ends with '/': give a prefix, e.g. {out}corpus")
-    return str(out)
-
-
 def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
                   opts: TokenizeOptions) -> TokenizePlan:
     """The parts of a tokenize run. Refuses an input that is also one of the outputs."""
     opts.check()
-    remote = is_url(out)  # an object store: only the name matters here (tokenize.stage)
-    prefix = Path(basename(check_url(out))) if remote else check_out(out)
+    from ..storage.output import Output, open_output
+
+    output = out if isinstance(out, Output) else open_output(out)
+    prefix = output.check_prefix()
     paths = expand_inputs(inputs, tokenizer)
     for p in paths:
         try:
@@ -146,19 +129,11 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
               else f"consecutive input files grouped up to {opts.part_bytes:,} bytes")
     plan = TokenizePlan(prefix, str(tokenizer), tuple(parts), policy,
                         plan_digest([q.digest for q in parts]))
-    if not remote:  # an input is an output (a file there now) if it is the same file
-        outputs = [plan.json_path] + [prefix.parent / f"{q.name}{s}" for q in parts
-                                      for s in (".bin", ".boundaries", ".mask")]
-        there = {(st.st_dev, st.st_ino) for st in map(_stat, outputs) if st is not None}
-        for p, i in zip(paths, ids, strict=True):
-            if not isinstance(p, RemoteInput) and (i[3], i[2]) in there:
-                raise PacktoolError(f"input {p} is also an output of --out {out}; choose "
-                                    "another --out")
+    # an input is an output (a file there now) if it is the same file
+    there = output.file_ids([plan.json_path.name] + [f"{q.name}{s}" for q in parts
+                                                     for s in (".bin", ".boundaries", ".mask")])
+    for p, i in zip(paths, ids, strict=True):
+        if not isinstance(p, RemoteInput) and (i[3], i[2]) in there:
+            raise PacktoolError(f"input {p} is also an output of --out {output.path}; choose "
+                                "another --out")
     return plan
-
-
-def _stat(path: Path) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None

@@ -22,7 +22,7 @@ from ..engines.tokenizer import (
 from ..formats.tokens import token_dtype
 from ..options import TokenizeOptions
 from ..sources import ReadOptions
-from ..storage import is_url
+from ..storage import local_file
 from .encode import make_encoder
 
 
@@ -105,7 +105,7 @@ def _read_opts(opts: TokenizeOptions) -> ReadOptions:
 def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bos_id, eos_id,
           opts: TokenizeOptions, template_from) -> dict:
     return {"dtype": dtype.name, "vocab_size": vocab_size,
-            "tokenizer": {"path": str(tokenizer) if is_url(tokenizer) else str(tok_path),
+            "tokenizer": {"path": str(tok_path) if local_file(tokenizer) else str(tokenizer),
                           "sha256": tok_sha256},
             "bos_id": bos_id, "eos_id": eos_id,
             "options": {"text_field": opts.text_field, "txt_split": opts.txt_split,

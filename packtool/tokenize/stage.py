@@ -24,33 +24,36 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import _signals
-from .._atomic import reclaim
 from ..errors import FormatError, PacktoolError
-from ..executors import Jobs, RunOptions, Tail, finished_jobs, run_jobs
+from ..executors import Jobs, RunOptions, finished_jobs, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.tokens import (
     FORMAT,
     part_manifest_path,
     read_corpus_manifest,
-    read_part_manifest,
     verify_part_files,
+)
+from ..formats.tokens.ownership import (
+    PLAN_FORMAT,
+    our_parts,
+    plan_marker,
+    refuse_foreign,
+    retired_list,
 )
 from ..options import TokenizeOptions
 from ..storage import default_options
-from ..storage.output import Output
+from ..storage.output import Output, open_output
+from ..storage.write import run_job
 from .assemble import assemble, checked_parts
 from .part import PartJob, check_part, finished_parts, tokenize_part
-from .plan import TokenizePlan, check_out, plan_tokenize
+from .plan import TokenizePlan, plan_tokenize
 from .prepare import new_run
 from .result import TokenizeResult, eos_note, group_counts, merge_engines
-
-PLAN_FORMAT = "packtool.tokens.plan"
 
 
 def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
@@ -68,9 +71,8 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
     run = run or RunOptions()
     run.check()
     opts.check()
-    output = Output(out, default_options())
-    if not output.remote:
-        check_out(out)
+    output = open_output(out, default_options())
+    output.check_prefix()
     with output.lock(shared=run.one_task) as notes:
         result = _tokenize(inputs, tokenizer, output, opts, progress, run)
     result.warnings[:0] = notes
@@ -93,65 +95,54 @@ class PartTask:
         return f"part {self.k} ({self.plan.parts[self.k].name})"
 
     def output(self) -> Output:
-        return Output(self.path, self.storage_options)
+        return open_output(self.path, self.storage_options)
 
 
 def run_task(task: PartTask, tick) -> tuple[dict, bool]:
     """Make part ``task.k`` exist at the output, verified: (its manifest, True if it was
-    already finished and so skipped), or for a bucket the :class:`~packtool.executors.Tail`
-    that publishes it (it holds the part's lock and scratch folder until then). Atomic and
+    already finished and so skipped), or for a bucket the
+    :class:`~packtool.storage.write.PendingUpload` that publishes it (it holds the part's lock
+    and scratch folder until then). Atomic and
     idempotent; two writers of one part (array tasks) serialize on the part's lock."""
     out, plan, k = task.output(), task.plan, task.k
     part = plan.parts[k]
-    with contextlib.ExitStack() as held:
-        held.enter_context(out.job_lock(f".{part.name}.part.lock", f"part {part.name}"))
-        done, _ = finished(plan, k, out)
-        if done is not None:
-            tick(part.bytes)
-            return {**done, "skipped": True}, True
-        folder = held.enter_context(out.scratch())
-        here = (dataclasses.replace(plan, prefix=folder / plan.prefix.name) if out.remote
-                else plan)
+
+    def skipped(done: dict) -> dict:
+        tick(part.bytes)
+        return {**done, "skipped": True}
+
+    def write(folder: Path):
+        here = dataclasses.replace(plan, prefix=folder / plan.prefix.name)
         manifest = tokenize_part(PartJob(here, k, task.opts), tick)
         # read back: the bytes there are those hashed while writing (crc32 suffices)
         verify_part_files(here.part_prefix(part), manifest["part"], strong=False)
-        if not out.remote:  # committed in place: nothing left to do
-            return manifest, False
-        if task.opts.overwrite:  # the manifest being replaced leaves first
-            out.remove([f"{plan.prefix.name}.json"])
-        names = [f"{part.name}.{key}" for key in manifest["part"]["checksums"]]
-        record = here.part_manifest(part).name
+        # in a bucket the manifest being replaced leaves first (locally it left with the
+        # part's journaled commit)
+        return ([f"{part.name}.{key}" for key in manifest["part"]["checksums"]],
+                here.part_manifest(part).name, manifest,
+                {"report": True,
+                 "retire": [f"{plan.prefix.name}.json"] if task.opts.overwrite else []})
 
-        def publish() -> tuple[dict, bool]:
-            from ..storage.publish import Published
-
-            sent = Published(str(out.path))
-            out.publish(folder, names, record, sent)
-            return {**manifest, "published": dataclasses.asdict(sent)}, False
-
-        return Tail(publish, held.pop_all())  # uploaded while the next part is tokenized
+    return run_job(out, f".{part.name}.part.lock", f"part {part.name}",
+                   lambda: finished(plan, k, out)[0], skipped, write)
 
 
 def finished(plan: TokenizePlan, k: int, out: Output) -> tuple[dict | None, str]:
     """(part record, "") when part ``k`` is finished at the output and its inputs are
     unchanged, else (None, why) (:func:`packtool.tokenize.part.check_part`)."""
-    return check_part(plan, k, place=out.place if out.remote else None)
+    return check_part(plan, k, place=out.store_place)
 
 
 def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
               run: RunOptions) -> TokenizeResult:
     t0 = time.perf_counter()
     new_run()
-    plan = plan_tokenize(inputs, tokenizer, out.path, opts)
+    plan = plan_tokenize(inputs, tokenizer, out, opts)
     stem = plan.prefix.name
-    if not out.remote:
-        plan.prefix.parent.mkdir(parents=True, exist_ok=True)  # an array task may be first
+    out.make_place()  # an array task may be first
     removed: list[str] = []
-    if not out.remote:  # a part's commit is not the output's: a signal before
-        _signals.commits_to(plan.json_path, lambda: finished_parts(plan, -1))  # PREFIX.json
-    else:  # the parts this run published stay too; the manifest's put is the commit
-        _signals.commits_to(out.place.path(f"{stem}.json"), lambda: finished_jobs("part"),
-                            exists=lambda: out.committed)
+    # a part's commit is not the output's: PREFIX.json is (the parts stay for a re-run)
+    out.commits_to(f"{stem}.json", lambda: finished_jobs("part"), lambda: finished_parts(plan, -1))
     try:  # from the retired list's writing on: a failure before the commit removes it
         if not run.finalize:
             _begin(out, plan, opts, run)
@@ -166,12 +157,11 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
     except BaseException:
         with contextlib.suppress(Exception):  # a store that is down: the error is the one above
             if out.place.is_file(f"{stem}.json"):  # the old manifest is there: nothing to vouch
-                out.remove([_retired(stem)])       # for
+                out.remove([retired_list(stem)])       # for
         raise
     # what killed writers (a Ray worker killed mid-part, then retried) left beside the
     # parts: removed under the run's exclusive lock, once every part is in
-    warnings: list[str] = [] if run.one_task or out.remote else reclaim(
-        Path(os.path.abspath(plan.prefix)))
+    warnings: list[str] = [] if run.one_task else out.reclaim()
     for m in manifests.values():
         warnings += [w for w in m.get("warnings", []) if w not in warnings]
     if run.one_task:
@@ -182,7 +172,7 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
         entries, dtype, engines = manifest["parts"], manifest["dtype"], [manifest["engine"]]
     inputs_meta = [i for e in entries for i in e["inputs"]]
     return TokenizeResult(
-        prefix=str(out.path if out.remote else plan.prefix),
+        prefix=str(out.path),
         n_docs=sum(e["n_docs"] for e in entries),
         n_tokens=sum(e["n_tokens"] for e in entries),
         n_empty=sum(e["n_empty"] for e in entries),
@@ -198,24 +188,14 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
 
 
 def _published(out: Output, manifests: dict, removed: list[str]) -> str | None:
-    if not out.remote:
-        return None
     sent = [m["published"] for m in manifests.values() if m.get("published")]
-    return (f"published to {out.path}: {sum(p['uploaded'] for p in sent):,} objects uploaded "
-            f"({sum(p['bytes_sent'] for p in sent) / 1e6:,.1f} MB), each verified"
-            + (f"; {len(removed):,} leftover objects of an earlier run removed" if removed
-               else ""))
+    return out.published(
+        f"{sum(p['uploaded'] for p in sent):,} objects uploaded "
+        f"({sum(p['bytes_sent'] for p in sent) / 1e6:,.1f} MB), each verified"
+        + (f"; {len(removed):,} leftover objects of an earlier run removed" if removed else ""))
 
 
 # ------------------------------------------------------------------------ ownership
-def _plan_file(stem: str) -> str:
-    return f".{stem}.plan.json"
-
-
-def _retired(stem: str) -> str:
-    return f".{stem}.retired.json"
-
-
 def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptions) -> None:
     """Before any data file changes: refuse what is not ours, register the plan (or find it
     the one in progress), and list the parts of a manifest being overwritten."""
@@ -231,10 +211,10 @@ def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptio
             raise PacktoolError(f"--overwrite refused: {place.path(manifest)} is not a "
                                 f"packtool token manifest ({e}); move it away if it is yours, "
                                 "or choose another --out") from None
-    _refuse_foreign_files(out, plan)
-    registered = _plan_file(stem)
+    refuse_foreign(out.place, stem, [q.name for q in plan.parts])
+    registered = plan_marker(stem)
     body = json.dumps({"format": PLAN_FORMAT, "digest": plan.digest, "n_parts": len(plan.parts),
-                       "parts": sorted(_our_names(out, stem) | {q.name for q in plan.parts})
+                       "parts": sorted(our_parts(out.place, stem) | {q.name for q in plan.parts})
                        }).encode()
     if run.one_task:  # registered whole, unless a task got there first
         out.put_new(registered, body)
@@ -250,8 +230,8 @@ def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptio
                 "--finalize after its array tasks) or pass --overwrite to a whole run to "
                 "discard it")
         out.remove([registered])
-    if out.remote and not run.one_task:  # no journaled commit in a bucket: until a part's
-        out.put(registered, body)        # record is there, the marker vouches for its objects
+    if not run.one_task:  # a bucket's: until a part's record is there, it vouches for
+        out.mark_plan(registered, body)  # the part's objects
     if opts.overwrite and place.exists(manifest):
         _retire(out, plan)
 
@@ -261,53 +241,9 @@ def _retire(out: Output, plan: TokenizePlan) -> None:
     vouches for, so that their files stay provably ours once that manifest leaves (with
     the first new part) until the new manifest is in place."""
     stem = plan.prefix.name
-    names = sorted(_our_names(out, stem))
-    out.put(_retired(stem), json.dumps({"format": FORMAT, "parts": [
+    names = sorted(our_parts(out.place, stem))
+    out.put(retired_list(stem), json.dumps({"format": FORMAT, "parts": [
         {"name": n} for n in names]}).encode())
-
-
-def _our_names(out: Output, stem: str) -> set[str]:
-    """Part names the corpus manifest (or one retired by an interrupted --overwrite, or the
-    plan marker of a run in progress in a bucket) lists, under the prefix's current name (a
-    corpus renamed a.* -> b.* still lists a.part-...)."""
-    names: set[str] = set()
-    for name in (f"{stem}.json", _retired(stem), _plan_file(stem)):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-            meta = json.loads(out.place.read_bytes(name))
-            if meta.get("format") == PLAN_FORMAT:
-                names |= {n for n in meta.get("parts", []) if isinstance(n, str)}
-                continue
-            if meta.get("format") != FORMAT:
-                continue
-            was = (meta.get("plan") or {}).get("prefix") or stem
-            for q in meta.get("parts") or [{"name": stem}]:
-                n = q["name"]
-                if n == was or n.startswith(was + ".part-"):
-                    n = stem + n[len(was):]
-                names.add(n)
-    return names
-
-
-def _refuse_foreign_files(out: Output, plan: TokenizePlan) -> None:
-    """Data files at a part's name are ours only when a manifest of ours (the corpus's, a
-    retired one, or the part's own) vouches for them; anything else is the user's, never
-    replaced, even with --overwrite."""
-    listed, there = _our_names(out, plan.prefix.name), out.place.names()
-    for q in plan.parts:
-        found = [f"{q.name}{s}" for s in (".bin", ".boundaries", ".mask")
-                 if f"{q.name}{s}" in there]
-        if not found or q.name in listed:
-            continue
-        record = part_manifest_path(Path("."), q.name).name
-        try:
-            ours = read_part_manifest(record, out.place) is not None
-        except FormatError:
-            ours = False
-        if not ours:
-            raise PacktoolError(f"{', '.join(str(out.place.path(f)) for f in found)} exist(s) "
-                                "and no packtool manifest lists them: not a packtool output, "
-                                "so not replaced even with --overwrite; move them away or "
-                                "choose another --out")
 
 
 # ------------------------------------------------------------------------- finalize
@@ -317,7 +253,7 @@ def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
     stale objects removed). ``manifests`` (from the run just made, each read back) skip the
     re-check; without them every part is checked (locally the sha256 of every file, and
     its inputs' content) and a missing or corrupt one refused, by name."""
-    out = out or Output(plan.prefix)
+    out = out or open_output(plan.prefix)
     if manifests is None:
         manifests = checked_parts(plan, lambda k: finished(plan, k, out))
     manifest, moved = assemble(plan, manifests)
@@ -331,7 +267,7 @@ def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
     with _signals.deferred():
         out.commit(files)
         removed = _remove_stale_parts(plan, out)
-        out.remove([_plan_file(stem), _retired(stem)])
+        out.remove([plan_marker(stem), retired_list(stem)])
     _signals.check()
     return manifest, removed
 
@@ -345,7 +281,8 @@ def _remove_stale_parts(plan: TokenizePlan, out: Output) -> list[str]:
     names = {n[1:-len(".part.json")] for n in there
              if n.startswith(f".{stem}") and n.endswith(".part.json")}
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        names |= {q["name"] for q in json.loads(out.place.read_bytes(_retired(stem)))["parts"]}
+        names |= {q["name"] for q in
+                  json.loads(out.place.read_bytes(retired_list(stem)))["parts"]}
     stale = []
     for name in sorted(names - keep):
         if name == stem or name.startswith(f"{stem}.part-"):

@@ -10,6 +10,9 @@
 - :mod:`.state`: one state for every step rule (fixed packs, token budget, mixture) and one
   reader that refuses a forged one: counts, step and positions as the rule computes them.
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
+- :mod:`.step`: ``plan_step``, an RL step's micro-batches planned from lengths (groups whole,
+  the same count on every rank), with restore/check and the loss weights; verl's
+  ``rearrange_micro_batches`` signature.
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.preference`: ``sequence_logps`` (each sequence's summed completion log-probability
   in a packed batch of pairs or groups), ``dpo_loss``, ``sequence_rewards`` (a row's
@@ -17,8 +20,10 @@
 - :mod:`.which`: which step and rank a record lands in, and what a step holds (one dataset
   or a mixture); :mod:`.records` names a document's input file and record.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
-  path (``packtool conformance``); :mod:`.attention` the reference attention it checks
-  against on CPU (what varlen flash attention and a document-causal mask compute).
+  path (``packtool conformance``).
+- :mod:`.attention`: ``attn_implementation="packtool"``, a varlen kernel fed by the row's
+  boundaries, chosen once per process, and the CPU reference conformance checks against;
+  :mod:`.prepare`: ``prepare_model``, which sets it and proves it on a packed row.
 - :mod:`.order` (:mod:`.permute`): an epoch's steps computed one at a time from a keyed
   permutation, never the epoch in memory.
 - :mod:`.by_length`, :mod:`.curriculum`: a token budget's rows of one slot length a step,

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PacktoolError
-from .attention import CALLS, VARLEN, document_block_mask, register_varlen
+from .attention import CALLS, VARLEN, document_block_mask, register
 
 TOL = 1e-4
 WINDOW = 16  # sliding window in tokens: shorter than three of the documents, so it matters
@@ -195,9 +195,9 @@ def _need_torch():
                             f"{INSTALL}") from None
 
 
-def _row(arch, path, diff=None, verdict=None, note=None) -> dict:
+def path_row(arch, path, diff=None, verdict=None, note=None, tol=TOL) -> dict:
     if verdict is None:
-        verdict = "exact" if diff is not None and diff <= TOL else "leaks"
+        verdict = "exact" if diff is not None and diff <= tol else "leaks"
     row = {"arch": arch, "path": path,
            "max_abs_diff": None if diff is None or math.isnan(diff) else float(f"{diff:.3g}"),
            "verdict": verdict}
@@ -272,16 +272,16 @@ def build_model(config):
     return model.eval()
 
 
-def documents(vocab: int):
-    """Random token ids of :data:`DOC_LENGTHS` (seed 0) and the batch packtool would collate
-    from them: one ``[1, N]`` row (collate_numpy's keys, as tensors)."""
+def documents(vocab: int, lengths=DOC_LENGTHS):
+    """Random token ids of ``lengths`` (seed 0) and the batch packtool would collate from
+    them: one ``[1, N]`` row (collate_numpy's keys, as tensors)."""
     import numpy as np
     import torch
 
     from ..formats.packed.batching import collate_numpy
 
     rng = np.random.default_rng(0)
-    docs = [rng.integers(1, vocab, n) for n in DOC_LENGTHS]
+    docs = [rng.integers(1, vocab, n) for n in lengths]
     packs = [{"input_ids": d, "labels": d, "position_ids": np.arange(len(d)),
               "cu_seqlens": np.array([0, len(d)])} for d in docs]
     row = collate_numpy(packs)
@@ -298,66 +298,66 @@ def check_arch(arch: str, spec: dict) -> list[dict]:
     try:
         config = tiny_config(spec)
     except KeyError:
-        return [_row(arch, "-", verdict="unsupported",
+        return [path_row(arch, "-", verdict="unsupported",
                      note=f"model type {spec['model_type']!r} is unknown to transformers "
                           f"{transformers.__version__} (remote code is not run)")]
     except Exception as e:  # a config class refusing our sizes: say which, go on
-        return [_row(arch, "-", verdict="unsupported", note=f"config: {_reason(e)}")]
+        return [path_row(arch, "-", verdict="unsupported", note=f"config: {_reason(e)}")]
     try:
         model = build_model(config)
         docs, batch = documents(config.vocab_size)
-        ref = _alone(model, docs)
+        ref = alone(model, docs)
     except Exception as e:
-        return [_row(arch, "-", verdict="unsupported", note=f"model: {_reason(e)}")]
+        return [path_row(arch, "-", verdict="unsupported", note=f"model: {_reason(e)}")]
     rows = []
     for path in PATHS:
         try:
             rows.append(RUNNERS[path](arch, model, config, batch, ref))
         except Exception as e:  # the path is not one this model (or this machine) accepts
-            rows.append(_row(arch, path, verdict="unsupported", note=_reason(e)))
+            rows.append(path_row(arch, path, verdict="unsupported", note=_reason(e)))
     return rows
 
 
-def _alone(model, docs):
+def alone(model, docs):
     """Each document alone, eager attention, no position ids: the ground truth."""
     import torch
 
     model.set_attn_implementation("eager")
     with torch.no_grad():
-        return torch.cat([model(input_ids=torch.from_numpy(d)[None], use_cache=False).logits[0]
-                          for d in docs])
+        return torch.cat([model(input_ids=torch.from_numpy(d)[None].to(model.device),
+                                use_cache=False).logits[0] for d in docs])
 
 
-def _diff(model, ref, **inputs) -> float:
+def logit_diff(model, ref, **inputs) -> float:
     import torch
 
     with torch.no_grad():
         out = model(**inputs, use_cache=False).logits[0]
-    return (out - ref).abs().max().item()
+    return (out.float() - ref.float()).abs().max().item()
 
 
 def _position_ids(arch, model, config, batch, ref):
     model.set_attn_implementation("sdpa")
-    return _row(arch, "position_ids",
-                _diff(model, ref, input_ids=batch["input_ids"], position_ids=batch["position_ids"]))
+    return path_row(arch, "position_ids", logit_diff(model, ref, input_ids=batch["input_ids"],
+                                                     position_ids=batch["position_ids"]))
 
 
 def _varlen(arch, model, config, batch, ref):
     from .torch import model_inputs
 
-    register_varlen()
+    register()
     model.set_attn_implementation(VARLEN)
     CALLS.clear()
     inputs = model_inputs(batch)
     inputs.pop("labels")
-    diff = _diff(model, ref, **inputs)
+    diff = logit_diff(model, ref, **inputs)
     got, n = sum(CALLS), len(CALLS)
     if n == 0:
-        return _row(arch, "varlen", diff, note="no layer called the attention interface")
+        return path_row(arch, "varlen", diff, note="no layer called the attention interface")
     note = None if got == n else f"{n - got} of {n} attention calls got no cu_seq_lens_q"
     if got == n and diff > TOL:
         note = "every attention call got cu_seq_lens: the leak is outside attention"
-    return _row(arch, "varlen", diff, note=note)
+    return path_row(arch, "varlen", diff, note=note)
 
 
 def _flex(arch, model, config, batch, ref):
@@ -370,9 +370,9 @@ def _flex(arch, model, config, batch, ref):
                     if "attention" in t and "linear" not in t else None) for t in set(types)}
     else:
         mask = document_block_mask(cu, n, window)
-    return _row(arch, "flex_attention",
-                _diff(model, ref, input_ids=batch["input_ids"],
-                      position_ids=batch["position_ids"], attention_mask=mask))
+    return path_row(arch, "flex_attention", logit_diff(
+        model, ref, input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+        attention_mask=mask))
 
 
 def _seq_idx(arch, model, config, batch, ref):
@@ -381,18 +381,18 @@ def _seq_idx(arch, model, config, batch, ref):
     layers = sorted({type(m).__name__ for m in model.modules()
                      if any(s in type(m).__name__.lower() for s in RECURRENT)})
     if not layers:
-        return _row(arch, "seq_idx", verdict="unsupported",
+        return path_row(arch, "seq_idx", verdict="unsupported",
                     note="attention only: no layer reads seq_idx")
     model.set_attn_implementation("eager")
     inputs = model_inputs(batch)
     inputs.pop("labels")
-    return _row(arch, "seq_idx", _diff(model, ref, **inputs, seq_idx=batch["seq_idx"]),
+    return path_row(arch, "seq_idx", logit_diff(model, ref, **inputs, seq_idx=batch["seq_idx"]),
                 note=f"recurrent layers: {', '.join(layers)}")
 
 
 def _control(arch, model, config, batch, ref):
     model.set_attn_implementation("eager")
-    return _row(arch, CONTROL, _diff(model, ref, input_ids=batch["input_ids"]),
+    return path_row(arch, CONTROL, logit_diff(model, ref, input_ids=batch["input_ids"]),
                 note="control: no boundaries given, must leak")
 
 

@@ -94,6 +94,12 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
                             f"are 0..{cp_size - 1}")
     if mode not in MODES:
         raise PacktoolError(f"cp_shard mode {mode!r}: choose {' or '.join(MODES)}")
+    from .preference import is_shared
+
+    if is_shared(example):
+        from .. import conflicts
+
+        conflicts.check({"share_prompt", "cp_shard"}, "this row shares prompts")
     tokens, real, padded = _row(example)
     if mode == "zigzag":
         starts, ends = _zigzag(padded, cp_size, cp_rank)

@@ -38,10 +38,18 @@ def _np(v):
     return np.asarray(v.detach().cpu() if hasattr(v, "detach") else v)
 
 
+def _boundaries(batch: dict) -> np.ndarray:
+    """Where each segment starts in the row: an aligned row's padded boundaries (a segment's
+    pads after its tokens, in it), else ``cu_seq_lens_q`` or a pack's ``cu_seqlens``."""
+    key = next(k for k in ("cu_seq_lens_q_padded", "cu_seqlens_padded", "cu_seq_lens_q",
+                           "cu_seqlens") if k in batch)
+    return _np(batch[key]).astype(np.int64).ravel()
+
+
 def row_segments(batch: dict) -> tuple[np.ndarray, np.ndarray]:
     """(segment of every token, segment each segment also attends to or -1) of a collated
-    one-row batch (``cu_seq_lens_q``, or a pack's ``cu_seqlens``)."""
-    cu = _np(batch.get("cu_seq_lens_q", batch.get("cu_seqlens"))).astype(np.int64).ravel()
+    one-row batch (``cu_seq_lens_q``, or a pack's ``cu_seqlens``; padded ones first)."""
+    cu = _boundaries(batch)
     doc = np.repeat(np.arange(cu.size - 1), np.diff(cu))
     sp = batch.get("seg_prompt")
     pre = np.full(cu.size - 1, -1, np.int64) if sp is None else _np(sp).astype(np.int64)
@@ -64,7 +72,7 @@ def predecessors(batch: dict) -> np.ndarray:
     """For every token, the row position whose logits predict it (-1: none, a segment's
     first token with no prompt before it)."""
     doc, pre = row_segments(batch)
-    cu = _np(batch.get("cu_seq_lens_q", batch.get("cu_seqlens"))).astype(np.int64).ravel()
+    cu = _boundaries(batch)
     t = np.arange(doc.size)
     first = t == cu[doc]
     out = t - 1

@@ -133,11 +133,9 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0,
     if mask is not None:
         return _with_4d_mask(batch, mask, position_ids_start, dtype)
     if _shared(batch):
-        raise PacktoolError(
-            "this batch shares prompts (pack --share-prompt): a completion attends to its "
-            "prompt and itself, which flash-attention varlen's cu_seq_lens (and transformers' "
-            "masks inferred from position_ids) cannot express; pass mask='4d' (eager/sdpa "
-            "attention) or use packtool.torch.block_mask(batch) with FlexAttention")
+        from .. import conflicts
+
+        conflicts.check({"share_prompt", "varlen"}, "this batch shares prompts")
     keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
                          if varlen else ())
     out = {k: batch[k] for k in keys}

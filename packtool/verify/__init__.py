@@ -200,7 +200,7 @@ def _unlisted(ds) -> None:
     (the shards' files, the held-out split) and packtool's own hidden leftovers: anything
     else (an export written inside it, `export P -o P/ex`) is an error naming it, since
     readers and the sampler take the index's word for what the dataset is."""
-    from ..formats.packed.files import dataset_files, ours_hidden
+    from ..formats.packed.ownership import dataset_files, ours_hidden
 
     extra = ds.place.unlisted(dataset_files(ds.place), ours_hidden)
     if extra:
@@ -227,8 +227,14 @@ def _aligned(ds, valid, corpora) -> dict:
     """Every row of an aligned dataset (and its held-out split) laid out as
     :mod:`.aligned` defines, the tokens the sources' when given; the pads counted agree
     with index.json's ``n_align_tokens``."""
-    from .aligned import check_rows
+    from .aligned import check_rows, source_pad_id
 
+    if corpora is not None and ds.index.get("pad_from") in ("tokenizer", "eos"):
+        want = source_pad_id(corpora[0].meta, ds.index["pad_from"])
+        if want != ds.pad_id:
+            raise VerifyError(f"{ds.directory}/index.json: pad_id {ds.pad_id:,} is not the "
+                              f"{ds.index['pad_from']} pad id of {corpora[0].prefix} ({want}); "
+                              "re-run packtool pack")
     tokens = (None if corpora is None else
               lambda doc, off, length: _source_tokens(corpora, doc, off, length))
     for d in (ds, valid):

@@ -85,3 +85,33 @@ def _stored(ds, i: int) -> tuple[np.ndarray, np.ndarray | None]:
         mask = (ids >> shift) & 1
         ids = ids & ((1 << shift) - 1)
     return ids, mask
+
+
+def source_pad_id(meta: dict, pad_from: str) -> int | None:
+    """The pad id ``pack`` takes without --pad-id, from the first source corpus's manifest,
+    recomputed here with its own reading: "eos", the id tokenize appended (--eos);
+    "tokenizer", the pad (else eos) token named by the tokenizer_config.json beside the
+    recorded tokenizer.json, as that tokenizer.json's added tokens number it (None when
+    neither can be read: then pad_id cannot be what the index says it came from)."""
+    import json
+    from pathlib import Path
+
+    if pad_from == "eos":
+        return None if meta.get("eos_id") is None else int(meta["eos_id"])
+    path = (meta.get("tokenizer") or {}).get("path")
+    if not path or "://" in str(path):
+        return None
+    try:
+        config = json.loads((Path(path).parent / "tokenizer_config.json").read_text())
+        tokenizer = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or not isinstance(tokenizer, dict):
+        return None
+    for key in ("pad_token", "eos_token"):
+        name = config.get(key)
+        name = name.get("content") if isinstance(name, dict) else name
+        for t in tokenizer.get("added_tokens") or []:
+            if isinstance(t, dict) and isinstance(name, str) and t.get("content") == name:
+                return int(t["id"])
+    return None

@@ -1,7 +1,8 @@
 """The packed format (``packtool.packed``, version 2; version 1 read): what ``pack`` writes
 and ``open_packed`` reads. Schema (``schema.py``), the layout's arithmetic (``layout.py``),
 writer (``writer.py``), its files opened and checked (``files.py``), the one reader
-(``reader.py``), the validator (``validate.py``); the files are written up in docs/FORMAT.md.
+(``reader.py``), the validator (``validate.py``), the proof that a folder is a dataset of
+packtool's own (``ownership.py``); the files are written up in docs/FORMAT.md.
 
 What a row costs and how rows reach a model, beside the format they describe (the reader
 stores them, the packers, ``stats`` and the trainer use them): ``costs.py`` the cost classes

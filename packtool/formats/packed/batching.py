@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import conflicts
 from ...errors import PacktoolError
 
 IGNORE_INDEX = -100
-PAD_FILL = {"labels": IGNORE_INDEX, "doc_ids": -1}  # input_ids get pad_id; positions computed
-PER_TOKEN = ("input_ids", "labels", "position_ids", "doc_ids")
+# input_ids get pad_id; positions computed; a pad is in no group, no sequence, no completion
+PAD_FILL = {"labels": IGNORE_INDEX, "doc_ids": -1, "group_ids": -1, "seq_ids": -1,
+            "completion_mask": 0}
+PER_TOKEN = ("input_ids", "labels", "position_ids", "doc_ids", "group_ids", "seq_ids",
+             "completion_mask")
 
 
 def _check_int(name: str, v, lo: int) -> int:
@@ -54,6 +58,8 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
     if per_segment and multiple is None:
         raise PacktoolError("per_segment=True pads each segment to a multiple of k: also pass "
                             "the multiple (pad_multiple=k)")
+    if per_segment and "seq_ids" in ex:
+        conflicts.check({"groups", "per_segment"})
     ex = dict(ex)
     aligned = "cu_seqlens_padded" in ex
     cu = np.asarray(ex["cu_seqlens_padded" if aligned else "cu_seqlens"], dtype=np.int64)
@@ -85,6 +91,8 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
                     else np.full(k_pad, pad_id if k == "input_ids" else PAD_FILL[k]))
             ex[k] = np.concatenate([v, fill.astype(v.dtype)])
         cu = np.append(cu, target)
+        if "seg_prompt" in ex:  # the row pad's segment attends to no prompt
+            ex["seg_prompt"] = np.append(ex["seg_prompt"], -1).astype(np.int32)
         if aligned:  # the row pad: a segment of its own in the real boundaries too
             real = np.asarray(ex["cu_seqlens"], np.int64)
             ex["cu_seqlens"] = np.append(real, real[-1] + k_pad).astype(np.int32)
@@ -133,22 +141,20 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     the pads with their segment.
 
     ``max_docs=K`` (``pack --max-docs K``): cu_seq_lens_q/k (and cu_seqlens_padded) have
-    exactly B x K + 1 entries for B packs, the last offset repeated (empty segments, which
-    varlen kernels skip): one shape for the whole run, as CUDA graphs need. A pack of more
-    than K segments is refused.
+    B x K + 1 entries for B packs (the last offset repeated: empty segments, which varlen kernels
+    skip), max_length_q/k the longest pack's length (a bound; an int that changes per batch is a
+    recompile per batch, ms-swift #9798): one shape for a run of packs padded to one length.
     """
     if not examples:
         raise PacktoolError("collate needs at least one example")
     if max_docs is not None:
         max_docs = _check_int("max_docs", max_docs, 1)
         if pad_multiple is not None and not per_segment:
-            raise PacktoolError(
-                f"max_docs={max_docs} fixes cu_seq_lens's length, and pad_multiple's row pad "
-                "would add a segment to some batches only: pad every pack instead "
-                "(TorchPackedDataset(pad_to=seq_len) or ds.get(i, pad_to=...), one pad "
-                "segment each) and pass max_docs=--max-docs + 1, or use per_segment=True")
+            conflicts.check({"collate_max_docs", "row_pad"}, f"max_docs={max_docs}, "
+                            f"pad_multiple={pad_multiple}")
         _check_max_docs(examples, max_docs)
-    _refuse_grouped_per_segment(examples, per_segment)
+    if per_segment and "seq_ids" in examples[0]:
+        conflicts.check({"groups", "per_segment"})
     if per_segment:
         examples = [pad_example(ex, multiple=pad_multiple, per_segment=True, pad_id=pad_id)
                     for ex in examples]
@@ -167,6 +173,7 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     seq_idx = np.repeat(np.arange(len(lens), dtype=np.int32), lens)[None, :]
     if max_docs is not None:
         cu, cup = (_fixed(c, len(examples) * max_docs) for c in (cu, cup))
+        max_len = max(len(ex["input_ids"]) for ex in examples)  # a bound: one value, one compile
     row = {k: v[None, :] for k, v in flat.items()}
     row.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len,
                max_length_k=max_len, seq_idx=seq_idx)
@@ -175,13 +182,6 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     if aligned:
         row["cu_seqlens_padded"] = cup
     return row
-
-
-def _refuse_grouped_per_segment(examples: list[dict], per_segment: bool) -> None:
-    if per_segment and "seq_ids" in examples[0]:
-        raise PacktoolError("per_segment padding would cut into a group's sequences: pad "
-                            "grouped rows at the row's end (pad_multiple without "
-                            "per_segment)")
 
 
 def _group_keys(examples: list[dict], n_tokens: int, n_segments: int) -> dict:

@@ -23,10 +23,10 @@ from .schema import (
     READABLE,
     SHARD_FILE,
     SPECS,
-    VALID,
     alignment,
     array_dtype,
     array_length,
+    disagreement,
     shard_arrays,
 )
 
@@ -51,6 +51,8 @@ def read_index(directory, place=None) -> dict:
     check_digest(index, DIGEST_KEY, path, FIX)
     check(index, SPECS[index["version"]], path, FIX)
     _check_overflow(index, path)
+    if (why := disagreement(index)) is not None:
+        raise FormatError(f"{path}: {why}; {FIX}")
     want = {a.name for a in shard_arrays(index)}
     for sh in index["shards"]:
         if set(sh["files"]) != want:
@@ -224,32 +226,3 @@ def open_sources_of(directory, index: dict, override=None, checksums: bool = Tru
                 "that corpus")
         corpora.append(corpus)
     return corpora
-
-
-def dataset_files(place) -> set[str]:
-    """Every file a packed dataset's index.json lists (and its held-out split's, under
-    valid/), relative to its folder; the index is validated (format, schema, digest)."""
-    idx = read_index(place.folder, place)
-    names = {INDEX} | {f["name"] for sh in idx["shards"] for f in sh["files"].values()}
-    if idx.get("held_out"):
-        valid = read_index(place.sub(VALID).folder, place.sub(VALID))
-        names |= {f"{VALID}/{n}" for n in
-                  {INDEX} | {f["name"] for sh in valid["shards"] for f in sh["files"].values()}}
-    return names
-
-
-# what packtool leaves in a bucket's dataset folder while a run is in progress
-_HIDDEN = ("(?:valid/)?\\.(?:shard|group)-[0-9]+\\.(?:entry\\.json|lock)|\\.packtool[-.].*")
-
-
-def ours_hidden(place, name: str) -> bool:
-    """packtool's own hidden files: locally a lock file shaped as its locks are or a dead
-    run's temporary (:func:`packtool._temps.left_by_us`); in a bucket, the lock objects,
-    the plan marker and job entries of a run in progress (vouched for by the marker)."""
-    import re
-
-    if not place.remote:
-        from ..._temps import left_by_us
-
-        return left_by_us(Path(place.path(name)))
-    return re.fullmatch(_HIDDEN, name) is not None

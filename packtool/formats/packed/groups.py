@@ -1,4 +1,4 @@
-"""A grouped pack's extra keys (pairs and groups, version 4), derived from its segments'
+"""A grouped pack's extra keys (pairs and groups, version 5), derived from its segments'
 groups and roles. One row of a shared-prompt pair, prompt P of 3 tokens::
 
     segment        P P P | C C | R R R

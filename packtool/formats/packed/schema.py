@@ -26,6 +26,10 @@ multiple of 2**k in its document) or a remnant row of at most MIN tokens (pieces
 each at a multiple of MIN); its slot length, max(MIN, its tokens), follows from the segment
 table. Its own version because a version-2 validator refuses those offsets (it asks every
 piece to start at a multiple of seq_len) and a version-2 reader knows no row lengths.
+
+Version 5 is version 2 of pairs and groups: ``seg_group`` and ``seg_role`` per segment and
+``groups`` in index.json. One number means one layout: datasets of pairs and groups written
+before version 5 say version 4 (with ``groups``, never ``vsl``) and are read as version 5.
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ from .._manifest import (
 FORMAT = "packtool.packed"
 VERSION = 2
 ALIGNED_VERSION = 3  # version 2 plus the alignment keys: written only for aligned datasets
-GROUPED_VERSION = 4  # version 2 plus pairs/groups (seg_group, seg_role, "groups")
+MAX_ALIGN = 2**20  # an alignment K is below this (pack refuses more, naming it)
 VSL_VERSION = 4      # version 2 plus the vsl key: written only for pack --vsl datasets
-READABLE = (1, 2, 3, 4)
+GROUPED_VERSION = 5  # version 2 plus pairs/groups (seg_group, seg_role, "groups"); 4 before
+READABLE = (1, 2, 3, 4, 5)
 INDEX = "index.json"
 DIGEST_KEY = "index_sha256"
 LAYOUTS = ("index", "tokens")
@@ -75,7 +80,7 @@ class Array:
     doc: str
     layout: str | None = None    # only in this layout
     mask: str | None = None      # only with this mask storage
-    grouped: bool = False        # only in a dataset of pairs or groups (version 4)
+    grouped: bool = False        # only in a dataset of pairs or groups (version 5; 4 before)
 
 
 SCHEMA = (
@@ -86,9 +91,9 @@ SCHEMA = (
           "order they were given)"),
     Array("seg_offset", "segment", "offset", "token offset of the segment in its document"),
     Array("seg_length", "segment", "length", "tokens in the segment (1 to seq_len)"),
-    Array("seg_group", "segment", "group", "version 4: the segment's group (its index over the "
+    Array("seg_group", "segment", "group", "version 5: the segment's group (its index over the "
           "sources' groups)", grouped=True),
-    Array("seg_role", "segment", "<u2", "version 4: the segment's role: 0 a shared prompt, 1 "
+    Array("seg_role", "segment", "<u2", "version 5: the segment's role: 0 a shared prompt, 1 "
           "chosen, 2 rejected, 3 + k completion k", grouped=True),
     Array("tokens", "token", "token", "the packs' tokens back to back (with the loss mask in "
           "the top bit when mask_storage is \"folded\")", layout="tokens"),
@@ -191,7 +196,8 @@ _COUNT_KEYS = ("n_packs", "n_docs", "n_empty", "n_overlong", "n_split", "n_split
                "n_segments", "n_tokens")
 INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test checks it)
     "format": Key(one_of(FORMAT), '"packtool.packed"'),
-    "version": Key(one_of(*READABLE), "2, 3 for an aligned dataset, 4 for a --vsl one (1 "
+    "version": Key(one_of(*READABLE), "2, 3 for an aligned dataset, 4 for a --vsl one, 5 for "
+                   "pairs and groups (4 before; 1 "
                    "still read)"),
     "layout": Key(one_of(*LAYOUTS), '"index" (the plan only) or "tokens" (self-contained)'),
     "seq_len": Key(count(1, 2**31), "tokens per pack at most"),
@@ -202,7 +208,7 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
                    optional=True),
     "seed": Key(count(), "shuffle/packer seed"), "shuffle": Key(boolean(), "packs shuffled"),
     "overflow": Key(one_of("split", "truncate", "drop", "refuse"),
-                    "split, truncate or drop; a dataset of pairs or groups (version 4, "
+                    "split, truncate or drop; a dataset of pairs or groups (version 5, "
                     "never cut): refuse or drop"),
     "token_dtype": Key(one_of("uint16", "uint32"), "uint16 or uint32"),
     "vocab_size": Key(count(1), "the sources' id space"),
@@ -225,7 +231,8 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
     "lp_converged": Key(nullable(boolean()), "whether that LP converged, or null"),
     "best_bound_packs": Key(count(), "max of the valid bounds"),
     "gap_to_best_bound_percent": Key(number(), "packs above the best bound, %"),
-    "packing_factor": Key(number(0), "segments per pack"),
+    "packing_factor": Key(number(0), "sequences per pack (a shared prompt is a segment, no "
+                          "sequence)"),
     "cost_ratio": Key(number(1), "the grid of the shards' cost_classes (see "
                       "packtool.formats.packed.costs)", optional=True),
     "attention_imbalance": Key(nullable(number(0)), "max/mean pack attention cost over "
@@ -245,11 +252,15 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
 _PARALLEL = obj({"cp": nullable(count(1)), "tp": nullable(count(1)),
                  "sequence_parallel": boolean(), "fp8": boolean()})
 ALIGN_KEYS = {  # version 3 only: an aligned dataset
-    "align": Key(count(2, 2**20), "K: every segment padded to a multiple of K in its row"),
+    "align": Key(count(2, MAX_ALIGN), "K: every segment padded to a multiple of K in its row"),
     "pad_id": Key(count(), "the token id of the alignment pads"),
     "parallel": Key(_PARALLEL, "what set K: cp, tp (null if not given), sequence_parallel, "
                     "fp8"),
     "n_align_tokens": Key(count(), "pad tokens the alignment adds over all packs"),
+    "pad_from": Key(one_of("option", "tokenizer", "eos"), "where pad_id came from: --pad-id, "
+                    "the source tokenizer's pad (else eos) token, or tokenize's --eos id "
+                    "(verify --source recomputes the last two; absent before issue 38)",
+                    optional=True),
 }
 _VSL = obj({"min": count(1, 2**30), "max": count(1, 2**30), "rows": dict_of(count()),
             "n_remnant_rows": count(), "n_remnant_tokens": count(), "n_slot_tokens": count()})
@@ -260,11 +271,11 @@ VSL_KEYS = {  # version 4 only: a --vsl dataset
 INDEX_KEYS.update({k: Key(v.spec, v.doc, optional=True) for k, v in ALIGN_KEYS.items()})
 _GROUPS = obj({"kind": one_of("pairs", "completions"), "share_prompt": boolean(),
                "n_groups": count(), "n_dropped_groups": count()})
-INDEX_KEYS["groups"] = Key(_GROUPS, "version 4 only: {kind (pairs or completions), "
+INDEX_KEYS["groups"] = Key(_GROUPS, "version 5 only (4 before): {kind (pairs or completions), "
                            "share_prompt, n_groups (in the sources), n_dropped_groups (over "
                            "--seq-len, with --overflow drop)}", optional=True)
 INDEX_KEYS.update({k: Key(v.spec, v.doc, optional=True) for k, v in VSL_KEYS.items()})
-_V4_ONLY = {"groups", *VSL_KEYS}  # a version-4 dataset has one of them (pairs or --vsl)
+_V4_ONLY = {"groups", *VSL_KEYS}  # a version-4 dataset has one of them (--vsl, or old pairs)
 V2_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS and k not in _V4_ONLY})
 V3_SPEC = obj({**{k: v for k, v in INDEX_KEYS.items() if k not in _V4_ONLY}, **ALIGN_KEYS})
 V4_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS})
@@ -275,7 +286,45 @@ V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["toke
                "held_out": nullable(_HELD_OUT), "shards": list_of(obj(SHARD_KEYS)),
                "overflow": INDEX_KEYS["overflow"], "seed": integer(),
                DIGEST_KEY: INDEX_KEYS[DIGEST_KEY].spec})
-SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC, 4: V4_SPEC}
+V5_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS and k not in VSL_KEYS})
+SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC, 4: V4_SPEC, 5: V5_SPEC}
+VERSION_KEYS = {  # the keys that make each version's layout (docs/FORMAT.md, tested)
+    2: (), 3: tuple(ALIGN_KEYS), 4: tuple(VSL_KEYS), 5: ("groups",)}
+
+
+def parallel_alignment(cp, tp, sequence_parallel, fp8) -> int:
+    """The alignment the parallel sizes need: the lcm of 2 x cp, tp under sequence
+    parallelism and 16 for fp8 (1: none)."""
+    from math import lcm
+
+    return lcm(2 * cp if cp else 1, tp if tp and sequence_parallel else 1, 16 if fp8 else 1)
+
+
+def disagreement(index: dict) -> str | None:
+    """What in an index (its digest recomputed, so consistent-looking) contradicts itself, or
+    None: alignment keys outside version 3 (an aligned dataset relabelled version 2 would be
+    served unaligned), a K that the parallel sizes it records do not divide into, a --vsl MAX
+    that is not seq_len."""
+    version = int(index["version"])
+    if version >= 2:
+        for v, keys in VERSION_KEYS.items():
+            stray = sorted(k for k in keys if k in index)
+            legacy = v == GROUPED_VERSION and version == VSL_VERSION and "vsl" not in index
+            if stray and v != version and not legacy:
+                return (f"version {version} with the keys {', '.join(stray)} of version {v} "
+                        f"(one version, one layout)")
+        if version > VERSION and not any(k in index for k in VERSION_KEYS[version]) and not (
+                version == VSL_VERSION and "groups" in index):
+            return f"version {version} without its keys {', '.join(VERSION_KEYS[version])}"
+    if version == ALIGNED_VERSION and int(index["align"]) % (
+            m := parallel_alignment(**index["parallel"])):
+        return (f"align {index['align']} disagrees with parallel {index['parallel']}: they "
+                f"need a multiple of {m}")
+    vsl = index.get("vsl") if version == VSL_VERSION else None
+    if vsl and (vsl["max"] != index["seq_len"] or vsl["min"] > vsl["max"]):
+        return (f"vsl min {vsl['min']:,} max {vsl['max']:,} disagrees with seq_len "
+                f"{index['seq_len']:,} (a --vsl dataset's seq_len is its MAX, MIN <= MAX)")
+    return None
 
 
 def alignment(index: dict) -> tuple[int, int]:

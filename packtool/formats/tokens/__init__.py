@@ -1,6 +1,7 @@
 """The token-file format (``packtool.tokens``, version 3): what ``packtool tokenize`` writes
 and ``open_tokens`` reads. Schema (``schema.py``), writer (``writer.py``), reader and
-validator (``reader.py``) in one package; the layout is in docs/FORMAT.md.
+validator (``reader.py``) in one package, and the proof that files at a prefix are
+packtool's own (``ownership.py``); the layout is in docs/FORMAT.md.
 
 A corpus is one or more *parts*, in order; each part is three files sharing the part's name::
 

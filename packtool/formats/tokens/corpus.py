@@ -61,7 +61,8 @@ class TokenPart:
     _verified: set = field(default_factory=set, repr=False)  # keys checked for these maps
 
     @property
-    def remote(self) -> bool:
+    def cached(self) -> bool:
+        """Its files are cached copies of a store\'s objects (never hard-linked out)."""
         return self.place.remote
 
     @property

@@ -2,9 +2,9 @@
 
 What a user can observe, whatever kills a run (SIGKILL included) and whenever:
 
-- **A lock per output** (:mod:`packtool._locks`): ``.NAME.lock`` beside the output, ``flock``-ed
-  for the whole run (shared by the array tasks of one run): a second run to the same output
-  fails at once, naming the holder. A lock file is never written, truncated or followed.
+- **A lock per output** (:mod:`packtool.storage.flock`): ``.NAME.lock`` beside the output,
+  ``flock``-ed for the whole run (shared by the array tasks of one run): a second run to the
+  same output fails at once, naming the holder. A lock file is never written, truncated or followed.
 - **Temporaries carry the pid.** ``.NAME.tmp-PID-RAND`` (data being written) and
   ``.NAME.old-PID-RAND`` (the previous output, moved aside during a commit). None ever
   shadows a real output. A commit's journal is ``.KEY.journal`` (``.KEY.jtmp-PID-RAND``
@@ -18,7 +18,7 @@ What a user can observe, whatever kills a run (SIGKILL included) and whenever:
   run's data beside another's manifest. A directory (``pack``) is swapped in with one
   ``renameat2(RENAME_EXCHANGE)``, falling back to the journaled rename-aside + rename. Ctrl-C
   and SIGTERM are deferred during a commit and, if one arrived, the commit is undone.
-- **Recovery on the next run** (:mod:`packtool._temps`). Under the lock, a journal left by a
+- **Recovery on the next run** (:mod:`packtool.storage.temps`). Under the lock, a journal left by a
   dead process is finished (its new manifest was in place) or undone (the previous output
   restored), and temporaries of dead processes are removed; the run says how many bytes it
   reclaimed.
@@ -43,9 +43,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import _locks, _signals
-from ._io import create
-from ._temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this module's API too
+from .. import _signals
+from .._io import create
+from ..errors import PacktoolError
+from . import flock
+from .temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this module's API too
     clear_temporaries,
     final_name,
     finish,
@@ -59,7 +61,6 @@ from ._temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this mo
     temp_name,
     undo,
 )
-from .errors import PacktoolError
 
 EXCHANGE = True  # use renameat2(RENAME_EXCHANGE) where the kernel and file system have it
 FSYNC = os.environ.get("PACKTOOL_FSYNC", "1") != "0"  # durable commits (0: off, to measure)
@@ -68,7 +69,7 @@ _remove = remove_path
 
 
 # ---------------------------------------------------------------------------------- lock
-lock_path = _locks.lock_path
+lock_path = flock.lock_path
 
 
 @contextlib.contextmanager
@@ -83,7 +84,7 @@ def output_lock(output: str | Path, shared: bool = False, scan: bool = True):
     lock = lock_path(output)
     created = make_parents(output)
     try:
-        with _locks.hold(lock, "shared" if shared else "exclusive", f"output {output}"):
+        with flock.hold(lock, "shared" if shared else "exclusive", f"output {output}"):
             yield [] if shared else reclaim(output, scan=scan)
     except BaseException:
         for d in created:  # deepest first; only what this run made and left empty

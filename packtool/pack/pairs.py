@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import conflicts
 from ..errors import PacktoolError
 from ..formats.tokens.groups import GroupTable
 from ..packers import run_packer
@@ -56,21 +57,6 @@ class GroupSegments:
         return self.doc[index], self.offset[index]
 
 
-def refuse_options(options: PackOptions, factors: list[float]) -> None:
-    """What a grouped pack cannot do, refused by name (each would break a group apart or
-    change its rows' shape)."""
-    given = [name for name, on in (
-        ("repeat factors or target shares", any(f != 1 for f in factors)),
-        ("--valid-docs/--valid-fraction", options.valid_docs or options.valid_fraction),
-        ("--group-docs", options.group_docs), ("--max-docs", options.max_docs),
-        (f"alignment ({options.alignment_source()})", options.alignment > 1),
-        ("--vsl (it cuts sequences into chunks)", options.vsl_bounds is not None)) if on]
-    if given:
-        raise PacktoolError(f"pairs and groups are packed whole, one item a group: "
-                            f"{', '.join(given)} cannot be used with them yet; drop "
-                            f"{'it' if len(given) == 1 else 'them'}")
-
-
 def group_lengths(lengths: np.ndarray, table: GroupTable, share: bool) -> np.ndarray:
     """Each group's tokens as the packer sees it (one item a group): the sum of its
     sequences, or with ``share`` its prompt once plus each completion (``stats`` predicts
@@ -87,10 +73,7 @@ def group_overflow(overflow: str) -> str:
     """What ``--overflow`` does to pairs and groups, which are never cut: "drop" (dropped and
     counted) or "refuse" (the default ``split`` too); ``truncate`` is refused by name."""
     if overflow == "truncate":
-        raise PacktoolError(
-            "--overflow truncate cuts documents, and a pair or group is never cut (a "
-            "sequence without its end, or a prompt without its completions): over-long "
-            "groups are refused, or dropped and counted with --overflow drop")
+        conflicts.check({"groups", "truncate"})
     return "drop" if overflow == "drop" else "refuse"
 
 

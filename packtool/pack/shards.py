@@ -19,9 +19,10 @@ files, and a killed job leaves only a temporary of its pid, reclaimed by the nex
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +105,7 @@ class ShardJobs(Sequence):
         arrays = (first, *shard_segments(layout, segs, dtypes))
         groups = None
         if self.target.grouped:
-            from .grouped import shard_groups
+            from .pairs import shard_groups
 
             g, r = shard_groups(layout, segs)
             groups = {"seg_group": stored(g, dtypes["group"]), "seg_role": stored(r, "<u2")}
@@ -172,9 +173,9 @@ def sources(prefixes: tuple[str, ...]) -> list:
 def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
     """Write shard ``job`` into its folder (:attr:`ShardJob.folder`): (its index entry,
     False). The files go into a temporary folder of this pid, then are renamed in with the
-    entry last (:func:`packtool._atomic.commit_job`); the stage holds the job's lock and
+    entry last (:func:`packtool.storage.atomic.commit_job`); the stage holds the job's lock and
     skips a shard already written (:mod:`packtool.pack`)."""
-    from .._atomic import commit_job, job_files
+    from ..storage.atomic import commit_job, job_files
 
     t = job.target
     with job_files(job.folder, shard_name(job.k)) as tmp:
@@ -207,3 +208,86 @@ def remove_entries(folder: Path) -> None:
         for p in sub.glob(".shard-*.entry.json"):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+
+
+# -------------------------------------------------------------- a job run against the output
+@dataclass(frozen=True)
+class PackTask:
+    """A shard or group job of the plan (``inner``), written by ``write``
+    (:func:`write_shard` or :func:`packtool.pack.streamed.write_group`) to the output folder
+    ``path`` (picklable: a Ray worker or an array task opens the output itself)."""
+
+    inner: object
+    write: Callable
+    path: str
+    storage_options: dict
+
+    def label(self) -> str:
+        return self.inner.label()
+
+
+class PackTasks(Sequence):
+    """The plan's jobs as tasks, each made when asked for (a shard job holds its segment
+    arrays: made one at a time)."""
+
+    def __init__(self, items: Sequence, write: Callable, path: str, options: dict):
+        self.items, self.write, self.path, self.options = items, write, path, options
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> PackTask:
+        return PackTask(self.items[i], self.write, self.path, self.options)
+
+
+def entry_name(inner) -> str:
+    """The job's entry, relative to the output folder."""
+    if isinstance(inner, ShardJob):
+        return (f"{VALID}/" if inner.split == "valid" else "") + fe.shard_entry_name(inner.k)
+    return fe.group_entry_name(inner.g)
+
+
+def check_job(inner, out, checksums: bool = True) -> tuple[dict | None, str]:
+    """(a shard's index entry, or a group's whole entry; "") when the job is written at
+    the output ``out`` (its entry of this plan, every file of its size, and locally with
+    ``checksums`` its crc32), else (None, why)."""
+    shard = isinstance(inner, ShardJob)
+    m, why = fe.read_entry(entry_name(inner), fe.SHARD_ENTRY if shard else fe.GROUP_ENTRY,
+                           out.place)
+    if m is None:
+        return None, why
+    if m["digest"] != inner.digest or (not shard and m["g"] != inner.g):
+        return None, "made from another plan (digest differs)"
+    splits = ({inner.split: [m["entry"]]} if shard else
+              {split: stats["shards"] for split, stats in m["splits"].items()})
+    for split, shards in splits.items():
+        why = fe.check_files(out.place, f"{VALID}/" if split == "valid" else "", shards,
+                             checksums)
+        if why:
+            return None, why
+    return (m["entry"] if shard else m), ""
+
+
+def run_task(task: PackTask, tick):
+    """Make the job's shards exist at the output, verified (:func:`packtool.storage.write.
+    run_job`): (its result, True if it was already written and so skipped)."""
+    from ..storage.output import open_output
+    from ..storage.write import run_job
+
+    out, inner = open_output(task.path, task.storage_options).as_folder(), task.inner
+    name = entry_name(inner)
+
+    def skipped(done):
+        tick(getattr(inner, "n_tokens", 0))
+        return done if isinstance(inner, ShardJob) else inner.g
+
+    def write(folder: Path):
+        here = dataclasses.replace(inner, target=dataclasses.replace(
+            inner.target, staging=str(folder)))
+        result, _ = task.write(here, tick)
+        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                       if p.is_file() and not p.name.startswith("."))
+        return files, name, result, {}
+
+    return run_job(out, name.replace(".entry.json", ".lock"), inner.label(),
+                   lambda: check_job(inner, out)[0], skipped, write)

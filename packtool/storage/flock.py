@@ -25,8 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-from . import _signals
-from .errors import PacktoolError
+from .. import _signals
+from ..errors import PacktoolError
 
 _POLL_S = 0.05  # how often a waiter looks whether the holder is done
 

@@ -4,7 +4,7 @@ finished or undone from the journal, its temporaries and free lock files removed
 ``.NAME.tmp-PID-RAND`` (data being written), ``.NAME.old-PID-RAND`` (the previous output,
 moved aside during a commit), ``.NAME.jtmp-PID-RAND`` (a journal being written): reclaimed
 once their pid is dead. ``.KEY.journal``: a commit of ``KEY`` in progress, written and removed
-under ``KEY``'s lock, so one left behind is a killed run's (see :mod:`packtool._atomic`).
+under ``KEY``'s lock, so one left behind is a killed run's (see :mod:`packtool.storage.atomic`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import secrets
 import shutil
 from pathlib import Path
 
-from . import _locks
-from .errors import PacktoolError
+from ..errors import PacktoolError
+from . import flock
 
 TEMP_KINDS = "tmp|old|commit|jtmp"
 # the files of one prefix share its lock
@@ -90,11 +90,11 @@ _OUR_LOCK = re.compile(r"\.[\w.-]+\.lock")
 
 def left_by_us(path: Path) -> bool:
     """A hidden entry packtool provably left in an output: a lock file shaped as its locks
-    are (an empty regular file of one link, see :func:`packtool._locks.lock_like`), or a
+    are (an empty regular file of one link, see :func:`packtool.flock.lock_like`), or a
     temporary of its naming (``.NAME.tmp-PID-HEX``) whose pid is dead, as reclaim requires.
     A user's ``.notes.lock`` with content, or a live process's file, is not ours."""
     if _OUR_LOCK.fullmatch(path.name):
-        return _locks.is_lock_file(path)
+        return flock.is_lock_file(path)
     m = _OUR_TEMP.fullmatch(path.name)
     return bool(m) and not pid_alive(int(m.group(1)))
 
@@ -145,7 +145,7 @@ def clear_temporaries(folder: Path) -> None:
     leaves a temporary that its retry does not reuse, and its job's lock file)."""
     for path, kind, _ in _inner_leftovers(folder):
         if kind == "lock":
-            _locks.remove_if_free(path)
+            flock.remove_if_free(path)
         else:
             _remove(path)
 
@@ -174,7 +174,7 @@ def reclaim(output: Path, inside: Path | None = None, scan: bool = True) -> list
             notes += _recover_other(path)
     for path, kind, _ in found:  # a part's or a commit's lock left by a killed process
         if kind == "lock":
-            _locks.remove_if_free(path)
+            flock.remove_if_free(path)
     leftovers = [x for x in found if x[1] not in ("journal", "lock")
                  and not pid_alive(x[2])]
     for path, kind, pid in leftovers:
@@ -197,7 +197,7 @@ def _recover_other(journal: Path) -> list[str]:
     live process holds it (its commit is under way)."""
     key = journal.with_name(journal.name[1:-len(".journal")])
     try:
-        with _locks.hold(_locks.lock_path(key), "exclusive", f"output {key}"):
+        with flock.hold(flock.lock_path(key), "exclusive", f"output {key}"):
             if not journal.exists():
                 return []
             return [f"{key}: " + _recover(journal) + " (a run was killed mid-commit)"]

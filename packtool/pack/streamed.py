@@ -36,10 +36,10 @@ from ..formats.packed import VALID, ShardWriter, attention_costs
 from ..formats.tokens import read_lengths_range
 from ..options import PackOptions
 from . import entries as fe
-from .jobs import Target, gatherer, sources
 from .meta import histogram
 from .plan import plan_pack
 from .selection import get_bits, selection_bits
+from .shards import Target, gatherer, sources
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def write_group(job: GroupJob, tick) -> tuple[int, bool]:
     reads the entries from where they were published, and an executor keeps every job's
     result (a group's entry holds its length histogram, ~40 KB: 0.3 B a document at
     10^5-document groups)."""
-    from .._atomic import commit_job, job_files
+    from ..storage.atomic import commit_job, job_files
 
     staging = Path(job.target.staging)
     with job_files(staging, f"group-{job.g:05d}") as tmp:
@@ -215,7 +215,7 @@ def _rename(tmp: Path, entry: dict, split: str, g: int, k: int) -> dict:
     return {**entry, "name": name, "files": files}
 
 
-class Combined:
+class SplitTotals:
     """One split's figures over every group, folded in group order as the entries are
     checked, so finalize holds the shards' entries (what index.json lists) and one
     histogram, never every group's entry (~40 KB each: 4 GB at 10^5 groups)."""

@@ -1,0 +1,138 @@
+"""Which features combine: every pair (or set) of features that cannot be used together,
+declared once, as data, with why and the fix. ``pack``'s options, ``stats``, ``export``,
+the readers (``pad_to``, ``pad_multiple``, ``per_segment``), the collators (``max_docs``),
+``cp_shard``, ``model_inputs`` and the docs (docs/PIPELINE.md, "Which options combine",
+tested equal to :func:`markdown`) all read this table: a combination not in it is exact
+(tests/test_combinations.py walks them), one in it is refused by :func:`check`, naming the
+conflict::
+
+    check({"vsl", "align"})   # PacktoolError: --vsl x alignment: a --vsl chunk row is ...
+
+A feature is a short name (:data:`FEATURES` says how a user spells it). Nothing of packtool is
+imported here but its errors, so every layer can ask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import PacktoolError
+
+FEATURES = {  # name -> how a user turns it on
+    "vsl": "--vsl",
+    "align": "alignment (--align/--cp/--tp --sequence-parallel/--fp8)",
+    "max_docs": "--max-docs",
+    "algo": "--algo other than bfd",
+    "packer_limits": "--max-depth/--work-limit/--time-limit",
+    "truncate": "--overflow truncate",
+    "drop": "--overflow drop",
+    "group_docs": "--group-docs",
+    "balance": "--balance attention",
+    "groups": "pairs and groups (tokenize --chosen-field/--completions-field)",
+    "plain": "plain documents (tokenized without --chosen-field/--completions-field)",
+    "share_prompt": "--share-prompt",
+    "mixture": "repeat factors or target shares (PREFIX:FACTOR, PREFIX=SHARE)",
+    "holdout": "--valid-docs/--valid-fraction",
+    "per_segment": "per_segment=True (padding every segment)",
+    "row_pad": "collate pad_multiple without per_segment (a row pad segment)",
+    "collate_max_docs": "collate max_docs=K",
+    "varlen": "cu_seqlens attention (flash-attention varlen, model_inputs varlen=True)",
+    "cp_shard": "cp_shard (context parallelism at load)",
+    "export_segments": "export as segments (megatron, llmc, parquet-packed, mds, parquet)",
+}
+
+
+@dataclass(frozen=True)
+class Conflict:
+    features: tuple[str, ...]  # all of them in use together: refused
+    why: str
+    fix: str
+
+    @property
+    def name(self) -> str:
+        return " x ".join(FEATURES[f].split(" (")[0] for f in self.features)
+
+    def message(self) -> str:
+        return f"{self.name}: {self.why}; {self.fix}"
+
+
+_WHOLE = "pairs and groups are packed whole, one item a group"
+CONFLICTS = (
+    Conflict(("vsl", "align"), "a --vsl chunk row is one unpadded segment and remnant rows are "
+             "bfd's: there are no pads to align", "drop the alignment options, or --vsl"),
+    Conflict(("vsl", "max_docs"), "a --vsl remnant row is bfd's, with no cap on its segments",
+             "drop --max-docs, or --vsl"),
+    Conflict(("vsl", "algo"), "--vsl packs its remnants with bfd (as Dataset Decomposition "
+             "does) and every chunk alone", "drop --algo"),
+    Conflict(("vsl", "packer_limits"), "--vsl packs with bfd, which takes no packer limits",
+             "drop them"),
+    Conflict(("vsl", "truncate"), "--vsl cuts every document into chunks, none is truncated",
+             "drop --overflow"),
+    Conflict(("vsl", "drop"), "--vsl cuts every document into chunks, none is dropped",
+             "drop --overflow"),
+    Conflict(("vsl", "group_docs"), "--vsl cuts the whole corpus in one plan",
+             "drop --group-docs"),
+    Conflict(("vsl", "balance"), "a --vsl row's cost follows its length", "drop --balance; "
+             "batch rows of one length instead (the sampler's tokens_per_step)"),
+    Conflict(("groups", "vsl"), f"{_WHOLE}, and --vsl cuts sequences into chunks",
+             "drop --vsl"),
+    Conflict(("groups", "align"), f"{_WHOLE}, and alignment pads would fall inside a group "
+             "(not supported yet)", "drop the alignment options"),
+    Conflict(("groups", "max_docs"), f"{_WHOLE}, and a group's sequences count as segments "
+             "(not supported yet)", "drop --max-docs"),
+    Conflict(("groups", "group_docs"), f"{_WHOLE}, in one plan", "drop --group-docs"),
+    Conflict(("groups", "mixture"), f"{_WHOLE}, each once", "drop the factors and shares"),
+    Conflict(("groups", "holdout"), f"{_WHOLE}; hold out records before tokenize",
+             "drop --valid-docs/--valid-fraction"),
+    Conflict(("groups", "truncate"), "a pair or group is never cut (a sequence without its "
+             "end, or a prompt without its completions)", "keep the default (over-long groups "
+             "refused) or pass --overflow drop (dropped and counted)"),
+    Conflict(("plain", "share_prompt"), "--share-prompt shares the prompt of pairs and groups",
+             "drop --share-prompt, or tokenize with --chosen-field/--rejected-field or "
+             "--completions-field"),
+    Conflict(("groups", "per_segment"), "padding each segment would cut into a group's "
+             "sequences (seq_ids, completion_mask per token)", "pad grouped rows at the row's "
+             "end (pad_to or pad_multiple without per_segment)"),
+    Conflict(("collate_max_docs", "row_pad"), "max_docs fixes cu_seq_lens's length, and a "
+             "row pad would add a segment to some batches only", "pad every pack instead "
+             "(TorchPackedDataset(pad_to=seq_len), one pad segment each) and pass max_docs="
+             "--max-docs + 1, or use per_segment=True"),
+    Conflict(("share_prompt", "varlen"), "a completion attends to its prompt and itself, which "
+             "cu_seqlens (and masks inferred from position_ids) cannot express",
+             "pass mask='4d' (eager/sdpa attention) or use packtool.torch.block_mask(batch) "
+             "with FlexAttention"),
+    Conflict(("share_prompt", "cp_shard"), "a completion's keys are its prompt and itself, two "
+             "segments, and a shard's keys run within one segment: the prompt would be lost",
+             "pack without --share-prompt for context parallelism"),
+    Conflict(("share_prompt", "export_segments"), "a row of segments says 'attend within your "
+             "own segment', so a completion would lose its prompt, and positions would restart "
+             "where a completion's continue from its prompt", "train from the packed dataset "
+             "with packtool.torch (block_mask, sequence_logps), or pack without "
+             "--share-prompt"),
+)
+
+
+def conflicts(used) -> list[Conflict]:
+    """The table's conflicts among the features ``used`` (names of :data:`FEATURES`)."""
+    used = set(used)
+    unknown = used - set(FEATURES)
+    if unknown:  # a misspelt feature would make every check pass
+        raise ValueError(f"unknown features {sorted(unknown)}")
+    return [c for c in CONFLICTS if used.issuperset(c.features)]
+
+
+def check(used, context: str = "") -> None:
+    """Refuse ``used`` (feature names) if any of the table's conflicts is among them, naming
+    each; ``context`` (e.g. the value at fault) opens the message."""
+    found = conflicts(used)
+    if found:
+        raise PacktoolError((f"{context}: " if context else "")
+                            + "; and ".join(c.message() for c in found)
+                            + " (docs/PIPELINE.md, 'Which options combine')")
+
+
+def markdown() -> str:
+    """The table as docs/PIPELINE.md shows it (a test keeps them equal)."""
+    rows = ["| Together | Why not | Instead |", "|---|---|---|"]
+    rows += [f"| {c.name} | {c.why} | {c.fix} |" for c in CONFLICTS]
+    return "\n".join(rows)
