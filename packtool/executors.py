@@ -15,7 +15,7 @@ jobs left on disk. datatrove's executors are the model::
 ``run(job, tick)`` must be a module-level function (Ray pickles it); ``tick(n)`` reports
 progress inside a local job (on Ray a job's weight is counted when it finishes). It returns
 ``(result, skipped)``: ``skipped`` when the job found its output already finished; or a
-:class:`~packtool.storage.write.PendingUpload`: what is left of the job once its files are
+:class:`~packtool.storage.output.PendingUpload`: what is left of the job once its files are
 written, which only waits on a store (their upload, then the job's record). The local
 executor runs a job's tail in a thread while the next job computes, at most one tail at a
 time::
@@ -43,7 +43,7 @@ from pathlib import Path
 from ._progress import progress_bar
 from .errors import PacktoolError
 from .options import opt
-from .storage.write import PendingUpload
+from .storage.output import PendingUpload
 
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT = 10.0  # seconds to reach a Ray address before naming it unreachable

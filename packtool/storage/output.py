@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import PacktoolError
@@ -396,7 +397,6 @@ class BucketOutput(Output):
         the job's lock and scratch folder until then: uploaded while the next job is
         written."""
         from .publish import Published
-        from .write import PendingUpload
 
         self.remove(list(retire))
 
@@ -560,3 +560,20 @@ class BucketOutput(Output):
             + (f"; {len(removed):,} objects of the previous export removed" if removed
                else ""))]
         return {**info, "files": files, "notes": notes}
+
+
+class PendingUpload:
+    """The rest of a job once its files are written, which only waits on a store: ``then()``
+    uploads them and gives the job's ``(result, skipped)``. ``held`` (the job's lock, its
+    scratch folder) is released when the tail ends, run or dropped."""
+
+    def __init__(self, then: Callable[[], tuple], held: contextlib.ExitStack):
+        self.then, self.held = then, held
+
+    def __call__(self) -> tuple:
+        with self.held:
+            return self.then()
+
+    def drop(self) -> None:
+        """Release what the job holds without publishing it (the run is failing)."""
+        self.held.close()

@@ -22,23 +22,6 @@ from collections.abc import Callable
 from .output import Output
 
 
-class PendingUpload:
-    """The rest of a job once its files are written, which only waits on a store: ``then()``
-    uploads them and gives the job's ``(result, skipped)``. ``held`` (the job's lock, its
-    scratch folder) is released when the tail ends, run or dropped."""
-
-    def __init__(self, then: Callable[[], tuple], held: contextlib.ExitStack):
-        self.then, self.held = then, held
-
-    def __call__(self) -> tuple:
-        with self.held:
-            return self.then()
-
-    def drop(self) -> None:
-        """Release what the job holds without publishing it (the run is failing)."""
-        self.held.close()
-
-
 def run_job(out: Output, lock: str, label: str, finished: Callable, skipped: Callable,
             write: Callable):
     """Make the job exist at ``out``: ``finished()`` gives its result if it is already
