@@ -206,15 +206,9 @@ def _consumed(state, sampler) -> np.ndarray:
         raise PacktoolError(f"sampler state has consumed={consumed!r}: it must list "
                             f"{sampler.n_classes} counts (one per cost class); the state is "
                             "corrupt, save it again")
-    out = np.zeros(sampler.n_classes, np.int64)
-    for k, v in enumerate(consumed):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) \
-                or not 0 <= v <= sampler.class_sizes[k]:
-            raise PacktoolError(f"sampler state has consumed[{k}]={v!r}: it must be an integer "
-                                f"0..{int(sampler.class_sizes[k]):,} (the packs of cost class "
-                                f"{k}); the state is corrupt, save it again")
-        out[k] = int(v)
-    return out
+    return np.array([count(v, f"consumed[{k}] (cost class {k})", 0, int(m))
+                     for k, (v, m) in enumerate(zip(consumed, sampler.class_sizes, strict=True))],
+                    np.int64)
 
 
 def dataset_identity(packs) -> str | None:
@@ -236,12 +230,7 @@ def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
     count(state["world_size"], "world_size", 1)
     t = count(state["tokens_per_step"], "tokens_per_step", 1)
     _same_rows(state, sampler)
-    consumed = _per_length(state["consumed"], "consumed", sampler)
-    for k, (c, m) in enumerate(zip(consumed.tolist(), sampler.sizes.tolist(), strict=True)):
-        if c > m:
-            raise PacktoolError(f"sampler state has consumed[{int(sampler.lengths[k])}]={c:,}: "
-                                f"there are {m:,} rows of that length; the state is corrupt, "
-                                "save it again")
+    consumed = _per_length(state["consumed"], "consumed", sampler, bounded=True)
     origin = state["origin"]
     if not isinstance(origin, Mapping) or not {"step", "tokens"} <= set(origin) <= {
             "step", "tokens", "consumed"}:
@@ -268,22 +257,17 @@ def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
     return epoch, step, consumed
 
 
-def _per_length(saved, what: str, sampler) -> np.ndarray:
-    """A {length: count} field as counts aligned with ``sampler.lengths``."""
+def _per_length(saved, what: str, sampler, bounded: bool = False) -> np.ndarray:
+    """A {length: count} field as counts aligned with ``sampler.lengths`` (``bounded``: each
+    at most the rows of its length)."""
     names = [str(v) for v in sampler.lengths.tolist()]
     if not isinstance(saved, Mapping) or sorted(saved, key=str) != sorted(names):
         got = sorted(map(str, saved)) if isinstance(saved, Mapping) else saved
         raise PacktoolError(f"sampler state has {what} for lengths {got!r} but this dataset's "
                             f"rows have lengths {names}: it was saved for another dataset; "
                             "build the sampler from the dataset the state was saved for")
-    out = np.zeros(len(names), np.int64)
-    for k, name in enumerate(names):
-        v = saved[name]
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise PacktoolError(f"sampler state has {what}[{name}]={v!r}: it must be an integer "
-                                ">= 0; the state is corrupt, save it again")
-        out[k] = int(v)
-    return out
+    return np.array([count(saved[n], f"{what}[{n}]", 0, int(m) if bounded else None)
+                     for n, m in zip(names, sampler.sizes, strict=True)], np.int64)
 
 
 def _same_rows(state, sampler) -> None:
