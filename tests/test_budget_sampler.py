@@ -127,7 +127,7 @@ def test_uniform_draws_in_proportion_to_tokens_left():
     for e in range(n):
         t = PackSampler(lengths, rank=0, world_size=1, tokens_per_step=8192, seed=3)
         t.load_state_dict({**state, "epoch": e})
-        counts[int(lengths[t.schedule_row(e, 20)[0][0]])] += 1
+        counts[int(lengths[t.which(20, e)[0][0]])] += 1
     left = np.array([40960, 102400, 163840], float)
     for (length, got), p in zip(counts.items(), left / left.sum(), strict=True):
         assert abs(got - n * p) < 4 * np.sqrt(n * p * (1 - p)), (length, got, n * p)
@@ -248,7 +248,7 @@ def test_places_and_left_out_match_the_schedule():
             for i in rows:
                 where[i] = [(step, rank)]
     for i in np.random.default_rng(0).choice(len(lengths), 40, replace=False).tolist():
-        assert s.places(i) == where.get(i, []), i
+        assert s.where(i) == where.get(i, []), i
     assert set(s.left_out().tolist()) == set(range(len(lengths))) - set(where)
 
 
@@ -323,7 +323,7 @@ def test_which_names_a_token_budget_steps_rows(packed):
     path = packed.directory
     s = PackSampler(packed, rank=0, world_size=2, tokens_per_step=1024, seed=2)
     res = which_step(path, 0, 3, world_size=2, seed=2, tokens_per_step=1024)
-    assert sorted({g.pack for g in res.segments}) == sorted(s.schedule_row(0, 3).ravel().tolist())
+    assert sorted({g.pack for g in res.segments}) == sorted(np.ravel(s.which(3, 0)).tolist())
     r = run("which", path, "--step", 3, "--world-size", 2, "--seed", 2, "--tokens-per-step",
             1024, "--json")
     assert r.exit_code == 0, r.output

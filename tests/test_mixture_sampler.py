@@ -164,23 +164,23 @@ def test_stop_ends_before_a_source_runs_out():
         "rows": 40, "epochs": 1, "tokens": None, "tokens_from": None}
     with pytest.raises(PacktoolError, match="stops before step 8 .exhausted='stop'.: books "
                        "has 1 row.s. of its epoch 0 left and the step needs 5"):
-        s.which_step(8)
+        s.which(8)
 
 
-def test_which_step_and_which_row_agree_with_iteration():
+def test_which_and_where_agree_with_iteration():
     s = MixtureSampler(SIZES, CHANGE, rank=0, world_size=3, batch_size=2, seed=5)
     ranks = [list(MixtureSampler(SIZES, CHANGE, rank=r, world_size=3, batch_size=2,
                                  seed=5).steps(until=45)) for r in range(3)]
     taken = {n: 0 for n in SIZES}  # rows of each source so far: its place in its stream
     for k in range(45):
-        assert s.which_step(k) == [ranks[r][k] for r in range(3)]
+        assert s.which(k) == [ranks[r][k] for r in range(3)]
         for r in range(3):  # rank 0's slots come first in a step
             for src, row in ranks[r][k]:
-                assert s.which_row(src, row, taken[src] // SIZES[src]) == (k, r)
+                assert s.where(row, src, taken[src] // SIZES[src]) == [(k, r)]
                 taken[src] += 1
     assert taken["books"] > SIZES["books"]  # a second epoch of books was asked about too
     later = MixtureSampler(SIZES, [(0, {"web": 1}), (3, {"code": 1})], rank=0, world_size=1)
-    assert later.which_row("web", int(later.order("web", 0)[10])) is None  # weight 0 on
+    assert later.where(int(later.order("web", 0)[10]), "web") == []  # weight 0 on
 
 
 def test_packed_sources_tokens_and_identity(tmp_path):
@@ -236,9 +236,9 @@ def test_bad_arguments_refused():
         MixtureSampler({**SIZES, "web": 0}, CHANGE, rank=0, world_size=1)
     s = MixtureSampler(SIZES, CHANGE, rank=0, world_size=1)
     with pytest.raises(PacktoolError, match="no source 'news'"):
-        s.which_row("news", 0)
+        s.where(0, "news")
     with pytest.raises(PacktoolError, match="row must be an integer 0..40"):
-        s.which_row("books", 41)
+        s.where(41, "books")
 
 
 def test_states_of_another_mixture_refused_by_name():
@@ -352,7 +352,7 @@ def test_which_and_ledger_far_out_answer_without_replay_and_agree_after_a_resume
         ledger = s.ledger(10**12)
         assert ledger["books"]["rows"] == rows * 3 // 10
         assert ledger["web"]["rows"] == 32 * 20 * 7 // 10 + rows // 4
-        assert len(s.which_step(10**12)) == 4
+        assert len(s.which(10**12)) == 4
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -369,10 +369,10 @@ def test_which_and_ledger_far_out_answer_without_replay_and_agree_after_a_resume
         taken = {n: state["sources"][n]["epoch"] * SIZES[n] + state["sources"][n]["position"]
                  for n in SIZES}
         for k in range(len(ranks[0])):
-            assert s.which_step(15 + k) == [ranks[r][k] for r in range(3)]
+            assert s.which(15 + k) == [ranks[r][k] for r in range(3)]
             for r in range(3):
                 for src, row in ranks[r][k]:
-                    assert s.which_row(src, row, taken[src] // SIZES[src]) == (15 + k, r)
+                    assert s.where(row, src, taken[src] // SIZES[src]) == [(15 + k, r)]
                     taken[src] += 1
         if kw["exhausted"] == "stop":
             assert len(ranks[0]) < 65

@@ -122,7 +122,7 @@ def test_every_epoch_a_permutation_and_places_where_steps_yield(data):
         assert len(left) == n % g
     else:
         assert set(taken) == set(range(n)) and not left and len(taken) - n < g
-    assert all(s.places(p) == sorted(where.get(p, [])) for p in range(n))
+    assert all(s.where(p) == sorted(where.get(p, [])) for p in range(n))
     cls = s.classes
     for k in range(s.n_steps):
         before = [p for r in ranks for b in r[:k] for p in b]
@@ -146,7 +146,7 @@ def test_first_step_of_250m_packs_allocates_under_64mb():
         t = PackSampler(n, rank=5, world_size=6, batch_size=2, seed=1)
         t.load_state_dict(state)
         resumed = next(t.steps())
-        where = s.places(first[0])
+        where = s.where(first[0])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -201,7 +201,7 @@ def test_stored_cost_classes_deal_as_the_costs_do(tmp_path):
     assert sum(ds.read) <= 2 * (1 << 16)  # one chunk of steps, never every pack
     assert first == next(plain.steps())
     assert np.array_equal(stored.global_schedule(), plain.global_schedule())
-    assert all(stored.places(p) == plain.places(p) for p in range(0, 500, 7))
+    assert all(stored.where(p) == plain.where(p) for p in range(0, 500, 7))
     state = plain.state_dict(20) | {"costs_sha256": "f" * 16, "balance": "attention"}
     stored.load_state_dict(state)
     assert list(stored.steps())[0] == plain.global_schedule()[20, 1].tolist()
@@ -416,9 +416,10 @@ def test_elastic_resume_every_pack_once(data):
 
 @pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_schedule_row_is_the_schedules_row(balanced, drop_last):
-    """``schedule_row`` (what ``which`` uses: one step balanced, not the epoch) is exactly that
-    row of the whole epoch's schedule, fresh and after an elastic resume."""
+def test_which_is_the_schedules_row(balanced, drop_last):
+    """``which(step)`` (what ``packtool which`` uses: one step balanced, not the epoch) is
+    exactly that row of the whole epoch's schedule, fresh and after an elastic resume (steps
+    counted from the epoch's start)."""
     costs = np.random.default_rng(1).lognormal(0, 1.5, 203) if balanced else None
     s = PackSampler(203, rank=0, world_size=4, batch_size=3, balance=costs, seed=2,
                     drop_last=drop_last)
@@ -428,7 +429,7 @@ def test_schedule_row_is_the_schedules_row(balanced, drop_last):
         sched = s.global_schedule(epoch)
         assert len(sched) == s.steps_in(epoch)
         for i in range(len(sched)):
-            assert np.array_equal(fresh.schedule_row(epoch, i), sched[i])
+            assert np.array_equal(fresh.which(i, epoch), sched[i])
     r = PackSampler(203, rank=1, world_size=2, batch_size=2, balance=costs, seed=2,
                     drop_last=drop_last)
     r.load_state_dict(s.state_dict(5))
@@ -436,9 +437,12 @@ def test_schedule_row_is_the_schedules_row(balanced, drop_last):
                        drop_last=drop_last)
     rows.load_state_dict(s.state_dict(5))
     sched = r.global_schedule(0)
-    assert all(np.array_equal(rows.schedule_row(0, i), sched[i]) for i in range(len(sched)))
-    with pytest.raises(IndexError):
-        rows.schedule_row(0, len(sched))
+    first = rows.first_step(0)
+    assert first > 0
+    assert all(np.array_equal(rows.which(first + i, 0), sched[i]) for i in range(len(sched)))
+    for outside in (first - 1, first + len(sched)):
+        with pytest.raises(IndexError):
+            rows.which(outside, 0)
 
 
 def test_elastic_two_to_three_and_one():
@@ -561,7 +565,7 @@ def test_stored_cost_classes_give_the_computed_schedule(corpus_dir, world, batch
     for e in (0, 1):
         assert np.array_equal(stored.global_schedule(e), computed.global_schedule(e))
     for pack in range(0, len(packed), 7):
-        assert stored.places(pack, 1) == computed.places(pack, 1)
+        assert stored.where(pack, 1) == computed.where(pack, 1)
     full = [list(b) for b in sampler(packed).steps()]
     resumed = sampler(Unstored(packed))
     resumed.load_state_dict(stored.state_dict(3))
@@ -828,3 +832,87 @@ def test_one_class_per_public_name():
             if isinstance(obj, type) and obj.__module__.startswith("packtool"):
                 names.setdefault(name, set()).add(obj)
     assert all(len(v) == 1 for v in names.values()), names
+    by_class = {}
+    for name, objs in names.items():
+        for obj in objs:
+            by_class.setdefault(obj, set()).add(name)
+    assert all(len(v) == 1 for v in by_class.values()), by_class  # no class under two names
+    assert issubclass(packtool.torch.PackBatchSampler, packtool.train.Sampler)
+    assert issubclass(packtool.train.MixtureSampler, packtool.train.Sampler)
+
+
+def test_a_rule_is_a_value_the_call_forms_name():
+    """``PackSampler(n, batch_size=b, ...)`` is ``Sampler(n, rule=FixedPacks(b, ...))``:
+    the same steps, the same state, each loads the other's; and a new step rule is one class
+    answering the sampler's questions (here: packs in order, G a step), with iteration,
+    which/where, the handed-out count and the state envelope coming from Sampler."""
+    from packtool.train import FixedPacks, Sampler
+
+    a = PackSampler(90, rank=1, world_size=3, batch_size=2, seed=4, drop_last=False)
+    b = Sampler(90, rule=FixedPacks(2, drop_last=False), rank=1, world_size=3, seed=4)
+    assert list(a.steps()) == list(b.steps()) and a.state_dict(4) == b.state_dict(4)
+    b.load_state_dict(a.state_dict(7))
+    assert b.start_step == 7 and b.which(7) == a.which(7)
+
+    class InOrder:  # a rule: the packs in order, world_size x batch a step
+        name, per_epoch = "in-order", True
+
+        def __init__(self, batch):
+            self.batch = batch
+
+        def counts(self, n):
+            return (("n_packs", n, 1),)
+
+        def bind(self, s, n):
+            self.s, self.g = s, s.world_size * self.batch
+            self.n = n
+
+        def first_step(self, epoch):
+            return 0
+
+        def steps_in(self, epoch):
+            return self.n // self.g
+
+        def rows(self, epoch, step):
+            at = step * self.g
+            return [list(range(at + r * self.batch, at + (r + 1) * self.batch))
+                    for r in range(self.s.world_size)]
+
+        def deal(self, epoch, start, until):
+            for step in range(start, self.steps_in(epoch) if until is None else until):
+                yield self.rows(epoch, step)[self.s.rank]
+
+        def places(self, row, epoch, source):
+            step, slot = divmod(row, self.g)
+            return [(step, slot // self.batch)] if step < self.steps_in(epoch) else []
+
+        def left_out(self, epoch):
+            return np.arange(self.steps_in(epoch) * self.g, self.n)
+
+        def items(self, epoch, start):
+            return (self.steps_in(epoch) - start) * self.batch
+
+        def new_epoch(self):
+            pass
+
+        def fields(self, epoch, step, roll):
+            return {"epoch": epoch + roll, "step": 0 if roll else step}
+
+        def load(self, state):
+            return state["epoch"], state["step"]
+
+    s = Sampler(23, rule=InOrder(2), rank=1, world_size=2)
+    assert list(s.steps()) == [[2, 3], [6, 7], [10, 11], [14, 15], [18, 19]]
+    assert s.which(2) == [[8, 9], [10, 11]] and s.where(11) == [(2, 1)]
+    assert s.left_out().tolist() == [20, 21, 22] and len(s) == 10
+    it = iter(s)
+    next(it)
+    assert s.state_dict()["step"] == 0  # a step counts once its last row is handed out
+    next(it)
+    state = s.state_dict()
+    assert state["rule"] == "in-order" and state["step"] == 1
+    t = Sampler(23, rule=InOrder(2), rank=1, world_size=2)
+    t.load_state_dict(state)
+    assert list(t) == [6, 7, 10, 11, 14, 15, 18, 19]
+    with pytest.raises(PacktoolError, match="rank must be in 0..1"):
+        Sampler(23, rule=InOrder(2), rank=2, world_size=2)

@@ -251,7 +251,7 @@ def test_mixture_step_and_record_name_each_source_as_the_sampler_yields(tmp_path
     steps = json.loads(r.output)["steps"]
     assert {s["source"] for s in steps} == {"web", "code"}  # both packed from one corpus
     for s in steps:
-        assert (s["step"], s["rank"]) == sampler.which_row(s["source"], s["pack"], 0)
+        assert [(s["step"], s["rank"])] == sampler.where(s["pack"], s["source"], 0)
     text = CliRunner().invoke(cli, args + ["--step", "0"]).output
     assert "web row" in text or "code row" in text
     base = ["which", f"web={paths['web']}", f"code={paths['code']}"]

@@ -66,43 +66,30 @@ def which(paths, epoch, step, rank, record, world_size, batch_size, seed, balanc
     """
     if (step is None) == (record is None):
         raise click.UsageError("give --step (and --epoch) or --record FILE:RECORD")
-    if schedule is not None or len(paths) > 1:
-        return _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed,
-                              balance, drop_last, tokens_per_step, schedule, exhausted, as_json)
     from ..train.which import which_record, which_step
 
-    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed,
-                    balance=None if balance == "none" else balance, drop_last=drop_last,
-                    tokens_per_step=tokens_per_step, curriculum=curriculum)
-    (path,) = local(*paths)
+    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed)
+    if schedule is not None or len(paths) > 1:  # a mixture: one sampler, another rule
+        if schedule is None:
+            raise click.UsageError("several PATHS are a mixture: give its --schedule (the "
+                                   "weights MixtureSampler ran with) and every source as NAME=DIR")
+        if balance != "none" or not drop_last or tokens_per_step is not None:
+            raise click.UsageError("--balance, --no-drop-last and --tokens-per-step are "
+                                   "PackSampler's settings; a MixtureSampler has none of them")
+        if step is not None and epoch:
+            raise click.UsageError("a mixture's --step counts from the run's start (sources "
+                                   "start their epochs at different steps): drop --epoch")
+        named = run(parse_sources, paths)
+        path = dict(zip(named, local(*named.values()), strict=True))
+        settings.update(exhausted=exhausted, schedule=run(parse_schedule, schedule))
+    else:
+        (path,) = local(*paths)
+        settings.update(balance=None if balance == "none" else balance, drop_last=drop_last,
+                        tokens_per_step=tokens_per_step, curriculum=curriculum)
     if record is not None:
         result = run(which_record, path, record, epoch, **settings)
     else:
         result = run(which_step, path, epoch, step, rank, **settings)
-    emit(result, as_json, False)
-
-
-def _which_mixture(paths, epoch, step, rank, record, world_size, batch_size, seed, balance,
-                   drop_last, tokens_per_step, schedule, exhausted, as_json):
-    from ..train.which import which_mixture_record, which_mixture_step
-
-    if schedule is None:
-        raise click.UsageError("several PATHS are a mixture: give its --schedule (the weights "
-                               "MixtureSampler ran with) and every source as NAME=DIR")
-    if balance != "none" or not drop_last or tokens_per_step is not None:
-        raise click.UsageError("--balance, --no-drop-last and --tokens-per-step are "
-                               "PackSampler's settings; a MixtureSampler has none of them")
-    named = run(parse_sources, paths)
-    named = dict(zip(named, local(*named.values()), strict=True))
-    plan = run(parse_schedule, schedule)
-    settings = dict(world_size=world_size, batch_size=batch_size, seed=seed, exhausted=exhausted)
-    if record is not None:
-        result = run(which_mixture_record, named, plan, record, epoch, **settings)
-    else:
-        if epoch:
-            raise click.UsageError("a mixture's --step counts from the run's start (sources "
-                                   "start their epochs at different steps): drop --epoch")
-        result = run(which_mixture_step, named, plan, step, rank, **settings)
     emit(result, as_json, False)
 
 

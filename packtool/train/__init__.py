@@ -1,11 +1,12 @@
 """The training side: what a trainer needs from a packed dataset once it is written.
 
-- :mod:`.sampler`: ``PackSampler``, the epoch order of packs per rank (with
-  ``tokens_per_step``, :mod:`.budget`'s token-budget steps), resumable at any world size;
-  its numpy core is the arithmetic, torch wraps it.
-- :mod:`.mixture` (:mod:`.schedule`, :mod:`.mixture_state` its state's checks):
-  ``MixtureSampler``, rows of several packed datasets per step in proportions a schedule sets
-  and may change mid-run, with a ledger and an exact resume under another schedule or shape.
+- :mod:`.sampler`: ``Sampler``, one sampler whose step rule is a value, resumable at any world
+  size, its numpy core the arithmetic (torch wraps it); the rule ``FixedPacks`` (the epoch
+  order of packs per rank: ``PackSampler``) and the rank/world-size checks.
+- :mod:`.budget`: the rule ``TokenBudget`` (``PackSampler(..., tokens_per_step=T)``).
+- :mod:`.mixture` (:mod:`.schedule`): the rule ``Mixture`` (``MixtureSampler``), rows of
+  several packed datasets per step in proportions a schedule sets and may change mid-run,
+  with a ledger and an exact resume under another schedule or shape.
 - :mod:`.state`: one state for every step rule (fixed packs, token budget, mixture) and one
   reader that refuses a forged one: counts, step and positions as the rule computes them.
 - :mod:`.cp`: ``cp_shard``, a row cut across context-parallel ranks (TE's zigzag, or balanced).
@@ -25,20 +26,19 @@
   :mod:`.prepare`: ``prepare_model``, which sets it and proves it on a packed row.
 - :mod:`.order` (:mod:`.permute`): an epoch's steps computed one at a time from a keyed
   permutation, never the epoch in memory.
-- :mod:`.budget` (:mod:`.by_length`, :mod:`.curriculum`): token-budget
-  steps (``tokens_per_step=T``): rows of one slot length a step, the length drawn by a
-  curriculum.
-- :mod:`.shape`: the rank/world-size checks every sampler shares.
+- :mod:`.by_length`, :mod:`.curriculum`: a token budget's rows of one slot length a step,
+  the length drawn by a curriculum.
 
 The cost model (:mod:`packtool.formats.packed.balance`) and the collation
 (:mod:`packtool.formats.packed.batching`) live with the packed format.
 """
 
 from ..formats.packed.batching import collate_numpy
+from .budget import TokenBudget
 from .cp import cp_shard
-from .mixture import MixtureSampler
+from .mixture import Mixture, MixtureSampler
 from .preference import dpo_loss, sequence_logps, sequence_rewards
-from .sampler import PackSampler
+from .sampler import FixedPacks, PackSampler, Sampler
 
-__all__ = ["MixtureSampler", "PackSampler", "collate_numpy", "cp_shard", "dpo_loss",
-           "sequence_logps", "sequence_rewards"]
+__all__ = ["FixedPacks", "Mixture", "MixtureSampler", "PackSampler", "Sampler", "TokenBudget",
+           "collate_numpy", "cp_shard", "dpo_loss", "sequence_logps", "sequence_rewards"]

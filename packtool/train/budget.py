@@ -44,29 +44,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PacktoolError
-from ..formats.packed.balance import balance_steps, fingerprint
+from ..formats.packed.balance import balance_steps, costs_of, fingerprint
 from .by_length import RowsByLength
 from .curriculum import curriculum_of, draw
 from .permute import ROUNDS, Feistel
-from .shape import check_shape
-from .state import check_budget_state, dataset_identity, stamp
+from .state import check_budget_state, dataset_identity
 
 MARK_EVERY = 256  # steps between remembered counts: a lookup replays at most 255 draws
-
-
-def budget_sampler(rows, tokens_per_step, curriculum, kw: dict, cls=None) -> BudgetSampler:
-    """``PackSampler(rows, tokens_per_step=T, ...)``: refuses what applies to fixed batches."""
-    if tokens_per_step is None:
-        raise PacktoolError("curriculum picks each step's slot length: give tokens_per_step=T "
-                            "too (steps of T tokens of one length), or drop curriculum")
-    for name, ok in (("batch_size", 1), ("drop_last", True), ("cost_ratio", None)):
-        if name in kw and kw.pop(name) != ok:
-            raise PacktoolError(
-                f"{name} does not apply with tokens_per_step: a step takes T / L rows of one "
-                "slot length L (dealt evenly to the ranks) and leaves out what cannot fill a "
-                f"step; drop {name}, or drop tokens_per_step for fixed batches")
-    return (cls or BudgetSampler)(rows, tokens_per_step=tokens_per_step,
-                                  curriculum="uniform" if curriculum is None else curriculum, **kw)
 
 
 def _rows_by_length(rows) -> RowsByLength:
@@ -94,12 +78,13 @@ def _rows_by_length(rows) -> RowsByLength:
     return RowsByLength(lengths)
 
 
-class BudgetSampler:
-    """This rank's row indices, step by step, with ``tokens_per_step`` token slots a global
-    step. Made by ``PackSampler(rows, ..., tokens_per_step=T)``; ``rows``: a packed dataset or
-    an array of row lengths. ``curriculum``: ``"uniform"``, ``"grow-p2"`` or a callable
-    ``step -> weights per length``. ``balance``: None, ``"attention"`` or per-row costs: the
-    rows of a step dealt so every rank's share costs alike (:func:`balance_steps`).
+class TokenBudget:
+    """The step rule of ``tokens_per_step`` token slots a global step, rows of one slot
+    length ``L`` (``T / L`` of them). ``curriculum``: ``"uniform"``, ``"grow-p2"`` or a
+    callable ``step -> weights per length``. ``balance`` (the sampler's argument): None,
+    ``"attention"`` or per-row costs: the rows of a step dealt so every rank's share costs
+    alike (:func:`balance_steps`). The sampler's ``sources``: a packed dataset or an array of
+    row lengths.
 
     >>> lengths = np.repeat([512, 1024, 4096], [300, 120, 30])
     >>> s = PackSampler(lengths, rank=0, world_size=2, tokens_per_step=8192)
@@ -111,21 +96,44 @@ class BudgetSampler:
     5
     """
 
-    def __init__(self, rows, *, rank: int, world_size: int, tokens_per_step: int,
-                 curriculum="uniform", seed: int = 0, balance=None):
-        check_shape(rank, world_size, ("tokens_per_step", tokens_per_step, 1),
-                    ("seed", seed, 0))
-        self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
-        self.tokens_per_step = int(tokens_per_step)
+    name, per_epoch = "budget", True
+
+    def __init__(self, tokens_per_step: int, curriculum="uniform", *, balance=None):
+        self.tokens_per_step, self._balance = tokens_per_step, balance
+        self.curriculum, self._weights = curriculum_of(curriculum)
+
+    @classmethod
+    def of(cls, tokens_per_step, curriculum, balance, kw: dict) -> TokenBudget:
+        """``PackSampler(rows, tokens_per_step=T, ...)``: refuses what applies to fixed
+        batches."""
+        if tokens_per_step is None:
+            raise PacktoolError("curriculum picks each step's slot length: give "
+                                "tokens_per_step=T too (steps of T tokens of one length), or "
+                                "drop curriculum")
+        for name, ok in (("batch_size", 1), ("drop_last", True), ("cost_ratio", None)):
+            if name in kw and kw.pop(name) != ok:
+                raise PacktoolError(
+                    f"{name} does not apply with tokens_per_step: a step takes T / L rows of one "
+                    "slot length L (dealt evenly to the ranks) and leaves out what cannot fill a "
+                    f"step; drop {name}, or drop tokens_per_step for fixed batches")
+        if kw:
+            raise TypeError(f"unexpected keyword argument {next(iter(kw))!r}")
+        return cls(tokens_per_step, "uniform" if curriculum is None else curriculum,
+                   balance=balance)
+
+    def counts(self, rows):
+        return (("tokens_per_step", self.tokens_per_step, 1),)
+
+    def bind(self, s, rows) -> None:
+        self.s, self.world_size, self.seed = s, s.world_size, s.seed
+        self.tokens_per_step = int(self.tokens_per_step)
         self.index = _rows_by_length(rows)
         self.lengths, self.sizes = self.index.values, self.index.sizes
         self.n_rows = int(self.sizes.sum())
         self.per_step = self._check_shape()
-        self.curriculum, self._weights = curriculum_of(curriculum)
-        self.balance, self.costs = _costs(rows, balance, self.n_rows)
+        self.balance, self.costs = costs_of(rows, self._balance, self.n_rows)
         self.fingerprint = fingerprint(self.costs)
         self.dataset = None if isinstance(rows, np.ndarray) else dataset_identity(rows)
-        self.epoch, self.start_step, self._handed = 0, 0, 0
         self._resumed = None  # (epoch, step, consumed per length) of a resume
         self._marks: dict = {}
         self._cache: dict = {}
@@ -186,23 +194,15 @@ class BudgetSampler:
 
     def _consumed_at(self, epoch: int, step: int) -> np.ndarray:
         """Rows per length consumed before ``step`` (replayed from the nearest mark)."""
-        first, consumed = self._origin(epoch)
+        first = self._origin(epoch)[0]
         if step < first:
             raise PacktoolError(f"step {step} of epoch {epoch} comes before step {first}, where "
                                 "this sampler resumed: ask a sampler that did not resume")
-        marks = [s for s in self._marks.get(epoch, {}) if first <= s <= step]
-        at = max(marks, default=first)
-        if marks:
-            consumed = np.array(self._marks[epoch][at], np.int64)
-        while at < step:
-            k = self._next(epoch, at, consumed)
-            if k is None:
-                break
-            consumed = consumed.copy()
-            consumed[k] += self.per_step[k]
-            at += 1
-            self._mark(epoch, at, consumed)
-        return consumed
+        at = max((s for s in self._marks.get(epoch, {}) if first <= s <= step), default=None)
+        mark = None if at is None else (at, np.array(self._marks[epoch][at], np.int64))
+        for at, consumed, k in self._walk(epoch, mark):
+            if at == step or k is None:
+                return consumed
 
     def _mark(self, epoch: int, step: int, consumed: np.ndarray) -> None:
         if step % MARK_EVERY == 0:
@@ -223,50 +223,49 @@ class BudgetSampler:
 
     # ------------------------------------------------------------------ the schedule
 
-    def first_step(self, epoch: int | None = None) -> int:
+    def first_step(self, epoch: int) -> int:
         """0, or the step where a resume began ``epoch``."""
-        return self._origin(self.epoch if epoch is None else int(epoch))[0]
+        return self._origin(epoch)[0]
 
-    def steps_in(self, epoch: int | None = None) -> int:
-        """Steps every rank takes in ``epoch`` (counted from its start)."""
-        first, consumed = self._origin(self.epoch if epoch is None else int(epoch))
+    def steps_in(self, epoch: int) -> int:
+        first, consumed = self._origin(epoch)
         return first + int(((self.sizes - consumed) // self.per_step).sum())
 
-    @property
-    def n_steps(self) -> int:
-        return self.steps_in(self.epoch)
-
-    def schedule_row(self, epoch: int, step: int) -> np.ndarray:
-        """Every rank's rows of ``step`` of ``epoch``: [world_size, T / L / world_size]."""
-        epoch, step = int(epoch), int(step)
-        if not self.first_step(epoch) <= step < self.steps_in(epoch):
+    def rows(self, epoch: int, step: int) -> list[list[int]]:
+        """Every rank's rows of ``step``: [world_size][T / L / world_size]."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or not self.first_step(epoch) <= step < self.steps_in(epoch):
             raise IndexError(f"step {step} of {self.steps_in(epoch)}")
-        consumed = self._consumed_at(epoch, step)
-        return self._deal(epoch, consumed, self._next(epoch, step, consumed))
+        consumed = self._consumed_at(epoch, int(step))
+        return self._deal(epoch, consumed, self._next(epoch, int(step), consumed)).tolist()
 
-    def _walk(self, epoch: int):
-        """(step, consumed before it, its length index) of every step from the first."""
-        step, consumed = self._origin(epoch)
+    def _walk(self, epoch: int, start: tuple | None = None):
+        """(step, rows consumed before it, its length index) of every step from ``start``
+        ((step, consumed); the epoch's first), then (the epoch's end, consumed, None)."""
+        step, consumed = start or self._origin(epoch)
         while (k := self._next(epoch, step, consumed)) is not None:
             yield step, consumed, k
             consumed = consumed.copy()
             consumed[k] += self.per_step[k]
             step += 1
+            self._mark(epoch, step, consumed)
+        yield step, consumed, None
 
     def step_lengths(self, epoch: int | None = None) -> np.ndarray:
         """The slot length of every step of ``epoch`` from its first step."""
-        epoch = self.epoch if epoch is None else int(epoch)
-        return np.array([int(self.lengths[k]) for _, _, k in self._walk(epoch)], np.int64)
+        epoch = self.s.epoch if epoch is None else int(epoch)
+        return np.array([self.lengths[k] for _, _, k in self._walk(epoch) if k is not None],
+                        np.int64)
 
     def global_schedule(self, epoch: int | None = None) -> list[np.ndarray]:
         """Every step's [world_size, rows a rank] from the epoch's first step (for tests)."""
-        epoch = self.epoch if epoch is None else int(epoch)
-        return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch)]
+        epoch = self.s.epoch if epoch is None else int(epoch)
+        return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch) if k is not None]
 
-    def places(self, row: int, epoch: int | None = None) -> list[tuple[int, int]]:
+    def places(self, row: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:
         """[(step, rank)] where ``epoch`` takes ``row``: one, or none (left out, or consumed
         before the resume)."""
-        epoch, row = self.epoch if epoch is None else int(epoch), int(row)
+        epoch, row = self.s.epoch if epoch is None else int(epoch), int(row)
         if not 0 <= row < self.n_rows:
             raise PacktoolError(f"row {row} is not one of the {self.n_rows:,} rows")
         k, local = self.index.locate(row)
@@ -281,10 +280,9 @@ class BudgetSampler:
                 return [(step, int(np.argwhere(dealt == row)[0][0]))]
         return []  # a curriculum that refuses first raises instead
 
-    def left_out(self, epoch: int | None = None) -> np.ndarray:
-        """Rows of ``epoch`` no step takes: per length, the last ``left % (T / L)`` of what was
-        left to deal (fewer than a step)."""
-        epoch = self.epoch if epoch is None else int(epoch)
+    def left_out(self, epoch: int) -> np.ndarray:
+        """Per length, the last ``left % (T / L)`` of what was left to deal (fewer than a
+        step)."""
         _, consumed = self._origin(epoch)
         perms, out = self._keyed(epoch)[1], []
         for k, (m, r) in enumerate(zip(self.sizes.tolist(), self.per_step.tolist(),
@@ -294,67 +292,34 @@ class BudgetSampler:
             out.append(self.index.select(k, perms[k].perm(np.arange(start, m))))
         return np.sort(np.concatenate(out))
 
-    # ------------------------------------------------------------------ iteration
+    # ------------------------------------------------------------------ iteration and state
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for ``epoch``; changing the epoch drops a pending resume."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise PacktoolError(f"epoch must be an integer >= 0, got {epoch!r}")
-        if int(epoch) != self.epoch:
-            self.start_step = self._handed = 0
-            self._resumed = None
-        self.epoch = int(epoch)
+    def new_epoch(self) -> None:
+        self._resumed = None
 
-    def steps(self):
-        """This rank's rows (lists of ``T / L / world_size`` indices), step by step from the
-        resume point to the epoch's end, one step computed at a time."""
-        epoch, step = self.epoch, self.start_step
-        consumed = self._consumed_at(epoch, step)
-        self.start_step = self._handed = self.first_step()
-        while (k := self._next(epoch, step, consumed)) is not None:
-            mine = self._deal(epoch, consumed, k)[self.rank].tolist()
-            consumed = consumed.copy()
-            consumed[k] += self.per_step[k]
-            step += 1
-            self._mark(epoch, step, consumed)
-            self._handed = step  # before the yield: a snapshot after it counts the step
-            yield mine
+    def deal(self, epoch: int, start: int, until: int | None):
+        """This rank's rows (lists of ``T / L / world_size`` indices), one step at a time."""
+        for step, consumed, k in self._walk(epoch, (start, self._consumed_at(epoch, start))):
+            if k is None or (until is not None and step >= until):
+                return
+            yield self._deal(epoch, consumed, k)[self.s.rank].tolist()
 
-    def __iter__(self):
-        for batch in self.steps():
-            yield from batch
-
-    def __len__(self) -> int:
-        """Row indices the next iteration yields (known without drawing: every length gives
-        ``left // (T / L)`` steps of ``T / L / world_size`` rows a rank)."""
-        consumed = self._consumed_at(self.epoch, self.start_step)
-        full = (self.sizes - consumed) // self.per_step
+    def items(self, epoch: int, start: int) -> int:
+        """Known without drawing: every length gives ``left // (T / L)`` steps of ``T / L /
+        world_size`` rows a rank."""
+        full = (self.sizes - self._consumed_at(epoch, start)) // self.per_step
         return int((full * (self.per_step // self.world_size)).sum())
 
-    # ------------------------------------------------------------------ state
-
-    def state_dict(self, step: int | None = None) -> dict:
-        """Where to resume, as JSON-ready plain data. ``step``: steps of the epoch the training
-        loop has finished (``n_steps``: step 0 of the next epoch); without it, the steps
-        ``steps()`` has handed out (torchdata's ``Stateful`` protocol). Records the rows
-        consumed per length and what defines the orders (seed, rows per length, costs,
-        dataset); world size, ``tokens_per_step``, curriculum and balance may change."""
-        first, n = self.first_step(), self.n_steps
-        roll = step is not None
-        step = max(self._handed, self.start_step) if step is None else step
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or not first <= step <= n:
-            raise PacktoolError(f"step must be {first}..{n} (steps of epoch {self.epoch}"
-                                f"{' after the resume' if first else ''}), got {step!r}")
-        epoch, step = self.epoch, int(step)
-        consumed = self._consumed_at(epoch, step)
-        at = self._origin(epoch)[1]
-        if step == n and roll:
+    def fields(self, epoch: int, step: int, roll: bool) -> dict:
+        """The rows consumed per length and what defines the orders (seed, rows per length,
+        costs, dataset); world size, ``tokens_per_step``, curriculum and balance may change."""
+        consumed, (first, at) = self._consumed_at(epoch, step), self._origin(epoch)
+        if roll:
             epoch, step, consumed, first, at = epoch + 1, 0, np.zeros_like(consumed), 0, 0 * at
         names = [str(v) for v in self.lengths.tolist()]
         origin = {"step": first, "tokens": int((at * self.lengths).sum()),
                   "consumed": dict(zip(names, at.tolist(), strict=True))}
-        return stamp("budget", {"epoch": epoch,
+        return {"epoch": epoch,
                 "step": step, "consumed": dict(zip(names, consumed.tolist(), strict=True)),
                 "remaining": self.n_rows - int(consumed.sum()),
                 "origin": origin,
@@ -362,35 +327,13 @@ class BudgetSampler:
                 "curriculum": self.curriculum, "seed": self.seed,
                 "rows": dict(zip(names, self.sizes.tolist(), strict=True)),
                 "balance": self.balance, "costs_sha256": self.fingerprint,
-                "dataset": self.dataset})
+                "dataset": self.dataset}
 
-    def load_state_dict(self, state) -> None:
-        """Resume from ``state`` (of any rank, world size, ``tokens_per_step`` or curriculum):
-        the next iteration deals what the epoch has left. Refused by name: a malformed state,
-        a fixed-length PackSampler's state, another seed, other rows per length or dataset, a
-        step that disagrees with the rows consumed, rows consumed that the draws from the
-        state's origin do not give."""
+    def load(self, state) -> tuple[int, int]:
+        """Refused by name: a malformed state, a fixed-length PackSampler's state, another
+        seed, other rows per length or dataset, a step that disagrees with the rows consumed,
+        rows consumed that the draws from the state's origin do not give."""
         epoch, step, consumed = check_budget_state(state, self)
-        self.epoch = epoch
         self._resumed = (epoch, step, consumed) if step else None
         self._marks = {}
-        self.start_step = self._handed = step
-
-
-def _costs(rows, balance, n: int):
-    """(balance as the state records it, per-row costs or None)."""
-    if balance is None:
-        return None, None
-    if isinstance(balance, str):
-        if balance != "attention":
-            raise PacktoolError(f"balance must be None, 'attention' or an array of per-row "
-                                f"costs, got {balance!r}")
-        if not hasattr(rows, "attention_costs"):
-            raise PacktoolError("balance='attention' reads segment lengths from a packed "
-                                "dataset: pass open_packed(dir), or balance=<per-row costs>")
-        return "attention", np.asarray(rows.attention_costs(), np.float64)
-    costs = np.asarray(balance, np.float64)
-    if costs.shape != (n,) or not np.isfinite(costs).all() or (costs < 0).any():
-        raise PacktoolError(f"balance costs must be {n:,} finite numbers >= 0 (one per row), "
-                            f"got shape {costs.shape}")
-    return "costs", costs
+        return epoch, step

@@ -38,10 +38,9 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import PacktoolError
-from .mixture_state import check_mixture_state
+from .sampler import Sampler
 from .schedule import Segment, check_schedule, counts_after, deal, least_step
-from .shape import check_shape
-from .state import stamp
+from .state import check_mixture_state
 
 EXHAUSTED = ("next_epoch", "stop")
 
@@ -96,53 +95,46 @@ class Source:
         return epoch * int(lengths.sum()) + int(lengths[order[:pos]].sum())
 
 
-class MixtureSampler:
-    """This rank's ``(source, row)`` pairs, step by step, over several packed datasets.
+class Mixture:
+    """The step rule of rows of several packed datasets (the sampler's sources: {name: packed
+    dataset or row count}). ``schedule``: ``[(step, {name: weight}), ...]`` (see
+    :mod:`packtool.train.schedule`), or one dict for the whole run. ``batch_size``: rows per
+    rank per step. ``exhausted``: ``"next_epoch"`` (a source used up starts its next epoch)
+    or ``"stop"``. ``seq_len``: tokens per row for the ledger of a source given as a row
+    count. Steps count from the run's start: the sources keep epochs of their own."""
 
-    ``datasets``: {name: packed dataset or row count}. ``schedule``: ``[(step, {name:
-    weight}), ...]`` (see :mod:`packtool.train.schedule`), or one dict for the whole run.
-    ``batch_size``: rows per rank per step. ``exhausted``: ``"next_epoch"`` (a source used up
-    starts its next epoch) or ``"stop"``. ``seq_len``: tokens per row for the ledger of a
-    source given as a row count.
+    name, per_epoch = "mixture", False
 
-    >>> s = MixtureSampler({"web": 700, "code": 300}, {"web": 0.7, "code": 0.3}, rank=0,
-    ...                    world_size=2, batch_size=5)
-    >>> batches = list(s.steps(until=10))          # 10 lists of 5 (source, row) pairs
-    >>> s.ledger(10)["web"]["rows"]                 # 70 of the 100 rows, to the row
-    70
-    >>> state = s.state_dict(step=4)                # after the loop finished 4 steps
-    >>> t = MixtureSampler({"web": 700, "code": 300}, {"web": 0.5, "code": 0.5}, rank=0,
-    ...                    world_size=1, batch_size=3)
-    >>> t.load_state_dict(state); t.start_step     # 50/50 from step 4 on, 3 rows a step
-    4
-    """
+    def __init__(self, schedule, batch_size: int = 1, *, exhausted: str = "next_epoch",
+                 seq_len: int | None = None):
+        if exhausted not in EXHAUSTED:
+            raise PacktoolError(f"exhausted must be 'next_epoch' (a source used up starts its "
+                                f"next epoch) or 'stop', got {exhausted!r}")
+        self.schedule, self.batch_size, self.exhausted = schedule, batch_size, exhausted
+        self.seq_len = seq_len
 
-    def __init__(self, datasets, schedule, *, rank: int, world_size: int, batch_size: int = 1,
-                 seed: int = 0, exhausted: str = "next_epoch", seq_len: int | None = None):
+    def counts(self, datasets):
         if not isinstance(datasets, Mapping) or not datasets:
             raise PacktoolError(f"datasets must be a non-empty dict {{source name: packed "
                                 f"dataset or row count}}, got {type(datasets).__name__}")
         bad = [n for n in datasets if not isinstance(n, str) or not n]
         if bad:
             raise PacktoolError(f"source names must be non-empty strings, got {bad[0]!r}")
-        _check_shape(rank, world_size, batch_size, seed)
-        if exhausted not in EXHAUSTED:
-            raise PacktoolError(f"exhausted must be 'next_epoch' (a source used up starts its "
-                                f"next epoch) or 'stop', got {exhausted!r}")
+        return (("batch_size", self.batch_size, 1),)
+
+    def bind(self, s, datasets) -> None:
+        self.s, self.seed, self.world_size = s, s.seed, s.world_size
         self.names = sorted(datasets)
-        self.sources = [Source(n, datasets[n], seq_len) for n in self.names]
-        self.rank, self.world_size, self.batch_size = int(rank), int(world_size), int(batch_size)
+        self.sources = [Source(n, datasets[n], self.seq_len) for n in self.names]
+        self.batch_size = int(self.batch_size)
         self.global_batch = self.world_size * self.batch_size
-        self.seed, self.exhausted = int(seed), exhausted
-        self.segments: list[Segment] = check_schedule(schedule, self.names)
+        self.segments: list[Segment] = check_schedule(self.schedule, self.names)
         zeros = (0,) * len(self.names)
         self._begin(Cursor(0, 0, 0, zeros, zeros, zeros))
         self._orders: dict = {}
 
     def _begin(self, origin: Cursor) -> None:
-        self.start_step = origin.step
         self._origin = origin
-        self._handed = origin.step  # steps this sampler's steps() has handed out
         n = [src.n for src in self.sources]
         self._total0 = tuple(_stream(e, p, n_) for e, p, n_ in zip(origin.epoch, origin.pos, n,
                                                                     strict=True))
@@ -217,9 +209,9 @@ class MixtureSampler:
         """The cursor before ``step`` (>= start_step), computed, not replayed: per schedule
         segment the rows it dealt (:func:`.schedule.counts_after`), O(segments) for any step."""
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or step < self.start_step:
-            raise PacktoolError(f"step must be an integer >= {self.start_step:,} (the first "
-                                "step of this sampler" + (", where it resumed" if self.start_step
+                or step < self._origin.step:
+            raise PacktoolError(f"step must be an integer >= {self._origin.step:,} (the first "
+                                "step of this sampler" + (", where it resumed" if self._origin.step
                                                           else "") + f"), got {step!r}")
         step = int(step)
         if self.exhausted == "stop" and step > self._stop_step():
@@ -253,7 +245,7 @@ class MixtureSampler:
     def _stop_step(self) -> int:
         """exhausted="stop": the first step that needs a row past a source's epoch."""
         if self._stop is None:
-            self._stop = least_step(self.start_step, lambda s: any(
+            self._stop = least_step(self._origin.step, lambda s: any(
                 t > lim for t, lim in zip(self._total(s + 1), self._limit, strict=True)))
         return self._stop
 
@@ -265,23 +257,35 @@ class MixtureSampler:
         return (f"{what} is past the sampler's last step: it stops before step {cur.step:,} "
                 f"(exhausted='stop'): {'; '.join(short)}; use exhausted='next_epoch' to go on")
 
-    def steps(self, until: int | None = None):
-        """This rank's rows, step by step from ``start_step`` (to ``until``, exclusive; with
-        ``exhausted="next_epoch"`` and no ``until`` the stream never ends): lists of
-        ``batch_size`` (source name, row) pairs."""
-        cur = self._cursor_at(self.start_step)
-        self._handed = cur.step
-        lo = self.rank * self.batch_size
+    def first_step(self, epoch: int) -> int:
+        return self._origin.step
+
+    def steps_in(self, epoch: int) -> None:
+        return None  # with exhausted="stop" the stream ends where a source runs out
+
+    def new_epoch(self) -> None:
+        pass
+
+    def left_out(self, epoch: int) -> np.ndarray:
+        return np.zeros(0, np.int64)  # every source's rows come in its own epochs, in full
+
+    def items(self, epoch: int, start: int) -> int:
+        raise TypeError("a mixture's stream has no length: iterate with steps(until=N)")
+
+    def deal(self, epoch: int, start: int, until: int | None):
+        """This rank's lists of ``batch_size`` (source name, row) pairs from ``start``; with
+        ``exhausted="next_epoch"`` and no ``until`` the stream never ends."""
+        cur = self._cursor_at(start)
+        lo = self.s.rank * self.batch_size
         while until is None or cur.step < until:
             nxt = self._advance(cur)
             if nxt is None:
                 return
             cur, pairs = nxt
-            self._handed = cur.step  # before the yield: a snapshot after it counts the step
             yield [(self.names[i], r) for i, r in pairs[lo:lo + self.batch_size]]
 
-    def which_step(self, step: int) -> list[list[tuple[str, int]]]:
-        """Every rank's (source, row) pairs of global step ``step``."""
+    def rows(self, epoch: int, step: int) -> list[list[tuple[str, int]]]:
+        """Every rank's (source, row) pairs of global ``step`` (from the run's start)."""
         nxt = self._advance(self._cursor_at(step))
         if nxt is None:
             raise PacktoolError(self._stopped(self._cursor_at(step), f"step {step:,}"))
@@ -289,10 +293,13 @@ class MixtureSampler:
         return [[(self.names[i], r) for i, r in nxt[1][k * b:(k + 1) * b]]
                 for k in range(self.world_size)]
 
-    def which_row(self, source: str, row: int, epoch: int = 0) -> tuple[int, int] | None:
-        """(step, rank) that takes row ``row`` of source ``source`` in its epoch ``epoch``;
-        None when the sampler never does (it stops first, or the source's weight is 0 from
-        some point on before it)."""
+    def places(self, row: int, epoch: int, source: str | None) -> list[tuple[int, int]]:
+        """[(step, rank)] that takes row ``row`` of ``source`` in its epoch ``epoch``; none
+        when the sampler never does (it stops first, or the source's weight is 0 from some
+        point on before it)."""
+        if source is None:
+            raise PacktoolError(f"a mixture's row is a row of one source: name it (one of "
+                                f"{', '.join(self.names)})")
         i = self._index(source)
         n = self.sources[i].n
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < n:
@@ -300,20 +307,20 @@ class MixtureSampler:
                                 f"{row!r}")
         order = self.order(source, epoch)
         at = int(epoch) * n + int(np.flatnonzero(order == row)[0])  # its place in the stream
-        if self._total(self.start_step)[i] > at:
+        if self._total(self._origin.step)[i] > at:
             raise PacktoolError(f"row {row} of {source} (epoch {epoch}) was taken before step "
-                                f"{self.start_step:,}, where this sampler resumed; ask a sampler "
+                                f"{self._origin.step:,}, where this sampler resumed; ask a sampler "
                                 "that did not resume")
-        last = max(self.segments[-1].start, self.start_step)
+        last = max(self.segments[-1].start, self._origin.step)
         if not self.segments[-1].shares[i] and self._total(last)[i] <= at:
-            return None  # weight 0 from there on: never
-        step = least_step(self.start_step, lambda s: self._total(s + 1)[i] > at)
+            return []  # weight 0 from there on: never
+        step = least_step(self._origin.step, lambda s: self._total(s + 1)[i] > at)
         if self.exhausted == "stop" and step >= self._stop_step():
-            return None
+            return []
         cur = self._at(step)
         k = at - _stream(cur.epoch[i], cur.pos[i], n)  # the step's k-th row of source i
         slot = [j for j, (src, _) in enumerate(self._advance(cur)[1]) if src == i][k]
-        return step, slot // self.batch_size
+        return [(step, slot // self.batch_size)]
 
     # ------------------------------------------------------------------ the ledger
 
@@ -333,17 +340,15 @@ class MixtureSampler:
 
     # ------------------------------------------------------------------ state
 
-    def state_dict(self, step: int | None = None) -> dict:
-        """Where to resume, as JSON-ready plain data. ``step``: steps the training loop has
-        finished (counted from step 0 of the run); without it, the steps ``steps()`` has
-        handed out (torchdata's ``Stateful`` protocol)."""
-        step = max(self._handed, self.start_step) if step is None else step
+    def fields(self, epoch: int, step: int, roll: bool) -> dict:
+        """Per source its identity and position (epoch, rows of it taken), the schedule's
+        segment and its counters, and the origin (step, rows) where this sampler began."""
         cur = self._cursor_at(step)
         seg = self.segments[cur.seg]
         total = [_stream(e, p, src.n) for e, p, src in zip(cur.epoch, cur.pos, self.sources,
                                                             strict=True)]
         rows0 = sum(self._total0)
-        return stamp("mixture", {"step": cur.step,
+        return {"step": cur.step,
                 "world_size": self.world_size, "batch_size": self.batch_size,
                 "seed": self.seed, "exhausted": self.exhausted,
                 "segment": {"start": seg.start, "weights": _weights_json(seg, self.names),
@@ -351,16 +356,15 @@ class MixtureSampler:
                             "counts": dict(zip(self.names, cur.counts, strict=True)),
                             "positions": {n: t - c for n, t, c in zip(
                                 self.names, total, cur.counts, strict=True)}},
-                "origin": {"step": self.start_step, "rows": rows0},
+                "origin": {"step": self._origin.step, "rows": rows0},
                 "sources": {s.name: {**s.identity, "n_rows": s.n, "epoch": cur.epoch[i],
                                      "position": cur.pos[i]}
-                            for i, s in enumerate(self.sources)}})
+                            for i, s in enumerate(self.sources)}}
 
-    def load_state_dict(self, state) -> None:
-        """Resume from ``state`` (from :meth:`state_dict`, of any rank, world size, batch size
-        or schedule): every source goes on from its position. Refused by name: a malformed
-        state, another format or version, another seed, other sources (by name, or a source
-        whose identity differs)."""
+    def load(self, state) -> tuple[None, int]:
+        """Every source goes on from its position. Refused by name: a malformed state,
+        another format or version, another seed, other sources (by name, or a source whose
+        identity differs)."""
         step, seg, taken, counts, epoch, pos = check_mixture_state(state, self)
         mine = max(k for k, s in enumerate(self.segments) if s.start <= step)
         later = self.segments[mine + 1:]
@@ -372,6 +376,7 @@ class MixtureSampler:
             self.segments = [replace(self.segments[mine], start=step), *later]
             taken, counts = 0, (0,) * len(self.names)
         self._begin(Cursor(step, 0, taken, counts, epoch, pos))
+        return None, step
 
 
 def _stream(epoch: int, pos: int, n: int) -> int:
@@ -394,5 +399,24 @@ def _weights_json(seg: Segment, names: list[str]) -> dict:
     return {n: str(Fraction(a, seg.total)) for n, a in zip(names, seg.shares, strict=True)}
 
 
-def _check_shape(rank, world_size, batch_size, seed) -> None:
-    check_shape(rank, world_size, ("batch_size", batch_size, 1), ("seed", seed, 0))
+class MixtureSampler(Sampler):
+    """``Sampler(datasets, rule=Mixture(schedule, batch_size, ...))``: this rank's ``(source,
+    row)`` pairs, step by step, over several packed datasets.
+
+    >>> s = MixtureSampler({"web": 700, "code": 300}, {"web": 0.7, "code": 0.3}, rank=0,
+    ...                    world_size=2, batch_size=5)
+    >>> batches = list(s.steps(until=10))          # 10 lists of 5 (source, row) pairs
+    >>> s.ledger(10)["web"]["rows"]                 # 70 of the 100 rows, to the row
+    70
+    >>> state = s.state_dict(step=4)                # after the loop finished 4 steps
+    >>> t = MixtureSampler({"web": 700, "code": 300}, {"web": 0.5, "code": 0.5}, rank=0,
+    ...                    world_size=1, batch_size=3)
+    >>> t.load_state_dict(state); t.start_step     # 50/50 from step 4 on, 3 rows a step
+    4
+    """
+
+    def __init__(self, datasets, schedule, *, rank: int, world_size: int, batch_size: int = 1,
+                 seed: int = 0, exhausted: str = "next_epoch", seq_len: int | None = None):
+        super().__init__(datasets, rule=Mixture(schedule, batch_size, exhausted=exhausted,
+                                                seq_len=seq_len),
+                         rank=rank, world_size=world_size, seed=seed)

@@ -1,5 +1,20 @@
-"""Which packs each rank reads, step by step: shuffled, rank-sharded, balanced, and resumable
-exactly, also into another world size or batch size.
+"""One sampler whose step rule is a value: ``Sampler(sources, rule=..., rank=, world_size=,
+seed=)``. The sampler owns what every rule shares (the rank and world-size checks, epochs,
+iteration, the handed-out count a ``StatefulDataLoader`` snapshots, the one state envelope,
+``which(step)``, ``where(row)``, ``left_out()``); the rule says what a step takes:
+
+- :class:`FixedPacks` (here): ``batch_size`` packs per rank a step, shuffled and balanced;
+- :class:`packtool.train.budget.TokenBudget`: ``T`` tokens a step of one slot length;
+- :class:`packtool.train.mixture.Mixture`: rows of several datasets in scheduled proportions.
+
+A rule answers the sampler's questions: the steps of an epoch (``first_step``, ``steps_in``),
+the rows of each step (``deal``, ``rows``), where a row lands (``places``), what the epoch
+leaves out, its fields of the state (``fields``) and their check (``load``). A new rule is
+one such class. ``PackSampler(...)`` and ``MixtureSampler(...)`` are the call forms that name
+the rule by its arguments.
+
+**FixedPacks**: which packs each rank reads, step by step: shuffled, rank-sharded, balanced,
+and resumable exactly, also into another world size or batch size.
 
 An epoch is one seeded permutation of the packs (its *order*), cut into global steps of
 ``G = world_size * batch_size`` packs; rank r takes ``batch_size`` of each step's packs::
@@ -64,6 +79,8 @@ whole block's cost (``attention_costs(ds, linear=12 * d)``): docs/TRAINING.md.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..errors import PacktoolError
@@ -71,71 +88,182 @@ from ..formats.packed.balance import COST_RATIO, balance_steps, cost_table
 from ..formats.packed.balance import attention_costs as attention_costs  # also from here (docs)
 from ..formats.packed.balance import fingerprint as fingerprint  # the state's costs_sha256
 from .order import EpochOrder, class_keys
-from .shape import check_shape
 from .state import check_state, dataset_identity, stamp
 
 
-class PackSampler:
-    """This rank's pack indices, step by step, for one epoch at a time.
+def check_shape(rank, world_size, *counts: tuple[str, object, int]) -> None:
+    """Each of ``counts`` ((name, value, minimum), checked first, in order), ``world_size``
+    >= 1, then ``rank`` in 0..world_size - 1, each refused by name."""
+    for name, v, lo in (*counts, ("world_size", world_size, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+            or not 0 <= rank < world_size:
+        raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
+                            f"got {rank!r}")
 
-    ``packs``: the number of packs, or a packed dataset (``open_packed(dir)``, anything with
-    ``len()``; ``balance="attention"`` reads its cu_seqlens). ``batch_size``: packs per rank per
-    step. ``balance``: None, ``"attention"``, or an array of per-pack costs (e.g.
-    ``attention_costs(ds, linear=12 * hidden_size)``). ``cost_ratio``: the widest cost ratio
-    inside one class of like-cost packs (balance only).
-    ``tokens_per_step=T`` (and ``curriculum``) makes a token-budget sampler instead: steps of
-    one slot length and exactly T tokens (:mod:`packtool.train.budget`).
 
-    >>> s = PackSampler(100, rank=1, world_size=4, batch_size=2)
-    >>> s.set_epoch(0); batches = list(s.steps())        # 12 lists of 2 pack indices
-    >>> state = s.state_dict(step=5)                      # after the loop finished 5 steps
-    >>> t = PackSampler(100, rank=1, world_size=4, batch_size=2); t.load_state_dict(state)
-    >>> list(t.steps()) == batches[5:]
-    True
-    >>> u = PackSampler(100, rank=0, world_size=3, batch_size=1); u.load_state_dict(state)
-    >>> u.start_step, u.n_steps                           # 40 packs done; 60 left as 20 steps
-    (13, 33)
+class Sampler:
+    """This rank's rows, step by step, as ``rule`` deals them (see the module docstring).
 
-    Iterating (``iter(s)``, ``s.steps()``) starts at the resumed step once, then at the first
-    step of the epoch (``first_step``: 0, or where an elastic resume began the epoch).
-    ``state_dict()`` without a step records what this sampler has handed out, for torchdata's
-    ``StatefulDataLoader``, which snapshots it as each batch is drawn.
+    ``sources``: what the rule reads (a packed dataset, a row count, an array of row lengths,
+    or for :class:`Mixture` a {name: dataset} mapping). Iterating (``iter(s)``, ``s.steps()``)
+    starts at the resumed step once, then at the epoch's first step. ``state_dict(step)``
+    records what the training loop finished; ``state_dict()`` what this sampler has handed
+    out (torchdata's ``Stateful`` protocol). What only one rule has (the fixed rule's cost
+    ``classes``, a mixture's ``ledger``) is read through the sampler from its rule.
     """
 
-    def __new__(cls, packs=None, *, tokens_per_step=None, curriculum=None, **kw):
-        """With ``tokens_per_step``: a :class:`packtool.train.budget.BudgetSampler`."""
-        if tokens_per_step is None and curriculum is None:
-            return super().__new__(cls)
-        from .budget import budget_sampler
+    def __init__(self, sources, *, rule, rank: int, world_size: int, seed: int = 0):
+        check_shape(rank, world_size, *rule.counts(sources), ("seed", seed, 0))
+        self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
+        self.epoch = self.start_step = self._handed = 0
+        self.rule = copy.copy(rule)  # a rule value is bound to one sampler
+        self.rule.bind(self, sources)
 
-        return budget_sampler(packs, tokens_per_step, curriculum, kw)
+    def __getattr__(self, name):  # what one rule alone has: its tables and questions
+        rule = self.__dict__.get("rule")
+        if rule is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(rule, name)
 
-    def __init__(self, packs, *, rank: int, world_size: int, seed: int = 0,
-                 drop_last: bool = True, balance=None, batch_size: int = 1,
-                 cost_ratio: float = COST_RATIO, tokens_per_step=None, curriculum=None):
-        # tokens_per_step, curriculum: None here (else __new__ made a BudgetSampler)
-        n = packs if isinstance(packs, (int, np.integer)) else len(packs)
-        check_shape(rank, world_size, ("n_packs", n, 1), ("batch_size", batch_size, 1),
-                    ("seed", seed, 0))
+    # ------------------------------------------------------------------ the epoch's steps
+
+    def first_step(self, epoch: int | None = None) -> int:
+        """The epoch's first step this sampler can deal: 0, or where a resume began it."""
+        return self.rule.first_step(self.epoch if epoch is None else int(epoch))
+
+    def steps_in(self, epoch: int | None = None) -> int | None:
+        """Steps every rank takes in ``epoch`` from its start (None: a stream without end)."""
+        return self.rule.steps_in(self.epoch if epoch is None else int(epoch))
+
+    @property
+    def n_steps(self) -> int | None:
+        """Steps every rank takes in the current epoch."""
+        return self.steps_in(self.epoch)
+
+    def which(self, step: int, epoch: int | None = None) -> list[list]:
+        """Every rank's rows of ``step`` (counted from the epoch's start) of ``epoch``."""
+        return self.rule.rows(self.epoch if epoch is None else int(epoch), step)
+
+    def where(self, row: int, source: str | None = None, epoch: int | None = None) -> list:
+        """Every (step, rank) where ``epoch`` takes ``row`` (of ``source``, a mixture's):
+        one, none (left out, consumed before a resume, never reached), or more (a fixed
+        epoch without drop_last fills its last step with its first packs again)."""
+        return self.rule.places(row, self.epoch if epoch is None else int(epoch), source)
+
+    def left_out(self, epoch: int | None = None) -> np.ndarray:
+        """Rows of ``epoch`` no step takes (fewer than a step; empty without drop_last)."""
+        return self.rule.left_out(self.epoch if epoch is None else int(epoch))
+
+    # ------------------------------------------------------------------ iteration
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch`` (the same on every rank). Changing the epoch drops a pending
+        resume; setting the resumed epoch again keeps it. A mixture's sources keep epochs of
+        their own: its steps go on whatever the epoch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise PacktoolError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if int(epoch) != self.epoch and self.rule.per_epoch:
+            self.start_step = self._handed = 0
+            self.rule.new_epoch()
+        self.epoch = int(epoch)
+
+    def steps(self, until: int | None = None):
+        """This rank's batches (lists of rows) from the resume point to the epoch's end (or
+        ``until``, exclusive), computed a few steps at a time (never the whole epoch)."""
+        start = self.start_step
+        self.start_step = self.first_step()
+        self._handed = start
+        for batch in self.rule.deal(self.epoch, start, until):
+            self._handed += 1  # before the yield: a snapshot after it counts the step
+            yield batch
+
+    def __iter__(self):
+        """Row indices one at a time: a step counts as handed out once its last row is."""
+        step = self.start_step
+        for batch in self.steps():
+            self._handed = step
+            for j, i in enumerate(batch):
+                if j == len(batch) - 1:
+                    self._handed = step + 1
+                yield i
+            step += 1
+
+    def __len__(self) -> int:
+        """Row indices the next iteration yields (the rest of the epoch when resuming)."""
+        return self.rule.items(self.epoch, self.start_step)
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self, step: int | None = None) -> dict:
+        """Where to resume, as JSON-ready plain data: ``{"format": "packtool.train.sampler",
+        "version": 5, "rule": ..., ...}`` (:mod:`packtool.train.state`).
+
+        ``step``: steps of the current epoch the training loop has finished (counted from
+        the epoch's start, also after a resume; ``sampler.start_step`` before the loop says
+        where a resumed iteration begins). ``step == n_steps`` points at step 0 of the next
+        epoch. Without ``step``: the steps this sampler has handed out."""
+        first, n = self.first_step(), self.n_steps
+        roll = step is not None
+        step = max(self._handed, self.start_step) if step is None else step
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or step < first or (n is not None and step > n):
+            want = f"{first}..{n} (steps of epoch {self.epoch}" if n is not None else \
+                f"an integer >= {first:,} (the first step of this sampler"
+            raise PacktoolError(f"step must be {want}{' after the resume' if first else ''})"
+                                f", got {step!r}")
+        return stamp(self.rule.name, self.rule.fields(self.epoch, int(step),
+                                                      roll and step == n))
+
+    def load_state_dict(self, state) -> None:
+        """Resume from ``state`` (of any rank, world size or batch size; a token budget's
+        of any T or curriculum; a mixture's of any schedule): the next iteration deals what
+        is left. Every refusal names the field (:mod:`packtool.train.state`)."""
+        epoch, self.start_step = self.rule.load(state)
+        self.epoch = self.epoch if epoch is None else epoch
+        self._handed = self.start_step
+
+
+class FixedPacks:
+    """``batch_size`` packs per rank a step. ``balance``: None, ``"attention"``, or per-pack
+    costs (``attention_costs(ds, linear=12 * hidden_size)``); ``cost_ratio``: the widest cost
+    ratio inside one class of like-cost packs (balance only); ``drop_last``: leave out the
+    epoch's last packs that fill no step (else fill it with the epoch's first)."""
+
+    name, per_epoch = "fixed", True
+
+    def __init__(self, batch_size: int = 1, *, balance=None, drop_last: bool = True,
+                 cost_ratio: float = COST_RATIO):
         if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float)) \
                 or not 1.01 <= cost_ratio < float("inf"):
             raise PacktoolError(f"cost_ratio must be a number >= 1.01 (1.1: packs of one class "
                                 f"differ by at most 10% in cost; closer classes wait longer to "
                                 f"fill a step and make the state longer), got {cost_ratio!r}")
-        self.n_packs, self.rank, self.world_size = int(n), int(rank), int(world_size)
-        self.seed, self.drop_last, self.batch_size = int(seed), bool(drop_last), int(batch_size)
-        self.global_batch = self.world_size * self.batch_size
+        self.batch_size, self.drop_last, self._balance = batch_size, bool(drop_last), balance
+        self._ratio = float(cost_ratio)
+
+    def counts(self, packs):
+        n = packs if isinstance(packs, (int, np.integer)) else len(packs)
+        return ("n_packs", n, 1), ("batch_size", self.batch_size, 1)
+
+    def bind(self, s: Sampler, packs) -> None:
+        self.s, self.seed, self.batch_size = s, s.seed, int(self.batch_size)
+        self.world_size = s.world_size
+        self.n_packs = int(packs if isinstance(packs, (int, np.integer)) else len(packs))
+        self.global_batch = s.world_size * self.batch_size
         if self.drop_last and self.n_packs < self.global_batch:
             raise PacktoolError(
                 f"{self.n_packs:,} packs < one global step of {self.global_batch:,} "
-                f"(world_size {self.world_size} x batch_size {self.batch_size}): with drop_last "
+                f"(world_size {s.world_size} x batch_size {self.batch_size}): with drop_last "
                 "the epoch would have no step; use drop_last=False (wrap) or a smaller batch_size")
+        balance = self._balance
         self.balance = None if balance is None else (
             balance if isinstance(balance, str) else "costs")
         # costs: per pack, where they are in memory (an array given, or computed); None when
         # the dataset stores its classes, or without balance
-        self._table, self.costs = cost_table(packs, balance, float(cost_ratio), self.n_packs)
-        self.cost_ratio = None if self._table is None else float(cost_ratio)
+        self._table, self.costs = cost_table(packs, balance, self._ratio, self.n_packs)
+        self.cost_ratio = None if self._table is None else self._ratio
         # without balance: one class, nothing per pack
         self.n_classes, self.class_sizes = 1, np.array([self.n_packs], np.int64)
         self.fingerprint = None
@@ -143,9 +271,8 @@ class PackSampler:
             self.class_sizes = np.asarray(self._table.sizes, np.int64)
             self.n_classes, self.fingerprint = len(self.class_sizes), self._table.fingerprint
         self.dataset = dataset_identity(packs)
-        self.epoch, self.start_step, self._cursor = 0, 0, 0
         self._resumed = None  # (epoch, consumed per class) of an elastic resume
-        self._running = None  # (epoch, step, consumed per class) as steps() hands them out
+        self._running = None  # (epoch, step, consumed per class) as deal() hands them out
         self._cache_key, self._cache = None, None
 
     # ------------------------------------------------------------------ the epoch's schedule
@@ -178,31 +305,24 @@ class PackSampler:
         keyed permutation of the packs from ``(seed, epoch)`` alone (packtool.seeds
         'sampler.epoch'), never pack's shuffle. Holds the whole epoch (n int64): for tests and
         small datasets; the sampler itself computes each step's packs as it deals them."""
-        return self._epoch_order(self.epoch if epoch is None else int(epoch)).timeline()
+        return self._epoch_order(self.s.epoch if epoch is None else int(epoch)).timeline()
 
     def _consumed_before(self, epoch: int) -> np.ndarray | None:
         if self._resumed is not None and self._resumed[0] == epoch:
             return self._resumed[1]
         return None
 
-    def first_step(self, epoch: int | None = None) -> int:
-        """The epoch's first step this sampler can deal: 0, or after an elastic resume the
-        packs already consumed // G (steps before it were taken under the saved shape)."""
-        done = self._consumed_before(self.epoch if epoch is None else int(epoch))
+    def first_step(self, epoch: int) -> int:
+        """0, or after an elastic resume the packs already consumed // G (steps before it
+        were taken under the saved shape)."""
+        done = self._consumed_before(epoch)
         return 0 if done is None else int(done.sum()) // self.global_batch
 
-    def steps_in(self, epoch: int | None = None) -> int:
-        """Steps every rank takes in ``epoch`` (counted from the epoch's start)."""
-        epoch = self.epoch if epoch is None else int(epoch)
+    def steps_in(self, epoch: int) -> int:
         done = self._consumed_before(epoch)
         rest = self.n_packs - (0 if done is None else int(done.sum()))
         q, r = divmod(rest, self.global_batch)
         return self.first_step(epoch) + (q if self.drop_last or r == 0 else q + 1)
-
-    @property
-    def n_steps(self) -> int:
-        """Steps every rank takes in the current epoch."""
-        return self.steps_in(self.epoch)
 
     def _slots(self, steps: np.ndarray) -> np.ndarray:
         """Steps [s, G] -> [s, world_size, batch_size]: the slot of the step each rank takes
@@ -223,20 +343,17 @@ class PackSampler:
         """Rows a..b of ``global_schedule(epoch)``, computed for those steps alone."""
         return self._balanced(self._epoch_order(epoch).rows(a, b))
 
-    def schedule_row(self, epoch: int, i: int) -> np.ndarray:
-        """Row ``i`` of ``global_schedule(epoch)`` ([world_size, batch_size]), computed for
-        that step alone: what ``packtool which`` needs of an epoch."""
-        epoch = int(epoch)
-        n = self.steps_in(epoch) - self.first_step(epoch)
-        if not 0 <= i < n:
-            raise IndexError(f"step {i} of {n}")
-        return self._rows(epoch, i, i + 1)[0]
+    def rows(self, epoch: int, step: int) -> list[list[int]]:
+        first, n = self.first_step(epoch), self.steps_in(epoch)
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or not first <= step < n:
+            raise IndexError(f"step {step} of {n}")
+        return self._rows(epoch, step - first, step - first + 1)[0].tolist()
 
-    def places(self, pack: int, epoch: int | None = None) -> list[tuple[int, int]]:
-        """Every (step, rank) where ``epoch`` yields ``pack`` (steps from the epoch's start):
-        one, none (left out by drop_last, or consumed before a resume), or more (it also fills
-        the last step without drop_last), by the inverse permutation: no schedule is built."""
-        epoch, pack = self.epoch if epoch is None else int(epoch), int(pack)
+    def places(self, pack: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:
+        """By the inverse permutation: no schedule is built."""
+        epoch = self.s.epoch if epoch is None else int(epoch)
+        pack = int(pack)
         if not 0 <= pack < self.n_packs:
             raise PacktoolError(f"pack {pack} is not one of the {self.n_packs:,} packs")
         k, local = 0, pack
@@ -253,123 +370,96 @@ class PackSampler:
 
     def global_schedule(self, epoch: int | None = None) -> np.ndarray:
         """[steps, world_size, batch_size] pack indices of every rank for ``epoch``, from its
-        ``first_step`` (0 unless an elastic resume began the epoch) to its end. Holds the
-        whole epoch: for tests, stats and small datasets (``steps()`` computes per step)."""
-        epoch = self.epoch if epoch is None else int(epoch)
+        ``first_step`` to its end. Holds the whole epoch: for tests, stats and small datasets
+        (``steps()`` computes per step)."""
+        epoch = self.s.epoch if epoch is None else int(epoch)
         return self._rows(epoch, 0, self.steps_in(epoch) - self.first_step(epoch))
 
-    def left_out(self, epoch: int | None = None) -> np.ndarray:
-        """Packs of ``epoch`` no step takes: with ``drop_last``, the last ``rest % G`` of what
-        was left to deal (``n_packs % G`` without a resume); empty with ``drop_last=False``."""
-        return self._epoch_order(self.epoch if epoch is None else int(epoch)).left_out()
+    def left_out(self, epoch: int) -> np.ndarray:
+        """With ``drop_last``, the last ``rest % G`` of what was left to deal (``n_packs %
+        G`` without a resume); empty with ``drop_last=False``."""
+        return self._epoch_order(epoch).left_out()
 
-    # ------------------------------------------------------------------ iteration
+    def new_epoch(self) -> None:
+        self._resumed = self._running = None
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for ``epoch`` (the same on every rank). Changing the epoch drops a pending
-        resume; setting the resumed epoch again keeps it."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise PacktoolError(f"epoch must be an integer >= 0, got {epoch!r}")
-        epoch = int(epoch)
-        if epoch != self.epoch:
-            self.start_step = self._cursor = 0
-            self._resumed = self._running = None
-        self.epoch = epoch
-
-    def steps(self):
-        """This rank's batches (lists of pack indices) from the resume point to the epoch's end,
-        computed a chunk of steps at a time (never the whole epoch)."""
-        start, first, n = self.start_step, self.first_step(), self.n_steps
-        self.start_step = first
-        order = self._epoch_order(self.epoch)
-        done = self._consumed_at(start)
-        self._cursor = start
-        # chunks of 1, 2, 4, ... steps up to ~65k packs: the first step alone is computed
-        # before it is yielded (a memory-mapped class table is read at G places, not 65k)
+    def deal(self, epoch: int, start: int, until: int | None):
+        """Chunks of 1, 2, 4, ... steps up to ~65k packs: the first step alone is computed
+        before it is yielded (a memory-mapped class table is read at G places, not 65k)."""
+        first, n = self.first_step(epoch), self.steps_in(epoch)
+        n = n if until is None else min(n, until)
+        order, done = self._epoch_order(epoch), self._consumed_at(epoch, start)
         chunk, most, a = 1, max(1, (1 << 16) // self.global_batch), start
         while a < n:
             b = min(a + chunk, n)
             rows, classes = order.rows(a - first, b - first, classes=True)
-            mine = self._balanced(rows)[:, self.rank]
+            mine = self._balanced(rows)[:, self.s.rank]
             for s in range(len(rows)):
                 done = done + np.bincount(classes[s], minlength=self.n_classes)
-                # before the yield: a snapshot taken after it counts step s as handed out
-                self._cursor, self._running = a + s + 1, (self.epoch, a + s + 1, done)
+                self._running = (epoch, a + s + 1, done)
                 yield mine[s].tolist()
             a, chunk = b, min(2 * chunk, most)
 
-    def __iter__(self):
-        last = self.batch_size - 1
-        step = self.start_step
-        for batch in self.steps():
-            self._cursor = step  # step `step` counts once its last pack is handed out
-            for j, i in enumerate(batch):
-                if j == last:
-                    self._cursor = step + 1
-                yield i
-            step += 1
+    def items(self, epoch: int, start: int) -> int:
+        return (self.steps_in(epoch) - start) * self.batch_size
 
-    def __len__(self) -> int:
-        """Pack indices the next iteration yields (the rest of the epoch when resuming)."""
-        return (self.n_steps - self.start_step) * self.batch_size
-
-    # ------------------------------------------------------------------ state
-
-    def state_dict(self, step: int | None = None) -> dict:
-        """Where to resume, as JSON-ready plain data.
-
-        ``step``: steps of the current epoch the training loop has finished (counted from the
-        epoch's start, also after a resume; read ``sampler.start_step`` before the loop to know
-        where a resumed iteration begins). ``step == n_steps`` points at step 0 of the next
-        epoch. Without ``step`` (the torchdata ``Stateful`` protocol): the steps this sampler
-        has handed out; at the epoch's end, that epoch, finished.
-
-        The state counts consumed packs per cost class (one class without balance) of the
-        epoch's order, and records what defines that order (seed, pack count, drop_last,
-        balance, cost_ratio, costs' fingerprint) and the dataset (its packed index's
-        ``index_sha256``; None when built from a count), which must match at load; world size
-        and batch size may change (:mod:`packtool.train.state` says what is checked).
-        ``remaining``: packs of the epoch no finished step took (not counting the epoch's first
-        packs repeated by drop_last=False)."""
-        first, n_steps = self.first_step(), self.n_steps
-        roll = step is not None
-        if step is None:
-            step = max(self._cursor, self.start_step)
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or not first <= step <= n_steps:
-            raise PacktoolError(f"step must be {first}..{n_steps} (steps of epoch {self.epoch}"
-                                f"{' after the resume' if first else ''}), got {step!r}")
-        step, epoch = int(step), self.epoch
-        consumed = self._consumed_at(step)
-        if step == n_steps and roll:
+    def fields(self, epoch: int, step: int, roll: bool) -> dict:
+        """Packs consumed per cost class (one class without balance) of the epoch's order,
+        and what defines that order (seed, pack count, drop_last, balance, cost_ratio, costs'
+        fingerprint) and the dataset (``index_sha256``), which must match at load.
+        ``remaining``: packs of the epoch no finished step took."""
+        consumed = self._consumed_at(epoch, step)
+        if roll:
             epoch, step, consumed = epoch + 1, 0, np.zeros_like(consumed)
-        return stamp("fixed", {
-                "epoch": epoch, "step": step, "consumed": consumed.tolist(),
+        return {"epoch": epoch, "step": step, "consumed": consumed.tolist(),
                 "remaining": self.n_packs - int(consumed.sum()),
                 "world_size": self.world_size, "batch_size": self.batch_size,
                 "seed": self.seed, "n_packs": self.n_packs, "drop_last": self.drop_last,
                 "balance": self.balance, "cost_ratio": self.cost_ratio,
-                "costs_sha256": self.fingerprint, "dataset": self.dataset})
+                "costs_sha256": self.fingerprint, "dataset": self.dataset}
 
-    def _consumed_at(self, step: int) -> np.ndarray:
-        """Packs per class the current epoch's steps before ``step`` consumed (all of them at
-        the epoch's end: a finished epoch's left-out tail stays left out)."""
-        if step >= self.n_steps:
+    def _consumed_at(self, epoch: int, step: int) -> np.ndarray:
+        """Packs per class the epoch's steps before ``step`` consumed (all of them at the
+        epoch's end: a finished epoch's left-out tail stays left out)."""
+        if step >= self.steps_in(epoch):
             return self.class_sizes.copy()
-        if self._running is not None and self._running[:2] == (self.epoch, step):
+        if self._running is not None and self._running[:2] == (epoch, step):
             return self._running[2].copy()
-        return self._epoch_order(self.epoch).consumed(step - self.first_step())
+        return self._epoch_order(epoch).consumed(step - self.first_step(epoch))
 
-    def load_state_dict(self, state) -> None:
-        """Resume from ``state`` (from :meth:`state_dict`, of any rank, world size or batch
-        size): the next iteration deals what the epoch has left to this sampler's shape. Every
-        refusal names the field: a malformed state, another version, a step that disagrees with
-        the packs consumed, a state of another epoch order (seed, pack count, drop_last, balance,
-        cost_ratio, costs) or of another dataset."""
+    def load(self, state) -> tuple[int, int]:
+        """Under the same shape the rest of the epoch is dealt exactly as the uninterrupted
+        run deals it (same steps, same numbers): tests/test_sampler.py checks it for every
+        step."""
         epoch, consumed = check_state(state, self)
-        self.epoch = epoch
-        # under the same shape the rest of the epoch is dealt exactly as the uninterrupted run
-        # deals it (same steps, same numbers): tests/test_sampler.py checks it for every step
         self._resumed = (epoch, consumed) if consumed.any() else None
         self._running = None
-        self.start_step = self._cursor = self.first_step()
+        return epoch, self.first_step(epoch)
+
+
+class PackSampler(Sampler):
+    """``Sampler(packs, rule=FixedPacks(batch_size, ...))``, or with ``tokens_per_step=T``
+    (and ``curriculum``) ``rule=TokenBudget(T, curriculum)``: the call form of one packed
+    dataset. ``packs``: the number of packs, a packed dataset (``open_packed(dir)``), or for
+    a token budget an array of row lengths.
+
+    >>> s = PackSampler(100, rank=1, world_size=4, batch_size=2)
+    >>> s.set_epoch(0); batches = list(s.steps())        # 12 lists of 2 pack indices
+    >>> state = s.state_dict(step=5)                      # after the loop finished 5 steps
+    >>> t = PackSampler(100, rank=1, world_size=4, batch_size=2); t.load_state_dict(state)
+    >>> list(t.steps()) == batches[5:]
+    True
+    >>> u = PackSampler(100, rank=0, world_size=3, batch_size=1); u.load_state_dict(state)
+    >>> u.start_step, u.n_steps                           # 40 packs done; 60 left as 20 steps
+    (13, 33)
+    """
+
+    def __init__(self, packs, *, rank: int, world_size: int, seed: int = 0,
+                 tokens_per_step=None, curriculum=None, balance=None, **fixed):
+        if tokens_per_step is None and curriculum is None:
+            rule = FixedPacks(fixed.pop("batch_size", 1), balance=balance, **fixed)
+        else:
+            from .budget import TokenBudget
+
+            rule = TokenBudget.of(tokens_per_step, curriculum, balance, fixed)
+        super().__init__(packs, rule=rule, rank=rank, world_size=world_size, seed=seed)

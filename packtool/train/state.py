@@ -9,7 +9,7 @@ counts consistent, so a forged state that would repeat or skip rows is refused:
 - ``budget``: rows consumed per slot length are what the curriculum's draws take from the
   origin (step, tokens, rows per length where the saving run began the epoch), and
   ``tokens - origin.tokens == (step - origin.step) * T``.
-- ``mixture`` (:mod:`.mixture_state`): the segment's counts are the deadline order's after
+- ``mixture``: the segment's counts are the deadline order's after
   its rows, each source's position is where the segment began plus its count, and every step
   since the origin took ``world_size x batch_size`` rows.
 
@@ -19,12 +19,15 @@ be and what to do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from fractions import Fraction
 
 import numpy as np
 
 from ..errors import PacktoolError
 from .curriculum import curriculum_of
+from .schedule import Segment, counts_after
 
 STATE_FORMAT = "packtool.train.sampler"
 STATE_VERSION = 5
@@ -50,19 +53,15 @@ def stamp(rule: str, fields: dict) -> dict:
     return {"format": STATE_FORMAT, "version": STATE_VERSION, "rule": rule, **fields}
 
 
-def read_state(state, rule: str, fields) -> None:
-    """``state`` is a mapping of a version this packtool reads, of ``rule``, with ``fields``;
-    else a PacktoolError naming what it is and what continues it."""
+def read_state(state, rule: str, sampler) -> None:
+    """``state`` is a mapping of a version this packtool reads, of ``rule``, with the rule's
+    fields (:data:`FIELDS`) each of its type (an array where a number belongs would otherwise
+    compare element-wise inside numpy), and of ``sampler``'s seed; else a PacktoolError naming
+    what it is and what continues it."""
     if not isinstance(state, Mapping):
         raise PacktoolError(f"sampler state must be a dict (from the sampler's state_dict()), "
                             f"got {type(state).__name__}")
-    for key, types, what in (("format", str, "a string"), ("rule", str, "a string"),
-                             ("version", (int, np.integer), "an integer")):
-        v = state.get(key)
-        if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, types)):
-            raise PacktoolError(f"sampler state has {key} of type {type(v).__name__}: it must "
-                                f"be {what}; the state is corrupt or was not made by the "
-                                "sampler's state_dict(), save it again")
+    _typed(state, {"format": _STR, "rule": _STR, "version": _INT})
     fmt, version = state.get("format"), state.get("version")
     saved, last = ("fixed", 1) if fmt is None else _BEFORE.get(fmt, (None, None))
     if fmt == STATE_FORMAT and "rule" in state:
@@ -86,19 +85,37 @@ def read_state(state, rule: str, fields) -> None:
                             f"reads version {STATE_VERSION} of {STATE_FORMAT!r} (and each "
                             f"rule's format before it); it was saved by another packtool, or "
                             "is not a sampler state")
-    missing = [k for k in fields if k not in state]
+    fields = FIELDS[rule]
+    missing = [k for k in ("format", "version", *fields) if k not in state]
     if missing:
         raise PacktoolError(f"sampler state lacks {', '.join(missing)}: it is truncated or was "
                             "not made by the sampler's state_dict(); save it again")
+    _typed(state, fields)
+    if state["seed"] != sampler.seed:
+        raise PacktoolError(
+            f"sampler state has seed={state['seed']!r} but this sampler has seed="
+            f"{sampler.seed!r}: the seed keys every order and draw, and resuming would repeat "
+            "and skip rows; build the sampler with the saved seed")
 
 
-def _int(state, key: str, lo: int = 0, hi: int | None = None, what: str | None = None) -> int:
-    v = state[key]
+def _typed(state, fields: dict) -> None:
+    """Each of ``fields`` in ``state`` of its type (bool is refused as an integer)."""
+    for key, (types, what) in fields.items():
+        v = state.get(key)
+        if key in state and ((isinstance(v, (bool, np.bool_)) and types is _INT[0])
+                             or not isinstance(v, types)):
+            raise PacktoolError(f"sampler state has {key} of type {type(v).__name__}: it must "
+                                f"be {what}; the state is corrupt or was not made by the "
+                                "sampler's state_dict(), save it again")
+
+
+def count(v, what: str, lo: int = 0, hi: int | None = None) -> int:
+    """A state's count ``v`` (named ``what``): an integer in lo..hi, else refused by name."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < lo \
             or (hi is not None and v > hi):
         limit = f"an integer >= {lo}" + (f" and <= {hi:,}" if hi is not None else "")
-        raise PacktoolError(f"sampler state has {what or key}={v!r}: it must be {limit}; the "
-                            "state is corrupt, save it again")
+        raise PacktoolError(f"sampler state has {what}={v!r}: it must be {limit}; the state "
+                            "is corrupt, save it again")
     return int(v)
 
 
@@ -112,55 +129,42 @@ def _same_dataset(saved, sampler) -> None:
             "epoch afresh")
 
 
-# ------------------------------------------------------------------ fixed packs per step
-_INT, _STR_OR_NONE = (int, np.integer), (str, type(None))
-_TYPES = {  # field -> (accepted types, what to say); bool is refused where an int is meant
-    "format": ((str,), "a string"), "version": (_INT, "an integer"),
-    "epoch": (_INT, "an integer"), "step": (_INT, "an integer"),
-    "consumed": ((list, tuple, np.ndarray), "a list of integers"),
-    "world_size": (_INT, "an integer"), "batch_size": (_INT, "an integer"),
-    "seed": (_INT, "an integer"), "n_packs": (_INT, "an integer"),
-    "drop_last": ((bool, np.bool_), "true or false"), "balance": (_STR_OR_NONE, "a string or null"),
-    "cost_ratio": ((int, float, type(None)), "a number or null"),
-    "costs_sha256": (_STR_OR_NONE, "a string or null"),
-    "dataset": (_STR_OR_NONE, "a string or null"),
+# ------------------------------------------------------------------ each rule's fields
+_INT, _NAME = ((int, np.integer), "an integer"), ((str, type(None)), "a string or null")
+_DICT, _STR = ((Mapping,), "a dict"), ((str,), "a string")
+FIELDS = {  # rule -> {field: (accepted types, what to say)}; bool is refused as an integer
+    "fixed": {"epoch": _INT, "step": _INT, "world_size": _INT, "batch_size": _INT,
+              "consumed": ((list, tuple, np.ndarray), "a list of integers"), "seed": _INT,
+              "n_packs": _INT, "drop_last": ((bool, np.bool_), "true or false"),
+              "balance": _NAME, "cost_ratio": ((int, float, type(None)), "a number or null"),
+              "costs_sha256": _NAME, "dataset": _NAME},
+    "budget": {"epoch": _INT, "step": _INT, "consumed": _DICT, "origin": _DICT,
+               "world_size": _INT, "tokens_per_step": _INT, "curriculum": _STR, "seed": _INT,
+               "rows": _DICT, "balance": _NAME, "costs_sha256": _NAME, "dataset": _NAME},
+    "mixture": {"step": _INT, "world_size": _INT, "batch_size": _INT, "seed": _INT,
+                "exhausted": _STR, "segment": _DICT, "sources": _DICT},
 }
-_FIELDS = tuple(_TYPES)
 
 
+# ------------------------------------------------------------------ fixed packs per step
 def check_state(state, sampler) -> tuple[int, np.ndarray]:
     """(epoch, consumed per class) of a well-formed state of ``sampler``'s epoch order and
     dataset, or a PacktoolError naming the field, its value, what it must be, and what to do."""
-    read_state(state, "fixed", _FIELDS)
-    _check_types(state)
-    epoch = _int(state, "epoch", 0)
-    _int(state, "step", 0, sampler.n_packs)  # a step holds at least one pack
-    _int(state, "world_size", 1)
-    _int(state, "batch_size", 1)
+    read_state(state, "fixed", sampler)
+    epoch = count(state["epoch"], "epoch")
+    count(state["step"], "step", 0, sampler.n_packs)  # a step holds at least one pack
+    count(state["world_size"], "world_size", 1)
+    count(state["batch_size"], "batch_size", 1)
     _check_order(state, sampler)
     consumed = _consumed(state, sampler)
     _check_step(state, int(consumed.sum()), sampler.n_packs)
     return epoch, consumed
 
 
-def _check_types(state) -> None:
-    """Every field of the expected type, before any comparison: an array where a number
-    belongs would otherwise compare element-wise and fail inside numpy."""
-    for key, (types, what) in _TYPES.items():
-        if key not in state:
-            continue
-        v = state[key]
-        wrong_bool = isinstance(v, (bool, np.bool_)) and types is _INT
-        if wrong_bool or not isinstance(v, types):
-            raise PacktoolError(f"sampler state has {key} of type {type(v).__name__}: it must "
-                                f"be {what}; the state is corrupt or was not made by "
-                                "PackSampler.state_dict(), save it again")
-
-
 def _check_order(state, sampler) -> None:
     """The state belongs to this sampler's epoch order (same seed, packs, costs...) and, where
     both know it, to the same dataset."""
-    for key, mine in (("seed", sampler.seed), ("n_packs", sampler.n_packs),
+    for key, mine in (("n_packs", sampler.n_packs),
                       ("drop_last", sampler.drop_last), ("balance", sampler.balance),
                       ("cost_ratio", sampler.cost_ratio),
                       ("costs_sha256", sampler.fingerprint)):
@@ -202,15 +206,9 @@ def _consumed(state, sampler) -> np.ndarray:
         raise PacktoolError(f"sampler state has consumed={consumed!r}: it must list "
                             f"{sampler.n_classes} counts (one per cost class); the state is "
                             "corrupt, save it again")
-    out = np.zeros(sampler.n_classes, np.int64)
-    for k, v in enumerate(consumed):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) \
-                or not 0 <= v <= sampler.class_sizes[k]:
-            raise PacktoolError(f"sampler state has consumed[{k}]={v!r}: it must be an integer "
-                                f"0..{int(sampler.class_sizes[k]):,} (the packs of cost class "
-                                f"{k}); the state is corrupt, save it again")
-        out[k] = int(v)
-    return out
+    return np.array([count(v, f"consumed[{k}] (cost class {k})", 0, int(m))
+                     for k, (v, m) in enumerate(zip(consumed, sampler.class_sizes, strict=True))],
+                    np.int64)
 
 
 def dataset_identity(packs) -> str | None:
@@ -224,32 +222,22 @@ def dataset_identity(packs) -> str | None:
 
 # ------------------------------------------------------------------ a token budget per step
 
-_BUDGET_FIELDS = ("format", "version", "epoch", "step", "consumed", "origin", "world_size",
-           "tokens_per_step", "curriculum", "seed", "rows", "balance", "costs_sha256",
-           "dataset")
-
-
 def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
     """(epoch, step, rows consumed per length) of a well-formed state of ``sampler``'s orders,
     or a PacktoolError naming what is wrong."""
-    read_state(state, "budget", _BUDGET_FIELDS)
-    epoch, step = _int(state, "epoch"), _int(state, "step")
-    _int(state, "world_size", 1)
-    t = _int(state, "tokens_per_step", 1)
+    read_state(state, "budget", sampler)
+    epoch, step = count(state["epoch"], "epoch"), count(state["step"], "step")
+    count(state["world_size"], "world_size", 1)
+    t = count(state["tokens_per_step"], "tokens_per_step", 1)
     _same_rows(state, sampler)
-    consumed = _per_length(state["consumed"], "consumed", sampler)
-    for k, (c, m) in enumerate(zip(consumed.tolist(), sampler.sizes.tolist(), strict=True)):
-        if c > m:
-            raise PacktoolError(f"sampler state has consumed[{int(sampler.lengths[k])}]={c:,}: "
-                                f"there are {m:,} rows of that length; the state is corrupt, "
-                                "save it again")
+    consumed = _per_length(state["consumed"], "consumed", sampler, bounded=True)
     origin = state["origin"]
     if not isinstance(origin, Mapping) or not {"step", "tokens"} <= set(origin) <= {
             "step", "tokens", "consumed"}:
         raise PacktoolError(f"sampler state has origin={origin!r}: it must be {{'step': S, "
                             "'tokens': N, 'consumed': {length: rows}}; the state is corrupt, "
                             "save it again")
-    s0, t0 = _int(origin, "step"), _int(origin, "tokens")
+    s0, t0 = count(origin["step"], "origin.step"), count(origin["tokens"], "origin.tokens")
     c0 = None if s0 else np.zeros_like(consumed)  # a state from step 0 began with nothing
     if "consumed" in origin:
         c0 = _per_length(origin["consumed"], "origin.consumed", sampler)
@@ -269,26 +257,21 @@ def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
     return epoch, step, consumed
 
 
-def _per_length(saved, what: str, sampler) -> np.ndarray:
-    """A {length: count} field as counts aligned with ``sampler.lengths``."""
+def _per_length(saved, what: str, sampler, bounded: bool = False) -> np.ndarray:
+    """A {length: count} field as counts aligned with ``sampler.lengths`` (``bounded``: each
+    at most the rows of its length)."""
     names = [str(v) for v in sampler.lengths.tolist()]
     if not isinstance(saved, Mapping) or sorted(saved, key=str) != sorted(names):
         got = sorted(map(str, saved)) if isinstance(saved, Mapping) else saved
         raise PacktoolError(f"sampler state has {what} for lengths {got!r} but this dataset's "
                             f"rows have lengths {names}: it was saved for another dataset; "
                             "build the sampler from the dataset the state was saved for")
-    out = np.zeros(len(names), np.int64)
-    for k, name in enumerate(names):
-        v = saved[name]
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise PacktoolError(f"sampler state has {what}[{name}]={v!r}: it must be an integer "
-                                ">= 0; the state is corrupt, save it again")
-        out[k] = int(v)
-    return out
+    return np.array([count(saved[n], f"{what}[{n}]", 0, int(m) if bounded else None)
+                     for n, m in zip(names, sampler.sizes, strict=True)], np.int64)
 
 
 def _same_rows(state, sampler) -> None:
-    """Seed, rows per length and dataset as the sampler's."""
+    """Rows per length and dataset as the sampler's."""
     rows = _per_length(state["rows"], "rows", sampler)
     if not np.array_equal(rows, sampler.sizes):
         raise PacktoolError(
@@ -296,11 +279,6 @@ def _same_rows(state, sampler) -> None:
             f"{dict(zip(map(str, sampler.lengths.tolist()), sampler.sizes.tolist(), strict=True))}"
             ": it was saved for another dataset, and resuming would repeat and skip rows; "
             "build the sampler from the dataset the state was saved for")
-    if state["seed"] != sampler.seed:  # balance deals within a step: it may change
-        raise PacktoolError(
-            f"sampler state has seed={state['seed']!r} but this sampler has seed="
-            f"{sampler.seed!r}: the seed keys every length's order and every draw, and "
-            "resuming would repeat and skip rows; build the sampler with the saved seed")
     _same_dataset(state["dataset"], sampler)
 
 
@@ -341,3 +319,133 @@ def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> Non
             f"but its {step - s0} step(s) of {t:,} tokens from step {s0} (curriculum "
             f"{name}, seed {sampler.seed}) take {dict(zip(names, c.tolist(), strict=True))}: "
             "resuming would repeat and skip rows; the state is corrupt, save it again")
+
+
+# ------------------------------------------------------------------ a mixture of sources
+# the sources by name and identity (a packed dataset's ``index_sha256``, else its row count)
+# with each one's epoch and position, the schedule segment (start, weights, rows, counts, the
+# positions where it began) and the origin (step, rows) where the run began, every count in
+# range and all of them what the schedule computes from each other. World size, batch size,
+# ``exhausted`` and the schedule may change at a resume.
+
+def check_mixture_state(state, sampler):
+    """(step, saved segment, its rows taken and counts, epochs, positions) of a well-formed
+    state of ``sampler``'s sources, or a PacktoolError naming what is wrong."""
+    read_state(state, "mixture", sampler)
+    step = count(state["step"], "step")
+    epoch, pos = _sources(state["sources"], sampler)
+    seg, taken, counts = _segment(state["segment"], sampler.names, step)
+    _agree(state, sampler, step, seg, taken, counts,
+           [e * src.n + p for e, p, src in zip(epoch, pos, sampler.sources, strict=True)])
+    return step, seg, taken, counts, epoch, pos
+
+
+def _agree(state, sampler, step: int, seg: Segment, taken: int, counts: tuple,
+           total: list[int]) -> None:
+    """The counts, positions and step are what the schedule computes from each other: the
+    segment's counts are the deadline order's after its rows; each source's rows since the
+    segment began are its count; every step since the state's origin (0, or where a resume
+    began) took ``world_size x batch_size`` rows. A state of packtool before issue 38 has no
+    origin (nor the segment's start positions): its step is checked to be at most its rows, and
+    its positions against the counts where its segment began at step 0."""
+    names = sampler.names
+    want = counts_after(seg, taken)
+    if tuple(want) != tuple(counts):
+        raise PacktoolError(
+            f"sampler state has segment counts {dict(zip(names, counts, strict=True))} after "
+            f"{taken:,} rows, but the schedule's deadline order gives "
+            f"{dict(zip(names, want, strict=True))}: resuming would break the weights' bound "
+            "and take rows in other proportions; the state is corrupt, save it again")
+    saved = state["segment"].get("positions")
+    if saved is None and seg.start == 0:
+        saved = dict.fromkeys(names, 0)
+    if saved is not None:
+        if not isinstance(saved, Mapping) or set(saved) != set(names):
+            raise PacktoolError(f"sampler state has segment.positions={saved!r}: it must give "
+                                "every source's rows; the state is corrupt, save it again")
+        for n, t, c in zip(names, total, counts, strict=True):
+            at = count(saved[n], f"segment.positions.{n}")
+            if t - at != c:
+                raise PacktoolError(
+                    f"sampler state has source {n} at position {t:,} of its stream (epoch x "
+                    f"rows + position) but its segment began at {at:,} and counts {c:,} rows "
+                    f"of {n}: a row would be {'repeated' if t - at < c else 'skipped'}; the "
+                    "state is corrupt, save it again")
+    g = count(state["world_size"], "world_size") * count(state["batch_size"], "batch_size")
+    origin = state.get("origin")
+    if origin is None:
+        s0, rows0, ok = 0, 0, step <= sum(total)
+    else:
+        if not isinstance(origin, Mapping) or set(origin) != {"step", "rows"}:
+            raise PacktoolError(f"sampler state has origin={origin!r}: it must be {{'step': S, "
+                                "'rows': N}}; the state is corrupt, save it again")
+        s0, rows0 = count(origin["step"], "origin.step", 0, step), count(origin["rows"],
+                                                                          "origin.rows")
+        ok = sum(total) - rows0 == (step - s0) * g and (
+            seg.start <= s0 or taken == (step - seg.start) * g)
+    if not ok:
+        raise PacktoolError(
+            f"sampler state has step={step:,} but its sources took {sum(total) - rows0:,} rows "
+            f"since step {s0:,}, at {g} rows a step (world_size x batch_size): one of the two "
+            "is wrong and resuming would repeat or skip rows; the state is corrupt, save it "
+            "again")
+
+
+def _sources(saved, sampler) -> tuple[tuple, tuple]:
+    """Per source (in the sampler's name order) its saved epoch and position."""
+    if not isinstance(saved, Mapping):
+        raise PacktoolError(f"sampler state has sources={saved!r}: it must be a dict by source "
+                            "name; the state is corrupt, save it again")
+    missing = [n for n in sampler.names if n not in saved]
+    extra = sorted(str(n) for n in saved if n not in sampler.names)
+    if missing or extra:
+        raise PacktoolError(
+            f"mixture state is of the sources {', '.join(sorted(map(str, saved)))} but this "
+            f"sampler has {', '.join(sampler.names)}"
+            + (f" (the state lacks {', '.join(missing)}" if missing else " (")
+            + (f"{'; ' if missing else ''}the sampler lacks {', '.join(extra)})" if extra
+               else ")")
+            + ": it belongs to another mixture; build the sampler with the saved sources")
+    epoch, pos = [], []
+    for src in sampler.sources:
+        s = saved[src.name]
+        if not isinstance(s, Mapping):
+            raise PacktoolError(f"sampler state has sources.{src.name}={s!r}: it must be a "
+                                "dict; the state is corrupt, save it again")
+        for key, mine in src.identity.items():
+            if s.get(key) != mine:
+                raise PacktoolError(
+                    f"sampler state has source {src.name} with {key}={s.get(key)!r} but this "
+                    f"sampler's {src.name} has {key}={mine!r}: it is another dataset, and "
+                    f"resuming would repeat and skip its rows; give {src.name} the dataset the "
+                    "state was saved with")
+        epoch.append(count(s.get("epoch"), f"sources.{src.name}.epoch"))
+        pos.append(count(s.get("position"), f"sources.{src.name}.position", 0, src.n))
+    return tuple(epoch), tuple(pos)
+
+
+def _segment(seg, names: list[str], step: int) -> tuple[Segment, int, tuple]:
+    """The saved segment (start, weights) and its counters."""
+    ok = isinstance(seg, Mapping) and all(k in seg for k in ("start", "weights", "rows",
+                                                             "counts"))
+    if not ok or not isinstance(seg["weights"], Mapping) or \
+            not isinstance(seg["counts"], Mapping) or \
+            set(seg["weights"]) != set(names) or set(seg["counts"]) != set(names):
+        raise PacktoolError(f"sampler state has segment={seg!r}: it must hold start, weights "
+                            "and counts of every source, and rows; the state is corrupt, save "
+                            "it again")
+    start = count(seg["start"], "segment.start", 0, step)
+    taken = count(seg["rows"], "segment.rows")
+    counts = tuple(count(seg["counts"][n], f"segment.counts.{n}", 0, taken) for n in names)
+    try:
+        w = [Fraction(str(seg["weights"][n])) for n in names]
+    except (ValueError, ZeroDivisionError):
+        w = [Fraction(-1)]
+    if sum(counts) != taken or min(w) < 0 or sum(w) != 1:
+        raise PacktoolError(f"sampler state has segment={seg!r}: its counts must sum to its "
+                            "rows and its weights be fractions >= 0 summing to 1; the state is "
+                            "corrupt, save it again")
+    den = math.lcm(*(f.denominator for f in w))
+    shares = tuple(int(f * den) for f in w)
+    return Segment(start, shares, sum(shares)), taken, counts
+

@@ -38,7 +38,6 @@ from ..errors import PacktoolError
 from ..formats.packed import open_packed
 from ..formats.packed.batching import collate_numpy
 from . import sampler as _sampler
-from .budget import BudgetSampler
 from .state import is_state
 
 MODEL_KEYS = ("input_ids", "labels", "position_ids")
@@ -286,7 +285,8 @@ def _segments(batch: dict) -> tuple[np.ndarray, int]:
 
 class PackBatchSampler(_sampler.PackSampler, torch.utils.data.Sampler):
     """``DataLoader(ds, batch_sampler=PackBatchSampler(...))``: this rank's steps, each a list
-    of ``batch_size`` pack indices; ``len()`` counts steps. Same state as ``PackSampler``,
+    of ``batch_size`` pack indices (with ``tokens_per_step=T``, ``T / L / world_size`` rows of
+    one slot length); ``len()`` counts steps. Same state as ``PackSampler``,
     which a DataLoader takes as it is (``DataLoader(ds, sampler=PackSampler(...),
     batch_size=<its batch_size>)``: this rank's pack indices one at a time, a step handed out
     once its last pack is; ``packtool.torch.PackSampler`` is that one class).
@@ -301,24 +301,6 @@ class PackBatchSampler(_sampler.PackSampler, torch.utils.data.Sampler):
         loader.load_state_dict(ckpt)          # same num_workers (torchdata's rule)
         sampler.load_state_dict(sampler_state(ckpt))   # or: another world size / batch size
     """
-
-    def __new__(cls, packs=None, *, tokens_per_step=None, curriculum=None, **kw):
-        if tokens_per_step is None and curriculum is None:
-            return super().__new__(cls)
-        from .budget import budget_sampler
-
-        return budget_sampler(packs, tokens_per_step, curriculum, kw, BudgetBatchSampler)
-
-    def __iter__(self):
-        return self.steps()
-
-    def __len__(self) -> int:
-        return self.n_steps - self.start_step
-
-
-class BudgetBatchSampler(BudgetSampler, torch.utils.data.Sampler):
-    """``PackBatchSampler(..., tokens_per_step=T)``: this rank's steps of one slot length each
-    (``T / L / world_size`` row indices); ``len()`` counts steps."""
 
     def __iter__(self):
         return self.steps()

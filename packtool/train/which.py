@@ -76,27 +76,46 @@ class WhichResult:
         return asdict(self)
 
 
-def _sampler(ds, epoch, world_size: int, batch_size: int, seed: int, balance: str | None,
-             drop_last: bool, tokens_per_step: int | None = None, curriculum: str = "uniform"):
-    """(The PackSampler ``which`` answers for, its settings as shown). Refused: a step of more
-    packs than the dataset holds (work would grow with the number typed: ``--world-size
-    2**62`` would deal 2**62 slots); with ``tokens_per_step`` the token-budget sampler's own
-    refusals (a world size that does not divide T / L)."""
+def open_sampler(path, epoch: int = 0, *, world_size: int = 1, batch_size: int = 1,
+                 seed: int = 0, balance: str | None = None, drop_last: bool = True,
+                 tokens_per_step: int | None = None, curriculum: str = "uniform",
+                 schedule=None, exhausted: str = "next_epoch"):
+    """(The sampler at rank 0 (every rank computes the same steps), {source name, or None for
+    one dataset: the packed dataset}, the settings as shown). ``path``: one packed directory,
+    or with ``schedule`` a mixture's {name: directory}. Refused: a step of more packs than
+    the dataset holds (work would grow with the number typed: ``--world-size 2**62`` would
+    deal 2**62 slots); the sampler's own refusals (a world size that does not divide T / L)."""
+    from .mixture import MixtureSampler
     from .sampler import PackSampler
 
     for name, v, lo in (("epoch", epoch, 0), ("world-size", world_size, 1),
                         ("batch-size", batch_size, 1), ("seed", seed, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise PacktoolError(f"--{name} must be an integer >= {lo}, got {v!r}")
+    if schedule is not None:
+        data = {n: open_packed(p, checksums=False) for n, p in path.items()}
+        return MixtureSampler(data, schedule, rank=0, world_size=world_size,
+                              batch_size=batch_size, seed=seed, exhausted=exhausted), data, (
+            f"world size {world_size} x batch size {batch_size}, seed {seed}, exhausted "
+            f"{exhausted}")
+    ds = open_packed(path, checksums=False)  # structure checked; no full read for a lookup
     if tokens_per_step is not None:
         if batch_size != 1 or not drop_last:
             raise PacktoolError("--batch-size and --no-drop-last do not apply with "
                                 "--tokens-per-step (a step takes T / L rows of one length)")
         return PackSampler(ds, rank=0, world_size=world_size, seed=seed, balance=balance,
-                           tokens_per_step=tokens_per_step, curriculum=curriculum), (
+                           tokens_per_step=tokens_per_step, curriculum=curriculum), {None: ds}, (
             f"world size {world_size}, {tokens_per_step:,} tokens a step, curriculum "
             f"{curriculum}")
-    n, g = len(ds), world_size * batch_size
+    _fits(len(ds), world_size, batch_size, drop_last)
+    return PackSampler(ds, rank=0, world_size=world_size, batch_size=batch_size, seed=seed,
+                       drop_last=bool(drop_last), balance=balance), {None: ds}, (
+        f"world size {world_size} x batch size {batch_size} "
+        + ("with drop_last" if drop_last else "without drop_last"))
+
+
+def _fits(n: int, world_size: int, batch_size: int, drop_last: bool) -> None:
+    g = world_size * batch_size
     if world_size > n:
         raise PacktoolError(
             f"world size {world_size:,} > {n:,} packs: every rank would get a pack of its own "
@@ -112,47 +131,46 @@ def _sampler(ds, epoch, world_size: int, batch_size: int, seed: int, balance: st
                "without drop_last the epoch's one step would repeat its packs to fill it")
             + f"; give the trainer's settings (a batch size of at most {n // world_size:,} at "
               f"world size {world_size:,})")
-    return PackSampler(ds, rank=0, world_size=world_size, batch_size=batch_size, seed=seed,
-                       drop_last=bool(drop_last), balance=balance), (
-        f"world size {world_size} x batch size {batch_size} "
-        + ("with drop_last" if drop_last else "without drop_last"))
 
 
-def which_step(path, epoch: int, step: int, rank: int | None = None, *, world_size: int = 1,
-               batch_size: int = 1, seed: int = 0, balance: str | None = None,
-               drop_last: bool = True, tokens_per_step: int | None = None,
-               curriculum: str = "uniform") -> WhichResult:
+def _label(path, data: dict) -> str:
+    return str(path) if None in data else " ".join(f"{n}={p}" for n, p in sorted(path.items()))
+
+
+def _shown(shown: str, data: dict, settings: dict) -> str:
+    """The settings as a question shows them (one dataset's: with its seed and balance)."""
+    return shown if None not in data else \
+        f"{shown}, seed {settings.get('seed', 0)}, balance {settings.get('balance') or 'none'}"
+
+
+def which_step(path, epoch: int, step: int, rank: int | None = None, **settings) -> WhichResult:
     """The source documents of ``step`` of ``epoch`` (every rank, or ``rank``), as the
-    sampler with these settings schedules them (``tokens_per_step``: the token-budget
-    sampler's). A step the sampler never takes is refused."""
-    ds = open_packed(path, checksums=False)  # structure checked; no full read for a lookup
-    sampler, shown = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last,
-                              tokens_per_step, curriculum)
-    _check_rank(rank, world_size)
+    sampler with these settings (:func:`open_sampler`) schedules them; a mixture's step counts
+    from the run's start. A step the sampler never takes is refused."""
+    sampler, data, shown = open_sampler(path, epoch, **settings)
+    world_size = settings.get("world_size", 1)
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))
+                             or not 0 <= rank < world_size):
+        raise PacktoolError(f"--rank {rank!r}: must be from 0 to {world_size - 1}")
     n_steps = sampler.steps_in(epoch)
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-            or not 0 <= step < n_steps:
-        left = len(sampler.left_out(epoch)) if drop_last else 0
+    if n_steps is not None and (isinstance(step, bool) or not isinstance(
+            step, (int, np.integer)) or not 0 <= step < n_steps):
+        left = len(sampler.left_out(epoch)) if settings.get("drop_last", True) else 0
         raise PacktoolError(
             f"step {step}: the sampler takes steps 0..{n_steps - 1} of epoch {epoch} at "
             f"{shown}"
             + (f"; it leaves out the epoch's last {left:,} packs (fewer than a step), "
                "--no-drop-last fills a last step with the epoch's first packs instead"
-               if left and step == n_steps and tokens_per_step is None else ""))
-    row, sources = sampler.schedule_row(epoch, step), Sources(ds)
-    res = WhichResult(str(path), f"epoch {epoch} step {step}"
-                      + (f" rank {rank}" if rank is not None else "")
-                      + f" ({shown}, seed {seed}, balance {balance or 'none'})")
+               if left and step == n_steps and settings.get("tokens_per_step") is None else ""))
+    ranks, sources = sampler.which(step, epoch), {n: Sources(ds) for n, ds in data.items()}
+    res = WhichResult(_label(path, data), ("" if None not in data else f"epoch {epoch} ")
+                      + f"step {step}" + (f" rank {rank}" if rank is not None else "")
+                      + f" ({_shown(shown, data, settings)})")
     for r in ([rank] if rank is not None else range(world_size)):
-        for pack in row[r].tolist():
-            _add_segments(res, ds, sources, pack, r)
+        for item in ranks[r]:
+            name, row = item if None not in data else (None, item)
+            _add_segments(res, data[name], sources[name], row, r, name)
     return res
-
-
-def _check_rank(rank, world_size: int) -> None:
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))
-                             or not 0 <= rank < world_size):
-        raise PacktoolError(f"--rank {rank!r}: must be from 0 to {world_size - 1}")
 
 
 def _add_segments(res: WhichResult, ds, sources: Sources, row: int, rank: int,
@@ -165,81 +183,31 @@ def _add_segments(res: WhichResult, ds, sources: Sources, row: int, rank: int,
         at += -(-n // ds.align) * ds.align  # an aligned row: the next after the pads
 
 
-def which_record(path, spec: str, epoch: int = 0, *, world_size: int = 1, batch_size: int = 1,
-                 seed: int = 0, balance: str | None = None, drop_last: bool = True,
-                 tokens_per_step: int | None = None, curriculum: str = "uniform") -> WhichResult:
-    """Where record ``FILE:RECORD`` went: its packs, and the step and rank of each in
-    ``epoch`` (every place the sampler yields the pack: without drop_last a pack of the epoch's
-    first ones also fills the last step; with it, a pack of the left-out tail has none)."""
+def which_record(path, spec: str, epoch: int = 0, **settings) -> WhichResult:
+    """Where record ``FILE:RECORD`` went: its packs (a mixture's: in every source whose corpus
+    holds it; two sources packed from one corpus both do), and the step and rank of each in
+    ``epoch`` (a mixture's: that source's epoch): every place the sampler yields it (without
+    drop_last a pack of the epoch's first ones also fills the last step; with it, a pack of
+    the left-out tail has none)."""
     file, rec = parse_record(spec)
-    ds = open_packed(path, checksums=False)
-    sampler, shown = _sampler(ds, epoch, world_size, batch_size, seed, balance, drop_last,
-                              tokens_per_step, curriculum)
-    doc = Sources(ds).find(file, rec)
-    res = WhichResult(str(path), f"{spec} (document {doc:,}) in epoch {epoch} "
-                      f"({shown}, seed {seed}, balance {balance or 'none'})")
-    for pack, a, b in rows_of(ds, doc):  # each pack's step by the inverse permutation
-        for st, r in sampler.places(pack, epoch) or [(None, None)]:
-            res.steps.append({"pack": pack, "epoch": epoch, "step": st, "rank": r,
-                              "tokens": (a, b)})
+    sampler, data, shown = open_sampler(path, epoch, **settings)
+    sources = {n: Sources(ds) for n, ds in data.items()}
+    if None in data:
+        docs = {None: sources[None].find(file, rec)}
+        named = f"document {docs[None]:,}) in epoch {epoch}"
+    else:
+        docs = {n: src.find(file, rec) for n, src in sources.items() if src.inputs_named(file)}
+        if not docs:
+            raise PacktoolError(f"no source of this mixture ({', '.join(sorted(data))}) lists "
+                                f"the input {file}; inputs are named as tokenize recorded them")
+        named = ", ".join(f"source {n} document {d:,}" for n, d in docs.items()) + \
+            f") in its epoch {epoch}"
+    res = WhichResult(_label(path, data), f"{spec} ({named} ({_shown(shown, data, settings)})")
+    for name, doc in docs.items():
+        for row, a, b in rows_of(data[name], doc):  # by the inverse permutation
+            for st, r in sampler.where(row, name, epoch) or [(None, None)]:
+                res.steps.append({**({"source": name} if name else {}), "pack": row,
+                                  "epoch": epoch, "step": st, "rank": r, "tokens": (a, b)})
     if not res.steps:
         res.question += ": in no pack (held out, dropped, empty or not sampled by the mixture)"
-    return res
-
-
-# ------------------------------------------------------------------ a mixture
-
-def _mixture(paths: dict[str, str], schedule, **kw):
-    """(datasets, the sampler at rank 0 (every rank computes the same steps), each source's
-    documents, the settings as shown, the label)."""
-    from .mixture import MixtureSampler
-
-    data = {n: open_packed(p, checksums=False) for n, p in paths.items()}
-    shown = "world size {world_size} x batch size {batch_size}, seed {seed}, exhausted " \
-        "{exhausted}".format(**kw)
-    return (data, MixtureSampler(data, schedule, rank=0, **kw),
-            {n: Sources(data[n]) for n in sorted(data)}, shown,
-            " ".join(f"{n}={p}" for n, p in sorted(paths.items())))
-
-
-def which_mixture_step(paths: dict[str, str], schedule, step: int, rank: int | None = None, *,
-                       world_size: int = 1, batch_size: int = 1, seed: int = 0,
-                       exhausted: str = "next_epoch") -> WhichResult:
-    """The source documents of global ``step`` (every rank, or ``rank``)."""
-    data, sampler, sources, shown, label = _mixture(
-        paths, schedule, world_size=world_size, batch_size=batch_size, seed=seed,
-        exhausted=exhausted)
-    _check_rank(rank, world_size)
-    ranks = sampler.which_step(step)
-    res = WhichResult(label, f"step {step}" + (f" rank {rank}" if rank is not None else "")
-                      + f" ({shown})")
-    for r in [rank] if rank is not None else range(world_size):
-        for name, row in ranks[r]:
-            _add_segments(res, data[name], sources[name], row, r, name)
-    return res
-
-
-def which_mixture_record(paths: dict[str, str], schedule, spec: str, epoch: int = 0, *,
-                         world_size: int = 1, batch_size: int = 1, seed: int = 0,
-                         exhausted: str = "next_epoch") -> WhichResult:
-    """Where record ``FILE:RECORD`` went: in every source whose corpus holds it (two sources
-    packed from one corpus both do), its rows, and the step and rank that takes each row in
-    that source's epoch ``epoch``."""
-    file, record = parse_record(spec)
-    data, sampler, sources, shown, label = _mixture(
-        paths, schedule, world_size=world_size, batch_size=batch_size, seed=seed,
-        exhausted=exhausted)
-    docs = {n: src.find(file, record) for n, src in sources.items() if src.inputs_named(file)}
-    if not docs:
-        raise PacktoolError(f"no source of this mixture ({', '.join(sampler.names)}) lists "
-                            f"the input {file}; inputs are named as tokenize recorded them")
-    named = ", ".join(f"source {n} document {d:,}" for n, d in docs.items())
-    res = WhichResult(label, f"{spec} ({named}) in its epoch {epoch} ({shown})")
-    for name, doc in docs.items():
-        for row, a, b in rows_of(data[name], doc):
-            step, r = sampler.which_row(name, row, epoch) or (None, None)
-            res.steps.append({"source": name, "pack": row, "epoch": epoch, "step": step,
-                              "rank": r, "tokens": (a, b)})
-    if not res.steps:
-        res.question += ": in no row (held out, dropped or empty)"
     return res

@@ -82,35 +82,42 @@ def fingerprint(costs: np.ndarray | None) -> str | None:
 
 
 def cost_table(packs, balance, ratio: float, n_packs: int):
-    """(cost classes, per-pack costs or None) of a sampler's ``balance``: None; "attention",
-    from the classes the packed index stores where it has them (``packs.cost_classes(ratio)``:
-    a memory map, nothing per pack read at start), else from every pack's segment table; or an
-    array of per-pack costs."""
+    """(cost classes, per-pack costs or None) of a sampler's ``balance`` (:func:`costs_of`),
+    "attention" from the classes the packed index stores where it has them
+    (``packs.cost_classes(ratio)``: a memory map, nothing per pack read at start)."""
+    stored = getattr(packs, "cost_classes", None)
+    if isinstance(balance, str) and balance == "attention" and stored is not None \
+            and (table := stored(ratio)) is not None:
+        return table, None
+    kind, costs = costs_of(packs, balance, n_packs)
+    if kind is None:
+        return None, None
+    digest = packs.costs_fingerprint() if kind == "attention" and hasattr(
+        packs, "costs_fingerprint") else fingerprint(costs)  # a packed dataset's: its shards'
+    return CostClasses.from_costs(costs, ratio, digest), costs
+
+
+def costs_of(rows, balance, n: int) -> tuple[str | None, np.ndarray | None]:
+    """(balance as a sampler's state records it, per-row costs or None) of ``balance``: None;
+    "attention", from every row's segment table; or an array of per-row costs."""
     from ...errors import PacktoolError
 
     if balance is None:
         return None, None
     if isinstance(balance, str):
         if balance != "attention":
-            raise PacktoolError(f"balance must be None, 'attention' or an array of per-pack "
+            raise PacktoolError(f"balance must be None, 'attention' or an array of per-row "
                                 f"costs, got {balance!r}")
-        if not hasattr(packs, "attention_costs"):
+        if not hasattr(rows, "attention_costs"):
             raise PacktoolError("balance='attention' reads segment lengths from a packed "
-                                "dataset: pass open_packed(dir) instead of a pack count, or "
-                                "pass balance=<array of per-pack costs>")
-        stored = getattr(packs, "cost_classes", None)
-        table = stored(ratio) if stored is not None else None
-        if table is not None:
-            return table, None
-        costs = np.asarray(packs.attention_costs(), np.float64)
-        if hasattr(packs, "costs_fingerprint"):  # a packed dataset's: by its shards' digests
-            return CostClasses.from_costs(costs, ratio, packs.costs_fingerprint()), costs
-    else:
-        costs = np.asarray(balance, dtype=np.float64)
-        if costs.shape != (n_packs,) or not np.isfinite(costs).all() or (costs < 0).any():
-            raise PacktoolError(f"balance costs must be {n_packs:,} finite numbers >= 0 (one "
-                                f"per pack), got shape {costs.shape}")
-    return CostClasses.from_costs(costs, ratio, fingerprint(costs)), costs
+                                "dataset: pass open_packed(dir) instead of a count, or pass "
+                                "balance=<array of per-row costs>")
+        return "attention", np.asarray(rows.attention_costs(), np.float64)
+    costs = np.asarray(balance, dtype=np.float64)
+    if costs.shape != (n,) or not np.isfinite(costs).all() or (costs < 0).any():
+        raise PacktoolError(f"balance costs must be {n:,} finite numbers >= 0 (one per row), "
+                            f"got shape {costs.shape}")
+    return "costs", costs
 
 
 def cost_classes(costs: np.ndarray, ratio: float = COST_RATIO) -> np.ndarray:
