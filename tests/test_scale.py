@@ -235,6 +235,24 @@ def test_interrupted_driver_resumes(inputs, reference, tmp_path):
     assert data_files(tmp_path / "c") == data_files(reference / "c")
 
 
+def test_a_local_shard_job_never_walks_the_shared_staging_folder(reference, tmp_path,
+                                                                 monkeypatch):
+    """A local pack's jobs write into the one staging folder, where concurrent jobs (Ray
+    tasks) make and remove their temporary folders: a job that listed the folder's files
+    (rglob) met one vanishing (FileNotFoundError, shard 43 on Ray in CI). Only a bucket's
+    publish lists a job's files, in the job's own scratch folder."""
+    walked = []
+    rglob = Path.rglob
+
+    def spy(self, pattern, *a, **k):
+        walked.append(str(self))
+        return rglob(self, pattern, *a, **k)
+
+    monkeypatch.setattr(Path, "rglob", spy)
+    pack([str(reference / "c")], tmp_path / "p", PackOptions(256, shard_size=20_000))
+    assert walked == []  # not the staging folder (.p.tmp-PID-..., on Ray .p.staging-...)
+
+
 # --------------------------------------------------------------------------------- Ray
 
 

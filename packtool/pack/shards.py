@@ -285,8 +285,12 @@ def run_task(task: PackTask, tick):
         here = dataclasses.replace(inner, target=dataclasses.replace(
             inner.target, staging=str(folder)))
         result, _ = task.write(here, tick)
-        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                       if p.is_file() and not p.name.startswith("."))
+
+        def files() -> list[str]:  # asked only by a bucket's publish: its scratch folder is
+            # this job's own, where a local job's folder is the staging folder that other
+            # jobs (Ray tasks) write their temporary folders in and remove meanwhile
+            return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                          if p.is_file() and not p.name.startswith("."))
         return files, name, result, {}
 
     return run_job(out, name.replace(".entry.json", ".lock"), inner.label(),

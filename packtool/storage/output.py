@@ -399,6 +399,7 @@ class BucketOutput(Output):
         from .publish import Published
 
         self.remove(list(retire))
+        names = names() if callable(names) else names  # a job may list its files lazily
 
         def publish() -> tuple:
             sent = Published(str(self.path))

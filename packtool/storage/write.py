@@ -26,9 +26,10 @@ def run_job(out: Output, lock: str, label: str, finished: Callable, skipped: Cal
             write: Callable):
     """Make the job exist at ``out``: ``finished()`` gives its result if it is already
     written (then ``skipped(result)`` gives the job's result and ticks its progress);
-    else ``write(folder)`` writes it into the scratch folder and gives (file names, record
-    name, result, options of :meth:`Output.finish_job`). The job's ``(result, skipped)``, or
-    for a bucket the PendingUpload that publishes it (holding the job's lock and scratch folder)."""
+    else ``write(folder)`` writes it into the scratch folder and gives (file names, or a
+    function giving them when a bucket asks, record name, result, options of
+    :meth:`Output.finish_job`). The job's ``(result, skipped)``, or for a bucket the
+    PendingUpload that publishes it (holding the job's lock and scratch folder)."""
     with contextlib.ExitStack() as held:
         held.enter_context(out.job_lock(lock, label))
         done = finished()
