@@ -31,6 +31,7 @@ FEATURES = {  # name -> how a user turns it on
     "groups": "pairs and groups (tokenize --chosen-field/--completions-field)",
     "plain": "plain documents (tokenized without --chosen-field/--completions-field)",
     "share_prompt": "--share-prompt",
+    "share_prefix": "--share-prefix",
     "mixture": "repeat factors or target shares (PREFIX:FACTOR, PREFIX=SHARE)",
     "holdout": "--valid-docs/--valid-fraction",
     "per_segment": "per_segment=True (padding every segment)",
@@ -38,7 +39,7 @@ FEATURES = {  # name -> how a user turns it on
     "collate_max_docs": "collate max_docs=K",
     "varlen": "cu_seqlens attention (flash-attention varlen, model_inputs varlen=True)",
     "cp_shard": "cp_shard (context parallelism at load)",
-    "export_segments": "export as segments (megatron, llmc, parquet-packed, mds, parquet)",
+    "export_segments": "export as segments (megatron, llmc, parquet-packed, mds)",
 }
 
 
@@ -57,6 +58,8 @@ class Conflict:
 
 
 _WHOLE = "pairs and groups are packed whole, one item a group"
+_TREE_ROW = ("a row of segments says 'attend within your own segment', so a tree's segment "
+             "would lose its ancestors, and positions would restart where a child's continue")
 CONFLICTS = (
     Conflict(("vsl", "align"), "a --vsl chunk row is one unpadded segment and remnant rows are "
              "bfd's: there are no pads to align", "drop the alignment options, or --vsl"),
@@ -106,9 +109,39 @@ CONFLICTS = (
              "pack without --share-prompt for context parallelism"),
     Conflict(("share_prompt", "export_segments"), "a row of segments says 'attend within your "
              "own segment', so a completion would lose its prompt, and positions would restart "
-             "where a completion's continue from its prompt", "train from the packed dataset "
-             "with packtool.torch (block_mask, sequence_logps), or pack without "
-             "--share-prompt"),
+             "where a completion's continue from its prompt", "export --format parquet (it "
+             "carries seg_up, the tree), train from the packed dataset with packtool.torch "
+             "(block_mask, sequence_logps), or pack without --share-prompt"),
+    Conflict(("share_prefix", "share_prompt"), "--share-prefix already shares every group's "
+             "prompt (and any longer common beginning)", "drop --share-prompt"),
+    Conflict(("share_prefix", "export_segments"), _TREE_ROW, "export --format parquet (it "
+             "carries seg_up, the tree), or train from the packed dataset with packtool.torch"),
+    Conflict(("share_prefix", "varlen"), "a segment attends to its ancestors and itself, which "
+             "cu_seqlens (and masks inferred from position_ids) cannot express", "pass "
+             "mask='4d' (eager/sdpa attention) or use packtool.torch.block_mask(batch) with "
+             "FlexAttention"),
+    Conflict(("share_prefix", "cp_shard"), "a shard's keys run within one segment, and a tree's "
+             "segment needs its ancestors' keys too", "pack without --share-prefix for "
+             "context parallelism"),
+    Conflict(("share_prefix", "vsl"), "a tree is packed whole, and --vsl cuts sequences into "
+             "chunks", "drop --vsl"),
+    Conflict(("share_prefix", "align"), "alignment pads would fall inside a tree's path (its "
+             "positions continue from the parent's end; not supported yet)",
+             "drop the alignment options"),
+    Conflict(("share_prefix", "max_docs"), "a tree's segments count as segments and a tree is "
+             "never cut (not supported yet)", "drop --max-docs"),
+    Conflict(("share_prefix", "group_docs"), "records that share a prefix are found over the "
+             "whole corpus, in one plan", "drop --group-docs"),
+    Conflict(("share_prefix", "mixture"), "each record is a leaf exactly once", "drop the "
+             "factors and shares"),
+    Conflict(("share_prefix", "holdout"), "a held-out record would leave its tree; hold out "
+             "records before tokenize", "drop --valid-docs/--valid-fraction"),
+    Conflict(("share_prefix", "truncate"), "a record is never cut (its leaf would end where it "
+             "does not)", "keep the default (over-long records refused) or pass --overflow "
+             "drop (dropped and counted)"),
+    Conflict(("share_prefix", "per_segment"), "padding each segment would move the positions "
+             "its children continue from", "pad tree rows at the row's end (pad_to or "
+             "pad_multiple without per_segment)"),
 )
 
 
