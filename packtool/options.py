@@ -98,6 +98,10 @@ class TokenizeOptions:
                                         "the prompt.")
     rewards_field: str | None = opt(None, "Groups: key of a list of numbers, one reward per "
                                     "completion.")
+    tree_field: str | None = opt(None, "Key of each record's conversation or rollout id (any "
+                                 "JSON value): stored per document (.tree), so pack "
+                                 "--share-prefix builds one prefix tree of each id's records "
+                                 "(docs/FORMAT.md).")
     chat_template: str | None = opt(None, "Jinja chat template file, local (default: "
                                     "tokenizer_config.json's, which a tokenizer at a URL "
                                     "brings; else built-in).", type="path")

@@ -249,3 +249,38 @@ def test_parquet_export_carries_the_tree(chat, tmp_path):
     r = CliRunner().invoke(cli, ["export", str(d / "trees"), "--format", "megatron", "-o",
                                  str(tmp_path / "m"), "-q"])
     assert r.exit_code != 0 and "--share-prefix" in r.output
+
+
+def test_tree_field_records_each_conversation_and_pack_groups_by_it(tmp_path):
+    """tokenize --tree-field stores each record's id (.tree); pack --share-prefix then builds
+    one tree per id: records of one conversation share its history, and two conversations
+    sharing a system prompt are still two trees."""
+    from conftest import TOKENIZER, write_jsonl
+
+    from packtool.sources.records import tree_id
+    from packtool.tokenize import TokenizeOptions, tokenize_files
+
+    recs = []
+    for c in range(4):
+        hist = [{"role": "system", "content": "You are a helpful assistant, brief and kind."}]
+        for t in range(3):
+            hist = hist + [{"role": "user", "content": f"question {c} {t} alpha beta"},
+                           {"role": "assistant", "content": f"answer {c} {t} gamma delta"}]
+            recs.append({"messages": hist, "meta": {"conv": [c, "x"]}})
+    tokenize_files([str(write_jsonl(tmp_path / "chat.jsonl", recs))], TOKENIZER,
+                   tmp_path / "chat", TokenizeOptions(messages_field="messages",
+                                                      tree_field="meta.conv"))
+    c = packtool.open_tokens(tmp_path / "chat")
+    assert c.meta["tree_field"] == "meta.conv"
+    assert c.per_doc("tree").tolist() == [tree_id([k, "x"], "f") for k in range(4) for _ in "abc"]
+    pack_corpus([tmp_path / "chat"], tmp_path / "p", 2048, share_prefix=True, min_shared=4)
+    ds = validate_packed(tmp_path / "p")
+    assert ds.index["trees"]["source"] == "tree_field" and ds.index["trees"]["n_trees"] == 4
+    for i in range(len(ds)):
+        ex = ds[i]
+        conv = {int(g): {int(d) // 3 for d, h in zip(ex["seq_doc"], ex["seq_group"], strict=True)
+                         if h == g} for g in ex["seq_group"]}
+        assert all(len(v) == 1 for v in conv.values())  # a tree is one conversation
+    verify_packed(tmp_path / "p", [tmp_path / "chat"])
+    flat = sum(len(c[d]) for d in range(len(c)))
+    assert ds.index["n_tokens"] < flat / 2

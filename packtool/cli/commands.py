@@ -24,7 +24,7 @@ RUN_FIELDS = ("executor", "ray_address", "tasks", "task", "finalize")
 TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "skip_bad_records", "max_record_bytes", "prompt_field", "completion_field",
                    "messages_field", "chosen_field", "rejected_field", "completions_field",
-                   "rewards_field", "chat_template", "train_on", "max_render_chars",
+                   "rewards_field", "tree_field", "chat_template", "train_on", "max_render_chars",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
                    "part_bytes", "overwrite")
 PACK_FIELDS = ("seq_len", "algo", "layout", "source_check", "overflow", "seed", "shuffle",

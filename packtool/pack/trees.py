@@ -25,13 +25,18 @@ fit for shorter ones that do, so sets fill their rows (counted: ``n_split_trees`
 (pair, completions) is never cut: over ``--seq-len`` it is refused, or dropped with
 ``--overflow drop``, as without trees.
 
-``--min-shared`` (default ``MIN_SHARED``): a shared node costs one segment (a row's
-attention mask, cu-style tables, a kernel's per-segment work) to save (k - 1) x its tokens.
-scripts/bench_prefix.py measured tokens stored against it on the chat corpora: a system prompt
-of 300 tokens or a conversation's history is shared alike at 1..64, while below 8 chat
-templates' shared headers (``<|im_start|>assistant\\n``, 3-5 tokens) and common openings
-("The", "I think") became segments of their own that saved under 0.1% of tokens each; 16 is
-the smallest value at which no such segment was made.
+``--min-shared`` (default ``MIN_SHARED``, 16), chosen by measurement: a shared node is one
+more segment (a kernel's per-segment work, a mask's block, a row's table entry) for what it
+saves, so a default should share what repeats at length and leave chance beginnings alone.
+scripts/bench_prefix.py's sweep on 5,000 templated chat records (3-token role headers, 40%
+under one of 5 system prompts of 300 tokens, user turns opening with one of 40 Zipf-drawn
+2-token phrases): --min-shared 1, 2 and 4 made 531, 518 and 219 shared segments under 16
+tokens (headers and openings) to store 1.1%, 1.1% and 1.0% fewer tokens (1,413,602 against
+1,428,818); from 8 to 64 none, the same 153 shared segments and tokens. 16 is twice the
+longest chance share there (5 tokens) with room for longer templates (Llama 3's headers are
+4-5 tokens, a common opening sentence as many again) at no cost in tokens on either corpus.
+A prompt shorter than 16 tokens is therefore not shared by ``--share-prefix``
+(``--share-prompt`` shares every prompt; ``--min-shared 1`` shares everything).
 """
 
 from __future__ import annotations
@@ -129,10 +134,11 @@ class TreeTable:
         return sum(self.length[first:])
 
 
-def tree_segments(lengths: np.ndarray, read, table, options) -> tuple:
+def tree_segments(lengths: np.ndarray, read, table, options, tree_ids=None) -> tuple:
     """(segments, item per entry, item lengths, index.json's ``trees``) of a corpus packed
     with --share-prefix: one tree a group (``table``, a GroupTable), or the record sets of
-    plain records. ``read(doc)`` gives a document's trie keys."""
+    plain records, bucketed by their first tokens or (``tree_ids``, tokenize --tree-field)
+    by their tree id. ``read(doc)`` gives a document's trie keys."""
     lengths = np.asarray(lengths, np.int64)
     m, seq_len = int(options.min_shared or MIN_SHARED), int(options.seq_len)
     t = TreeTable([], [], [], [], [], [], [])
@@ -167,7 +173,8 @@ def tree_segments(lengths: np.ndarray, read, table, options) -> tuple:
             if docs:
                 items.append(size)
     else:
-        for docs in buckets(lengths, over, read, m):
+        for docs in (buckets(lengths, over, read, m) if tree_ids is None
+                     else id_buckets(lengths, over, tree_ids)):
             sets = record_sets(docs, read, seq_len, m)
             n_split += len(sets) > 1
             for rs in sets:
@@ -178,7 +185,8 @@ def tree_segments(lengths: np.ndarray, read, table, options) -> tuple:
                     raise RuntimeError("a record set over --seq-len")
     segs = _segments(t, lengths, over, seq_len, dropped_groups)
     kept = lengths[~over]
-    trees = {"source": "groups" if table is not None else "records", "min_shared": m,
+    source = "groups" if table is not None else "records" if tree_ids is None else "tree_field"
+    trees = {"source": source, "min_shared": m,
              "n_trees": len(items), "n_split_trees": n_split,
              "n_shared_segments": int(np.count_nonzero(segs.role == ROLE_SHARED)),
              "n_tokens_flat": int(kept.sum()), "n_tokens_stored": int(segs.table_length.sum())}
@@ -225,32 +233,45 @@ def buckets(lengths: np.ndarray, skip: np.ndarray, read, m: int) -> list[list[in
     return out
 
 
+def id_buckets(lengths: np.ndarray, skip: np.ndarray, tree_ids) -> list[list[int]]:
+    """Plain records in buckets of one tree id each (tokenize --tree-field), in document
+    order of each bucket's first record."""
+    by_id: dict[int, list[int]] = {}
+    for d in np.flatnonzero(~skip & (lengths > 0)).tolist():
+        by_id.setdefault(int(tree_ids[d]), []).append(d)
+    return list(by_id.values())
+
+
 def record_sets(docs: list[int], read, seq_len: int, m: int) -> list[list[int]]:
     """A bucket's records in sets whose tries fit ``seq_len`` (module docstring)."""
     if len(docs) == 1:
         return [docs]
     keys = {d: read(d) for d in docs}
     rest = sorted(docs, key=lambda d: keys[d].astype(">i8").tobytes())
+    order = {d: i for i, d in enumerate(rest)}
     if trie_size([keys[d] for d in rest], m) <= seq_len:
         return [docs]
     sets = []
-    while rest:
+    while rest:  # `rest` stays in trie order: what a set leaves is a subsequence of it
         cur, skipped, size, misses = [rest[0]], [], int(keys[rest[0]].size), 0
-        for d in rest[1:]:
-            if misses > LOOKAHEAD:
-                skipped.append(d)
-                continue
+        for i in range(1, len(rest)):
+            d = rest[i]
             grow = int(keys[d].size) - _lcp(keys[cur[-1]], keys[d])
             if size + grow <= seq_len:
                 cur.append(d)
                 size += grow
-            else:
-                skipped.append(d)
-                misses += 1
+                continue
+            skipped.append(d)
+            misses += 1
+            if misses > LOOKAHEAD:
+                skipped += rest[i + 1:]
+                break
         while len(cur) > 1 and trie_size([keys[d] for d in cur], m) > seq_len:
-            skipped.append(cur.pop())  # the estimate ignores min_shared and the cap
+            d = cur.pop()  # the estimate ignores min_shared and the cap
+            skipped.insert(next((j for j, e in enumerate(skipped) if order[e] > order[d]),
+                                len(skipped)), d)
         sets.append(sorted(cur))
-        rest = sorted(skipped, key=lambda d: keys[d].astype(">i8").tobytes())
+        rest = skipped
     return sets
 
 
@@ -280,8 +301,12 @@ def plan_trees(lengths: np.ndarray, options, table, read):
 
     options.check()
     group_overflow(options.overflow)
-    read = corpus_reader(read) if isinstance(read, list) else read
-    segs, item, items, trees = tree_segments(lengths, read, table, options)
+    ids = None
+    if isinstance(read, list):  # tokenize --tree-field: records bucketed by their tree id
+        if table is None and read and all(c.meta.get("tree_field") for c in read):
+            ids = np.concatenate([np.asarray(c.per_doc("tree")) for c in read])
+        read = corpus_reader(read)
+    segs, item, items, trees = tree_segments(lengths, read, table, options, ids)
     groups = None if table is None else {
         "kind": table.kind, "share_prompt": False, "n_groups": table.n_groups,
         "n_dropped_groups": segs.n_dropped_groups}
