@@ -139,9 +139,9 @@ def test_refuses_existing_output_and_unknown_version(tmp_path, corpus):
     pack_corpus(sources(corpus), tmp_path / "p", 64, overwrite=True)
     assert open_packed(tmp_path / "p").seq_len == 64
     idx = json.loads((tmp_path / "p" / "index.json").read_text())
-    idx["version"] = 6
+    idx["version"] = 7
     (tmp_path / "p" / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(packtool.FormatError, match="packtool.packed version 6 is not supported"):
+    with pytest.raises(packtool.FormatError, match="packtool.packed version 7 is not supported"):
         open_packed(tmp_path / "p")
 
 
