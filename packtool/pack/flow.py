@@ -238,6 +238,7 @@ class WholeCorpusPlan:
             valid=None if idx is None else idx["held_out"],
             vsl=None if idx is None else idx.get("vsl"), overflow=recorded_overflow(lay),
             groups=getattr(lay, "groups", None) if idx is None else idx.get("groups"),
+            trees=getattr(lay, "trees", None) if idx is None else idx.get("trees"),
             warnings=warnings + list(lay.report.warnings))
 
 
