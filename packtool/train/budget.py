@@ -204,7 +204,7 @@ class TokenBudget:
                         self.lengths, self.sizes, n)
         if ks is None:
             weights = self._weights if name == self.curriculum else curriculum_of(name)[1]
-            ks, c = np.empty(n, np.int32), consumed.copy()
+            ks, c = np.empty(n, np.int16 if len(per_step) < 1 << 15 else np.int32), consumed.copy()
             for i in range(n):
                 try:
                     ks[i] = k = self._next(epoch, start + i, c, per_step, weights)
@@ -220,7 +220,8 @@ class TokenBudget:
         if self._sched is None or self._sched[0] != epoch:
             first, consumed = self._origin(epoch)
             ks, stop = self.draws(epoch, first, consumed)
-            order = np.argsort(ks, kind="stable").astype(np.int64)
+            order = np.argsort(ks, kind="stable").astype(np.int32 if len(ks) < 2**31 else
+                                                          np.int64)  # 6 bytes a step in all
             ends = np.cumsum(np.bincount(ks, minlength=len(self.lengths)))
             self._sched = (epoch, first, consumed, ks, np.split(order, ends[:-1]), stop)
         return self._sched[1:5]

@@ -142,7 +142,7 @@ def _mulhi(a, b):
 def _draw_steps(key, start, consumed, per_step, lengths, sizes, odds, grow, n):
     total_tokens = (sizes * lengths).sum()
     k_len, left = lengths.size, sizes - consumed
-    out = np.empty(n, np.int32)
+    out = np.empty(n, np.int16)  # a length index (the sampler has far fewer than 2^15)
     for i in range(n):
         j = 0
         if grow:  # sub_cycle of the tokens done
@@ -175,7 +175,7 @@ def draw_steps(name: str, key: int, start: int, consumed, per_step, lengths, siz
     under curriculum ``name``, as :func:`draw` takes them one by one (a weight of 0 where a
     length cannot fill a step); None where the kernel cannot (a callable curriculum, or
     weights past 2^62: :func:`draw` then goes step by step)."""
-    if name not in CURRICULA:
+    if name not in CURRICULA or len(lengths) >= 1 << 15:  # the kernel's int16 indices
         return None
     odds = grow_odds(len(lengths)) if name == "grow-p2" else np.ones((1, len(lengths)),
                                                                      np.int64)
