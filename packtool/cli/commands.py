@@ -295,7 +295,7 @@ def demo(fixtures, out, seq_len, algo):
               help="Model types to check, comma-separated (transformers' model_type: llama, "
                    "gpt2, mistral, ...), or 'all' (default, unless --config is given: llama, "
                    "gpt2, mistral, qwen2, gemma2, mixtral, qwen2_moe, qwen3_next, "
-                   "granitemoehybrid).")
+                   "granitemoehybrid, and the vision-language qwen2_vl, qwen2_5_vl, qwen3_vl).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Also check the model of this config.json (a local file), shrunk to tiny "
                    "sizes keeping its layer types, sliding window, experts and state-space "
@@ -308,13 +308,17 @@ def conformance(archs, config_path, as_json):
     several lengths into one row and compares its logits with each document run alone, through
     every input path: position ids only, the flash-attention kwargs (cu_seq_lens_q/k, through
     packtool's reference varlen attention), a FlexAttention block mask, seq_idx (state-space
-    and linear-attention models), and a control that must leak. Prints the largest |logit
-    difference| per path and a verdict, exact (<= 1e-4), leaks or unsupported; exits 1 when
-    an architecture has no exact path. Needs torch and transformers (docs/TRAINING.md).
+    and linear-attention models), and a control that must leak. Vision-language models
+    (qwen2_vl, qwen2_5_vl, qwen3_vl) pack documents of 1-3 generated images each, with mRoPE
+    position ids restarting per document, and add a 4-D mask path. Prints the largest |logit
+    difference| per path and a verdict, exact (<= 1e-4; 1e-5 with images), leaks or
+    unsupported; exits 1 when an architecture has no exact path. Needs torch and
+    transformers (docs/TRAINING.md).
 
     \b
     Example:
         packtool conformance --arch llama,gpt2,mistral
+        packtool conformance --arch qwen2_vl,qwen2_5_vl,qwen3_vl
         packtool conformance --config my-model/config.json --json
     """
     from ..train import conformance as cf

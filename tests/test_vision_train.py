@@ -1,0 +1,172 @@
+"""The training side of images (issue 42): rows with images collated for a Qwen-VL model.
+
+The collator reads a row's own images (checked against their size and sha256), asks the
+user's image processor for the pixels, refuses a grid that differs from the stored one, and
+the mRoPE ids travel padded like every per-token array. ``packtool conformance --arch
+qwen2_vl,qwen2_5_vl,qwen3_vl`` proves the layout on tiny models (packed = alone)."""
+
+import base64
+import hashlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+Image = pytest.importorskip("PIL.Image")
+
+from packtool.errors import PacktoolError  # noqa: E402
+from packtool.formats.packed.batching import collate_numpy, pad_example  # noqa: E402
+from packtool.train import attention as at  # noqa: E402
+from packtool.train import conformance as cf  # noqa: E402
+from packtool.train.torch import model_inputs  # noqa: E402
+from packtool.train.vision import ImageCollator, read_image  # noqa: E402
+
+
+def png(w, h, seed=0) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def ref(uri, data, **kw):
+    return {"uri": uri, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), **kw}
+
+
+def processor():
+    return cf.image_processor(cf.tiny_vision_config("qwen2_vl"))
+
+
+def row(n, pos3, grids=(), refs=()):
+    """One pack of one document of ``n`` tokens with mRoPE ids ``pos3`` [3, n]."""
+    ids = np.arange(1, n + 1)
+    return {"input_ids": ids, "labels": ids, "position_ids": np.arange(n),
+            "cu_seqlens": np.array([0, n]), "position_ids_3d": np.asarray(pos3),
+            "image_grid_thw": np.asarray(grids, np.int64).reshape(-1, 3), "image_refs": list(refs)}
+
+
+def test_mrope_ids_pad_like_every_per_token_array():
+    """A row pad restarts at 0 in all three rows, a segment's pads continue it, and the real
+    tokens keep their stored (non-contiguous) ids: [3, N] aligned with input_ids."""
+    pos3 = np.array([[0, 1, 1, 1, 3], [0, 1, 1, 2, 3], [0, 1, 2, 1, 3]])
+    a, b = row(5, pos3), row(3, np.tile(np.arange(3), (3, 1)))
+    out = collate_numpy([a, b], pad_multiple=4, per_segment=True)
+    assert out["position_ids_3d"].shape == (3, 1, 12) == (3, *out["input_ids"].shape)
+    got = out["position_ids_3d"][:, 0]
+    assert (got[:, :5] == pos3).all()           # the real ids as stored
+    assert (got[:, 5:8] == [[5, 6, 7]] * 3).all()   # a's pads continue its positions
+    assert (got[:, 8:11] == np.arange(3)).all() and (got[:, 11] == 3).all()
+    assert out["cu_seq_lens_q"].tolist() == [0, 8, 12]
+    padded = pad_example(a, pad_to=8)
+    assert (padded["position_ids_3d"][:, 5:] == np.arange(3)).all()
+    assert padded["position_ids_3d"].shape == (3, 8)
+
+
+def test_model_inputs_give_the_qwen_vl_layout():
+    """[4, 1, N]: the text positions first (what transformers splits the row on), then t, h, w;
+    the image keys passed on; the 4-D mask path keeps the same ids."""
+    pos3 = np.array([[0, 1, 1, 3], [0, 1, 2, 3], [0, 2, 1, 3]])
+    batch = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
+             for k, v in collate_numpy([row(4, pos3, [[1, 2, 2]]), row(2, [[0, 1]] * 3)]).items()}
+    batch["pixel_values"] = torch.zeros(4, 8)
+    inputs = model_inputs(batch)
+    assert inputs["position_ids"].shape == (4, 1, 6)
+    assert inputs["position_ids"][0, 0].tolist() == [0, 1, 2, 3, 0, 1]
+    assert inputs["position_ids"][1:, 0, :4].tolist() == pos3.tolist()
+    assert inputs["image_grid_thw"].tolist() == [[1, 2, 2]] and "pixel_values" in inputs
+    masked = model_inputs(batch, mask="4d")
+    assert masked["position_ids"].shape == (4, 1, 6) and masked["attention_mask"].shape[-1] == 6
+
+
+def test_collator_reads_the_rows_images_and_checks_their_grids(tmp_path):
+    """pixel_values for the batch's images alone, in row order, equal to the processor's own
+    on those images; the grids are the stored ones."""
+    blobs = {f"mem://{i}": png(28 + 20 * i, 60 - 10 * i, seed=i) for i in range(3)}
+    proc = processor()
+    grids = proc(images=[Image.open(io.BytesIO(b)).convert("RGB") for b in blobs.values()],
+                 return_tensors="pt")
+    g = grids["image_grid_thw"].numpy()
+    refs = [ref(u, b) for u, b in blobs.items()]
+    reads = []
+
+    def read(r):
+        reads.append(r["uri"])
+        return blobs[r["uri"]]
+
+    rows = [row(4, [[0, 1, 2, 3]] * 3, g[:1], refs[:1]),
+            row(3, [[0, 1, 2]] * 3, g[1:], refs[1:])]
+    batch = ImageCollator(proc, read=read)(rows)
+    assert reads == list(blobs)
+    assert torch.equal(batch["pixel_values"], grids["pixel_values"])
+    assert batch["image_grid_thw"].tolist() == g.tolist()
+    assert "image_refs" not in batch and batch["position_ids_3d"].shape == (3, 1, 7)
+    text = ImageCollator(proc, read=read)([row(3, [[0, 1, 2]] * 3)])
+    assert "image_grid_thw" not in text and "pixel_values" not in text
+
+
+def test_a_grid_other_than_the_stored_one_is_refused_by_image():
+    data = png(100, 40)
+    bad = row(4, [[0, 1, 2, 3]] * 3, [[1, 2, 2]], [ref("mem://big.png", data)])
+    with pytest.raises(PacktoolError, match=r"mem://big.png.*processor's grid \[1, \d+, \d+\] "
+                                            r"!= \[1, 2, 2\].*min_pixels"):
+        ImageCollator(processor(), read=lambda r: data)([bad])
+
+
+def test_read_image_checks_bytes_and_reads_a_base64_range(tmp_path):
+    data = png(30, 30)
+    f = tmp_path / "a.png"
+    f.write_bytes(data)
+    assert read_image(ref(str(f), data)) == data
+    assert read_image(ref(f"file://{f}", data)) == data
+    line = json.dumps({"text": "hi", "image": base64.b64encode(data).decode()})
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text(line + "\n")
+    start = line.index(base64.b64encode(data).decode()[:20])
+    inline = ref(str(jsonl), data, offset=start, length=len(base64.b64encode(data)),
+                 encoding="base64")
+    assert read_image(inline) == data
+    f.write_bytes(data[:-1] + b"\0")  # same size, other bytes
+    with pytest.raises(PacktoolError, match=r"a.png: sha256 .* tokenize again"):
+        read_image(ref(str(f), data))
+    with pytest.raises(PacktoolError, match=r"has 3 bytes, 4 at tokenize"):
+        f.write_bytes(b"abc")
+        read_image({"uri": str(f), "bytes": 4})
+    with pytest.raises(PacktoolError, match="cannot read image .*missing.png"):
+        read_image({"uri": str(tmp_path / "missing.png")})
+    with pytest.raises(PacktoolError, match='no "uri"'):
+        read_image({"sha256": "00"})
+
+
+def test_a_bidirectional_layer_runs_both_ways():
+    """A vision encoder's call (is_causal=False, no boundaries: one image) sees every patch of
+    its image, in both packtool attention functions; before, the varlen reference ran it
+    causal (0.35 off on Qwen2-VL) and packtool's own refused it."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    want = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1) @ v
+    layer = torch.nn.Linear(1, 1)
+    for fn in (at.packtool_attention, at.varlen_attention):
+        out, _ = fn(layer, q, k, v, None, is_causal=False)
+        assert (out - want.transpose(1, 2)).abs().max() < 1e-6, fn.__name__
+    layer.is_causal = False
+    out, _ = at.packtool_attention(layer, q, k, v, None)
+    assert (out - want.transpose(1, 2)).abs().max() < 1e-6
+
+
+@pytest.mark.slow
+def test_qwen_vl_models_see_packed_documents_alone():
+    """The issue's bar on tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL (CPU, float32): every
+    document's logits packed equal alone within 1e-5 through the [4, 1, N] ids, the varlen
+    kwargs and a 4-D mask; the three mRoPE rows alone leak, and so does the control."""
+    result = cf.conformance(["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+    assert result.ok, result.summary()
+    for arch in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        paths = {r["path"]: r for r in result.rows if r["arch"] == arch}
+        for path in ("position_ids", "varlen", "mask_4d"):
+            assert paths[path]["verdict"] == "exact", paths[path]
+            assert paths[path]["max_abs_diff"] <= 1e-5
+        for path in ("position_ids_3d", "none"):
+            assert paths[path]["verdict"] == "leaks" and paths[path]["max_abs_diff"] > 0.1
