@@ -39,6 +39,7 @@ FEATURES = {  # name -> how a user turns it on
     "varlen": "cu_seqlens attention (flash-attention varlen, model_inputs varlen=True)",
     "cp_shard": "cp_shard (context parallelism at load)",
     "export_segments": "export as segments (megatron, llmc, parquet-packed, mds, parquet)",
+    "images": "images (tokenize --vision)",
 }
 
 
@@ -97,6 +98,15 @@ CONFLICTS = (
              "row pad would add a segment to some batches only", "pad every pack instead "
              "(TorchPackedDataset(pad_to=seq_len), one pad segment each) and pass max_docs="
              "--max-docs + 1, or use per_segment=True"),
+    Conflict(("images", "groups"), "a pair's or group's prompt is encoded once and copied "
+             "before each completion, and its images would need the same (not supported yet)",
+             "tokenize the prompts with images as prompt/completion or chat records"),
+    Conflict(("images", "vsl"), "--vsl cuts documents into chunks at fixed lengths, which "
+             "would cut an image's tokens apart from its pixels and its 3-D positions",
+             "drop --vsl"),
+    Conflict(("images", "truncate"), "a truncated document can end inside an image's tokens, "
+             "and the model needs all of them for its pixels", "use --overflow drop (over-long "
+             "documents dropped and counted) or raise --seq-len"),
     Conflict(("share_prompt", "varlen"), "a completion attends to its prompt and itself, which "
              "cu_seqlens (and masks inferred from position_ids) cannot express",
              "pass mask='4d' (eager/sdpa attention) or use packtool.torch.block_mask(batch) "

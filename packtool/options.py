@@ -26,6 +26,7 @@ BALANCE = ("none", "attention")
 # = engines.ENGINE_NAMES (tested)
 ENGINES = ("auto", "hf", "sentencepiece", "gigatoken", "fastokens", "tokie")
 ENGINE_CHECKS = ("sample", "full", "off")
+VISION_RULES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava")  # = vision.RULES (tested)
 DEFAULT_PART_BYTES = 256 << 20  # small input files are grouped into parts of about this much
 LONG_RECORD_WARN_BYTES = 8 << 20  # the reader warns once per run about a record this large
 
@@ -126,6 +127,17 @@ class TokenizeOptions:
     part_bytes: int = opt(DEFAULT_PART_BYTES, "Group consecutive input files into parts of up "
                           "to this many bytes (a file is never split; 1 = one part per "
                           "file).", type=("int", 1, None), show_default=True)
+    vision: str | None = opt(None, "Records with images, counted for this model's processor "
+                             "from each image's header (no pixel decoded): image content "
+                             "parts, or <image> placeholders with --images-field.",
+                             type=("choice", VISION_RULES))
+    images_field: str | None = opt(None, "With --vision: key of a list of the record's images "
+                                   "(paths relative to the input file, URLs, data: URIs), one "
+                                   "a <image> placeholder or image part without a source.")
+    min_pixels: int | None = opt(None, "With a Qwen-VL --vision: the processor's min_pixels "
+                                 "(default: the model's).", type=("int", 1, None))
+    max_pixels: int | None = opt(None, "With a Qwen-VL --vision: the processor's max_pixels "
+                                 "(default: the model's).", type=("int", 1, None))
 
     def check(self) -> None:
         """The option checks that need no input or tokenizer: run before a plan is made."""
@@ -155,6 +167,7 @@ class TokenizeOptions:
             raise PacktoolError(f"--train-on {self.train_on} chooses the trained tokens of a "
                                 f"chat (--messages-field); {self.mode.replace('_', '/')} "
                                 "records train on their completions only: drop --train-on")
+        self._check_vision()
         if self.group_kind:
             self._check_groups()
         elif bool(self.prompt_field) != bool(self.completion_field):
@@ -170,6 +183,27 @@ class TokenizeOptions:
             raise PacktoolError("--special-tokens applies to plain text; with "
                                 "prompt/completion use --bos/--eos, with messages the chat "
                                 "template")
+
+    def _check_vision(self) -> None:
+        if not self.vision:
+            given = [f for f, v in (("--images-field", self.images_field),
+                                    ("--min-pixels", self.min_pixels),
+                                    ("--max-pixels", self.max_pixels)) if v is not None]
+            if given:
+                raise PacktoolError(f"{', '.join(given)} describe images: pass --vision "
+                                    f"({', '.join(VISION_RULES)}) or drop them")
+            return
+        if self.vision not in VISION_RULES:
+            raise PacktoolError(f"--vision {self.vision!r}: choose one of "
+                                f"{', '.join(VISION_RULES)}")
+        if self.vision == "llava" and (self.min_pixels or self.max_pixels):
+            raise PacktoolError("--vision llava gives every image 576 tokens whatever its "
+                                "size; drop --min-pixels/--max-pixels")
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise PacktoolError(f"--min-pixels {self.min_pixels:,} > --max-pixels "
+                                f"{self.max_pixels:,}; swap them")
+        if self.group_kind:
+            conflicts.check({"images", "groups"})
 
     def _check_groups(self) -> None:
         """Pairs or groups: a prompt (text or chat) and completions, nothing else."""

@@ -133,7 +133,7 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
         )
     raw, f, finish = _open_jsonl(path, kind)
     errors = _decompress_errors()
-    text_field = opts.text_field if opts.mode == "text" else None
+    text_field = opts.text_field if opts.mode == "text" and opts.vision is None else None
     lineno = last_pos = 0
     try:
         with raw:

@@ -65,15 +65,17 @@ class ReadOptions:
     rewards_field: str | None = None
     render_prompt: Callable | None = None  # a chat prompt, rendered with the generation prompt
     group: Callable | None = None          # (record, self) -> its GroupRecord
+    images_field: str | None = None        # --vision: a list of the record's images
+    vision: Callable | None = None         # (record, self) -> its packtool.vision VisionDoc
 
     @property
     def fields(self) -> list[str]:
         """The record fields this mode reads (a Parquet reader selects their columns)."""
         if self.mode == "text":
-            return [self.text_field]
+            return [self.text_field] + ([self.images_field] if self.images_field else [])
         return [f for f in (self.prompt_field, self.completion_field, self.messages_field,
                             self.chosen_field, self.rejected_field, self.completions_field,
-                            self.rewards_field) if f]
+                            self.rewards_field, self.images_field) if f]
 
     @property
     def mode(self) -> str:
@@ -87,6 +89,8 @@ class ReadOptions:
 
     def extract(self, obj):
         """The record's document: a str, a (prompt, completion) pair, or a message list."""
+        if self.vision is not None:  # images found, sized, their placeholders made
+            return self.vision(obj, self)
         if self.mode == "text":
             return check_text(get_field(obj, self.text_field), self.text_field)
         if self.mode in ("pairs", "completions"):  # .groups.extract_group, set by the caller

@@ -26,8 +26,9 @@ NOT_IN_DIGEST = {"workers", "batch_size", "batch_bytes", "overwrite", "long_reco
                  "engine", "engine_check", "part_bytes"}
 
 
-# the pair/group fields count only when given: a corpus without them keeps its digest
-GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field")
+# the pair/group and image fields count only when given: a corpus without them keeps its digest
+GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field",
+                "vision", "images_field", "min_pixels", "max_pixels")
 
 
 def _sha(obj) -> str:

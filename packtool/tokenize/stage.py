@@ -33,6 +33,7 @@ from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, finished_jobs, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.tokens import (
+    DATA_SUFFIXES,
     FORMAT,
     part_manifest_path,
     read_corpus_manifest,
@@ -286,7 +287,6 @@ def _remove_stale_parts(plan: TokenizePlan, out: Output) -> list[str]:
     stale = []
     for name in sorted(names - keep):
         if name == stem or name.startswith(f"{stem}.part-"):
-            stale += [f"{name}{s}" for s in (".bin", ".boundaries", ".mask")
-                      if f"{name}{s}" in there]
+            stale += [f"{name}{s}" for s in DATA_SUFFIXES if f"{name}{s}" in there]
             stale.append(part_manifest_path(Path("."), name).name)
     return [n for n in out.remove(stale) if not n.startswith(".")]

@@ -5,11 +5,14 @@ writer and the manifest cannot drift."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..._io import HashingWriter
+from .schema import IMAGE_KEYS
 
 # sha256: the file's identity (what ``verify`` checks); crc32: the check on first read and
 # before pack copies the bytes (~10x faster; catches any corruption, not a forgery)
@@ -26,12 +29,18 @@ class TokenWriter:
         self.mask = HashingWriter(paths["mask"], DIGESTS) if with_mask else None
         # pairs/groups (version 4): per document its role, prompt length (and reward)
         self.groups = {k: HashingWriter(paths[k], DIGESTS) for k in GROUP_KEYS if k in paths}
+        # images (version 5): per document its images' end, per image grid, span, reference
+        self.images = {k: HashingWriter(paths[k], DIGESTS) for k in IMAGE_KEYS if k in paths}
         self.n_docs = self.n_tokens = self.n_empty = self.n_trained = self.n_groups = 0
+        self.n_images = self.n_vision_tokens = 0
 
     def write(self, lengths: np.ndarray, ids: np.ndarray, mask: np.ndarray | None,
-              groups: tuple | None = None) -> None:
+              groups: tuple | None = None, images: ImageBatch | None = None) -> None:
         """Append documents of ``lengths`` whose tokens are ``ids`` (and loss ``mask``; and
-        for pairs/groups, ``groups`` = (roles, prompt lengths, rewards or None))."""
+        for pairs/groups, ``groups`` = (roles, prompt lengths, rewards or None); with
+        images, their :class:`ImageBatch`)."""
+        if self.images:
+            self._write_images(images)
         if self.groups:
             roles, prompt, rewards = groups
             self.groups["roles"].write(roles.astype("<u2", copy=False))
@@ -48,8 +57,22 @@ class TokenWriter:
         self.n_tokens += int(ids.size)
         self.n_empty += int(np.count_nonzero(lengths == 0))
 
+    def _write_images(self, b: ImageBatch) -> None:
+        w = self.images
+        w["images"].write((np.cumsum(b.counts, dtype=np.int64) + self.n_images).astype("<i8"))
+        w["img_grid"].write(np.ascontiguousarray(b.grids, "<u4"))
+        w["img_span"].write(np.ascontiguousarray(b.spans, "<i8"))
+        w["img_ref.jsonl"].write(np.frombuffer(b"".join(
+            json.dumps(r, ensure_ascii=False, sort_keys=True).encode() + b"\n"
+            for r in b.refs), np.uint8))
+        if "pos3" in w:
+            w["pos3"].write(np.ascontiguousarray(b.pos3, "<i4"))
+        self.n_images += len(b.refs)
+        self.n_vision_tokens += int(np.asarray(b.spans, np.int64)[:, 1].sum())
+
     def abort(self) -> None:
-        for w in (self.bin, self.boundaries, self.mask, *self.groups.values()):
+        for w in (self.bin, self.boundaries, self.mask, *self.groups.values(),
+                  *self.images.values()):
             if w is not None:
                 w.abort()
 
@@ -58,7 +81,7 @@ class TokenWriter:
         checksums = {"bin": self.bin.close(), "boundaries": self.boundaries.close()}
         if self.mask is not None:
             checksums["mask"] = self.mask.close()
-        for k, w in self.groups.items():
+        for k, w in (*self.groups.items(), *self.images.items()):
             checksums[k] = w.close()
         entry = {"name": name, "index": index, "digest": digest, "n_docs": self.n_docs,
                  "n_tokens": self.n_tokens, "n_empty": self.n_empty,
@@ -66,10 +89,25 @@ class TokenWriter:
                  "inputs": inputs, "checksums": checksums}
         if self.groups:
             entry["n_groups"] = self.n_groups
+        if self.images:
+            entry["n_images"], entry["n_vision_tokens"] = self.n_images, self.n_vision_tokens
         return entry
 
 
 GROUP_KEYS = ("roles", "prompt", "rewards")
+
+
+@dataclass
+class ImageBatch:
+    """The images of a batch of documents, in order: ``counts`` per document, ``grids``
+    [k, 3] (t, h, w), ``spans`` [k, 2] (offset in its document, image tokens), ``refs`` (one
+    JSON object each), ``pos3`` [n_tokens, 3] (mRoPE rules only, else None)."""
+
+    counts: np.ndarray
+    grids: np.ndarray
+    spans: np.ndarray
+    refs: list
+    pos3: np.ndarray | None = None
 
 
 def group_starts(roles: np.ndarray) -> np.ndarray:

@@ -1,0 +1,219 @@
+"""A record's images, found, sized and counted in the reader (so a missing or unreadable image
+is a bad record of a known file, record and image; ``--skip-bad-records`` skips and counts
+it): :class:`VisionReader` is the hook ``ReadOptions.vision`` calls on each record.
+
+Where a record's images are::
+
+    {"messages": [{"role": "user", "content": [          content parts (OpenAI / HF):
+        {"type": "image", "image": "cat.png"},            a path, URL or data: URI
+        {"type": "image_url", "image_url": {"url": "s3://b/k.jpg"}},
+        {"type": "image"},                                the next of --images-field
+        {"type": "text", "text": "What is it?"}]}, ...]}
+    {"prompt": "<image>\\nWhat is it?", "completion": "A cat.", "images": ["cat.png"]}
+
+Each image becomes the rule's placeholder text (``<|vision_start|><|image_pad|><|vision_end|>``
+for Qwen-VL, ``<image>`` for LLaVA), which the tokenizer keeps as its special tokens; the
+encoder then repeats the image token as many times as the image has vision tokens.
+
+An image is a local path (relative to the input file's folder), a URL (``file://``,
+``s3://``... through :mod:`packtool.storage`) or inline base64 (``data:image/png;base64,...``).
+Its bytes are read once, hashed (sha256: the reference a loader proves them by) and sized
+from the header (:mod:`.headers`); no pixel is decoded. A reference records where the bytes
+are and what they are, never the pixels::
+
+    {"uri": "/data/cat.png", "sha256": "...", "bytes": 48213, "format": "PNG",
+     "size": [640, 480]}
+    {"uri": "data:", "source": "in.jsonl", "record": 17, "index": 0, ...}   # inline base64:
+                                                   image 0 of the record on line 17 of in.jsonl
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+from ..errors import PacktoolError
+from ..sources.records import BadRecord, check_messages, check_text, get_field, json_type
+from .headers import image_size
+from .rules import PLACEHOLDER, Rule
+
+
+@dataclass
+class Image:
+    ref: dict                     # the reference stored in .img_ref.jsonl
+    grid: tuple[int, int, int]    # (t, h, w) in patches
+    n_tokens: int
+
+
+@dataclass
+class VisionDoc:
+    """A record's document (a text, a (prompt, completion) pair, or a rendered chat) whose
+    text holds one placeholder per image, in order, and those images."""
+
+    doc: object
+    images: list[Image] = field(default_factory=list)
+
+    def utf8_size(self) -> int:
+        from ..sources.records import utf8_size
+
+        return utf8_size(self.doc)
+
+    def locate(self, source: str, record: int) -> None:
+        """Name the input and record that hold its inline images."""
+        for im in self.images:
+            if im.ref.get("uri") == "data:":
+                im.ref.update(source=source, record=record)
+
+
+class VisionReader:
+    """``(record, read options) -> VisionDoc``: the images of a record found, loaded, sized
+    (``rule``, ``min_pixels``/``max_pixels``), and replaced by the rule's placeholder text."""
+
+    def __init__(self, rule: Rule, images_field: str | None, min_pixels=None, max_pixels=None):
+        self.rule, self.images_field = rule, images_field
+        self.min_pixels, self.max_pixels = min_pixels, max_pixels
+        self.text = "".join(t for t in (rule.start_token, rule.image_token, rule.end_token)
+                            if t)
+        self.reserved = tuple(t for t in (rule.image_token, rule.start_token, rule.end_token)
+                              if t and t != PLACEHOLDER)
+        self.source = None  # the input file being read (set per file)
+
+    def __call__(self, obj, opts) -> VisionDoc:
+        listed = self._listed(obj)
+        found: list = []
+        if opts.mode == "messages":
+            messages = self._messages(get_field(obj, opts.messages_field),
+                                      opts.messages_field, listed, found)
+            doc = messages if opts.render is None else _render(opts.render, messages)
+        elif opts.mode == "prompt_completion":
+            doc = tuple(self._text(check_text(get_field(obj, f), f), listed, found)
+                        for f in (opts.prompt_field, opts.completion_field))
+        else:
+            doc = self._text(check_text(get_field(obj, opts.text_field), opts.text_field),
+                             listed, found)
+        if listed:
+            raise BadRecord("bad_images", f"field {self.images_field!r} lists "
+                            f"{len(found) + len(listed)} images but the record has "
+                            f"{len(found)} {PLACEHOLDER} placeholders or image parts for them")
+        return VisionDoc(doc, [self._image(k, src) for k, src in enumerate(found)])
+
+    def _listed(self, obj) -> list:
+        if not self.images_field:
+            return []
+        if not isinstance(obj, dict) or obj.get(self.images_field) is None:
+            return []  # a text-only record of a mixed corpus
+        value = get_field(obj, self.images_field)
+        if not isinstance(value, list):
+            raise BadRecord("bad_images", f"field {self.images_field!r} is "
+                            f"{json_type(value)}, expected a list of images")
+        return list(value)
+
+    def _text(self, text: str, listed: list, found: list) -> str:
+        """``text`` with each ``<image>`` taking the next listed image."""
+        for t in self.reserved:
+            if t in text:
+                raise BadRecord("bad_images", f"the text holds {t!r} itself, which the "
+                                f"model reserves for images; write images as {PLACEHOLDER} "
+                                "with --images-field, or as image content parts")
+        n = text.count(PLACEHOLDER)
+        if n > len(listed):
+            raise BadRecord("bad_images", f"{n + len(found)} {PLACEHOLDER} placeholders "
+                            f"but {len(found) + len(listed)} images (field "
+                            f"{self.images_field!r})")
+        found += listed[:n]
+        del listed[:n]
+        return text if self.text == PLACEHOLDER else text.replace(PLACEHOLDER, self.text)
+
+    def _messages(self, value, key: str, listed: list, found: list) -> list[dict]:
+        if not isinstance(value, list):
+            check_messages(value, key)  # names what is wrong
+        out = []
+        for i, m in enumerate(value):
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                m = dict(m, content=self._text(content, listed, found))
+            elif isinstance(content, list):
+                m = dict(m, content=[self._part(p, f"message {i} content part {j}", listed,
+                                                found) for j, p in enumerate(content)])
+            out.append(m)
+        return check_messages(out, key)
+
+    def _part(self, part, where: str, listed: list, found: list):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            return dict(part, text=self._text(part["text"], listed, found))
+        if kind not in ("image", "image_url"):
+            return part  # check_messages names what is wrong with it
+        src = part.get("image")
+        if kind == "image_url":
+            url = part.get("image_url")
+            src = url.get("url") if isinstance(url, dict) else url
+        if src is None:
+            if not listed:
+                raise BadRecord("bad_images", f"{where} is an image with no source and no "
+                                f"image left in field {self.images_field!r}")
+            src = listed.pop(0)
+        found.append(src)
+        return {"type": "text", "text": self.text}
+
+    def _image(self, k: int, src) -> Image:
+        if not isinstance(src, str) or not src:
+            raise BadRecord("bad_image", f"image {k} is {json_type(src)}, expected a path, a "
+                            "URL or a data: URI")
+        shown = src if len(src) <= 80 else src[:60] + "..."
+        try:
+            data, ref = self.load(src)
+            width, height, fmt = image_size(data)
+            grid = self.rule.grid(width, height, self.min_pixels, self.max_pixels)
+        except (PacktoolError, OSError) as e:
+            raise BadRecord("bad_image", f"image {k} ({shown}): {e}") from None
+        if ref["uri"] == "data:":
+            ref["index"] = k
+        ref.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), format=fmt,
+                   size=[width, height])
+        return Image(ref, grid, self.rule.tokens(grid))
+
+    def load(self, src: str) -> tuple[bytes, dict]:
+        """The image's bytes and the start of its reference."""
+        if src.startswith("data:"):
+            head, sep, payload = src.partition(",")
+            if not sep or not head.endswith(";base64"):
+                raise PacktoolError("a data: URI that is not base64 (data:image/...;base64,...)")
+            try:
+                return base64.b64decode(payload, validate=True), {"uri": "data:"}
+            except (binascii.Error, ValueError) as e:
+                raise PacktoolError(f"invalid base64 ({e})") from None
+        from ..storage import is_url, local_path
+
+        if is_url(src):
+            from ..storage import filesystem
+
+            fs, path = filesystem(src)
+            try:
+                with fs.open(path, "rb") as f:
+                    return f.read(), {"uri": src}
+            except FileNotFoundError:
+                raise PacktoolError("no such object") from None
+        path = local_path(src)
+        if not os.path.isabs(path) and self.source is not None:
+            from ..storage import join, parent
+
+            where = join(parent(self.source), path)
+            if is_url(where):
+                return self.load(str(where))
+            path = str(where)
+        try:
+            with open(path, "rb") as f:
+                return f.read(), {"uri": os.path.abspath(path)}
+        except FileNotFoundError:
+            raise PacktoolError(f"no such file {path}") from None
+
+
+def _render(render, messages):
+    try:
+        return render(messages)
+    except PacktoolError as e:  # the template refused this conversation
+        raise BadRecord(getattr(e, "reason", "chat_template"), str(e)) from None
