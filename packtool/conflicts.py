@@ -40,6 +40,7 @@ FEATURES = {  # name -> how a user turns it on
     "cp_shard": "cp_shard (context parallelism at load)",
     "export_segments": "export as segments (megatron, llmc, parquet-packed, mds, parquet)",
     "images": "images (tokenize --vision)",
+    "layout_tokens": "--layout tokens",
 }
 
 
@@ -104,6 +105,14 @@ CONFLICTS = (
     Conflict(("images", "vsl"), "--vsl cuts documents into chunks at fixed lengths, which "
              "would cut an image's tokens apart from its pixels and its 3-D positions",
              "drop --vsl"),
+    Conflict(("images", "layout_tokens"), "a row's images are read through its segments' "
+             "source documents (their references, grids and 3-D positions), and --layout "
+             "tokens makes shards meant to outlive the corpus", "keep the default --layout "
+             "index"),
+    Conflict(("images", "align"), "alignment pads inside a row would need 3-D positions and "
+             "image-free pads (not supported yet)", "drop the alignment options"),
+    Conflict(("images", "group_docs"), "the caps and the image checks run over the whole "
+             "corpus plan (not supported yet)", "drop --group-docs"),
     Conflict(("images", "truncate"), "a truncated document can end inside an image's tokens, "
              "and the model needs all of them for its pixels", "use --overflow drop (over-long "
              "documents dropped and counted) or raise --seq-len"),

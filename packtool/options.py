@@ -322,6 +322,12 @@ class PackOptions:
     max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
                                "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
                                metavar="K")
+    max_images: int | None = opt(None, "With images (tokenize --vision): at most N images a pack "
+                                 "(the vision encoder's calls a row).", type=("int", 1, None),
+                                 metavar="N")
+    max_vision_tokens: int | None = opt(None, "With images: at most N image tokens a pack (its "
+                                        "vision encoder's work; --seq-len counts them too).",
+                                        type=("int", 1, None), metavar="N")
     vsl: str | None = opt(None, "Variable sequence length (Dataset Decomposition): cut every "
                           "document into chunks of 2**k tokens, MIN <= 2**k <= MAX (powers of "
                           "two), each a row of its own; what is left under MIN is packed with "
@@ -395,7 +401,8 @@ class PackOptions:
               "truncate": self.overflow == "truncate", "drop": self.overflow == "drop",
               "group_docs": self.group_docs is not None, "balance": self.balance != "none",
               "share_prompt": self.share_prompt,
-              "holdout": bool(self.valid_docs or self.valid_fraction)}
+              "holdout": bool(self.valid_docs or self.valid_fraction),
+              "layout_tokens": self.layout == "tokens"}
         return {name for name, used in on.items() if used}
 
     def check_alignment(self) -> None:

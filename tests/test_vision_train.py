@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
+import packtool  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
 from packtool.formats.packed.batching import collate_numpy, pad_example  # noqa: E402
 from packtool.train import attention as at  # noqa: E402
@@ -170,3 +171,170 @@ def test_qwen_vl_models_see_packed_documents_alone():
             assert paths[path]["max_abs_diff"] <= 1e-5
         for path in ("position_ids_3d", "none"):
             assert paths[path]["verdict"] == "leaks" and paths[path]["max_abs_diff"] > 0.1
+
+
+# ------------------------------------------------------------------ packed rows with images
+SPECIALS = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<image>", "</s>"]
+MAX_PIXELS = 28 * 28 * 64
+
+
+def tokenized(d, records):
+    """``records`` (prompt, completion, images) tokenized into ``d / "corpus"`` with --vision
+    qwen2-vl at a small max_pixels (4-64 image tokens an image)."""
+    from conftest import TOKENIZER, write_jsonl
+    from tokenizers import Tokenizer
+
+    from packtool.tokenize import TokenizeOptions, tokenize_files
+
+    tok = Tokenizer.from_file(str(TOKENIZER))
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(d / "tokenizer.json"))
+    src = write_jsonl(d / "in.jsonl", records)
+    tokenize_files([str(src)], d / "tokenizer.json", d / "corpus", TokenizeOptions(
+        prompt_field="prompt", completion_field="completion", vision="qwen2-vl",
+        images_field="images", eos="</s>", max_pixels=MAX_PIXELS))
+    return d
+
+
+@pytest.fixture(scope="module")
+def image_corpus(tmp_path_factory):
+    """24 records with 0-3 images of varied sizes (files and inline base64)."""
+    d = tmp_path_factory.mktemp("vision")
+    rng = np.random.default_rng(1)
+    (d / "img").mkdir()
+    records = []
+    for r in range(24):
+        images = []
+        for k in range(int(rng.integers(0, 4))):
+            data = png(int(rng.integers(30, 300)), int(rng.integers(30, 300)), seed=r * 4 + k)
+            if k == 2:
+                images.append("data:image/png;base64," + base64.b64encode(data).decode())
+            else:
+                (d / f"img/{r}-{k}.png").write_bytes(data)
+                images.append(f"img/{r}-{k}.png")
+        words = " ".join(["word"] * int(rng.integers(3, 60)))
+        records.append({"prompt": " ".join(["<image>"] * len(images)) + f" {words}?",
+                        "completion": words, "images": images})
+    return tokenized(d, records)
+
+
+def pack(d, name, *args):
+    from conftest import packtool_process
+
+    packtool_process("pack", d / "corpus", "--out", d / name, *args)
+    return packtool.open_packed(d / name)
+
+
+def test_rows_carry_their_documents_images_and_positions(image_corpus):
+    """Every row: its segments' images in row order (grids, references), and the stored mRoPE
+    ids of each document restarting per segment, [3, N] beside input_ids; the torch dataset
+    yields them and the collator turns them into the model's keys."""
+    from packtool.torch import TorchPackedDataset
+
+    c = packtool.open_tokens(image_corpus / "corpus")
+    ds = pack(image_corpus, "packed", "--seq-len", "1024")
+    seen = 0
+    for i in range(len(ds)):
+        ex = ds[i]
+        docs = ex["source_docs"].tolist()
+        assert not ex["source_offsets"].any()  # whole documents (a split: the next test)
+        want = [c.images(j) for j in docs]
+        assert ex["image_grid_thw"].tolist() == [g for w in want for g in w["grid"].tolist()]
+        assert ex["image_refs"] == [r for w in want for r in w["refs"]]
+        assert ex["position_ids_3d"].shape == (3, len(ex["input_ids"]))
+        cu = ex["cu_seqlens"]
+        for s, j in enumerate(docs):
+            assert np.array_equal(ex["position_ids_3d"][:, cu[s]:cu[s + 1]], c.positions3(j))
+        seen += len(ex["image_refs"])
+    assert seen == c.vision["n_images"]
+    item = TorchPackedDataset(image_corpus / "packed", pad_to=1024)[0]
+    assert item["position_ids_3d"].shape == (3, 1024) and isinstance(item["image_refs"], list)
+    proc = type(processor())(patch_size=14, merge_size=2, temporal_patch_size=2,
+                             min_pixels=56 * 56, max_pixels=MAX_PIXELS)
+    batch = ImageCollator(proc)([item])  # files and inline base64 read, grids as stored
+    assert batch["image_grid_thw"].tolist() == item["image_grid_thw"].tolist()
+    assert batch["pixel_values"].shape[0] == int(item["image_grid_thw"].prod(-1).sum())
+
+
+def test_a_split_document_keeps_its_images_whole_and_its_pieces_alone(tmp_path):
+    """--overflow split where no cut falls in an image: each piece's ids are its own (moved
+    down, as get_rope_index of the piece alone gives them); a cut inside an image is refused
+    by name."""
+    from conftest import packtool_process
+
+    from packtool.vision import mrope_positions
+
+    (tmp_path / "a.png").write_bytes(png(200, 120))
+    (tmp_path / "b.png").write_bytes(png(60, 90, seed=1))
+    words = " ".join(["word"] * 150)
+    tokenized(tmp_path, [{"prompt": f"<image> {words}", "completion": f"{words} <image> end",
+                          "images": ["a.png", "b.png"]}])
+    c = packtool.open_tokens(tmp_path / "corpus")
+    (a, n), (b, m) = c.images(0)["span"].tolist()
+    L = next(L for L in range(a + n + 1, len(c[0])) if (b // L == (b + m - 1) // L)
+             and b % L > 3)  # both images whole, the second not at a piece's start
+    ds = pack(tmp_path, "split", "--seq-len", str(L))
+    pieces = 0
+    for i in range(len(ds)):
+        ex = ds[i]
+        cu = ex["cu_seqlens"]
+        for s, off in enumerate(ex["source_offsets"].tolist()):
+            size = int(cu[s + 1] - cu[s])
+            im = c.images(0)
+            keep = (im["span"][:, 0] >= off) & (im["span"].sum(1) <= off + size)
+            want = mrope_positions(size, im["span"][keep] - [off, 0], im["grid"][keep], merge=2)
+            assert np.array_equal(ex["position_ids_3d"][:, cu[s]:cu[s + 1]], want)
+            pieces += 1
+    assert pieces == -(-len(c[0]) // L) >= 3
+    r = packtool_process("pack", tmp_path / "corpus", "--out", tmp_path / "cut",
+                         "--seq-len", str(a + n // 2), check=False)
+    assert r.returncode == 1 and "would cut its image" in r.stderr
+
+
+def test_caps_hold_and_every_document_is_placed_once():
+    """cap_packs against the obvious checks on random documents: every pack under each cap
+    and --seq-len, every document placed once, the packer's rows kept where they fit."""
+    from packtool.pack.caps import cap_packs
+    from packtool.packers import assign_packs
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 400, 3000)
+    images = rng.integers(0, 4, 3000)
+    vt = images * rng.integers(4, 64, 3000)
+    packs = assign_packs(lengths, 1024)
+    out, added = cap_packs(packs, lengths, 1024, {"--max-images": (images, 6),
+                                                  "--max-vision-tokens": (vt, 300)})
+    n = int(out.max()) + 1
+    assert n == int(packs.max()) + 1 + added and added > 0
+    assert np.bincount(out, lengths, n).max() <= 1024
+    assert np.bincount(out, images, n).max() <= 6 and np.bincount(out, vt, n).max() <= 300
+    assert set(np.unique(out)) == set(range(n))
+    kept = out == packs
+    assert kept.mean() > 0.5
+    with pytest.raises(PacktoolError, match=r"document \d+ alone needs \d+ against "
+                                            r"--max-images 1: raise --max-images"):
+        cap_packs(packs, lengths, 1024, {"--max-images": (images, 1)})
+
+
+def test_pack_caps_images_per_row(image_corpus):
+    ds = pack(image_corpus, "capped", "--seq-len", "2048", "--max-images", "3",
+              "--max-vision-tokens", "150")
+    free = packtool.open_packed(image_corpus / "packed")
+    rows = [ds[i] for i in range(len(ds))]
+    assert max(len(r["image_refs"]) for r in rows) <= 3
+    assert max(int((r["image_grid_thw"].prod(-1) // 4).sum()) for r in rows) <= 150
+    assert sum(len(r["image_refs"]) for r in rows) == sum(
+        len(free[i]["image_refs"]) for i in range(len(free)))
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--layout", "tokens"], "images x --layout tokens"),
+    (["--group-docs", "5"], "images x --group-docs"),
+    (["--align", "8"], "images x alignment"),
+])
+def test_what_images_cannot_combine_with_is_refused(image_corpus, args, error):
+    from conftest import packtool_process
+
+    r = packtool_process("pack", image_corpus / "corpus", "--out", image_corpus / "no",
+                         "--seq-len", "512", *args, check=False)
+    assert r.returncode == 1 and error in r.stderr

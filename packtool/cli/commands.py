@@ -30,7 +30,8 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
 PACK_FIELDS = ("seq_len", "algo", "layout", "source_check", "overflow", "seed", "shuffle",
                "shard_size", "tokens", "valid_docs", "valid_fraction", "group_docs", "balance",
                "balance_ranks", "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id",
-               "max_docs", "share_prompt", "max_depth", "work_limit", "time_limit", "vsl")
+               "max_docs", "max_images", "max_vision_tokens", "share_prompt", "max_depth",
+               "work_limit", "time_limit", "vsl")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 ALIGN_FIELDS = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
 

@@ -43,33 +43,74 @@ INSTALL = "pip install 'packtool[torch]' transformers pillow"
 
 
 def read_image(ref: dict, storage_options: dict | None = None) -> bytes:
-    """The bytes of the image ``ref`` names: ``uri`` (a path, ``file://`` or fsspec URL),
-    optionally ``offset``/``length`` (a byte range inside it) and ``encoding`` ("base64": the
-    range holds the image base64-encoded), checked against ``bytes`` and ``sha256`` where the
-    reference has them."""
-    from .. import storage
-
+    """The bytes of the image ``ref`` names (a reference as tokenize stored it), checked
+    against its ``bytes`` and ``sha256``: ``uri`` a path, ``file://`` or fsspec URL
+    (optionally ``offset``/``length``, a byte range inside it, and ``encoding`` "base64"),
+    or ``"data:"``, an image inlined in the input: record ``record`` (its line, from 1) of
+    ``source``, found there by its sha256."""
     uri = ref.get("uri") if isinstance(ref, dict) else None
     if not isinstance(uri, str) or not uri:
         raise PacktoolError(f"image reference {ref!r} names no file (no \"uri\"): pass the "
                             "row's image_refs as the packed reader returns them")
+    if uri == "data:":
+        return _inline(ref, storage_options)
     offset, length = int(ref.get("offset", 0)), ref.get("length")
+    data = _read(uri, offset, None if length is None else int(length), storage_options)
+    if ref.get("encoding") == "base64":
+        data = base64.b64decode(data)
+    return _checked(ref, uri, data)
+
+
+def _read(uri: str, offset: int, length: int | None, storage_options) -> bytes:
+    from .. import storage
+
     try:
         if storage.is_url(uri):
             fs = storage.filesystem(uri, storage_options)
-            end = None if length is None else offset + int(length)
-            data = fs.cat_file(uri, start=offset or None, end=end)
-        else:
-            with open(storage.local_path(uri), "rb") as f:
-                f.seek(offset)
-                data = f.read(-1 if length is None else int(length))
+            return fs.cat_file(uri, start=offset or None,
+                               end=None if length is None else offset + length)
+        with open(storage.local_path(uri), "rb") as f:
+            f.seek(offset)
+            return f.read(-1 if length is None else length)
     except OSError as e:
         raise PacktoolError(f"cannot read image {uri}: {e.strerror or e}; the packed rows "
                             "name their images' files: keep them where tokenize read them, "
                             "or pass read= to ImageCollator to map the references") from None
-    if ref.get("encoding") == "base64":
-        data = base64.b64decode(data)
-    return _checked(ref, uri, data)
+
+
+def _inline(ref: dict, storage_options) -> bytes:
+    """An inline (base64 ``data:``) image: its record's line read, the data URIs in it
+    decoded, the one of the recorded sha256 returned."""
+    import json
+
+    source, line = ref.get("source"), int(ref.get("record", 0))
+    if not isinstance(source, str) or line < 1:
+        raise PacktoolError(f"inline image reference {ref!r} names no input line (source, "
+                            "record): pass image_refs as the packed reader returns them")
+    text = _read(source, 0, None, storage_options).split(b"\n")
+    where = f"image {ref.get('index', '?')} of record {line} of {source}"
+    if line > len(text):
+        raise PacktoolError(f"{where}: the file has {len(text):,} lines; it changed since "
+                            "tokenize: tokenize again")
+    found = []
+
+    def walk(v):
+        if isinstance(v, str) and v.startswith("data:") and ";base64," in v[:64]:
+            found.append(base64.b64decode(v.split(",", 1)[1]))
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(json.loads(text[line - 1]))
+    want = ref.get("sha256")
+    data = next((d for d in found if hashlib.sha256(d).hexdigest() == want), None)
+    if data is None:
+        raise PacktoolError(f"{where}: no inline image of sha256 {str(want)[:12]}... in that "
+                            "record; the input changed since tokenize: tokenize again")
+    return data
 
 
 def _checked(ref: dict, uri: str, data: bytes) -> bytes:

@@ -2,7 +2,9 @@
 pack as the trainer takes it (input_ids, labels, position_ids, doc_ids, cu_seqlens,
 max_seqlen, source_docs, source_offsets), derived from the pack's segments
 (:mod:`.layout`) and its tokens: stored in the shard (``tokens`` layout, version 1) or read
-from the source corpus (``index`` layout).
+from the source corpus (``index`` layout). Rows of a corpus tokenized with ``--vision`` also
+carry their images' ``image_refs``, ``image_grid_thw`` and mRoPE ``position_ids_3d`` [3, N]
+(:mod:`.images`).
 
 What is checked, always and cheaply: at open, index.json against its schema and digest, every
 file name; when a shard is first used, every file's size, dtype and shape, its offsets
@@ -71,6 +73,7 @@ class PackedReader:
         self.align, self.pad_id = alignment(self.index)  # (1, 0): rows without pads
         self.vsl = vsl_bounds(self.index)  # (MIN, MAX) of a --vsl dataset, else None
         self._row_lengths = None
+        self._images = None
 
     def __len__(self) -> int:
         return int(self._pack_starts[-1])
@@ -108,6 +111,18 @@ class PackedReader:
                                             self.checksums, self.place.storage_options,
                                             self.place.cache_if_any())
         return self._sources
+
+    @property
+    def images(self) -> tuple[bool, bool]:
+        """(rows hold images, and mRoPE ids): whether a source corpus was tokenized with
+        ``--vision`` (an index-layout dataset's; ``pack`` refuses ``--layout tokens``
+        for them, whose rows would outlive their images' references)."""
+        if self._images is None:
+            from .images import has_images
+
+            self._images = (False, False) if self.layout != "index" else has_images(
+                self.sources())
+        return self._images
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, pack within it) of pack ``i``."""
@@ -197,6 +212,11 @@ class PackedReader:
         ex = derive(sh.seg_length[s0:s1], ids, mask, self._shift, self.align, self.pad_id)
         ex["source_docs"] = sh.seg_doc[s0:s1].astype(np.int64)
         ex["source_offsets"] = sh.seg_offset[s0:s1].astype(np.int64)
+        if self.images[0]:  # a corpus tokenized with --vision: packtool.formats.packed.images
+            from .images import row_images
+
+            ex.update(row_images(self.sources(), ex["source_docs"], ex["source_offsets"],
+                                 sh.seg_length[s0:s1], self.images[1]))
         if "seg_group" in sh.arrays:  # pairs and groups: packtool.formats.packed.groups
             from .groups import group_fields
 
