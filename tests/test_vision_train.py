@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import slow
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -215,7 +216,9 @@ def image_corpus(tmp_path_factory):
         words = " ".join(["word"] * int(rng.integers(3, 60)))
         records.append({"prompt": " ".join(["<image>"] * len(images)) + f" {words}?",
                         "completion": words, "images": images})
-    return tokenized(d, records)
+    tokenized(d, records)
+    pack(d, "packed", "--seq-len", "1024")  # whole documents, 24 in a few rows
+    return d
 
 
 def pack(d, name, *args):
@@ -232,7 +235,7 @@ def test_rows_carry_their_documents_images_and_positions(image_corpus):
     from packtool.torch import TorchPackedDataset
 
     c = packtool.open_tokens(image_corpus / "corpus")
-    ds = pack(image_corpus, "packed", "--seq-len", "1024")
+    ds = packtool.open_packed(image_corpus / "packed")
     seen = 0
     for i in range(len(ds)):
         ex = ds[i]
@@ -256,6 +259,7 @@ def test_rows_carry_their_documents_images_and_positions(image_corpus):
     assert batch["pixel_values"].shape[0] == int(item["image_grid_thw"].prod(-1).sum())
 
 
+@pytest.mark.slow
 def test_a_split_document_keeps_its_images_whole_and_its_pieces_alone(tmp_path):
     """--overflow split where no cut falls in an image: each piece's ids are its own (moved
     down, as get_rope_index of the piece alone gives them); a cut inside an image is refused
@@ -316,6 +320,7 @@ def test_caps_hold_and_every_document_is_placed_once():
         cap_packs(packs, lengths, 1024, {"--max-images": (images, 1)})
 
 
+@pytest.mark.slow
 def test_pack_caps_images_per_row(image_corpus):
     ds = pack(image_corpus, "capped", "--seq-len", "2048", "--max-images", "3",
               "--max-vision-tokens", "150")
@@ -329,8 +334,8 @@ def test_pack_caps_images_per_row(image_corpus):
 
 @pytest.mark.parametrize("args,error", [
     (["--layout", "tokens"], "images x --layout tokens"),
-    (["--group-docs", "5"], "images x --group-docs"),
-    (["--align", "8"], "images x alignment"),
+    *slow((["--group-docs", "5"], "images x --group-docs"),
+          (["--align", "8"], "images x alignment")),
 ])
 def test_what_images_cannot_combine_with_is_refused(image_corpus, args, error):
     from conftest import packtool_process
@@ -338,3 +343,51 @@ def test_what_images_cannot_combine_with_is_refused(image_corpus, args, error):
     r = packtool_process("pack", image_corpus / "corpus", "--out", image_corpus / "no",
                          "--seq-len", "512", *args, check=False)
     assert r.returncode == 1 and error in r.stderr
+
+
+def test_the_cost_model_counts_the_vision_encoder(image_corpus):
+    """A row's vision term is the sum over its images of (h w)^2 patches (t = 1), from the
+    sources' image tables without parsing a reference; stats reports images per row, the
+    image tokens' share and the encoder's share of the cost."""
+    from conftest import packtool_process
+
+    from packtool.formats.packed.balance import attention_costs
+
+    ds = packtool.open_packed(image_corpus / "packed")
+    rows = [ds[i] for i in range(len(ds))]
+    patches2 = np.array([float(((r["image_grid_thw"][:, 1] * r["image_grid_thw"][:, 2]) ** 2
+                                ).sum()) for r in rows])
+    text = attention_costs(ds)
+    assert np.allclose(attention_costs(ds, vision=0.5) - text, 0.5 * patches2)
+    sums = ds.image_sums()
+    assert sums["images"].tolist() == [len(r["image_refs"]) for r in rows]
+    rep = json.loads(packtool_process("stats", image_corpus / "packed", "--json").stdout)
+    v = rep["images"]
+    c = packtool.open_tokens(image_corpus / "corpus")
+    assert v["n_images"] == c.vision["n_images"]
+    assert v["n_image_tokens"] == c.vision["n_vision_tokens"]
+    assert v["images_per_row"]["max"] == max(len(r["image_refs"]) for r in rows)
+    assert abs(v["vision_cost_share"] - patches2.sum() / (patches2.sum() + text.sum())) < 1e-9
+    assert 0 < v["vision_token_share"] < 1
+
+
+def test_exports_carry_images_or_refuse_them_by_name(image_corpus, tmp_path):
+    """parquet: each row's references, grids and mRoPE ids beside its tokens; the formats with
+    no place for them refused, naming why (a trainer would get image tokens, no pixels)."""
+    import pyarrow.parquet as pq
+
+    from packtool.export import export
+
+    ds = packtool.open_packed(image_corpus / "packed")
+    export(image_corpus / "packed", "parquet", tmp_path / "x.parquet")
+    table = pq.read_table(tmp_path / "x.parquet").to_pylist()
+    for i, row in enumerate(table):
+        ex = ds[i]
+        assert [json.loads(r) for r in row["image_refs"]] == ex["image_refs"]
+        assert row["image_grid_thw"] == ex["image_grid_thw"].tolist()
+        assert row["mrope_position_ids"] == ex["position_ids_3d"].tolist()
+    for fmt in ("megatron", "mds", "parquet-packed"):
+        with pytest.raises(PacktoolError, match=f"holds images.*--format {fmt} cannot carry"):
+            export(image_corpus / "packed", fmt, tmp_path / f"y-{fmt}")
+    with pytest.raises(PacktoolError, match="holds images.*--format megatron"):
+        export(image_corpus / "corpus", "megatron", tmp_path / "z")

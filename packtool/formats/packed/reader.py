@@ -266,11 +266,32 @@ class PackedReader:
         po = self.shard(k).po
         return max(int(po[j + 1] - po[j]), self.vsl[0])
 
-    def attention_costs(self, linear: float = 0.0) -> np.ndarray:
+    def attention_costs(self, linear: float = 0.0, vision: float = 0.0) -> np.ndarray:
         """Per pack, the sum of its squared segment lengths (plus ``linear`` x its tokens),
-        from the segment tables alone."""
+        from the segment tables alone; ``vision`` x its images' encoder cost
+        (:meth:`image_sums`) for a dataset with images."""
         out = [self.shard_costs(k, linear) for k in range(self.n_shards)]
-        return np.concatenate(out) if out else np.zeros(0)
+        costs = np.concatenate(out) if out else np.zeros(0)
+        if vision and self.images[0]:
+            costs = costs + vision * self.image_sums()["cost"]
+        return costs
+
+    def image_sums(self) -> dict:
+        """Per pack of a dataset with images: ``images``, ``tokens`` (image tokens) and
+        ``cost`` (the vision encoder's attention cost, sum over images of t (h w)^2 patches:
+        :mod:`.images`), from the segment tables and the sources' image tables, no reference
+        parsed."""
+        from .images import ImageTable
+
+        table = ImageTable(self.sources())
+        parts = {"images": [], "tokens": [], "cost": []}
+        for k in range(self.n_shards):
+            sh = self.shard(k)
+            seg = table.segment_sums(sh.seg_doc, sh.seg_offset, sh.seg_length)
+            at = np.asarray(sh.pack_seg[:-1], np.int64)
+            for key, v in seg.items():
+                parts[key].append(np.add.reduceat(v, at) if v.size else v)
+        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
 
     def costs_fingerprint(self) -> str:
         """The attention costs' fingerprint a sampler state records: from the shards'
