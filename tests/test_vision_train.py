@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-from conftest import slow
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -334,8 +333,8 @@ def test_pack_caps_images_per_row(image_corpus):
 
 @pytest.mark.parametrize("args,error", [
     (["--layout", "tokens"], "images x --layout tokens"),
-    *slow((["--group-docs", "5"], "images x --group-docs"),
-          (["--align", "8"], "images x alignment")),
+    pytest.param(["--group-docs", "5"], "images x --group-docs", marks=pytest.mark.slow),
+    pytest.param(["--align", "8"], "images x alignment", marks=pytest.mark.slow),
 ])
 def test_what_images_cannot_combine_with_is_refused(image_corpus, args, error):
     from conftest import packtool_process
