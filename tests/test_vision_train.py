@@ -390,3 +390,21 @@ def test_exports_carry_images_or_refuse_them_by_name(image_corpus, tmp_path):
             export(image_corpus / "packed", fmt, tmp_path / f"y-{fmt}")
     with pytest.raises(PacktoolError, match="holds images.*--format megatron"):
         export(image_corpus / "corpus", "megatron", tmp_path / "z")
+
+
+@pytest.mark.slow
+def test_the_balance_figure_script_runs():
+    """scripts/bench_vision_balance.py on 4,000 documents: its three rows, the vision term
+    evening the vision encoder's work across ranks against text-only balance."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_vision_balance.py"),
+                        "--docs", "4000"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = {line[:34].strip(): line[34:].split() for line in r.stdout.splitlines()[2:5]}
+    text, both = rows["text tokens only"], rows["+ vision term (balance)"]
+    assert text[0] == both[0]  # the same rows
+    assert float(both[3]) < float(text[3]) and float(both[4]) <= float(text[4])
