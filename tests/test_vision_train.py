@@ -166,6 +166,8 @@ def test_qwen_vl_models_see_packed_documents_alone():
     assert result.ok, result.summary()
     for arch in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         paths = {r["path"]: r for r in result.rows if r["arch"] == arch}
+        # the ids packtool stores (packtool.vision) are the model's get_rope_index, exactly
+        assert paths["mrope_ids"]["verdict"] == "exact" and paths["mrope_ids"]["max_abs_diff"] == 0
         for path in ("position_ids", "varlen", "mask_4d"):
             assert paths[path]["verdict"] == "exact", paths[path]
             assert paths[path]["max_abs_diff"] <= 1e-5
@@ -408,3 +410,14 @@ def test_the_balance_figure_script_runs():
     text, both = rows["text tokens only"], rows["+ vision term (balance)"]
     assert text[0] == both[0]  # the same rows
     assert float(both[3]) < float(text[3]) and float(both[4]) <= float(text[4])
+
+
+def test_stored_ids_that_differ_from_the_models_fail_the_architecture():
+    """The mrope_ids row is no path: exact ids alone pass nothing, wrong ids fail an
+    architecture whose paths are exact."""
+    ok = [cf.path_row("m", "position_ids", 1e-6, tol=cf.VISION_TOL),
+          cf.path_row("m", "none", 3.0, tol=cf.VISION_TOL)]
+    assert cf.ConformanceResult([cf.path_row("m", cf.IDS, 0, tol=0), *ok]).ok
+    assert not cf.ConformanceResult([cf.path_row("m", cf.IDS, 1, tol=0), *ok]).ok
+    alone = [cf.path_row("m", cf.IDS, 0, tol=0), ok[1]]
+    assert cf.ConformanceResult(alone).failing() == ["m"]

@@ -34,7 +34,10 @@ deepstack) and four documents of 1, 3, 2 and 1 generated images (24-112 pixels a
 image tokens each, seed 0) between text. Each document alone is the model's own forward
 (``get_rope_index`` computes its mRoPE ids); the packed row is :class:`packtool.train.
 vision.ImageCollator`'s batch of the four (pixels through the model's own image processor
-class, built here), its position ids restarting per document. The paths:
+class, built here), its position ids restarting per document: packtool's own
+(:func:`packtool.vision.mrope_positions`, what tokenize stores), checked equal to the
+model's ``get_rope_index`` of each document alone (the row ``mrope_ids``, which must be exact
+for the architecture to pass). The paths:
 
     position_ids     [4, 1, N]: text positions, then mRoPE t, h, w; no mask   sdpa
     varlen           the mRoPE rows + cu_seq_lens_q/k (model_inputs)           packtool varlen
@@ -69,6 +72,7 @@ WINDOW = 16  # sliding window in tokens: shorter than three of the documents, so
 DOC_LENGTHS = (37, 12, 53, 5, 29)
 PATHS = ("position_ids", "varlen", "flex_attention", "seq_idx", "none")
 CONTROL = "none"
+IDS = "mrope_ids"  # not a path: packtool's stored 3-D ids checked against the model's own
 INSTALL = "pip install 'packtool[torch]' transformers"
 
 VISION_TOL = 1e-5
@@ -138,8 +142,9 @@ class ConformanceResult:
         """Architectures with no exact path (or whose control did not leak: proof of nothing)."""
         def passes(arch):
             rows = [r for r in self.rows if r["arch"] == arch]
-            return (any(r["verdict"] == "exact" for r in rows if r["path"] != CONTROL)
-                    and any(r["verdict"] == "leaks" for r in rows if r["path"] == CONTROL))
+            return (any(r["verdict"] == "exact" for r in rows if r["path"] not in (CONTROL, IDS))
+                    and any(r["verdict"] == "leaks" for r in rows if r["path"] == CONTROL)
+                    and all(r["verdict"] == "exact" for r in rows if r["path"] == IDS))
 
         return [a for a in self.archs() if not passes(a)]
 
@@ -481,7 +486,7 @@ def image_processor(config):
 def vision_documents(config, processor):
     """Documents of 1-3 generated images each (:data:`IMAGES_PER_DOC`, seed 0): per document
     the row the packed reader would give (input_ids, labels, position_ids, cu_seqlens,
-    image_grid_thw, image_refs; position_ids_3d is added by :func:`check_vision_arch`), the
+    image_grid_thw, image_refs; position_ids_3d is added by :func:`_stored_ids`), the
     inputs of its forward alone, and the PNG bytes of every image by reference."""
     import numpy as np
     import torch
@@ -535,21 +540,41 @@ def check_vision_arch(arch: str) -> list[dict]:
         docs, blobs = vision_documents(config, processor)
         with torch.no_grad():
             ref = torch.cat([model(**inputs, use_cache=False).logits[0] for _, inputs in docs])
-            for row, inputs in docs:  # the ids packtool stores: each document's, alone
-                row["position_ids_3d"] = model.model.get_rope_index(**{
-                    k: inputs[k] for k in ("input_ids", "mm_token_type_ids",
-                                           "image_grid_thw")})[0][:, 0].numpy()
+            ids_row = _stored_ids(arch, model, docs)
         batch = ImageCollator(processor, read=lambda r: blobs[r["uri"]])(
             [row for row, _ in docs])
     except Exception as e:  # a config or model this transformers cannot build
         return [path_row(arch, "-", verdict="unsupported", note=f"model: {_reason(e)}")]
-    rows = []
+    rows = [ids_row]
     for path in VISION_PATHS:
         try:
             rows.append(VISION_RUNNERS[path](arch, model, batch, ref))
         except Exception as e:
             rows.append(path_row(arch, path, verdict="unsupported", note=_reason(e)))
     return rows
+
+
+def _stored_ids(arch: str, model, docs) -> dict:
+    """Each document's mRoPE ids as tokenize stores them (:func:`packtool.vision.
+    mrope_positions`, into its row) against the model's own ``get_rope_index`` of the
+    document alone: the row :data:`IDS`, exact only when equal."""
+    import numpy as np
+
+    from ..vision import mrope_positions
+
+    diff = 0
+    for row, inputs in docs:
+        ids = row["input_ids"]
+        pad = np.flatnonzero(ids == VISION_IDS["image_token_id"])
+        starts = pad[np.concatenate([[True], np.diff(pad) > 1])] if pad.size else pad
+        grids = row["image_grid_thw"]
+        spans = np.stack([starts, grids.prod(axis=1) // 4], axis=1)
+        row["position_ids_3d"] = mrope_positions(len(ids), spans, grids, merge=2)
+        want = model.model.get_rope_index(**{k: inputs[k] for k in (
+            "input_ids", "mm_token_type_ids", "image_grid_thw")})[0][:, 0].numpy()
+        diff = max(diff, int(np.abs(row["position_ids_3d"] - want).max()))
+    return path_row(arch, IDS, diff, tol=0, note="packtool's stored ids against the model's "
+                    "get_rope_index, each document alone")
 
 
 def _vision_model(config):
