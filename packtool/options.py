@@ -295,7 +295,8 @@ class PackOptions:
                             type=("choice", SOURCE_CHECKS), show_default=True)
     balance: str = opt("none", "attention: order the packs so that every --balance-ranks "
                        "consecutive packs are of like attention cost (sum of squared segment "
-                       "lengths), for trainers that take one pack per rank per step in order "
+                       "lengths, plus each image's patches squared with --vision corpora), "
+                       "for trainers that take one pack per rank per step in order "
                        "(the sampler's balance does this per epoch).",
                        type=("choice", BALANCE), show_default=True)
     balance_ranks: int = opt(8, "--balance attention: the ranks taking one pack each per step.",

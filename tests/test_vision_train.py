@@ -421,3 +421,20 @@ def test_stored_ids_that_differ_from_the_models_fail_the_architecture():
     assert not cf.ConformanceResult([cf.path_row("m", cf.IDS, 1, tol=0), *ok]).ok
     alone = [cf.path_row("m", cf.IDS, 0, tol=0), ok[1]]
     assert cf.ConformanceResult(alone).failing() == ["m"]
+
+
+def test_pack_balance_counts_the_vision_encoder():
+    """pack --balance attention with images: rows of equal length, every other one with a
+    large image, come out in blocks of --balance-ranks rows all with or all without one
+    (balanced_rank's vision term); on the squared lengths alone they mix."""
+    from packtool.pack.order import balanced_rank
+    from packtool.pack.segments import make_segments
+
+    segs = make_segments(np.full(64, 300), 512)
+    vision = np.where(np.arange(64) % 2 == 0, 0.0, 4e6)
+    rank = np.random.default_rng(0).permutation(64)
+    for v in (None, vision):
+        order = np.argsort(balanced_rank(rank, np.arange(64), [segs], 8, v))
+        img = (vision[order] > 0).reshape(-1, 8)
+        apart = (img.all(axis=1) | ~img.any(axis=1)).all()
+        assert apart == (v is not None)

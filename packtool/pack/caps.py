@@ -102,18 +102,22 @@ class DocImages:
     """Every document's images over the sources (numbered one after another), from the token
     files' image tables (version 5): ``ends`` [docs] the end of each document's images,
     ``start`` and ``tokens`` [images] each image's first image token in its document and
-    its image-token count. A source without images has none."""
+    its image-token count and ``cost`` its vision encoder cost
+    (:func:`packtool.formats.packed.images.image_cost`). A source without images has none."""
 
     ends: np.ndarray
     start: np.ndarray
     tokens: np.ndarray
+    cost: np.ndarray  # the encoder's attention cost, t (h w)^2 patches (float64)
 
     @classmethod
     def of(cls, corpora) -> DocImages | None:
         """The images of ``corpora``, or None when none was tokenized with ``--vision``."""
         if not any(c.vision for c in corpora):
             return None
-        counts, spans = [], []
+        from ..formats.packed.images import image_cost
+
+        counts, spans, costs = [], [], []
         for q in (q for c in corpora for q in c.parts):
             ends = q.per_doc("images")
             if ends is None:  # a text part: no image a document
@@ -122,11 +126,13 @@ class DocImages:
             ends = np.asarray(ends, np.int64)
             counts.append(np.diff(ends, prepend=0))
             spans.append(np.asarray(q.per_doc("img_span"), np.int64).reshape(-1, 2))
+            costs.append(image_cost(q.per_doc("img_grid")))
         span = np.concatenate(spans) if spans else np.zeros((0, 2), np.int64)
-        return cls(np.cumsum(np.concatenate(counts)), span[:, 0].copy(), span[:, 1].copy())
+        return cls(np.cumsum(np.concatenate(counts)), span[:, 0].copy(), span[:, 1].copy(),
+                   np.concatenate(costs) if costs else np.zeros(0))
 
-    def entry_weights(self, segs) -> tuple[np.ndarray, np.ndarray]:
-        """(images, image tokens) per table entry of ``segs`` (an overflow policy's
+    def entry_weights(self, segs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(images, image tokens, vision cost) per table entry of ``segs`` (an overflow policy's
         :class:`packtool.pack.segments.Segments`): a split document's images go to the piece
         that holds them; a piece boundary inside an image is refused by name."""
         n_docs = self.ends.size
@@ -148,4 +154,5 @@ class DocImages:
         entry = first[doc] + piece
         n = segs.table_length.size
         return (np.bincount(entry, minlength=n)[:n],
-                np.bincount(entry, weights=self.tokens, minlength=n)[:n].astype(np.int64))
+                np.bincount(entry, weights=self.tokens, minlength=n)[:n].astype(np.int64),
+                np.bincount(entry, weights=self.cost, minlength=n)[:n])

@@ -177,10 +177,12 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
         rounds = [segments_of(lengths, options)]
     else:
         rounds = make_rounds(lengths, repeats, options)
-    parts, n_packs, report = [], 0, None
+    parts, n_packs, report, vision = [], 0, None, []
     k = options.alignment
     for segs in rounds:
         weights = None if images is None else images.entry_weights(segs)
+        if weights is not None:
+            vision.append(weights[2])
         for a, b in doc_groups(segs, options.group_docs):
             ids, rep = _assign(segs.table_length[a:b], options,
                                None if weights is None else [w[a:b] for w in weights])
@@ -198,7 +200,8 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     del parts
     rank = shuffle_rank(n_packs, options, shuffle_key)
     if options.balance == "attention" and n_packs:
-        rank = balanced_rank(rank, packs, rounds, options.balance_ranks)
+        rank = balanced_rank(rank, packs, rounds, options.balance_ranks,
+                             np.concatenate(vision) if vision else None)
     n_table = sum(r.table_length.size for r in rounds)
     order, pack_nseg = order_segments(packs, rank, n_packs,
                                        np.int32 if n_table < 2**31 else np.int64)
