@@ -113,6 +113,9 @@ CONFLICTS = (
              "image-free pads (not supported yet)", "drop the alignment options"),
     Conflict(("images", "group_docs"), "the caps and the image checks run over the whole "
              "corpus plan (not supported yet)", "drop --group-docs"),
+    Conflict(("images", "cp_shard"), "a rank's share of the row would cut images' tokens away "
+             "from their pixels and leave the 3-D positions whole (not supported yet)",
+             "train rows with images without context parallelism"),
     Conflict(("images", "truncate"), "a truncated document can end inside an image's tokens, "
              "and the model needs all of them for its pixels", "use --overflow drop (over-long "
              "documents dropped and counted) or raise --seq-len"),

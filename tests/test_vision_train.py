@@ -438,3 +438,11 @@ def test_pack_balance_counts_the_vision_encoder():
         img = (vision[order] > 0).reshape(-1, 8)
         apart = (img.all(axis=1) | ~img.any(axis=1)).all()
         assert apart == (v is not None)
+
+
+def test_context_parallel_shards_of_rows_with_images_are_refused(image_corpus):
+    from packtool.train.cp import cp_shard
+
+    ex = packtool.open_packed(image_corpus / "packed")[0]
+    with pytest.raises(PacktoolError, match="this row holds images: images x cp_shard"):
+        cp_shard(ex, 2, 0, mode="balanced")
