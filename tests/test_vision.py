@@ -357,3 +357,71 @@ def test_options_refused_by_name():
 def test_a_tokenizer_without_the_image_tokens_is_refused(tmp_path, records):
     with pytest.raises(PacktoolError, match="image_pad"):
         _tokenize(tmp_path, TOKENIZER, records, eos="<|eos|>")
+
+
+# ------------------------------------------------------------------------------- verify
+def test_verify_reads_every_image_again_and_recomputes_positions(tmp_path, vlm_tokenizer,
+                                                                  records):
+    from packtool.verify import verify
+
+    _tokenize(tmp_path, vlm_tokenizer, records)
+    r = verify(tmp_path / "out" / "c")
+    assert r.images == {"n_images": 3, "n_vision_tokens": 399, "reread": True}
+    assert "3 images read again" in r.summary()
+    (tmp_path / "img/a.png").write_bytes(encoded((640, 480), "PNG")[:-1] + b"\1")
+    with pytest.raises(PacktoolError, match="not the image tokenized"):
+        verify(tmp_path / "out" / "c")
+    (tmp_path / "img/a.png").write_bytes(encoded((640, 480), "PNG"))
+    verify(tmp_path / "out" / "c")
+    src = tmp_path / "c.jsonl"  # the inline image is re-read from its record
+    lines = src.read_text().splitlines()
+    lines[2] = json.dumps({**records[2], "images": ["img/b.jpg", _data_uri((41, 40))]})
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(PacktoolError, match="inline image 1 of .*c.jsonl record 3"):
+        verify(tmp_path / "out" / "c")
+
+
+@pytest.mark.parametrize("key,edit,why", [
+    ("pos3", lambda a: a.__setitem__(5, a[5] + 1), "mRoPE position"),
+    ("img_grid", lambda a: a.__setitem__(1, 32), "grid"),
+    ("img_span", lambda a: a.__setitem__(0, 2), "span"),
+])
+def test_verify_refuses_stored_images_and_positions_that_are_wrong(
+        tmp_path, vlm_tokenizer, records, monkeypatch, key, edit, why):
+    """What check_images reads, changed (past the checksums, which a forger recomputes):
+    each is named."""
+    from packtool.formats.tokens.corpus import TokenPart
+    from packtool.verify.images import check_images
+
+    c = _tokenize(tmp_path, vlm_tokenizer, records)
+    real = TokenPart.per_doc
+
+    def per_doc(self, k):
+        a = real(self, k)
+        if k != key:
+            return a
+        a = np.array(a)
+        edit(a)
+        return a
+
+    monkeypatch.setattr(TokenPart, "per_doc", per_doc)
+    with pytest.raises(PacktoolError, match=why):
+        check_images(c)
+
+
+def test_expected_positions_equal_the_writer_rule_on_random_documents():
+    """verify's positions (its own arithmetic) against packtool.vision.rope's."""
+    from packtool.verify.images import expected_positions
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        grids, spans, at = [], [], int(rng.integers(0, 4))
+        for _ in range(int(rng.integers(0, 4))):
+            g = (1, 2 * int(rng.integers(1, 6)), 2 * int(rng.integers(1, 6)))
+            n = g[1] * g[2] // 4
+            spans.append((at, n))
+            grids.append(g)
+            at += n + int(rng.integers(0, 3))
+        n = at + int(rng.integers(0, 3))
+        s, g = np.array(spans).reshape(-1, 2), np.array(grids).reshape(-1, 3)
+        assert np.array_equal(expected_positions(n, s, g, 2), mrope_positions(n, s, g, merge=2))

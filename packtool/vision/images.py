@@ -82,12 +82,18 @@ class VisionReader:
         self.source = None  # the input file being read (set per file)
 
     def __call__(self, obj, opts) -> VisionDoc:
+        doc, found = self.sources(obj, opts)
+        if opts.mode == "messages" and opts.render is not None:
+            doc = _render(opts.render, doc)
+        return VisionDoc(doc, [self._image(k, src) for k, src in enumerate(found)])
+
+    def sources(self, obj, opts) -> tuple[object, list]:
+        """(the record's document with placeholders, its images' sources in order)."""
         listed = self._listed(obj)
         found: list = []
         if opts.mode == "messages":
-            messages = self._messages(get_field(obj, opts.messages_field),
-                                      opts.messages_field, listed, found)
-            doc = messages if opts.render is None else _render(opts.render, messages)
+            doc = self._messages(get_field(obj, opts.messages_field), opts.messages_field,
+                                 listed, found)
         elif opts.mode == "prompt_completion":
             doc = tuple(self._text(check_text(get_field(obj, f), f), listed, found)
                         for f in (opts.prompt_field, opts.completion_field))
@@ -98,7 +104,7 @@ class VisionReader:
             raise BadRecord("bad_images", f"field {self.images_field!r} lists "
                             f"{len(found) + len(listed)} images but the record has "
                             f"{len(found)} {PLACEHOLDER} placeholders or image parts for them")
-        return VisionDoc(doc, [self._image(k, src) for k, src in enumerate(found)])
+        return doc, found
 
     def _listed(self, obj) -> list:
         if not self.images_field:
