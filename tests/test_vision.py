@@ -425,3 +425,37 @@ def test_expected_positions_equal_the_writer_rule_on_random_documents():
         n = at + int(rng.integers(0, 3))
         s, g = np.array(spans).reshape(-1, 2), np.array(grids).reshape(-1, 3)
         assert np.array_equal(expected_positions(n, s, g, 2), mrope_positions(n, s, g, merge=2))
+
+
+def test_cli_tokenize_and_verify_with_images(tmp_path, vlm_tokenizer, records):
+    from conftest import run
+
+    src = write_jsonl(tmp_path / "c.jsonl", records)
+    r = run("tokenize", src, "-t", vlm_tokenizer, "-o", tmp_path / "out" / "c", "-q",
+            "--prompt-field", "prompt", "--completion-field", "completion", "--vision",
+            "qwen2-vl", "--images-field", "images", "--max-pixels", 28 * 28 * 16,
+            catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    c = packtool.open_tokens(tmp_path / "out" / "c")
+    assert c.images(0)["grid"].tolist() == [[1, 6, 8]] and c.vision["max_pixels"] == 12544
+    r = run("verify", tmp_path / "out" / "c", catch_exceptions=False)
+    assert r.exit_code == 0 and "3 images read again" in r.output, r.output
+    r = run("tokenize", src, "-t", vlm_tokenizer, "-o", tmp_path / "out" / "d", "--vision",
+            "llava", "--max-pixels", 9)
+    assert r.exit_code != 0 and "576" in r.output
+
+
+@pytest.mark.parametrize("vision", ["qwen2-vl", "llava"])
+def test_image_tokens_written_as_text_are_bad_records(tmp_path, vlm_tokenizer, vision):
+    """Without --images-field "<image>" is text (Qwen) or refused (LLaVA, its image token);
+    the model's own image tokens (LLaVA has no start/end tokens) in a text are refused, as a
+    bad record; a batch with no image in it writes its empty image arrays."""
+    chat = [{"messages": [{"role": "user", "content": "<image> is a tag"},
+                          {"role": "assistant", "content": "Yes."}]},
+            {"messages": [{"role": "user", "content": "say <|vision_start|>"},
+                          {"role": "assistant", "content": "No."}]}]
+    src = write_jsonl(tmp_path / "t.jsonl", chat)
+    tokenize_files([str(src)], vlm_tokenizer, tmp_path / "out" / "t", TokenizeOptions(
+        messages_field="messages", vision=vision, eos="</s>", skip_bad_records=True))
+    c = packtool.open_tokens(tmp_path / "out" / "t")
+    assert c.meta["inputs"][0]["skipped_records"] == ([2] if vision == "qwen2-vl" else [1])

@@ -78,7 +78,7 @@ class VisionReader:
         self.text = "".join(t for t in (rule.start_token, rule.image_token, rule.end_token)
                             if t)
         self.reserved = tuple(t for t in (rule.image_token, rule.start_token, rule.end_token)
-                              if t and t != PLACEHOLDER)
+                              if t)
         self.source = None  # the input file being read (set per file)
 
     def __call__(self, obj, opts) -> VisionDoc:
@@ -118,12 +118,16 @@ class VisionReader:
         return list(value)
 
     def _text(self, text: str, listed: list, found: list) -> str:
-        """``text`` with each ``<image>`` taking the next listed image."""
+        """``text`` with each ``<image>`` taking the next listed image (with
+        --images-field; without, the text is text, and the image tokens in it refused)."""
+        plain = text.replace(PLACEHOLDER, "") if self.images_field else text
         for t in self.reserved:
-            if t in text:
+            if t in plain:
                 raise BadRecord("bad_images", f"the text holds {t!r} itself, which the "
                                 f"model reserves for images; write images as {PLACEHOLDER} "
                                 "with --images-field, or as image content parts")
+        if not self.images_field:
+            return text
         n = text.count(PLACEHOLDER)
         if n > len(listed):
             raise BadRecord("bad_images", f"{n + len(found)} {PLACEHOLDER} placeholders "
