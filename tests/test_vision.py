@@ -459,3 +459,36 @@ def test_image_tokens_written_as_text_are_bad_records(tmp_path, vlm_tokenizer, v
         messages_field="messages", vision=vision, eos="</s>", skip_bad_records=True))
     c = packtool.open_tokens(tmp_path / "out" / "t")
     assert c.meta["inputs"][0]["skipped_records"] == ([2] if vision == "qwen2-vl" else [1])
+
+
+def test_verify_with_a_source_holding_images_reads_them_again(tmp_path, vlm_tokenizer,
+                                                              records):
+    from packtool.pack import pack_corpus
+    from packtool.verify import verify
+
+    _tokenize(tmp_path, vlm_tokenizer, records)
+    pack_corpus([tmp_path / "out" / "c"], tmp_path / "packed", 1024)
+    assert verify(tmp_path / "packed", [tmp_path / "out" / "c"]).sources_checked
+    (tmp_path / "img/b.jpg").write_bytes(encoded((100, 31), "JPEG"))
+    with pytest.raises(PacktoolError, match="b.jpg is not the image tokenized"):
+        verify(tmp_path / "packed", [tmp_path / "out" / "c"])
+
+
+def test_parquet_records_with_images_equal_jsonl(tmp_path, vlm_tokenizer, records):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{**r, "images": r.get("images", [])} for r in records]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
+    opts = TokenizeOptions(prompt_field="prompt", completion_field="completion",
+                           vision="qwen2-vl", images_field="images", eos="</s>")
+    tokenize_files([str(tmp_path / "c.parquet")], vlm_tokenizer, tmp_path / "out" / "pq", opts)
+    a = _tokenize(tmp_path, vlm_tokenizer, records)
+    b = packtool.open_tokens(tmp_path / "out" / "pq")
+    for i in range(3):
+        assert np.array_equal(a[i], b[i]) and np.array_equal(a.positions3(i), b.positions3(i))
+    assert b.images(2)["refs"][1]["source"] == str(tmp_path / "c.parquet")
+    assert b.images(2)["refs"][1]["record"] == 3
+    from packtool.verify import verify
+
+    assert verify(tmp_path / "out" / "pq").images["n_images"] == 3  # inline: from its row
