@@ -492,3 +492,32 @@ def test_parquet_records_with_images_equal_jsonl(tmp_path, vlm_tokenizer, record
     from packtool.verify import verify
 
     assert verify(tmp_path / "out" / "pq").images["n_images"] == 3  # inline: from its row
+
+
+def test_mrope_batch_equals_a_call_a_document():
+    """The writer's batch arithmetic against mrope_positions (itself equal to
+    get_rope_index): empty documents, text-only ones, an image that ends its document."""
+    from packtool.vision.rope import mrope_batch
+
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        lengths, counts, spans, grids, want = [], [], [], [], []
+        for _ in range(int(rng.integers(1, 6))):
+            at, s, g = int(rng.integers(0, 3)), [], []
+            for _ in range(int(rng.integers(0, 3))):
+                t, h, w = 1 + int(rng.integers(0, 2)), 2 * int(rng.integers(1, 5)), 2 * int(
+                    rng.integers(1, 5))
+                s.append((at, t * h * w // 4))
+                g.append((t, h, w))
+                at += s[-1][1] + int(rng.integers(0, 3))
+            n = at + int(rng.integers(0, 2)) if s or rng.random() < 0.7 else 0
+            n = max(n, s[-1][0] + s[-1][1]) if s else n
+            lengths.append(n)
+            counts.append(len(s))
+            spans += s
+            grids += g
+            want.append(mrope_positions(n, np.array(s).reshape(-1, 2),
+                                        np.array(g).reshape(-1, 3), merge=2).T)
+        got = mrope_batch(lengths, counts, np.array(spans).reshape(-1, 2),
+                          np.array(grids).reshape(-1, 3), merge=2)
+        assert np.array_equal(got, np.concatenate(want)), (lengths, spans, grids)
