@@ -7,7 +7,9 @@ model's own image processor:
   its bytes read and hashed (sha256), its size read from the header, its grid and token
   count by the rule (``packtool.vision.images.VisionReader`` on the parsed records);
 - ``whole tokenize``: ``tokenize_files`` with ``--workers 1``, JSON to the committed corpus
-  (tokenizing, image tokens expanded, spans, references, 3-D positions, hashes, commit);
+  (tokenizing, image tokens expanded, spans, references, 3-D positions, hashes, commit):
+  per wall second, and per second of the process's CPU time (the core's, where other
+  processes share it: a wall figure then counts their time too);
 - ``reads no pixels``: the header counter (``packtool.vision.COUNTER``): header bytes read
   per image and Pillow fallbacks (decodes), against the file bytes the hash reads;
 - ``equal to the processor``: for ``--check`` images, Pillow opens the file and
@@ -118,7 +120,7 @@ def whole(records: Path, tok: Path, out: Path, rule: str) -> dict:
         images_field="images", eos="</s>", workers=1, overwrite=True))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"records": r.n_docs, "wall_s": wall, "cpu_s": cpu, "records_per_s": r.n_docs / wall,
-            "tokens": r.n_tokens, **COUNTER.snapshot()}
+            "records_per_cpu_s": r.n_docs / cpu, "tokens": r.n_tokens, **COUNTER.snapshot()}
 
 
 def check(out: Path, folder: Path, n: int, rule: str) -> dict:

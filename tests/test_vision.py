@@ -313,6 +313,7 @@ def test_a_bad_image_is_a_bad_record_named_and_skipped(tmp_path, vlm_tokenizer, 
     assert len(c) == 2 and c.meta["inputs"][0]["skipped_records"] == [2]
 
 
+@pytest.mark.slow
 def test_parts_resume_and_images_from_a_bucket(tmp_path, vlm_tokenizer, records, s3,
                                                monkeypatch):
     """Two inputs in two parts (each with its own image files, checksummed), one from an
@@ -360,6 +361,7 @@ def test_a_tokenizer_without_the_image_tokens_is_refused(tmp_path, records):
 
 
 # ------------------------------------------------------------------------------- verify
+@pytest.mark.slow
 def test_verify_reads_every_image_again_and_recomputes_positions(tmp_path, vlm_tokenizer,
                                                                   records):
     from packtool.verify import verify
@@ -461,6 +463,7 @@ def test_image_tokens_written_as_text_are_bad_records(tmp_path, vlm_tokenizer, v
     assert c.meta["inputs"][0]["skipped_records"] == ([2] if vision == "qwen2-vl" else [1])
 
 
+@pytest.mark.slow
 def test_verify_with_a_source_holding_images_reads_them_again(tmp_path, vlm_tokenizer,
                                                               records):
     from packtool.pack import pack_corpus
@@ -474,6 +477,7 @@ def test_verify_with_a_source_holding_images_reads_them_again(tmp_path, vlm_toke
         verify(tmp_path / "packed", [tmp_path / "out" / "c"])
 
 
+@pytest.mark.slow
 def test_parquet_records_with_images_equal_jsonl(tmp_path, vlm_tokenizer, records):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
