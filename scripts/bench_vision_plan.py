@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -113,6 +114,7 @@ def whole(records: Path, tok: Path, out: Path, rule: str) -> dict:
     from packtool.tokenize import TokenizeOptions, tokenize_files
     from packtool.vision import COUNTER
 
+    shutil.rmtree(out.parent, ignore_errors=True)  # else its finished parts are skipped
     COUNTER.reset()
     t0, c0 = time.perf_counter(), time.process_time()
     r = tokenize_files([str(records)], tok, out, TokenizeOptions(

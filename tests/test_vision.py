@@ -478,11 +478,14 @@ def test_verify_with_a_source_holding_images_reads_them_again(tmp_path, vlm_toke
 
 
 @pytest.mark.slow
-def test_parquet_records_with_images_equal_jsonl(tmp_path, vlm_tokenizer, records):
+def test_parquet_image_columns_equal_jsonl_paths_and_data_uris(tmp_path, vlm_tokenizer, records):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
     rows = [{**r, "images": r.get("images", [])} for r in records]
+    inline = base64.b64decode(rows[2]["images"][1].split(",", 1)[1])
+    rows[2]["images"] = [{"bytes": None, "path": "img/b.jpg"}, {"bytes": inline, "path": "x"}]
+    rows[0]["images"] = [{"bytes": None, "path": "img/a.png"}]  # a datasets Image column
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
     opts = TokenizeOptions(prompt_field="prompt", completion_field="completion",
                            vision="qwen2-vl", images_field="images", eos="</s>")

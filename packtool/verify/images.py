@@ -171,7 +171,11 @@ def _check_inline(corpus, reader, source, items, rule, v) -> None:
             k = ref.get("index")
             if not isinstance(k, int) or not 0 <= k < len(found):
                 raise ValidationError(f"{where}: {source} record {record} has no image {k}")
-            data, _ = _load(reader, {"uri": found[k]}, where)
+            try:
+                data, _ = reader.fetch(found[k])
+            except (PacktoolError, OSError) as e:
+                raise ValidationError(f"{where}: inline image {k} of {source} record "
+                                      f"{record} cannot be read again: {e}") from None
             _check_image(data, ref, grid, rule, v, where)
 
 
@@ -185,10 +189,10 @@ def _records(source, numbers: set) -> dict:
         table = ds.dataset(str(path), format="parquet" if kind == "parquet" else "arrow")
         rows = table.to_table().to_pylist()
         return {n: rows[n - 1] for n in numbers if 0 < n <= len(rows)}
-    from ..sources.jsonl import _open_jsonl
+    from ..sources.jsonl import open_jsonl
     from ..sources.records import read_lines
 
-    raw, f, _ = _open_jsonl(path, kind)
+    raw, f, _ = open_jsonl(path, kind)
     with raw:
         for n, (line, _) in enumerate(read_lines(f, 1 << 40), 1):
             if n in numbers and line is not None:

@@ -16,15 +16,16 @@ for Qwen-VL, ``<image>`` for LLaVA), which the tokenizer keeps as its special to
 encoder then repeats the image token as many times as the image has vision tokens.
 
 An image is a local path (relative to the input file's folder), a URL (``file://``,
-``s3://``... through :mod:`packtool.storage`) or inline base64 (``data:image/png;base64,...``).
+``s3://``... through :mod:`packtool.storage`), inline base64 (``data:image/png;base64,...``)
+or a Hugging Face ``Image`` column's ``{"bytes": ..., "path": ...}`` (Parquet, Arrow).
 Its bytes are read once, hashed (sha256: the reference a loader proves them by) and sized
 from the header (:mod:`.headers`); no pixel is decoded. A reference records where the bytes
 are and what they are, never the pixels::
 
     {"uri": "/data/cat.png", "sha256": "...", "bytes": 48213, "format": "PNG",
      "size": [640, 480]}
-    {"uri": "data:", "source": "in.jsonl", "record": 17, "index": 0, ...}   # inline base64:
-                                                   image 0 of the record on line 17 of in.jsonl
+    {"uri": "data:", "source": "in.jsonl", "record": 17, "index": 0, ...}   # inline: image
+                                                   0 of the record on line 17 of in.jsonl
 """
 
 from __future__ import annotations
@@ -109,9 +110,14 @@ class VisionReader:
     def _listed(self, obj) -> list:
         if not self.images_field:
             return []
-        if not isinstance(obj, dict) or obj.get(self.images_field) is None:
-            return []  # a text-only record of a mixed corpus
-        value = get_field(obj, self.images_field)
+        try:
+            value = get_field(obj, self.images_field)
+        except BadRecord as e:
+            if e.reason == "missing_field":
+                return []  # a text-only record of a mixed corpus
+            raise
+        if value is None:
+            return []
         if not isinstance(value, list):
             raise BadRecord("bad_images", f"field {self.images_field!r} is "
                             f"{json_type(value)}, expected a list of images")
@@ -170,12 +176,11 @@ class VisionReader:
         return {"type": "text", "text": self.text}
 
     def _image(self, k: int, src) -> Image:
-        if not isinstance(src, str) or not src:
-            raise BadRecord("bad_image", f"image {k} is {json_type(src)}, expected a path, a "
-                            "URL or a data: URI")
-        shown = src if len(src) <= 80 else src[:60] + "..."
+        shown = (src if len(src) <= 80 else src[:60] + "...") if isinstance(src, str) else (
+            "inline bytes" if isinstance(src, dict) and src.get("bytes") else
+            src.get("path") if isinstance(src, dict) else json_type(src))
         try:
-            data, ref = self.load(src)
+            data, ref = self.fetch(src)
             width, height, fmt = image_size(data)
             grid = self.rule.grid(width, height, self.min_pixels, self.max_pixels)
         except (PacktoolError, OSError) as e:
@@ -185,6 +190,19 @@ class VisionReader:
         ref.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), format=fmt,
                    size=[width, height])
         return Image(ref, grid, self.rule.tokens(grid))
+
+    def fetch(self, src) -> tuple[bytes, dict]:
+        """The bytes of an image as a record gives it: a path, a URL or a data: URI, or a
+        Hugging Face ``Image`` feature's ``{"bytes": ..., "path": ...}`` (bytes inline, else
+        the path)."""
+        if isinstance(src, dict) and isinstance(src.get("bytes"), (bytes, bytearray)):
+            return bytes(src["bytes"]), {"uri": "data:"}
+        if isinstance(src, dict) and isinstance(src.get("path"), str):
+            src = src["path"]
+        if not isinstance(src, str) or not src:
+            raise PacktoolError(f"a {json_type(src)}, expected a path, a URL, a data: URI or "
+                                '{"bytes": ..., "path": ...}')
+        return self.load(src)
 
     def load(self, src: str) -> tuple[bytes, dict]:
         """The image's bytes and the start of its reference."""
