@@ -528,3 +528,17 @@ def test_mrope_batch_equals_a_call_a_document():
         got = mrope_batch(lengths, counts, np.array(spans).reshape(-1, 2),
                           np.array(grids).reshape(-1, 3), merge=2)
         assert np.array_equal(got, np.concatenate(want)), (lengths, spans, grids)
+
+
+def test_load_ref_gives_every_image_its_bytes_proved(tmp_path, vlm_tokenizer, records):
+    """What a training side's loader calls: a path's bytes, an inline image's from its
+    record; a changed image is refused."""
+    from packtool.vision.images import load_ref
+
+    c = _tokenize(tmp_path, vlm_tokenizer, records)
+    refs = c.images(0)["refs"] + c.images(2)["refs"]
+    assert load_ref(refs[0], c.meta) == (tmp_path / "img/a.png").read_bytes()
+    assert load_ref(refs[2], c.meta) == base64.b64decode(records[2]["images"][1].split(",")[1])
+    (tmp_path / "img/b.jpg").write_bytes(encoded((100, 30), "PNG"))
+    with pytest.raises(PacktoolError, match="not those tokenized"):
+        load_ref(refs[1], c.meta)

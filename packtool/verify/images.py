@@ -23,9 +23,9 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..formats.packed import ValidationError
-from ..sources import ReadOptions, as_input, file_kind
+from ..sources import ReadOptions
 from ..vision import RULES, image_size
-from ..vision.images import VisionReader
+from ..vision.images import VisionReader, read_records
 
 
 def check_images(corpus, reread: bool = True) -> dict:
@@ -161,7 +161,7 @@ def _check_inline(corpus, reader, source, items, rule, v) -> None:
     wanted = defaultdict(list)
     for ref, grid, where in items:
         wanted[ref.get("record")].append((ref, grid, where))
-    got = _records(source, set(wanted))
+    got = read_records(source, set(wanted))
     for record, group in wanted.items():
         if record not in got:
             raise ValidationError(f"{group[0][2]}: {source} has no record {record} holding "
@@ -177,26 +177,3 @@ def _check_inline(corpus, reader, source, items, rule, v) -> None:
                 raise ValidationError(f"{where}: inline image {k} of {source} record "
                                       f"{record} cannot be read again: {e}") from None
             _check_image(data, ref, grid, rule, v, where)
-
-
-def _records(source, numbers: set) -> dict:
-    """The JSON objects of records ``numbers`` (1-based lines or rows) of an input."""
-    path, kind = as_input(source), file_kind(as_input(source))
-    out = {}
-    if kind in ("parquet", "arrow"):
-        import pyarrow.dataset as ds
-
-        table = ds.dataset(str(path), format="parquet" if kind == "parquet" else "arrow")
-        rows = table.to_table().to_pylist()
-        return {n: rows[n - 1] for n in numbers if 0 < n <= len(rows)}
-    from ..sources.jsonl import open_jsonl
-    from ..sources.records import read_lines
-
-    raw, f, _ = open_jsonl(path, kind)
-    with raw:
-        for n, (line, _) in enumerate(read_lines(f, 1 << 40), 1):
-            if n in numbers and line is not None:
-                out[n] = json.loads(line)
-            if len(out) == len(numbers):
-                break
-    return out

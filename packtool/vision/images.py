@@ -33,13 +33,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 
 from ..errors import PacktoolError
+from ..sources import ReadOptions, as_input, file_kind
 from ..sources.records import BadRecord, check_messages, check_text, get_field, json_type
 from .headers import image_size
-from .rules import PLACEHOLDER, Rule
+from .rules import PLACEHOLDER, RULES, Rule
 
 
 @dataclass
@@ -240,8 +242,59 @@ class VisionReader:
             raise PacktoolError(f"no such file {path}") from None
 
 
+def load_ref(ref: dict, meta: dict) -> bytes:
+    """The bytes of an image a corpus references (``ref``, a line of ``.img_ref.jsonl``;
+    ``meta`` the corpus manifest), proved the same by their sha256: a path or URL read, an
+    inline image taken from its input record (a pass over that input: cache what you load
+    this way). What a training side's loader calls for each image of a row."""
+    v, o = meta["images"], meta.get("options", {})
+    reader = VisionReader(RULES[v["rule"]], v.get("images_field"))
+    if ref.get("uri") != "data:":
+        data, _ = reader.fetch(str(ref.get("uri")))
+    else:
+        opts = ReadOptions(o.get("text_field") or "text", prompt_field=o.get("prompt_field"),
+                           completion_field=o.get("completion_field"),
+                           messages_field=o.get("messages_field"))
+        record = read_records(ref.get("source"), {ref.get("record")}).get(ref.get("record"))
+        if record is None:
+            raise PacktoolError(f"{ref.get('source')} has no record {ref.get('record')}")
+        found = reader.sources(record, opts)[1]
+        if not 0 <= int(ref.get("index", -1)) < len(found):
+            raise PacktoolError(f"{ref.get('source')} record {ref.get('record')} has no "
+                                f"image {ref.get('index')}")
+        data, _ = reader.fetch(found[int(ref["index"])])
+    if len(data) != ref.get("bytes") or hashlib.sha256(data).hexdigest() != ref.get("sha256"):
+        raise PacktoolError(f"image {ref.get('uri')}: its bytes are not those tokenized "
+                            "(sha256 differs); tokenize again")
+    return data
+
+
 def _render(render, messages):
     try:
         return render(messages)
     except PacktoolError as e:  # the template refused this conversation
         raise BadRecord(getattr(e, "reason", "chat_template"), str(e)) from None
+
+
+def read_records(source, numbers: set) -> dict:
+    """The records ``numbers`` (1-based lines or rows, as a reference's ``record``) of an
+    input, as objects: what holds an inline image (one pass over the input)."""
+    path, kind = as_input(source), file_kind(as_input(source))
+    out = {}
+    if kind in ("parquet", "arrow"):
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(str(path), format="parquet" if kind == "parquet" else "arrow")
+        rows = table.to_table().to_pylist()
+        return {n: rows[n - 1] for n in numbers if 0 < n <= len(rows)}
+    from ..sources.jsonl import open_jsonl
+    from ..sources.records import read_lines
+
+    raw, f, _ = open_jsonl(path, kind)
+    with raw:
+        for n, (line, _) in enumerate(read_lines(f, 1 << 40), 1):
+            if n in numbers and line is not None:
+                out[n] = json.loads(line)
+            if len(out) == len(numbers):
+                break
+    return out
