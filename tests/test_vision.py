@@ -542,3 +542,11 @@ def test_load_ref_gives_every_image_its_bytes_proved(tmp_path, vlm_tokenizer, re
     (tmp_path / "img/b.jpg").write_bytes(encoded((100, 30), "PNG"))
     with pytest.raises(PacktoolError, match="not those tokenized"):
         load_ref(refs[1], c.meta)
+
+
+def test_output_is_the_same_for_any_batch_size_and_workers(tmp_path, vlm_tokenizer, records):
+    recs = records * 5
+    a = _tokenize(tmp_path, vlm_tokenizer, recs, name="a", batch_size=1, workers=1)
+    b = _tokenize(tmp_path, vlm_tokenizer, recs, name="b", batch_size=4, workers=2)
+    for key in ("bin", "mask", "images", "img_grid", "img_span", "pos3"):
+        assert (tmp_path / f"out/a.{key}").read_bytes() == (tmp_path / f"out/b.{key}").read_bytes()
