@@ -10,6 +10,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -546,7 +547,32 @@ def test_load_ref_gives_every_image_its_bytes_proved(tmp_path, vlm_tokenizer, re
 
 def test_output_is_the_same_for_any_batch_size_and_workers(tmp_path, vlm_tokenizer, records):
     recs = records * 5
-    a = _tokenize(tmp_path, vlm_tokenizer, recs, name="a", batch_size=1, workers=1)
-    b = _tokenize(tmp_path, vlm_tokenizer, recs, name="b", batch_size=4, workers=2)
+    _tokenize(tmp_path, vlm_tokenizer, recs, name="a", batch_size=1, workers=1)
+    _tokenize(tmp_path, vlm_tokenizer, recs, name="b", batch_size=4, workers=2)
     for key in ("bin", "mask", "images", "img_grid", "img_span", "pos3"):
-        assert (tmp_path / f"out/a.{key}").read_bytes() == (tmp_path / f"out/b.{key}").read_bytes()
+        a, b = (tmp_path / f"out/a.{key}").read_bytes(), (tmp_path / f"out/b.{key}").read_bytes()
+        assert a == b, key
+
+
+def test_image_check_header_reads_headers_only_and_still_proves_the_files(
+        tmp_path, vlm_tokenizer, records):
+    """--image-check header: a file's image costs its header (tens of bytes, not the
+    file), its reference a size and mtime; verify and load_ref refuse a changed file."""
+    from packtool.verify import verify
+    from packtool.vision.images import load_ref
+
+    (tmp_path / "img/a.png").write_bytes(encoded((640, 480), "PNG") + b"\0" * 50_000)
+    COUNTER.reset()
+    c = _tokenize(tmp_path, vlm_tokenizer, records, image_check="header")
+    assert COUNTER.images == 3 and COUNTER.bytes_read < 200 and COUNTER.decodes == 0
+    ref = c.images(0)["refs"][0]
+    assert "sha256" not in ref and ref["fingerprint"].startswith("mtime_ns:")
+    assert ref["bytes"] > 50_000 and "sha256" in c.images(2)["refs"][1]  # inline: hashed
+    _check_document(c, 0, [(1, 34, 46)])
+    assert len(load_ref(ref, c.meta)) == ref["bytes"]
+    assert verify(tmp_path / "out" / "c").images["n_images"] == 3
+    os.utime(tmp_path / "img/a.png", ns=(1, 1))
+    with pytest.raises(PacktoolError, match="not the image tokenized"):
+        verify(tmp_path / "out" / "c")
+    with pytest.raises(PacktoolError, match="not the file tokenized"):
+        load_ref(ref, c.meta)

@@ -27,7 +27,7 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "rewards_field", "chat_template", "train_on", "max_render_chars",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
                    "part_bytes", "overwrite", "vision", "images_field", "min_pixels",
-                   "max_pixels")
+                   "max_pixels", "image_check")
 PACK_FIELDS = ("seq_len", "algo", "layout", "source_check", "overflow", "seed", "shuffle",
                "shard_size", "tokens", "valid_docs", "valid_fraction", "group_docs", "balance",
                "balance_ranks", "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id",

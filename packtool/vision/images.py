@@ -75,8 +75,9 @@ class VisionReader:
     """``(record, read options) -> VisionDoc``: the images of a record found, loaded, sized
     (``rule``, ``min_pixels``/``max_pixels``), and replaced by the rule's placeholder text."""
 
-    def __init__(self, rule: Rule, images_field: str | None, min_pixels=None, max_pixels=None):
-        self.rule, self.images_field = rule, images_field
+    def __init__(self, rule: Rule, images_field: str | None, min_pixels=None, max_pixels=None,
+                 check: str = "sha256"):
+        self.rule, self.images_field, self.check = rule, images_field, check
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
         self.text = "".join(t for t in (rule.start_token, rule.image_token, rule.end_token)
                             if t)
@@ -182,64 +183,90 @@ class VisionReader:
             "inline bytes" if isinstance(src, dict) and src.get("bytes") else
             src.get("path") if isinstance(src, dict) else json_type(src))
         try:
-            data, ref = self.fetch(src)
-            width, height, fmt = image_size(data)
+            where = self.where(src)
+            if self.check == "header" and isinstance(where, str):
+                (width, height, fmt), ref = self.probe(where)
+            else:
+                data, ref = self.fetch(where if isinstance(where, str) else src)
+                width, height, fmt = image_size(data)
+                ref.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
             grid = self.rule.grid(width, height, self.min_pixels, self.max_pixels)
         except (PacktoolError, OSError) as e:
             raise BadRecord("bad_image", f"image {k} ({shown}): {e}") from None
         if ref["uri"] == "data:":
             ref["index"] = k
-        ref.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), format=fmt,
-                   size=[width, height])
+        ref.update(format=fmt, size=[width, height])
         return Image(ref, grid, self.rule.tokens(grid))
 
     def fetch(self, src) -> tuple[bytes, dict]:
-        """The bytes of an image as a record gives it: a path, a URL or a data: URI, or a
-        Hugging Face ``Image`` feature's ``{"bytes": ..., "path": ...}`` (bytes inline, else
-        the path)."""
+        """The bytes of an image as a record gives it (:meth:`where`), and the start of its
+        reference."""
+        where = self.where(src)
+        if isinstance(where, bytes):
+            return where, {"uri": "data:"}
+        if "://" in where:
+            from ..storage import filesystem
+
+            fs, path = filesystem(where)
+            try:
+                with fs.open(path, "rb") as f:
+                    return f.read(), {"uri": where}
+            except FileNotFoundError:
+                raise PacktoolError("no such object") from None
+        try:
+            with open(where, "rb") as f:
+                return f.read(), {"uri": where}
+        except FileNotFoundError:
+            raise PacktoolError(f"no such file {where}") from None
+
+    def probe(self, uri: str) -> tuple[tuple[int, int, str], dict]:
+        """(width, height, format) of the file or object at ``uri`` from its header alone,
+        and its reference: its size and what changes with its content (a local file's
+        mtime, an object's ETag or version), not a hash of bytes never read."""
+        from ..sources import identity
+
+        try:
+            if "://" in uri:
+                from ..storage import filesystem
+
+                fs, path = filesystem(uri)
+                size, tag = identity(as_input(uri))
+                with fs.open(path, "rb", block_size=1 << 16) as f:
+                    return image_size(f), {"uri": uri, "bytes": size, "fingerprint": tag}
+            with open(uri, "rb") as f:
+                st = os.fstat(f.fileno())
+                return image_size(f), {"uri": uri, "bytes": st.st_size,
+                                       "fingerprint": f"mtime_ns:{st.st_mtime_ns}"}
+        except FileNotFoundError:
+            raise PacktoolError(f"no such file or object {uri}") from None
+
+    def where(self, src) -> bytes | str:
+        """An image as a record gives it: a path (relative to the input file), a URL or a
+        data: URI, or a Hugging Face ``Image`` feature's ``{"bytes": ..., "path": ...}``
+        (bytes inline, else the path): its bytes (inline), or its absolute path or URL."""
         if isinstance(src, dict) and isinstance(src.get("bytes"), (bytes, bytearray)):
-            return bytes(src["bytes"]), {"uri": "data:"}
+            return bytes(src["bytes"])
         if isinstance(src, dict) and isinstance(src.get("path"), str):
             src = src["path"]
         if not isinstance(src, str) or not src:
             raise PacktoolError(f"a {json_type(src)}, expected a path, a URL, a data: URI or "
                                 '{"bytes": ..., "path": ...}')
-        return self.load(src)
-
-    def load(self, src: str) -> tuple[bytes, dict]:
-        """The image's bytes and the start of its reference."""
         if src.startswith("data:"):
             head, sep, payload = src.partition(",")
             if not sep or not head.endswith(";base64"):
                 raise PacktoolError("a data: URI that is not base64 (data:image/...;base64,...)")
             try:
-                return base64.b64decode(payload, validate=True), {"uri": "data:"}
+                return base64.b64decode(payload, validate=True)
             except (binascii.Error, ValueError) as e:
                 raise PacktoolError(f"invalid base64 ({e})") from None
-        from ..storage import is_url, local_path
+        from ..storage import is_url, join, local_path, parent
 
         if is_url(src):
-            from ..storage import filesystem
-
-            fs, path = filesystem(src)
-            try:
-                with fs.open(path, "rb") as f:
-                    return f.read(), {"uri": src}
-            except FileNotFoundError:
-                raise PacktoolError("no such object") from None
+            return src
         path = local_path(src)
         if not os.path.isabs(path) and self.source is not None:
-            from ..storage import join, parent
-
-            where = join(parent(self.source), path)
-            if is_url(where):
-                return self.load(str(where))
-            path = str(where)
-        try:
-            with open(path, "rb") as f:
-                return f.read(), {"uri": os.path.abspath(path)}
-        except FileNotFoundError:
-            raise PacktoolError(f"no such file {path}") from None
+            return str(join(parent(self.source), path))
+        return os.path.abspath(path)
 
 
 def load_ref(ref: dict, meta: dict) -> bytes:
@@ -249,6 +276,14 @@ def load_ref(ref: dict, meta: dict) -> bytes:
     this way). What a training side's loader calls for each image of a row."""
     v, o = meta["images"], meta.get("options", {})
     reader = VisionReader(RULES[v["rule"]], v.get("images_field"))
+    if ref.get("uri") != "data:" and "sha256" not in ref:  # --image-check header
+        _, now = reader.probe(str(ref["uri"]))
+        data, _ = reader.fetch(str(ref["uri"]))
+        if (now["bytes"], now["fingerprint"]) != (ref.get("bytes"), ref.get("fingerprint")) \
+                or len(data) != ref.get("bytes"):
+            raise PacktoolError(f"image {ref['uri']}: not the file tokenized (its size or "
+                                "fingerprint changed); tokenize again")
+        return data
     if ref.get("uri") != "data:":
         data, _ = reader.fetch(str(ref.get("uri")))
     else:
