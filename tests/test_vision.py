@@ -344,6 +344,18 @@ def test_parts_resume_and_images_from_a_bucket(tmp_path, vlm_tokenizer, records,
     assert again.n_parts_skipped == 2
     assert json.loads((tmp_path / "out" / "p.json").read_bytes())["parts"] == json.loads(
         before)["parts"]
+    from packtool.verify import verify
+
+    assert verify(out).images["n_images"] == 4  # the object read again from the bucket
+    h = tmp_path / "out" / "h"  # header only: the object's ETag is its proof
+    tokenize_files([str(tmp_path / "b.jsonl")], vlm_tokenizer, h,
+                   TokenizeOptions(**{**opts.__dict__, "image_check": "header"}))
+    ref = packtool.open_tokens(h).images(0)["refs"][0]
+    assert ref["fingerprint"].split(":")[0] in ("ETag", "VersionId") and "sha256" not in ref
+    assert verify(h).images["n_images"] == 1
+    s3.fs.pipe(f"{b}/k.jpg", encoded((300, 201), "JPEG"))
+    with pytest.raises(PacktoolError, match="not the image tokenized"):
+        verify(h)
 
 
 def test_options_refused_by_name():
