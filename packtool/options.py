@@ -27,6 +27,7 @@ BALANCE = ("none", "attention")
 ENGINES = ("auto", "hf", "sentencepiece", "gigatoken", "fastokens", "tokie")
 ENGINE_CHECKS = ("sample", "full", "off")
 VISION_RULES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava")  # = vision.RULES (tested)
+IMAGE_CHECKS = ("sha256", "header")
 DEFAULT_PART_BYTES = 256 << 20  # small input files are grouped into parts of about this much
 LONG_RECORD_WARN_BYTES = 8 << 20  # the reader warns once per run about a record this large
 
@@ -138,6 +139,11 @@ class TokenizeOptions:
                                  "(default: the model's).", type=("int", 1, None))
     max_pixels: int | None = opt(None, "With a Qwen-VL --vision: the processor's max_pixels "
                                  "(default: the model's).", type=("int", 1, None))
+    image_check: str | None = opt(None, "With --vision: how an image is proved the same "
+                                  "later: sha256 (its bytes read and hashed; the default) or "
+                                  "header (only its header read; its size and mtime, or a "
+                                  "store's ETag, recorded; inline images are hashed).",
+                                  type=("choice", IMAGE_CHECKS))
 
     def check(self) -> None:
         """The option checks that need no input or tokenizer: run before a plan is made."""
@@ -188,14 +194,17 @@ class TokenizeOptions:
         if not self.vision:
             given = [f for f, v in (("--images-field", self.images_field),
                                     ("--min-pixels", self.min_pixels),
-                                    ("--max-pixels", self.max_pixels)) if v is not None]
+                                    ("--max-pixels", self.max_pixels),
+                                    ("--image-check", self.image_check)) if v is not None]
             if given:
                 raise PacktoolError(f"{', '.join(given)} describe images: pass --vision "
                                     f"({', '.join(VISION_RULES)}) or drop them")
             return
-        if self.vision not in VISION_RULES:
-            raise PacktoolError(f"--vision {self.vision!r}: choose one of "
-                                f"{', '.join(VISION_RULES)}")
+        for name, value, allowed in (("--vision", self.vision, VISION_RULES),
+                                     ("--image-check", self.image_check or "sha256",
+                                      IMAGE_CHECKS)):
+            if value not in allowed:
+                raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
         if self.vision == "llava" and (self.min_pixels or self.max_pixels):
             raise PacktoolError("--vision llava gives every image 576 tokens whatever its "
                                 "size; drop --min-pixels/--max-pixels")

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -313,6 +314,7 @@ def test_a_bad_image_is_a_bad_record_named_and_skipped(tmp_path, vlm_tokenizer, 
     assert len(c) == 2 and c.meta["inputs"][0]["skipped_records"] == [2]
 
 
+@pytest.mark.slow
 def test_parts_resume_and_images_from_a_bucket(tmp_path, vlm_tokenizer, records, s3,
                                                monkeypatch):
     """Two inputs in two parts (each with its own image files, checksummed), one from an
@@ -342,6 +344,18 @@ def test_parts_resume_and_images_from_a_bucket(tmp_path, vlm_tokenizer, records,
     assert again.n_parts_skipped == 2
     assert json.loads((tmp_path / "out" / "p.json").read_bytes())["parts"] == json.loads(
         before)["parts"]
+    from packtool.verify import verify
+
+    assert verify(out).images["n_images"] == 4  # the object read again from the bucket
+    h = tmp_path / "out" / "h"  # header only: the object's ETag is its proof
+    tokenize_files([str(tmp_path / "b.jsonl")], vlm_tokenizer, h,
+                   TokenizeOptions(**{**opts.__dict__, "image_check": "header"}))
+    ref = packtool.open_tokens(h).images(0)["refs"][0]
+    assert ref["fingerprint"].split(":")[0] in ("ETag", "VersionId") and "sha256" not in ref
+    assert verify(h).images["n_images"] == 1
+    s3.fs.pipe(f"{b}/k.jpg", encoded((300, 201), "JPEG"))
+    with pytest.raises(PacktoolError, match="not the image tokenized"):
+        verify(h)
 
 
 def test_options_refused_by_name():
@@ -357,3 +371,220 @@ def test_options_refused_by_name():
 def test_a_tokenizer_without_the_image_tokens_is_refused(tmp_path, records):
     with pytest.raises(PacktoolError, match="image_pad"):
         _tokenize(tmp_path, TOKENIZER, records, eos="<|eos|>")
+
+
+# ------------------------------------------------------------------------------- verify
+@pytest.mark.slow
+def test_verify_reads_every_image_again_and_recomputes_positions(tmp_path, vlm_tokenizer,
+                                                                  records):
+    from packtool.verify import verify
+
+    _tokenize(tmp_path, vlm_tokenizer, records)
+    r = verify(tmp_path / "out" / "c")
+    assert r.images == {"n_images": 3, "n_vision_tokens": 399, "reread": True}
+    assert "3 images read again" in r.summary()
+    (tmp_path / "img/a.png").write_bytes(encoded((640, 480), "PNG")[:-1] + b"\1")
+    with pytest.raises(PacktoolError, match="not the image tokenized"):
+        verify(tmp_path / "out" / "c")
+    (tmp_path / "img/a.png").write_bytes(encoded((640, 480), "PNG"))
+    verify(tmp_path / "out" / "c")
+    src = tmp_path / "c.jsonl"  # the inline image is re-read from its record
+    lines = src.read_text().splitlines()
+    lines[2] = json.dumps({**records[2], "images": ["img/b.jpg", _data_uri((41, 40))]})
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(PacktoolError, match="inline image 1 of .*c.jsonl record 3"):
+        verify(tmp_path / "out" / "c")
+
+
+@pytest.mark.parametrize("key,edit,why", [
+    ("pos3", lambda a: a.__setitem__(5, a[5] + 1), "mRoPE position"),
+    ("img_grid", lambda a: a.__setitem__(1, 32), "grid"),
+    ("img_span", lambda a: a.__setitem__(0, 2), "span"),
+])
+def test_verify_refuses_stored_images_and_positions_that_are_wrong(
+        tmp_path, vlm_tokenizer, records, monkeypatch, key, edit, why):
+    """What check_images reads, changed (past the checksums, which a forger recomputes):
+    each is named."""
+    from packtool.formats.tokens.corpus import TokenPart
+    from packtool.verify.images import check_images
+
+    c = _tokenize(tmp_path, vlm_tokenizer, records)
+    real = TokenPart.per_doc
+
+    def per_doc(self, k):
+        a = real(self, k)
+        if k != key:
+            return a
+        a = np.array(a)
+        edit(a)
+        return a
+
+    monkeypatch.setattr(TokenPart, "per_doc", per_doc)
+    with pytest.raises(PacktoolError, match=why):
+        check_images(c)
+
+
+def test_expected_positions_equal_the_writer_rule_on_random_documents():
+    """verify's positions (its own arithmetic) against packtool.vision.rope's."""
+    from packtool.verify.images import expected_positions
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        grids, spans, at = [], [], int(rng.integers(0, 4))
+        for _ in range(int(rng.integers(0, 4))):
+            g = (1, 2 * int(rng.integers(1, 6)), 2 * int(rng.integers(1, 6)))
+            n = g[1] * g[2] // 4
+            spans.append((at, n))
+            grids.append(g)
+            at += n + int(rng.integers(0, 3))
+        n = at + int(rng.integers(0, 3))
+        s, g = np.array(spans).reshape(-1, 2), np.array(grids).reshape(-1, 3)
+        assert np.array_equal(expected_positions(n, s, g, 2), mrope_positions(n, s, g, merge=2))
+
+
+def test_cli_tokenize_and_verify_with_images(tmp_path, vlm_tokenizer, records):
+    from conftest import run
+
+    src = write_jsonl(tmp_path / "c.jsonl", records)
+    r = run("tokenize", src, "-t", vlm_tokenizer, "-o", tmp_path / "out" / "c", "-q",
+            "--prompt-field", "prompt", "--completion-field", "completion", "--vision",
+            "qwen2-vl", "--images-field", "images", "--max-pixels", 28 * 28 * 16,
+            catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    c = packtool.open_tokens(tmp_path / "out" / "c")
+    assert c.images(0)["grid"].tolist() == [[1, 6, 8]] and c.vision["max_pixels"] == 12544
+    r = run("verify", tmp_path / "out" / "c", catch_exceptions=False)
+    assert r.exit_code == 0 and "3 images read again" in r.output, r.output
+    r = run("tokenize", src, "-t", vlm_tokenizer, "-o", tmp_path / "out" / "d", "--vision",
+            "llava", "--max-pixels", 9)
+    assert r.exit_code != 0 and "576" in r.output
+
+
+@pytest.mark.parametrize("vision", ["qwen2-vl", "llava"])
+def test_image_tokens_written_as_text_are_bad_records(tmp_path, vlm_tokenizer, vision):
+    """Without --images-field "<image>" is text (Qwen) or refused (LLaVA, its image token);
+    the model's own image tokens (LLaVA has no start/end tokens) in a text are refused, as a
+    bad record; a batch with no image in it writes its empty image arrays."""
+    chat = [{"messages": [{"role": "user", "content": "<image> is a tag"},
+                          {"role": "assistant", "content": "Yes."}]},
+            {"messages": [{"role": "user", "content": "say <|vision_start|>"},
+                          {"role": "assistant", "content": "No."}]}]
+    src = write_jsonl(tmp_path / "t.jsonl", chat)
+    tokenize_files([str(src)], vlm_tokenizer, tmp_path / "out" / "t", TokenizeOptions(
+        messages_field="messages", vision=vision, eos="</s>", skip_bad_records=True))
+    c = packtool.open_tokens(tmp_path / "out" / "t")
+    assert c.meta["inputs"][0]["skipped_records"] == ([2] if vision == "qwen2-vl" else [1])
+
+
+@pytest.mark.slow
+def test_verify_with_a_source_holding_images_reads_them_again(tmp_path, vlm_tokenizer,
+                                                              records):
+    from packtool.pack import pack_corpus
+    from packtool.verify import verify
+
+    _tokenize(tmp_path, vlm_tokenizer, records)
+    pack_corpus([tmp_path / "out" / "c"], tmp_path / "packed", 1024)
+    assert verify(tmp_path / "packed", [tmp_path / "out" / "c"]).sources_checked
+    (tmp_path / "img/b.jpg").write_bytes(encoded((100, 31), "JPEG"))
+    with pytest.raises(PacktoolError, match="b.jpg is not the image tokenized"):
+        verify(tmp_path / "packed", [tmp_path / "out" / "c"])
+
+
+@pytest.mark.slow
+def test_parquet_image_columns_equal_jsonl_paths_and_data_uris(tmp_path, vlm_tokenizer, records):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{**r, "images": r.get("images", [])} for r in records]
+    inline = base64.b64decode(rows[2]["images"][1].split(",", 1)[1])
+    rows[2]["images"] = [{"bytes": None, "path": "img/b.jpg"}, {"bytes": inline, "path": "x"}]
+    rows[0]["images"] = [{"bytes": None, "path": "img/a.png"}]  # a datasets Image column
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
+    opts = TokenizeOptions(prompt_field="prompt", completion_field="completion",
+                           vision="qwen2-vl", images_field="images", eos="</s>")
+    tokenize_files([str(tmp_path / "c.parquet")], vlm_tokenizer, tmp_path / "out" / "pq", opts)
+    a = _tokenize(tmp_path, vlm_tokenizer, records)
+    b = packtool.open_tokens(tmp_path / "out" / "pq")
+    for i in range(3):
+        assert np.array_equal(a[i], b[i]) and np.array_equal(a.positions3(i), b.positions3(i))
+    assert b.images(2)["refs"][1]["source"] == str(tmp_path / "c.parquet")
+    assert b.images(2)["refs"][1]["record"] == 3
+    from packtool.verify import verify
+
+    assert verify(tmp_path / "out" / "pq").images["n_images"] == 3  # inline: from its row
+
+
+def test_mrope_batch_equals_a_call_a_document():
+    """The writer's batch arithmetic against mrope_positions (itself equal to
+    get_rope_index): empty documents, text-only ones, an image that ends its document."""
+    from packtool.vision.rope import mrope_batch
+
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        lengths, counts, spans, grids, want = [], [], [], [], []
+        for _ in range(int(rng.integers(1, 6))):
+            at, s, g = int(rng.integers(0, 3)), [], []
+            for _ in range(int(rng.integers(0, 3))):
+                t, h, w = 1 + int(rng.integers(0, 2)), 2 * int(rng.integers(1, 5)), 2 * int(
+                    rng.integers(1, 5))
+                s.append((at, t * h * w // 4))
+                g.append((t, h, w))
+                at += s[-1][1] + int(rng.integers(0, 3))
+            n = at + int(rng.integers(0, 2)) if s or rng.random() < 0.7 else 0
+            n = max(n, s[-1][0] + s[-1][1]) if s else n
+            lengths.append(n)
+            counts.append(len(s))
+            spans += s
+            grids += g
+            want.append(mrope_positions(n, np.array(s).reshape(-1, 2),
+                                        np.array(g).reshape(-1, 3), merge=2).T)
+        got = mrope_batch(lengths, counts, np.array(spans).reshape(-1, 2),
+                          np.array(grids).reshape(-1, 3), merge=2)
+        assert np.array_equal(got, np.concatenate(want)), (lengths, spans, grids)
+
+
+def test_load_ref_gives_every_image_its_bytes_proved(tmp_path, vlm_tokenizer, records):
+    """What a training side's loader calls: a path's bytes, an inline image's from its
+    record; a changed image is refused."""
+    from packtool.vision.images import load_ref
+
+    c = _tokenize(tmp_path, vlm_tokenizer, records)
+    refs = c.images(0)["refs"] + c.images(2)["refs"]
+    assert load_ref(refs[0], c.meta) == (tmp_path / "img/a.png").read_bytes()
+    assert load_ref(refs[2], c.meta) == base64.b64decode(records[2]["images"][1].split(",")[1])
+    (tmp_path / "img/b.jpg").write_bytes(encoded((100, 30), "PNG"))
+    with pytest.raises(PacktoolError, match="not those tokenized"):
+        load_ref(refs[1], c.meta)
+
+
+def test_output_is_the_same_for_any_batch_size_and_workers(tmp_path, vlm_tokenizer, records):
+    recs = records * 5
+    _tokenize(tmp_path, vlm_tokenizer, recs, name="a", batch_size=1, workers=1)
+    _tokenize(tmp_path, vlm_tokenizer, recs, name="b", batch_size=4, workers=2)
+    for key in ("bin", "mask", "images", "img_grid", "img_span", "pos3"):
+        a, b = (tmp_path / f"out/a.{key}").read_bytes(), (tmp_path / f"out/b.{key}").read_bytes()
+        assert a == b, key
+
+
+def test_image_check_header_reads_headers_only_and_still_proves_the_files(
+        tmp_path, vlm_tokenizer, records):
+    """--image-check header: a file's image costs its header (tens of bytes, not the
+    file), its reference a size and mtime; verify and load_ref refuse a changed file."""
+    from packtool.verify import verify
+    from packtool.vision.images import load_ref
+
+    (tmp_path / "img/a.png").write_bytes(encoded((640, 480), "PNG") + b"\0" * 50_000)
+    COUNTER.reset()
+    c = _tokenize(tmp_path, vlm_tokenizer, records, image_check="header")
+    assert COUNTER.images == 3 and COUNTER.bytes_read < 200 and COUNTER.decodes == 0
+    ref = c.images(0)["refs"][0]
+    assert "sha256" not in ref and ref["fingerprint"].startswith("mtime_ns:")
+    assert ref["bytes"] > 50_000 and "sha256" in c.images(2)["refs"][1]  # inline: hashed
+    _check_document(c, 0, [(1, 34, 46)])
+    assert len(load_ref(ref, c.meta)) == ref["bytes"]
+    assert verify(tmp_path / "out" / "c").images["n_images"] == 3
+    os.utime(tmp_path / "img/a.png", ns=(1, 1))
+    with pytest.raises(PacktoolError, match="not the image tokenized"):
+        verify(tmp_path / "out" / "c")
+    with pytest.raises(PacktoolError, match="not the file tokenized"):
+        load_ref(ref, c.meta)

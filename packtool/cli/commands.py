@@ -26,7 +26,8 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "messages_field", "chosen_field", "rejected_field", "completions_field",
                    "rewards_field", "chat_template", "train_on", "max_render_chars",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
-                   "part_bytes", "overwrite")
+                   "part_bytes", "overwrite", "vision", "images_field", "min_pixels",
+                   "max_pixels", "image_check")
 PACK_FIELDS = ("seq_len", "algo", "layout", "source_check", "overflow", "seed", "shuffle",
                "shard_size", "tokens", "valid_docs", "valid_fraction", "group_docs", "balance",
                "balance_ranks", "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id",
@@ -68,7 +69,10 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
     --prompt-field/--completion-field or --messages-field it also writes a loss mask (1 =
     trained on) for supervised fine-tuning. With --chosen-field/--rejected-field (preference
     pairs) or --completions-field (groups, GRPO) every record becomes a group of sequences,
-    prompt + each completion, the loss mask on the completions (docs/TRAINING.md).
+    prompt + each completion, the loss mask on the completions (docs/TRAINING.md). With
+    --vision RULE records hold images (chat image parts, or <image> placeholders with
+    --images-field): each becomes the model's image tokens, as many as its processor makes
+    of the image's size, read from its header (docs/FORMAT.md, version 5).
 
     The inputs are planned into parts (small files grouped up to --part-bytes; --plan prints
     them), each written and verified on its own: a re-run skips finished parts (resume), and
@@ -82,6 +86,8 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
         packtool tokenize chats.jsonl --messages-field messages --tokenizer model/ --out out/sft
       packtool tokenize prefs.jsonl --prompt-field prompt --chosen-field chosen \
           --rejected-field rejected -t model/ --eos '</s>' -o out/pairs
+        packtool tokenize vqa.jsonl --prompt-field q --completion-field a \\
+            --vision qwen2.5-vl --images-field images -t Qwen2.5-VL-7B/ -o out/vlm
         packtool tokenize shards/ -t tok.json -o out/c --tasks 4 --task $SLURM_ARRAY_TASK_ID
         packtool tokenize shards/ -t tok.json -o out/c --finalize
     """

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..formats.tokens.writer import ImageBatch
-from ..vision import mrope_positions
+from ..vision.rope import mrope_batch
 
 
 def vision_encoder(encode, rule, image_id: int):
@@ -54,15 +54,7 @@ def expand(records, lengths, ids, mask, rule, image_id: int):
     first = at + np.concatenate([[0], np.cumsum(n - 1)[:-1]]).astype(np.int64)
     spans = np.stack([first - starts[owner], n], 1) if at.size else np.empty((0, 2), np.int64)
     grids = np.array([im.grid for r in records for im in r.images], np.uint32).reshape(-1, 3)
-    pos3 = None
-    if rule.mrope:
-        pos3 = np.empty((ids.size, 3), np.int32)
-        k = 0
-        for d, r in enumerate(records):
-            m = len(r.images)
-            a, b = int(starts[d]), int(starts[d] + lengths[d])
-            pos3[a:b] = mrope_positions(b - a, spans[k:k + m], grids[k:k + m],
-                                        merge=rule.merge).T
-            k += m
+    pos3 = (mrope_batch(lengths, counts, spans, grids, merge=rule.merge) if rule.mrope
+            else None)
     refs = [im.ref for r in records for im in r.images]
     return lengths, ids, mask, None, ImageBatch(counts, grids, spans, refs, pos3)

@@ -28,7 +28,7 @@ NOT_IN_DIGEST = {"workers", "batch_size", "batch_bytes", "overwrite", "long_reco
 
 # the pair/group and image fields count only when given: a corpus without them keeps its digest
 GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field",
-                "vision", "images_field", "min_pixels", "max_pixels")
+                "vision", "images_field", "min_pixels", "max_pixels", "image_check")
 
 
 def _sha(obj) -> str:

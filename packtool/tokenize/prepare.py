@@ -98,7 +98,7 @@ def _read_opts(opts: TokenizeOptions) -> ReadOptions:
         from ..vision.images import VisionReader
 
         vision = VisionReader(RULES[opts.vision], opts.images_field, opts.min_pixels,
-                              opts.max_pixels)
+                              opts.max_pixels, opts.image_check or "sha256")
     return ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
                        prompt_field=opts.prompt_field, completion_field=opts.completion_field,
                        messages_field=opts.messages_field,
@@ -147,7 +147,8 @@ def _vision(tok, opts: TokenizeOptions, encode):
     settings = {"rule": rule.name, "patch": rule.patch, "merge": rule.merge,
                 "min_pixels": None if fixed else opts.min_pixels or rule.min_pixels,
                 "max_pixels": None if fixed else opts.max_pixels or rule.max_pixels,
-                **ids, "mrope": rule.mrope, "images_field": opts.images_field}
+                **ids, "mrope": rule.mrope, "images_field": opts.images_field,
+                "image_check": opts.image_check or "sha256"}
     return vision_encoder(encode, rule, ids["image_token_id"]), settings
 
 

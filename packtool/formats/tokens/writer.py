@@ -60,13 +60,13 @@ class TokenWriter:
     def _write_images(self, b: ImageBatch) -> None:
         w = self.images
         w["images"].write((np.cumsum(b.counts, dtype=np.int64) + self.n_images).astype("<i8"))
-        w["img_grid"].write(np.ascontiguousarray(b.grids, "<u4"))
-        w["img_span"].write(np.ascontiguousarray(b.spans, "<i8"))
+        w["img_grid"].write(np.ascontiguousarray(b.grids, "<u4").ravel())
+        w["img_span"].write(np.ascontiguousarray(b.spans, "<i8").ravel())
         w["img_ref.jsonl"].write(np.frombuffer(b"".join(
             json.dumps(r, ensure_ascii=False, sort_keys=True).encode() + b"\n"
             for r in b.refs), np.uint8))
         if "pos3" in w:
-            w["pos3"].write(np.ascontiguousarray(b.pos3, "<i4"))
+            w["pos3"].write(np.ascontiguousarray(b.pos3, "<i4").ravel())
         self.n_images += len(b.refs)
         self.n_vision_tokens += int(np.asarray(b.spans, np.int64)[:, 1].sum())
 
