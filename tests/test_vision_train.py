@@ -255,9 +255,14 @@ def test_rows_carry_their_documents_images_and_positions(image_corpus):
     assert item["position_ids_3d"].shape == (3, 1024) and isinstance(item["image_refs"], list)
     proc = type(processor())(patch_size=14, merge_size=2, temporal_patch_size=2,
                              min_pixels=56 * 56, max_pixels=MAX_PIXELS)
-    batch = ImageCollator(proc)([item])  # files and inline base64 read, grids as stored
-    assert batch["image_grid_thw"].tolist() == item["image_grid_thw"].tolist()
-    assert batch["pixel_values"].shape[0] == int(item["image_grid_thw"].prod(-1).sum())
+    assert item["image_source"].tolist() == [0] * len(item["image_refs"])
+    own = ImageCollator(proc)([item])  # files and inline base64 read, grids as stored
+    assert own["image_grid_thw"].tolist() == item["image_grid_thw"].tolist()
+    assert own["pixel_values"].shape[0] == int(item["image_grid_thw"].prod(-1).sum())
+    ds = TorchPackedDataset(image_corpus / "packed", pad_to=1024)
+    batch = ImageCollator.for_packed(proc, ds)([item])  # the corpus's own load_ref
+    assert torch.equal(batch["pixel_values"], own["pixel_values"])
+    assert "image_source" not in batch and "image_refs" not in batch
 
 
 @pytest.mark.slow

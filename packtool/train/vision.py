@@ -15,9 +15,10 @@ forward takes::
 
     from packtool.torch import TorchPackedDataset, model_inputs
     from packtool.train.vision import ImageCollator
-    loader = DataLoader(TorchPackedDataset("out/packed"), batch_sampler=sampler,
-                        collate_fn=ImageCollator(AutoProcessor.from_pretrained(name)),
-                        num_workers=8)            # images read and decoded in the workers
+    ds = TorchPackedDataset("out/packed")
+    loader = DataLoader(ds, batch_sampler=sampler, num_workers=8,   # images read in workers
+                        collate_fn=ImageCollator.for_packed(AutoProcessor.from_pretrained(name),
+                                                            ds))
     loss = model(**model_inputs(batch), use_cache=False).loss
 
 Only the row's own images are read: a reference names a file (a local path or any fsspec URL),
@@ -142,37 +143,62 @@ class ImageCollator:
     processor) and ``image_grid_thw`` for the batch's images in row order, the mRoPE ids
     as ``position_ids_3d`` ``[3, 1, N]`` (``model_inputs`` makes the model's ``[4, 1, N]``).
 
-    ``read``: reference -> bytes (default :func:`read_image`: the file, checked);
+    ``read``: reference -> bytes (default: :func:`packtool.vision.images.load_ref` with the
+    source corpus's manifest where ``manifests`` are given, as :meth:`for_packed` does, which
+    reads every kind of reference tokenize writes; else :func:`read_image`);
     ``collate``: keyword arguments of ``collate_tensors`` (pad_multiple, per_segment, ...).
     Picklable: each DataLoader worker gets its own copy and reads its rows' images alone."""
 
-    def __init__(self, processor, read=None, storage_options: dict | None = None, **collate):
+    def __init__(self, processor, read=None, storage_options: dict | None = None,
+                 manifests: list | None = None, **collate):
         self.processor = getattr(processor, "image_processor", processor)
         self.read, self.storage_options, self.collate = read, storage_options, collate
+        self.manifests = manifests
+
+    @classmethod
+    def for_packed(cls, processor, packed, **kw) -> ImageCollator:
+        """The collator of a packed dataset's rows (``open_packed(dir)`` or a
+        ``TorchPackedDataset``): its source corpora's manifests held (plain dicts), so each
+        image is loaded as its corpus says (files, URLs, inline images of JSONL or Parquet
+        records, ``--image-check header`` references)."""
+        reader = getattr(packed, "packed", packed)
+        return cls(processor, manifests=[c.meta for c in reader.sources()], **kw)
 
     def __call__(self, examples: list[dict]) -> dict:
         from .torch import collate_tensors
 
         batch = collate_tensors(examples, **self.collate)
         refs = batch.pop("image_refs", [])
+        source = batch.pop("image_source", None)
         if "image_grid_thw" not in batch:
             return batch
         if not len(refs):  # a batch of text rows: no image keys to confuse the model
             del batch["image_grid_thw"]
             return batch
-        return {**batch, **self.pixels(refs, batch["image_grid_thw"])}
+        return {**batch, **self.pixels(refs, batch["image_grid_thw"], source)}
 
-    def pixels(self, refs: list, grids) -> dict:
+    def load(self, ref: dict, source) -> bytes:
+        """One image's bytes: ``read``, the corpus's own loader, or :func:`read_image`."""
+        if self.read is not None:
+            return self.read(ref)
+        if self.manifests is not None and source is not None:
+            from ..vision.images import load_ref
+
+            return load_ref(ref, self.manifests[int(source)])
+        return read_image(ref, self.storage_options)
+
+    def pixels(self, refs: list, grids, source=None) -> dict:
         """``pixel_values`` and ``image_grid_thw`` of the images ``refs``, whose stored grids
-        are ``grids`` ([k, 3]): refused by image where the processor's grid differs."""
+        are ``grids`` ([k, 3]) (``source``: each one's source corpus): refused by image where
+        the processor's grid differs."""
         import torch
 
         if len(refs) != len(grids):
             raise PacktoolError(f"the batch has {len(refs)} image references and "
                                 f"{len(grids)} grids: pass rows as the packed reader returns "
                                 "them (one reference per grid)")
-        data = [self.read(r) if self.read else read_image(r, self.storage_options)
-                for r in refs]
+        sources = [None] * len(refs) if source is None else source.tolist()
+        data = [self.load(r, s) for r, s in zip(refs, sources, strict=True)]
         out = self.processor(images=[open_image(d) for d in data], return_tensors="pt")
         got, want = torch.as_tensor(out["image_grid_thw"]), torch.as_tensor(grids)
         bad = (got != want).any(-1).nonzero().flatten().tolist()

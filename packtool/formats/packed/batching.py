@@ -220,7 +220,11 @@ def _image_keys(examples: list[dict]) -> dict:
     them)."""
     grids = [np.asarray(ex["image_grid_thw"], np.int64).reshape(-1, 3) for ex in examples]
     refs = [r for ex in examples for r in ex.get("image_refs", ())]
-    return {"image_grid_thw": np.concatenate(grids), "image_refs": refs}
+    out = {"image_grid_thw": np.concatenate(grids), "image_refs": refs}
+    if all("image_source" in ex for ex in examples):
+        out["image_source"] = np.concatenate([np.asarray(ex["image_source"], np.int64)
+                                              for ex in examples])
+    return out
 
 
 def _offsets(examples: list[dict], key: str) -> np.ndarray:

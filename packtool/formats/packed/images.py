@@ -29,11 +29,13 @@ def has_images(sources) -> tuple[bool, bool]:
 
 
 def row_images(sources, seg_doc, seg_offset, seg_length, mrope: bool) -> dict:
-    """``image_grid_thw`` [k, 3] (int64), ``image_refs`` (k dicts) and, with ``mrope``,
+    """``image_grid_thw`` [k, 3] (int64), ``image_refs`` (k dicts), ``image_source`` (k: the
+    source corpus of each, whose manifest :func:`packtool.vision.images.load_ref` takes) and,
+    with ``mrope``,
     ``position_ids_3d`` [3, N] (int64) of a row whose segments are (``seg_doc``,
     ``seg_offset``, ``seg_length``), documents numbered across ``sources`` in order."""
     base = np.cumsum([0] + [len(c) for c in sources])
-    grids, refs, pos = [], [], []
+    grids, refs, pos, src = [], [], [], []
     for doc, off, n in zip(np.asarray(seg_doc).tolist(), np.asarray(seg_offset).tolist(),
                            np.asarray(seg_length).tolist(), strict=True):
         k = int(np.searchsorted(base, doc, side="right") - 1)
@@ -49,10 +51,12 @@ def row_images(sources, seg_doc, seg_offset, seg_length, mrope: bool) -> dict:
                                   "the dataset was not packed by packtool: pack it again")
             grids.append(np.asarray(im["grid"], np.int64).reshape(-1, 3)[inside])
             refs += [r for r, keep in zip(im["refs"], inside.tolist(), strict=True) if keep]
+            src.append(np.full(int(inside.sum()), k, np.int64))
         if mrope:
             pos.append(_positions(corpus, local, off, n))
     out = {"image_grid_thw": np.concatenate(grids) if grids else np.zeros((0, 3), np.int64),
-           "image_refs": refs}
+           "image_refs": refs,
+           "image_source": np.concatenate(src) if src else np.zeros(0, np.int64)}
     if mrope:
         out["position_ids_3d"] = (np.concatenate(pos, axis=1) if pos
                                   else np.zeros((3, 0), np.int64))
