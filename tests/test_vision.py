@@ -451,6 +451,10 @@ def test_cli_tokenize_and_verify_with_images(tmp_path, vlm_tokenizer, records):
             "qwen2-vl", "--images-field", "images", "--max-pixels", 28 * 28 * 16,
             catch_exceptions=False)
     assert r.exit_code == 0, r.output
+    r = run("tokenize", src, "-t", vlm_tokenizer, "-o", tmp_path / "out" / "j", "--json",
+            "--prompt-field", "prompt", "--completion-field", "completion", "--vision",
+            "qwen2-vl", "--images-field", "images", "--max-pixels", 28 * 28 * 16)
+    assert json.loads(r.stdout)["images"] == {"n_images": 3, "n_vision_tokens": 12 + 4 + 4}
     c = packtool.open_tokens(tmp_path / "out" / "c")
     assert c.images(0)["grid"].tolist() == [[1, 6, 8]] and c.vision["max_pixels"] == 12544
     r = run("verify", tmp_path / "out" / "c", catch_exceptions=False)

@@ -185,7 +185,9 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
         n_tokens_tokenized=sum(m["part"]["n_tokens"] for m in manifests.values()
                                if not m.get("skipped")),
         published=_published(out, manifests, removed),
-        groups=group_counts(opts.group_kind, entries))
+        groups=group_counts(opts.group_kind, entries),
+        images={k: sum(e.get(k, 0) for e in entries) for k in ("n_images", "n_vision_tokens")}
+        if opts.vision else None)
 
 
 def _published(out: Output, manifests: dict, removed: list[str]) -> str | None:
