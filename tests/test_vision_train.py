@@ -363,8 +363,16 @@ def test_the_cost_model_counts_the_vision_encoder(image_corpus):
     rows = [ds[i] for i in range(len(ds))]
     patches2 = np.array([float(((r["image_grid_thw"][:, 1] * r["image_grid_thw"][:, 2]) ** 2
                                 ).sum()) for r in rows])
-    text = attention_costs(ds)
+    text = attention_costs(ds, vision=0)
     assert np.allclose(attention_costs(ds, vision=0.5) - text, 0.5 * patches2)
+    # balance="attention" on rows with images: both terms (the stored classes, language
+    # alone, are not used), the fingerprint of what it balances
+    assert np.allclose(attention_costs(ds), text + patches2)
+    assert ds.cost_classes(1.1) is None
+    from packtool.formats.packed.balance import cost_table
+
+    table, costs = cost_table(ds, "attention", 1.1, len(ds))
+    assert np.allclose(costs, text + patches2) and table.fingerprint == ds.costs_fingerprint()
     sums = ds.image_sums()
     assert sums["images"].tolist() == [len(r["image_refs"]) for r in rows]
     rep = json.loads(packtool_process("stats", image_corpus / "packed", "--json").stdout)

@@ -58,7 +58,7 @@ def packed_report(directory: str | Path) -> dict:
     rep["pack_fill"] = _dist(fill)
     from ..formats.packed.balance import attention_costs, step_imbalance
 
-    costs = attention_costs(ds)
+    costs = attention_costs(ds, vision=0.0)  # the language term (images: image_report)
     rep["attention_imbalance"] = step_imbalance(costs, ATTN_RANKS)
     rep["attention_imbalance_balanced"] = step_imbalance(costs, ATTN_RANKS, balanced=True)
     if ds.images[0]:

@@ -266,12 +266,15 @@ class PackedReader:
         po = self.shard(k).po
         return max(int(po[j + 1] - po[j]), self.vsl[0])
 
-    def attention_costs(self, linear: float = 0.0, vision: float = 0.0) -> np.ndarray:
+    def attention_costs(self, linear: float = 0.0, vision: float | None = None) -> np.ndarray:
         """Per pack, the sum of its squared segment lengths (plus ``linear`` x its tokens),
-        from the segment tables alone; ``vision`` x its images' encoder cost
-        (:meth:`image_sums`) for a dataset with images."""
+        from the segment tables alone; for a dataset with images plus ``vision`` (default
+        1.0, 0 for the language term alone) x its images' encoder cost (:meth:`image_sums`):
+        what ``balance="attention"`` balances."""
         out = [self.shard_costs(k, linear) for k in range(self.n_shards)]
         costs = np.concatenate(out) if out else np.zeros(0)
+        if vision is None:
+            vision = 1.0
         if vision and self.images[0]:
             costs = costs + vision * self.image_sums()["cost"]
         return costs
@@ -298,6 +301,8 @@ class PackedReader:
         digests (the index's where it stores them)."""
         from .costs import dataset_digest, digest
 
+        if self.images[0]:  # the stored digests are of the language term alone
+            return digest(self.attention_costs())
         return dataset_digest([sh.get("costs_sha256") or digest(self.shard_costs(k))
                                for k, sh in enumerate(self.index["shards"])])
 
@@ -309,9 +314,9 @@ class PackedReader:
         from .costs import StoredClasses
 
         shards = self.index["shards"]
-        if self.index.get("cost_ratio") != ratio or not shards \
+        if self.index.get("cost_ratio") != ratio or not shards or self.images[0] \
                 or not all("cost_classes" in sh for sh in shards):
-            return None
+            return None  # rows with images: the stored classes count the language term alone
         st = StoredClasses(self, ratio)
         return CostClasses(float(ratio), st.sizes, st, st.class_of, st.costs_of, st.fingerprint)
 
