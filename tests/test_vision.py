@@ -592,3 +592,17 @@ def test_image_check_header_reads_headers_only_and_still_proves_the_files(
         verify(tmp_path / "out" / "c")
     with pytest.raises(PacktoolError, match="not the file tokenized"):
         load_ref(ref, c.meta)
+
+
+def test_images_relative_to_an_input_given_by_a_relative_path(tmp_path, vlm_tokenizer,
+                                                              records, monkeypatch):
+    """The input named relative to the working directory (a path resolved twice found
+    vlm/vlm/cat.png)."""
+    monkeypatch.chdir(tmp_path.parent)
+    src = write_jsonl(tmp_path / "c.jsonl", records)
+    rel = str(src.relative_to(tmp_path.parent))
+    tokenize_files([rel], vlm_tokenizer, tmp_path / "out" / "r", TokenizeOptions(
+        prompt_field="prompt", completion_field="completion", vision="qwen2-vl",
+        images_field="images"))
+    c = packtool.open_tokens(tmp_path / "out" / "r")
+    assert c.images(0)["refs"][0]["uri"] == str(tmp_path / "img/a.png")

@@ -187,7 +187,7 @@ class VisionReader:
             if self.check == "header" and isinstance(where, str):
                 (width, height, fmt), ref = self.probe(where)
             else:
-                data, ref = self.fetch(where if isinstance(where, str) else src)
+                data, ref = self._read(where)
                 width, height, fmt = image_size(data)
                 ref.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
             grid = self.rule.grid(width, height, self.min_pixels, self.max_pixels)
@@ -201,7 +201,9 @@ class VisionReader:
     def fetch(self, src) -> tuple[bytes, dict]:
         """The bytes of an image as a record gives it (:meth:`where`), and the start of its
         reference."""
-        where = self.where(src)
+        return self._read(self.where(src))
+
+    def _read(self, where: bytes | str) -> tuple[bytes, dict]:
         if isinstance(where, bytes):
             return where, {"uri": "data:"}
         if "://" in where:
@@ -265,7 +267,8 @@ class VisionReader:
             return src
         path = local_path(src)
         if not os.path.isabs(path) and self.source is not None:
-            return str(join(parent(self.source), path))
+            where = join(parent(self.source), path)
+            return str(where) if is_url(where) else os.path.abspath(where)
         return os.path.abspath(path)
 
 
