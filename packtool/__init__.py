@@ -16,7 +16,7 @@ checks every import, lazy ones included)::
     1  _crc _io _signals _numba _progress seeds bounds lengths metrics
        conflicts chat
     2  storage
-    3  sources
+    3  sources vision
     4  formats
     5  engines packers
     6  options executors
@@ -31,7 +31,8 @@ checks every import, lazy ones included)::
   which features cannot be used together (one table), ``chat`` chat templates.
 - 2: ``storage``: local folders and buckets behind one interface, chosen once
   (``open_output``), and the local commit (``atomic``, ``temps``, ``flock``).
-- 3: ``sources``: the input readers (txt, jsonl, parquet, pairs and groups).
+- 3: ``sources``: the input readers (txt, jsonl, parquet, pairs and groups); ``vision``
+  images: their size from the header, vision tokens per model, mRoPE positions.
 - 4: ``formats``: packtool's own formats (``tokens``, ``packed``), each with schema, writer,
   reader and validator, and what the packed format's rows cost and how they collate.
 - 5: ``engines`` the tokenizer loader and engines; ``packers`` the packing algorithms.

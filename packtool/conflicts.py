@@ -40,6 +40,8 @@ FEATURES = {  # name -> how a user turns it on
     "varlen": "cu_seqlens attention (flash-attention varlen, model_inputs varlen=True)",
     "cp_shard": "cp_shard (context parallelism at load)",
     "export_segments": "export as segments (megatron, llmc, parquet-packed, mds)",
+    "images": "images (tokenize --vision)",
+    "layout_tokens": "--layout tokens",
 }
 
 
@@ -100,6 +102,26 @@ CONFLICTS = (
              "row pad would add a segment to some batches only", "pad every pack instead "
              "(TorchPackedDataset(pad_to=seq_len), one pad segment each) and pass max_docs="
              "--max-docs + 1, or use per_segment=True"),
+    Conflict(("images", "groups"), "a pair's or group's prompt is encoded once and copied "
+             "before each completion, and its images would need the same (not supported yet)",
+             "tokenize the prompts with images as prompt/completion or chat records"),
+    Conflict(("images", "vsl"), "--vsl cuts documents into chunks at fixed lengths, which "
+             "would cut an image's tokens apart from its pixels and its 3-D positions",
+             "drop --vsl"),
+    Conflict(("images", "layout_tokens"), "a row's images are read through its segments' "
+             "source documents (their references, grids and 3-D positions), and --layout "
+             "tokens makes shards meant to outlive the corpus", "keep the default --layout "
+             "index"),
+    Conflict(("images", "align"), "alignment pads inside a row would need 3-D positions and "
+             "image-free pads (not supported yet)", "drop the alignment options"),
+    Conflict(("images", "group_docs"), "the caps and the image checks run over the whole "
+             "corpus plan (not supported yet)", "drop --group-docs"),
+    Conflict(("images", "cp_shard"), "a rank's share of the row would cut images' tokens away "
+             "from their pixels and leave the 3-D positions whole (not supported yet)",
+             "train rows with images without context parallelism"),
+    Conflict(("images", "truncate"), "a truncated document can end inside an image's tokens, "
+             "and the model needs all of them for its pixels", "use --overflow drop (over-long "
+             "documents dropped and counted) or raise --seq-len"),
     Conflict(("share_prompt", "varlen"), "a completion attends to its prompt and itself, which "
              "cu_seqlens (and masks inferred from position_ids) cannot express",
              "pass mask='4d' (eager/sdpa attention) or use packtool.torch.block_mask(batch) "
@@ -112,6 +134,9 @@ CONFLICTS = (
              "where a completion's continue from its prompt", "export --format parquet (it "
              "carries seg_up, the tree), train from the packed dataset with packtool.torch "
              "(block_mask, sequence_logps), or pack without --share-prompt"),
+    Conflict(("share_prefix", "images"), "every image's tokens are the same image-pad id, so "
+             "a trie over token ids would take two different images for one shared prefix",
+             "pack records with images without --share-prefix"),
     Conflict(("share_prefix", "share_prompt"), "--share-prefix already shares every group's "
              "prompt (and any longer common beginning)", "drop --share-prompt"),
     Conflict(("share_prefix", "export_segments"), _TREE_ROW, "export --format parquet (it "

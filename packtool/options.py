@@ -26,6 +26,8 @@ BALANCE = ("none", "attention")
 # = engines.ENGINE_NAMES (tested)
 ENGINES = ("auto", "hf", "sentencepiece", "gigatoken", "fastokens", "tokie")
 ENGINE_CHECKS = ("sample", "full", "off")
+VISION_RULES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "llava")  # = vision.RULES (tested)
+IMAGE_CHECKS = ("sha256", "header")
 DEFAULT_PART_BYTES = 256 << 20  # small input files are grouped into parts of about this much
 LONG_RECORD_WARN_BYTES = 8 << 20  # the reader warns once per run about a record this large
 
@@ -150,6 +152,22 @@ class TokenizeOptions:
     part_bytes: int = opt(DEFAULT_PART_BYTES, "Group consecutive input files into parts of up "
                           "to this many bytes (a file is never split; 1 = one part per "
                           "file).", type=("int", 1, None), show_default=True)
+    vision: str | None = opt(None, "Records with images, counted for this model's processor "
+                             "from each image's header (no pixel decoded): image content "
+                             "parts, or <image> placeholders with --images-field.",
+                             type=("choice", VISION_RULES))
+    images_field: str | None = opt(None, "With --vision: key of a list of the record's images "
+                                   "(paths relative to the input file, URLs, data: URIs), one "
+                                   "a <image> placeholder or image part without a source.")
+    min_pixels: int | None = opt(None, "With a Qwen-VL --vision: the processor's min_pixels "
+                                 "(default: the model's).", type=("int", 1, None))
+    max_pixels: int | None = opt(None, "With a Qwen-VL --vision: the processor's max_pixels "
+                                 "(default: the model's).", type=("int", 1, None))
+    image_check: str | None = opt(None, "With --vision: how an image is proved the same "
+                                  "later: sha256 (its bytes read and hashed; the default) or "
+                                  "header (only its header read; its size and mtime, or a "
+                                  "store's ETag, recorded; inline images are hashed).",
+                                  type=("choice", IMAGE_CHECKS))
 
     def check(self) -> None:
         """The option checks that need no input or tokenizer: run before a plan is made."""
@@ -175,6 +193,7 @@ class TokenizeOptions:
             raise PacktoolError(f"--train-on {self.train_on} chooses the trained tokens of a "
                                 f"chat (--messages-field); {self.mode.replace('_', '/')} "
                                 "records train on their completions only: drop --train-on")
+        self._check_vision()
         if self.group_kind:
             self._check_groups()
         elif bool(self.prompt_field) != bool(self.completion_field):
@@ -190,6 +209,34 @@ class TokenizeOptions:
             raise PacktoolError("--special-tokens applies to plain text; with "
                                 "prompt/completion use --bos/--eos, with messages the chat "
                                 "template")
+
+    def _check_vision(self) -> None:
+        if not self.vision:
+            given = [f for f, v in (("--images-field", self.images_field),
+                                    ("--min-pixels", self.min_pixels),
+                                    ("--max-pixels", self.max_pixels),
+                                    ("--image-check", self.image_check)) if v is not None]
+            if given:
+                raise PacktoolError(f"{', '.join(given)} describe images: pass --vision "
+                                    f"({', '.join(VISION_RULES)}) or drop them")
+            return
+        for name, value, allowed in (("--vision", self.vision, VISION_RULES),
+                                     ("--image-check", self.image_check or "sha256",
+                                      IMAGE_CHECKS)):
+            if value not in allowed:
+                raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
+        if self.vision == "llava" and (self.min_pixels or self.max_pixels):
+            raise PacktoolError("--vision llava gives every image 576 tokens whatever its "
+                                "size; drop --min-pixels/--max-pixels")
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise PacktoolError(f"--min-pixels {self.min_pixels:,} > --max-pixels "
+                                f"{self.max_pixels:,}; swap them")
+        if self.group_kind:
+            conflicts.check({"images", "groups"})
+        if self.tree_field:
+            raise PacktoolError("--tree-field names the trees of pack --share-prefix, which "
+                                "cannot share records with images (their image tokens are "
+                                "alike): drop --tree-field or --vision")
 
     def _check_groups(self) -> None:
         """Pairs or groups: a prompt (text or chat) and completions, nothing else."""
@@ -245,6 +292,12 @@ class Rows:
     max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
                                "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
                                metavar="K")
+    max_images: int | None = opt(None, "With images (tokenize --vision): at most N images a pack "
+                                 "(the vision encoder's calls a row).", type=("int", 1, None),
+                                 metavar="N")
+    max_vision_tokens: int | None = opt(None, "With images: at most N image tokens a pack (its "
+                                        "vision encoder's work; --seq-len counts them too).",
+                                        type=("int", 1, None), metavar="N")
     vsl: str | None = opt(None, "Variable sequence length (Dataset Decomposition): cut every "
                           "document into chunks of 2**k tokens, MIN <= 2**k <= MAX (powers of "
                           "two), each a row of its own; what is left under MIN is packed with "
@@ -282,7 +335,8 @@ class Rows:
             raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
                                 f"{self.seq_len!r}")
         _choices(self)
-        _ints(self, ("max_docs", "min_shared"))
+        _ints(self, ("max_docs", "min_shared", "max_images",
+                     "max_vision_tokens"))
         if self.vsl is not None and self.seq_len != self.vsl_bounds[1]:
             raise PacktoolError(f"--seq-len {self.seq_len:,} is not --vsl's MAX "
                                 f"{self.vsl_bounds[1]:,} (a vsl row holds at most MAX tokens): "
@@ -395,7 +449,8 @@ class Order:
                         "--no-shuffle", type="negated_flag")
     balance: str = opt("none", "attention: order the packs so that every --balance-ranks "
                        "consecutive packs are of like attention cost (sum of squared segment "
-                       "lengths), for trainers that take one pack per rank per step in order "
+                       "lengths, plus each image's patches squared with --vision corpora), "
+                       "for trainers that take one pack per rank per step in order "
                        "(the sampler's balance does this per epoch).",
                        type=("choice", BALANCE), show_default=True)
     balance_ranks: int = opt(8, "--balance attention: the ranks taking one pack each per step.",
@@ -543,5 +598,6 @@ class PackOptions:
               "truncate": self.overflow == "truncate", "drop": self.overflow == "drop",
               "group_docs": self.group_docs is not None, "balance": self.balance != "none",
               "share_prompt": self.share_prompt, "share_prefix": self.share_prefix,
-              "holdout": bool(self.valid_docs or self.valid_fraction)}
+              "holdout": bool(self.valid_docs or self.valid_fraction),
+              "layout_tokens": self.layout == "tokens"}
         return {name for name, used in on.items() if used}

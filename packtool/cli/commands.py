@@ -26,11 +26,13 @@ TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "messages_field", "chosen_field", "rejected_field", "completions_field",
                    "rewards_field", "tree_field", "chat_template", "train_on", "max_render_chars",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
-                   "part_bytes", "overwrite")
+                   "part_bytes", "overwrite", "vision", "images_field", "min_pixels",
+                   "max_pixels", "image_check")
 PACK_FIELDS = ("seq_len", "algo", "layout", "source_check", "overflow", "seed", "shuffle",
                "shard_size", "tokens", "valid_docs", "valid_fraction", "group_docs", "balance",
                "balance_ranks", "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id",
-               "max_docs", "share_prompt", "share_prefix", "min_shared", "max_depth",
+               "max_docs", "max_images", "max_vision_tokens", "share_prompt", "share_prefix",
+               "min_shared", "max_depth",
                "work_limit", "time_limit", "vsl")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 ALIGN_FIELDS = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
@@ -68,7 +70,10 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
     --prompt-field/--completion-field or --messages-field it also writes a loss mask (1 =
     trained on) for supervised fine-tuning. With --chosen-field/--rejected-field (preference
     pairs) or --completions-field (groups, GRPO) every record becomes a group of sequences,
-    prompt + each completion, the loss mask on the completions (docs/TRAINING.md).
+    prompt + each completion, the loss mask on the completions (docs/TRAINING.md). With
+    --vision RULE records hold images (chat image parts, or <image> placeholders with
+    --images-field): each becomes the model's image tokens, as many as its processor makes
+    of the image's size, read from its header (docs/FORMAT.md, version 5).
 
     The inputs are planned into parts (small files grouped up to --part-bytes; --plan prints
     them), each written and verified on its own: a re-run skips finished parts (resume), and
@@ -82,6 +87,8 @@ def tokenize(inputs, tokenizer, out, show_plan, quiet, as_json, **kw):
         packtool tokenize chats.jsonl --messages-field messages --tokenizer model/ --out out/sft
       packtool tokenize prefs.jsonl --prompt-field prompt --chosen-field chosen \
           --rejected-field rejected -t model/ --eos '</s>' -o out/pairs
+        packtool tokenize vqa.jsonl --prompt-field q --completion-field a \\
+            --vision qwen2.5-vl --images-field images -t Qwen2.5-VL-7B/ -o out/vlm
         packtool tokenize shards/ -t tok.json -o out/c --tasks 4 --task $SLURM_ARRAY_TASK_ID
         packtool tokenize shards/ -t tok.json -o out/c --finalize
     """
@@ -296,7 +303,7 @@ def demo(fixtures, out, seq_len, algo):
               help="Model types to check, comma-separated (transformers' model_type: llama, "
                    "gpt2, mistral, ...), or 'all' (default, unless --config is given: llama, "
                    "gpt2, mistral, qwen2, gemma2, mixtral, qwen2_moe, qwen3_next, "
-                   "granitemoehybrid).")
+                   "granitemoehybrid, and the vision-language qwen2_vl, qwen2_5_vl, qwen3_vl).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Also check the model of this config.json (a local file), shrunk to tiny "
                    "sizes keeping its layer types, sliding window, experts and state-space "
@@ -309,13 +316,17 @@ def conformance(archs, config_path, as_json):
     several lengths into one row and compares its logits with each document run alone, through
     every input path: position ids only, the flash-attention kwargs (cu_seq_lens_q/k, through
     packtool's reference varlen attention), a FlexAttention block mask, seq_idx (state-space
-    and linear-attention models), and a control that must leak. Prints the largest |logit
-    difference| per path and a verdict, exact (<= 1e-4), leaks or unsupported; exits 1 when
-    an architecture has no exact path. Needs torch and transformers (docs/TRAINING.md).
+    and linear-attention models), and a control that must leak. Vision-language models
+    (qwen2_vl, qwen2_5_vl, qwen3_vl) pack documents of 1-3 generated images each, with mRoPE
+    position ids restarting per document, and add a 4-D mask path. Prints the largest |logit
+    difference| per path and a verdict, exact (<= 1e-4; 1e-5 with images), leaks or
+    unsupported; exits 1 when an architecture has no exact path. Needs torch and
+    transformers (docs/TRAINING.md).
 
     \b
     Example:
         packtool conformance --arch llama,gpt2,mistral
+        packtool conformance --arch qwen2_vl,qwen2_5_vl,qwen3_vl
         packtool conformance --config my-model/config.json --json
     """
     from ..train import conformance as cf

@@ -76,6 +76,20 @@ GROUPS_FIX = ("train from the packed dataset with packtool.torch (block_mask, se
               "docs/TRAINING.md), or export --format parquet or mds from a pack without "
               "--share-prompt (their seq_group and seq_role columns name each sequence)")
 
+# images (tokenize --vision): parquet carries each row's image references, grids and mRoPE
+# ids (columns image_refs, image_grid_thw, mrope_position_ids); the others have no place for
+# them, so a trainer would get image tokens with no pixels: refused, by name
+NO_IMAGES = {
+    "megatron": "Megatron's GPTDataset holds token ids alone: the image tokens would reach the "
+                "model with no pixels, and its 1-D positions are not Qwen-VL's 3-D ones",
+    "llmc": "an llm.c token stream holds token ids alone: no pixels, no 3-D positions",
+    "mds": "packtool's MDS samples have no image columns (not supported yet)",
+    "parquet-packed": "Megatron-Bridge's GPTSFTPackedParquetDataset has no image columns",
+}
+IMAGES_FIX = ("export --format parquet from the packed dataset (image_refs, image_grid_thw, "
+              "mrope_position_ids columns), or train from it with packtool.torch and "
+              "packtool.train.vision.ImageCollator")
+
 
 @dataclass
 class ExportResult:
@@ -189,6 +203,7 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
             raise PacktoolError(f"{flag} applies to {where} only; drop it for --format {fmt}")
     source = _open(src, kind)
     refuse_groups(source, kind, fmt, src)
+    refuse_images(source, kind, fmt, src)
     output = open_output(out, default_options())
     _refuse_self_overwrite(source, kind, output)
     if kind == "corpus":  # before anything is written (a hard link reads nothing)
@@ -236,6 +251,19 @@ def refuse_groups(source, kind: str, fmt: str, src) -> None:
     if reason is not None:
         raise PacktoolError(f"{src} holds {what}{shared}; --format {fmt} cannot carry them: "
                             f"{reason}; {GROUPS_FIX}")
+
+
+def refuse_images(source, kind: str, fmt: str, src) -> None:
+    """Images refused where ``fmt`` cannot carry them (:data:`NO_IMAGES`); a token corpus's
+    everywhere (its documents' images go with packs: pack it, export --format parquet)."""
+    if not (source.vision if kind == "corpus" else source.images[0]):
+        return
+    reason = NO_IMAGES.get(fmt)
+    if kind == "corpus":
+        reason = reason or "this format takes packs"
+    if reason is not None:
+        raise PacktoolError(f"{src} holds images (tokenize --vision); --format {fmt} cannot "
+                            f"carry them: {reason}; {IMAGES_FIX}")
 
 
 def _write(write, source, out: Output, overwrite: bool, tick, options: dict) -> dict:

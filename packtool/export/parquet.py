@@ -13,6 +13,10 @@ else a directory with one file per packed shard and a .packtool-export.json)::
                                   back to each segment's parent in the row (0 a root), in
                                   pre-order; position_ids continue from the parent path's end
                                   and a token sees its segment and its ancestors (FORMAT.md)
+      image_refs    list<string>  images only (tokenize --vision): each image's reference as
+                                  JSON (uri, sha256, bytes; never the pixels), in row order
+      image_grid_thw list<list<int32>>  [k][3] each image's (t, h, w) patches
+      mrope_position_ids list<list<int32>>  [3][N] Qwen-VL's t, h, w ids, per segment from 0
 
     parquet-packed   NVIDIA Megatron-Bridge ``GPTSFTPackedParquetDataset`` (zstd, *.idx.parquet)
       input_ids     list<int32>   tokens of the pack
@@ -87,7 +91,29 @@ def hf_table(ds, k: int, lo: int, hi: int):
     for name in ("seq_group", "seq_role", "seq_up"):  # pairs and groups, trees
         if name in c:
             cols[name] = pa.ListArray.from_arrays(seg_off, pa.array(c[name]))
+    if ds.images[0]:
+        cols.update(image_columns(ds, int(ds.pack_starts[k]) + lo, int(ds.pack_starts[k]) + hi))
     return pa.table(cols)
+
+
+def image_columns(ds, a: int, b: int) -> dict:
+    """Packs a..b-1's images (a dataset of ``tokenize --vision``): ``image_refs`` (each
+    reference as JSON: where the bytes are, their sha256), ``image_grid_thw`` ([k][3]) and,
+    with mRoPE, ``mrope_position_ids`` ([3][N]: t, h, w, restarting per segment)."""
+    import json
+
+    import pyarrow as pa
+
+    rows = [ds[i] for i in range(a, b)]
+    cols = {"image_refs": pa.array([[json.dumps(r, sort_keys=True) for r in ex["image_refs"]]
+                                    for ex in rows], pa.list_(pa.string())),
+            "image_grid_thw": pa.array([ex["image_grid_thw"].astype(np.int32).tolist()
+                                        for ex in rows], pa.list_(pa.list_(pa.int32())))}
+    if ds.images[1]:
+        cols["mrope_position_ids"] = pa.array(
+            [ex["position_ids_3d"].astype(np.int32).tolist() for ex in rows],
+            pa.list_(pa.list_(pa.int32())))
+    return cols
 
 
 def bridge_table(ds, k: int, lo: int, hi: int):

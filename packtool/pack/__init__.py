@@ -12,6 +12,8 @@ staging folder swapped in, or a bucket's index put last). The modules:
     vsl.py        --vsl MIN:MAX: documents cut into power-of-two rows
     pairs.py      preference pairs and groups: a group is one item to the packer
     trees.py      --share-prefix: the token trie of records that begin alike, a tree an item
+    caps.py       images: --max-images/--max-vision-tokens kept after any packer, and
+                  no split through an image
     mixture.py    PREFIX:FACTOR repeats and the held-out split, from lengths alone
     selection.py  the mixture's draws as bitmaps, for --group-docs
     flow.py       sources opened and the plan turned into jobs: the whole corpus planned

@@ -21,6 +21,7 @@ from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
 from ..storage import local_file
 from . import shards as pj
+from .caps import DocImages
 from .meta import (
     METRIC_KEYS,
     group_index_meta,
@@ -145,8 +146,13 @@ def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
     from ..formats.tokens.groups import group_table
 
     table = group_table(corpora)
+    images = any(c.vision for c in corpora)
     conflicts.check(options.features() | {"groups" if table is not None else "plain"}
-                    | ({"mixture"} if any(f != 1 for f in factors) else set()))
+                    | ({"mixture"} if any(f != 1 for f in factors) else set())
+                    | ({"images"} if images else set()))
+    if not images and (options.max_images or options.max_vision_tokens):
+        raise PacktoolError("--max-images / --max-vision-tokens cap a pack's images, and no "
+                            "source holds any (tokenize --vision): drop them")
     trees = bool(options.share_prompt or options.share_prefix)
     target = pj.Target(staging, tuple(str(c.prefix) for c in corpora), stored["dtypes"],
                        options.layout, stored["mask_storage"], table is not None or trees,
@@ -185,8 +191,9 @@ class WholeCorpusPlan:
             nonempty = [int(np.count_nonzero(lengths[a:b]))
                         for a, b in zip(at[:-1], at[1:], strict=True)]
             refuse_idle(nonempty, nonempty, factors, names)
-        self.layout = plan_pack(lengths, options, repeats)
-        valid = (plan_pack(lengths, options, held.astype(np.int64))
+        images = DocImages.of(corpora)  # None: no image in any source
+        self.layout = plan_pack(lengths, options, repeats, images=images)
+        valid = (plan_pack(lengths, options, held.astype(np.int64), images=images)
                  if held is not None and held.any() else None)
         del lengths, repeats, held
         self._ready({"valid": valid, "train": self.layout} if valid is not None

@@ -9,15 +9,19 @@ from .. import seeds
 from ..options import Order
 
 
-def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
+def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int,
+                  vision: np.ndarray | None = None) -> np.ndarray:
     """The output order rearranged into blocks of ``g`` packs of like attention cost
     (:func:`packtool.formats.packed.balance.like_cost_order`), the shuffled order kept
-    within a class."""
+    within a class. ``vision``: per table entry (rounds end to end) its images' encoder
+    cost, added (rows with images: the sum of l^2 and of t (h w)^2 patches, weight 1)."""
     from ..formats.packed.balance import like_cost_order
     from ..formats.packed.layout import ancestor_terms
 
     lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
     terms = lengths ** 2
+    if vision is not None:
+        terms += vision
     if len(rounds) == 1 and getattr(rounds[0], "up", None) is not None:  # trees
         terms += ancestor_terms(lengths, rounds[0].up)
     ok = packs >= 0

@@ -161,22 +161,29 @@ class PackLayout:
 
 
 def plan_pack(lengths: np.ndarray, options: PackOptions,
-              repeats: np.ndarray | None = None, shuffle_key: tuple = ()) -> PackLayout:
+              repeats: np.ndarray | None = None, shuffle_key: tuple = (),
+              images=None) -> PackLayout:
     """The whole layout of a packed dataset from document lengths alone. ``repeats`` (copies
     per document, from :func:`packtool.pack.mixture.doc_repeats`) packs copy rounds apart (see
     :func:`make_rounds`); ``None`` means every document once. ``shuffle_key`` keys the pack
-    shuffle's random stream further (a group of documents planned on its own)."""
+    shuffle's random stream further (a group of documents planned on its own). ``images``
+    (:class:`packtool.pack.caps.DocImages`): the documents' images, for --max-images and
+    --max-vision-tokens and so that no split cuts an image."""
     options.check()
     lengths = np.asarray(lengths)
     if repeats is None:
         rounds = [segments_of(lengths, options)]
     else:
         rounds = make_rounds(lengths, repeats, options)
-    parts, n_packs, report = [], 0, None
+    parts, n_packs, report, vision = [], 0, None, []
     k = options.alignment
     for segs in rounds:
+        weights = None if images is None else images.entry_weights(segs)
+        if weights is not None:
+            vision.append(weights[2])
         for a, b in doc_groups(segs, options.group_docs):
-            ids, rep = _assign(segs.table_length[a:b], options)
+            ids, rep = _assign(segs.table_length[a:b], options,
+                               None if weights is None else [w[a:b] for w in weights])
             if n_packs:
                 ids[ids >= 0] += n_packs
             parts.append(ids)
@@ -191,7 +198,8 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     del parts
     rank = shuffle_rank(n_packs, options.order, shuffle_key)
     if options.balance == "attention" and n_packs:
-        rank = balanced_rank(rank, packs, rounds, options.balance_ranks)
+        rank = balanced_rank(rank, packs, rounds, options.balance_ranks,
+                             np.concatenate(vision) if vision else None)
     n_table = sum(r.table_length.size for r in rounds)
     order, pack_nseg = order_segments(packs, rank, n_packs,
                                        np.int32 if n_table < 2**31 else np.int64)
@@ -232,16 +240,25 @@ def segments_of(lengths: np.ndarray, options: PackOptions) -> Segments:
     return make_segments(lengths, options.seq_len, options.overflow)
 
 
-def _assign(table: np.ndarray, options: PackOptions):
+def _assign(table: np.ndarray, options: PackOptions, weights=None):
     """(pack id per table entry, the packer's report): --vsl's rows, or the packer's packs
-    of the entries' lengths rounded up to --align's multiple."""
+    of the entries' lengths rounded up to --align's multiple; with ``weights`` (images and
+    image tokens per entry) --max-images / --max-vision-tokens kept (:mod:`.caps`)."""
     if options.vsl is not None:
         from .vsl import vsl_packs
 
         return vsl_packs(table, options.rows.vsl_bounds[0], options.seed)
     packing = run_packer(align_up(table, options.alignment), options.seq_len, options.algo,
                          options.packer_options(), narrow_ids=True)
-    return packing.packs, packing.report
+    if weights is None:
+        return packing.packs, packing.report
+    from .caps import cap_packs
+
+    packs, added = cap_packs(packing.packs, table, options.seq_len, {
+        "--max-images": (weights[0], options.max_images),
+        "--max-vision-tokens": (weights[1], options.max_vision_tokens)})
+    packing.report.n_packs += added
+    return packs, packing.report
 
 
 def doc_groups(segs: Segments, group_docs: int | None) -> list[tuple[int, int]]:

@@ -52,6 +52,12 @@ __all__ = ["DEFAULT_MAX_RECORD_BYTES", "KINDS", "MEMORY_PER_RECORD_BYTE", "PARQU
 
 def iter_documents(path, opts: ReadOptions, stats: InputStats, progress=lambda n: None):
     """Yield the text of every record of ``path`` in order, counting into ``stats``."""
+    if opts.vision is not None:  # a record's images: relative to its file, inline ones
+        return _located(path, opts, stats, progress)  # named by file and record
+    return _records(path, opts, stats, progress)
+
+
+def _records(path, opts: ReadOptions, stats: InputStats, progress):
     kind = file_kind(path)
     if kind in ("jsonl", "jsonl.gz", "jsonl.zst"):
         return iter_jsonl(path, kind, opts, stats, progress)
@@ -65,3 +71,13 @@ def iter_documents(path, opts: ReadOptions, stats: InputStats, progress=lambda n
                                 "messages need JSONL or Parquet records")
         return iter_txt(path, opts, stats, progress)
     raise PacktoolError(f"{path}: unsupported file type; supported: {SUPPORTED}")
+
+
+def _located(path, opts: ReadOptions, stats: InputStats, progress):
+    if file_kind(path) == "txt":
+        raise PacktoolError(f"{path}: .txt files hold plain text; records with images need "
+                            "JSONL or Parquet (--images-field, or image content parts)")
+    opts.vision.source = str(path)
+    for doc in _records(path, opts, stats, progress):
+        doc.locate(str(path), stats.record)
+        yield doc

@@ -17,7 +17,7 @@ from .files import input_size, open_hashed
 from .records import BadRecord, InputStats, ReadOptions, corrupt, read_lines, too_large
 
 
-def _open_jsonl(path, kind: str):
+def open_jsonl(path, kind: str):
     """(the file, its decompressed stream, finish: the file's content hash, open_hashed)."""
     raw, finish = open_hashed(path)  # closed by the caller's `with raw`
     if kind == "jsonl.gz":
@@ -131,9 +131,9 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
             f"{path}: 0 bytes, not a valid {kind.split('.')[1]} stream (even an empty corpus "
             "compresses to a few bytes); remove the file or re-compress it"
         )
-    raw, f, finish = _open_jsonl(path, kind)
+    raw, f, finish = open_jsonl(path, kind)
     errors = _decompress_errors()
-    text_field = opts.text_field if opts.mode == "text" else None
+    text_field = opts.text_field if opts.mode == "text" and opts.vision is None else None
     lineno = last_pos = 0
     try:
         with raw:

@@ -66,16 +66,18 @@ class ReadOptions:
     tree_field: str | None = None         # a record's tree id (Tagged), for pack --share-prefix
     render_prompt: Callable | None = None  # a chat prompt, rendered with the generation prompt
     group: Callable | None = None          # (record, self) -> its GroupRecord
+    images_field: str | None = None        # --vision: a list of the record's images
+    vision: Callable | None = None         # (record, self) -> its packtool.vision VisionDoc
 
     @property
     def fields(self) -> list[str]:
         """The record fields this mode reads (a Parquet reader selects their columns)."""
         tree = [self.tree_field] if self.tree_field else []
         if self.mode == "text":
-            return [self.text_field, *tree]
+            return [self.text_field, *tree] + ([self.images_field] if self.images_field else [])
         return [f for f in (self.prompt_field, self.completion_field, self.messages_field,
                             self.chosen_field, self.rejected_field, self.completions_field,
-                            self.rewards_field) if f] + tree
+                            self.rewards_field, self.images_field) if f] + tree
 
     @property
     def mode(self) -> str:
@@ -90,6 +92,8 @@ class ReadOptions:
     def extract(self, obj):
         """The record's document: a str, a (prompt, completion) pair, or a message list
         (with ``tree_field``, :class:`Tagged` with its tree id)."""
+        if self.vision is not None:  # images found, sized, their placeholders made
+            return self.vision(obj, self)  # (--tree-field with --vision: refused by name)
         doc = self._extract(obj)
         if self.tree_field is None:
             return doc

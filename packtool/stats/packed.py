@@ -58,10 +58,48 @@ def packed_report(directory: str | Path) -> dict:
     rep["pack_fill"] = _dist(fill)
     from ..formats.packed.balance import attention_costs, step_imbalance
 
-    costs = attention_costs(ds)
+    costs = attention_costs(ds, vision=0.0)  # the language term (images: image_report)
     rep["attention_imbalance"] = step_imbalance(costs, ATTN_RANKS)
     rep["attention_imbalance_balanced"] = step_imbalance(costs, ATTN_RANKS, balanced=True)
+    if ds.images[0]:
+        rep["images"] = image_report(ds, costs)
     return rep
+
+
+def image_report(ds, costs: np.ndarray) -> dict:
+    """Rows with images: images per row, the image tokens' share of the tokens, the vision
+    encoder's share of the cost (sum of t (h w)^2 over images beside sum l^2), and the step
+    imbalance of the vision cost and of both together (8 ranks, balanced on both)."""
+    from ..formats.packed.balance import step_imbalance
+
+    im = ds.image_sums()
+    total = costs + im["cost"]
+    n_tokens = max(int(ds.index["n_tokens"]), 1)
+    return {"n_images": int(im["images"].sum()), "n_image_tokens": int(im["tokens"].sum()),
+            "images_per_row": _dist(im["images"]),
+            "vision_token_share": float(im["tokens"].sum() / n_tokens),
+            "vision_cost_share": float(im["cost"].sum() / max(total.sum(), 1.0)),
+            "vision_imbalance": step_imbalance(im["cost"], ATTN_RANKS),
+            "vision_imbalance_balanced_on_text": _imbalance_on(costs, im["cost"]),
+            "total_imbalance_balanced": step_imbalance(total, ATTN_RANKS, balanced=True)}
+
+
+def _imbalance_on(order_by: np.ndarray, costs: np.ndarray) -> float:
+    """The step imbalance of ``costs`` when the steps are balanced on ``order_by`` (what a
+    sampler balancing on text alone leaves of the vision work)."""
+    from ..formats.packed.balance import balance_steps, like_cost_order
+    from ..seeds import rng
+
+    g = ATTN_RANKS
+    if not len(costs) or not costs.any():
+        return 1.0
+    order = like_cost_order(rng(0, "stats.imbalance").permutation(len(costs)), order_by, g)
+    order = np.resize(order, -(-len(order) // g) * g)
+    slots = balance_steps(order_by[order].reshape(-1, g), g, 1).reshape(-1, g)
+    steps = np.take_along_axis(costs[order].reshape(-1, g), slots, axis=1)
+    mean = steps.mean(axis=1)
+    ok = mean > 0
+    return float((steps.max(axis=1)[ok] / mean[ok]).mean())
 
 
 def _dist(x: np.ndarray) -> dict:

@@ -164,6 +164,18 @@ def render_packed(rep: dict) -> str:
                      f"({g['n_dropped_groups']:,} dropped over --seq-len), {g['n_sequences']:,}"
                      " sequences" + (f", {g['n_shared_prompts']:,} prompts stored once "
                                      "(--share-prompt)" if g["share_prompt"] else ""))
+    if rep.get("images"):
+        v = rep["images"]
+        ip = v["images_per_row"]
+        lines += [f"images: {v['n_images']:,} ({v['n_image_tokens']:,} image tokens, "
+                  f"{100 * v['vision_token_share']:.1f}% of the tokens), per row: min "
+                  f"{ip['min']:.0f}  p50 {ip['p50']:.0f}  mean {ip['mean']:.2f}  max "
+                  f"{ip['max']:.0f}",
+                  f"vision encoder: {100 * v['vision_cost_share']:.1f}% of the cost (sum of "
+                  f"patches^2 beside sum l^2); its max/mean rank shuffled "
+                  f"{v['vision_imbalance']:.2f}, balanced on text "
+                  f"{v['vision_imbalance_balanced_on_text']:.2f}, both balanced on both "
+                  f"{v['total_imbalance_balanced']:.2f}"]
     if rep.get("held_out"):
         h = rep["held_out"]
         lines.append(f"held out: {h['n_docs_held_out']:,} documents in {h['path']}/ "

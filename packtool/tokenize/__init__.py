@@ -6,7 +6,8 @@ manifest (:mod:`.stage`).
 Besides: :mod:`.prepare` what every part needs once per process (tokenizer, ids,
 encoder, engine), :mod:`.groups` pairs and groups to sequences (the prompt encoded once),
 :mod:`.assemble` ``PREFIX.json`` from the parts' manifests, :mod:`.result` what a run
-reports.
+reports, :mod:`.images` records with images (``--vision``): image tokens expanded, their
+spans and 3-D positions.
 """
 
 from ..options import TokenizeOptions

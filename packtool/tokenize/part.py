@@ -34,6 +34,7 @@ from ..formats.tokens import (
     read_part_manifest,
     verify_part_files,
 )
+from ..formats.tokens.schema import IMAGE_KEYS
 from ..formats.tokens.writer import GROUP_KEYS
 from ..options import TokenizeOptions
 from ..sources import as_input, content_unchanged
@@ -173,9 +174,13 @@ def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
 def data_keys(opts: TokenizeOptions) -> list[str]:
     """The data files a part of this run writes: .bin, .boundaries, and the loss mask (all but
     plain text), a pair's or group's roles and prompt lengths, and its rewards."""
-    keys = ["bin", "boundaries"] + (["mask"] if opts.mode != "text" else [])
+    keys = ["bin", "boundaries"] + (["mask"] if opts.mode != "text" or opts.vision else [])
     if opts.group_kind:
         keys += ["roles", "prompt"] + (["rewards"] if opts.rewards_field else [])
+    if opts.vision:  # images: per document, per image; 3-D positions for an mRoPE rule
+        from ..vision import RULES
+
+        keys += [k for k in IMAGE_KEYS if k != "pos3" or RULES[opts.vision].mrope]
     return keys + (["tree"] if opts.tree_field else [])
 
 
@@ -183,15 +188,15 @@ def _write(job: PartJob, tick, s) -> dict:
     plan, opts, part = job.plan, job.opts, job.part
     paths = [as_input(p) for p in part.inputs]
     files = prefix_paths(plan.part_prefix(part))
-    with_mask = opts.mode != "text"
     workers = opts.workers or os.cpu_count() or 1
     # the part's manifest goes last: a part whose manifest exists has all its files. The
     # commit's lock and journal get a name of their own (not an output's, and not the run's
     # output lock, which a Ray driver may hold while its workers write parts)
     keys = data_keys(opts)
+    with_mask = "mask" in keys
     outputs = [files[k] for k in keys] + [plan.part_manifest(part)]
     # an overwritten SFT or group part's extra files go too
-    stale = [files[k] for k in ("mask", *GROUP_KEYS, "tree") if k not in keys]
+    stale = [files[k] for k in ("mask", *GROUP_KEYS, "tree", *IMAGE_KEYS) if k not in keys]
     if opts.overwrite:  # the manifest being replaced leaves in the first part's commit
         stale.append(plan.json_path)
     prefix = plan.part_prefix(part)

@@ -26,9 +26,11 @@ NOT_IN_DIGEST = {"workers", "batch_size", "batch_bytes", "overwrite", "long_reco
                  "engine", "engine_check", "part_bytes"}
 
 
-# the pair/group fields count only when given: a corpus without them keeps its digest
+# the pair/group, tree and image fields count only when given: a corpus without them keeps
+# its digest
 GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field",
-                "tree_field")
+                "tree_field", "vision", "images_field", "min_pixels", "max_pixels",
+                "image_check")
 
 
 def _sha(obj) -> str:

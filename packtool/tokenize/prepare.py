@@ -92,6 +92,13 @@ class Setup:
 def _read_opts(opts: TokenizeOptions) -> ReadOptions:
     from ..sources.groups import extract_group
 
+    vision = None
+    if opts.vision:  # a new one a part: it knows the file it reads
+        from ..vision import RULES
+        from ..vision.images import VisionReader
+
+        vision = VisionReader(RULES[opts.vision], opts.images_field, opts.min_pixels,
+                              opts.max_pixels, opts.image_check or "sha256")
     return ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
                        prompt_field=opts.prompt_field, completion_field=opts.completion_field,
                        messages_field=opts.messages_field,
@@ -99,7 +106,8 @@ def _read_opts(opts: TokenizeOptions) -> ReadOptions:
                        rejected_field=opts.rejected_field,
                        completions_field=opts.completions_field,
                        rewards_field=opts.rewards_field, tree_field=opts.tree_field,
-                       group=extract_group if opts.group_kind else None)
+                       group=extract_group if opts.group_kind else None,
+                       images_field=opts.images_field, vision=vision)
 
 
 def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bos_id, eos_id,
@@ -121,6 +129,28 @@ def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bo
 
 GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field",
                 "tree_field")
+
+
+def _vision(tok, opts: TokenizeOptions, encode):
+    """The encoder that expands images, and the manifest's ``images`` settings: the rule's
+    tokens must be the tokenizer's own (one id each)."""
+    from ..vision import RULES
+    from .images import vision_encoder
+
+    rule = RULES[opts.vision]
+    ids = {}
+    for name, token in (("image_token_id", rule.image_token),
+                        ("vision_start_id", rule.start_token),
+                        ("vision_end_id", rule.end_token)):
+        ids[name] = None if token is None else special_token_id(
+            tok, token, f"--vision {opts.vision}'s {token}")
+    fixed = rule.fixed > 0
+    settings = {"rule": rule.name, "patch": rule.patch, "merge": rule.merge,
+                "min_pixels": None if fixed else opts.min_pixels or rule.min_pixels,
+                "max_pixels": None if fixed else opts.max_pixels or rule.max_pixels,
+                **ids, "mrope": rule.mrope, "images_field": opts.images_field,
+                "image_check": opts.image_check or "sha256"}
+    return vision_encoder(encode, rule, ids["image_token_id"]), settings
 
 
 def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = None) -> Setup:
@@ -154,4 +184,6 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
         encode = tree_encoder(encode)
     meta = _meta(tokenizer, tok_path, tok_sha256, vocab_size, dtype, bos_id, eos_id, opts,
                  template_from)
+    if opts.vision:
+        encode, meta["images"] = _vision(tok, opts, encode)
     return Setup(tok, tok_path, dtype, meta, read_opts, engine, encode, warnings)

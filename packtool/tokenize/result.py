@@ -24,10 +24,14 @@ class TokenizeResult:
     n_tokens_tokenized: int | None = None  # by this run (skipped parts excluded); None: all
     published: str = ""   # an object-store output: what was uploaded (packtool.storage)
     groups: dict | None = None  # pairs and groups: {kind, n_groups, n_sequences}
+    images: dict | None = None  # --vision: {n_images, n_vision_tokens}
 
     def _counted(self) -> str:
         """What the corpus holds: documents, or a grouped corpus's groups and sequences (a
         record is a group; each of its completions one sequence, a document of the files)."""
+        if self.images:
+            return (f"{self.n_docs:,} documents with {self.images['n_images']:,} images "
+                    f"({self.images['n_vision_tokens']:,} image tokens)")
         if not self.groups:
             return f"{self.n_docs:,} documents"
         what = "pairs" if self.groups["kind"] == "pairs" else "groups of completions"

@@ -33,6 +33,7 @@ from ..errors import FormatError, PacktoolError
 from ..executors import Jobs, RunOptions, finished_jobs, run_jobs
 from ..formats._manifest import manifest_text
 from ..formats.tokens import (
+    DATA_SUFFIXES,
     FORMAT,
     part_manifest_path,
     read_corpus_manifest,
@@ -184,7 +185,9 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
         n_tokens_tokenized=sum(m["part"]["n_tokens"] for m in manifests.values()
                                if not m.get("skipped")),
         published=_published(out, manifests, removed),
-        groups=group_counts(opts.group_kind, entries))
+        groups=group_counts(opts.group_kind, entries),
+        images={k: sum(e.get(k, 0) for e in entries) for k in ("n_images", "n_vision_tokens")}
+        if opts.vision else None)
 
 
 def _published(out: Output, manifests: dict, removed: list[str]) -> str | None:
@@ -286,7 +289,6 @@ def _remove_stale_parts(plan: TokenizePlan, out: Output) -> list[str]:
     stale = []
     for name in sorted(names - keep):
         if name == stem or name.startswith(f"{stem}.part-"):
-            stale += [f"{name}{s}" for s in (".bin", ".boundaries", ".mask")
-                      if f"{name}{s}" in there]
+            stale += [f"{name}{s}" for s in DATA_SUFFIXES if f"{name}{s}" in there]
             stale.append(part_manifest_path(Path("."), name).name)
     return [n for n in out.remove(stale) if not n.startswith(".")]

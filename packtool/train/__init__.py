@@ -20,7 +20,9 @@
 - :mod:`.which`: which step and rank a record lands in, and what a step holds (one dataset
   or a mixture); :mod:`.records` names a document's input file and record.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
-  path (``packtool conformance``).
+  path (``packtool conformance``), vision-language models (Qwen-VL) with their images too.
+- :mod:`.vision`: ``ImageCollator``, a row's images read (only the row's, in the DataLoader
+  workers) and turned into pixel_values by the user's processor, beside its mRoPE ids.
 - :mod:`.attention`: ``attn_implementation="packtool"``, a varlen kernel fed by the row's
   boundaries, chosen once per process, and the CPU reference conformance checks against;
   :mod:`.prepare`: ``prepare_model``, which sets it and proves it on a packed row.

@@ -30,6 +30,11 @@ without ``cu_seq_lens_q`` is refused too: whole-row attention would be a silent 
 FlexAttention ``BlockMask`` passed as ``attention_mask`` (``block_mask(batch)``: shared-prompt
 rows, ``pack --share-prompt``) runs through FlexAttention with that mask.
 
+A layer that attends both ways (``is_causal=False``: the vision encoder of Qwen-VL models,
+which calls attention once per image) runs torch's sdpa over the call as given: the kernels
+above are causal, and the causal one made the encoder's output 0.35 off (``packtool
+conformance --arch qwen2_vl``, before this rule).
+
 No host syncs: nothing here reads a device value (no ``.item()``, no ``.tolist()``, no
 shape from data), and the varlen kernels take ``max_length_q/k`` as the Python ints
 ``collate_tensors`` gives. :func:`varlen_attention` (``"packtool_varlen"``) is the same
@@ -261,6 +266,8 @@ def packtool_attention(module, query, key, value, attention_mask, scaling=None, 
         from torch.nn.attention.flex_attention import BlockMask
     except ImportError:  # torch < 2.5: no FlexAttention, so no BlockMask to be given
         BlockMask = ()
+    if cu_seq_lens_q is None and _bidirectional(module, kwargs):
+        return _both_ways(module, query, key, value, attention_mask, scaling, dropout)
     b, h, t, d = query.shape
     flex_mask = attention_mask if isinstance(attention_mask, BlockMask) else None
     if attention_mask is not None and flex_mask is None:
@@ -346,6 +353,8 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     what makes a model that drops the kwargs on the way to some layer show up as a leak."""
     import torch
 
+    if cu_seq_lens_q is None and _bidirectional(module, kwargs):
+        return _both_ways(module, query, key, value, attention_mask, scaling, dropout)
     CALLS.append(cu_seq_lens_q is not None)
     b, h, t, d = query.shape
     cu = (torch.tensor([0, t], dtype=torch.int32, device=query.device) if cu_seq_lens_q is None
@@ -354,6 +363,19 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     out = reference(q, k, v, cu, cu, scale=d ** -0.5 if scaling is None else scaling,
                     window=sliding_window, softcap=softcap, sinks=s_aux)
     return out[None].contiguous(), None
+
+
+def _bidirectional(module, kwargs: dict) -> bool:
+    return kwargs.get("is_causal", getattr(module, "is_causal", True)) is False
+
+
+def _both_ways(module, query, key, value, attention_mask, scaling, dropout):
+    """A bidirectional layer's call (a vision encoder's, one image a call): torch's sdpa
+    through transformers' own function, the mask it was given, no causality."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                  scaling=scaling, is_causal=False)
 
 
 def register() -> str:

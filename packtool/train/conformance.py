@@ -28,6 +28,26 @@ A path is ``exact`` at max |logit difference| <= 1e-4 (float32 noise is ~1e-6, t
 control's leak 3-5), ``leaks`` above, ``unsupported`` (with a ``note``) when the model or path
 cannot run here. An architecture passes when one path is exact and the control leaks.
 
+Vision-language models (:data:`VISION_ARCHS`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) get a tiny
+vision encoder too (2 blocks, the real patch size, Qwen2.5-VL's window attention, Qwen3-VL's
+deepstack) and four documents of 1, 3, 2 and 1 generated images (24-112 pixels a side, 2-16
+image tokens each, seed 0) between text. Each document alone is the model's own forward
+(``get_rope_index`` computes its mRoPE ids); the packed row is :class:`packtool.train.
+vision.ImageCollator`'s batch of the four (pixels through the model's own image processor
+class, built here), its position ids restarting per document: packtool's own
+(:func:`packtool.vision.mrope_positions`, what tokenize stores), checked equal to the
+model's ``get_rope_index`` of each document alone (the row ``mrope_ids``, which must be exact
+for the architecture to pass). The paths:
+
+    position_ids     [4, 1, N]: text positions, then mRoPE t, h, w; no mask   sdpa
+    varlen           the mRoPE rows + cu_seq_lens_q/k (model_inputs)           packtool varlen
+    mask_4d          [4, 1, N] ids + a document-causal [1, 1, N, N] mask       eager
+    position_ids_3d  the three mRoPE rows alone, no mask: leaks (transformers splits the
+                     row on the text row; NeMo Automodel #2172's fallback)     sdpa
+    flex_attention, none   as above (none: the model's get_rope_index over the whole row)
+
+Exact there is max |logit difference| <= 1e-5 (:data:`VISION_TOL`), the issue's bar.
+
 On CPU, state-space and linear-attention layers run transformers' torch fallbacks: some refuse
 packed input (``unsupported``, transformers' reason in the note), others leak silently (the
 Mamba2 scan of GraniteMoeHybrid). With the mamba_ssm / causal_conv1d / fla kernels on a GPU
@@ -37,6 +57,8 @@ default architectures is in docs/TRAINING.md.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -50,7 +72,26 @@ WINDOW = 16  # sliding window in tokens: shorter than three of the documents, so
 DOC_LENGTHS = (37, 12, 53, 5, 29)
 PATHS = ("position_ids", "varlen", "flex_attention", "seq_idx", "none")
 CONTROL = "none"
+IDS = "mrope_ids"  # not a path: packtool's stored 3-D ids checked against the model's own
 INSTALL = "pip install 'packtool[torch]' transformers"
+
+VISION_TOL = 1e-5
+VISION_PATHS = ("position_ids", "varlen", "mask_4d", "position_ids_3d", "flex_attention",
+                "none")
+IMAGES_PER_DOC = (1, 3, 2, 1)
+# token ids inside the tiny vocabulary for <|image_pad|>, <|video_pad|>, vision start and end
+VISION_IDS = {"image_token_id": 120, "video_token_id": 121, "vision_start_token_id": 122,
+              "vision_end_token_id": 123}
+# vision-language models: the patch size, the mRoPE sections (t, h, w: 8 frequencies of the
+# tiny head dim 16) and what the tiny vision encoder needs beyond VISION_TINY
+VISION_ARCHS = {
+    "qwen2_vl": (14, [2, 3, 3], {"embed_dim": 32, "hidden_size": 64}),
+    "qwen2_5_vl": (14, [2, 3, 3], {"fullatt_block_indexes": [1], "window_size": 56}),
+    "qwen3_vl": (16, [4, 2, 2], {"deepstack_visual_indexes": [0],
+                                 "num_position_embeddings": 64}),
+}
+VISION_TINY = {"depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
+               "out_hidden_size": 64, "initializer_range": 0.1}
 
 # The architectures checked by default, each with what its tiny config needs beyond TINY.
 ARCHS = {
@@ -101,8 +142,9 @@ class ConformanceResult:
         """Architectures with no exact path (or whose control did not leak: proof of nothing)."""
         def passes(arch):
             rows = [r for r in self.rows if r["arch"] == arch]
-            return (any(r["verdict"] == "exact" for r in rows if r["path"] != CONTROL)
-                    and any(r["verdict"] == "leaks" for r in rows if r["path"] == CONTROL))
+            return (any(r["verdict"] == "exact" for r in rows if r["path"] not in (CONTROL, IDS))
+                    and any(r["verdict"] == "leaks" for r in rows if r["path"] == CONTROL)
+                    and all(r["verdict"] == "exact" for r in rows if r["path"] == IDS))
 
         return [a for a in self.archs() if not passes(a)]
 
@@ -129,8 +171,10 @@ class ConformanceResult:
     def verdict_line(self) -> str:
         bad = self.failing()
         if not bad:
+            vision = " (1e-5 for vision-language models)" if set(self.archs()) & set(
+                VISION_ARCHS) else ""
             return (f"OK: every architecture ({', '.join(self.archs())}) has an exact path "
-                    f"(max |logit diff| <= {TOL:g})")
+                    f"(max |logit diff| <= {TOL:g}{vision})")
         ran = {r["arch"] for r in self.rows if r["verdict"] != "unsupported"}
         leak, unknown = [a for a in bad if a in ran], [a for a in bad if a not in ran]
         parts = []
@@ -150,10 +194,11 @@ def conformance(archs=None, config_path=None) -> ConformanceResult:
     tiny sizes keeping its layer types, window, experts and state-space settings)."""
     _need_torch()
     if archs is None:
-        archs = [] if config_path is not None else list(ARCHS)
+        archs = [] if config_path is not None else [*ARCHS, *VISION_ARCHS]
     result = ConformanceResult()
     for arch in archs:
-        result.rows += check_arch(arch, {"model_type": arch, **ARCHS.get(arch, {})})
+        result.rows += (check_vision_arch(arch) if arch in VISION_ARCHS else
+                        check_arch(arch, {"model_type": arch, **ARCHS.get(arch, {})}))
     if config_path is not None:
         user = read_config(config_path)
         result.rows += check_arch(f"{user['model_type']} ({Path(config_path).name})", user)
@@ -163,7 +208,7 @@ def conformance(archs=None, config_path=None) -> ConformanceResult:
 def parse_archs(text: str) -> list[str]:
     """``"llama, gpt2"`` -> ``["llama", "gpt2"]``; ``"all"`` -> the default architectures."""
     if text.strip() == "all":
-        return list(ARCHS)
+        return [*ARCHS, *VISION_ARCHS]
     names = [a.strip() for a in text.split(",") if a.strip()]
     if not names:
         raise PacktoolError(f"--arch {text!r} names no architecture; give model types "
@@ -398,3 +443,209 @@ def _control(arch, model, config, batch, ref):
 
 RUNNERS = {"position_ids": _position_ids, "varlen": _varlen, "flex_attention": _flex,
            "seq_idx": _seq_idx, "none": _control}
+
+
+# -- vision-language models -----------------------------------------------------------------------
+
+def tiny_vision_config(arch: str):
+    """The config of ``arch`` (of :data:`VISION_ARCHS`): the text model of :data:`TINY`'s sizes
+    (2 layers, hidden 64, mRoPE sections of its head dim) and a 2-block vision encoder."""
+    from transformers import CONFIG_MAPPING
+
+    patch, sections, extra = VISION_ARCHS[arch]
+    text = {k: TINY[k] for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                 "num_attention_heads", "num_key_value_heads", "head_dim",
+                                 "max_position_embeddings", "initializer_range")}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections}
+    if arch == "qwen3_vl":
+        rope["mrope_interleaved"] = True
+    text.update(num_hidden_layers=2, rope_parameters=rope, bos_token_id=1, eos_token_id=2)
+    vision = {**VISION_TINY, "patch_size": patch, **extra}
+    return CONFIG_MAPPING[arch](text_config=text, vision_config=vision, **VISION_IDS)
+
+
+def image_processor(config):
+    """The model's image processor class (its PIL backend: no torchvision needed, the same
+    resize on every machine) for ``config``'s vision encoder, built here, no download: images
+    of 1 to 16 merged patches (min/max pixels), so each holds 1-16 image tokens."""
+    from transformers.models.auto.image_processing_auto import (
+        IMAGE_PROCESSOR_MAPPING_NAMES,
+        get_image_processor_class_from_name,
+    )
+
+    names = IMAGE_PROCESSOR_MAPPING_NAMES[config.model_type]
+    cls = get_image_processor_class_from_name(names["pil"] if isinstance(names, dict)
+                                              else names)
+    v = config.vision_config
+    side = v.patch_size * v.spatial_merge_size
+    return cls(patch_size=v.patch_size, merge_size=v.spatial_merge_size,
+               temporal_patch_size=v.temporal_patch_size, min_pixels=side * side,
+               max_pixels=side * side * 16)
+
+
+def vision_documents(config, processor):
+    """Documents of 1-3 generated images each (:data:`IMAGES_PER_DOC`, seed 0): per document
+    the row the packed reader would give (input_ids, labels, position_ids, cu_seqlens,
+    image_grid_thw, image_refs; position_ids_3d is added by :func:`_stored_ids`), the
+    inputs of its forward alone, and the PNG bytes of every image by reference."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    ids, v = VISION_IDS, config.vision_config
+    docs, blobs = [], {}
+    for n_images in IMAGES_PER_DOC:
+        tokens, refs, images = [], [], []
+        for _ in range(n_images):
+            w, h = (int(x) for x in rng.integers(24, 113, 2))
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "PNG")
+            uri = f"mem://image-{len(blobs)}.png"
+            blobs[uri] = buf.getvalue()
+            refs.append({"uri": uri, "bytes": len(blobs[uri]),
+                         "sha256": hashlib.sha256(blobs[uri]).hexdigest()})
+            images.append(Image.open(io.BytesIO(blobs[uri])).convert("RGB"))
+        out = processor(images=images, return_tensors="pt")
+        merge = v.spatial_merge_size ** 2
+        for grid in out["image_grid_thw"].tolist():
+            tokens += rng.integers(3, 110, int(rng.integers(3, 13))).tolist()
+            tokens += [ids["vision_start_token_id"]] + [ids["image_token_id"]] * (
+                grid[0] * grid[1] * grid[2] // merge) + [ids["vision_end_token_id"]]
+        tokens += rng.integers(3, 110, int(rng.integers(3, 13))).tolist()
+        t = np.asarray(tokens, np.int64)
+        row = {"input_ids": t, "labels": t, "position_ids": np.arange(len(t)),
+               "cu_seqlens": np.array([0, len(t)]),
+               "image_grid_thw": out["image_grid_thw"].numpy(), "image_refs": refs}
+        alone_inputs = {"input_ids": torch.from_numpy(t)[None],
+                        "pixel_values": out["pixel_values"],
+                        "image_grid_thw": out["image_grid_thw"],
+                        "mm_token_type_ids": torch.from_numpy(
+                            (t == ids["image_token_id"]).astype(np.int32))[None]}
+        docs.append((row, alone_inputs))
+    return docs, blobs
+
+
+def check_vision_arch(arch: str) -> list[dict]:
+    """Every path of one vision-language architecture: a row each, never an exception."""
+    import torch
+
+    from .vision import ImageCollator
+
+    try:
+        config = tiny_vision_config(arch)
+        torch.manual_seed(0)
+        model = _vision_model(config)
+        processor = image_processor(config)
+        docs, blobs = vision_documents(config, processor)
+        with torch.no_grad():
+            ref = torch.cat([model(**inputs, use_cache=False).logits[0] for _, inputs in docs])
+            ids_row = _stored_ids(arch, model, docs)
+        batch = ImageCollator(processor, read=lambda r: blobs[r["uri"]])(
+            [row for row, _ in docs])
+    except Exception as e:  # a config or model this transformers cannot build
+        return [path_row(arch, "-", verdict="unsupported", note=f"model: {_reason(e)}")]
+    rows = [ids_row]
+    for path in VISION_PATHS:
+        try:
+            rows.append(VISION_RUNNERS[path](arch, model, batch, ref))
+        except Exception as e:
+            rows.append(path_row(arch, path, verdict="unsupported", note=_reason(e)))
+    return rows
+
+
+def _stored_ids(arch: str, model, docs) -> dict:
+    """Each document's mRoPE ids as tokenize stores them (:func:`packtool.vision.
+    mrope_positions`, into its row) against the model's own ``get_rope_index`` of the
+    document alone: the row :data:`IDS`, exact only when equal."""
+    import numpy as np
+
+    from ..vision import mrope_positions
+
+    diff = 0
+    for row, inputs in docs:
+        ids = row["input_ids"]
+        pad = np.flatnonzero(ids == VISION_IDS["image_token_id"])
+        starts = pad[np.concatenate([[True], np.diff(pad) > 1])] if pad.size else pad
+        grids = row["image_grid_thw"]
+        spans = np.stack([starts, grids.prod(axis=1) // 4], axis=1)
+        row["position_ids_3d"] = mrope_positions(len(ids), spans, grids, merge=2)
+        want = model.model.get_rope_index(**{k: inputs[k] for k in (
+            "input_ids", "mm_token_type_ids", "image_grid_thw")})[0][:, 0].numpy()
+        diff = max(diff, int(np.abs(row["position_ids_3d"] - want).max()))
+    return path_row(arch, IDS, diff, tol=0, note="packtool's stored ids against the model's "
+                    "get_rope_index, each document alone")
+
+
+def _vision_model(config):
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForImageTextToText.from_config(
+        config, dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+def _inputs(batch, **kw) -> dict:
+    from .torch import model_inputs
+
+    inputs = model_inputs(batch, **kw)
+    inputs.pop("labels")
+    return inputs
+
+
+def _vl_diff(arch, path, model, ref, impl, inputs, note=None):
+    model.set_attn_implementation(impl)
+    return path_row(arch, path, logit_diff(model, ref, **inputs), note=note, tol=VISION_TOL)
+
+
+def _vl_position_ids(arch, model, batch, ref):
+    return _vl_diff(arch, "position_ids", model, ref, "sdpa", _inputs(batch, varlen=False))
+
+
+def _vl_varlen(arch, model, batch, ref):
+    register()
+    inputs = _inputs(batch)
+    inputs["position_ids"] = inputs["position_ids"][1:]  # the kwargs alone keep docs apart
+    CALLS.clear()
+    row = _vl_diff(arch, "varlen", model, ref, VARLEN, inputs)
+    if not all(CALLS):
+        row["note"] = f"{CALLS.count(False)} of {len(CALLS)} attention calls got no cu_seq_lens_q"
+    return row
+
+
+def _vl_mask_4d(arch, model, batch, ref):
+    import torch
+
+    return _vl_diff(arch, "mask_4d", model, ref, "eager",
+                    _inputs(batch, mask="4d", dtype=torch.float32))
+
+
+def _vl_position_ids_3d(arch, model, batch, ref):
+    inputs = _inputs(batch, varlen=False)
+    inputs["position_ids"] = inputs["position_ids"][1:]
+    return _vl_diff(arch, "position_ids_3d", model, ref, "sdpa", inputs,
+                    note="the mRoPE rows alone: no text row to split the row on")
+
+
+def _vl_flex(arch, model, batch, ref):
+    inputs = _inputs(batch, varlen=False)
+    inputs["attention_mask"] = document_block_mask(batch["cu_seq_lens_q"],
+                                                   batch["input_ids"].shape[1])
+    return _vl_diff(arch, "flex_attention", model, ref, "flex_attention", inputs)
+
+
+def _vl_control(arch, model, batch, ref):
+    import torch
+
+    ids = batch["input_ids"]
+    inputs = {"input_ids": ids, "pixel_values": batch["pixel_values"],
+              "image_grid_thw": batch["image_grid_thw"],
+              "mm_token_type_ids": (ids == VISION_IDS["image_token_id"]).to(torch.int32)}
+    return _vl_diff(arch, CONTROL, model, ref, "eager", inputs,
+                    note="control: the model's positions over the whole row, must leak")
+
+
+VISION_RUNNERS = {"position_ids": _vl_position_ids, "varlen": _vl_varlen,
+                  "mask_4d": _vl_mask_4d, "position_ids_3d": _vl_position_ids_3d,
+                  "flex_attention": _vl_flex, "none": _vl_control}

@@ -100,6 +100,10 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
         from .. import conflicts
 
         conflicts.check({"share_prompt", "cp_shard"}, "this row shares prompts")
+    if "image_grid_thw" in example or "position_ids_3d" in example:
+        from .. import conflicts
+
+        conflicts.check({"images", "cp_shard"}, "this row holds images")
     tokens, real, padded = _row(example)
     if mode == "zigzag":
         starts, ends = _zigzag(padded, cp_size, cp_rank)

@@ -41,6 +41,7 @@ from . import sampler as _sampler
 from .state import is_state
 
 MODEL_KEYS = ("input_ids", "labels", "position_ids")
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")  # packtool.train.vision's collator adds them
 
 
 class TorchPackedDataset(torch.utils.data.Dataset):
@@ -129,7 +130,14 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0,
     models; eager and sdpa attention ignore the keys). ``position_ids_start``: added to every
     position (RoBERTa-family models count from 2, padding_idx + 1). An aligned batch's
     cu_seq_lens_q/k are its ``cu_seqlens_padded``: a Hugging Face kernel indexes the row with
-    them, and each segment's pads, after its tokens, change nothing a real token sees."""
+    them, and each segment's pads, after its tokens, change nothing a real token sees.
+
+    A batch with images (:class:`packtool.train.vision.ImageCollator`) adds pixel_values and
+    image_grid_thw, and its position_ids are ``[4, 1, N]``: the text positions, then the
+    mRoPE rows (t, h, w), each restarting per document. That is the layout Qwen-VL models
+    take for packed rows: transformers keeps the documents apart from the first row (sdpa,
+    eager, flash-attn), where three rows alone are read as one sequence (``packtool
+    conformance --arch qwen2_vl`` shows the leak)."""
     if mask is not None:
         return _with_4d_mask(batch, mask, position_ids_start, dtype)
     if _shared(batch):
@@ -141,8 +149,18 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0,
     out = {k: batch[k] for k in keys}
     if varlen and "cu_seqlens_padded" in batch:
         out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = batch["cu_seqlens_padded"]
-    if position_ids_start:
-        out["position_ids"] = out["position_ids"] + position_ids_start
+    return _positions(batch, out, position_ids_start)
+
+
+def _positions(batch: dict, out: dict, start: int) -> dict:
+    """``out`` with the position ids moved on by ``start`` and, for a batch with images, in
+    the ``[4, 1, N]`` mRoPE layout beside the image keys."""
+    if start:
+        out["position_ids"] = out["position_ids"] + start
+    if "position_ids_3d" in batch:
+        pos3 = batch["position_ids_3d"]
+        out["position_ids"] = torch.cat([out["position_ids"][None].to(pos3.dtype), pos3])
+    out.update({k: batch[k] for k in IMAGE_KEYS if k in batch})
     return out
 
 
@@ -159,9 +177,7 @@ def _with_4d_mask(batch: dict, mask: str, position_ids_start: int, dtype=None) -
     if mask != "4d":
         raise PacktoolError(f"mask={mask!r}: the one mask model_inputs makes is '4d' (a "
                             "boolean [batch, 1, tokens, tokens] attention_mask)")
-    out = {k: batch[k] for k in MODEL_KEYS}
-    if position_ids_start:
-        out["position_ids"] = out["position_ids"] + position_ids_start
+    out = _positions(batch, {k: batch[k] for k in MODEL_KEYS}, position_ids_start)
     device = batch["input_ids"].device
     m = torch.from_numpy(allowed(batch))[None, None].to(device)
     if dtype is not None:

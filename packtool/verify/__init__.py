@@ -13,7 +13,9 @@ in the planner or the gather kernel cannot vouch for itself:
    document's miscount named by one more pass); every stored token (and loss mask) equals
    the source's, compared with plain numpy indexing;
 3. the attention costs index.json stores per shard are what each row's mask computes
-   (:mod:`.costs`, with a completion's attention to its shared prompt).
+   (:mod:`.costs`, with a completion's attention to its shared prompt);
+4. a token corpus with images (its own, or a ``--source``): every image read again and
+   counted from its header, its spans and 3-D positions recomputed (:mod:`.images`).
 
 It streams: the sources a chunk of 2**18 documents at a time (their boundaries), the packs a
 shard at a time. Memory: one shard's arrays and one chunk, plus 2 bits a document per source
@@ -62,11 +64,16 @@ class VerifyResult:
     mixture: list = field(default_factory=list)  # per source: factor, when not all 1
     valid: dict | None = None        # the held-out split: packs, tokens, segments, checked
     align: dict | None = None        # an aligned dataset: K, pad id, pads, what set K
+    images: dict | None = None       # images re-read, counted and placed (.images)
 
     def summary(self) -> str:
         if self.kind == "tokens":
+            im = self.images
             return (f"OK {self.path}: {self.n_docs:,} documents, {self.n_tokens:,} tokens; "
-                    "manifest, sizes, boundaries and sha256 checksums hold")
+                    "manifest, sizes, boundaries and sha256 checksums hold"
+                    + (f"; {im['n_images']:,} images read again, their {im['n_vision_tokens']:,}"
+                       " image tokens counted from their headers, spans and 3-D positions "
+                       "recomputed" if im else ""))
         what = ""
         if self.sources_checked:
             p = self.policy
@@ -115,8 +122,7 @@ def verify(path: str | Path, sources: list[str | Path] | None = None) -> VerifyR
                             "packtool tokenize")
     if sources:
         raise PacktoolError(f"{path} is a token corpus; --source applies to packed directories")
-    corpus = validate_tokens(p)
-    return VerifyResult(str(corpus.prefix), "tokens", corpus.n_tokens, n_docs=len(corpus))
+    return _tokens_result(validate_tokens(p))
 
 
 def _verify_url(path: str, sources) -> VerifyResult:
@@ -132,8 +138,18 @@ def _verify_url(path: str, sources) -> VerifyResult:
                             "or packtool tokenize")
     if sources:
         raise PacktoolError(f"{path} is a token corpus; --source applies to packed directories")
-    corpus = validate_tokens(split_prefix(path))
-    return VerifyResult(str(corpus.prefix), "tokens", corpus.n_tokens, n_docs=len(corpus))
+    return _tokens_result(validate_tokens(split_prefix(path)))
+
+
+def _tokens_result(corpus) -> VerifyResult:
+    """A token corpus's result; one with images proved by :mod:`.images` first."""
+    images = None
+    if corpus.vision:
+        from .images import check_images
+
+        images = check_images(corpus)
+    return VerifyResult(str(corpus.prefix), "tokens", corpus.n_tokens, n_docs=len(corpus),
+                        images=images)
 
 
 def verify_packed(directory: str | Path, sources: list[str | Path] | None = None
@@ -339,6 +355,10 @@ def _sources(index: dict, specs) -> list:
             raise VerifyError(f"--source {prefix} is not the corpus that was packed (manifest "
                               f"sha256 differs from {rec['prefix']}'s)")
         c.verify_checksums()  # a corrupt source must not vouch for the packs
+        if c.vision:  # its images, counts and positions, proved before they vouch
+            from .images import check_images
+
+            check_images(c)
         corpora.append(c)
     return corpora
 

@@ -9,7 +9,8 @@ stores them, the packers, ``stats`` and the trainer use them): ``costs.py`` the 
 stored with the index, ``balance.py`` steps of like attention cost (the cost model: classes,
 like-cost order, dealing, ``step_imbalance``), ``batching.py`` packs collated into one
 ``[1, N]`` row and padded (``collate_numpy``, ``pad_example``), ``groups.py`` a grouped
-pack's extra keys (pairs and groups).
+pack's extra keys (pairs and groups), ``images.py`` a row's images and mRoPE ids, read from its
+source corpora.
 """
 
 from .._manifest import digest as _digest

@@ -60,7 +60,7 @@ class CostClasses:
         return int(np.searchsorted(self.members[lo:lo + m], pack))
 
 
-def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
+def attention_costs(packed, linear: float = 0.0, vision: float | None = None) -> np.ndarray:
     """Per pack, the sum of its squared segment lengths plus ``linear`` x its tokens (float64),
     from every shard's segment table (no token is read; see
     :mod:`packtool.formats.packed.layout`).
@@ -70,8 +70,18 @@ def attention_costs(packed, linear: float = 0.0) -> np.ndarray:
     half of each skipped by the mask), so step time ~ sum(l^2) + 12 d * tokens for hidden size
     d. ``linear=0`` (the default) balances attention alone, what dominates long-context runs;
     ``linear=12 * hidden_size`` balances the whole block (at L=4096, d=4096 the linear part is
-    ~12x the attention of a full one-document pack, and every full pack costs within ~6%)."""
-    return packed.attention_costs(linear)
+    ~12x the attention of a full one-document pack, and every full pack costs within ~6%).
+
+    The vision term (rows with images, ``tokenize --vision``): ``vision`` x the sum over the
+    row's images of t (h w)^2 patches, the vision encoder's attention, which runs per image
+    (per frame). A row's cost is then ``a L + sum l^2 + v sum patches^2``; v ~ (encoder
+    depth x width) / (decoder depth x width): None is the dataset's default, 1.0 where its
+    rows hold images (what ``balance="attention"`` uses), 0 the language term alone.
+    Balancing on text tokens alone leaves the ranks' encoder work unbalanced:
+    ``scripts/bench_vision_balance.py``."""
+    if vision is None:
+        return packed.attention_costs(linear)
+    return packed.attention_costs(linear, vision)
 
 
 def fingerprint(costs: np.ndarray | None) -> str | None:

@@ -35,7 +35,11 @@ IGNORE_INDEX = -100
 PAD_FILL = {"labels": IGNORE_INDEX, "doc_ids": -1, "group_ids": -1, "seq_ids": -1,
             "completion_mask": 0}
 PER_TOKEN = ("input_ids", "labels", "position_ids", "doc_ids", "group_ids", "seq_ids",
-             "completion_mask")
+             "completion_mask", "position_ids_3d")
+# positions: a pad's are computed (a row pad restarts at 0, a segment's pads continue it);
+# ``position_ids_3d`` is a row's mRoPE ids [3, n] (images, packtool.vision), the last axis the
+# tokens: padded like every 1-D array, the same pad positions in its three rows
+POSITIONS = ("position_ids", "position_ids_3d")
 
 
 def _check_int(name: str, v, lo: int) -> int:
@@ -87,9 +91,10 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
         k_pad = target - n
         for k in keys:
             v = np.asarray(ex[k])
-            fill = (np.arange(k_pad) if k == "position_ids"
+            fill = (np.arange(k_pad) if k in POSITIONS
                     else np.full(k_pad, pad_id if k == "input_ids" else PAD_FILL[k]))
-            ex[k] = np.concatenate([v, fill.astype(v.dtype)])
+            fill = np.broadcast_to(fill.astype(v.dtype), v.shape[:-1] + (k_pad,))
+            ex[k] = np.concatenate([v, fill], axis=-1)
         cu = np.append(cu, target)
         if "seg_prompt" in ex:  # the row pad's segment attends to no prompt
             ex["seg_prompt"] = np.append(ex["seg_prompt"], -1).astype(np.int32)
@@ -115,12 +120,12 @@ def _pad_segments(ex: dict, cu: np.ndarray, keys: list, multiple: int, pad_id: i
     dest = np.arange(n) + np.repeat(new_cu[:-1] - cu[:-1], lens)
     for k in keys:
         v = np.asarray(ex[k])
-        if k == "position_ids":  # pads continue their segment's positions
-            first = np.repeat(v[cu[:-1]].astype(np.int64), new_lens)
-            ex[k] = (np.arange(n2) - np.repeat(new_cu[:-1], new_lens) + first).astype(v.dtype)
-            continue
-        out = np.full(n2, pad_id if k == "input_ids" else PAD_FILL[k], dtype=v.dtype)
-        out[dest] = v
+        if k in POSITIONS:  # pads continue their segment's positions, real tokens keep theirs
+            first = np.repeat(v[..., cu[:-1]].astype(np.int64), new_lens, axis=-1)
+            out = (np.arange(n2) - np.repeat(new_cu[:-1], new_lens) + first).astype(v.dtype)
+        else:
+            out = np.full(n2, pad_id if k == "input_ids" else PAD_FILL[k], dtype=v.dtype)
+        out[..., dest] = v
         ex[k] = out
     return new_cu
 
@@ -160,8 +165,9 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
                     for ex in examples]
     aligned = any("cu_seqlens_padded" in ex for ex in examples)
     cu, cup = _offsets(examples, "cu_seqlens"), _offsets(examples, "cu_seqlens_padded")
-    flat = {k: np.concatenate([ex[k] for ex in examples]).astype(np.int64)
-            for k in ("input_ids", "labels", "position_ids")}
+    flat = {k: np.concatenate([ex[k] for ex in examples], axis=-1).astype(np.int64)
+            for k in ("input_ids", "labels", "position_ids", "position_ids_3d")
+            if k in examples[0]}
     if pad_multiple is not None:
         flat = pad_example({**flat, "cu_seqlens": cu, **({"cu_seqlens_padded": cup}
                                                         if aligned else {})},
@@ -174,7 +180,9 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     if max_docs is not None:
         cu, cup = (_fixed(c, len(examples) * max_docs) for c in (cu, cup))
         max_len = max(len(ex["input_ids"]) for ex in examples)  # a bound: one value, one compile
-    row = {k: v[None, :] for k, v in flat.items()}
+    row = {k: v[..., None, :] for k, v in flat.items()}  # [1, N]; mRoPE ids [3, 1, N]
+    if "image_grid_thw" in examples[0]:
+        row.update(_image_keys(examples))
     row.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len,
                max_length_k=max_len, seq_idx=seq_idx)
     if "seq_ids" in examples[0]:  # pairs and groups (packtool.formats.packed.groups)
@@ -203,6 +211,19 @@ def _group_keys(examples: list[dict], n_tokens: int, n_segments: int) -> dict:
     out["seg_prompt"] = np.concatenate([p, np.full(n_segments - p.size, -1, np.int32)])
     out["seq_group"] = np.concatenate([ex["seq_group"] for ex in examples]).astype(np.int64)
     out["seq_role"] = np.concatenate([ex["seq_role"] for ex in examples]).astype(np.int32)
+    return out
+
+
+def _image_keys(examples: list[dict]) -> dict:
+    """The packs' images in row order: ``image_grid_thw`` [k, 3] (int64, the model's key) and
+    ``image_refs`` (a list: where each image's bytes are, :mod:`packtool.train.vision` loads
+    them)."""
+    grids = [np.asarray(ex["image_grid_thw"], np.int64).reshape(-1, 3) for ex in examples]
+    refs = [r for ex in examples for r in ex.get("image_refs", ())]
+    out = {"image_grid_thw": np.concatenate(grids), "image_refs": refs}
+    if all("image_source" in ex for ex in examples):
+        out["image_source"] = np.concatenate([np.asarray(ex["image_source"], np.int64)
+                                              for ex in examples])
     return out
 
 

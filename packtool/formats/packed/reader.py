@@ -2,7 +2,9 @@
 pack as the trainer takes it (input_ids, labels, position_ids, doc_ids, cu_seqlens,
 max_seqlen, source_docs, source_offsets), derived from the pack's segments
 (:mod:`.layout`) and its tokens: stored in the shard (``tokens`` layout, version 1) or read
-from the source corpus (``index`` layout).
+from the source corpus (``index`` layout). Rows of a corpus tokenized with ``--vision`` also
+carry their images' ``image_refs``, ``image_grid_thw`` and mRoPE ``position_ids_3d`` [3, N]
+(:mod:`.images`).
 
 What is checked, always and cheaply: at open, index.json against its schema and digest, every
 file name; when a shard is first used, every file's size, dtype and shape, its offsets
@@ -71,6 +73,7 @@ class PackedReader:
         self.align, self.pad_id = alignment(self.index)  # (1, 0): rows without pads
         self.vsl = vsl_bounds(self.index)  # (MIN, MAX) of a --vsl dataset, else None
         self._row_lengths = None
+        self._images = None
 
     def __len__(self) -> int:
         return int(self._pack_starts[-1])
@@ -108,6 +111,18 @@ class PackedReader:
                                             self.checksums, self.place.storage_options,
                                             self.place.cache_if_any())
         return self._sources
+
+    @property
+    def images(self) -> tuple[bool, bool]:
+        """(rows hold images, and mRoPE ids): whether a source corpus was tokenized with
+        ``--vision`` (an index-layout dataset's; ``pack`` refuses ``--layout tokens``
+        for them, whose rows would outlive their images' references)."""
+        if self._images is None:
+            from .images import has_images
+
+            self._images = (False, False) if self.layout != "index" else has_images(
+                self.sources())
+        return self._images
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, pack within it) of pack ``i``."""
@@ -198,6 +213,11 @@ class PackedReader:
         ex = derive(sh.seg_length[s0:s1], ids, mask, self._shift, self.align, self.pad_id)
         ex["source_docs"] = sh.seg_doc[s0:s1].astype(np.int64)
         ex["source_offsets"] = sh.seg_offset[s0:s1].astype(np.int64)
+        if self.images[0]:  # a corpus tokenized with --vision: packtool.formats.packed.images
+            from .images import row_images
+
+            ex.update(row_images(self.sources(), ex["source_docs"], ex["source_offsets"],
+                                 sh.seg_length[s0:s1], self.images[1]))
         if "seg_group" in sh.arrays:  # pairs and groups: packtool.formats.packed.groups
             from .groups import group_fields
 
@@ -262,17 +282,43 @@ class PackedReader:
         po = self.shard(k).po
         return max(int(po[j + 1] - po[j]), self.vsl[0])
 
-    def attention_costs(self, linear: float = 0.0) -> np.ndarray:
+    def attention_costs(self, linear: float = 0.0, vision: float | None = None) -> np.ndarray:
         """Per pack, the sum of its squared segment lengths (plus ``linear`` x its tokens),
-        from the segment tables alone."""
+        from the segment tables alone; for a dataset with images plus ``vision`` (default
+        1.0, 0 for the language term alone) x its images' encoder cost (:meth:`image_sums`):
+        what ``balance="attention"`` balances."""
         out = [self.shard_costs(k, linear) for k in range(self.n_shards)]
-        return np.concatenate(out) if out else np.zeros(0)
+        costs = np.concatenate(out) if out else np.zeros(0)
+        if vision is None:
+            vision = 1.0
+        if vision and self.images[0]:
+            costs = costs + vision * self.image_sums()["cost"]
+        return costs
+
+    def image_sums(self) -> dict:
+        """Per pack of a dataset with images: ``images``, ``tokens`` (image tokens) and
+        ``cost`` (the vision encoder's attention cost, sum over images of t (h w)^2 patches:
+        :mod:`.images`), from the segment tables and the sources' image tables, no reference
+        parsed."""
+        from .images import ImageTable
+
+        table = ImageTable(self.sources())
+        parts = {"images": [], "tokens": [], "cost": []}
+        for k in range(self.n_shards):
+            sh = self.shard(k)
+            seg = table.segment_sums(sh.seg_doc, sh.seg_offset, sh.seg_length)
+            at = np.asarray(sh.pack_seg[:-1], np.int64)
+            for key, v in seg.items():
+                parts[key].append(np.add.reduceat(v, at) if v.size else v)
+        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
 
     def costs_fingerprint(self) -> str:
         """The attention costs' fingerprint a sampler state records: from the shards'
         digests (the index's where it stores them)."""
         from .costs import dataset_digest, digest
 
+        if self.images[0]:  # the stored digests are of the language term alone
+            return digest(self.attention_costs())
         return dataset_digest([sh.get("costs_sha256") or digest(self.shard_costs(k))
                                for k, sh in enumerate(self.index["shards"])])
 
@@ -284,9 +330,9 @@ class PackedReader:
         from .costs import StoredClasses
 
         shards = self.index["shards"]
-        if self.index.get("cost_ratio") != ratio or not shards \
+        if self.index.get("cost_ratio") != ratio or not shards or self.images[0] \
                 or not all("cost_classes" in sh for sh in shards):
-            return None
+            return None  # rows with images: the stored classes count the language term alone
         st = StoredClasses(self, ratio)
         return CostClasses(float(ratio), st.sizes, st, st.class_of, st.costs_of, st.fingerprint)
 

@@ -1,4 +1,5 @@
-"""The token-file format (``packtool.tokens``, version 3): what ``packtool tokenize`` writes
+"""The token-file format (``packtool.tokens``, version 3; 4 with pairs and groups, 5 with
+images): what ``packtool tokenize`` writes
 and ``open_tokens`` reads. Schema (``schema.py``), writer (``writer.py``), reader and
 validator (``reader.py``) in one package, and the proof that files at a prefix are
 packtool's own (``ownership.py``); the layout is in docs/FORMAT.md.
@@ -11,6 +12,9 @@ A corpus is one or more *parts*, in order; each part is three files sharing the 
                      end offset in NAME.bin (LOCAL to the part). Document i is
                      bin[ends[i-1]:ends[i]] (ends[-1] = 0).
     NAME.mask        uint8 per token, 1 = trained on (SFT/chat corpora only).
+    NAME.images ...  version 5: per document its images' end, per image its grid, token
+                     span and reference (.img_grid, .img_span, .img_ref.jsonl), per token
+                     its 3-D position (.pos3); see docs/FORMAT.md
     .NAME.part.json  the part's own manifest (its entry, digest, plan digest): written last
                      by the part's writer, so a part is finished when it exists and matches.
     PREFIX.json      the manifest: format, version, dtype, totals, tokenizer sha256, inputs,
@@ -45,6 +49,7 @@ from .reader import (
     validate_tokens,
 )
 from .schema import (
+    DATA_SUFFIXES,
     DIGEST_KEY,
     FORMAT,
     MANIFEST_KEYS,
@@ -68,8 +73,8 @@ from .schema import (
 from .writer import TokenWriter
 
 __all__ = [
-    "DIGEST_KEY", "FORMAT", "MANIFEST_KEYS", "PART_FORMAT", "PART_KEYS", "PART_MANIFEST_KEYS",
-    "PART_VERSION",
+    "DATA_SUFFIXES", "DIGEST_KEY", "FORMAT", "MANIFEST_KEYS", "PART_FORMAT", "PART_KEYS",
+    "PART_MANIFEST_KEYS", "PART_VERSION",
     "READABLE", "SCHEMA", "SUFFIXES", "UINT16_MAX_VOCAB", "VERSION", "TokenCorpus",
     "TokenPart", "TokenWriter", "check_boundaries", "corpus_manifest", "gather", "open_part",
     "open_tokens", "part_manifest_path", "part_name", "plan_digest", "prefix_paths",

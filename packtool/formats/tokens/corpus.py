@@ -6,6 +6,7 @@ once: each map holds a file descriptor, so a corpus of 2,000 parts reads under `
 from __future__ import annotations
 
 import contextlib
+import json
 import mmap
 import threading
 from collections import OrderedDict
@@ -21,6 +22,9 @@ from .schema import DATA_KEYS, FIX, prefix_paths
 PER_DOC_DTYPES = {k: np.dtype(v) for k, v in (("boundaries", "<i8"), ("roles", "<u2"),
                                               ("prompt", "<u4"), ("rewards", "<f4"),
                                               ("tree", "<u8"))}
+# images (version 5): key -> (dtype, the entry's count it follows, items per counted unit)
+IMAGE_LAYOUT = {"images": ("<i8", "n_docs", 1), "img_grid": ("<u4", "n_images", 3),
+                "img_span": ("<i8", "n_images", 2), "pos3": ("<i4", "n_tokens", 3)}
 OPEN_PARTS = 32  # parts whose memory maps stay open at once (3 descriptors each at most)
 _open: OrderedDict = OrderedDict()  # id(part) -> part, least recently used first
 _open_lock = threading.Lock()
@@ -60,6 +64,7 @@ class TokenPart:
     _maps: dict | None = field(default=None, repr=False)
     _lengths: np.ndarray | None = field(default=None, repr=False)
     _verified: set = field(default_factory=set, repr=False)  # keys checked for these maps
+    _ref_starts: tuple | None = field(default=None, repr=False)
 
     @property
     def cached(self) -> bool:
@@ -90,8 +95,7 @@ class TokenPart:
             array = self._maps.get(key)
             if array is None:
                 self._verified.discard(key)  # a new map of the file: checked on first use
-                count = self.entry["n_tokens" if key in ("bin", "mask") else "n_docs"]
-                dtype = {"bin": self.dtype, **PER_DOC_DTYPES, "mask": np.dtype("u1")}[key]
+                dtype, count = self.layout(key)
                 array = self._maps[key] = memmap(self.file(key), dtype, count)
             _open[id(self)] = self
             _open.move_to_end(id(self))
@@ -99,6 +103,16 @@ class TokenPart:
                 _, old = _open.popitem(last=False)
                 old._maps = None
             return array
+
+    def layout(self, key: str) -> tuple[np.dtype, int]:
+        """(dtype, items) of ``NAME.key`` as this entry says it is."""
+        if key == "img_ref.jsonl":
+            return np.dtype("u1"), self.entry["checksums"][key]["bytes"]
+        if key in IMAGE_LAYOUT:
+            dtype, unit, per = IMAGE_LAYOUT[key]
+            return np.dtype(dtype), self.entry.get(unit, 0) * per
+        count = self.entry["n_tokens" if key in ("bin", "mask") else "n_docs"]
+        return {"bin": self.dtype, **PER_DOC_DTYPES, "mask": np.dtype("u1")}[key], count
 
     def _checked(self, key: str) -> np.ndarray:
         """The map of ``NAME.key``, its file checked once per map (a reader reads it per
@@ -125,6 +139,35 @@ class TokenPart:
 
     def per_doc(self, key: str) -> np.ndarray | None:  # roles, prompt, rewards, or None
         return self._checked(key) if key in self.entry["checksums"] else None
+
+    def images(self, j: int) -> dict:
+        """Document ``j``'s images: ``grid`` [k, 3], ``span`` [k, 2], ``refs`` (dicts)."""
+        ends = self._checked("images")
+        a, b = (int(ends[j - 1]) if j else 0), int(ends[j])
+        refs = self._refs()
+        raw = self._checked("img_ref.jsonl")
+        return {"grid": self._checked("img_grid").reshape(-1, 3)[a:b],
+                "span": self._checked("img_span").reshape(-1, 2)[a:b],
+                "refs": [json.loads(bytes(raw[refs[i]:refs[i + 1] - 1])) for i in range(a, b)]}
+
+    def _refs(self) -> np.ndarray:
+        """Start of each line of ``.img_ref.jsonl`` (and its end), found once per map."""
+        raw = self._checked("img_ref.jsonl")
+        if self._ref_starts is None or self._ref_starts[1] is not raw:
+            starts = np.concatenate([[0], np.flatnonzero(raw == 10) + 1]).astype(np.int64)
+            if len(starts) != self.entry.get("n_images", 0) + 1 or (
+                    len(raw) and raw[-1] != 10):
+                raise FormatError(f"{self.path('img_ref.jsonl')}: {len(starts) - 1:,} lines, "
+                                  f"the manifest says {self.entry.get('n_images', 0):,} "
+                                  f"images; {FIX}")
+            self._ref_starts = (starts, raw)
+        return self._ref_starts[0]
+
+    def positions3(self, j: int) -> np.ndarray:
+        """int32 [3, len] mRoPE positions of document ``j``."""
+        ends = self.ends
+        a, b = (int(ends[j - 1]) if j else 0), int(ends[j])
+        return self._checked("pos3").reshape(-1, 3)[a:b].T
 
     @property
     def lengths(self) -> np.ndarray:
@@ -280,6 +323,28 @@ class TokenCorpus:
     def groups(self) -> dict | None:
         """{kind, n_groups, rewards} of a corpus of pairs or groups (version 4), else None."""
         return self.meta.get("groups")
+
+    @property
+    def vision(self) -> dict | None:
+        """The manifest's ``images`` (rule, ids, totals) of a corpus with images, else None."""
+        return self.meta.get("images")
+
+    def images(self, i: int) -> dict:
+        """Document ``i``'s images: ``{"grid": [k, 3] (t, h, w), "span": [k, 2] (offset of
+        its first image token in the document, image tokens), "refs": [...]}``."""
+        if not self.vision:
+            raise FormatError(f"{self.prefix} holds no images (tokenized without --vision)")
+        part, j = self.locate(i)
+        return part.images(j)
+
+    def positions3(self, i: int) -> np.ndarray:
+        """int32 [3, len] (temporal, height, width) positions of document ``i`` (an mRoPE
+        rule's corpus only)."""
+        if not (self.vision or {}).get("mrope"):
+            raise FormatError(f"{self.prefix} stores no 3-D positions (only a Qwen-VL "
+                              "--vision rule makes them)")
+        part, j = self.locate(i)
+        return part.positions3(j)
 
     def per_doc(self, key: str) -> np.ndarray | None:
         """``roles``, ``prompt`` or ``rewards`` of every document over all parts, or None."""

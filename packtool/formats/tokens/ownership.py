@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ...errors import FormatError, PacktoolError
 from .reader import read_part_manifest
-from .schema import FORMAT, part_manifest_path
+from .schema import DATA_SUFFIXES, FORMAT, part_manifest_path
 
 PLAN_FORMAT = "packtool.tokens.plan"
 
@@ -53,7 +53,7 @@ def refuse_foreign(place, stem: str, parts: list[str]) -> None:
     replaced, even with --overwrite."""
     listed, there = our_parts(place, stem), place.names()
     for name in parts:
-        found = [f"{name}{s}" for s in (".bin", ".boundaries", ".mask") if f"{name}{s}" in there]
+        found = [f"{name}{s}" for s in DATA_SUFFIXES if f"{name}{s}" in there]
         if not found or name in listed:
             continue
         record = part_manifest_path(Path("."), name).name

@@ -18,6 +18,8 @@ from .schema import (
     DIGEST_KEY,
     FIX,
     FORMAT,
+    IMAGE_COUNTS,
+    IMAGE_KEYS,
     PART_MANIFEST,
     PARTS_KEY,
     READABLE,
@@ -126,7 +128,10 @@ def _check_part_manifest(place, names: list[str], k: int, entry: dict, meta: dic
                           f"records ({PARTS_KEY}[{k}]): it was edited or comes from another "
                           f"corpus; {FIX}")
     settings = {key: v for key, v in m["meta"].items() if key != "engine"}
-    differ = sorted(key for key, v in settings.items() if meta.get(key) != v)
+    ours = dict(meta)
+    if isinstance(ours.get("images"), dict):  # the corpus's adds the parts' totals
+        ours["images"] = {k: v for k, v in ours["images"].items() if k not in IMAGE_COUNTS}
+    differ = sorted(key for key, v in settings.items() if ours.get(key) != v)
     if differ:
         raise FormatError(f"{path}: the part was made with other settings than the corpus "
                           f"manifest says ({', '.join(differ)} differ): the manifest was edited "
@@ -177,6 +182,8 @@ def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
         sizes.append(("mask", n_tokens))
     sizes += [(k, n_docs * PER_DOC_DTYPES[k].itemsize)
               for k in ("roles", "prompt", "rewards", "tree") if k in entry["checksums"]]
+    sizes += [(k, part.layout(k)[0].itemsize * part.layout(k)[1]) for k in IMAGE_KEYS
+              if k in entry["checksums"]]
     for key, want in sizes:
         path = confined_file(part.path(key), manifest or place.path(f"{name}.json"))
         try:

@@ -41,7 +41,9 @@ from .._manifest import (
 FORMAT = "packtool.tokens"
 VERSION = 3
 GROUPED_VERSION = 4  # version 3 plus pairs/groups (.roles, .prompt, .rewards, "groups")
-READABLE = (1, 2, 3, 4)  # 1: one PREFIX.bin, checksums at the top level; 2: parts, no digests
+IMAGES_VERSION = 5  # version 3 plus images (.images, .img_grid, .img_span, .img_ref.jsonl,
+#                     .pos3, "images")
+READABLE = (1, 2, 3, 4, 5)  # 1: one PREFIX.bin, checksums at the top level; 2: parts, no digests
 PART_FORMAT = "packtool.tokens.part"
 PART_VERSION = 2
 UINT16_MAX_VOCAB = 65_536
@@ -72,14 +74,27 @@ SCHEMA = (
     File(".tree", "<u8", "document", "with --tree-field: the document's tree id (the first 8 "
          "bytes, little-endian, of the blake2b of the field's canonical JSON)",
          optional="tree_field"),
+    File(".images", "<i8", "document", "version 5: cumulative end of each document's images "
+         "in the part's images", optional="images"),
+    File(".img_grid", "<u4", "image", "version 5: 3 per image, its (t, h, w) in patches",
+         optional="images"),
+    File(".img_span", "<i8", "image", "version 5: 2 per image, the offset in its document of "
+         "its first image token and the count of its image tokens", optional="images"),
+    File(".img_ref.jsonl", "json", "image", "version 5: one JSON object per image: where its "
+         "bytes are and their sha256, never the pixels", optional="images"),
+    File(".pos3", "<i4", "token", "version 5 with an mRoPE rule: 3 per token, row-major "
+         "[n_tokens, 3]: (temporal, height, width) positions, from 0 in every document",
+         optional="images"),
 )
-SUFFIXES = (*(f.suffix for f in SCHEMA), ".json")
+IMAGE_KEYS = ("images", "img_grid", "img_span", "img_ref.jsonl", "pos3")
+DATA_SUFFIXES = tuple(f.suffix for f in SCHEMA)
+SUFFIXES = (*DATA_SUFFIXES, ".json")
 DATA_KEYS = tuple(f.suffix[1:] for f in SCHEMA)  # "bin", "boundaries", "mask"
 
 _SHA = obj({"sha256": hexstr(64), "bytes": count(), "crc32": Key(hexstr(8), "", optional=True)})
 _CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True),
-                  **{k: Key(_SHA, "", optional=True)
-                     for k in ("roles", "prompt", "rewards", "tree")}},
+                  **{k: Key(_SHA, "", optional=True) for k in ("roles", "prompt", "rewards",
+                                                                "tree", *IMAGE_KEYS)}},
                  extra=False)
 _CONTENT_KEYS = obj({"bytes": count(), "crc32": Key(hexstr(8), "", optional=True),
                     "fingerprint": Key(string(True), "", optional=True)})
@@ -109,6 +124,8 @@ PART_KEYS = {  # every key of a part entry (manifest "parts", and the part's .NA
     "n_trained_tokens": Key(count(), "tokens with mask 1"),
     "n_groups": Key(count(), "version 4: pairs or groups in the part (each input's n_docs "
                     "counts its records, so groups)", optional=True),
+    "n_images": Key(count(), "version 5: images in the part", optional=True),
+    "n_vision_tokens": Key(count(), "version 5: image tokens in the part", optional=True),
     "inputs": Key(list_of(_INPUT), "per input file of the part: path, kind, n_docs, content, "
                   "skipped..."),
     "checksums": Key(_CHECKSUMS, "per data file of the part: sha256, bytes and crc32 (corpora "
@@ -122,10 +139,18 @@ _PART_V2 = obj({**{k: v for k, v in PART_KEYS.items() if k not in ("index", "dig
 _GROUPS = obj({"kind": one_of("pairs", "completions"), "n_groups": count(),
                "rewards": boolean()})
 
+_IMAGES = obj({"rule": string(True), "min_pixels": nullable(count()),
+               "max_pixels": nullable(count()), "patch": count(1), "merge": count(1),
+               "image_token_id": count(), "vision_start_id": nullable(count()),
+               "vision_end_id": nullable(count()), "n_images": count(),
+               "n_vision_tokens": count(), "mrope": boolean(),
+               "images_field": nullable(string()), "image_check": one_of("sha256", "header")})
+IMAGE_COUNTS = ("n_images", "n_vision_tokens")  # in the corpus's "images", not a part's
+
 MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a test checks it)
     "format": Key(one_of(FORMAT), '"packtool.tokens"'),
-    "version": Key(one_of(*READABLE), "3, or 4 for pairs and groups (1: single-part, 2: no "
-                   "digests; both still read)"),
+    "version": Key(one_of(*READABLE), "3, 4 for pairs and groups, 5 with images (1: "
+                   "single-part, 2: no digests; both still read)"),
     "dtype": Key(one_of("uint16", "uint32"), "uint16 or uint32"),
     "vocab_size": Key(count(1), "the tokenizer's id space"),
     "n_docs": Key(count(), "documents"), "n_tokens": Key(count(), "tokens"),
@@ -152,6 +177,9 @@ MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a t
                   optional=True),
     "tree_field": Key(string(True), "--tree-field: the record key whose value names each "
                       "document's tree (.tree)", optional=True),
+    "images": Key(_IMAGES, "version 5: {rule, min_pixels, max_pixels, patch, merge, "
+                  "image_token_id, vision_start_id, vision_end_id, n_images, "
+                  "n_vision_tokens, mrope, images_field, image_check}", optional=True),
     "created_by": Key(string(), '"packtool X.Y.Z"'),
     PARTS_KEY: Key(list_of(hexstr(64)), "version 3: per part, in order, the sha256 of its "
                    "own manifest .NAME.part.json (json.dumps(m, sort_keys=True)): binds the "
@@ -168,14 +196,19 @@ _V1 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count
 _V2 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count(),
            "parts": list_of(_PART_V2), "tokenizer": obj({"sha256": hexstr(64)}),
            "mask": Key(boolean(), "", optional=True), "plan": Key(obj({}), "", optional=True)})
-_V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups")} | {
+_V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups",
+                                                                  "images")} | {
     "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
     DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY]})
-_V4 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums",)} | {
+_V4 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "images")} | {
     "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
     DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY],
     "groups": _GROUPS})
-SPECS = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+_V5 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups")} | {
+    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
+    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY],
+    "images": _IMAGES})
+SPECS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 PART_MANIFEST_KEYS = ("format", "version", "index", "digest", "plan_digest", "part", "meta")
 PART_MANIFEST = obj({"format": one_of(PART_FORMAT), "version": one_of(PART_VERSION),
@@ -240,6 +273,10 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict,
     with_mask = "mask" in parts[0]["checksums"] if parts else False
     grouped = bool(parts) and "roles" in parts[0]["checksums"]
     version = GROUPED_VERSION if grouped else VERSION
+    if "images" in meta:  # the settings every part was made with, and the totals
+        version = IMAGES_VERSION
+        meta = {**meta, "images": {**meta["images"], **{
+            k: sum(q.get(k, 0) for q in parts) for k in IMAGE_COUNTS}}}
     if grouped:  # what kind: from the options that made it
         o = meta.get("options", {})
         meta = {**meta, "groups": {"kind": "pairs" if o.get("chosen_field") else "completions",

@@ -5,11 +5,14 @@ writer and the manifest cannot drift."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..._io import HashingWriter
+from .schema import IMAGE_KEYS
 
 # sha256: the file's identity (what ``verify`` checks); crc32: the check on first read and
 # before pack copies the bytes (~10x faster; catches any corruption, not a forgery)
@@ -27,15 +30,22 @@ class TokenWriter:
         # pairs/groups (version 4): per document its role, prompt length (and reward)
         self.groups = {k: HashingWriter(paths[k], DIGESTS) for k in GROUP_KEYS if k in paths}
         self.tree = HashingWriter(paths["tree"], DIGESTS) if "tree" in paths else None
+        # images (version 5): per document its images' end, per image grid, span, reference
+        self.images = {k: HashingWriter(paths[k], DIGESTS) for k in IMAGE_KEYS if k in paths}
         self.n_docs = self.n_tokens = self.n_empty = self.n_trained = self.n_groups = 0
+        self.n_images = self.n_vision_tokens = 0
 
     def write(self, lengths: np.ndarray, ids: np.ndarray, mask: np.ndarray | None,
-              groups: tuple | None = None, trees: np.ndarray | None = None) -> None:
+              groups: tuple | None = None, trees: np.ndarray | None = None,
+              images: ImageBatch | None = None) -> None:
         """Append documents of ``lengths`` whose tokens are ``ids`` (and loss ``mask``; and
         for pairs/groups, ``groups`` = (roles, prompt lengths, rewards or None); with
-        --tree-field, ``trees``: each document's tree id)."""
+        --tree-field, ``trees``: each document's tree id; with images, their
+        :class:`ImageBatch`)."""
         if self.tree is not None:
             self.tree.write(np.asarray(trees, "<u8"))
+        if self.images:
+            self._write_images(images)
         if self.groups:
             roles, prompt, rewards = groups
             self.groups["roles"].write(roles.astype("<u2", copy=False))
@@ -52,8 +62,22 @@ class TokenWriter:
         self.n_tokens += int(ids.size)
         self.n_empty += int(np.count_nonzero(lengths == 0))
 
+    def _write_images(self, b: ImageBatch) -> None:
+        w = self.images
+        w["images"].write((np.cumsum(b.counts, dtype=np.int64) + self.n_images).astype("<i8"))
+        w["img_grid"].write(np.ascontiguousarray(b.grids, "<u4").ravel())
+        w["img_span"].write(np.ascontiguousarray(b.spans, "<i8").ravel())
+        w["img_ref.jsonl"].write(np.frombuffer(b"".join(
+            json.dumps(r, ensure_ascii=False, sort_keys=True).encode() + b"\n"
+            for r in b.refs), np.uint8))
+        if "pos3" in w:
+            w["pos3"].write(np.ascontiguousarray(b.pos3, "<i4").ravel())
+        self.n_images += len(b.refs)
+        self.n_vision_tokens += int(np.asarray(b.spans, np.int64)[:, 1].sum())
+
     def abort(self) -> None:
-        for w in (self.bin, self.boundaries, self.mask, self.tree, *self.groups.values()):
+        for w in (self.bin, self.boundaries, self.mask, self.tree, *self.groups.values(),
+                  *self.images.values()):
             if w is not None:
                 w.abort()
 
@@ -62,7 +86,7 @@ class TokenWriter:
         checksums = {"bin": self.bin.close(), "boundaries": self.boundaries.close()}
         if self.mask is not None:
             checksums["mask"] = self.mask.close()
-        for k, w in self.groups.items():
+        for k, w in (*self.groups.items(), *self.images.items()):
             checksums[k] = w.close()
         if self.tree is not None:
             checksums["tree"] = self.tree.close()
@@ -72,10 +96,25 @@ class TokenWriter:
                  "inputs": inputs, "checksums": checksums}
         if self.groups:
             entry["n_groups"] = self.n_groups
+        if self.images:
+            entry["n_images"], entry["n_vision_tokens"] = self.n_images, self.n_vision_tokens
         return entry
 
 
 GROUP_KEYS = ("roles", "prompt", "rewards")
+
+
+@dataclass
+class ImageBatch:
+    """The images of a batch of documents, in order: ``counts`` per document, ``grids``
+    [k, 3] (t, h, w), ``spans`` [k, 2] (offset in its document, image tokens), ``refs`` (one
+    JSON object each), ``pos3`` [n_tokens, 3] (mRoPE rules only, else None)."""
+
+    counts: np.ndarray
+    grids: np.ndarray
+    spans: np.ndarray
+    refs: list
+    pos3: np.ndarray | None = None
 
 
 def group_starts(roles: np.ndarray) -> np.ndarray:
