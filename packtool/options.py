@@ -79,7 +79,8 @@ def _choices(options) -> None:
     """Every option whose field offers choices (``type=("choice", names)``) is one of them."""
     for f in fields(options):
         cli, value = f.metadata.get("cli", {}), getattr(options, f.name)
-        if cli.get("type", ("",))[0] == "choice" and value not in cli["type"][1]:
+        if cli.get("type", ("",))[0] == "choice" and value not in cli["type"][1] and not (
+                value is None and f.default is None):  # an optional choice not given
             flag = (cli["flags"] or (f"--{f.name.replace('_', '-')}",))[0]
             raise PacktoolError(f"{flag} {value!r}: choose one of {', '.join(cli['type'][1])}")
 

@@ -417,7 +417,7 @@ def test_pack_options_are_sections_each_with_its_own_check():
                            packer=Packer(algo="ffd"))
     assert flat == composed and flat.align == flat.padding.align == 16 and flat.alignment == 16
     names = [f.name for f in PackOptions.option_fields()]
-    assert len(names) == len(set(names)) == 30 and set(SECTIONS) == {
+    assert len(names) == len(set(names)) == 32 and set(SECTIONS) == {
         "rows", "packer", "output", "order", "mixture", "padding"}
     assert flat.replace(group_docs=7).order.group_docs == 7 and flat.group_docs is None
     with pytest.raises(TypeError, match="bogus"):

@@ -32,7 +32,7 @@ def vision_encoder(encode, rule, image_id: int):
 
 
 def expand(records, lengths, ids, mask, rule, image_id: int):
-    """(lengths, ids, mask, None, ImageBatch) with every image token repeated to its count."""
+    """(lengths, ids, mask, None, None, ImageBatch) with every image token repeated to its count."""
     at = np.flatnonzero(ids == image_id)
     counts = np.fromiter((len(r.images) for r in records), np.int64, len(records))
     owner = np.searchsorted(np.cumsum(lengths), at, side="right")
@@ -57,4 +57,4 @@ def expand(records, lengths, ids, mask, rule, image_id: int):
     pos3 = (mrope_batch(lengths, counts, spans, grids, merge=rule.merge) if rule.mrope
             else None)
     refs = [im.ref for r in records for im in r.images]
-    return lengths, ids, mask, None, ImageBatch(counts, grids, spans, refs, pos3)
+    return lengths, ids, mask, None, None, ImageBatch(counts, grids, spans, refs, pos3)
