@@ -38,6 +38,7 @@ FEATURES = {  # name -> how a user turns it on
     "collate_max_docs": "collate max_docs=K",
     "varlen": "cu_seqlens attention (flash-attention varlen, model_inputs varlen=True)",
     "cp_shard": "cp_shard (context parallelism at load)",
+    "cp_zigzag": "cp_shard mode='zigzag' (TE's THD layout)",
     "export_segments": "export as segments (megatron, llmc, parquet-packed, mds, parquet)",
 }
 
@@ -101,9 +102,10 @@ CONFLICTS = (
              "cu_seqlens (and masks inferred from position_ids) cannot express",
              "pass mask='4d' (eager/sdpa attention) or use packtool.torch.block_mask(batch) "
              "with FlexAttention"),
-    Conflict(("share_prompt", "cp_shard"), "a completion's keys are its prompt and itself, two "
-             "segments, and a shard's keys run within one segment: the prompt would be lost",
-             "pack without --share-prompt for context parallelism"),
+    Conflict(("share_prompt", "cp_zigzag"), "a completion's keys are its prompt (every "
+             "ancestor segment) and itself, and TE's THD attention runs within one segment",
+             "use cp_shard(..., mode='balanced'), whose pieces key their ancestors "
+             "(key_positions), or pack without --share-prompt"),
     Conflict(("share_prompt", "export_segments"), "a row of segments says 'attend within your "
              "own segment', so a completion would lose its prompt, and positions would restart "
              "where a completion's continue from its prompt", "train from the packed dataset "
