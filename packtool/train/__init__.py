@@ -18,6 +18,8 @@
   in a packed batch of pairs, groups or prefix trees), ``dpo_loss``, ``grpo_loss`` (the
   clipped per-sequence policy loss with the step plan's normaliser), ``sft_loss`` (tree
   rows as the records flat), ``sequence_rewards`` (a row's rewards from its source corpora).
+- :mod:`.trl`: ``PackedDPOTrainer`` / ``PackedGRPOTrainer``, TRL's trainers forwarding
+  each batch as one tree row (imports TRL; not imported here).
 - :mod:`.trees`: a row's prefix tree (``seg_parent``, or a depth-1 batch's ``seg_prompt``):
   the ancestor-causal mask (``allowed``), which logit predicts which token, each sequence's
   path.
