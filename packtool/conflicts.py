@@ -31,6 +31,7 @@ FEATURES = {  # name -> how a user turns it on
     "groups": "pairs and groups (tokenize --chosen-field/--completions-field)",
     "plain": "plain documents (tokenized without --chosen-field/--completions-field)",
     "share_prompt": "--share-prompt",
+    "share_prefix": "--share-prefix",
     "mixture": "repeat factors or target shares (PREFIX:FACTOR, PREFIX=SHARE)",
     "holdout": "--valid-docs/--valid-fraction",
     "per_segment": "per_segment=True (padding every segment)",
@@ -39,7 +40,8 @@ FEATURES = {  # name -> how a user turns it on
     "varlen": "cu_seqlens attention (flash-attention varlen, model_inputs varlen=True)",
     "cp_shard": "cp_shard (context parallelism at load)",
     "cp_zigzag": "cp_shard mode='zigzag' (TE's THD layout)",
-    "export_segments": "export as segments (megatron, llmc, parquet-packed, mds, parquet)",
+    "shared_rows": "rows of shared prefixes (--share-prompt, --share-prefix)",
+    "export_segments": "export as segments (megatron, llmc, parquet-packed, mds)",
 }
 
 
@@ -58,6 +60,8 @@ class Conflict:
 
 
 _WHOLE = "pairs and groups are packed whole, one item a group"
+_TREE_ROW = ("a row of segments says 'attend within your own segment', so a tree's segment "
+             "would lose its ancestors, and positions would restart where a child's continue")
 CONFLICTS = (
     Conflict(("vsl", "align"), "a --vsl chunk row is one unpadded segment and remnant rows are "
              "bfd's: there are no pads to align", "drop the alignment options, or --vsl"),
@@ -98,19 +102,42 @@ CONFLICTS = (
              "row pad would add a segment to some batches only", "pad every pack instead "
              "(TorchPackedDataset(pad_to=seq_len), one pad segment each) and pass max_docs="
              "--max-docs + 1, or use per_segment=True"),
-    Conflict(("share_prompt", "varlen"), "a completion attends to its prompt and itself, which "
-             "cu_seqlens (and masks inferred from position_ids) cannot express",
-             "pass mask='4d' (eager/sdpa attention) or use packtool.torch.block_mask(batch) "
-             "with FlexAttention"),
-    Conflict(("share_prompt", "cp_zigzag"), "a completion's keys are its prompt (every "
-             "ancestor segment) and itself, and TE's THD attention runs within one segment",
+    Conflict(("shared_rows", "varlen"), "a segment attends to its ancestors (a completion to "
+             "its prompt) and itself, which cu_seqlens (and masks inferred from position_ids) "
+             "cannot express", "pass mask='4d' (eager/sdpa attention) or use "
+             "packtool.torch.block_mask(batch) with FlexAttention"),
+    Conflict(("shared_rows", "cp_zigzag"), "a segment's keys are its ancestors' (a completion's, "
+             "its prompt's) and its own, and TE's THD attention runs within one segment",
              "use cp_shard(..., mode='balanced'), whose pieces key their ancestors "
-             "(key_positions), or pack without --share-prompt"),
+             "(key_positions), or pack without sharing"),
     Conflict(("share_prompt", "export_segments"), "a row of segments says 'attend within your "
              "own segment', so a completion would lose its prompt, and positions would restart "
-             "where a completion's continue from its prompt", "train from the packed dataset "
-             "with packtool.torch (block_mask, sequence_logps), or pack without "
-             "--share-prompt"),
+             "where a completion's continue from its prompt", "export --format parquet (it "
+             "carries seg_up, the tree), train from the packed dataset with packtool.torch "
+             "(block_mask, sequence_logps), or pack without --share-prompt"),
+    Conflict(("share_prefix", "share_prompt"), "--share-prefix already shares every group's "
+             "prompt (and any longer common beginning)", "drop --share-prompt"),
+    Conflict(("share_prefix", "export_segments"), _TREE_ROW, "export --format parquet (it "
+             "carries seg_up, the tree), or train from the packed dataset with packtool.torch"),
+    Conflict(("share_prefix", "vsl"), "a tree is packed whole, and --vsl cuts sequences into "
+             "chunks", "drop --vsl"),
+    Conflict(("share_prefix", "align"), "alignment pads would fall inside a tree's path (its "
+             "positions continue from the parent's end; not supported yet)",
+             "drop the alignment options"),
+    Conflict(("share_prefix", "max_docs"), "a tree's segments count as segments and a tree is "
+             "never cut (not supported yet)", "drop --max-docs"),
+    Conflict(("share_prefix", "group_docs"), "records that share a prefix are found over the "
+             "whole corpus, in one plan", "drop --group-docs"),
+    Conflict(("share_prefix", "mixture"), "each record is a leaf exactly once", "drop the "
+             "factors and shares"),
+    Conflict(("share_prefix", "holdout"), "a held-out record would leave its tree; hold out "
+             "records before tokenize", "drop --valid-docs/--valid-fraction"),
+    Conflict(("share_prefix", "truncate"), "a record is never cut (its leaf would end where it "
+             "does not)", "keep the default (over-long records refused) or pass --overflow "
+             "drop (dropped and counted)"),
+    Conflict(("share_prefix", "per_segment"), "padding each segment would move the positions "
+             "its children continue from", "pad tree rows at the row's end (pad_to or "
+             "pad_multiple without per_segment)"),
 )
 
 

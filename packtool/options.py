@@ -98,6 +98,10 @@ class TokenizeOptions:
                                         "the prompt.")
     rewards_field: str | None = opt(None, "Groups: key of a list of numbers, one reward per "
                                     "completion.")
+    tree_field: str | None = opt(None, "Key of each record's conversation or rollout id (any "
+                                 "JSON value): stored per document (.tree), so pack "
+                                 "--share-prefix builds one prefix tree of each id's records "
+                                 "(docs/FORMAT.md).")
     chat_template: str | None = opt(None, "Jinja chat template file, local (default: "
                                     "tokenizer_config.json's, which a tokenizer at a URL "
                                     "brings; else built-in).", type="path")
@@ -285,6 +289,14 @@ class PackOptions:
                              "each completion (positions continuing from the prompt's end; "
                              "attention needs packtool.torch.block_mask or model_inputs(batch, "
                              "mask='4d'), never cu_seqlens).", type="flag")
+    share_prefix: bool = opt(False, "Store every beginning that sequences share once, at any "
+                             "depth: within pairs and groups, and across plain records (a "
+                             "repeated system prompt, a conversation's earlier turns); each "
+                             "tree packed whole (packed format version 6, docs/FORMAT.md).",
+                             type="flag")
+    min_shared: int | None = opt(None, "--share-prefix: share a beginning only if it is at "
+                                 "least N tokens (default 16: packtool.pack.trees says why).",
+                                 type=("int", 1, None), metavar="N")
     max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
                                "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
                                metavar="K")
@@ -350,6 +362,9 @@ class PackOptions:
             raise PacktoolError(f"--seq-len {self.seq_len:,} is not --vsl's MAX "
                                 f"{self.vsl_bounds[1]:,} (a vsl row holds at most MAX tokens): "
                                 f"drop --seq-len or pass --seq-len {self.vsl_bounds[1]}")
+        if self.min_shared is not None and not self.share_prefix:
+            raise PacktoolError(f"--min-shared {self.min_shared} sets what --share-prefix "
+                                "shares: add --share-prefix, or drop --min-shared")
         conflicts.check(self.features())
 
     def features(self) -> set[str]:
@@ -360,7 +375,7 @@ class PackOptions:
                                                            self.time_limit)),
               "truncate": self.overflow == "truncate", "drop": self.overflow == "drop",
               "group_docs": self.group_docs is not None, "balance": self.balance != "none",
-              "share_prompt": self.share_prompt,
+              "share_prompt": self.share_prompt, "share_prefix": self.share_prefix,
               "holdout": bool(self.valid_docs or self.valid_fraction)}
         return {name for name, used in on.items() if used}
 

@@ -63,7 +63,8 @@ def make_documents(n_docs: int, **kw) -> list[str]:
 
 
 def write_token_corpus(prefix, lengths, *, vocab_size: int = 32_000, seed: int = 0,
-                       chunk_docs: int = 1 << 20, mask: bool = False, parts: int = 1) -> dict:
+                       chunk_docs: int = 1 << 20, mask: bool = False, parts: int = 1,
+                       docs: tuple | None = None) -> dict:
     """A valid token corpus at ``prefix`` (``PREFIX.json``, ``.bin``, ``.boundaries``, with
     ``mask`` a ``.mask``; with ``parts`` > 1 that many parts of consecutive documents,
     ``PREFIX.part-KKKKK.*``) of documents of ``lengths`` with seeded random ids, written a
@@ -99,6 +100,12 @@ def write_token_corpus(prefix, lengths, *, vocab_size: int = 32_000, seed: int =
             n = lengths[a:min(a + chunk_docs, int(cuts[k + 1]))]
             ids = rng.integers(0, vocab_size, size=int(n.sum()), dtype=np.uint32).astype(dtype)
             m = rng.integers(0, 2, size=ids.size, dtype=np.uint8) if mask else None
+            if docs is not None:  # write_docs: these very tokens
+                b = a + n.size
+                ids = np.concatenate([np.zeros(0, dtype)] + [np.asarray(x, dtype)
+                                                             for x in docs[0][a:b]])
+                m = None if not mask else np.concatenate(
+                    [np.zeros(0, np.uint8)] + [np.asarray(x, np.uint8) for x in docs[1][a:b]])
             writer.write(n, ids, m)
         digest = hashlib.sha256(f"synthetic {seed} part {k}".encode()).hexdigest()
         entries.append(writer.finish(name, k, digest, [
@@ -141,3 +148,11 @@ def group_records(n: int, seed: int = 3) -> list[dict]:
     return [{"q": text(rng.integers(3, 40)), "outs": [text(rng.integers(1, 30))
                                                       for _ in range(int(rng.integers(1, 5)))]}
             for _ in range(n)]
+
+
+
+def write_docs(prefix, docs: list, masks: list | None = None, vocab_size: int = 32_000) -> dict:
+    """A valid one-part token corpus at ``prefix`` holding exactly ``docs`` (arrays of ids;
+    ``masks`` their loss masks): records whose tokens a test chooses (shared prefixes)."""
+    return write_token_corpus(prefix, [len(d) for d in docs], vocab_size=vocab_size,
+                              mask=masks is not None, docs=(docs, masks))

@@ -1,14 +1,18 @@
 """Every combination of the layout features is exact or refused by name (issue 38, item 5).
 
 Hypothesis draws a pack (plain documents, pairs or groups; --align, --max-docs, --vsl,
---share-prompt, --overflow, --layout, a tiny --seq-len), a way to read two of its rows
+--share-prompt, --share-prefix, --overflow, --layout, a tiny --seq-len), a way to read two of
+its rows
 (``get(pad_to=, pad_multiple=, per_segment=)``), a collate (``pad_multiple``,
 ``per_segment``, ``max_docs``) and a consumer (``model_inputs`` 4-D mask or varlen
 boundaries, ``block_mask``, ``cp_shard`` balanced or zigzag). Each draw is refused with a
 message naming what :mod:`packtool.conflicts` (or a limit the test computes itself) predicts,
 or the batch is exact: a one-layer attention model in numpy (float64) gives every document
 piece, and every sequence of a pair or group (``sequence_logps``), the log-probabilities it
-gets alone. Packed datasets are shared across draws (one per distinct pack)."""
+gets alone. A --share-prefix pack that is not refused is read through the reader's tree keys
+(the ancestor mask from tree_in/tree_out, two comparisons): every record's path, root to
+leaf, gets the log-probabilities it gets alone. Packed datasets are shared across draws (one
+per distinct pack)."""
 
 import zlib
 from collections import OrderedDict
@@ -33,6 +37,7 @@ from packtool.tokenize import TokenizeOptions, tokenize_files  # noqa: E402
 from packtool.torch import block_mask, model_inputs  # noqa: E402
 from packtool.train import sequence_logps  # noqa: E402
 from packtool.train.cp import cp_shard  # noqa: E402
+from packtool.train.trees import is_shared  # noqa: E402
 
 VOCAB, L, ALIGN, MAX_ALIGN = 2048, 512, 8, 2**20
 V, D = 64, 8  # the model sees token ids modulo V: as exact a test, and cheap
@@ -82,6 +87,7 @@ PACKS = st.fixed_dictionaries({  # weighted toward what packs: most of the time 
     "align": st.sampled_from([None] * 5 + [ALIGN, "cp", "fp8", MAX_ALIGN]),
     "max_docs": st.sampled_from([None] * 3 + [3]), "vsl": st.sampled_from([None] * 5 + ["16:512"]),
     "share_prompt": st.sampled_from([False] * 3 + [True]),
+    "share_prefix": st.sampled_from([False] * 3 + [True]),
     "overflow": st.sampled_from(["split"] * 4 + ["truncate", "drop"]),
     "layout": st.sampled_from(["index", "tokens"])})
 READS = st.fixed_dictionaries({
@@ -95,7 +101,8 @@ def pack_features(p: dict) -> set:
     return {f for f, on in (
         ("groups", p["corpus"] != "plain"), ("plain", p["corpus"] == "plain"),
         ("vsl", p["vsl"]), ("align", p["align"]), ("max_docs", p["max_docs"]),
-        ("share_prompt", p["share_prompt"]), ("truncate", p["overflow"] == "truncate"),
+        ("share_prompt", p["share_prompt"]), ("share_prefix", p["share_prefix"]),
+        ("truncate", p["overflow"] == "truncate"),
         ("drop", p["overflow"] == "drop")) if on}
 
 
@@ -106,6 +113,8 @@ def packed(world, p: dict):
     if key not in cache:
         seq_len = p["align"] if p["align"] == MAX_ALIGN else p["seq_len"]
         opts = {k: v for k, v in p.items() if k not in ("corpus", "seq_len", "align") and v}
+        if p["share_prefix"]:
+            opts["min_shared"] = 2  # the tiny corpora share short beginnings
         opts.update({"cp": {"cp": 4}, "fp8": {"fp8": True}}.get(p["align"], {"align": p["align"]}))
         if p["vsl"]:
             seq_len = None
@@ -127,7 +136,7 @@ def refused_as_predicted(message: str, found: list) -> None:
 
 
 PACK = {"corpus": "plain", "seq_len": L, "align": None, "max_docs": None, "vsl": None,
-        "share_prompt": False, "overflow": "split", "layout": "index"}
+        "share_prompt": False, "share_prefix": False, "overflow": "split", "layout": "index"}
 READ = {"pad_to": False, "pad_multiple": None, "per_segment": False, "collate_multiple": None,
         "collate_per_segment": False, "max_docs": False, "consumer": "4d"}
 DEFECTS = {  # issue 38's combination defects, each the draw that found it
@@ -137,6 +146,15 @@ DEFECTS = {  # issue 38's combination defects, each the draw that found it
     "3 4-D mask of aligned rows": ({"align": ALIGN}, {}),
     "4 alignment the readers refuse": ({"align": MAX_ALIGN}, {}),
     "5 every document dropped": ({"seq_len": 1, "overflow": "drop"}, {}),
+    "6 trees of plain records": ({"share_prefix": True, "overflow": "drop"}, {}),
+    "7 trees of groups": ({"corpus": "groups", "share_prefix": True, "layout": "tokens"}, {}),
+    "8 cp_shard of trees": ({"corpus": "groups", "share_prefix": True},
+                            {"consumer": "balanced"}),
+    "9 trees padded, through block_mask": ({"corpus": "groups", "share_prefix": True},
+                                           {"pad_to": True, "collate_multiple": ALIGN,
+                                            "consumer": "block_mask"}),
+    "10 trees refused by varlen": ({"corpus": "groups", "share_prefix": True},
+                                   {"consumer": "varlen"}),
 }
 
 
@@ -169,7 +187,30 @@ def exact_or_refused(world, p: dict, r: dict) -> None:
         return
     assert err is None, err
     assert len(ds) > 0
+    if p["share_prefix"]:  # the reader's tree keys, then each consumer's (below)
+        expect_trees(world, ds, p["corpus"])
     read(world, ds, p, r)
+
+
+def expect_trees(world, ds, name) -> None:
+    """Every record of two rows: its path (the keys its leaf's last token sees under the
+    ancestor mask) holds its document, at positions 0.., with the log-probs it has alone."""
+    corpus = packtool.open_tokens(world[0] / name)
+    for i in (0, len(ds) - 1):
+        ex = ds[i]
+        tin, tout = ex["tree_in"], ex["tree_out"]
+        n = tin.size
+        q, k = np.arange(n)[:, None], np.arange(n)[None, :]
+        mask = (k <= q) & (tin[k] <= tin[q]) & (tin[q] < tout[k])
+        ids, pos = ex["input_ids"].astype(np.int64), ex["position_ids"]
+        lp = logprobs(ids, pos, mask)
+        for leaf, doc in zip(ex["seq_leaf"], ex["seq_doc"], strict=True):
+            path = np.flatnonzero(mask[np.flatnonzero(tin == leaf)[-1]])
+            piece = np.asarray(corpus[int(doc)], np.int64)
+            assert np.array_equal(ids[path], piece) and np.array_equal(pos[path],
+                                                                       np.arange(piece.size))
+            got = lp[path[:-1], piece[1:] % V].sum()
+            assert abs(got - alone(piece).sum()) < 1e-6 * max(1.0, abs(got))
 
 
 def read(world, ds, p: dict, r: dict) -> None:
@@ -184,6 +225,8 @@ def read(world, ds, p: dict, r: dict) -> None:
               if r["pad_to"] else None)
     used = {"groups"} if groups else set()
     used |= {"share_prompt"} if p["share_prompt"] and groups else set()
+    if any(is_shared(ds[i]) for i in rows):  # a tree row (a row of roots alone is plain)
+        used.add("shared_rows")
     used |= {"per_segment"} if r["per_segment"] or r["collate_per_segment"] else set()
     if r["max_docs"]:
         used.add("collate_max_docs")
@@ -210,10 +253,26 @@ def read(world, ds, p: dict, r: dict) -> None:
     ids, pos = batch["input_ids"][0], batch["position_ids"][0]
     assert mask.shape == (ids.size, ids.size)
     lp = logprobs(ids, pos, mask)
-    if groups:
+    if p["share_prefix"]:
+        expect_paths(world, lp, batch, mask, p["corpus"])
+    elif groups:
         expect_sequences(world, ds, rows, lp, batch, p["corpus"])
     else:
         expect_pieces(world, ds, rows, lp, batch)
+
+
+def expect_paths(world, lp, batch, mask, name) -> None:
+    """A tree row as a consumer collated and masked it: every record's path (the keys its
+    leaf's last token sees) holds its document at positions 0.., with its log-probs alone."""
+    corpus = packtool.open_tokens(world[0] / name)
+    ids, pos, tin = batch["input_ids"][0], batch["position_ids"][0], batch["tree_in"][0]
+    for leaf, doc in zip(batch["seq_leaf"], batch["seq_doc"], strict=True):
+        path = np.flatnonzero(mask[np.flatnonzero(tin == leaf)[-1]])
+        piece = np.asarray(corpus[int(doc)], np.int64)
+        assert np.array_equal(ids[path], piece)
+        assert np.array_equal(pos[path], np.arange(piece.size))
+        got = lp[path[:-1], piece[1:] % V].sum()
+        assert abs(got - alone(piece).sum()) < 1e-6 * max(1.0, abs(got))
 
 
 def attention(batch: dict, consumer: str, padded: bool) -> np.ndarray:

@@ -1,7 +1,8 @@
 """packtool export of pairs and groups: mds and parquet carry a plain pack's groups (seq_group,
 seq_role per segment) and read back equal to the source corpus's roles; every format that
-cannot carry them (megatron, llmc, parquet-packed), and every format for a --share-prompt
-pack, is refused by name with the reason and the fix, and writes nothing."""
+cannot carry them (megatron, llmc, parquet-packed), and every format but parquet (which
+carries the tree, seq_up) for a --share-prompt pack, is refused by name with the reason and
+the fix, and writes nothing."""
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -59,6 +60,23 @@ def test_parquet_carries_groups_and_roles(tmp_path, pairs):
     assert sorted(seen) == sorted(list(range(len(RECORDS))) * 2)
 
 
+def test_parquet_carries_a_shared_prompt_tree(tmp_path, pairs):
+    """A --share-prompt pack (version 6) exports its tree: seq_up per segment and the
+    positions a completion continues from its prompt with, as the reader gives them."""
+    _, packed = pairs
+    ds = open_packed(packed[True])
+    export(packed[True], "parquet", tmp_path / "s.parquet")
+    rows = pq.read_table(tmp_path / "s.parquet").to_pylist()
+    assert len(rows) == len(ds)
+    for i, row in enumerate(rows):
+        ex = ds[i]
+        up = np.asarray(row["seq_up"])
+        assert np.array_equal(np.where(up > 0, np.arange(up.size) - up, -1), ex["seg_parent"])
+        assert row["position_ids"] == ex["position_ids"].tolist()
+        assert row["labels"] == ex["labels"].tolist()
+        assert [r for r in row["seq_role"] if r] == ex["seq_role"].tolist()
+
+
 def test_mds_carries_groups_and_roles(tmp_path, pairs):
     corpus, packed = pairs
     ds = open_packed(packed[False])
@@ -81,7 +99,6 @@ def test_mds_carries_groups_and_roles(tmp_path, pairs):
     ("megatron", True, "GPTDataset has no notion of a group"),
     ("parquet-packed", False, "GPTSFTPackedParquetDataset has no group or role"),
     ("parquet-packed", True, "GPTSFTPackedParquetDataset has no group or role"),
-    ("parquet", True, "attend within your own segment"),
     ("mds", True, "attend within your own segment"),
 ])
 def test_packed_formats_that_cannot_carry_groups_are_refused(tmp_path, pairs, fmt, share, why):

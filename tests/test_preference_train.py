@@ -305,9 +305,9 @@ def test_one_version_one_layout_and_old_pairs_still_read(pairs, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma"])
 def test_share_prompt_rows_within_1e5_per_token_on_three_architectures(pairs, arch):
-    """Issue 41.3 through today's pack --share-prompt (version 5, seg_prompt alone: the
-    depth-1 tree): each sequence's log-probability within 1e-5 per completion token of the
-    sequence alone, through block_mask (FlexAttention) and the 4-D mask (eager, sdpa)."""
+    """Issue 41.3 through pack --share-prompt (the depth-1 tree): each sequence's
+    log-probability within 1e-5 per completion token of the sequence alone, through
+    block_mask (FlexAttention) and the 4-D mask (eager, sdpa)."""
     import warnings
 
     from packtool.train import conformance as cf

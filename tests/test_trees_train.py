@@ -199,6 +199,23 @@ def test_collation_and_padding_keep_the_tree(row, pad):
     assert t1.parent[-1] == -1 and np.array_equal(one["tree_out"], t1.tree_out)
 
 
+def test_an_old_batch_with_seg_prompt_alone_reads_as_the_depth_1_tree():
+    """Batches from before trees name a completion's prompt in seg_prompt only."""
+    packs = [build_pack([(g, TREES[3][1])], seed=g)[0] for g in (3, 4)]
+    olds = [{**{k: v for k, v in p.items() if k != "seg_parent"}, "seg_prompt": p["seg_parent"]}
+            for p in packs]
+    old = olds[0]
+    a, b = collate_numpy(packs), collate_numpy(olds)
+    assert np.array_equal(b["seg_parent"], a["seg_parent"])
+    assert np.array_equal(b["seg_prompt"], b["seg_parent"])
+    assert np.array_equal(allowed(b), allowed(a))
+    logits = torch.randn(1, a["input_ids"].shape[1], VOCAB)
+    got, want = (sequence_logps(logits, tensors(x)) for x in (b, a))
+    assert got.keys() == want.keys() and all(float(got[k]) == float(want[k]) for k in got)
+    plain = dict(old, seg_prompt=np.full_like(old["seg_prompt"], -1))
+    assert not np.array_equal(allowed(collate_numpy([plain])), allowed(collate_numpy([old])))
+
+
 def test_a_broken_tree_is_refused_by_name(row):
     packs, _ = row
     batch = collate_numpy(packs)

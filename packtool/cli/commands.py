@@ -24,13 +24,14 @@ RUN_FIELDS = ("executor", "ray_address", "tasks", "task", "finalize")
 TOKENIZE_FIELDS = ("text_field", "txt_split", "bos", "eos", "special_tokens",
                    "skip_bad_records", "max_record_bytes", "prompt_field", "completion_field",
                    "messages_field", "chosen_field", "rejected_field", "completions_field",
-                   "rewards_field", "chat_template", "train_on", "max_render_chars",
+                   "rewards_field", "tree_field", "chat_template", "train_on", "max_render_chars",
                    "render_timeout", "workers", "batch_size", "engine", "engine_check",
                    "part_bytes", "overwrite")
 PACK_FIELDS = ("seq_len", "algo", "layout", "source_check", "overflow", "seed", "shuffle",
                "shard_size", "tokens", "valid_docs", "valid_fraction", "group_docs", "balance",
                "balance_ranks", "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id",
-               "max_docs", "share_prompt", "max_depth", "work_limit", "time_limit", "vsl")
+               "max_docs", "share_prompt", "share_prefix", "min_shared", "max_depth",
+               "work_limit", "time_limit", "vsl")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 ALIGN_FIELDS = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
 
@@ -180,7 +181,7 @@ def verify(ctx, path, sources, as_json):
               help="Report on lengths alone: a local .npy of document lengths or a "
                    "length,count CSV (a small file: copy it here from a store).")
 @fields(PackOptions, "seq_len", "overflow", *PACKER_FIELDS, *ALIGN_FIELDS, "seed", "vsl",
-        "share_prompt",
+        "share_prompt", "share_prefix", "min_shared",
         vsl={"help": "Also predict the rows pack --vsl MIN:MAX writes: rows per length, "
              "remnant rows and their share of the tokens."},
         seq_len={"required": False, "multiple": True, "type": ("ints", 1, 2**31 - 1),

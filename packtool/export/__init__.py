@@ -213,15 +213,22 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
 
 
 def refuse_groups(source, kind: str, fmt: str, src) -> None:
-    """Pairs or groups refused where ``fmt`` cannot carry them (:data:`NO_GROUPS`), and a
-    --share-prompt pack everywhere (:mod:`packtool.conflicts`)."""
+    """Pairs or groups refused where ``fmt`` cannot carry them (:data:`NO_GROUPS`), and prefix
+    trees (--share-prompt, --share-prefix) everywhere but parquet, which carries ``seq_up``
+    (:mod:`packtool.conflicts`)."""
     groups = source.groups if kind == "corpus" else source.index.get("groups")
+    trees = None if kind == "corpus" else source.index.get("trees")
+    if trees and trees.get("min_shared") and fmt != "parquet":
+        from .. import conflicts
+
+        conflicts.check({"share_prefix", "export_segments"},
+                        f"{src} holds prefix trees; --format {fmt} cannot carry them")
     if not groups:
         return
     reason = NO_GROUPS.get(fmt)
     what = "preference pairs" if groups["kind"] == "pairs" else "groups of completions"
     shared = " packed with --share-prompt" if groups.get("share_prompt") else ""
-    if reason is None and shared:
+    if reason is None and shared and fmt != "parquet":
         from .. import conflicts
 
         conflicts.check({"share_prompt", "export_segments"},

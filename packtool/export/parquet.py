@@ -8,7 +8,11 @@ else a directory with one file per packed shard and a .packtool-export.json)::
       seq_lengths   list<int32>   segment lengths: cu_seqlens = [0, *cumsum(seq_lengths)]
       seq_group     list<int64>   pairs and groups only: each segment's group (a segment is one
       seq_role      list<int32>   sequence, prompt + completion) and role: 1 chosen, 2 rejected,
-                                  3 + k completion k (a --share-prompt pack is refused)
+                                  3 + k completion k (0 a shared segment, 65535 a plain record)
+      seq_up        list<int32>   prefix trees only (--share-prompt, --share-prefix): segments
+                                  back to each segment's parent in the row (0 a root), in
+                                  pre-order; position_ids continue from the parent path's end
+                                  and a token sees its segment and its ancestors (FORMAT.md)
 
     parquet-packed   NVIDIA Megatron-Bridge ``GPTSFTPackedParquetDataset`` (zstd, *.idx.parquet)
       input_ids     list<int32>   tokens of the pack
@@ -44,6 +48,9 @@ ROWS_PER_GROUP = 1024
 def _columns(ds, k: int, lo: int, hi: int) -> dict:
     """Packs lo..hi-1 of shard k as flat numpy columns plus list offsets."""
     r = ds.read_range(k, lo, hi, pads=True)
+    tree = {}
+    if ds.index.get("trees") or (ds.index.get("groups") or {}).get("share_prompt"):
+        tree = {"seq_up": r["seg_up"], "position_ids": tree_positions(r)}
     return {
         "tokens": r["ids"].astype(np.int32), "labels": r["labels"].astype(np.int32),
         "tok_off": r["pack_tok"].astype(np.int32), "seg_off": r["pack_seg"].astype(np.int32),
@@ -51,8 +58,19 @@ def _columns(ds, k: int, lo: int, hi: int) -> dict:
         "seq_lengths": r["seg_length"].astype(np.int32),
         "position_ids": r["positions"].astype(np.int32),
         **({"seq_group": r["seg_group"], "seq_role": r["seg_role"]} if "seg_group" in r
-           else {}),
+           else {}), **{k: v.astype(np.int32) for k, v in tree.items()},
     }
+
+
+def tree_positions(r: dict) -> np.ndarray:
+    """Each token's position in a tree row: continuing from its parent path's end."""
+    from ..formats.packed.groups import tree_shape
+
+    ps, ln = r["pack_seg"], r["seg_length"]
+    before = [tree_shape(r["seg_up"][a:b], ln[a:b])[2]
+              for a, b in zip(ps[:-1].tolist(), ps[1:].tolist(), strict=True)]
+    shift = np.concatenate([np.zeros(0, np.int64), *before])
+    return np.asarray(r["positions"], np.int64) + np.repeat(shift, ln)
 
 
 def hf_table(ds, k: int, lo: int, hi: int):
@@ -66,7 +84,7 @@ def hf_table(ds, k: int, lo: int, hi: int):
         "position_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["position_ids"])),
         "seq_lengths": pa.ListArray.from_arrays(seg_off, pa.array(c["seq_lengths"])),
     }
-    for name in ("seq_group", "seq_role"):  # pairs and groups, plain layout: one a sequence
+    for name in ("seq_group", "seq_role", "seq_up"):  # pairs and groups, trees
         if name in c:
             cols[name] = pa.ListArray.from_arrays(seg_off, pa.array(c[name]))
     return pa.table(cols)

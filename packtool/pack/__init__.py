@@ -11,6 +11,7 @@ staging folder swapped in, or a bucket's index put last). The modules:
     order.py      the packs' output order (seeded shuffle, --balance attention)
     vsl.py        --vsl MIN:MAX: documents cut into power-of-two rows
     pairs.py      preference pairs and groups: a group is one item to the packer
+    trees.py      --share-prefix: the token trie of records that begin alike, a tree an item
     mixture.py    PREFIX:FACTOR repeats and the held-out split, from lengths alone
     selection.py  the mixture's draws as bitmaps, for --group-docs
     flow.py       sources opened and the plan turned into jobs: the whole corpus planned

@@ -148,8 +148,10 @@ def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
     table = group_table(corpora)
     conflicts.check(options.features() | {"groups" if table is not None else "plain"}
                     | ({"mixture"} if any(f != 1 for f in factors) else set()))
+    trees = bool(options.share_prompt or options.share_prefix)
     target = pj.Target(staging, tuple(str(c.prefix) for c in corpora), stored["dtypes"],
-                       options.layout, stored["mask_storage"], table is not None)
+                       options.layout, stored["mask_storage"], table is not None or trees,
+                       trees)
     flow = StreamedPlan(corpora, factors, options, target, digest) if options.group_docs else \
         WholeCorpusPlan(corpora, factors, options, target, digest, table)
     pj.provide_sources(target.prefixes, corpora)
@@ -163,6 +165,12 @@ class WholeCorpusPlan:
         t0 = time.perf_counter()
         self.corpora, self.factors, self.options = corpora, factors, options
         lengths = read_lengths(corpora)
+        if options.share_prefix:  # prefix trees: packtool.pack.trees
+            from .trees import plan_trees
+
+            self.layout = plan_trees(lengths, options, table, corpora)
+            self._ready({"train": self.layout}, digest, target, t0)
+            return
         if table is not None:  # pairs and groups: packtool.pack.pairs
             from .pairs import plan_grouped
 

@@ -39,10 +39,10 @@ def histogram(layout: PackLayout, chunk: int = 1 << 22) -> np.ndarray:
 
 def metrics(layout: PackLayout) -> dict:
     rep = layout.report
-    g = getattr(layout, "groups", None)
     seqs = None
-    if g and g["share_prompt"]:  # a kept group's shared prompt: a segment, not a sequence
-        seqs = layout.counts["n_segments"] - (g["n_groups"] - g["n_dropped_groups"])
+    if getattr(layout, "trees", None):  # a shared segment: a segment, not a sequence
+        r = layout.rounds[0]
+        seqs = int(np.count_nonzero((r.table_length > 0) & (r.role != 0)))
     return histogram_metrics(histogram(layout), layout.options.seq_len, layout.n_packs,
                              rep.lp_bound, rep.lp_converged, seqs)
 
@@ -57,7 +57,9 @@ def storage(corpora: list, options: PackOptions, longest: int) -> dict:
     dtypes = v2_dtypes(token_dtype=token_dtype, seq_len=options.seq_len, n_docs=n_docs,
                        max_doc_len=longest,
                        max_shard_tokens=options.shard_size + options.seq_len)
-    if any(c.groups for c in corpora):  # a segment's group: one index over the sources
+    if options.share_prefix and not any(c.groups for c in corpora):  # a record set's index
+        dtypes["group"] = dtypes["document"]
+    elif any(c.groups for c in corpora):  # a segment's group: one index over the sources
         from ..formats.packed.schema import narrowest
 
         dtypes["group"] = narrowest(max(sum(c.groups["n_groups"] for c in corpora if c.groups)
@@ -142,14 +144,15 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
             "solver": rep.to_json(),
             "split": split, "held_out": held_out,
             "sources": source_entries(layout, corpora, factors, folder), **vsl_entry(layout),
-            **({"groups": layout.groups} if getattr(layout, "groups", None) else {})}
+            **({"groups": layout.groups} if getattr(layout, "groups", None) else {}),
+            **({"trees": layout.trees} if getattr(layout, "trees", None) else {})}
 
 
 def recorded_overflow(layout: PackLayout) -> str:
     """What index.json (and pack's --json) records of --overflow: the option as given, or for
     pairs and groups, which are never cut, what was done with one over --seq-len: "refuse"
     (the default ``split`` too) or "drop"."""
-    grouped = getattr(layout, "groups", None)
+    grouped = getattr(layout, "groups", None) or getattr(layout, "trees", None)
     return group_overflow(layout.options.overflow) if grouped else layout.options.overflow
 
 

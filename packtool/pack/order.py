@@ -14,12 +14,12 @@ def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> 
     (:func:`packtool.formats.packed.balance.like_cost_order`), the shuffled order kept
     within a class."""
     from ..formats.packed.balance import like_cost_order
-    from ..formats.packed.layout import shared_prompt_terms
+    from ..formats.packed.layout import ancestor_terms
 
     lengths = np.concatenate([r.table_length for r in rounds]).astype(np.float64)
     terms = lengths ** 2
-    if len(rounds) == 1 and getattr(rounds[0], "role", None) is not None:  # pairs, groups
-        terms += shared_prompt_terms(lengths, rounds[0].role, rounds[0].group)
+    if len(rounds) == 1 and getattr(rounds[0], "up", None) is not None:  # trees
+        terms += ancestor_terms(lengths, rounds[0].up)
     ok = packs >= 0
     costs = np.bincount(packs[ok], weights=terms[ok], minlength=rank.size)
     by_position = np.argsort(rank)

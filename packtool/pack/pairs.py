@@ -51,6 +51,7 @@ class GroupSegments:
     split_docs: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     split_pieces: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     n_dropped_groups: int = 0  # over seq_len with --overflow drop (not a group of 0 tokens)
+    up: np.ndarray | None = None  # a tree's: entries back to the parent, within its item
 
     def locate(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         index = np.asarray(index, np.int64)
@@ -115,6 +116,11 @@ def group_segments(lengths: np.ndarray, table: GroupTable, share: bool, seq_len:
     dropped = np.isin(group, over)
     seg_len[dropped] = 0
     items[over] = 0
+    up = None
+    if share:  # a completion's parent: its group's prompt, unless that is empty
+        kc = np.cumsum(seg_len > 0)
+        pe = at[table.group[seg_doc]]
+        up = np.where(~is_p & (seg_len > 0) & (seg_len[pe] > 0), kc - kc[pe], 0)
     counts = {"n_docs": n_docs, "n_empty": int(np.count_nonzero(lengths == 0)),
               "n_overlong": int(np.isin(table.group, over).sum()), "n_split": 0,
               "n_split_pieces": 0, "n_truncated": 0, "n_truncated_tokens": 0,
@@ -122,7 +128,7 @@ def group_segments(lengths: np.ndarray, table: GroupTable, share: bool, seq_len:
               "n_dropped_tokens": int(lengths[np.isin(table.group, over)].sum()),
               "n_segments": int(np.count_nonzero(seg_len)), "n_tokens": int(seg_len.sum())}
     segs = GroupSegments(seg_len, seg_doc, seg_off, group, role, seq_len, counts,
-                         n_dropped_groups=int(over.size))
+                         n_dropped_groups=int(over.size), up=up)
     return segs, group, items
 
 
@@ -133,6 +139,24 @@ def plan_grouped(lengths: np.ndarray, options: PackOptions, table: GroupTable) -
     group_overflow(options.overflow)
     segs, item, items = group_segments(lengths, table, options.share_prompt, options.seq_len,
                                        options.overflow)
+    groups = {"kind": table.kind, "share_prompt": bool(options.share_prompt),
+              "n_groups": table.n_groups, "n_dropped_groups": segs.n_dropped_groups}
+    trees = None
+    if options.share_prompt:  # the depth-1 tree: a prompt, each completion its child
+        kept = segs.table_length > 0
+        trees = {"source": "groups", "min_shared": None,
+                 "n_trees": int(table.n_groups - segs.n_dropped_groups), "n_split_trees": 0,
+                 "n_shared_segments": int(np.count_nonzero(kept & (segs.role == PROMPT_ROLE))),
+                 "n_tokens_flat": int(lengths.sum() - segs.counts["n_dropped_tokens"]),
+                 "n_tokens_stored": int(segs.table_length.sum())}
+    return layout_of(segs, item, items, options, groups, trees)
+
+
+def layout_of(segs, item: np.ndarray, items: np.ndarray, options: PackOptions,
+              groups: dict | None, trees: dict | None) -> PackLayout:
+    """The layout of items (groups, trees) of table entries ``segs`` (``item`` per entry,
+    ``items`` each item's tokens): packed whole, each item's entries together in its row in
+    table order; packs shuffled and sharded as :func:`plan_pack` does."""
     packing = run_packer(items, options.seq_len, options.algo, options.packer_options())
     n_packs = packing.report.n_packs
     packs = packing.packs[item]
@@ -144,9 +168,7 @@ def plan_grouped(lengths: np.ndarray, options: PackOptions, table: GroupTable) -
                                        np.int32 if packs.size < 2**31 else np.int64)
     layout = PackLayout(options, segs.counts, [segs], order, pack_nseg, np.zeros(1, np.int64),
                         packing.report)
-    layout.groups = {"kind": table.kind, "share_prompt": bool(options.share_prompt),
-                     "n_groups": table.n_groups,
-                     "n_dropped_groups": segs.n_dropped_groups}
+    layout.groups, layout.trees = groups, trees
     pack_len = layout.pack_lengths()
     if n_packs and int(pack_len.max()) > options.seq_len:  # a packer bug never reaches disk
         raise RuntimeError(f"packer {options.algo} made a pack of {int(pack_len.max())} "
@@ -155,8 +177,8 @@ def plan_grouped(lengths: np.ndarray, options: PackOptions, table: GroupTable) -
     return layout
 
 
-def shard_groups(layout: PackLayout, segs: slice) -> tuple[np.ndarray, np.ndarray]:
-    """(group, role) of a shard's segments in output order."""
+def shard_groups(layout: PackLayout, segs: slice) -> tuple:
+    """(group, role, seg_up or None) of a shard's segments in output order."""
     r = layout.rounds[0]
     idx = layout.order[segs]
-    return r.group[idx], r.role[idx]
+    return r.group[idx], r.role[idx], None if r.up is None else r.up[idx]

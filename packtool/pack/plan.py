@@ -128,7 +128,7 @@ class PackLayout:
 
     def pack_sums(self) -> tuple[np.ndarray, np.ndarray]:
         """(tokens as int64, attention cost as float64: the sum of squared segment lengths,
-        with shared prompts :func:`~packtool.formats.packed.layout.attention_costs`'s term)
+        in trees :func:`~packtool.formats.packed.layout.attention_costs`'s ancestor term)
         per pack, made once, a chunk of segments at a time, and kept: 16 bytes a pack,
         one gather of the segment lengths for the shard plan, the jobs' weights and the
         index's figures (at 1e8 documents each gather took ~2.6 s)."""
@@ -137,17 +137,15 @@ class PackLayout:
 
             tokens = np.empty(self.n_packs, np.int64)
             costs = np.empty(self.n_packs, np.float64)
-            # pairs and groups: with shared prompts, completions see them
+            # prefix trees: a segment sees its ancestors (seg_up per table entry)
             r = self.rounds[0] if len(self.rounds) == 1 else None
-            roles = getattr(r, "role", None)
+            ups = getattr(r, "up", None)
             for p0, p1, at, lengths in self.pack_chunks():
                 tokens[p0:p1] = np.add.reduceat(lengths, at, dtype=np.int64)
-                idx = (None if roles is None else
+                idx = (None if ups is None else
                        self.order[int(self.seg_first[p0]):int(self.seg_first[p1])])
-                costs[p0:p1] = attention_costs(
-                    lengths, np.append(at, lengths.size),
-                    seg_role=None if idx is None else roles[idx],
-                    seg_group=None if idx is None else r.group[idx])
+                costs[p0:p1] = attention_costs(lengths, np.append(at, lengths.size),
+                                               seg_up=None if idx is None else ups[idx])
             self.sums = (tokens, costs)
         return self.sums
 

@@ -43,6 +43,7 @@ class Target:
     layout: str
     mask_storage: str | None
     grouped: bool = False      # pairs/groups: seg_group and seg_role beside the segments
+    trees: bool = False        # prefix trees (version 6): seg_up too
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class ShardJob:
     seg_length: np.ndarray
     digest: str
     target: Target
-    groups: dict | None = None  # pairs/groups: {"seg_group", "seg_role"} per segment
+    groups: dict | None = None  # pairs/groups: {"seg_group", "seg_role"(, "seg_up")}
 
     @property
     def n_tokens(self) -> int:
@@ -107,8 +108,10 @@ class ShardJobs(Sequence):
         if self.target.grouped:
             from .pairs import shard_groups
 
-            g, r = shard_groups(layout, segs)
+            g, r, up = shard_groups(layout, segs)
             groups = {"seg_group": stored(g, dtypes["group"]), "seg_role": stored(r, "<u2")}
+            if self.target.trees:
+                groups["seg_up"] = stored(up, dtypes["length"])
         h = hashlib.sha256(json.dumps({**self.common, "split": split, "k": k},
                                       sort_keys=True).encode())
         for arr in (*arrays, *(groups or {}).values()):
@@ -182,7 +185,7 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
         corpora = sources(t.prefixes) if t.layout == "tokens" else None
         writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage,
                              gather=None if corpora is None else gatherer(corpora),
-                             grouped=t.grouped)
+                             grouped=t.grouped, trees=t.trees)
         entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
                              job.seg_length, tick, groups=job.groups)
         write_new(tmp / "record.json", json.dumps(fe.shard_entry(job.digest, entry)))

@@ -63,17 +63,19 @@ class ReadOptions:
     rejected_field: str | None = None
     completions_field: str | None = None
     rewards_field: str | None = None
+    tree_field: str | None = None         # a record's tree id (Tagged), for pack --share-prefix
     render_prompt: Callable | None = None  # a chat prompt, rendered with the generation prompt
     group: Callable | None = None          # (record, self) -> its GroupRecord
 
     @property
     def fields(self) -> list[str]:
         """The record fields this mode reads (a Parquet reader selects their columns)."""
+        tree = [self.tree_field] if self.tree_field else []
         if self.mode == "text":
-            return [self.text_field]
+            return [self.text_field, *tree]
         return [f for f in (self.prompt_field, self.completion_field, self.messages_field,
                             self.chosen_field, self.rejected_field, self.completions_field,
-                            self.rewards_field) if f]
+                            self.rewards_field) if f] + tree
 
     @property
     def mode(self) -> str:
@@ -86,7 +88,14 @@ class ReadOptions:
         return "text"
 
     def extract(self, obj):
-        """The record's document: a str, a (prompt, completion) pair, or a message list."""
+        """The record's document: a str, a (prompt, completion) pair, or a message list
+        (with ``tree_field``, :class:`Tagged` with its tree id)."""
+        doc = self._extract(obj)
+        if self.tree_field is None:
+            return doc
+        return Tagged(doc, tree_id(get_field(obj, self.tree_field), self.tree_field))
+
+    def _extract(self, obj):
         if self.mode == "text":
             return check_text(get_field(obj, self.text_field), self.text_field)
         if self.mode in ("pairs", "completions"):  # .groups.extract_group, set by the caller
@@ -104,6 +113,29 @@ class ReadOptions:
             return self.render(messages)
         except PacktoolError as e:  # the template refused this conversation
             raise BadRecord(getattr(e, "reason", "chat_template"), str(e)) from None
+
+
+@dataclass(frozen=True)
+class Tagged:
+    """A record's document and its tree id (``--tree-field``)."""
+
+    doc: object
+    tree: int
+
+    def utf8_size(self) -> int:
+        return utf8_size(self.doc)
+
+
+def tree_id(value, key: str) -> int:
+    """A tree id (any JSON value but null) as 64 bits: the first 8 bytes of the blake2b of
+    its canonical JSON, little-endian (equal ids, equal numbers; docs/FORMAT.md)."""
+    import hashlib
+    import json
+
+    if value is None:
+        raise BadRecord("missing_field", f"field {key!r} (--tree-field) is null")
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 class BadRecord(Exception):

@@ -87,8 +87,16 @@ def stats(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch_
           algos: str | None = None, progress: bool = False, step_plan: str | None = None,
           **options) -> StatsResult:
     """:func:`report`, and with ``step_plan`` ("WORLD:MAX_TOKENS[:SEQS]") the lengths planned
-    as training steps (:func:`step_plan_report`)."""
+    as training steps (:func:`step_plan_report`); with ``share_prefix`` (and ``min_shared``)
+    the packs and tokens ``pack --share-prefix`` writes (:func:`.groups.prefix_stats`)."""
+    prefix = {k: options.pop(k) for k in ("share_prefix", "min_shared") if k in options}
     result = report(paths, lengths_file, seq_lens, batch_size, algos, progress, **options)
+    if prefix.get("share_prefix") or prefix.get("min_shared") is not None:
+        from .groups import prefix_stats
+
+        with shown(progress):
+            prefix_stats(result, paths, lengths_file, seq_lens or DEFAULT_SEQ_LENS, algos,
+                         options, **prefix)
     if step_plan is not None:
         if result.report["kind"] == "packed" or "groups" in result.report:
             raise PacktoolError("--step-plan plans plain sequences from their lengths: pass "

@@ -73,3 +73,75 @@ def groups_text(rep: dict) -> list[str]:
                        + ("" if g["share_prompt"] else ", pass --share-prompt")
                        + " or --overflow drop")
     return out
+
+
+def prefix_stats(result, paths, lengths_file, seq_lens, algos, options: dict,
+                 share_prefix: bool = False, min_shared: int | None = None) -> None:
+    """``stats --share-prefix``: ``result``'s report gains ``share_prefix``
+    (:func:`prefix_report`), refused as ``pack`` refuses."""
+    from ..errors import PacktoolError
+    from ..formats.tokens.groups import group_table
+    from ..pack import open_sources
+
+    aligned = any(options.get(k) for k in ALIGNING)
+    conflicts.check({"share_prefix"} | ({"vsl"} if options.get("vsl") else set())
+                    | ({"max_docs"} if options.get("max_docs") else set())
+                    | ({"align"} if aligned else set())
+                    | ({"share_prompt"} if options.get("share_prompt") else set()))
+    if not share_prefix:
+        raise PacktoolError(f"--min-shared {min_shared} sets what --share-prefix shares: add "
+                            "--share-prefix, or drop --min-shared")
+    if lengths_file or result.report["kind"] == "packed":
+        raise PacktoolError("--share-prefix needs the tokens (records that begin alike): "
+                            "pass token-file prefixes, not --lengths or a packed dataset")
+    corpora = open_sources(list(paths))
+    result.report["share_prefix"] = prefix_report(
+        corpora, result.lengths, group_table(corpora), seq_lens, options.get("seed", 0),
+        options.get("overflow", "split"), min_shared,
+        "bfd" if algos in (None, "all") else algos.split(",")[0])
+
+
+def prefix_report(corpora: list, lengths: np.ndarray, table, seq_lens, seed: int,
+                  overflow: str, min_shared: int | None, algo: str) -> dict:
+    """``stats --share-prefix``: per seq_len, the packs and tokens ``pack --share-prefix``
+    writes, from its own planner (:func:`packtool.pack.trees.plan_trees`, no disk), so the
+    prediction is exact: tokens stored against each record whole, and the packs."""
+    from ..errors import PacktoolError
+    from ..options import PackOptions
+    from ..pack.trees import MIN_SHARED, corpus_reader, plan_trees
+
+    read = corpus_reader(corpora)
+    out = []
+    for L in seq_lens:
+        opts = PackOptions(seq_len=int(L), share_prefix=True, min_shared=min_shared,
+                           overflow=overflow, seed=seed, algo=algo)
+        try:
+            lay = plan_trees(lengths, opts, table, read)
+        except PacktoolError as e:  # what pack refuses at this seq_len, said
+            out.append({"seq_len": int(L), "refused": str(e)})
+            continue
+        t = lay.trees
+        out.append({"seq_len": int(L), "refused": None, "n_packs": lay.n_packs,
+                    "n_tokens_flat": t["n_tokens_flat"], "n_tokens": t["n_tokens_stored"],
+                    "tokens_saved": t["n_tokens_flat"] - t["n_tokens_stored"],
+                    "ratio": t["n_tokens_flat"] / max(t["n_tokens_stored"], 1),
+                    "efficiency": t["n_tokens_stored"] / max(lay.n_packs * int(L), 1),
+                    "n_trees": t["n_trees"], "n_split_trees": t["n_split_trees"],
+                    "n_shared_segments": t["n_shared_segments"],
+                    "n_dropped": lay.counts["n_dropped"]})
+    return {"min_shared": min_shared or MIN_SHARED, "algo": algo, "seq_lens": out}
+
+
+def prefix_text(rep: dict) -> list[str]:
+    """The lines ``stats --share-prefix`` adds to the text report."""
+    t = rep["share_prefix"]
+    out = [f"--share-prefix (--min-shared {t['min_shared']}, {t['algo']}): what pack writes"]
+    for s in t["seq_lens"]:
+        if s["refused"]:
+            out.append(f"  at {s['seq_len']:,}: pack refuses: {s['refused']}")
+            continue
+        out.append(f"  at {s['seq_len']:,}: {s['n_packs']:,} packs, {s['n_tokens']:,} tokens "
+                   f"stored of {s['n_tokens_flat']:,} ({s['ratio']:.2f}x fewer, "
+                   f"{s['tokens_saved']:,} saved), efficiency {s['efficiency']:.4f}, "
+                   f"{s['n_trees']:,} trees ({s['n_split_trees']:,} record sets cut to fit)")
+    return out

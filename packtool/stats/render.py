@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import PacktoolError
 from .corpus import advice
-from .groups import groups_advice, groups_text
+from .groups import groups_advice, groups_text, prefix_text
 
 BARS = " ▏▎▍▌▋▊▉█"
 
@@ -27,6 +27,7 @@ def render_corpus(rep: dict) -> str:
         f"{rep['source'] or 'lengths'}: {rep['n_docs']:,} {unit}, {rep['n_tokens']:,} "
         f"tokens, {rep['n_empty']:,} empty",
         *(groups_text(rep) if "groups" in rep else []),
+        *(prefix_text(rep) if "share_prefix" in rep else []),
         f"length: min {L['min']:,}  mean {L['mean']:,.1f}  p50 {L['p50']:,.0f}  "
         f"p90 {L['p90']:,.0f}  p99 {L['p99']:,.0f}  max {L['max']:,}",
         "",

@@ -23,7 +23,7 @@ from . import flock
 
 TEMP_KINDS = "tmp|old|commit|jtmp"
 # the files of one prefix share its lock
-_SUFFIXES = r"(?:\.(?:bin|boundaries|mask|roles|prompt|rewards|json|idx))?"
+_SUFFIXES = r"(?:\.(?:bin|boundaries|mask|roles|prompt|rewards|tree|json|idx))?"
 
 
 def tagged_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:

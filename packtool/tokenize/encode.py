@@ -79,6 +79,20 @@ def _messages(with_offsets, rendered, dtype):
     return lengths, ids, mask
 
 
+def tree_encoder(encode):
+    """``encode`` of records tagged with their tree id (``--tree-field``,
+    :class:`packtool.sources.records.Tagged`): its result, then the id of every document
+    (a group's for each of its sequences)."""
+    def run(records, pick=None):
+        docs = [r.doc for r in records]
+        out = encode(docs, pick)
+        per = [len(d.completions) if hasattr(d, "completions") else 1 for d in docs]
+        trees = np.repeat(np.array([r.tree for r in records], np.uint64), per)
+        return (*out, None, trees) if len(out) == 3 else (*out, trees)
+
+    return run
+
+
 def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
                  mode: str = "text", renderer=None, engine=None):
     """Return ``encode(records, pick=None) -> (lengths int64, tokens dtype, mask or None)``.

@@ -176,7 +176,7 @@ def data_keys(opts: TokenizeOptions) -> list[str]:
     keys = ["bin", "boundaries"] + (["mask"] if opts.mode != "text" else [])
     if opts.group_kind:
         keys += ["roles", "prompt"] + (["rewards"] if opts.rewards_field else [])
-    return keys
+    return keys + (["tree"] if opts.tree_field else [])
 
 
 def _write(job: PartJob, tick, s) -> dict:
@@ -191,7 +191,7 @@ def _write(job: PartJob, tick, s) -> dict:
     keys = data_keys(opts)
     outputs = [files[k] for k in keys] + [plan.part_manifest(part)]
     # an overwritten SFT or group part's extra files go too
-    stale = [files[k] for k in ("mask", *GROUP_KEYS) if k not in keys]
+    stale = [files[k] for k in ("mask", *GROUP_KEYS, "tree") if k not in keys]
     if opts.overwrite:  # the manifest being replaced leaves in the first part's commit
         stale.append(plan.json_path)
     prefix = plan.part_prefix(part)

@@ -27,7 +27,8 @@ NOT_IN_DIGEST = {"workers", "batch_size", "batch_bytes", "overwrite", "long_reco
 
 
 # the pair/group fields count only when given: a corpus without them keeps its digest
-GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field")
+GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field",
+                "tree_field")
 
 
 def _sha(obj) -> str:

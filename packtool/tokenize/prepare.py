@@ -98,7 +98,7 @@ def _read_opts(opts: TokenizeOptions) -> ReadOptions:
                        max_record_bytes=opts.max_record_bytes, chosen_field=opts.chosen_field,
                        rejected_field=opts.rejected_field,
                        completions_field=opts.completions_field,
-                       rewards_field=opts.rewards_field,
+                       rewards_field=opts.rewards_field, tree_field=opts.tree_field,
                        group=extract_group if opts.group_kind else None)
 
 
@@ -119,7 +119,8 @@ def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bo
                         **{k: getattr(opts, k) for k in GROUP_FIELDS if getattr(opts, k)}}}
 
 
-GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field")
+GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field",
+                "tree_field")
 
 
 def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = None) -> Setup:
@@ -147,6 +148,10 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
     engine = engine_for(opts, tok_path, mode == "messages", fallback)
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id,
                           None if mode == "messages" else eos_id, mode, engine=engine)
+    if opts.tree_field:  # records tagged with their tree id: packtool.sources.records
+        from .encode import tree_encoder
+
+        encode = tree_encoder(encode)
     meta = _meta(tokenizer, tok_path, tok_sha256, vocab_size, dtype, bos_id, eos_id, opts,
                  template_from)
     return Setup(tok, tok_path, dtype, meta, read_opts, engine, encode, warnings)

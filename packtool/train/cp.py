@@ -101,7 +101,7 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
         if mode == "zigzag":
             from .. import conflicts
 
-            conflicts.check({"share_prompt", "cp_zigzag"}, "this row shares prefixes")
+            conflicts.check({"shared_rows", "cp_zigzag"}, "this row shares prefixes")
         tree = row_tree(example)
     tokens, real, padded = _row(example)
     if mode == "zigzag":

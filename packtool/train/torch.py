@@ -135,7 +135,7 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0,
     if _shared(batch):
         from .. import conflicts
 
-        conflicts.check({"share_prompt", "varlen"}, "this batch shares prompts")
+        conflicts.check({"shared_rows", "varlen"}, "this batch shares prefixes")
     keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
                          if varlen else ())
     out = {k: batch[k] for k in keys}

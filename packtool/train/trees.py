@@ -32,8 +32,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import PacktoolError
+from ..formats.packed.schema import ROLE_RECORD  # a plain record's leaf: keyed by its path
 
-ROLE_RECORD = 65535  # a plain record's leaf (--share-prefix across records): keyed by its path
+__all__ = ["ROLE_RECORD", "Tree", "allowed", "is_shared", "predecessors", "row_tree"]
 BOUNDARY_KEYS = ("cu_seq_lens_q_padded", "cu_seqlens_padded", "cu_seq_lens_q", "cu_seqlens")
 
 

@@ -157,7 +157,7 @@ def attention_inputs(model, row: dict) -> dict:
     if impl not in ("eager", "sdpa"):
         from .. import conflicts
 
-        conflicts.check({"share_prompt", "varlen"}, f"attn_implementation={impl!r}")
+        conflicts.check({"shared_rows", "varlen"}, f"attn_implementation={impl!r}")
     dtype = next(model.parameters()).dtype if impl == "eager" else None
     out = model_inputs(batch, mask="4d", dtype=dtype)
     out.pop("labels")

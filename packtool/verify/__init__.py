@@ -23,7 +23,8 @@ document and the time against pack's, scripts/bench_scale_memory.py).
 
 Also: :mod:`.rules` the held-out rule in its own exact arithmetic, :mod:`.aligned` an
 aligned dataset's rows from the definition, :mod:`.groups` pairs and groups (every group in
-one pack, its prompt first).
+one pack, its prompt first), :mod:`.trees` prefix trees (each tree the trie of its records,
+recomputed by a naive dict walk).
 """
 
 from __future__ import annotations
@@ -171,6 +172,8 @@ def _verify_packed(directory, sources) -> VerifyResult:
         if d is not None:
             _max_docs(d)
     corpora = _sources(index, sources) if sources else None
+    if (index.get("trees") or {}).get("min_shared"):  # --share-prefix: packtool.verify.trees
+        return _trees(ds, corpora, result)
     if index.get("groups"):  # pairs and groups: packtool.verify.groups
         from .groups import against_sources, check_rows
 
@@ -192,6 +195,24 @@ def _verify_packed(directory, sources) -> VerifyResult:
     for d in (ds, valid):
         if d is not None:
             check_stored_costs(d)
+    return result
+
+
+def _trees(ds, corpora, result: VerifyResult) -> VerifyResult:
+    """A dataset of prefix trees: every tree whole in a row and its paths tiling their
+    documents; with sources, each tree the trie of its records and every token the
+    sources' (:mod:`.trees`)."""
+    from .trees import against_sources, shapes
+
+    if corpora is None:
+        shapes(ds, None)
+    else:
+        result.policy = against_sources(ds, corpora)
+        if ds.layout == "tokens":
+            for k in range(ds.n_shards):
+                _compare_tokens(ds, k, corpora)
+        result.sources_checked = True
+    check_stored_costs(ds)
     return result
 
 

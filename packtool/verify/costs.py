@@ -24,6 +24,8 @@ def prompt_seen(ds, k: int) -> np.ndarray:
     prompts), by a loop over rows."""
     sh = ds.shard(k)
     seen = np.zeros(len(sh.seg_length), np.float64)
+    if "seg_up" in sh.arrays:  # version 6: every ancestor's tokens
+        return _ancestors_seen(sh)
     if not (ds.index.get("groups") or {}).get("share_prompt"):
         return seen
     ps = np.asarray(sh.pack_seg, np.int64)
@@ -37,6 +39,22 @@ def prompt_seen(ds, k: int) -> np.ndarray:
                 prompt[int(grp[s])] = int(x[s])
             else:
                 seen[s] = prompt.get(int(grp[s]), 0)
+    return seen
+
+
+def _ancestors_seen(sh) -> np.ndarray:
+    """Per segment of a tree shard: its ancestors' tokens, by a walk up each parent chain."""
+    ps = np.asarray(sh.pack_seg, np.int64).tolist()
+    x = np.asarray(sh.seg_length, np.int64).tolist()
+    up = np.asarray(sh.arrays["seg_up"], np.int64).tolist()
+    seen = np.zeros(len(x), np.float64)
+    for j in range(len(ps) - 1):
+        for s in range(ps[j], ps[j + 1]):
+            p, a = s, 0
+            while up[p]:
+                p -= up[p]
+                a += x[p]
+            seen[s] = a
     return seen
 
 

@@ -1,8 +1,9 @@
 """Attention-cost classes, stored with the index so a balanced sampler starts at once.
 
-A pack's attention cost is the sum of its squared segment lengths, plus 2 p c for each
-completion of c tokens that attends to its group's shared prompt of p tokens (``pack
---share-prompt``: :func:`packtool.formats.packed.layout.shared_prompt_terms`), i.e. 2 x the
+A pack's attention cost is the sum of its squared segment lengths, plus 2 a c for each
+segment of c tokens that attends to ancestors of a tokens (a prefix tree, ``pack
+--share-prompt``/``--share-prefix``: :func:`packtool.formats.packed.layout.ancestor_terms`),
+i.e. 2 x the
 (query, key) pairs its mask attends - its tokens. A balanced sampler
 (``PackSampler(balance="attention")``, :mod:`packtool.formats.packed.balance`) takes a step's packs
 from one *cost class*, costs within ``ratio`` of each other. Classes are cells of one fixed

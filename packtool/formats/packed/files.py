@@ -70,7 +70,8 @@ def _check_overflow(index: dict, path) -> None:
     """A group is never cut: a dataset of pairs or groups records "refuse" or "drop" (or
     "split", what packtool wrote before it said so, meaning the same refusal), and "refuse"
     belongs to such a dataset only."""
-    grouped, overflow = bool(index.get("groups")), index["overflow"]
+    grouped = bool(index.get("groups") or index.get("trees"))
+    overflow = index["overflow"]
     if (grouped and overflow == "truncate") or (not grouped and overflow == "refuse"):
         raise FormatError(f"{path}: overflow {overflow!r} in a dataset "
                           f"{'of' if grouped else 'without'} pairs or groups; {FIX}")

@@ -73,33 +73,38 @@ def pack_lengths(seg_length: np.ndarray, pack_seg: np.ndarray) -> np.ndarray:
     return np.diff(pack_offsets(seg_length, pack_seg))
 
 
-def shared_prompt_terms(x: np.ndarray, role, group) -> np.ndarray:
+def ancestor_terms(x: np.ndarray, up) -> np.ndarray:
     """What each segment of lengths ``x`` (float64) adds to its row's attention cost beyond
-    ``x * x``: a completion after its group's shared prompt (role 0, ``pack --share-prompt``)
-    attends to the prompt's p tokens too, 2 p x in the same unit (a document of p + x tokens
-    costs p^2 + 2 p x + x^2, its prompt alone p^2); 0 for every other segment. ``role`` and
-    ``group`` per segment, in row order (a group's prompt before its completions)."""
+    ``x * x``: a segment of a prefix tree (``seg_up``: segments back to its parent, 0 a root;
+    :mod:`.groups`) attends to its ancestors' a tokens too, 2 a x in the same unit (a
+    document of a + x tokens costs a^2 + 2 a x + x^2, its ancestors alone a^2); 0 for a
+    root. ``up`` per segment in row order (a parent before its children); a depth-d tree
+    takes d vector passes."""
     extra = np.zeros(x.size)
-    if role is None:
+    if up is None:
         return extra
-    role, group = np.asarray(role), np.asarray(group)
-    is_p = role == 0
-    if not is_p.any():
+    up = np.asarray(up, np.int64)
+    child = np.flatnonzero(up > 0)
+    if not child.size:
         return extra
-    last = np.maximum.accumulate(np.where(is_p, np.arange(x.size), -1))
-    after = ~is_p & (last >= 0)
-    after[after] = group[last[after]] == group[after]
-    extra[after] = 2.0 * x[last[after]] * x[after]
-    return extra
+    parent = child - up[child]
+    anc = np.zeros(x.size)
+    while True:  # the tokens above each segment, one level more each pass
+        nxt = anc.copy()
+        nxt[child] = anc[parent] + x[parent]
+        if np.array_equal(nxt, anc):
+            break
+        anc = nxt
+    return 2.0 * anc * x
 
 
 def attention_costs(seg_length: np.ndarray, pack_seg: np.ndarray, linear: float = 0.0,
-                    chunk: int = 1 << 20, seg_role=None, seg_group=None) -> np.ndarray:
+                    chunk: int = 1 << 20, seg_up=None) -> np.ndarray:
     """Per pack, the sum of its squared segment lengths (float64): what causal attention
     costs, up to a constant; ``linear`` x the tokens is added (see
     packtool.train.sampler.attention_costs for the block's linear term). Each segment's term
-    ``x * x + linear * x`` (and a completion's attention to its shared prompt:
-    :func:`shared_prompt_terms`, from ``seg_role`` and ``seg_group``) summed in segment
+    ``x * x + linear * x`` (and in a prefix tree a segment's attention to its ancestors:
+    :func:`ancestor_terms`, from ``seg_up``) summed in segment
     order, ``chunk`` segments at a time (8 bytes a
     segment of one chunk, never of the shard): 10M segments in ~25 ms, in numpy, so that a
     ``which --balance attention`` does not start numba (~0.45 s in a fresh process)."""
@@ -112,8 +117,8 @@ def attention_costs(seg_length: np.ndarray, pack_seg: np.ndarray, linear: float 
         j1 = min(n, max(j + 1, int(np.searchsorted(ps, ps[j] + chunk, side="right")) - 1))
         x = sl[ps[j]:ps[j1]].astype(np.float64)
         term = x * x
-        if seg_role is not None:  # a chunk ends at a row's end: a prompt and its completions
-            term += shared_prompt_terms(x, seg_role[ps[j]:ps[j1]], seg_group[ps[j]:ps[j1]])
+        if seg_up is not None:  # a chunk ends at a row's end: a tree is whole in it
+            term += ancestor_terms(x, seg_up[ps[j]:ps[j1]])
         if lin:
             term += lin * x
         out[j:j1] = np.add.reduceat(term, ps[j:j1] - ps[j])

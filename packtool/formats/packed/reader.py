@@ -168,7 +168,7 @@ class PackedReader:
         ``pack_seg`` and ``pack_tok`` (offsets of each pack's segments and tokens, from 0),
         ``positions`` and ``labels`` per token: the stored tokens, or with ``pads`` an
         aligned dataset's rows as a trainer takes them (:func:`.layout.pad_range`); a grouped
-        dataset's ``seg_group`` and ``seg_role`` per segment."""
+        dataset's ``seg_group``, ``seg_role`` and ``seg_up`` per segment."""
         from .layout import pad_range, positions, range_labels, segment_starts
 
         sh = self.shard(k)
@@ -187,6 +187,7 @@ class PackedReader:
         if "seg_group" in sh.arrays:  # pairs and groups: each segment's group and role
             r["seg_group"] = np.asarray(sh.arrays["seg_group"][s0:s1], np.int64)
             r["seg_role"] = np.asarray(sh.arrays["seg_role"][s0:s1], np.int32)
+            r["seg_up"] = self.seg_ups(sh, lo, hi)
         return pad_range(r, self.align, self.pad_id) if pads and self.align > 1 else r
 
     def __getitem__(self, i: int) -> dict:
@@ -202,9 +203,26 @@ class PackedReader:
 
             if self._shift:
                 mask = (np.asarray(ids) >> self._shift) & 1
+            up = sh.arrays["seg_up"][s0:s1] if "seg_up" in sh.arrays else None
             ex = group_fields(ex, sh.arrays["seg_group"][s0:s1], sh.arrays["seg_role"][s0:s1],
-                              mask)
+                              mask, up)
         return ex
+
+    def seg_ups(self, sh: Shard, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """``seg_up`` (int64) of packs lo..hi-1 of a grouped shard: stored (version 6), or a
+        version-5 shared prompt's from the roles (0 everywhere without one)."""
+        hi = sh.n_packs if hi is None else hi
+        s0, s1 = int(sh.pack_seg[lo]), int(sh.pack_seg[hi])
+        if "seg_up" in sh.arrays:
+            return np.asarray(sh.arrays["seg_up"][s0:s1], np.int64)
+        if not (self.index.get("groups") or {}).get("share_prompt"):
+            return np.zeros(s1 - s0, np.int64)
+        from .groups import ups_from_roles
+
+        ps = np.asarray(sh.pack_seg[lo:hi + 1], np.int64)
+        return np.concatenate([np.zeros(0, np.int64)] + [ups_from_roles(
+            sh.arrays["seg_group"][a:b], sh.arrays["seg_role"][a:b])
+            for a, b in zip(ps[:-1], ps[1:], strict=True)])
 
     @property
     def pack_starts(self) -> np.ndarray:
@@ -213,15 +231,13 @@ class PackedReader:
 
     def shard_costs(self, k: int, linear: float = 0.0) -> np.ndarray:
         """Per pack of shard ``k``: the sum of its squared segment lengths (plus ``linear`` x
-        its tokens, and with shared prompts each completion's attention to its prompt), from
-        its segment table alone."""
+        its tokens, and in a tree each segment's attention to its ancestors), from its segment
+        table alone."""
         from .layout import attention_costs
 
         sh = self.shard(k)
-        shared = (self.index.get("groups") or {}).get("share_prompt")
         return attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear,
-                               seg_role=sh.arrays["seg_role"] if shared else None,
-                               seg_group=sh.arrays["seg_group"] if shared else None)
+                               seg_up=self.seg_ups(sh) if "seg_group" in sh.arrays else None)
 
     def row_lengths(self) -> np.ndarray:
         """Every row's slot length (int64): seq_len for a fixed-length dataset; for a --vsl

@@ -30,6 +30,12 @@ piece to start at a multiple of seq_len) and a version-2 reader knows no row len
 Version 5 is version 2 of pairs and groups: ``seg_group`` and ``seg_role`` per segment and
 ``groups`` in index.json. One number means one layout: datasets of pairs and groups written
 before version 5 say version 4 (with ``groups``, never ``vsl``) and are read as version 5.
+
+Version 6 is version 5 of prefix trees (``pack --share-prompt``, depth 1, and ``pack
+--share-prefix``, any depth): ``seg_up`` per segment (the distance back, in segments of its
+pack, to its parent; 0 a root), a pack's segments in pre-order, and ``trees`` in index.json
+(``groups`` too when the sources are pairs or groups). Its own version because a version-5
+reader would lay a tree's segments side by side, each a sequence of its own.
 """
 
 from __future__ import annotations
@@ -60,7 +66,9 @@ ALIGNED_VERSION = 3  # version 2 plus the alignment keys: written only for align
 MAX_ALIGN = 2**20  # an alignment K is below this (pack refuses more, naming it)
 VSL_VERSION = 4      # version 2 plus the vsl key: written only for pack --vsl datasets
 GROUPED_VERSION = 5  # version 2 plus pairs/groups (seg_group, seg_role, "groups"); 4 before
-READABLE = (1, 2, 3, 4, 5)
+TREES_VERSION = 6    # version 5 plus prefix trees (seg_up, "trees"; "groups" optional)
+READABLE = (1, 2, 3, 4, 5, 6)
+ROLE_SHARED, ROLE_RECORD = 0, 65535  # seg_role of a shared segment, of a plain record's leaf
 INDEX = "index.json"
 DIGEST_KEY = "index_sha256"
 LAYOUTS = ("index", "tokens")
@@ -81,6 +89,7 @@ class Array:
     layout: str | None = None    # only in this layout
     mask: str | None = None      # only with this mask storage
     grouped: bool = False        # only in a dataset of pairs or groups (version 5; 4 before)
+    tree: bool = False           # only in a dataset of prefix trees (version 6)
 
 
 SCHEMA = (
@@ -92,9 +101,13 @@ SCHEMA = (
     Array("seg_offset", "segment", "offset", "token offset of the segment in its document"),
     Array("seg_length", "segment", "length", "tokens in the segment (1 to seq_len)"),
     Array("seg_group", "segment", "group", "version 5: the segment's group (its index over the "
-          "sources' groups)", grouped=True),
+          "sources' groups; version 6 of plain records: its tree's index over the dataset)",
+          grouped=True),
     Array("seg_role", "segment", "<u2", "version 5: the segment's role: 0 a shared prompt, 1 "
-          "chosen, 2 rejected, 3 + k completion k", grouped=True),
+          "chosen, 2 rejected, 3 + k completion k (version 6: 0 any shared segment, 65535 a "
+          "plain record's leaf)", grouped=True),
+    Array("seg_up", "segment", "length", "version 6: segments back, within the pack, to the "
+          "segment's parent (0: a root); a pack's segments in pre-order", tree=True),
     Array("tokens", "token", "token", "the packs' tokens back to back (with the loss mask in "
           "the top bit when mask_storage is \"folded\")", layout="tokens"),
     Array("loss_mask", "bit", "|u1", "1 bit a token, np.packbits(mask, bitorder=\"little\"): "
@@ -120,7 +133,9 @@ def shard_arrays(index: dict) -> tuple[Array, ...]:
         return tuple(a for a in V1_SCHEMA if a.mask is None or index.get("loss_mask"))
     return tuple(a for a in SCHEMA if (a.layout is None or a.layout == index["layout"])
                  and (a.mask is None or a.mask == index.get("mask_storage"))
-                 and (not a.grouped or index.get("groups") is not None))
+                 and (not a.grouped or index.get("groups") is not None
+                      or index.get("trees") is not None)
+                 and (not a.tree or index.get("trees") is not None))
 
 
 def array_length(array: Array, n_tokens: int, n_packs: int, n_segments: int) -> int:
@@ -197,8 +212,7 @@ _COUNT_KEYS = ("n_packs", "n_docs", "n_empty", "n_overlong", "n_split", "n_split
 INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test checks it)
     "format": Key(one_of(FORMAT), '"packtool.packed"'),
     "version": Key(one_of(*READABLE), "2, 3 for an aligned dataset, 4 for a --vsl one, 5 for "
-                   "pairs and groups (4 before; 1 "
-                   "still read)"),
+                   "pairs and groups (4 before), 6 for prefix trees (1 still read)"),
     "layout": Key(one_of(*LAYOUTS), '"index" (the plan only) or "tokens" (self-contained)'),
     "seq_len": Key(count(1, 2**31), "tokens per pack at most"),
     "algo": Key(string(True), "the packer"),
@@ -275,7 +289,16 @@ INDEX_KEYS["groups"] = Key(_GROUPS, "version 5 only (4 before): {kind (pairs or 
                            "share_prompt, n_groups (in the sources), n_dropped_groups (over "
                            "--seq-len, with --overflow drop)}", optional=True)
 INDEX_KEYS.update({k: Key(v.spec, v.doc, optional=True) for k, v in VSL_KEYS.items()})
-_V4_ONLY = {"groups", *VSL_KEYS}  # a version-4 dataset has one of them (--vsl, or old pairs)
+_TREES = obj({"source": one_of("groups", "records", "tree_field"),
+              "min_shared": nullable(count(1)), "n_trees": count(), "n_split_trees": count(),
+              "n_shared_segments": count(), "n_tokens_flat": count(),
+              "n_tokens_stored": count()})
+INDEX_KEYS["trees"] = Key(_TREES, "version 6 only: {source (groups, records or tree_field), "
+                          "min_shared (null: --share-prompt, each group's prompt), n_trees, "
+                          "n_split_trees (record sets over --seq-len cut into trees that fit), "
+                          "n_shared_segments, n_tokens_flat (the kept records' tokens, each "
+                          "whole), n_tokens_stored}", optional=True)
+_V4_ONLY = {"groups", "trees", *VSL_KEYS}  # version 4 has one of them (--vsl, or old pairs)
 V2_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS and k not in _V4_ONLY})
 V3_SPEC = obj({**{k: v for k, v in INDEX_KEYS.items() if k not in _V4_ONLY}, **ALIGN_KEYS})
 V4_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS})
@@ -287,9 +310,9 @@ V1_SPEC = obj({"seq_len": INDEX_KEYS["seq_len"], "token_dtype": INDEX_KEYS["toke
                "overflow": INDEX_KEYS["overflow"], "seed": integer(),
                DIGEST_KEY: INDEX_KEYS[DIGEST_KEY].spec})
 V5_SPEC = obj({k: v for k, v in INDEX_KEYS.items() if k not in ALIGN_KEYS and k not in VSL_KEYS})
-SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC, 4: V4_SPEC, 5: V5_SPEC}
+SPECS = {1: V1_SPEC, 2: V2_SPEC, 3: V3_SPEC, 4: V4_SPEC, 5: V5_SPEC, 6: V5_SPEC}
 VERSION_KEYS = {  # the keys that make each version's layout (docs/FORMAT.md, tested)
-    2: (), 3: tuple(ALIGN_KEYS), 4: tuple(VSL_KEYS), 5: ("groups",)}
+    2: (), 3: tuple(ALIGN_KEYS), 4: tuple(VSL_KEYS), 5: ("groups",), 6: ("trees",)}
 
 
 def parallel_alignment(cp, tp, sequence_parallel, fp8) -> int:
@@ -310,7 +333,8 @@ def disagreement(index: dict) -> str | None:
         for v, keys in VERSION_KEYS.items():
             stray = sorted(k for k in keys if k in index)
             legacy = v == GROUPED_VERSION and version == VSL_VERSION and "vsl" not in index
-            if stray and v != version and not legacy:
+            trees = v == GROUPED_VERSION and version == TREES_VERSION  # trees of pairs/groups
+            if stray and v != version and not legacy and not trees:
                 return (f"version {version} with the keys {', '.join(stray)} of version {v} "
                         f"(one version, one layout)")
         if version > VERSION and not any(k in index for k in VERSION_KEYS[version]) and not (

@@ -70,6 +70,42 @@ def _check_seq_len(index: dict, where: str) -> None:
             f"of seq_len {L:,} ({eff:.6g}, {l1:,}): the index was edited; re-run packtool pack")
 
 
+def _check_trees(sh) -> None:
+    """Every pack's ``seg_up`` is a forest in pre-order (a parent inside the pack, before its
+    child, and on the path open at the child: each subtree contiguous), a record's segment
+    (role > 0) always a leaf and a shared one (role 0) never (in pre-order a segment has
+    children iff the next one's parent is it)."""
+    ps = np.asarray(sh.pack_seg, np.int64)
+    up = np.asarray(sh.arrays["seg_up"], np.int64)
+    role = np.asarray(sh.arrays["seg_role"], np.int64)
+    for j in np.unique(np.searchsorted(ps, np.flatnonzero(up), side="right") - 1).tolist():
+        path: list[int] = []  # the open path: ancestors of the next segment
+        for s in range(int(ps[j]), int(ps[j + 1])):
+            p = s - int(up[s]) if up[s] else -1
+            if p != -1 and (p < ps[j] or p not in path):
+                raise ValidationError(
+                    f"{sh.name} pack {j:,} segment {s - int(ps[j])}: seg_up {int(up[s])} "
+                    "points " + ("outside its pack" if p < ps[j] else "to a segment whose "
+                                 "subtree has closed (not pre-order)") + "; the shard is "
+                    "damaged, re-run packtool pack")
+            while path and path[-1] != p:
+                path.pop()
+            path.append(s)
+    first = np.zeros(up.size, bool)
+    first[ps[:-1][ps[:-1] < up.size]] = True
+    nxt_up = np.append(up[1:], 0)
+    nxt_first = np.append(first[1:], True)
+    parent_of_next = (nxt_up == 1) & ~nxt_first
+    bad = np.flatnonzero((role == 0) != parent_of_next)
+    if bad.size:
+        s = int(bad[0])
+        j = int(np.searchsorted(ps, s, side="right")) - 1
+        raise ValidationError(f"{sh.name} pack {j:,} segment {s - int(ps[j])}: role "
+                              f"{int(role[s])} but " + ("no" if role[s] == 0 else "a")
+                              + " segment below it: a record's end is always a leaf, a shared "
+                              "segment never; the shard is damaged, re-run packtool pack")
+
+
 def _check_offsets(sh, seq_len: int) -> None:
     """Every segment starts at a multiple of seq_len in its document: only --overflow split
     cuts a document, every seq_len tokens."""
@@ -143,8 +179,11 @@ def validate_packed(directory: str | Path, checksums: bool = True):
         sh = ds.shard(k)
         if vsl is not None:
             _check_vsl(sh, *vsl, rows)
-        elif not (ds.index.get("groups") or {}).get("share_prompt"):  # a shared prompt's
-            _check_offsets(sh, ds.seq_len)  # completions start after it (verify.groups)
+        elif not (ds.index.get("groups") or {}).get("share_prompt") \
+                and not ds.index.get("trees"):  # a tree's segments start inside their
+            _check_offsets(sh, ds.seq_len)  # documents (verify.groups, verify.trees)
+        if "seg_up" in sh.arrays:
+            _check_trees(sh)
         if index["version"] == 1:
             _check_v1(sh, ds.seq_len)
         if n_docs is not None and sh.seg_doc.size and int(np.max(sh.seg_doc)) >= n_docs:

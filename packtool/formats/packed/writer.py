@@ -32,6 +32,7 @@ from .schema import (
     FORMAT,
     GROUPED_VERSION,
     INDEX_KEYS,
+    TREES_VERSION,
     VERSION,
     VSL_VERSION,
     array_length,
@@ -53,17 +54,18 @@ class ShardWriter:
     masks) from the sources: only the ``tokens`` layout calls it."""
 
     def __init__(self, directory: Path, dtypes: dict, layout: str, mask_storage: str | None,
-                 gather: Callable | None = None, grouped: bool = False):
+                 gather: Callable | None = None, grouped: bool = False, trees: bool = False):
         self.directory, self.dtypes, self.layout = Path(directory), dtypes, layout
         self.mask_storage, self.gather = mask_storage, gather
         self.arrays = shard_arrays({"version": VERSION, "layout": layout,
                                     "mask_storage": mask_storage,
-                                    "groups": {} if grouped else None})
+                                    "groups": {} if grouped else None,
+                                    "trees": {} if trees else None})
 
     def write(self, k: int, pack_seg, seg_doc, seg_offset, seg_length, tick=None,
               groups: dict | None = None) -> dict:
         """Shard ``k`` from its segments in output order and each pack's first segment
-        (``groups``: a grouped dataset's seg_group and seg_role)."""
+        (``groups``: a grouped dataset's seg_group and seg_role, and a tree's seg_up)."""
         name = shard_name(k)
         n_seg, n_packs = int(seg_length.size), int(pack_seg.size) - 1
         po = pack_offsets(seg_length, pack_seg)
@@ -81,9 +83,7 @@ class ShardWriter:
         return {"name": name, "n_packs": n_packs, "n_segments": n_seg, "n_tokens": n_tok,
                 "files": {a.name: files[a.name] for a in self.arrays},
                 **shard_entry(attention_costs(
-                    np.asarray(seg_length), pack_seg,
-                    seg_role=(groups or {}).get("seg_role"),
-                    seg_group=(groups or {}).get("seg_group")))}
+                    np.asarray(seg_length), pack_seg, seg_up=(groups or {}).get("seg_up")))}
 
     def _small(self, name, array, values, n_tok, n_packs, n_seg) -> dict:
         dtype = np.dtype(self.dtypes.get(array.dtype, array.dtype))
@@ -189,6 +189,7 @@ def index(meta: dict, shards: list[dict]) -> dict:
     """``index.json``: the format's keys, the caller's ``meta`` (layout, options, counts,
     metrics, sources...), the shards, and the index's own digest."""
     version = (ALIGNED_VERSION if meta.get("align", 1) > 1 else
+               TREES_VERSION if meta.get("trees") else
                GROUPED_VERSION if meta.get("groups") else
                VSL_VERSION if meta.get("vsl") else VERSION)
     body = {"format": FORMAT, "version": version, **meta, "shards": shards,

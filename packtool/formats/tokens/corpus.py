@@ -19,7 +19,8 @@ from ...errors import FormatError
 from .schema import DATA_KEYS, FIX, prefix_paths
 
 PER_DOC_DTYPES = {k: np.dtype(v) for k, v in (("boundaries", "<i8"), ("roles", "<u2"),
-                                              ("prompt", "<u4"), ("rewards", "<f4"))}
+                                              ("prompt", "<u4"), ("rewards", "<f4"),
+                                              ("tree", "<u8"))}
 OPEN_PARTS = 32  # parts whose memory maps stay open at once (3 descriptors each at most)
 _open: OrderedDict = OrderedDict()  # id(part) -> part, least recently used first
 _open_lock = threading.Lock()

@@ -175,8 +175,8 @@ def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
     sizes = [("bin", n_tokens * dtype.itemsize), ("boundaries", n_docs * 8)]
     if with_mask:
         sizes.append(("mask", n_tokens))
-    sizes += [(k, n_docs * PER_DOC_DTYPES[k].itemsize) for k in ("roles", "prompt", "rewards")
-              if k in entry["checksums"]]
+    sizes += [(k, n_docs * PER_DOC_DTYPES[k].itemsize)
+              for k in ("roles", "prompt", "rewards", "tree") if k in entry["checksums"]]
     for key, want in sizes:
         path = confined_file(part.path(key), manifest or place.path(f"{name}.json"))
         try:

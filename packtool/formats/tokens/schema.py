@@ -69,13 +69,17 @@ SCHEMA = (
          "of the sequence (the same tokens in every sequence of a group)", optional="groups"),
     File(".rewards", "<f4", "document", "version 4 with --rewards-field: the sequence's "
          "reward", optional="rewards"),
+    File(".tree", "<u8", "document", "with --tree-field: the document's tree id (the first 8 "
+         "bytes, little-endian, of the blake2b of the field's canonical JSON)",
+         optional="tree_field"),
 )
 SUFFIXES = (*(f.suffix for f in SCHEMA), ".json")
 DATA_KEYS = tuple(f.suffix[1:] for f in SCHEMA)  # "bin", "boundaries", "mask"
 
 _SHA = obj({"sha256": hexstr(64), "bytes": count(), "crc32": Key(hexstr(8), "", optional=True)})
 _CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True),
-                  **{k: Key(_SHA, "", optional=True) for k in ("roles", "prompt", "rewards")}},
+                  **{k: Key(_SHA, "", optional=True)
+                     for k in ("roles", "prompt", "rewards", "tree")}},
                  extra=False)
 _CONTENT_KEYS = obj({"bytes": count(), "crc32": Key(hexstr(8), "", optional=True),
                     "fingerprint": Key(string(True), "", optional=True)})
@@ -146,6 +150,8 @@ MANIFEST_KEYS = {  # every key of PREFIX.json, documented in docs/FORMAT.md (a t
     "groups": Key(_GROUPS, "version 4: {kind: pairs or completions, n_groups, "
                   "rewards}: every document a sequence of a group (.roles, .prompt)",
                   optional=True),
+    "tree_field": Key(string(True), "--tree-field: the record key whose value names each "
+                      "document's tree (.tree)", optional=True),
     "created_by": Key(string(), '"packtool X.Y.Z"'),
     PARTS_KEY: Key(list_of(hexstr(64)), "version 3: per part, in order, the sha256 of its "
                    "own manifest .NAME.part.json (json.dumps(m, sort_keys=True)): binds the "
@@ -239,6 +245,8 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict,
         meta = {**meta, "groups": {"kind": "pairs" if o.get("chosen_field") else "completions",
                                    "n_groups": sum(q["n_groups"] for q in parts),
                                    "rewards": "rewards" in parts[0]["checksums"]}}
+    if parts and "tree" in parts[0]["checksums"]:
+        meta = {**meta, "tree_field": meta.get("options", {}).get("tree_field")}
     manifest = {"format": FORMAT, "version": version, **meta,
                 "n_docs": sum(q["n_docs"] for q in parts),
                 "n_tokens": sum(q["n_tokens"] for q in parts),

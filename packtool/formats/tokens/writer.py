@@ -26,12 +26,16 @@ class TokenWriter:
         self.mask = HashingWriter(paths["mask"], DIGESTS) if with_mask else None
         # pairs/groups (version 4): per document its role, prompt length (and reward)
         self.groups = {k: HashingWriter(paths[k], DIGESTS) for k in GROUP_KEYS if k in paths}
+        self.tree = HashingWriter(paths["tree"], DIGESTS) if "tree" in paths else None
         self.n_docs = self.n_tokens = self.n_empty = self.n_trained = self.n_groups = 0
 
     def write(self, lengths: np.ndarray, ids: np.ndarray, mask: np.ndarray | None,
-              groups: tuple | None = None) -> None:
+              groups: tuple | None = None, trees: np.ndarray | None = None) -> None:
         """Append documents of ``lengths`` whose tokens are ``ids`` (and loss ``mask``; and
-        for pairs/groups, ``groups`` = (roles, prompt lengths, rewards or None))."""
+        for pairs/groups, ``groups`` = (roles, prompt lengths, rewards or None); with
+        --tree-field, ``trees``: each document's tree id)."""
+        if self.tree is not None:
+            self.tree.write(np.asarray(trees, "<u8"))
         if self.groups:
             roles, prompt, rewards = groups
             self.groups["roles"].write(roles.astype("<u2", copy=False))
@@ -49,7 +53,7 @@ class TokenWriter:
         self.n_empty += int(np.count_nonzero(lengths == 0))
 
     def abort(self) -> None:
-        for w in (self.bin, self.boundaries, self.mask, *self.groups.values()):
+        for w in (self.bin, self.boundaries, self.mask, self.tree, *self.groups.values()):
             if w is not None:
                 w.abort()
 
@@ -60,6 +64,8 @@ class TokenWriter:
             checksums["mask"] = self.mask.close()
         for k, w in self.groups.items():
             checksums[k] = w.close()
+        if self.tree is not None:
+            checksums["tree"] = self.tree.close()
         entry = {"name": name, "index": index, "digest": digest, "n_docs": self.n_docs,
                  "n_tokens": self.n_tokens, "n_empty": self.n_empty,
                  "n_trained_tokens": self.n_trained if self.with_mask else self.n_tokens,
