@@ -282,8 +282,9 @@ def test_one_version_one_layout_and_old_pairs_still_read(pairs, tmp_path):
 
     from packtool.formats.packed import index_digest
 
-    src = pairs[1][True, "tokens"]
+    src = pairs[1][False, "tokens"]  # a shared prompt is version 6 (a tree) since issue 41
     assert open_packed(src).index["version"] == 5
+    assert open_packed(pairs[1][True, "tokens"]).index["version"] == 6
     old = tmp_path / "v4"
     shutil.copytree(src, old)
     idx = json.loads((old / "index.json").read_text())
