@@ -328,3 +328,67 @@ def test_a_tree_row_through_collate_tensors_and_block_mask_cache(row):
     flat = dict(batch, seg_parent=torch.full_like(batch["seg_parent"], -1))
     flat.pop("seg_end")
     assert block_mask(flat, block_size=16) is not block_mask(batch, block_size=16)
+
+
+@pytest.fixture(scope="module")
+def packed_trees(tmp_path_factory):
+    """Through the reader: chat records repeating a system prompt (--share-prefix across
+    records) and groups whose completions begin alike (a prompt, a shared first part, then
+    branches: depth 3), packed with pack --share-prefix."""
+    from conftest import TOKENIZER, write_jsonl
+
+    import packtool
+    from packtool.pack import pack_corpus
+    from packtool.tokenize import TokenizeOptions, tokenize_files
+
+    d = tmp_path_factory.mktemp("trees")
+    system = "You are a careful assistant. Answer briefly and cite the rule you used."
+    chat = [{"text": f"{system} Question {i}: what is {i} plus {i + 1}? Answer: {2 * i + 1}."}
+            for i in range(12)]
+    groups = [{"q": f"Problem {i}: add {i} and 7.",
+               "outs": [f" Let us think step by step. {i} plus 7 is {i + 7}.",
+                        f" Let us think step by step. Adding gives {i + 7}!",
+                        f" The sum is {i + 7}."]} for i in range(8)]
+    tokenize_files([str(write_jsonl(d / "chat.jsonl", chat))], TOKENIZER, d / "chat",
+                   TokenizeOptions())
+    tokenize_files([str(write_jsonl(d / "groups.jsonl", groups))], TOKENIZER, d / "groups",
+                   TokenizeOptions(prompt_field="q", completions_field="outs"))
+    out = {}
+    for name in ("chat", "groups"):
+        pack_corpus([d / name], d / f"{name}-p", 512, share_prefix=True, min_shared=2)
+        out[name] = (packtool.open_tokens(d / name), d / f"{name}-p")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["chat", "groups"])
+def test_pack_share_prefix_rows_give_each_record_as_alone(packed_trees, name):
+    """End to end: pack --share-prefix, the reader's tree, collate two rows, Llama through
+    block_mask and the 4-D mask: every record's log-probability (its loss-masked tokens)
+    within 1e-5 per token of the record alone."""
+    from packtool.formats.packed import open_packed
+    from packtool.train.preference import sequence_keys
+
+    corpus, directory = packed_trees[name]
+    ds = open_packed(directory)
+    rows = [ds[i] for i in range(min(2, len(ds)))]
+    batch = tensors(collate_numpy(rows))
+    tree = row_tree(batch)
+    depth = max(len(tree.ancestors(s)) for s in range(tree.parent.size))
+    assert depth >= 2 if name == "chat" else depth >= 3
+    assert batch["input_ids"].shape[1] < sum(len(corpus[int(d)]) for d in batch["seq_doc"])
+    cfg = cf.tiny_config({"model_type": "llama"})
+    cfg.vocab_size = int(corpus.meta["vocab_size"])
+    torch.manual_seed(0)
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    want = {}
+    for key, doc in zip(sequence_keys(batch), batch["seq_doc"].tolist(), strict=True):
+        tok = np.asarray(corpus[doc], np.int64)
+        m = corpus.doc_mask(doc)
+        want[key] = (tok, np.ones(tok.size, bool) if m is None else np.asarray(m, bool))
+    ref = alone_logps(model, want)
+    for path in ("block_mask", "4d-eager", "4d-sdpa"):
+        got = sequence_logps(forward(model, batch, path), batch)
+        assert worst_per_token(got, ref, want) <= PER_TOKEN, path
