@@ -390,5 +390,8 @@ def test_pack_share_prefix_rows_give_each_record_as_alone(packed_trees, name):
         want[key] = (tok, np.ones(tok.size, bool) if m is None else np.asarray(m, bool))
     ref = alone_logps(model, want)
     for path in ("block_mask", "4d-eager", "4d-sdpa"):
-        got = sequence_logps(forward(model, batch, path), batch)
+        logits = forward(model, batch, path)
+        got = sequence_logps(logits, batch)
         assert worst_per_token(got, ref, want) <= PER_TOKEN, path
+    flat = -sum(float(v) for v in ref.values()) / sum(int(m[1:].sum()) for _, m in want.values())
+    assert abs(float(sft_loss(logits, batch)) - flat) < 1e-5  # the records' flat SFT loss
