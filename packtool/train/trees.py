@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import PacktoolError
+from ..formats.packed.groups import tree_shape
 from ..formats.packed.schema import ROLE_RECORD  # a plain record's leaf: keyed by its path
 
 __all__ = ["ROLE_RECORD", "Tree", "allowed", "is_shared", "predecessors", "row_tree"]
@@ -86,16 +87,11 @@ def subtree_ends(parent: np.ndarray) -> np.ndarray:
     after its child, or a subtree broken by another segment) is refused by name, since an
     interval mask would then let a segment see what is not its ancestor."""
     n = parent.size
-    end = np.arange(1, n + 1, dtype=np.int64)
     if n and ((parent < -1) | (parent >= np.arange(n))).any():
         s = int(np.flatnonzero((parent < -1) | (parent >= np.arange(n)))[0])
         raise PacktoolError(f"segment {s} has parent {int(parent[s])}: a parent must come "
                             "before its children in the row (pre-order); pass the row's own "
                             "seg_parent")
-    for s in range(n - 1, -1, -1):
-        p = parent[s]
-        if p >= 0:
-            end[p] = max(end[p], end[s])
     for s in range(1, n):  # pre-order: a parent is the segment before, or one of its ancestors
         p, a = parent[s], s - 1
         while a >= 0 and a != p:
@@ -104,7 +100,8 @@ def subtree_ends(parent: np.ndarray) -> np.ndarray:
             raise PacktoolError(f"segment {s}'s parent {int(p)} is not segment {s - 1} nor one "
                                 f"of its ancestors: the row is not in pre-order (a subtree's "
                                 "segments contiguous); pass the row's own seg_parent")
-    return end
+    up = np.where(parent >= 0, np.arange(n) - parent, 0)
+    return tree_shape(up, np.zeros(n, np.int64))[1].astype(np.int64)
 
 
 def row_tree(batch: dict) -> Tree:

@@ -29,6 +29,7 @@ import numpy as np
 
 from ... import conflicts
 from ...errors import PacktoolError
+from .groups import tree_shape
 
 IGNORE_INDEX = -100
 # input_ids get pad_id; positions computed; a pad is in no group, no sequence, no completion
@@ -224,11 +225,10 @@ def tree_fields(ex: dict, cu: np.ndarray) -> dict:
     n = len(cu) - 1
     parent = np.asarray(ex["seg_parent"] if "seg_parent" in ex else ex["seg_prompt"], np.int64)
     parent = np.concatenate([parent, np.full(n - parent.size, -1, np.int64)])
-    end = np.arange(1, n + 1, dtype=np.int64)
-    for s in range(n - 1, -1, -1):  # pre-order: a subtree is the interval [s, end[s])
-        if parent[s] >= 0:
-            end[parent[s]] = max(end[parent[s]], end[s])
-    tin = np.repeat(np.arange(n, dtype=np.int64), np.diff(np.asarray(cu, np.int64)))
+    lengths = np.diff(np.asarray(cu, np.int64))
+    idx = np.arange(n, dtype=np.int64)
+    end = tree_shape(np.where(parent >= 0, idx - parent, 0), lengths)[1].astype(np.int64)
+    tin = np.repeat(idx, lengths)
     out = {"seg_parent": parent.astype(np.int32), "seg_end": end.astype(np.int32),
            "tree_in": tin.astype(np.int32), "tree_out": end[tin].astype(np.int32)}
     if "seg_prompt" in ex:
