@@ -62,6 +62,26 @@ def parse_vsl(spec) -> tuple[int, int] | None:
     return lo, hi
 
 
+def _ints(section, names, zero_ok=("seed", "pad_id")) -> None:
+    """Integer options of ``section`` given as integers (never bool), >= 0 or >= 1."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < (0 if name in zero_ok else 1)):
+            raise PacktoolError(f"--{name.replace('_', '-')} must be "
+                                + ("an integer >= 0" if name in zero_ok
+                                   else "a positive integer") + f", got {value!r}")
+
+
+def _choices(options) -> None:
+    """Every option whose field offers choices (``type=("choice", names)``) is one of them."""
+    for f in fields(options):
+        cli, value = f.metadata.get("cli", {}), getattr(options, f.name)
+        if cli.get("type", ("",))[0] == "choice" and value not in cli["type"][1]:
+            flag = (cli["flags"] or (f"--{f.name.replace('_', '-')}",))[0]
+            raise PacktoolError(f"{flag} {value!r}: choose one of {', '.join(cli['type'][1])}")
+
+
 @dataclass
 class TokenizeOptions:
     """Everything ``tokenize`` is asked to do besides which inputs, tokenizer and output."""
@@ -139,11 +159,7 @@ class TokenizeOptions:
         if self.batch_size < 1 or self.workers < 0 or self.part_bytes < 1:
             raise PacktoolError("--batch-size and --part-bytes must be at least 1 and "
                                 "--workers at least 0")
-        for name, value, allowed in (("--engine", self.engine, ENGINES),
-                                     ("--engine-check", self.engine_check, ENGINE_CHECKS),
-                                     ("--txt-split", self.txt_split, TXT_SPLITS)):
-            if value not in allowed:
-                raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
+        _choices(self)
         fields = [(f"--{k.replace('_', '-')}", v) for k, v in (
             ("prompt_field", self.prompt_field), ("completion_field", self.completion_field),
             ("messages_field", self.messages_field), ("chosen_field", self.chosen_field),
@@ -213,63 +229,74 @@ class TokenizeOptions:
         return "prompt_completion" if self.prompt_field else "text"
 
 
+# ``pack``'s options in sections, each with its own check; PackOptions composes them. Which
+# options cannot be combined is not checked here but in the one table, packtool.conflicts.
+
 @dataclass(frozen=True)
-class PackOptions:
-    """Everything ``pack`` is asked to do besides where to read and write."""
+class Rows:
+    """What a row is: its length, what becomes of longer documents, how many segments it
+    holds, --vsl's rows of 2**k, shared prompts."""
 
     seq_len: int = opt(None, "Tokens per pack.", "--seq-len", "-L",
                        type=("int", 1, 2**31 - 1), required=True)
-    algo: str = opt("bfd", "Packing algorithm.", "--algo", "-a", type="algo",
-                    show_default=True)
     overflow: str = opt("split", "Documents longer than --seq-len: split into pieces, keep the "
                         "first seq_len tokens, or drop them (always counted).",
                         type=("choice", OVERFLOW), show_default=True)
-    seed: int = opt(0, "Seed for shuffling and random packers.", type=("int", 0, 2**63 - 1),
-                    show_default=True)
-    shuffle: bool = opt(True, "Keep the algorithm's pack order (FFD/BFD: longest first).",
-                        "--no-shuffle", type="negated_flag")
-    shard_size: int = opt(1 << 27, "Tokens per shard (about).", type=("int", 1, None),
-                          show_default=True)
-    max_depth: int | None = opt(None, "spfhp (default 12), nnlshp (default 3): documents per "
-                                "pack at most.", type=("int", 1, None))
-    strict: bool = False
-    max_strategies: int | None = None
-    work_limit: int | None = opt(None, "optimal: pricing work budget in DP cells (default 4e9, "
-                                 "~15-25 s at L=4096 on 2 cores); the result is "
-                                 "reproducible.", type=("int", 0, None))
-    time_limit: float | None = opt(None, "optimal: also stop after this many seconds (the "
-                                   "result may then differ between runs; the index records "
-                                   "that).", type=("float", 0, False))
-    tokens: int | None = opt(None, "With target shares (PREFIX=SHARE): the tokens to pack in "
-                             "all, sources repeated where their share needs it (default: as "
-                             "many as the scarcest source gives, none repeated).",
-                             type=("int", 1, None))
-    valid_docs: int | None = opt(None, "Hold out exactly this many whole non-empty documents "
-                                 "(seeded, apportioned to the sources in proportion) and pack "
-                                 "them into OUT/valid. Never a source's last document: every "
-                                 "source keeps at least one for training.",
-                                 type=("int", 1, None))
-    valid_fraction: float | None = opt(None, "Hold out this fraction of each source's documents "
-                                       "instead (at least one of a source of two or more, "
-                                       "never its last).", type=("float", 0, True, 1, True))
-    group_docs: int | None = opt(None, "Pack consecutive groups of this many documents "
-                                 "independently (bounds the packer's memory and time at 1e9 "
-                                 "documents; docs/SCALE.md: its cost).", type=("int", 1, None))
-    layout: str = opt("index", "index: store the plan only, tokens read from the corpus at "
-                      "load (~2% of the token bytes); tokens: self-contained shards (~1.0x).",
-                      type=("choice", LAYOUTS), show_default=True)
-    source_check: str = opt("crc32", "--layout tokens: how the sources are checked before "
-                            "their tokens are committed: crc32 (recorded by tokenize; any "
-                            "flipped byte; ~4 GB/s) or sha256 too (also an edit made to "
-                            "keep the crc32; ~1.4 GB/s).", "--check",
-                            type=("choice", SOURCE_CHECKS), show_default=True)
-    balance: str = opt("none", "attention: order the packs so that every --balance-ranks "
-                       "consecutive packs are of like attention cost (sum of squared segment "
-                       "lengths), for trainers that take one pack per rank per step in order "
-                       "(the sampler's balance does this per epoch).",
-                       type=("choice", BALANCE), show_default=True)
-    balance_ranks: int = opt(8, "--balance attention: the ranks taking one pack each per step.",
-                             type=("int", 1, None), show_default=True)
+    max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
+                               "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
+                               metavar="K")
+    vsl: str | None = opt(None, "Variable sequence length (Dataset Decomposition): cut every "
+                          "document into chunks of 2**k tokens, MIN <= 2**k <= MAX (powers of "
+                          "two), each a row of its own; what is left under MIN is packed with "
+                          "bfd into rows of MIN. --seq-len is MAX. docs/TRAINING.md.",
+                          metavar="MIN:MAX")
+    share_prompt: bool = opt(False, "Pairs and groups: store each group's prompt once, then "
+                             "each completion (positions continuing from the prompt's end; "
+                             "attention needs packtool.torch.block_mask or model_inputs(batch, "
+                             "mask='4d'), never cu_seqlens).", type="flag")
+    share_prefix: bool = opt(False, "Store every beginning that sequences share once, at any "
+                             "depth: within pairs and groups, and across plain records (a "
+                             "repeated system prompt, a conversation's earlier turns); each "
+                             "tree packed whole (packed format version 6, docs/FORMAT.md).",
+                             type="flag")
+    min_shared: int | None = opt(None, "--share-prefix: share a beginning only if it is at "
+                                 "least N tokens (default 16: packtool.pack.trees says why).",
+                                 type=("int", 1, None), metavar="N")
+
+    def __post_init__(self):
+        if self.vsl is not None and self.seq_len is None:  # --vsl sets the longest row
+            with suppress(PacktoolError):  # check() says what is wrong with it
+                object.__setattr__(self, "seq_len", parse_vsl(self.vsl)[1])
+
+    @property
+    def vsl_bounds(self) -> tuple[int, int] | None:  # (MIN, MAX) of --vsl, or None
+        return parse_vsl(self.vsl)
+
+    def check(self) -> None:
+        if self.seq_len is None:
+            if self.vsl is not None:  # a bad --vsl left seq_len unset: say what is wrong
+                self.vsl_bounds  # noqa: B018
+            raise PacktoolError("pack needs --seq-len (-L) N, or --vsl MIN:MAX")
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or not (
+                1 <= self.seq_len < 2**31):
+            raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
+                                f"{self.seq_len!r}")
+        _choices(self)
+        _ints(self, ("max_docs", "min_shared"))
+        if self.vsl is not None and self.seq_len != self.vsl_bounds[1]:
+            raise PacktoolError(f"--seq-len {self.seq_len:,} is not --vsl's MAX "
+                                f"{self.vsl_bounds[1]:,} (a vsl row holds at most MAX tokens): "
+                                f"drop --seq-len or pass --seq-len {self.vsl_bounds[1]}")
+        if self.min_shared is not None and not self.share_prefix:
+            raise PacktoolError(f"--min-shared {self.min_shared} sets what --share-prefix "
+                                "shares: add --share-prefix, or drop --min-shared")
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Segments padded to a multiple of K (Transformer Engine's THD layout): --align and the
+    parallelism it derives from."""
+
     align: int | None = opt(None, "Pad every segment to a multiple of K tokens (Transformer "
                             "Engine's THD cu_seqlens_padded), planned in the packer so no row "
                             "exceeds --seq-len; --seq-len must be a multiple of K.",
@@ -285,38 +312,9 @@ class PackOptions:
     pad_id: int | None = opt(None, "Token id of alignment pads (default: the tokenizer's pad "
                              "token, else its eos; recorded in index.json).",
                              type=("int", 0, 2**32 - 1))
-    share_prompt: bool = opt(False, "Pairs and groups: store each group's prompt once, then "
-                             "each completion (positions continuing from the prompt's end; "
-                             "attention needs packtool.torch.block_mask or model_inputs(batch, "
-                             "mask='4d'), never cu_seqlens).", type="flag")
-    share_prefix: bool = opt(False, "Store every beginning that sequences share once, at any "
-                             "depth: within pairs and groups, and across plain records (a "
-                             "repeated system prompt, a conversation's earlier turns); each "
-                             "tree packed whole (packed format version 6, docs/FORMAT.md).",
-                             type="flag")
-    min_shared: int | None = opt(None, "--share-prefix: share a beginning only if it is at "
-                                 "least N tokens (default 16: packtool.pack.trees says why).",
-                                 type=("int", 1, None), metavar="N")
-    max_docs: int | None = opt(None, "At most K segments a pack (a fixed cu_seqlens length for "
-                               "CUDA graphs: collate with max_docs=K).", type=("int", 1, None),
-                               metavar="K")
-    vsl: str | None = opt(None, "Variable sequence length (Dataset Decomposition): cut every "
-                          "document into chunks of 2**k tokens, MIN <= 2**k <= MAX (powers of "
-                          "two), each a row of its own; what is left under MIN is packed with "
-                          "bfd into rows of MIN. --seq-len is MAX. docs/TRAINING.md.",
-                          metavar="MIN:MAX")
-
-    def __post_init__(self):
-        if self.vsl is not None and self.seq_len is None:  # --vsl sets the longest row
-            with suppress(PacktoolError):  # check() says what is wrong with it
-                object.__setattr__(self, "seq_len", parse_vsl(self.vsl)[1])
 
     @property
-    def vsl_bounds(self) -> tuple[int, int] | None:  # (MIN, MAX) of --vsl, or None
-        return parse_vsl(self.vsl)
-
-    @property
-    def alignment(self) -> int:
+    def k(self) -> int:
         """The K every segment is padded to a multiple of: the lcm of --align, 2 x --cp,
         --tp under --sequence-parallel and 16 with --fp8 (1: no alignment)."""
         from math import lcm
@@ -326,13 +324,201 @@ class PackOptions:
         return lcm(self.align or 1, parallel_alignment(self.cp, self.tp, self.sequence_parallel,
                                                        self.fp8))
 
-    def alignment_source(self) -> str:
-        """The options that set :attr:`alignment`, as the user gave them (for messages)."""
+    def source(self) -> str:
+        """The options that set :attr:`k`, as the user gave them (for messages)."""
         given = [f"--align {self.align}" if self.align else "",
                  f"--cp {self.cp}" if self.cp else "",
                  f"--tp {self.tp} --sequence-parallel" if self.tp and self.sequence_parallel
                  else "", "--fp8" if self.fp8 else ""]
         return ", ".join(g for g in given if g)
+
+    def check(self, seq_len: int) -> None:
+        """Positive integers, combined sensibly, and a ``seq_len`` that is a multiple of the
+        alignment (a pack of aligned segments is one, so a row of exactly --seq-len tokens
+        must be reachable)."""
+        _ints(self, ("align", "cp", "tp", "pad_id"))
+        if self.sequence_parallel and not self.tp:
+            raise PacktoolError("--sequence-parallel splits sequences over the tensor-parallel "
+                                "ranks: also pass --tp M")
+        if self.tp and not self.sequence_parallel:
+            raise PacktoolError(f"--tp {self.tp} alone does not split sequences (only Megatron's "
+                                "sequence parallelism does): add --sequence-parallel, or drop "
+                                "--tp")
+        from .formats.packed.schema import MAX_ALIGN
+
+        if (k := self.k) >= MAX_ALIGN:  # the lcm of --align, 2 x --cp, --tp, 16
+            raise PacktoolError(f"alignment {k:,} ({self.source()}) is not below "
+                                f"{MAX_ALIGN:,}, the most a packed dataset records (its readers "
+                                "refuse more): use a smaller --align, --cp or --tp")
+        if self.pad_id is not None and k == 1:
+            raise PacktoolError("--pad-id is the id of alignment pads: give it with --align "
+                                "(or --cp/--tp/--fp8), or drop it")
+        if k > 1 and seq_len % k:
+            lo, hi = seq_len // k * k, -(-seq_len // k) * k
+            raise PacktoolError(
+                f"--seq-len {seq_len:,} is not a multiple of the alignment {k} "
+                f"({self.source()}): every aligned segment is a multiple of {k}, "
+                f"so use --seq-len {hi:,}" + (f" or {lo:,}" if lo else ""))
+
+
+@dataclass(frozen=True)
+class Packer:
+    """Which packer places the documents (:mod:`packtool.packers`), and its limits."""
+
+    algo: str = opt("bfd", "Packing algorithm.", "--algo", "-a", type="algo",
+                    show_default=True)
+    max_depth: int | None = opt(None, "spfhp (default 12), nnlshp (default 3): documents per "
+                                "pack at most.", type=("int", 1, None))
+    strict: bool = False
+    max_strategies: int | None = None
+    work_limit: int | None = opt(None, "optimal: pricing work budget in DP cells (default 4e9, "
+                                 "~15-25 s at L=4096 on 2 cores); the result is "
+                                 "reproducible.", type=("int", 0, None))
+    time_limit: float | None = opt(None, "optimal: also stop after this many seconds (the "
+                                   "result may then differ between runs; the index records "
+                                   "that).", type=("float", 0, False))
+
+    def check(self, seq_len: int) -> None:
+        from .packers import check_seq_len_memory
+
+        check_seq_len_memory(seq_len, [self.algo])
+
+
+@dataclass(frozen=True)
+class Order:
+    """The packs' order: the seed of every draw, the shuffle, attention balance, and packing
+    in groups of documents."""
+
+    seed: int = opt(0, "Seed for shuffling and random packers.", type=("int", 0, 2**63 - 1),
+                    show_default=True)
+    shuffle: bool = opt(True, "Keep the algorithm's pack order (FFD/BFD: longest first).",
+                        "--no-shuffle", type="negated_flag")
+    balance: str = opt("none", "attention: order the packs so that every --balance-ranks "
+                       "consecutive packs are of like attention cost (sum of squared segment "
+                       "lengths), for trainers that take one pack per rank per step in order "
+                       "(the sampler's balance does this per epoch).",
+                       type=("choice", BALANCE), show_default=True)
+    balance_ranks: int = opt(8, "--balance attention: the ranks taking one pack each per step.",
+                             type=("int", 1, None), show_default=True)
+    group_docs: int | None = opt(None, "Pack consecutive groups of this many documents "
+                                 "independently (bounds the packer's memory and time at 1e9 "
+                                 "documents; docs/SCALE.md: its cost).", type=("int", 1, None))
+
+    def check(self) -> None:
+        _choices(self)
+        _ints(self, ("seed", "group_docs"))
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """Sources mixed to target shares (the tokens in all) and documents held out."""
+
+    tokens: int | None = opt(None, "With target shares (PREFIX=SHARE): the tokens to pack in "
+                             "all, sources repeated where their share needs it (default: as "
+                             "many as the scarcest source gives, none repeated).",
+                             type=("int", 1, None))
+    valid_docs: int | None = opt(None, "Hold out exactly this many whole non-empty documents "
+                                 "(seeded, apportioned to the sources in proportion) and pack "
+                                 "them into OUT/valid. Never a source's last document: every "
+                                 "source keeps at least one for training.",
+                                 type=("int", 1, None))
+    valid_fraction: float | None = opt(None, "Hold out this fraction of each source's documents "
+                                       "instead (at least one of a source of two or more, "
+                                       "never its last).", type=("float", 0, True, 1, True))
+
+    def check(self) -> None:
+        _ints(self, ("tokens",))
+
+
+@dataclass(frozen=True)
+class Output:
+    """What the dataset stores and how its sources are checked before it is committed."""
+
+    layout: str = opt("index", "index: store the plan only, tokens read from the corpus at "
+                      "load (~2% of the token bytes); tokens: self-contained shards (~1.0x).",
+                      type=("choice", LAYOUTS), show_default=True)
+    source_check: str = opt("crc32", "--layout tokens: how the sources are checked before "
+                            "their tokens are committed: crc32 (recorded by tokenize; any "
+                            "flipped byte; ~4 GB/s) or sha256 too (also an edit made to "
+                            "keep the crc32; ~1.4 GB/s).", "--check",
+                            type=("choice", SOURCE_CHECKS), show_default=True)
+    shard_size: int = opt(1 << 27, "Tokens per shard (about).", type=("int", 1, None),
+                          show_default=True)
+
+    def check(self) -> None:
+        _choices(self)
+        _ints(self, ("shard_size",))
+
+
+SECTIONS = {"rows": Rows, "packer": Packer, "output": Output, "order": Order,
+            "mixture": Mixture, "padding": Alignment}
+_SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
+# PackOptions' positional order (from when it was one flat dataclass): ``PackOptions(4096,
+# "ffd", "drop")`` still means seq_len, algo, overflow
+_POSITIONAL = ("seq_len", "algo", "overflow", "seed", "shuffle", "shard_size", "max_depth",
+               "strict", "max_strategies", "work_limit", "time_limit", "tokens", "valid_docs",
+               "valid_fraction", "group_docs", "layout", "source_check", "balance",
+               "balance_ranks", "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id",
+               "share_prompt", "max_docs", "vsl")
+
+
+@dataclass(frozen=True, init=False)
+class PackOptions:
+    """Everything ``pack`` is asked to do besides where to read and write: the sections
+    :class:`Rows`, :class:`Packer`, :class:`Output`, :class:`Order`, :class:`Mixture` and
+    :class:`Alignment` (``padding``), each with its own check. Built from the options by
+    name, as the CLI gives them (``PackOptions(4096, align=16, valid_docs=100)``; positional
+    in the order of ``_POSITIONAL``), or from sections (``PackOptions(rows=Rows(4096), ...)``); an
+    option reads through to its section (``opts.align`` is ``opts.padding.align``)."""
+
+    rows: Rows
+    packer: Packer
+    output: Output
+    order: Order
+    mixture: Mixture
+    padding: Alignment
+
+    def __init__(self, *args, **given):
+        if len(args) > len(_POSITIONAL):
+            raise TypeError(f"PackOptions() takes at most {len(_POSITIONAL)} positional "
+                            f"arguments ({len(args)} given)")
+        for name, value in zip(_POSITIONAL, args, strict=False):
+            if name in given:
+                raise TypeError(f"PackOptions() got multiple values for argument {name!r}")
+            given[name] = value
+        unknown = [k for k in given if k not in _SECTION_OF and k not in SECTIONS]
+        if unknown:
+            raise TypeError(f"PackOptions() got an unexpected keyword argument {unknown[0]!r}")
+        for name, cls in SECTIONS.items():
+            section = given.get(name)
+            if section is None:
+                section = cls(**{k: v for k, v in given.items() if _SECTION_OF.get(k) == name})
+            elif not isinstance(section, cls) or any(_SECTION_OF.get(k) == name for k in given):
+                raise TypeError(f"PackOptions({name}=...) takes a {cls.__name__}, and not "
+                                "beside that section's options by name")
+            object.__setattr__(self, name, section)
+
+    def __getattr__(self, name):  # an option by name reads through to its section
+        if name not in _SECTION_OF:
+            raise AttributeError(f"PackOptions has no option {name!r}")
+        return getattr(object.__getattribute__(self, _SECTION_OF[name]), name)
+
+    @classmethod
+    def option_fields(cls) -> list:
+        """Every option's field, section by section (what the CLI builds its options from)."""
+        return [f for section in SECTIONS.values() for f in fields(section)]
+
+    def flat(self) -> dict:
+        """Every option by name."""
+        return {f.name: getattr(self, f.name) for f in self.option_fields()}
+
+    def replace(self, **changes) -> PackOptions:
+        """A copy with these options (by name) changed."""
+        return PackOptions(**{**self.flat(), **changes})
+
+    @property
+    def alignment(self) -> int:
+        return self.padding.k
 
     def packer_options(self):
         from .packers import PackerOptions
@@ -340,31 +526,12 @@ class PackOptions:
         return PackerOptions(**{f.name: getattr(self, f.name) for f in fields(PackerOptions)})
 
     def check(self) -> None:
-        if self.seq_len is None:
-            if self.vsl is not None:  # a bad --vsl left seq_len unset: say what is wrong
-                self.vsl_bounds  # noqa: B018
-            raise PacktoolError("pack needs --seq-len (-L) N, or --vsl MIN:MAX")
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or not (
-                1 <= self.seq_len < 2**31):
-            raise PacktoolError(f"--seq-len must be an integer from 1 to 2,147,483,647, got "
-                                f"{self.seq_len!r}")
-        from .packers import check_seq_len_memory
-
-        check_seq_len_memory(self.seq_len, [self.algo])
-        for name, value, allowed in (("--overflow", self.overflow, OVERFLOW),
-                                     ("--layout", self.layout, LAYOUTS),
-                                     ("--check", self.source_check, SOURCE_CHECKS),
-                                     ("--balance", self.balance, BALANCE)):
-            if value not in allowed:
-                raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
-        self.check_alignment()
-        if self.vsl is not None and self.seq_len != self.vsl_bounds[1]:
-            raise PacktoolError(f"--seq-len {self.seq_len:,} is not --vsl's MAX "
-                                f"{self.vsl_bounds[1]:,} (a vsl row holds at most MAX tokens): "
-                                f"drop --seq-len or pass --seq-len {self.vsl_bounds[1]}")
-        if self.min_shared is not None and not self.share_prefix:
-            raise PacktoolError(f"--min-shared {self.min_shared} sets what --share-prefix "
-                                "shares: add --share-prefix, or drop --min-shared")
+        """Each section's check, then the conflicts between them (packtool.conflicts)."""
+        self.rows.check()
+        for section in (self.packer, self.padding):
+            section.check(self.rows.seq_len)
+        for section in (self.output, self.order, self.mixture):
+            section.check()
         conflicts.check(self.features())
 
     def features(self) -> set[str]:
@@ -378,38 +545,3 @@ class PackOptions:
               "share_prompt": self.share_prompt, "share_prefix": self.share_prefix,
               "holdout": bool(self.valid_docs or self.valid_fraction)}
         return {name for name, used in on.items() if used}
-
-    def check_alignment(self) -> None:
-        """--align and the options it derives from: positive integers, combined sensibly,
-        and a --seq-len that is a multiple of the alignment (a pack of aligned segments is
-        one, so a row of exactly --seq-len tokens must be reachable)."""
-        for name in ("seed", "shard_size", "tokens", "group_docs", "align", "cp", "tp",
-                     "pad_id", "max_docs"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < (0 if name in ("seed", "pad_id") else 1)):
-                raise PacktoolError(f"--{name.replace('_', '-')} must be "
-                                    + ("an integer >= 0" if name in ("seed", "pad_id")
-                                       else "a positive integer") + f", got {value!r}")
-        if self.sequence_parallel and not self.tp:
-            raise PacktoolError("--sequence-parallel splits sequences over the tensor-parallel "
-                                "ranks: also pass --tp M")
-        if self.tp and not self.sequence_parallel:
-            raise PacktoolError(f"--tp {self.tp} alone does not split sequences (only Megatron's "
-                                "sequence parallelism does): add --sequence-parallel, or drop "
-                                "--tp")
-        from .formats.packed.schema import MAX_ALIGN
-
-        if (k := self.alignment) >= MAX_ALIGN:  # the lcm of --align, 2 x --cp, --tp, 16
-            raise PacktoolError(f"alignment {k:,} ({self.alignment_source()}) is not below "
-                                f"{MAX_ALIGN:,}, the most a packed dataset records (its readers "
-                                "refuse more): use a smaller --align, --cp or --tp")
-        if self.pad_id is not None and k == 1:
-            raise PacktoolError("--pad-id is the id of alignment pads: give it with --align "
-                                "(or --cp/--tp/--fp8), or drop it")
-        if k > 1 and self.seq_len % k:
-            lo, hi = self.seq_len // k * k, -(-self.seq_len // k) * k
-            raise PacktoolError(
-                f"--seq-len {self.seq_len:,} is not a multiple of the alignment {k} "
-                f"({self.alignment_source()}): every aligned segment is a multiple of {k}, "
-                f"so use --seq-len {hi:,}" + (f" or {lo:,}" if lo else ""))

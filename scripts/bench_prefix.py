@@ -74,16 +74,16 @@ LEVELS = {  # depth -> (branches, median tokens) of each level below the prompt
     5: [(2, 300), (2, 150), (2, 100), (2, 100)]}
 
 
-def multi_turn(n: int, depth: int):
-    """A prompt (median 300), then ``LEVELS[depth]``: the records are the root-to-leaf
-    paths, each a completion of the prompt (their first parts shared)."""
+def multi_turn(n: int, depth: int, scale: float = 1.0):
+    """A prompt (median 300), then ``LEVELS[depth]`` (lengths x ``scale``): the records are
+    the root-to-leaf paths, each a completion of the prompt (their first parts shared)."""
     out = []
     for _ in range(n):
         paths = [np.zeros(0, np.int64)]
         for branches, median in LEVELS[depth]:
-            paths = [np.concatenate([q, toks(ln(median))]) for q in paths
+            paths = [np.concatenate([q, toks(ln(scale * median))]) for q in paths
                      for _ in range(branches)]
-        out.append((toks(ln(300)), paths))
+        out.append((toks(ln(scale * 300)), paths))
     return grouped(out, "completions")
 
 
@@ -243,6 +243,13 @@ def forward_bench(cases, min_shared) -> None:
               f"{diff:.1e} |")
 
 
+def FORWARD_CASES():  # small: an eager forward with a 4-D mask costs rows x seq_len^2
+    return [("(a) GRPO G=8, P/R=4, response 32", grpo(24, 8, 4, 32), 4096),
+            ("(c) multi-turn depth 4, lengths / 10", multi_turn(24, 4, 0.1), 4096),
+            ("(d) 300-token system prompt", system_prompt(150), 4096),
+            ("(d) successive turns", successive_turns(20), 4096)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -271,10 +278,7 @@ def main() -> None:
           f"; GRPO G=8 P/R=4 keeps {g8['flat'] / g8['trees']:.2f}x")
     min_shared_sweep(20_000 // k)
     if not a.skip_forward:
-        forward_bench([("(a) GRPO G=8, P/R=4", grpo(6, 8, 4, 96), 8192),
-                       ("(c) multi-turn depth 4", multi_turn(6, 4), 8192),
-                       ("(d) system prompt", system_prompt(200), 4096),
-                       ("(d) successive turns", successive_turns(30), 4096)], m)
+        forward_bench(FORWARD_CASES(), m)
 
 
 if __name__ == "__main__":

@@ -354,3 +354,55 @@ def test_consumed_moved_between_lengths_is_refused():
                     seed=1).load_state_dict(forged)
     PackSampler(lengths, rank=0, world_size=2, tokens_per_step=8192,
                 seed=1).load_state_dict(later)
+
+
+@pytest.mark.parametrize("curriculum", ["uniform", "grow-p2"])
+def test_the_draw_kernel_equals_the_draw_step_by_step(curriculum):
+    """An epoch's lengths come from one kernel pass (curriculum.draw_steps); the reference is
+    curriculum.draw, one step at a time, from the epoch's start and from a step inside it."""
+    rng = np.random.default_rng(3)
+    for trial in range(4):
+        lengths = rng.choice([256, 512, 1024, 2048], int(rng.integers(50, 3000))).astype(np.int64)
+        s = PackSampler(lengths, rank=0, world_size=1, tokens_per_step=4096, seed=trial,
+                        curriculum=curriculum)
+        c, want, at = np.zeros(len(s.lengths), np.int64), [], []
+        while (k := s._next(0, len(want), c)) is not None:
+            at.append(c.copy())
+            want.append(k)
+            c[k] += s.per_step[k]
+        assert s.step_lengths().tolist() == s.lengths[want].tolist()
+        mid = len(want) // 2
+        ks, stop = s.draws(0, mid, at[mid], until=mid + 7)
+        assert ks.tolist() == want[mid:mid + 7] and stop is None
+
+
+def test_mulhi_is_the_high_half_of_the_product():
+    from packtool.train.curriculum import _mulhi
+
+    rng = np.random.default_rng(0)
+    edge = [0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1]
+    pairs = [(a, b) for a in edge for b in edge] + [
+        (int(a), int(b)) for a, b in rng.integers(0, 2**64, (200, 2), dtype=np.uint64)]
+    for a, b in pairs:
+        assert int(_mulhi(np.uint64(a), np.uint64(b))) == (a * b) >> 64, (a, b)
+
+
+def test_which_and_where_look_steps_up_without_drawing_again():
+    """Issue 38: which(step) and where(row) replayed the draws from the last remembered step
+    (every 256; from 0 before); now an epoch's draws are made once and a question is a binary
+    search: asking late steps again calls the curriculum no more."""
+    calls = []
+
+    def curriculum(step):
+        calls.append(step)
+        return [1, 2]
+
+    lengths = np.repeat([512, 1024], [4000, 2000])
+    s = PackSampler(lengths, rank=0, world_size=1, tokens_per_step=4096, curriculum=curriculum)
+    last = s.n_steps - 1
+    first = s.which(last)
+    drawn = len(calls)
+    assert drawn == s.n_steps
+    row = first[0][0]
+    assert s.which(last) == first and s.where(row) == [(last, 0)]
+    assert [s.which(t) for t in (last - 300, 700, 3)] and len(calls) == drawn

@@ -139,9 +139,9 @@ def test_refuses_existing_output_and_unknown_version(tmp_path, corpus):
     pack_corpus(sources(corpus), tmp_path / "p", 64, overwrite=True)
     assert open_packed(tmp_path / "p").seq_len == 64
     idx = json.loads((tmp_path / "p" / "index.json").read_text())
-    idx["version"] = 6
+    idx["version"] = 7
     (tmp_path / "p" / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(packtool.FormatError, match="packtool.packed version 6 is not supported"):
+    with pytest.raises(packtool.FormatError, match="packtool.packed version 7 is not supported"):
         open_packed(tmp_path / "p")
 
 
@@ -392,3 +392,54 @@ def test_verify_says_what_the_policy_removed(tmp_path, corpus):
     assert f"{dropped:,} in {int((lengths > L).sum()):,} documents dropped" in text
     text = verify_packed(tmp_path / "d").summary()
     assert "accounted for" not in text  # without sources nothing is claimed about them
+
+
+def test_pack_options_are_sections_each_with_its_own_check():
+    """Issue 38 item 4: PackOptions is composed of small sections, each checking its own
+    options; the call forms users have (every option by name, or positional) build the
+    same value, and a conflict between sections is refused by the one table."""
+    from packtool import conflicts
+    from packtool.errors import PacktoolError
+    from packtool.options import (
+        SECTIONS,
+        Alignment,
+        Mixture,
+        Order,
+        Output,
+        Packer,
+        PackOptions,
+        Rows,
+    )
+
+    flat = PackOptions(4096, align=16, seed=3, valid_docs=5, layout="tokens", algo="ffd")
+    composed = PackOptions(rows=Rows(4096), padding=Alignment(align=16), order=Order(seed=3),
+                           mixture=Mixture(valid_docs=5), output=Output(layout="tokens"),
+                           packer=Packer(algo="ffd"))
+    assert flat == composed and flat.align == flat.padding.align == 16 and flat.alignment == 16
+    names = [f.name for f in PackOptions.option_fields()]
+    assert len(names) == len(set(names)) == 28 and set(SECTIONS) == {
+        "rows", "packer", "output", "order", "mixture", "padding"}
+    assert flat.replace(group_docs=7).order.group_docs == 7 and flat.group_docs is None
+    with pytest.raises(TypeError, match="bogus"):
+        PackOptions(4096, bogus=1)
+    with pytest.raises(TypeError, match="Rows"):
+        PackOptions(rows=Rows(512), seq_len=1024)
+    for check, match in [
+            (lambda: Rows(0).check(), "--seq-len must be an integer"),
+            (lambda: Rows(512, overflow="cut").check(), "--overflow 'cut': choose one of"),
+            (lambda: Rows(512, vsl="64:1024").check(), "not --vsl's MAX"),
+            (lambda: Alignment(tp=2).check(4096), "add --sequence-parallel"),
+            (lambda: Alignment(align=48).check(4096), "--seq-len 4,128 or 4,080"),
+            (lambda: Alignment(pad_id=3).check(4096), "--pad-id is the id of alignment pads"),
+            (lambda: Order(balance="cost").check(), "--balance 'cost': choose one of"),
+            (lambda: Order(seed=-1).check(), "--seed must be an integer >= 0"),
+            (lambda: Mixture(tokens=0).check(), "--tokens must be a positive integer"),
+            (lambda: Output(source_check="md5").check(), "--check 'md5': choose one of"),
+            (lambda: Output(shard_size=True).check(), "--shard-size must be a positive")]:
+        with pytest.raises(PacktoolError, match=match):
+            check()
+    Rows(1024, vsl="64:1024").check()  # each section alone passes what it allows
+    with pytest.raises(PacktoolError, match=conflicts.conflicts({"vsl", "align"})[0].name):
+        PackOptions(vsl="64:1024", align=16).check()
+    assert PackOptions(512, "ffd", "drop", 4) == PackOptions(seq_len=512, algo="ffd",
+                                                            overflow="drop", seed=4)

@@ -102,6 +102,9 @@ def test_verify_source_recomputes_the_trie_and_stats_predicts_pack(chat):
     r = CliRunner().invoke(cli, ["stats", str(d / "chat"), "-L", "256", "--share-prefix",
                                  "--min-shared", "4"])
     assert r.exit_code == 0 and f"{idx['n_packs']:,} packs" in r.output, r.output
+    r = CliRunner().invoke(cli, ["pack", str(d / "chat"), "-L", "256", "--share-prefix",
+                                 "--min-shared", "4", "-o", str(d / "again")])
+    assert r.exit_code == 0 and f"{idx['n_tokens']:,} tokens stored of " in r.output, r.output
 
 
 def test_verify_refuses_a_shared_segment_that_is_not_its_records(chat, tmp_path):
@@ -114,22 +117,30 @@ def test_verify_refuses_a_shared_segment_that_is_not_its_records(chat, tmp_path)
         verify_packed(tmp_path / "trees", [tmp_path / "chat"])
 
 
-def test_validate_refuses_a_seg_up_out_of_order(chat, tmp_path):
+@pytest.mark.parametrize("array,match", [("seg_up", "seg_up"), ("seg_role", "always a leaf")])
+def test_validate_refuses_a_tree_out_of_order(chat, tmp_path, array, match):
+    """A parent outside its pack (seg_up), and a shared segment made a record's end
+    (seg_role): each refused by the validator, the files' checksums made to agree."""
     d, *_ = chat
     shutil.copytree(d / "trees", tmp_path / "t")
-    f = tmp_path / "t" / "shard-00000.seg_up.npy"
-    up = np.load(f)
+    f = tmp_path / "t" / f"shard-00000.{array}.npy"
+    a = np.load(f)
+    up = np.load(tmp_path / "t" / "shard-00000.seg_up.npy")
     s = int(np.flatnonzero(up)[0])
-    up[s] = s + 5  # points before its pack's first segment
-    np.save(f, up)
+    if array == "seg_up":
+        a[s] = s + 5  # points before its pack's first segment
+    else:
+        a[s - int(up[s])] = 1  # the parent of a segment becomes a record's leaf
+    np.save(f, a)
     idx = json.loads((tmp_path / "t" / "index.json").read_text())
     from packtool._io import crc32_file
-    idx["shards"][0]["files"]["seg_up"]["crc32"] = crc32_file(f)
-    idx["shards"][0]["files"]["seg_up"]["bytes"] = f.stat().st_size
     from packtool.formats._manifest import digest
+
+    idx["shards"][0]["files"][array]["crc32"] = crc32_file(f)
+    idx["shards"][0]["files"][array]["bytes"] = f.stat().st_size
     idx["index_sha256"] = digest(idx, "index_sha256")
     (tmp_path / "t" / "index.json").write_text(json.dumps(idx))
-    with pytest.raises(ValidationError, match="seg_up"):
+    with pytest.raises(ValidationError, match=match):
         validate_packed(tmp_path / "t")
 
 

@@ -138,10 +138,15 @@ def _option(f: dataclasses.Field, **override):
     return click.option(*flags, f.name, **kw)
 
 
+def _fields(cls) -> list:
+    """A dataclass's fields, or those of its sections (PackOptions.option_fields)."""
+    return cls.option_fields() if hasattr(cls, "option_fields") else dataclasses.fields(cls)
+
+
 def fields(cls, *names: str, **overrides):
     """A decorator adding the click options of ``cls``'s fields ``names`` (in that order).
     ``overrides``: field name -> metadata to change for this command (e.g. help)."""
-    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    by_name = {f.name: f for f in _fields(cls)}
 
     def decorate(fn):
         for name in reversed(names):
@@ -155,7 +160,7 @@ def build(cls, kw: dict, **fixed):
     """``cls`` from the command's keyword arguments: each field the command took (a negated
     flag ``--no-x`` sets ``x`` False) is removed from ``kw``; ``fixed`` adds others."""
     values = dict(fixed)
-    for f in dataclasses.fields(cls):
+    for f in _fields(cls):
         if f.name in kw:
             values[f.name] = kw.pop(f.name)
         elif f"no_{f.name}" in kw:

@@ -13,7 +13,6 @@ loads and passes the probe; the reference (`tokenizers`) is always last.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 # family -> ((engine, prose M tok/s, code M tok/s), ...), fastest first (prose + code).
 # Measured 2025-11 (issue 22) with --size-mb 4 while other jobs shared the 2 cores: the order
@@ -55,15 +54,6 @@ def family(spec: dict) -> str:
     if spec["model"].get("byte_fallback"):
         return "sentencepiece_bpe"
     return "metaspace_bpe"
-
-
-def family_of(path: Path, reference=None) -> str:
-    try:
-        spec = json.loads(reference.to_str() if reference is not None
-                          else Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "other"
-    return family(spec)
 
 
 def order(fam: str) -> tuple[str, ...]:

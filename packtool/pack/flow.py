@@ -11,7 +11,6 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +87,7 @@ def plan_digest(options: PackOptions, corpora: list, factors: list[float]) -> st
 
     # --check decides how this run reads its sources, not what it writes: a task run
     # with either finds the other's plan
-    opts = {k: v for k, v in asdict(options).items() if k != "source_check"}
+    opts = {k: v for k, v in options.flat().items() if k != "source_check"}
     common = {"packtool": __version__, "options": opts, "factors": factors,
               "sources": [c.file_sha256 for c in corpora]}
     return hashlib.sha256(json.dumps(common, sort_keys=True).encode()).hexdigest()
@@ -238,6 +237,7 @@ class WholeCorpusPlan:
             valid=None if idx is None else idx["held_out"],
             vsl=None if idx is None else idx.get("vsl"), overflow=recorded_overflow(lay),
             groups=getattr(lay, "groups", None) if idx is None else idx.get("groups"),
+            trees=getattr(lay, "trees", None) if idx is None else idx.get("trees"),
             warnings=warnings + list(lay.report.warnings))
 
 

@@ -11,6 +11,7 @@ from ..errors import PacktoolError
 from ..formats.packed import VALID, mask_storage, v2_dtypes
 from ..formats.packed.costs import COST_RATIO
 from ..metrics import histogram_metrics
+from ..options import Order
 from ..storage import local_file, relative
 from .pairs import group_overflow
 from .plan import PackLayout, PackOptions
@@ -20,10 +21,10 @@ METRIC_KEYS = ("efficiency", "lower_bound_packs", "gap_percent", "l2_bound_packs
                "gap_to_best_bound_percent", "packing_factor")
 
 
-def balance_entry(options: PackOptions) -> dict | None:
-    if options.balance == "none":
+def balance_entry(order: Order) -> dict | None:
+    if order.balance == "none":
         return None
-    return {"objective": options.balance, "ranks": options.balance_ranks}
+    return {"objective": order.balance, "ranks": order.balance_ranks}
 
 
 def histogram(layout: PackLayout, chunk: int = 1 << 22) -> np.ndarray:
@@ -137,7 +138,7 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
     """Everything index.json says besides the format's own keys and the shards."""
     opts, rep = layout.options, layout.report
     return {"layout": opts.layout, "seq_len": opts.seq_len, "algo": opts.algo,
-            "algo_options": rep.options, "balance": balance_entry(opts), "seed": opts.seed,
+            "algo_options": rep.options, "balance": balance_entry(opts.order), "seed": opts.seed,
             "shuffle": opts.shuffle, "overflow": recorded_overflow(layout), **stored,
             "group_docs": opts.group_docs, "n_packs": layout.n_packs, **layout.counts,
             **metrics(layout), "attention_imbalance": imbalance(layout), "cost_ratio": COST_RATIO,
@@ -159,7 +160,7 @@ def recorded_overflow(layout: PackLayout) -> str:
 def vsl_entry(layout: PackLayout) -> dict:
     """index.json's ``vsl`` key for a --vsl plan (none otherwise: a fixed-length dataset's
     index is what it was): rows per slot length, remnant rows, slot tokens."""
-    vsl = layout.options.vsl_bounds
+    vsl = layout.options.rows.vsl_bounds
     if vsl is None:
         return {}
     from .vsl import row_table, slot_lengths
@@ -247,7 +248,7 @@ def group_index_meta(combined: dict, options: PackOptions, corpora: list, factor
                 "tokens_used": int(tokens[k]), "token_share": tokens[k] / all_tokens}
                for k, c in enumerate(corpora)]
     return {"layout": options.layout, "seq_len": seq_len, "algo": options.algo,
-            "algo_options": report.options, "balance": balance_entry(options),
+            "algo_options": report.options, "balance": balance_entry(options.order),
             "seed": options.seed, "shuffle": options.shuffle,
             "overflow": options.overflow, **stored, "group_docs": options.group_docs,
             "n_packs": combined["n_packs"], **combined["counts"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import seeds
-from ..options import PackOptions
+from ..options import Order
 
 
 def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> np.ndarray:
@@ -28,9 +28,9 @@ def balanced_rank(rank: np.ndarray, packs: np.ndarray, rounds: list, g: int) -> 
     return out
 
 
-def shuffle_rank(n_packs: int, options: PackOptions, key: tuple = ()) -> np.ndarray:
+def shuffle_rank(n_packs: int, order: Order, key: tuple = ()) -> np.ndarray:
     """Each pack's output position: a seeded permutation (its own random stream, the
     ``pack.shuffle`` domain of :mod:`packtool.seeds`), or the packer's order."""
-    if not options.shuffle:
+    if not order.shuffle:
         return np.arange(n_packs, dtype=np.int64)
-    return seeds.rng(options.seed, "pack.shuffle", *key).permutation(n_packs).astype(np.int64)
+    return seeds.rng(order.seed, "pack.shuffle", *key).permutation(n_packs).astype(np.int64)

@@ -161,7 +161,7 @@ def layout_of(segs, item: np.ndarray, items: np.ndarray, options: PackOptions,
     n_packs = packing.report.n_packs
     packs = packing.packs[item]
     packs[segs.table_length == 0] = -1
-    rank = shuffle_rank(n_packs, options)
+    rank = shuffle_rank(n_packs, options.order)
     if options.balance == "attention" and n_packs:
         rank = balanced_rank(rank, packs, [segs], options.balance_ranks)
     order, pack_nseg = order_segments(packs, rank, n_packs,

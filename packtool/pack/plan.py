@@ -189,7 +189,7 @@ def plan_pack(lengths: np.ndarray, options: PackOptions,
     packs = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else \
         np.empty(0, np.int64)
     del parts
-    rank = shuffle_rank(n_packs, options, shuffle_key)
+    rank = shuffle_rank(n_packs, options.order, shuffle_key)
     if options.balance == "attention" and n_packs:
         rank = balanced_rank(rank, packs, rounds, options.balance_ranks)
     n_table = sum(r.table_length.size for r in rounds)
@@ -228,7 +228,7 @@ def segments_of(lengths: np.ndarray, options: PackOptions) -> Segments:
     if options.vsl is not None:
         from .vsl import cut
 
-        return cut(lengths, options.vsl_bounds)
+        return cut(lengths, options.rows.vsl_bounds)
     return make_segments(lengths, options.seq_len, options.overflow)
 
 
@@ -238,7 +238,7 @@ def _assign(table: np.ndarray, options: PackOptions):
     if options.vsl is not None:
         from .vsl import vsl_packs
 
-        return vsl_packs(table, options.vsl_bounds[0], options.seed)
+        return vsl_packs(table, options.rows.vsl_bounds[0], options.seed)
     packing = run_packer(align_up(table, options.alignment), options.seq_len, options.algo,
                          options.packer_options(), narrow_ids=True)
     return packing.packs, packing.report

@@ -110,6 +110,7 @@ class PackResult:
     vsl: dict | None = None  # --vsl: index.json's vsl entry (rows per length, remnants)
     overflow: str = ""       # index.json's: the policy done (pairs and groups: refuse or drop)
     groups: dict | None = None  # pairs and groups: index.json's groups entry
+    trees: dict | None = None   # prefix trees: index.json's trees entry
 
     @property
     def efficiency(self) -> float:
@@ -137,6 +138,10 @@ class PackResult:
             over.append(f"dropped {c['n_dropped']:,} docs ({c['n_dropped_tokens']:,} tokens)")
         if c["n_empty"]:
             over.append(f"skipped {c['n_empty']:,} empty docs")
+        if t := self.trees:
+            kept, flat = t["n_tokens_stored"], t["n_tokens_flat"]
+            over.append(f"prefix trees: {kept:,} tokens stored of {flat:,} "
+                        f"({flat / max(kept, 1):.2f}x fewer) in {t['n_trees']:,} trees")
         if c.get("n_align_tokens") is not None:
             over.append(f"segments aligned: {c['n_align_tokens']:,} pad tokens "
                         f"({100 * c['n_align_tokens'] / max(self.n_tokens, 1):.2f}%)")

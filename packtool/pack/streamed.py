@@ -23,7 +23,6 @@ Measured on synthetic corpora (scripts/bench_scale_memory.py): see docs/SCALE.md
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -183,7 +182,7 @@ def _plan_and_write(job: GroupJob, tmp: Path, tick) -> dict:
     t = job.target
     corpora = sources(t.prefixes)
     lengths = read_lengths_range(corpora, job.lo, job.hi)
-    opts = dataclasses.replace(job.options, group_docs=None)
+    opts = job.options.replace(group_docs=None)
     repeats, held = _repeats(job)
     layouts = {"train": plan_pack(lengths, opts, repeats, shuffle_key=(job.g,))}
     if held.any():

@@ -28,11 +28,12 @@ fit for shorter ones that do, so sets fill their rows (counted: ``n_split_trees`
 ``--min-shared`` (default ``MIN_SHARED``, 16), chosen by measurement: a shared node is one
 more segment (a kernel's per-segment work, a mask's block, a row's table entry) for what it
 saves, so a default should share what repeats at length and leave chance beginnings alone.
-scripts/bench_prefix.py's sweep on 5,000 templated chat records (3-token role headers, 40%
+scripts/bench_prefix.py's sweep on 20,000 templated chat records (3-token role headers, 40%
 under one of 5 system prompts of 300 tokens, user turns opening with one of 40 Zipf-drawn
-2-token phrases): --min-shared 1, 2 and 4 made 531, 518 and 219 shared segments under 16
-tokens (headers and openings) to store 1.1%, 1.1% and 1.0% fewer tokens (1,413,602 against
-1,428,818); from 8 to 64 none, the same 153 shared segments and tokens. 16 is twice the
+2-token phrases; seq_len 4096): --min-shared 1, 2 and 4 made 1,462, 1,282 and 817 shared
+segments under 16 tokens (headers and openings: +7%, +6% and +4% segments) to store 1.1%,
+1.1% and 1.0% fewer tokens (5,637,624 and 5,642,622 against 5,698,122); from 8 to 64 none,
+the same 597 shared segments and tokens. 16 is twice the
 longest chance share there (5 tokens) with room for longer templates (Llama 3's headers are
 4-5 tokens, a common opening sentence as many again) at no cost in tokens on either corpus.
 A prompt shorter than 16 tokens is therefore not shared by ``--share-prefix``

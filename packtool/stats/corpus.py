@@ -15,17 +15,17 @@ from ..errors import PacktoolError
 DEFAULT_SEQ_LENS = (512, 1024, 2048, 4096, 8192)
 HOPELESS = 0.5  # skip a depth-capped packer in stats when it cannot pass this efficiency
 ATTN_RANKS = 8  # attention imbalance: 8 ranks x 1 pack per step
-ALIGN_OPTIONS = ("align", "cp", "tp", "sequence_parallel", "fp8")  # PackOptions' alignment
+ALIGN_OPTIONS = ("align", "cp", "tp", "sequence_parallel", "fp8")  # of options.Alignment
 
 
 def alignment_at(seq_len: int, aligned: dict | None) -> int:
     """The alignment ``pack`` would use at ``seq_len`` with these options (checked as pack
     checks them: a --seq-len that is not a multiple of it is refused by name)."""
-    from ..options import PackOptions
+    from ..options import Alignment
 
-    opts = PackOptions(seq_len=seq_len, **(aligned or {}))
-    opts.check_alignment()
-    return opts.alignment
+    padding = Alignment(**(aligned or {}))
+    padding.check(seq_len)
+    return padding.k
 
 def length_summary(lengths: np.ndarray) -> dict:
     if lengths.size == 0:

@@ -46,11 +46,9 @@ import numpy as np
 from ..errors import PacktoolError
 from ..formats.packed.balance import balance_steps, costs_of, fingerprint
 from .by_length import RowsByLength
-from .curriculum import curriculum_of, draw
+from .curriculum import curriculum_of, draw, draw_steps
 from .permute import ROUNDS, Feistel
 from .state import check_budget_state, dataset_identity
-
-MARK_EVERY = 256  # steps between remembered counts: a lookup replays at most 255 draws
 
 
 def _rows_by_length(rows) -> RowsByLength:
@@ -135,7 +133,7 @@ class TokenBudget:
         self.fingerprint = fingerprint(self.costs)
         self.dataset = None if isinstance(rows, np.ndarray) else dataset_identity(rows)
         self._resumed = None  # (epoch, step, consumed per length) of a resume
-        self._marks: dict = {}
+        self._sched = None  # the epoch's draws (_schedule)
         self._cache: dict = {}
 
     def _check_shape(self) -> np.ndarray:
@@ -192,23 +190,58 @@ class TokenBudget:
                 f"than tokens_per_step / L rows left): give one of them a weight > 0")
         return draw(self._keyed(epoch)[0], step, w)
 
+    def draws(self, epoch: int, start: int, consumed: np.ndarray, until: int | None = None,
+              per_step=None, curriculum: str | None = None):
+        """(the length index of every step from ``start`` (after ``consumed``) to the epoch's
+        end, or to ``until``; the refusal of a callable curriculum that stopped them early, or
+        None): the named curricula by one kernel pass, a callable step by step (``per_step``,
+        ``curriculum``: another T's rows a step and another curriculum)."""
+        per_step = self.per_step if per_step is None else per_step
+        name = self.curriculum if curriculum is None else curriculum
+        n = int(((self.sizes - consumed) // per_step).sum())
+        n = n if until is None else max(0, min(n, until - start))
+        ks = draw_steps(name, self._keyed(epoch)[0], start, consumed, per_step,
+                        self.lengths, self.sizes, n)
+        if ks is None:
+            weights = self._weights if name == self.curriculum else curriculum_of(name)[1]
+            ks, c = np.empty(n, np.int16 if len(per_step) < 1 << 15 else np.int32), consumed.copy()
+            for i in range(n):
+                try:
+                    ks[i] = k = self._next(epoch, start + i, c, per_step, weights)
+                except PacktoolError as e:  # raised when a step reaches it
+                    return ks[:i], e
+                c[k] += per_step[k]
+        return ks, None
+
+    def _schedule(self, epoch: int):
+        """(first step, rows consumed then, every step's length index, per length the steps
+        (from the first) that take it) of ``epoch``: one pass of draws, kept for the epoch. A
+        callable curriculum's refusal is raised when a question reaches its step."""
+        if self._sched is None or self._sched[0] != epoch:
+            first, consumed = self._origin(epoch)
+            ks, stop = self.draws(epoch, first, consumed)
+            order = np.argsort(ks, kind="stable").astype(np.int32 if len(ks) < 2**31 else
+                                                          np.int64)  # 6 bytes a step in all
+            ends = np.cumsum(np.bincount(ks, minlength=len(self.lengths)))
+            self._sched = (epoch, first, consumed, ks, np.split(order, ends[:-1]), stop)
+        return self._sched[1:5]
+
+    def _reach(self, epoch: int, step: int) -> None:
+        """Raise the curriculum's refusal if it stopped the draws before ``step``."""
+        first, _, ks, _ = self._schedule(epoch)
+        if self._sched[5] is not None and step - first > len(ks):
+            raise self._sched[5]
+
     def _consumed_at(self, epoch: int, step: int) -> np.ndarray:
-        """Rows per length consumed before ``step`` (replayed from the nearest mark)."""
-        first = self._origin(epoch)[0]
+        """Rows per length consumed before ``step``: the steps of each length before it, by
+        binary search in the epoch's schedule (O(lengths x log steps))."""
+        first, consumed, _, taking = self._schedule(epoch)
         if step < first:
             raise PacktoolError(f"step {step} of epoch {epoch} comes before step {first}, where "
                                 "this sampler resumed: ask a sampler that did not resume")
-        at = max((s for s in self._marks.get(epoch, {}) if first <= s <= step), default=None)
-        mark = None if at is None else (at, np.array(self._marks[epoch][at], np.int64))
-        for at, consumed, k in self._walk(epoch, mark):
-            if at == step or k is None:
-                return consumed
-
-    def _mark(self, epoch: int, step: int, consumed: np.ndarray) -> None:
-        if step % MARK_EVERY == 0:
-            if epoch not in self._marks:
-                self._marks = {epoch: {}}  # one epoch's marks at a time
-            self._marks[epoch][step] = tuple(consumed.tolist())
+        self._reach(epoch, step)
+        before = [np.searchsorted(t, step - first) for t in taking]
+        return consumed + self.per_step * np.array(before, np.int64)
 
     def _deal(self, epoch: int, consumed: np.ndarray, k: int) -> np.ndarray:
         """The step of length index ``k`` after ``consumed``: [world_size, rows a rank]."""
@@ -236,49 +269,53 @@ class TokenBudget:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
                 or not self.first_step(epoch) <= step < self.steps_in(epoch):
             raise IndexError(f"step {step} of {self.steps_in(epoch)}")
+        first, _, ks, _ = self._schedule(epoch)
+        self._reach(epoch, step + 1)
         consumed = self._consumed_at(epoch, int(step))
-        return self._deal(epoch, consumed, self._next(epoch, int(step), consumed)).tolist()
+        return self._deal(epoch, consumed, int(ks[step - first])).tolist()
 
-    def _walk(self, epoch: int, start: tuple | None = None):
+    def _walk(self, epoch: int, start: int | None = None):
         """(step, rows consumed before it, its length index) of every step from ``start``
-        ((step, consumed); the epoch's first), then (the epoch's end, consumed, None)."""
-        step, consumed = start or self._origin(epoch)
-        while (k := self._next(epoch, step, consumed)) is not None:
-            yield step, consumed, k
+        (the epoch's first)."""
+        first, consumed, ks, _ = self._schedule(epoch)
+        start = first if start is None else start
+        consumed = self._consumed_at(epoch, start)
+        for i, k in enumerate(ks[start - first:].tolist()):
+            yield start + i, consumed, k
             consumed = consumed.copy()
             consumed[k] += self.per_step[k]
-            step += 1
-            self._mark(epoch, step, consumed)
-        yield step, consumed, None
+        self._reach(epoch, first + len(ks) + 1)
 
     def step_lengths(self, epoch: int | None = None) -> np.ndarray:
         """The slot length of every step of ``epoch`` from its first step."""
         epoch = self.s.epoch if epoch is None else int(epoch)
-        return np.array([self.lengths[k] for _, _, k in self._walk(epoch) if k is not None],
-                        np.int64)
+        first, _, ks, _ = self._schedule(epoch)
+        self._reach(epoch, first + len(ks) + 1)
+        return self.lengths[ks]
 
     def global_schedule(self, epoch: int | None = None) -> list[np.ndarray]:
         """Every step's [world_size, rows a rank] from the epoch's first step (for tests)."""
         epoch = self.s.epoch if epoch is None else int(epoch)
-        return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch) if k is not None]
+        return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch)]
 
     def places(self, row: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:
         """[(step, rank)] where ``epoch`` takes ``row``: one, or none (left out, or consumed
-        before the resume)."""
+        before the resume); the step is the (i / (T / L))-th of the row's length, looked up."""
         epoch, row = self.s.epoch if epoch is None else int(epoch), int(row)
         if not 0 <= row < self.n_rows:
             raise PacktoolError(f"row {row} is not one of the {self.n_rows:,} rows")
         k, local = self.index.locate(row)
         i = int(self._keyed(epoch)[1][k].inverse([local])[0])
-        _, consumed = self._origin(epoch)
-        full = (int(self.sizes[k]) - int(consumed[k])) // int(self.per_step[k])
-        if i < consumed[k] or (i - consumed[k]) // self.per_step[k] >= full:
+        first, consumed, _, taking = self._schedule(epoch)
+        u = (i - int(consumed[k])) // int(self.per_step[k])
+        if i < consumed[k]:
             return []
-        for step, before, j in self._walk(epoch):  # the step whose positions of k reach i
-            if j == k and before[k] + self.per_step[k] > i:
-                dealt = self._deal(epoch, before, k)
-                return [(step, int(np.argwhere(dealt == row)[0][0]))]
-        return []  # a curriculum that refuses first raises instead
+        if u >= len(taking[k]):
+            self._reach(epoch, self.steps_in(epoch))  # a callable's refusal came first
+            return []
+        step = first + int(taking[k][u])
+        dealt = self._deal(epoch, self._consumed_at(epoch, step), k)
+        return [(step, int(np.argwhere(dealt == row)[0][0]))]
 
     def left_out(self, epoch: int) -> np.ndarray:
         """Per length, the last ``left % (T / L)`` of what was left to deal (fewer than a
@@ -295,12 +332,12 @@ class TokenBudget:
     # ------------------------------------------------------------------ iteration and state
 
     def new_epoch(self) -> None:
-        self._resumed = None
+        self._resumed = self._sched = None
 
     def deal(self, epoch: int, start: int, until: int | None):
         """This rank's rows (lists of ``T / L / world_size`` indices), one step at a time."""
-        for step, consumed, k in self._walk(epoch, (start, self._consumed_at(epoch, start))):
-            if k is None or (until is not None and step >= until):
+        for step, consumed, k in self._walk(epoch, start):
+            if until is not None and step >= until:
                 return
             yield self._deal(epoch, consumed, k)[self.s.rank].tolist()
 
@@ -335,5 +372,5 @@ class TokenBudget:
         rows consumed that the draws from the state's origin do not give."""
         epoch, step, consumed = check_budget_state(state, self)
         self._resumed = (epoch, step, consumed) if step else None
-        self._marks = {}
+        self._sched = None
         return epoch, step

@@ -294,10 +294,9 @@ def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> Non
     t, name = int(state["tokens_per_step"]), state["curriculum"]
     if name == "callable" and sampler.curriculum != "callable":
         return  # the saving run's own function: nothing here can replay it
-    weights = sampler._weights if name in ("callable", sampler.curriculum) else None
-    if weights is None:
+    if name not in ("callable", sampler.curriculum):
         try:
-            weights = curriculum_of(name)[1]
+            curriculum_of(name)
         except PacktoolError:
             raise PacktoolError(f"budget state has curriculum={name!r}: this packtool "
                                 "knows no such curriculum; the state is corrupt, save it "
@@ -306,12 +305,11 @@ def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> Non
         raise PacktoolError(f"budget state has tokens_per_step={t:,}: not a multiple of "
                             f"every slot length {sampler.lengths.tolist()}; the state is "
                             "corrupt, save it again")
-    per_step, c = t // sampler.lengths, c0.copy()
-    for at in range(s0, step):
-        k = sampler._next(epoch, at, c, per_step, weights)
-        if k is None:
-            break
-        c[k] += per_step[k]
+    per_step = t // sampler.lengths
+    ks, stop = sampler.draws(epoch, s0, c0, step, per_step, name)
+    if stop is not None:
+        raise stop
+    c = c0 + per_step * np.bincount(ks, minlength=len(per_step))
     if not np.array_equal(c, consumed):
         names = [str(v) for v in sampler.lengths.tolist()]
         raise PacktoolError(
