@@ -39,6 +39,8 @@ FEATURES = {  # name -> how a user turns it on
     "collate_max_docs": "collate max_docs=K",
     "varlen": "cu_seqlens attention (flash-attention varlen, model_inputs varlen=True)",
     "cp_shard": "cp_shard (context parallelism at load)",
+    "cp_zigzag": "cp_shard mode='zigzag' (TE's THD layout)",
+    "shared_rows": "rows of shared prefixes (--share-prompt, --share-prefix)",
     "export_segments": "export as segments (megatron, llmc, parquet-packed, mds)",
     "images": "images (tokenize --vision)",
     "layout_tokens": "--layout tokens",
@@ -122,13 +124,14 @@ CONFLICTS = (
     Conflict(("images", "truncate"), "a truncated document can end inside an image's tokens, "
              "and the model needs all of them for its pixels", "use --overflow drop (over-long "
              "documents dropped and counted) or raise --seq-len"),
-    Conflict(("share_prompt", "varlen"), "a completion attends to its prompt and itself, which "
-             "cu_seqlens (and masks inferred from position_ids) cannot express",
-             "pass mask='4d' (eager/sdpa attention) or use packtool.torch.block_mask(batch) "
-             "with FlexAttention"),
-    Conflict(("share_prompt", "cp_shard"), "a completion's keys are its prompt and itself, two "
-             "segments, and a shard's keys run within one segment: the prompt would be lost",
-             "pack without --share-prompt for context parallelism"),
+    Conflict(("shared_rows", "varlen"), "a segment attends to its ancestors (a completion to "
+             "its prompt) and itself, which cu_seqlens (and masks inferred from position_ids) "
+             "cannot express", "pass mask='4d' (eager/sdpa attention) or use "
+             "packtool.torch.block_mask(batch) with FlexAttention"),
+    Conflict(("shared_rows", "cp_zigzag"), "a segment's keys are its ancestors' (a completion's, "
+             "its prompt's) and its own, and TE's THD attention runs within one segment",
+             "use cp_shard(..., mode='balanced'), whose pieces key their ancestors "
+             "(key_positions), or pack without sharing"),
     Conflict(("share_prompt", "export_segments"), "a row of segments says 'attend within your "
              "own segment', so a completion would lose its prompt, and positions would restart "
              "where a completion's continue from its prompt", "export --format parquet (it "
@@ -141,13 +144,6 @@ CONFLICTS = (
              "prompt (and any longer common beginning)", "drop --share-prompt"),
     Conflict(("share_prefix", "export_segments"), _TREE_ROW, "export --format parquet (it "
              "carries seg_up, the tree), or train from the packed dataset with packtool.torch"),
-    Conflict(("share_prefix", "varlen"), "a segment attends to its ancestors and itself, which "
-             "cu_seqlens (and masks inferred from position_ids) cannot express", "pass "
-             "mask='4d' (eager/sdpa attention) or use packtool.torch.block_mask(batch) with "
-             "FlexAttention"),
-    Conflict(("share_prefix", "cp_shard"), "a shard's keys run within one segment, and a tree's "
-             "segment needs its ancestors' keys too", "pack without --share-prefix for "
-             "context parallelism"),
     Conflict(("share_prefix", "vsl"), "a tree is packed whole, and --vsl cuts sequences into "
              "chunks", "drop --vsl"),
     Conflict(("share_prefix", "align"), "alignment pads would fall inside a tree's path (its "

@@ -37,6 +37,7 @@ from packtool.tokenize import TokenizeOptions, tokenize_files  # noqa: E402
 from packtool.torch import block_mask, model_inputs  # noqa: E402
 from packtool.train import sequence_logps  # noqa: E402
 from packtool.train.cp import cp_shard  # noqa: E402
+from packtool.train.trees import is_shared  # noqa: E402
 
 VOCAB, L, ALIGN, MAX_ALIGN = 2048, 512, 8, 2**20
 V, D = 64, 8  # the model sees token ids modulo V: as exact a test, and cheap
@@ -147,6 +148,13 @@ DEFECTS = {  # issue 38's combination defects, each the draw that found it
     "5 every document dropped": ({"seq_len": 1, "overflow": "drop"}, {}),
     "6 trees of plain records": ({"share_prefix": True, "overflow": "drop"}, {}),
     "7 trees of groups": ({"corpus": "groups", "share_prefix": True, "layout": "tokens"}, {}),
+    "8 cp_shard of trees": ({"corpus": "groups", "share_prefix": True},
+                            {"consumer": "balanced"}),
+    "9 trees padded, through block_mask": ({"corpus": "groups", "share_prefix": True},
+                                           {"pad_to": True, "collate_multiple": ALIGN,
+                                            "consumer": "block_mask"}),
+    "10 trees refused by varlen": ({"corpus": "groups", "share_prefix": True},
+                                   {"consumer": "varlen"}),
 }
 
 
@@ -179,9 +187,8 @@ def exact_or_refused(world, p: dict, r: dict) -> None:
         return
     assert err is None, err
     assert len(ds) > 0
-    if p["share_prefix"]:  # the reader's tree keys (the consumers': trees-train's walk)
+    if p["share_prefix"]:  # the reader's tree keys, then each consumer's (below)
         expect_trees(world, ds, p["corpus"])
-        return
     read(world, ds, p, r)
 
 
@@ -218,6 +225,8 @@ def read(world, ds, p: dict, r: dict) -> None:
               if r["pad_to"] else None)
     used = {"groups"} if groups else set()
     used |= {"share_prompt"} if p["share_prompt"] and groups else set()
+    if any(is_shared(ds[i]) for i in rows):  # a tree row (a row of roots alone is plain)
+        used.add("shared_rows")
     used |= {"per_segment"} if r["per_segment"] or r["collate_per_segment"] else set()
     if r["max_docs"]:
         used.add("collate_max_docs")
@@ -244,10 +253,26 @@ def read(world, ds, p: dict, r: dict) -> None:
     ids, pos = batch["input_ids"][0], batch["position_ids"][0]
     assert mask.shape == (ids.size, ids.size)
     lp = logprobs(ids, pos, mask)
-    if groups:
+    if p["share_prefix"]:
+        expect_paths(world, lp, batch, mask, p["corpus"])
+    elif groups:
         expect_sequences(world, ds, rows, lp, batch, p["corpus"])
     else:
         expect_pieces(world, ds, rows, lp, batch)
+
+
+def expect_paths(world, lp, batch, mask, name) -> None:
+    """A tree row as a consumer collated and masked it: every record's path (the keys its
+    leaf's last token sees) holds its document at positions 0.., with its log-probs alone."""
+    corpus = packtool.open_tokens(world[0] / name)
+    ids, pos, tin = batch["input_ids"][0], batch["position_ids"][0], batch["tree_in"][0]
+    for leaf, doc in zip(batch["seq_leaf"], batch["seq_doc"], strict=True):
+        path = np.flatnonzero(mask[np.flatnonzero(tin == leaf)[-1]])
+        piece = np.asarray(corpus[int(doc)], np.int64)
+        assert np.array_equal(ids[path], piece)
+        assert np.array_equal(pos[path], np.arange(piece.size))
+        got = lp[path[:-1], piece[1:] % V].sum()
+        assert abs(got - alone(piece).sum()) < 1e-6 * max(1.0, abs(got))
 
 
 def attention(batch: dict, consumer: str, padded: bool) -> np.ndarray:

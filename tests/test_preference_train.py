@@ -301,3 +301,47 @@ def test_one_version_one_layout_and_old_pairs_still_read(pairs, tmp_path):
     (old / "index.json").write_text(json.dumps(idx))
     with pytest.raises(PacktoolError, match="one version, one layout"):
         open_packed(old)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma"])
+def test_share_prompt_rows_within_1e5_per_token_on_three_architectures(pairs, arch):
+    """Issue 41.3 through pack --share-prompt (the depth-1 tree): each sequence's
+    log-probability within 1e-5 per completion token of the sequence alone, through
+    block_mask (FlexAttention) and the 4-D mask (eager, sdpa)."""
+    import warnings
+
+    from packtool.train import conformance as cf
+
+    corpus, dirs = pairs
+    cfg = cf.tiny_config({"model_type": arch})
+    cfg.vocab_size = int(corpus.meta["vocab_size"])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model.set_attn_implementation("eager")
+    want = alone(model, corpus)
+    roles = corpus.per_doc("roles")
+    group = np.cumsum((roles == 1) | (roles == 3)) - 1
+    n_tok = {(int(group[d]), "chosen" if roles[d] == 1 else "rejected"):
+             max(1, int(np.asarray(corpus.doc_mask(d), bool)[1:].sum()))
+             for d in range(len(corpus))}
+    ds = open_packed(dirs[True, "tokens"])
+    for path in ("block_mask", "eager", "sdpa"):
+        model.set_attn_implementation("flex_attention" if path == "block_mask" else path)
+        got = {}
+        for i in range(len(ds)):
+            batch = collate_tensors([{k: torch.from_numpy(v) if hasattr(v, "dtype") else v
+                                      for k, v in ds[i].items()}])
+            if path == "block_mask":
+                kw = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
+                      "attention_mask": block_mask(batch)}
+            else:
+                kw = model_inputs(batch, mask="4d",
+                                  dtype=torch.float32 if path == "eager" else None)
+                kw.pop("labels")
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                got.update(sequence_logps(model(**kw, use_cache=False).logits, batch))
+        assert set(got) == set(want)
+        worst = max(abs(float(got[k]) - float(v)) / n_tok[k] for k, v in want.items())
+        assert worst <= 1e-5, (arch, path, worst)

@@ -19,8 +19,8 @@ from packtool.formats.packed.costs import dataset_digest, digest, shard_entry
 from packtool.pack import pack_corpus
 from packtool.stats.corpus import ATTN_RANKS
 from packtool.tokenize import TokenizeOptions, tokenize_files
-from packtool.train.preference import allowed
 from packtool.train.sampler import PackSampler
+from packtool.train.trees import allowed
 from packtool.verify import VerifyError, verify_packed
 
 SEQ_LEN = 1024

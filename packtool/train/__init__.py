@@ -15,8 +15,14 @@
   ``rearrange_micro_batches`` signature.
 - :mod:`.torch`: the torch dataset, samplers and collators (``packtool.torch``).
 - :mod:`.preference`: ``sequence_logps`` (each sequence's summed completion log-probability
-  in a packed batch of pairs or groups), ``dpo_loss``, ``sequence_rewards`` (a row's
-  rewards from its source corpora), and their attention masks.
+  in a packed batch of pairs, groups or prefix trees), ``dpo_loss``, ``grpo_loss`` (the
+  clipped per-sequence policy loss with the step plan's normaliser), ``sft_loss`` (tree
+  rows as the records flat), ``sequence_rewards`` (a row's rewards from its source corpora).
+- :mod:`.trl`: ``PackedDPOTrainer`` / ``PackedGRPOTrainer``, TRL's trainers forwarding
+  each batch as one tree row (imports TRL; not imported here).
+- :mod:`.trees`: a row's prefix tree (``seg_parent``, or a depth-1 batch's ``seg_prompt``):
+  the ancestor-causal mask (``allowed``), which logit predicts which token, each sequence's
+  path.
 - :mod:`.which`: which step and rank a record lands in, and what a step holds (one dataset
   or a mixture); :mod:`.records` names a document's input file and record.
 - :mod:`.conformance`: does a model architecture keep packed documents apart on each input
@@ -39,8 +45,9 @@ from ..formats.packed.batching import collate_numpy
 from .budget import TokenBudget
 from .cp import cp_shard
 from .mixture import Mixture, MixtureSampler
-from .preference import dpo_loss, sequence_logps, sequence_rewards
+from .preference import dpo_loss, grpo_loss, sequence_logps, sequence_rewards, sft_loss
 from .sampler import FixedPacks, PackSampler, Sampler
 
 __all__ = ["FixedPacks", "Mixture", "MixtureSampler", "PackSampler", "Sampler", "TokenBudget",
-           "collate_numpy", "cp_shard", "dpo_loss", "sequence_logps", "sequence_rewards"]
+           "collate_numpy", "cp_shard", "dpo_loss", "grpo_loss", "sequence_logps",
+           "sequence_rewards", "sft_loss"]

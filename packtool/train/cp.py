@@ -94,12 +94,15 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
                             f"are 0..{cp_size - 1}")
     if mode not in MODES:
         raise PacktoolError(f"cp_shard mode {mode!r}: choose {' or '.join(MODES)}")
-    from .preference import is_shared
+    from .trees import is_shared, row_tree
 
+    tree = None
     if is_shared(example):
-        from .. import conflicts
+        if mode == "zigzag":
+            from .. import conflicts
 
-        conflicts.check({"share_prompt", "cp_shard"}, "this row shares prompts")
+            conflicts.check({"shared_rows", "cp_zigzag"}, "this row shares prefixes")
+        tree = row_tree(example)
     if "image_grid_thw" in example or "position_ids_3d" in example:
         from .. import conflicts
 
@@ -109,7 +112,7 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
         starts, ends = _zigzag(padded, cp_size, cp_rank)
     else:
         starts, ends = _balanced(padded, cp_size, cp_rank)
-    out = _gather(tokens, padded, starts, ends)
+    out = _gather(tokens, padded, starts, ends, tree)
     if mode == "zigzag":
         out.update(cu_seqlens=real.astype(np.int32), cu_seqlens_padded=padded.astype(np.int32),
                    max_seqlen=int(np.diff(padded).max()) if len(padded) > 1 else 0)
@@ -225,9 +228,25 @@ def _balanced(cu: np.ndarray, cp: int, r: int) -> tuple[np.ndarray, np.ndarray]:
     return a[:, 1], a[:, 2]
 
 
-def _gather(tokens: dict, cu: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
+def _keys(cu: np.ndarray, piece_seg: np.ndarray, piece_end: np.ndarray, tree):
+    """(keys per piece, key row positions): the piece's segment from its start to the piece's
+    last token, after every ancestor segment whole (a row of shared prefixes)."""
+    if tree is None:
+        k_lens = piece_end - cu[piece_seg]
+        return k_lens, (np.repeat(cu[piece_seg] - np.cumsum(k_lens) + k_lens, k_lens)
+                        + np.arange(int(k_lens.sum()), dtype=np.int64))
+    runs = [[(cu[a], cu[a + 1]) for a in tree.ancestors(int(s))[:-1]] + [(cu[s], e)]
+            for s, e in zip(piece_seg, piece_end, strict=True)]
+    k_lens = np.array([sum(int(b - a) for a, b in r) for r in runs], np.int64)
+    pos = [np.arange(a, b, dtype=np.int64) for r in runs for a, b in r]
+    return k_lens, np.concatenate(pos) if pos else np.zeros(0, np.int64)
+
+
+def _gather(tokens: dict, cu: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+            tree=None) -> dict:
     """The rank's tokens at the runs [starts, ends) and the attention metadata of its pieces
-    (runs merged where they touch inside one segment)."""
+    (runs merged where they touch inside one segment); ``tree``: a row of shared prefixes,
+    whose pieces also key their ancestors."""
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
     seg = np.searchsorted(cu, starts, side="right") - 1
@@ -239,9 +258,7 @@ def _gather(tokens: dict, cu: np.ndarray, starts: np.ndarray, ends: np.ndarray) 
     positions = (np.repeat(starts - np.cumsum(lens) + lens, lens)
                  + np.arange(int(lens.sum()), dtype=np.int64))
     q_lens = piece_end - piece_start
-    k_lens = piece_end - cu[piece_seg]
-    key_positions = (np.repeat(cu[piece_seg] - np.cumsum(k_lens) + k_lens, k_lens)
-                     + np.arange(int(k_lens.sum()), dtype=np.int64))
+    k_lens, key_positions = _keys(cu, piece_seg, piece_end, tree)
     out = {k: v[positions] for k, v in tokens.items()}
     if "labels" in tokens:
         nxt = np.append(tokens["labels"][1:], IGNORE_INDEX)
@@ -255,4 +272,7 @@ def _gather(tokens: dict, cu: np.ndarray, starts: np.ndarray, ends: np.ndarray) 
         max_length_q=int(q_lens.max()) if len(q_lens) else 0,
         max_length_k=int(k_lens.max()) if len(k_lens) else 0,
     )
+    if tree is not None:  # the ancestor rule for a ring (P2P) implementation's blocks
+        out.update(tree_in=tree.tree_in[positions].astype(np.int32),
+                   tree_out=tree.tree_out[positions].astype(np.int32))
     return out

@@ -1,21 +1,18 @@
-"""Pairs and groups in a packed batch: what a preference (DPO) or group (GRPO) loss needs,
-each sequence's summed completion log-probability, and the attention that keeps the
-sequences of a row apart.
+"""Pairs, groups and prefix trees in a packed batch: each sequence's summed completion
+log-probability and the losses on top (DPO, a GRPO-style clipped policy loss, SFT), exact
+however deep the row's shared prefixes go.
 
-Which logit predicts which token. A model's logits at row position t predict the token at
-t + 1. In the plain layout every sequence is one segment, so a completion token at t is
-predicted from t - 1, in its own segment. With ``--share-prompt`` a completion's first
-token follows its prompt, not what precedes it in the row (a sibling's last token): it is
-predicted from the prompt's last position, the one position every completion of the group
-shares. A shifted-labels loss cannot say that, which is why the batch's ``labels`` hide
-each segment's first token (-100) and :func:`sequence_logps` gathers its own predecessors::
+Which logit predicts which token, and which tokens a sequence sums, is the row's tree
+(:mod:`.trees`): a segment's first token is predicted from its parent's last position, never
+from the row's previous token (a sibling's), which is why the batch's ``labels`` hide each
+segment's first token (-100) and these functions gather their own predecessors::
 
     row        P0 P1 P2 | C0 C1 | R0 R1 R2
     predicted      from:   P2 C0 |  P2 R0 R1     (C0 and R0 both from P2)
 
-Attention (:func:`allowed`): a token sees the tokens of its own segment up to itself and,
-in a completion, its group's prompt; never a sibling. ``cu_seqlens`` (flash-attention
-varlen) can only say "own segment", so a shared-prompt batch is refused there by name.
+A token in a segment shared by n sequences is computed once and counts n times: in each of
+their log-probabilities, in each of their policy-loss terms (with each one's advantage), and
+n times in the SFT loss, which is then the loss of the n records trained flat.
 """
 
 from __future__ import annotations
@@ -24,75 +21,18 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..sources.groups import role_name
+from .trees import (
+    ROLE_RECORD,
+    as_numpy,
+    on_path,
+    path_of,
+    predecessors,
+    row_tree,
+    sequence_leaves,
+)
 
 
-def is_shared(batch: dict) -> bool:
-    """Whether a batch holds shared prompts (a completion attending to another segment)."""
-    sp = batch.get("seg_prompt")
-    if sp is None:
-        return False
-    return bool((np.asarray(sp.cpu() if hasattr(sp, "cpu") else sp) >= 0).any())
-
-
-def _np(v):
-    return np.asarray(v.detach().cpu() if hasattr(v, "detach") else v)
-
-
-def _boundaries(batch: dict) -> np.ndarray:
-    """Where each segment starts in the row: an aligned row's padded boundaries (a segment's
-    pads after its tokens, in it), else ``cu_seq_lens_q`` or a pack's ``cu_seqlens``."""
-    key = next(k for k in ("cu_seq_lens_q_padded", "cu_seqlens_padded", "cu_seq_lens_q",
-                           "cu_seqlens") if k in batch)
-    return _np(batch[key]).astype(np.int64).ravel()
-
-
-def row_segments(batch: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(segment of every token, segment each segment also attends to or -1) of a collated
-    one-row batch (``cu_seq_lens_q``, or a pack's ``cu_seqlens``; padded ones first)."""
-    cu = _boundaries(batch)
-    doc = np.repeat(np.arange(cu.size - 1), np.diff(cu))
-    sp = batch.get("seg_prompt")
-    pre = np.full(cu.size - 1, -1, np.int64) if sp is None else _np(sp).astype(np.int64)
-    if pre.size != cu.size - 1:
-        raise PacktoolError(f"seg_prompt has {pre.size} entries for {cu.size - 1} segments: "
-                            "collate grouped packs with collate_numpy/collate_tensors")
-    return doc, pre
-
-
-def allowed(batch: dict) -> np.ndarray:
-    """The boolean [T, T] attention of a one-row batch: query q sees key k when k <= q and k
-    is in q's segment or in the prompt q's segment shares."""
-    doc, pre = row_segments(batch)
-    q, k = doc[:, None], doc[None, :]
-    t = np.arange(doc.size)
-    return ((q == k) | (pre[doc][:, None] == k)) & (t[:, None] >= t[None, :])
-
-
-def predecessors(batch: dict) -> np.ndarray:
-    """For every token, the row position whose logits predict it (-1: none, a segment's
-    first token with no prompt before it)."""
-    doc, pre = row_segments(batch)
-    cu = _boundaries(batch)
-    t = np.arange(doc.size)
-    first = t == cu[doc]
-    out = t - 1
-    p = pre[doc]
-    out[first] = np.where(p[first] >= 0, cu[np.maximum(p[first], 0) + 1] - 1, -1)
-    return out
-
-
-def sequence_logps(logits, batch: dict) -> dict:
-    """The summed log-probability of each sequence's completion tokens in a packed batch
-    (``collate_tensors`` of grouped packs), as ``{(group_id, role): tensor}`` in the order of
-    the row's sequences; role is "chosen", "rejected" or a completion's index. ``logits``:
-    [1, T, V] or [T, V] (the model's, float32 preferred), gradients kept."""
-    import torch
-
-    if "seq_ids" not in batch:
-        raise PacktoolError("sequence_logps needs a batch of pairs or groups (keys seq_ids, "
-                            "completion_mask, seq_group, seq_role): pack a corpus tokenized "
-                            "with --chosen-field/--rejected-field or --completions-field")
-    ids = batch["input_ids"].reshape(-1)
+def _check_logits(logits, ids):
     shape = tuple(getattr(logits, "shape", ()))
     if not (len(shape) == 2 or (len(shape) == 3 and shape[0] == 1)) \
             or shape[-2] != ids.numel() or not hasattr(logits, "dim"):
@@ -103,18 +43,80 @@ def sequence_logps(logits, batch: dict) -> dict:
     if ids.numel() and int(ids.max()) >= lg.shape[-1]:
         raise PacktoolError(f"token id {int(ids.max())} >= the logits' vocabulary "
                             f"{lg.shape[-1]}: these logits are not of this batch's tokenizer")
-    seq = torch.as_tensor(_np(batch["seq_ids"]).reshape(-1), dtype=torch.long)
-    keep = (seq >= 0) & torch.as_tensor(_np(batch["completion_mask"]).reshape(-1) > 0)
-    pred = torch.as_tensor(predecessors(batch))
-    keep &= pred >= 0
-    at = torch.nonzero(keep).squeeze(1)
-    logp = torch.log_softmax(lg[pred[at]].float(), dim=-1)
-    tok = logp.gather(1, ids[at].to(lg.device)[:, None].long()).squeeze(1)
-    groups, roles = _np(batch["seq_group"]).ravel(), _np(batch["seq_role"]).ravel()
-    sums = torch.zeros(groups.size, dtype=tok.dtype, device=tok.device)
-    sums = sums.index_add(0, seq[at].to(tok.device), tok)
-    return {(int(g), role_name(r)): sums[i] for i, (g, r) in enumerate(zip(groups, roles,
-                                                                          strict=True))}
+    return lg
+
+
+def token_logps(logits, batch: dict):
+    """(log-probability of every trained token, float32, gradients kept; the row positions
+    of those tokens; the row's :class:`~.trees.Tree`). A token is trained where it has a
+    predecessor (:func:`~.trees.predecessors`) and, in a batch of pairs or groups, its
+    ``completion_mask`` is 1; in a plain batch, where its label is not -100."""
+    import torch
+
+    ids = batch["input_ids"].reshape(-1)
+    lg = _check_logits(logits, ids)
+    tree = row_tree(batch)
+    pred = predecessors(batch, tree)
+    if "completion_mask" in batch:
+        keep = as_numpy(batch["completion_mask"]).reshape(-1) > 0
+    else:
+        keep = as_numpy(batch["labels"]).reshape(-1) != -100
+        first = tree.cu[:-1][np.diff(tree.cu) > 0]  # a child's first token: -100 by rule,
+        keep[first] = tree.parent[tree.seg[first]] >= 0  # predicted from its parent's last
+    at = np.flatnonzero(keep & (pred >= 0))
+    src = torch.as_tensor(pred[at], device=lg.device)
+    logp = torch.log_softmax(lg[src].float(), dim=-1)
+    tok = logp.gather(1, ids[torch.as_tensor(at)].to(lg.device)[:, None].long()).squeeze(1)
+    return tok, at, tree
+
+
+def _paths(batch: dict, tree, at: np.ndarray):
+    """(sequence, index into ``at``) of every trained token on every sequence's path: a
+    token shared by n sequences appears n times."""
+    leaves = sequence_leaves(batch, tree)
+    member = on_path(tree, leaves)[:, tree.seg[at]]
+    return np.nonzero(member)
+
+
+def sequence_keys(batch: dict, tree=None) -> list:
+    """Each sequence's key, in the row's order: ``(group, role)`` with role "chosen",
+    "rejected" or a completion's index; a plain record's leaf (``--share-prefix`` across
+    records) ``(group, path)``, its index among its siblings at each depth."""
+    tree = row_tree(batch) if tree is None else tree
+    groups, roles = as_numpy(batch["seq_group"]).ravel(), as_numpy(batch["seq_role"]).ravel()
+    leaves = sequence_leaves(batch, tree)
+    keys = [(int(g), path_of(tree, int(leaf)) if int(r) == ROLE_RECORD else role_name(r))
+            for g, r, leaf in zip(groups, roles, leaves, strict=True)]
+    if len(set(keys)) != len(keys):
+        k = next(k for k in keys if keys.count(k) > 1)
+        raise PacktoolError(f"two sequences of the batch have the key {k}: collate each pack "
+                            "once")
+    return keys
+
+
+def _need_sequences(batch: dict, what: str) -> None:
+    if "seq_ids" not in batch:
+        raise PacktoolError(f"{what} needs a batch of pairs or groups (keys seq_ids, "
+                            "completion_mask, seq_group, seq_role): pack a corpus tokenized "
+                            "with --chosen-field/--rejected-field or --completions-field")
+
+
+def sequence_logps(logits, batch: dict) -> dict:
+    """The summed log-probability of each sequence's completion tokens in a packed batch
+    (``collate_tensors`` of grouped packs, trees of any depth), as ``{key: tensor}`` in the
+    order of the row's sequences (keys: :func:`sequence_keys`). ``logits``: [1, T, V] or
+    [T, V] (the model's, float32 preferred), gradients kept. A token of a segment shared by
+    n sequences counts in each of their sums (:mod:`.trees`)."""
+    import torch
+
+    _need_sequences(batch, "sequence_logps")
+    tok, at, tree = token_logps(logits, batch)
+    keys = sequence_keys(batch, tree)
+    seq, j = _paths(batch, tree, at)
+    sums = torch.zeros(len(keys), dtype=tok.dtype, device=tok.device)
+    sums = sums.index_add(0, torch.as_tensor(seq, device=tok.device),
+                          tok[torch.as_tensor(j, device=tok.device)])
+    return {k: sums[i] for i, k in enumerate(keys)}
 
 
 def dpo_loss(logps: dict, ref_logps: dict, beta: float = 0.1):
@@ -140,6 +142,93 @@ def dpo_loss(logps: dict, ref_logps: dict, beta: float = 0.1):
     margin = torch.stack([(logps[g, "chosen"] - ref_logps[g, "chosen"])
                           - (logps[g, "rejected"] - ref_logps[g, "rejected"]) for g in groups])
     return -torch.nn.functional.logsigmoid(beta * margin).mean()
+
+
+def _advantages(advantages, keys: list, device):
+    import torch
+
+    if isinstance(advantages, dict):
+        missing = [k for k in keys if k not in advantages]
+        if missing:
+            raise PacktoolError(f"advantages has no entry for {len(missing)} of the row's "
+                                f"sequences, e.g. {missing[0]}: key them as sequence_logps "
+                                "does, or pass one value per sequence in the row's order")
+        vals = [advantages[k] for k in keys]
+        return torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in vals]).to(device)
+    a = torch.as_tensor(as_numpy(advantages), dtype=torch.float32).reshape(-1).to(device)
+    if a.numel() != len(keys):
+        raise PacktoolError(f"advantages has {a.numel()} values for the row's {len(keys)} "
+                            "sequences: one per sequence, in the order of seq_group/seq_role")
+    return a
+
+
+def grpo_loss(logits, batch: dict, advantages, old_logps=None, clip: float = 0.2,
+              clip_high: float | None = None, mean: str = "token"):
+    """The clipped policy-gradient loss of GRPO (DAPO's token mean, or GRPO's sequence mean)
+    over a packed row of groups, trees of any depth: for every sequence i and each of its
+    completion tokens t (a token shared by n sequences counts n times, once with each one's
+    advantage), ``-min(r A_i, clip(r, 1 - clip, 1 + clip_high) A_i)`` with ``r = exp(logp -
+    old)``. ``advantages``: one per sequence, ``{key: value}`` as :func:`sequence_logps` keys
+    them, or in the row's order. ``old_logps``: the rollout policy's ``token_logps(old_logits,
+    batch)[0]`` (None: this policy's, detached, so r = 1, the on-policy step).
+
+    ``mean="token"``: the sum over (sequence, token) / their count, which is what
+    ``StepPlan.valid`` counts (each sequence's completion targets, as flat); ``"sequence"``:
+    the mean over sequences of each one's token mean. So ``grpo_loss(...) *
+    plan.weights(mean)[rank, m]``, summed over a step's rows (x world_size under DDP/FSDP),
+    is the step's loss whatever the packing (:mod:`.step`). A row with no target gives 0."""
+    import torch
+
+    _need_sequences(batch, "grpo_loss")
+    if mean not in ("token", "sequence"):
+        raise PacktoolError(f'mean must be "token" or "sequence", got {mean!r}')
+    for name, v in (("clip", clip), ("clip_high", clip if clip_high is None else clip_high)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:
+            raise PacktoolError(f"grpo_loss: {name} must be a number >= 0 (GRPO's 0.2; DAPO's "
+                                f"clip_high 0.28), got {v!r}")
+    high = clip if clip_high is None else clip_high
+    tok, at, tree = token_logps(logits, batch)
+    keys = sequence_keys(batch, tree)
+    adv = _advantages(advantages, keys, tok.device)
+    old = tok.detach() if old_logps is None else torch.as_tensor(old_logps).to(tok)
+    if old.shape != tok.shape:
+        raise PacktoolError(f"old_logps has shape {tuple(old.shape)}, the row has "
+                            f"{tok.numel()} trained tokens: pass token_logps(old_logits, "
+                            "batch)[0] of the same batch")
+    seq, j = (torch.as_tensor(x, device=tok.device) for x in _paths(batch, tree, at))
+    ratio = torch.exp(tok[j] - old[j])
+    a = adv[seq]
+    term = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip, 1 + high) * a)
+    if term.numel() == 0:
+        return tok.sum() * 0.0
+    if mean == "token":
+        return term.sum() / term.numel()
+    n = torch.zeros(len(keys), device=tok.device).index_add(0, seq, torch.ones_like(term))
+    per = torch.zeros(len(keys), device=tok.device, dtype=term.dtype).index_add(0, seq, term)
+    has = n > 0
+    return (per[has] / n[has]).mean()
+
+
+def sft_loss(logits, batch: dict, reduction: str = "mean"):
+    """The next-token loss of a packed row as the records trained flat: each trained token's
+    negative log-likelihood weighted by the number of sequences whose path holds it (a
+    shared system prompt or history trained by n records weighs n), divided by that weight's
+    sum (``reduction="mean"``, the flat token mean) or not (``"sum"``). Trained tokens:
+    :func:`token_logps`'. A plain row (no sequences) weighs every token 1."""
+    import torch
+
+    if reduction not in ("mean", "sum"):
+        raise PacktoolError(f'reduction must be "mean" or "sum", got {reduction!r}')
+    tok, at, tree = token_logps(logits, batch)
+    if "seq_ids" in batch:
+        w = on_path(tree, sequence_leaves(batch, tree))[:, tree.seg[at]].sum(axis=0)
+    else:
+        w = np.ones(at.size)
+    w = torch.as_tensor(w, dtype=tok.dtype, device=tok.device)
+    total = -(w * tok).sum()
+    if reduction == "sum":
+        return total
+    return total / w.sum().clamp(min=1)
 
 
 def sequence_rewards(ds, i: int, ex: dict | None = None) -> np.ndarray:

@@ -143,7 +143,7 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0,
     if _shared(batch):
         from .. import conflicts
 
-        conflicts.check({"share_prompt", "varlen"}, "this batch shares prompts")
+        conflicts.check({"shared_rows", "varlen"}, "this batch shares prefixes")
     keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
                          if varlen else ())
     out = {k: batch[k] for k in keys}
@@ -166,13 +166,13 @@ def _positions(batch: dict, out: dict, start: int) -> dict:
 
 def _with_4d_mask(batch: dict, mask: str, position_ids_start: int, dtype=None) -> dict:
     """input_ids, labels, position_ids and a [1, 1, T, T] ``attention_mask`` that transformers
-    passes on as it is (a 4-D mask is taken as prepared): the row's segments kept apart, and
-    a shared prompt seen by its completions (:mod:`.preference`). Boolean (True = attend)
+    passes on as it is (a 4-D mask is taken as prepared): the ancestor-causal mask of the
+    row's tree (:mod:`.trees`; a plain row's segments kept apart). Boolean (True = attend)
     for sdpa; ``dtype`` (the model's, e.g. torch.float32) makes it additive (0, or the
     dtype's minimum), which eager attention needs: it adds the mask to the scores, so a
     boolean would add 0 or 1 and mask nothing (transformers 5.24, tested). O(T^2) elements:
     64 Mi at 8,192 tokens; use block_mask with FlexAttention for long rows."""
-    from .preference import allowed
+    from .trees import allowed
 
     if mask != "4d":
         raise PacktoolError(f"mask={mask!r}: the one mask model_inputs makes is '4d' (a "
@@ -188,7 +188,7 @@ def _with_4d_mask(batch: dict, mask: str, position_ids_start: int, dtype=None) -
 
 
 def _shared(batch: dict) -> bool:
-    from .preference import is_shared
+    from .trees import is_shared
 
     return is_shared(batch)
 
@@ -199,8 +199,9 @@ _masks: OrderedDict = OrderedDict()
 
 
 def block_mask(batch: dict, device=None, block_size: int = 128):
-    """The FlexAttention ``BlockMask`` of document-causal attention over a collated batch
-    (:func:`collate_tensors`): a query sees the keys of its own segment up to itself::
+    """The FlexAttention ``BlockMask`` of a collated batch (:func:`collate_tensors`): a query
+    sees the keys of its own segment up to itself and, in a row of shared prefixes, every
+    ancestor segment's (the ancestor-causal mask of :mod:`.trees`)::
 
         from torch.nn.attention.flex_attention import flex_attention
         out = flex_attention(q, k, v, block_mask=block_mask(batch))  # q: [1, heads, N, d]
@@ -232,46 +233,29 @@ def block_mask(batch: dict, device=None, block_size: int = 128):
         raise PacktoolError(f"block_size must be an integer >= 1 (FlexAttention's tile, "
                             f"default 128), got {block_size!r}")
     cu, n = _segments(batch)
-    pre = None
-    if _shared(batch):  # a completion also sees its group's prompt (packtool.train.preference)
-        from .preference import row_segments
+    from .trees import row_tree
 
-        pre = torch.from_numpy(row_segments(batch)[1].astype(np.int32))
+    tree = row_tree(batch)
     if device is None:
         ids = batch["input_ids"]
         device = ids.device if isinstance(ids, torch.Tensor) else torch.device("cpu")
     device = torch.device(device)
-    key = (cu.tobytes(), None if pre is None else pre.numpy().tobytes(), n, str(device),
-           int(block_size))
+    key = (cu.tobytes(), tree.parent.tobytes(), n, str(device), int(block_size))
     if key in _masks:
         _masks.move_to_end(key)
         return _masks[key]
-    doc = torch.repeat_interleave(torch.arange(len(cu) - 1, dtype=torch.int32),
-                                  torch.from_numpy(np.diff(cu))).to(device)
+    tin = torch.from_numpy(tree.tree_in.astype(np.int32)).to(device)
+    tout = torch.from_numpy(tree.tree_out.astype(np.int32)).to(device)
 
-    mask = create_block_mask(_mask_mod(doc, pre, device), None, None, n, n, device=device,
+    def ancestor_causal(b, h, q_idx, kv_idx):  # two comparisons and causality (.trees)
+        return (q_idx >= kv_idx) & (tin[kv_idx] <= tin[q_idx]) & (tin[q_idx] < tout[kv_idx])
+
+    mask = create_block_mask(ancestor_causal, None, None, n, n, device=device,
                              BLOCK_SIZE=block_size)
     _masks[key] = mask
     while len(_masks) > MASK_CACHE:
         _masks.popitem(last=False)
     return mask
-
-
-def _mask_mod(doc, pre, device):
-    """Document-causal attention; with ``pre`` (a shared-prompt batch) a completion also sees
-    its group's prompt segment, never a sibling."""
-    def document_causal(b, h, q_idx, kv_idx):
-        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
-
-    if pre is None:
-        return document_causal
-    prompt_of = pre.to(device)[doc.long()]
-
-    def shared_prompt(b, h, q_idx, kv_idx):
-        return ((doc[q_idx] == doc[kv_idx]) | (prompt_of[q_idx] == doc[kv_idx])) & (
-            q_idx >= kv_idx)
-
-    return shared_prompt
 
 
 def _segments(batch: dict) -> tuple[np.ndarray, int]:

@@ -29,6 +29,7 @@ import numpy as np
 
 from ... import conflicts
 from ...errors import PacktoolError
+from .groups import tree_shape
 
 IGNORE_INDEX = -100
 # input_ids get pad_id; positions computed; a pad is in no group, no sequence, no completion
@@ -96,8 +97,8 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
             fill = np.broadcast_to(fill.astype(v.dtype), v.shape[:-1] + (k_pad,))
             ex[k] = np.concatenate([v, fill], axis=-1)
         cu = np.append(cu, target)
-        if "seg_prompt" in ex:  # the row pad's segment attends to no prompt
-            ex["seg_prompt"] = np.append(ex["seg_prompt"], -1).astype(np.int32)
+        if "seq_ids" in ex:  # the row pad's segment: a root of its own, in no tree
+            ex.update(tree_fields(ex, cu))
         if aligned:  # the row pad: a segment of its own in the real boundaries too
             real = np.asarray(ex["cu_seqlens"], np.int64)
             ex["cu_seqlens"] = np.append(real, real[-1] + k_pad).astype(np.int32)
@@ -130,6 +131,21 @@ def _pad_segments(ex: dict, cu: np.ndarray, keys: list, multiple: int, pad_id: i
     return new_cu
 
 
+def _check_collate(examples, pad_multiple, per_segment, max_docs) -> int | None:
+    """What collate_numpy refuses before it starts (by the conflict table's names)."""
+    if not examples:
+        raise PacktoolError("collate needs at least one example")
+    if max_docs is not None:
+        max_docs = _check_int("max_docs", max_docs, 1)
+        if pad_multiple is not None and not per_segment:
+            conflicts.check({"collate_max_docs", "row_pad"}, f"max_docs={max_docs}, "
+                            f"pad_multiple={pad_multiple}")
+        _check_max_docs(examples, max_docs)
+    if per_segment and "seq_ids" in examples[0]:
+        conflicts.check({"groups", "per_segment"})
+    return max_docs
+
+
 def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
                   per_segment: bool = False, pad_id: int = 0,
                   max_docs: int | None = None) -> dict:
@@ -150,16 +166,7 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     skip), max_length_q/k the longest pack's length (a bound; an int that changes per batch is a
     recompile per batch, ms-swift #9798): one shape for a run of packs padded to one length.
     """
-    if not examples:
-        raise PacktoolError("collate needs at least one example")
-    if max_docs is not None:
-        max_docs = _check_int("max_docs", max_docs, 1)
-        if pad_multiple is not None and not per_segment:
-            conflicts.check({"collate_max_docs", "row_pad"}, f"max_docs={max_docs}, "
-                            f"pad_multiple={pad_multiple}")
-        _check_max_docs(examples, max_docs)
-    if per_segment and "seq_ids" in examples[0]:
-        conflicts.check({"groups", "per_segment"})
+    max_docs = _check_collate(examples, pad_multiple, per_segment, max_docs)
     if per_segment:
         examples = [pad_example(ex, multiple=pad_multiple, per_segment=True, pad_id=pad_id)
                     for ex in examples]
@@ -186,31 +193,60 @@ def collate_numpy(examples: list[dict], pad_multiple: int | None = None,
     row.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu.copy(), max_length_q=max_len,
                max_length_k=max_len, seq_idx=seq_idx)
     if "seq_ids" in examples[0]:  # pairs and groups (packtool.formats.packed.groups)
-        row.update(_group_keys(examples, row["input_ids"].shape[1], len(cu) - 1))
+        row.update(_group_keys(examples, row["input_ids"].shape[1], cup))
+        row["tree_in"], row["tree_out"] = row["tree_in"][None, :], row["tree_out"][None, :]
     if aligned:
         row["cu_seqlens_padded"] = cup
     return row
 
 
-def _group_keys(examples: list[dict], n_tokens: int, n_segments: int) -> dict:
+def _group_keys(examples: list[dict], n_tokens: int, cu: np.ndarray) -> dict:
     """The grouped packs' keys end to end: sequence and segment indices moved on by the
-    packs before; a row pad (beyond the packs' tokens) in no group and no sequence."""
+    packs before; a row pad (beyond the packs' tokens) in no group and no sequence, a root
+    segment of its own (:func:`tree_fields`)."""
     out = {}
     seq_base = np.cumsum([0] + [len(ex["seq_group"]) for ex in examples])[:-1]
     seg_base = np.cumsum([0] + [len(ex["cu_seqlens"]) - 1 for ex in examples])[:-1]
     seq = [np.where(ex["seq_ids"] >= 0, ex["seq_ids"] + b, -1)
            for ex, b in zip(examples, seq_base, strict=True)]
-    pre = [np.where(ex["seg_prompt"] >= 0, ex["seg_prompt"] + b, -1)
-           for ex, b in zip(examples, seg_base, strict=True)]
     for key, parts, fill in (("group_ids", [ex["group_ids"] for ex in examples], -1),
                              ("seq_ids", seq, -1),
                              ("completion_mask", [ex["completion_mask"] for ex in examples], 0)):
         v = np.concatenate(parts).astype(np.int64)
         out[key] = np.concatenate([v, np.full(n_tokens - v.size, fill, np.int64)])[None, :]
-    p = np.concatenate(pre).astype(np.int32)
-    out["seg_prompt"] = np.concatenate([p, np.full(n_segments - p.size, -1, np.int32)])
     out["seq_group"] = np.concatenate([ex["seq_group"] for ex in examples]).astype(np.int64)
     out["seq_role"] = np.concatenate([ex["seq_role"] for ex in examples]).astype(np.int32)
+    for key in ("seq_leaf", "seq_doc"):  # the reader's trees (version 6): leaf moves on
+        if all(key in ex for ex in examples):
+            out[key] = np.concatenate([
+                np.asarray(ex[key], np.int64) + (b if key == "seq_leaf" else 0)
+                for ex, b in zip(examples, seg_base, strict=True)])
+    parent = [np.asarray(ex["seg_parent"] if "seg_parent" in ex else ex["seg_prompt"],
+                         np.int64) for ex in examples]
+    out["seg_parent"] = np.concatenate([np.where(p >= 0, p + b, -1)
+                                        for p, b in zip(parent, seg_base, strict=True)])
+    if all("seg_prompt" in ex for ex in examples):
+        out["seg_prompt"] = out["seg_parent"]
+    out.update(tree_fields(out, cu))
+    return out
+
+
+def tree_fields(ex: dict, cu: np.ndarray) -> dict:
+    """``seg_parent`` (and ``seg_prompt`` where ``ex`` has it) for the segments of ``cu``,
+    the ones past ``ex``'s (row pads) roots, and ``seg_end``, ``tree_in``, ``tree_out`` made
+    from them (:mod:`packtool.train.trees`): one derivation, so a row's tree arrays never
+    disagree with its parents however it was padded or collated."""
+    n = len(cu) - 1
+    parent = np.asarray(ex["seg_parent"] if "seg_parent" in ex else ex["seg_prompt"], np.int64)
+    parent = np.concatenate([parent, np.full(n - parent.size, -1, np.int64)])
+    lengths = np.diff(np.asarray(cu, np.int64))
+    idx = np.arange(n, dtype=np.int64)
+    end = tree_shape(np.where(parent >= 0, idx - parent, 0), lengths)[1].astype(np.int64)
+    tin = np.repeat(idx, lengths)
+    out = {"seg_parent": parent.astype(np.int32), "seg_end": end.astype(np.int32),
+           "tree_in": tin.astype(np.int32), "tree_out": end[tin].astype(np.int32)}
+    if "seg_prompt" in ex:
+        out["seg_prompt"] = out["seg_parent"]
     return out
 
 
