@@ -10,10 +10,10 @@ each does where::
     lock(shared)           flock of .NAME.lock                 lock object, conditional put
     place                  reads and listings of the folder    the same, through fsspec
     job_lock(name)         flock, waited for                   lock object, waited for
-    scratch()              the folder itself: a job commits    a scratch folder of this
-                           its files in place (atomic)         process (storage.stage_out)
-    finish_job(...)        the job's result: already in place  a PendingUpload: each file
-                                                               uploaded, verified, the
+    scratch(name)          the job's own folder beside its     a scratch folder of this
+                           files (.NAME.tmp-PID-RAND)          process (storage.stage_out)
+    finish_job(...)        publish: renamed in, the record     a PendingUpload: each file
+                           last (signals deferred)             uploaded, verified, the
                                                                record last
     put(name, data)        written whole                       one put, its size checked
     commit(files)          one journaled commit                puts in order, the last commits
@@ -98,8 +98,9 @@ class Output:
 
 
 class FolderOutput(Output):
-    """A local folder: every job commits its files in place (packtool.storage.atomic), so a
-    job is finished when its files are written, and manifests are committed journaled."""
+    """A local folder: a job is written in a folder of its own beside the output and
+    published by renames, its record last (packtool.storage.atomic); manifests are
+    committed journaled."""
 
     # ------------------------------------------------------------------ the prefix
     def check_prefix(self) -> Path:
@@ -166,9 +167,13 @@ class FolderOutput(Output):
 
     # ----------------------------------------------------------------------- a job
     @contextlib.contextmanager
-    def scratch(self):
-        """The folder a job writes its files in: the output's own (committed in place)."""
-        yield Path(self.place.folder)
+    def scratch(self, name: str):
+        """The job's own folder, ``.NAME.tmp-PID-RAND`` beside its files (reclaimed if the
+        job is killed): on the same disk, so publishing is a rename."""
+        from .atomic import job_files
+
+        with job_files(Path(self.place.folder), name) as folder:
+            yield folder
 
     @property
     def store_place(self):
@@ -177,8 +182,26 @@ class FolderOutput(Output):
         return None
 
     def finish_job(self, held, folder, names, record, result, *, retire=(), report=False):
-        """The job's ``(result, skipped)``: its files are committed in place already."""
+        """The job published: ``retire`` removed, then its files renamed in, the record
+        last; its ``(result, skipped)``."""
+        from .atomic import commit_job
+
+        self.remove(list(retire))
+        commit_job(folder, names, record, Path(self.place.folder))
         return result, False
+
+    def abandon(self, names: list[str]) -> None:
+        """A failed run's plan marker (``names``) removed: a folder's jobs are published by
+        renames under deferred signals, whole or not at all, so none is left half-published
+        for it to vouch for (a killed run's marker stays)."""
+        self.remove(names)
+
+    def no_space(self, e: OSError, folder: Path, kept: str | None) -> PacktoolError:
+        """A full disk while a job wrote ``folder``, said of the output (never a temporary
+        name: a local pack's staging folder is named as its dataset)."""
+        from .temps import final_name, no_space
+
+        return no_space(e, final_name(self.path), [folder], kept)
 
     def published(self, text: str) -> None:
         """What publishing did, for the result: nothing, locally."""
@@ -191,9 +214,6 @@ class FolderOutput(Output):
             from .. import _signals
 
             _signals.commits_to(self.place.path(manifest), finished_here)
-
-    def mark_plan(self, name: str, body: bytes) -> None:
-        """Nothing: a journaled commit vouches for a job's files locally."""
 
     # ------------------------------------------------------------------- manifests
     def put(self, name: str, data: bytes) -> None:
@@ -216,7 +236,7 @@ class FolderOutput(Output):
         from .atomic import atomic_files
 
         paths = [Path(self.place.path(n)) for n, _ in files]
-        with atomic_files(paths, True, key=paths[-1]) as tmps:
+        with atomic_files(paths) as tmps:
             for tmp, (_, data) in zip(tmps, files, strict=True):
                 with create(tmp) as f:
                     f.write(data)
@@ -316,14 +336,45 @@ class FolderOutput(Output):
 
     # ---------------------------------------------------------------------- exports
     @contextlib.contextmanager
-    def export_session(self, check_existing=None):
-        """(the folder a writer writes into, what is there for it to replace): the
-        output's own folder, the writer committing atomically and proving ours what it
-        replaces (so nothing listed here)."""
-        yield Path(self.place.folder), set()
+    def export_session(self, check_existing):
+        """Under the output's lock, a folder of the export's own beside it (renamed into
+        place when complete) and what the output folder holds (``check_existing(self,
+        old)`` proves what is there ours first); a full disk said of the output."""
+        import sys
+
+        from .atomic import job_files
+        from .temps import is_enospc, no_space
+
+        with self.lock() as notes:
+            for note in notes:
+                print(f"packtool: {note}", file=sys.stderr)
+            old = self.as_folder().place.names()
+            check_existing(self, old)
+            with job_files(Path(self.place.folder), self.name) as folder:
+                try:
+                    yield folder, old
+                except OSError as e:
+                    if is_enospc(e):
+                        raise no_space(e, Path(self.path), [folder]) from None
+                    raise
 
     def publish_export(self, folder: Path, info: dict, old: set, last) -> dict:
-        return info
+        """What the writer wrote into ``folder`` renamed into place: a directory export in
+        one swap (packtool.storage.atomic.commit_dir), single files in one journaled commit,
+        the sidecar (the last of ``last``) last. Proven replaceable under the lock before."""
+        from .atomic import check_replaceable, commit, commit_dir
+
+        target, path = folder / self.name, Path(self.path)
+        if target.is_dir():
+            check_replaceable(path, True, lambda p: None)  # no link, no file: a folder
+            commit_dir(target, path)
+            files = [path / Path(f).relative_to(target) for f in info["files"]]
+        else:
+            side = last[-1]
+            names = [p.name for p in sorted(folder.iterdir()) if p.name != side] + [side]
+            commit([(folder / n, Path(self.place.path(n))) for n in names], path)
+            files = [Path(self.place.path(Path(f).name)) for f in info["files"]]
+        return {**info, "files": files}
 
 
 class BucketOutput(Output):
@@ -380,7 +431,7 @@ class BucketOutput(Output):
 
     # ----------------------------------------------------------------------- a job
     @contextlib.contextmanager
-    def scratch(self):
+    def scratch(self, name: str = ""):
         """A scratch folder of this process, removed when the job is published."""
         from .stage_out import scratch_dir
 
@@ -409,6 +460,15 @@ class BucketOutput(Output):
 
         return PendingUpload(publish, held.pop_all())
 
+    def abandon(self, names: list[str]) -> None:
+        """Nothing: an upload stopped half-way leaves objects the plan marker vouches for."""
+
+    def no_space(self, e: OSError, folder: Path, kept: str | None) -> PacktoolError:
+        """This machine's disk filled up while a job bound for the store was written."""
+        from .temps import no_space
+
+        return no_space(e, folder / self.name, [folder], kept)
+
     def publish(self, folder: Path, names: list[str], record: str | None, sent=None) -> None:
         """A job's files (``names``, relative to ``folder``) uploaded and verified, then its
         ``record``."""
@@ -430,11 +490,6 @@ class BucketOutput(Output):
         from .. import _signals
 
         _signals.commits_to(self.place.path(manifest), published, exists=lambda: self.committed)
-
-    def mark_plan(self, name: str, body: bytes) -> None:
-        """No journaled commit in a bucket: until a job's record is there, the plan marker
-        vouches for its objects."""
-        self.put(name, body)
 
     # ------------------------------------------------------------------- manifests
     def put(self, name: str, data: bytes) -> None:
