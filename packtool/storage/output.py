@@ -87,6 +87,34 @@ class Output:
         """The path (or URL) of ``name`` inside the output's folder."""
         return join(self.path, name)
 
+    def claim_plan(self, marker: str, body: dict, run, overwrite: bool) -> None:
+        """The run's plan marker ``marker`` (``body``: its format, ``digest``...), one way
+        for every stage: until a job's record is there, it vouches for the job's files. The
+        array tasks of one plan share it (the first puts it); another plan's is refused
+        (finish that run) unless a whole run's --overwrite discards it."""
+        import json
+
+        data = json.dumps(body).encode()
+        if run.one_task:
+            self.put_new(marker, data)
+        try:
+            current = json.loads(self.place.read_bytes(marker))
+        except FileNotFoundError:
+            current = None
+        except (OSError, ValueError):
+            current = {}
+        if current is not None and (current if isinstance(current, dict) else {}).get(
+                "digest") != body["digest"]:
+            if not overwrite or run.one_task:
+                raise PacktoolError(
+                    f"{self.path} is being written from another plan ({marker}: other "
+                    "inputs, options or version); finish that run (the same command, or "
+                    "--finalize after its array tasks) or pass --overwrite to a whole run to "
+                    "discard it")
+            self.remove([marker])
+        if not run.one_task:
+            self.put(marker, data)
+
     def remove(self, names) -> list[str]:
         """Remove ``names`` (relative to the place) where they exist; those removed."""
         gone = []
@@ -282,7 +310,7 @@ class FolderOutput(Output):
         return self.sibling(out.with_name(f".{out.name}.staging-{digest[:16]}"))
 
     def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
-              body: bytes, manifests: list[str]) -> list[str]:
+              body: dict, manifests: list[str]) -> list[str]:
         """The staging folder of this plan, ready. Another plan's staging folder is refused
         (finish it with --finalize) unless --overwrite discards it, which only a whole run
         (holding the lock alone) may do."""
@@ -534,24 +562,12 @@ class BucketOutput(Output):
         return self  # no rename: the jobs publish straight to the output
 
     def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
-              body: bytes, manifests: list[str]) -> list[str]:
-        """The plan marker of this plan put (another plan's refused unless a whole run's
-        --overwrite discards it), and with --overwrite the old ``manifests`` removed:
-        readers stop seeing the old output."""
-        import json
-
+              body: dict, manifests: list[str]) -> list[str]:
+        """The plan marker of this plan claimed (:meth:`claim_plan`), and with --overwrite
+        the old ``manifests`` removed: readers stop seeing the old output."""
         if run.finalize:
             return []
-        try:
-            current = json.loads(self.place.read_bytes(marker))
-        except (FileNotFoundError, ValueError):
-            current = {}
-        current = current if isinstance(current, dict) else {}
-        if current and current.get("digest") != digest and (not overwrite or run.one_task):
-            raise PacktoolError(f"{self.path} is being assembled from another plan ({marker}); "
-                                "finish that run (the same command, or --finalize after its "
-                                "array tasks) or pass --overwrite to a whole run to discard it")
-        self.put(marker, body)
+        self.claim_plan(marker, body, run, overwrite)
         if overwrite and self.place.is_file(manifests[0]) and not run.one_task:
             self.remove(manifests)
         return []

@@ -220,26 +220,10 @@ def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptio
                                 f"packtool token manifest ({e}); move it away if it is yours, "
                                 "or choose another --out") from None
     refuse_foreign(out.place, stem, [q.name for q in plan.parts])
-    registered = plan_marker(stem)
-    body = json.dumps({"format": PLAN_FORMAT, "digest": plan.digest, "n_parts": len(plan.parts),
-                       "parts": sorted(our_parts(out.place, stem) | {q.name for q in plan.parts})
-                       }).encode()
-    if run.one_task:  # registered whole, unless a task got there first
-        out.put_new(registered, body)
-    try:
-        current = json.loads(place.read_bytes(registered)) if place.is_file(registered) else None
-    except (OSError, ValueError):
-        current = {}
-    if current is not None and current.get("digest") != plan.digest:
-        if not opts.overwrite or run.one_task:
-            raise PacktoolError(
-                f"{out.path} is being written from another plan (other inputs, options or "
-                f"tokenizer; {registered}); finish that run (the same command, or "
-                "--finalize after its array tasks) or pass --overwrite to a whole run to "
-                "discard it")
-        out.remove([registered])
-    if not run.one_task:  # until a part's record is there, it vouches for the part's
-        out.put(registered, body)  # files
+    out.claim_plan(plan_marker(stem), {
+        "format": PLAN_FORMAT, "digest": plan.digest, "n_parts": len(plan.parts),
+        "parts": sorted(our_parts(out.place, stem) | {q.name for q in plan.parts})},
+        run, opts.overwrite)
     if opts.overwrite and place.exists(manifest):
         _retire(out, plan)
 
