@@ -238,7 +238,7 @@ def _write(write, fmt: str, source, out: Output, overwrite: bool, tick, options:
     what is at the output proven ours first), then publish what it wrote: a single-file
     export with its sidecar, the marker or sidecar last; the output decides how (renamed
     into place, or uploaded, the previous export's objects it does not list removed)."""
-    from .marker import OLD_MARKER, sidecar_path, write_sidecar
+    from .marker import sidecar_path, write_sidecar
 
     side = sidecar_path(Path(out.name)).name
     with out.export_session(lambda o, old: _owned_there(o, old, overwrite, side)
@@ -246,7 +246,7 @@ def _write(write, fmt: str, source, out: Output, overwrite: bool, tick, options:
         info = write(source, folder / out.name, tick=tick, **options)
         if not (folder / out.name).is_dir():
             write_sidecar(folder, side, fmt, source)
-        return out.publish_export(folder, info, old, (MARKER, OLD_MARKER, side))
+        return out.publish_export(folder, info, old, MARKER, side)
 
 
 def _owned_there(out: Output, old: set, overwrite: bool, side: str) -> None:

@@ -125,6 +125,44 @@ class Output:
         return gone
 
 
+    # ---------------------------------------------------------------------- exports
+    @contextlib.contextmanager
+    def export_session(self, check_existing):
+        """Under the output's lock, a folder of the export's own (beside the output, or a
+        scratch folder for a bucket) and what the output holds (``check_existing(self,
+        old)`` proves what is there ours first); a full disk said of the output."""
+        import sys
+
+        from .temps import is_enospc
+
+        with self.lock() as notes:
+            for note in notes:
+                print(f"packtool: {note}", file=sys.stderr)
+            old = self.as_folder().place.names()
+            check_existing(self, old)
+            with self.scratch(self.name) as folder:
+                try:
+                    yield folder, old
+                except OSError as e:
+                    if not is_enospc(e):
+                        raise
+                    raise self.no_space(e, folder, None) from None
+
+    def publish_export(self, folder: Path, info: dict, old: set, marker: str, side: str
+                       ) -> dict:
+        """What the writer wrote into ``folder`` published, a directory export's ``marker``
+        or a single-file export's sidecar ``side`` last: renamed in, or uploaded
+        (:meth:`_publish_dir`, :meth:`_publish_files`); its files named where they now are."""
+        target = folder / self.name
+        if target.is_dir():
+            notes = self._publish_dir(target, old, marker)
+            files = [self.child(Path(f).relative_to(target).as_posix()) for f in info["files"]]
+        else:
+            notes = self._publish_files(folder, side)
+            files = [self.place.path(Path(f).name) for f in info["files"]]
+        return {**info, "files": files, "notes": list(info.get("notes", [])) + notes}
+
+
 class FolderOutput(Output):
     """A local folder: a job is written in a folder of its own beside the output and
     published by renames, its record last (packtool.storage.atomic); manifests are
@@ -363,46 +401,21 @@ class FolderOutput(Output):
             remove_path(target.path)
 
     # ---------------------------------------------------------------------- exports
-    @contextlib.contextmanager
-    def export_session(self, check_existing):
-        """Under the output's lock, a folder of the export's own beside it (renamed into
-        place when complete) and what the output folder holds (``check_existing(self,
-        old)`` proves what is there ours first); a full disk said of the output."""
-        import sys
+    def _publish_dir(self, target: Path, old: set, marker: str) -> list[str]:
+        """A directory export swapped in for the output (proven ours under the lock)."""
+        from .atomic import check_replaceable, commit_dir
 
-        from .atomic import job_files
-        from .temps import is_enospc, no_space
+        check_replaceable(Path(self.path), True, lambda p: None)  # no link, no file
+        commit_dir(target, Path(self.path))
+        return []
 
-        with self.lock() as notes:
-            for note in notes:
-                print(f"packtool: {note}", file=sys.stderr)
-            old = self.as_folder().place.names()
-            check_existing(self, old)
-            with job_files(Path(self.place.folder), self.name) as folder:
-                try:
-                    yield folder, old
-                except OSError as e:
-                    if is_enospc(e):
-                        raise no_space(e, Path(self.path), [folder]) from None
-                    raise
+    def _publish_files(self, folder: Path, side: str) -> list[str]:
+        """Single files renamed in as one journaled commit, the sidecar ``side`` last."""
+        from .atomic import commit
 
-    def publish_export(self, folder: Path, info: dict, old: set, last) -> dict:
-        """What the writer wrote into ``folder`` renamed into place: a directory export in
-        one swap (packtool.storage.atomic.commit_dir), single files in one journaled commit,
-        the sidecar (the last of ``last``) last. Proven replaceable under the lock before."""
-        from .atomic import check_replaceable, commit, commit_dir
-
-        target, path = folder / self.name, Path(self.path)
-        if target.is_dir():
-            check_replaceable(path, True, lambda p: None)  # no link, no file: a folder
-            commit_dir(target, path)
-            files = [path / Path(f).relative_to(target) for f in info["files"]]
-        else:
-            side = last[-1]
-            names = [p.name for p in sorted(folder.iterdir()) if p.name != side] + [side]
-            commit([(folder / n, Path(self.place.path(n))) for n in names], path)
-            files = [Path(self.place.path(Path(f).name)) for f in info["files"]]
-        return {**info, "files": files}
+        names = [p.name for p in sorted(folder.iterdir()) if p.name != side] + [side]
+        commit([(folder / n, Path(self.place.path(n))) for n in names], Path(self.path))
+        return []
 
 
 class BucketOutput(Output):
@@ -591,47 +604,32 @@ class BucketOutput(Output):
         """Nothing undone: the objects published stay for a re-run."""
 
     # ---------------------------------------------------------------------- exports
-    @contextlib.contextmanager
-    def export_session(self, check_existing=None):
-        """Under the output's lock, a scratch folder the writer writes into, and the
-        objects already at the output (``check_existing(self)`` proves single files ours)."""
-        with self.lock(), self.scratch() as folder:
-            old = self.as_folder().place.names()
-            if check_existing is not None:
-                check_existing(self, old)
-            yield folder, old
-
-    def publish_export(self, folder: Path, info: dict, old: set, last) -> dict:
-        """What the writer wrote into ``folder`` uploaded: a directory export's data objects,
-        then its markers (``last``), then the previous export's objects it does not list
-        removed; single files with their sidecar (the last of ``last``) sent last."""
+    def _publish_dir(self, target: Path, old: set, marker: str) -> list[str]:
+        """A directory export's data objects uploaded, then its ``marker``, then the
+        previous export's objects it does not list removed."""
         from .publish import Published
 
-        sent, target, inside = Published(str(self.path)), folder / self.name, self.as_folder()
-        if target.is_dir():
-            names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
-                           if p.is_file())
-            final = [n for n in names if n in last]
-            inside.publish(target, [n for n in names if n not in final], None, sent)
-            for n in final:
-                inside.put(n, (target / n).read_bytes())
-            removed = inside.remove(sorted(old - set(names) - {n for n in old
-                                                               if n.endswith(".lock")}))
-            files = [f"{self.path}/{Path(f).relative_to(target).as_posix()}"
-                     for f in info["files"]]
-        else:
-            side = last[-1]
-            names = sorted(p.name for p in folder.iterdir() if p.is_file()
-                           and not p.name.endswith(".lock") and not p.name.startswith("."))
-            self.publish(folder, names, side if (folder / side).is_file() else None, sent)
-            removed = []
-            files = [str(self.place.path(Path(f).name)) for f in info["files"]]
-        notes = list(info.get("notes", [])) + [self.published(
-            f"{sent.uploaded:,} objects uploaded ({sent.bytes_sent / 1e6:,.1f} MB), each "
-            "verified, the marker last"
-            + (f"; {len(removed):,} objects of the previous export removed" if removed
-               else ""))]
-        return {**info, "files": files, "notes": notes}
+        sent, inside = Published(str(self.path)), self.as_folder()
+        names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
+                       if p.is_file())
+        inside.publish(target, [n for n in names if n != marker], marker, sent)
+        removed = inside.remove(sorted(n for n in old - set(names) if not n.endswith(".lock")))
+        return [self._sent(sent) + (f"; {len(removed):,} objects of the previous export "
+                                    "removed" if removed else "")]
+
+    def _publish_files(self, folder: Path, side: str) -> list[str]:
+        """Single files uploaded, their sidecar ``side`` last."""
+        from .publish import Published
+
+        sent = Published(str(self.path))
+        self.publish(folder, sorted(p.name for p in folder.iterdir() if p.name != side), side,
+                     sent)
+        return [self._sent(sent)]
+
+    def _sent(self, sent) -> str:
+        return self.published(f"{sent.uploaded:,} objects uploaded "
+                              f"({sent.bytes_sent / 1e6:,.1f} MB), each verified, the marker "
+                              "last")
 
 
 class PendingUpload:
