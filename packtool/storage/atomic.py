@@ -12,10 +12,12 @@ What a user can observe, whatever kills a run (SIGKILL included) and whenever:
   commit finds a journal of its key left by a dead run with one ``stat``, not by listing the
   folder (a listing per part commit made a plan of 2,000 parts quadratic: 10,000 entries
   listed 2,000 times).
-- **One commit point.** Several files (token files) are committed from a journal written once
-  every temporary is complete: the old manifest leaves first, the data files move in, the new
-  manifest moves in last, so a reader that trusts only what a manifest names never sees one
-  run's data beside another's manifest. A directory (``pack``) is swapped in with one
+- **One commit point.** Several files (part records and a corpus manifest, an export's
+  files and sidecar) are committed from a journal written once every temporary is complete:
+  the old files move aside, the new ones in, the manifest last, so a reader that trusts only
+  what a manifest names never sees one run's data beside another's manifest. A job's files
+  are published from its own folder by renames, its record last (:func:`commit_job`). A
+  directory (``pack``, a directory export) is swapped in with one
   ``renameat2(RENAME_EXCHANGE)``, falling back to the journaled rename-aside + rename. Ctrl-C
   and SIGTERM are deferred during a commit and, if one arrived, the commit is undone.
 - **Recovery on the next run** (:mod:`packtool.storage.temps`). Under the lock, a journal left by a
