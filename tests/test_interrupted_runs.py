@@ -300,7 +300,7 @@ def test_busy_worker_does_not_delay_shutdown(tmp_path, corpus, sig):
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_WORKER,
                              *map(str, _tokenize_args(corpus, tmp_path / "out")), "-j", "1"],
                             env=_env(), stderr=subprocess.PIPE, text=True)
-    while not list(tmp_path.glob(".out.bin.tmp-*")):
+    while not list(tmp_path.glob(".out.tmp-*/out.bin")):  # the part being written
         assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
     time.sleep(0.5)  # the worker is asleep inside "encode"
@@ -554,7 +554,7 @@ def test_ctrl_c_between_parts_says_what_stays(tmp_path):
                              "-t", str(TOKENIZER), "-o", str(out / "c"), "--part-bytes", "1",
                              "-q", "-j", "1"], env=_env(), stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not list(out.glob(".c.part-00001.bin.tmp-*")):
+    while not list(out.glob(".c.part-00001.tmp-*/c.part-00001.bin")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.02)
     assert (out / ".c.part-00000.part.json").exists()
@@ -575,7 +575,8 @@ def test_signal_in_a_parts_cleanup_or_before_its_commit_leaves_no_temporary(
     """A `.c.part-00001.boundaries.tmp-PID-X` survived a Ctrl-C: a second signal while a
     failed part's temporaries were being removed stopped the removal half-way, and one
     between the end of the part's writing and its commit found them unregistered. Both now
-    leave nothing half-written (the signal still ends the run)."""
+    leave nothing half-written (the signal still ends the run): the part's own folder
+    (``.c.part-00001.tmp-PID-X``) is removed whole, its publish begun or not at all."""
     from packtool.tokenize import TokenizeOptions, pipeline, tokenize_files
 
     monkeypatch.setattr(_signals, "received", [])
@@ -594,14 +595,14 @@ def test_signal_in_a_parts_cleanup_or_before_its_commit_leaves_no_temporary(
             real_remove(path)
         monkeypatch.setattr(pipeline, "iter_documents", docs)
         monkeypatch.setattr(_atomic, "_remove", remove)
-    else:  # the signal arrives once part 1 is written, before its commit begins
-        real_tag = _atomic.tagged_name
+    else:  # the signal arrives once part 1 is written, before its publish begins
+        real_fsync = _atomic.fsync_tree
 
-        def tag(path, kind="tmp", t=None):
-            if kind == "old" and "part-00001" in path.name and not _signals.received:
+        def fsync_tree(folder):
+            if "part-00001" in folder.name and not _signals.received:
                 _signals._on_sigint(signal.SIGINT, None)
-            return real_tag(path, kind, t)
-        monkeypatch.setattr(_atomic, "tagged_name", tag)
+            return real_fsync(folder)
+        monkeypatch.setattr(_atomic, "fsync_tree", fsync_tree)
     with pytest.raises(KeyboardInterrupt):
         tokenize_files([str(inputs)], TOKENIZER, out, TokenizeOptions(part_bytes=1))
     assert _signals.received == [signal.SIGINT]

@@ -281,7 +281,7 @@ def test_signal_mid_run_leaves_nothing(tmp_path, sig):
         stderr=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".out.bin.tmp-*")) and proc.poll() is None:
+    while not list(tmp_path.glob(".out.tmp-*/out.bin")) and proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     time.sleep(0.3)

@@ -15,9 +15,10 @@ docs/EXPORT.md::
     parquet         (refused: pack first)          1 row per pack, Hugging Face columns
     parquet-packed  (refused: pack first)          1 row per pack, Megatron-Bridge columns
 
-Every writer streams shard by shard (or in fixed chunks of documents) and writes under
-temporary names renamed into place when complete, so memory stays bounded by one shard's
-segment table and an interrupted export leaves nothing under the requested name.
+Every writer streams shard by shard (or in fixed chunks of documents) into the folder it is
+given, so memory stays bounded by one shard's segment table; the output publishes what it
+wrote (:mod:`packtool.storage.output`: renamed into place, or uploaded), the marker last,
+so an interrupted export leaves nothing under the requested name.
 
 Modules: one per format (:mod:`.megatron`, :mod:`.llmc`, :mod:`.mds`, :mod:`.parquet`
 for both parquet layouts), and :mod:`.marker` the small manifest that marks an export as
@@ -214,7 +215,7 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
     bar = progress_bar(n_tokens, f"export {fmt}", enabled=progress)
     t0 = time.perf_counter()
     try:
-        info = _write(write, source, output, overwrite,
+        info = _write(write, fmt, source, output, overwrite,
                       bar.update if bar is not None else _no_tick, options)
     finally:
         if bar is not None:
@@ -266,25 +267,27 @@ def refuse_images(source, kind: str, fmt: str, src) -> None:
                             f"carry them: {reason}; {IMAGES_FIX}")
 
 
-def _write(write, source, out: Output, overwrite: bool, tick, options: dict) -> dict:
-    """Run a format's writer into the folder the output gives (a local output's own folder:
-    the writer commits there atomically, proving what it replaces ours; for a bucket, under
-    the output's lock, a scratch folder, what is there proven ours by the same proofs
-    first), then publish what it wrote (nothing more locally; for a bucket the objects
-    uploaded, the marker last, and the previous export's objects the new one does not list
-    removed)."""
-    from .marker import OLD_MARKER, sidecar_path
+def _write(write, fmt: str, source, out: Output, overwrite: bool, tick, options: dict
+           ) -> dict:
+    """Run a format's writer into the folder the output gives (under the output's lock,
+    what is at the output proven ours first), then publish what it wrote: a single-file
+    export with its sidecar, the marker or sidecar last; the output decides how (renamed
+    into place, or uploaded, the previous export's objects it does not list removed)."""
+    from .marker import sidecar_path, write_sidecar
 
     side = sidecar_path(Path(out.name)).name
     with out.export_session(lambda o, old: _owned_there(o, old, overwrite, side)
                             ) as (folder, old):
-        info = write(source, folder / out.name, overwrite=overwrite, tick=tick, **options)
-        return out.publish_export(folder, info, old, (MARKER, OLD_MARKER, side))
+        info = write(source, folder / out.name, tick=tick, **options)
+        if not (folder / out.name).is_dir():
+            write_sidecar(folder, side, fmt, source)
+        return out.publish_export(folder, info, old, MARKER, side)
 
 
 def _owned_there(out: Output, old: set, overwrite: bool, side: str) -> None:
-    """What a bucket holds at the export's names is ours to replace (a directory export's
-    marker, a single-file export's sidecar, proves it), or a refusal naming it."""
+    """What is at the export's names is ours to replace (a directory export's marker, a
+    single-file export's sidecar, proves it), or a refusal naming it: a folder and a bucket
+    alike."""
     from .marker import export_owned, files_owned
 
     if old and not overwrite:
@@ -292,9 +295,10 @@ def _owned_there(out: Output, old: set, overwrite: bool, side: str) -> None:
                             "replace it")
     if old:
         export_owned(out.path, out.as_folder().place)
-    single = {out.name, f"{out.name}.bin", f"{out.name}.idx", f"{out.name}.parquet"}
-    there = {n for n in out.place.names() if "/" not in n}
-    found = sorted((single & there) - {side})
+    single = [f"{out.name}.bin", f"{out.name}.idx", f"{out.name}.parquet"]
+    found = [n for n in single if out.place.exists(n)]
+    if out.place.is_file(out.name) or out.place.is_link(out.name):
+        found.insert(0, out.name)
     if not found:
         return
     if not overwrite:

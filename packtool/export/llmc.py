@@ -25,7 +25,6 @@ import numpy as np
 from .._io import create
 from .._numba import njit
 from ..errors import PacktoolError
-from ..storage.atomic import atomic_dir
 
 MAGIC = 20240520
 VERSION = 1
@@ -153,10 +152,10 @@ def _eos(corpus, eos_id: int | None) -> tuple[bool, int]:
     return ends_with_eos, eos
 
 
-def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
-                  shard_tokens: int | None = None, eos_id: int | None = None, **_) -> dict:
+def export_corpus(corpus, out: Path, *, tick, shard_tokens: int | None = None,
+                  eos_id: int | None = None, **_) -> dict:
     """A token corpus as llm.c GPT-2 token shards in directory ``out``."""
-    from .marker import export_owned, write_marker
+    from .marker import write_marker
 
     if corpus.dtype.itemsize != 2:
         raise PacktoolError(
@@ -176,20 +175,20 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick,
     stream = None
     buf_in = np.empty(TOKEN_CHUNK, dtype=np.uint16)
     buf_out = np.empty(TOKEN_CHUNK + TOKEN_CHUNK // 8, dtype=np.uint16)
-    with atomic_dir(out, overwrite, owned=export_owned) as tmp:
-        stream = _ShardedStream(tmp, total, per_shard)
-        try:
-            for part in corpus.parts:  # one token stream over the parts, in order
-                ends = np.asarray(part.ends, dtype=np.int64)
-                with open(part.file("bin"), "rb") as src:
-                    _copy_part(src, ends, len(ends), stream, buf_in, buf_out,
-                               None if ends_with_eos else eos, tick)
-        finally:
-            stream.close()
-        files = [shard_name(k) for k in range(len(stream.sizes))]
-        marker = write_marker(tmp, "llmc", corpus, files, magic=MAGIC, header_version=VERSION,
-                              eos_id=eos, eos_inserted=not ends_with_eos, n_documents=n,
-                              shard_tokens=per_shard, shard_sizes=stream.sizes)
+    out.mkdir()
+    stream = _ShardedStream(out, total, per_shard)
+    try:
+        for part in corpus.parts:  # one token stream over the parts, in order
+            ends = np.asarray(part.ends, dtype=np.int64)
+            with open(part.file("bin"), "rb") as src:
+                _copy_part(src, ends, len(ends), stream, buf_in, buf_out,
+                           None if ends_with_eos else eos, tick)
+    finally:
+        stream.close()
+    files = [shard_name(k) for k in range(len(stream.sizes))]
+    marker = write_marker(out, "llmc", corpus, files, magic=MAGIC, header_version=VERSION,
+                          eos_id=eos, eos_inserted=not ends_with_eos, n_documents=n,
+                          shard_tokens=per_shard, shard_sizes=stream.sizes)
     notes = [f"documents already end with EOS id {eos}: written as they are" if ends_with_eos
              else f"EOS id {eos} written before each of the {n:,} documents (llm.c's layout)"]
     if corpus.has_mask:

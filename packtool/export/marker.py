@@ -8,7 +8,7 @@ it, and so does a glob, which the old name did not escape
 (``datasets.load_dataset("parquet", data_files="DIR/*")`` read ``_packtool-export.json`` as
 a Parquet shard and failed; exports written under the old name are still ours to replace).
 An export of single files (Megatron's ``PREFIX.bin``/``PREFIX.idx``, one ``OUT.parquet``)
-has a hidden sidecar ``.KEY.export.json`` instead, committed last with them (its digest over
+has a hidden sidecar ``.KEY.export.json`` instead, published last with them (its digest over
 its content), listing each file with the size and modification time it was committed with:
 --overwrite replaces only files it lists, unchanged; a user's own ``m.bin`` at that name is
 refused, by name.
@@ -16,8 +16,8 @@ refused, by name.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import stat
 from pathlib import Path
 
 from ..errors import PacktoolError, listing
@@ -104,29 +104,19 @@ def sidecar_path(key: Path) -> Path:
     return key.with_name(f".{key.name}.export.json")
 
 
-@contextlib.contextmanager
-def export_files(paths: list[Path], key: Path, overwrite: bool, fmt: str, source):
-    """:func:`packtool.storage.atomic.atomic_files` for an export of single files: yields their
-    temporaries; commits them with the sidecar (written last, from the temporaries' sizes
-    and times, which a rename keeps). With --overwrite, files already at ``paths`` are
-    replaced only when the sidecar proves them ours (:func:`files_owned`)."""
+def write_sidecar(folder: Path, side: str, fmt: str, source) -> None:
+    """The sidecar ``side`` of a single-file export written into ``folder``, listing every
+    file there with its size and modification time (which the rename into place keeps)."""
     from .._io import write_new
-    from ..storage.atomic import atomic_files
 
-    side = sidecar_path(Path(os.path.abspath(key)))
-    paths = [Path(os.path.abspath(p)) for p in paths]
-    with atomic_files([*paths, side], overwrite, key=key,
-                      owned=lambda found: files_owned(side, found)) as temps:
-        yield temps[:-1]
-        files = []
-        for p, t in zip(paths, temps, strict=False):
-            st = os.lstat(t)
-            files.append({"name": p.name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
-        src = getattr(source, "directory", None) or getattr(source, "prefix", None)
-        body = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "export_format": fmt,
-                "source": str(src), "files": files}
-        body[DIGEST_KEY] = digest(body, DIGEST_KEY)
-        write_new(temps[-1], manifest_text(body))
+    files = [{"name": p.name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+             for p in sorted(folder.iterdir()) if p.name != side
+             and stat.S_ISREG((st := os.lstat(p)).st_mode)]
+    src = getattr(source, "directory", None) or getattr(source, "prefix", None)
+    body = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "export_format": fmt,
+            "source": str(src), "files": files}
+    body[DIGEST_KEY] = digest(body, DIGEST_KEY)
+    write_new(folder / side, manifest_text(body))
 
 
 def files_owned(side, found: list, place=None) -> None:

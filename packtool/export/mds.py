@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PacktoolError
-from ..storage.atomic import atomic_dir
 
 MASK = "loss_mask"
 
@@ -127,9 +126,9 @@ def _samples(ds, k: int, lo: int, hi: int, has_mask: bool):
         yield sample
 
 
-def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
+def export_packed(ds, out: Path, *, tick, **_) -> dict:
     """A packed dataset as MDS shards: one sample per pack."""
-    from .marker import export_owned, write_marker
+    from .marker import write_marker
 
     if not len(ds):
         raise PacktoolError(f"{ds.directory} holds no packs; nothing to export")
@@ -137,19 +136,19 @@ def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
     has_mask = bool(ds.index.get("loss_mask"))
     cols = columns(has_mask, ds.index.get("groups") is not None)
     out = Path(out)
-    with atomic_dir(out, overwrite, owned=export_owned) as tmp:
-        with streaming.MDSWriter(out=str(tmp), columns=cols, compression=None) as w:
-            for k, sh in enumerate(ds.index["shards"]):
-                n = int(sh["n_packs"])
-                for lo in range(0, n, GROUP):
-                    hi = min(n, lo + GROUP)
-                    for sample in _samples(ds, k, lo, hi, has_mask):
-                        w.write(sample)
-                    po = ds.shard(k).po
-                    tick(int(po[hi]) - int(po[lo]))
-        names = sorted(p.name for p in tmp.iterdir())
-        write_marker(tmp, "mds", ds, names, n_packs=len(ds), columns=cols,
-                     streaming_version=getattr(streaming, "__version__", "?"))
-        size = sum(p.stat().st_size for p in tmp.iterdir())
+    out.mkdir()
+    with streaming.MDSWriter(out=str(out), columns=cols, compression=None) as w:
+        for k, sh in enumerate(ds.index["shards"]):
+            n = int(sh["n_packs"])
+            for lo in range(0, n, GROUP):
+                hi = min(n, lo + GROUP)
+                for sample in _samples(ds, k, lo, hi, has_mask):
+                    w.write(sample)
+                po = ds.shard(k).po
+                tick(int(po[hi]) - int(po[lo]))
+    names = sorted(p.name for p in out.iterdir())
+    write_marker(out, "mds", ds, names, n_packs=len(ds), columns=cols,
+                 streaming_version=getattr(streaming, "__version__", "?"))
+    size = sum(p.stat().st_size for p in out.iterdir())
     return {"files": [out / n for n in names], "bytes_written": size, "notes": [],
             "details": {"columns": cols, "n_mds_shards": sum(n.endswith(".mds") for n in names)}}

@@ -35,7 +35,6 @@ import numpy as np
 
 from .._io import create
 from ..errors import FormatError, PacktoolError
-from .marker import export_files
 
 HEADER = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -148,8 +147,7 @@ NO_EOS_NOTE = ("{prefix} was tokenized without --eos: Megatron concatenates the 
                "--eos TOKEN for them)")
 
 
-def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: bool = True,
-                  **_) -> dict:
+def export_corpus(corpus, out: Path, *, tick, link: bool = True, **_) -> dict:
     """A token corpus as a Megatron indexed dataset: one sequence per document."""
 
     if corpus.n_tokens == 0:
@@ -174,18 +172,14 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
         for lo in range(0, n + 1, CHUNK):
             yield np.arange(lo, min(n + 1, lo + CHUNK), dtype=np.int64)
 
-    with export_files([bin_path, idx_path], bin_path.with_suffix(""), overwrite, "megatron",
-                      corpus) as (tmp_bin, tmp_idx):
-        bins = [q.file("bin") for q in corpus.parts]  # a remote part: its verified copy
-        if len(bins) == 1:
-            mode, why = _link_or_copy(bins[0], tmp_bin, link and not corpus.parts[0].cached)
-        else:  # one .bin of all parts in order: the corpus's global document order
-            _concatenate(bins, tmp_bin)
-            mode, why = "copy", f"{len(bins)} parts concatenated"
-        idx_bytes = write_index(tmp_idx, DTYPE_CODES[dt], corpus.dtype.itemsize, n, lengths,
-                                doc_indices())
-    if tmp_bin.exists():  # --overwrite of an earlier link: rename() of two links to one file
-        tmp_bin.unlink()  # is a no-op that leaves the temporary name behind (POSIX)
+    bins = [q.file("bin") for q in corpus.parts]  # a remote part: its verified copy
+    if len(bins) == 1:
+        mode, why = _link_or_copy(bins[0], bin_path, link and not corpus.parts[0].cached)
+    else:  # one .bin of all parts in order: the corpus's global document order
+        _concatenate(bins, bin_path)
+        mode, why = "copy", f"{len(bins)} parts concatenated"
+    idx_bytes = write_index(idx_path, DTYPE_CODES[dt], corpus.dtype.itemsize, n, lengths,
+                            doc_indices())
     tick(corpus.n_tokens)
     bin_bytes = corpus.n_tokens * corpus.dtype.itemsize
     notes = [f"{bin_path.name} " + (
@@ -205,7 +199,7 @@ def export_corpus(corpus, out: Path, *, overwrite: bool = False, tick, link: boo
     }
 
 
-def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
+def export_packed(ds, out: Path, *, tick, **_) -> dict:
     """A packed dataset as a Megatron indexed dataset: sequence = segment, document = pack."""
     if int(ds.index["n_tokens"]) == 0:
         raise PacktoolError(f"{ds.directory} holds no tokens; nothing to export")
@@ -234,25 +228,23 @@ def export_packed(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
             base += int(s["n_segments"])
 
     written = 0
-    with export_files([bin_path, idx_path], bin_path.with_suffix(""), overwrite, "megatron",
-                      ds) as (tmp_bin, tmp_idx):
-        with create(tmp_bin) as f:
-            for k, s in enumerate(shards):
-                stored = ds.shard(k).arrays.get("tokens")
-                if stored is not None and ds.index.get("mask_storage") != "folded" \
-                        and itemsize == 2:  # the shard's tokens as they are: sendfile
-                    _append_bytes(f, stored, tick)
-                    continue
-                for lo in range(0, int(s["n_packs"]), PACKS_PER_READ):
-                    hi = min(int(s["n_packs"]), lo + PACKS_PER_READ)
-                    toks = ds.read_range(k, lo, hi)["ids"]
-                    if itemsize == 4 and toks.size and int(toks.max()) > INT32_MAX:
-                        raise PacktoolError(f"{ds.directory}: token id {int(toks.max()):,} "
-                                            "does not fit Megatron's int32 tokens")
-                    _append_bytes(f, toks.astype(ds.token_dtype), tick)
-            written += f.tell()
-        written += write_index(tmp_idx, DTYPE_CODES[dt], itemsize, n_seqs, lengths,
-                               doc_indices())
+    with create(bin_path) as f:
+        for k, s in enumerate(shards):
+            stored = ds.shard(k).arrays.get("tokens")
+            if stored is not None and ds.index.get("mask_storage") != "folded" \
+                    and itemsize == 2:  # the shard's tokens as they are: sendfile
+                _append_bytes(f, stored, tick)
+                continue
+            for lo in range(0, int(s["n_packs"]), PACKS_PER_READ):
+                hi = min(int(s["n_packs"]), lo + PACKS_PER_READ)
+                toks = ds.read_range(k, lo, hi)["ids"]
+                if itemsize == 4 and toks.size and int(toks.max()) > INT32_MAX:
+                    raise PacktoolError(f"{ds.directory}: token id {int(toks.max()):,} "
+                                        "does not fit Megatron's int32 tokens")
+                _append_bytes(f, toks.astype(ds.token_dtype), tick)
+        written += f.tell()
+    written += write_index(idx_path, DTYPE_CODES[dt], itemsize, n_seqs, lengths,
+                           doc_indices())
     notes = []
     if ds.index.get("loss_mask"):
         notes.append("loss mask not exported: a Megatron indexed dataset holds tokens only")

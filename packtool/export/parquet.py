@@ -44,7 +44,6 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..formats.packed import IGNORE_INDEX
-from ..storage.atomic import atomic_dir
 
 ROWS_PER_GROUP = 1024
 
@@ -129,11 +128,11 @@ def bridge_table(ds, k: int, lo: int, hi: int):
     })
 
 
-def _export(ds, out: Path, overwrite: bool, tick, make_table, fmt: str, suffix: str,
-            compression: str, use_dictionary: bool) -> dict:
+def _export(ds, out: Path, tick, make_table, fmt: str, suffix: str, compression: str,
+            use_dictionary: bool) -> dict:
     import pyarrow.parquet as pq
 
-    from .marker import export_files, export_owned, write_marker
+    from .marker import write_marker
 
     shards = ds.index["shards"]
     if not len(ds):
@@ -150,35 +149,34 @@ def _export(ds, out: Path, overwrite: bool, tick, make_table, fmt: str, suffix: 
 
     out = Path(out)
     if out.suffix == ".parquet":
-        with export_files([out], out, overwrite, fmt, ds) as (tmp,):
-            with pq.ParquetWriter(tmp, schema, compression=compression,
-                                  use_dictionary=use_dictionary) as w:
-                for k in range(len(shards)):
-                    write_shard(k, w)
-            size = tmp.stat().st_size
+        with pq.ParquetWriter(out, schema, compression=compression,
+                              use_dictionary=use_dictionary) as w:
+            for k in range(len(shards)):
+                write_shard(k, w)
+        size = out.stat().st_size
         files = [out]
     else:
         names = [f"{sh['name']}{suffix}" for sh in shards]
-        with atomic_dir(out, overwrite, owned=export_owned) as tmp:
-            size = 0
-            for k, name in enumerate(names):
-                with pq.ParquetWriter(tmp / name, schema, compression=compression,
-                                      use_dictionary=use_dictionary) as w:
-                    write_shard(k, w)
-                size += (tmp / name).stat().st_size
-            size += write_marker(tmp, fmt, ds, names, n_packs=len(ds),
-                                 columns=schema.names, compression=compression)
+        out.mkdir()
+        size = 0
+        for k, name in enumerate(names):
+            with pq.ParquetWriter(out / name, schema, compression=compression,
+                                  use_dictionary=use_dictionary) as w:
+                write_shard(k, w)
+            size += (out / name).stat().st_size
+        size += write_marker(out, fmt, ds, names, n_packs=len(ds), columns=schema.names,
+                             compression=compression)
         files = [out / n for n in names]
     return {"files": files, "bytes_written": size, "notes": [],
             "details": {"columns": schema.names, "compression": compression}}
 
 
-def export_hf(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
+def export_hf(ds, out: Path, *, tick, **_) -> dict:
     """Hugging Face columns (input_ids, labels, position_ids, seq_lengths), one row per pack."""
-    return _export(ds, out, overwrite, tick, hf_table, "parquet", ".parquet", "snappy", True)
+    return _export(ds, out, tick, hf_table, "parquet", ".parquet", "snappy", True)
 
 
-def export_bridge(ds, out: Path, *, overwrite: bool = False, tick, **_) -> dict:
+def export_bridge(ds, out: Path, *, tick, **_) -> dict:
     """Megatron-Bridge packed-sequence columns (input_ids, loss_mask, seq_start_id), zstd."""
-    return _export(ds, out, overwrite, tick, bridge_table, "parquet-packed", ".idx.parquet",
+    return _export(ds, out, tick, bridge_table, "parquet-packed", ".idx.parquet",
                    "zstd", False)

@@ -103,9 +103,8 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
     target = out.staging(digest, run)
     with shown(progress):  # a packer that runs long (optimal, nnlshp) shows it is working
         flow = plan_flow(corpora, factors, options, digest, stored, str(target.path))
-    marker = json.dumps({"format": PLAN_FORMAT, "digest": digest}).encode()
-    notes = out.begin(target, digest, run, overwrite, MARKER, marker,
-                      [INDEX, f"{VALID}/{INDEX}"])
+    notes = out.begin(target, digest, run, overwrite, MARKER,
+                      {"format": PLAN_FORMAT, "digest": digest}, [INDEX, f"{VALID}/{INDEX}"])
     out.commits_to(INDEX, lambda: finished_jobs("shard"))
     try:
         jobs = flow.jobs()

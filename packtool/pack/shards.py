@@ -12,8 +12,11 @@ tasks), so there is one way a shard is written and committed::
     finalize: every entry checked, index.json written (valid/ first), entries removed, the
               staging folder renamed to OUT (swapped with a previous OUT of ours).
 
-A job's bytes depend only on the plan and the sources, so every executor writes the same
-files, and a killed job leaves only a temporary of its pid, reclaimed by the next run.
+A job writes into a folder of its own (``.shard-00003.tmp-PID-RAND/`` in the staging
+folder, or a scratch folder for a bucket) and is published, its entry last
+(:func:`packtool.storage.write.run_job`). A job's bytes depend only on the plan and the
+sources, so every executor writes the same files, and a killed job leaves only a temporary
+of its pid, reclaimed by the next run.
 """
 
 from __future__ import annotations
@@ -173,25 +176,22 @@ def sources(prefixes: tuple[str, ...]) -> list:
 
 
 # ------------------------------------------------------------------------ one shard
-def write_shard(job: ShardJob, tick) -> tuple[dict, bool]:
-    """Write shard ``job`` into its folder (:attr:`ShardJob.folder`): (its index entry,
-    False). The files go into a temporary folder of this pid, then are renamed in with the
-    entry last (:func:`packtool.storage.atomic.commit_job`); the stage holds the job's lock and
-    skips a shard already written (:mod:`packtool.pack`)."""
-    from ..storage.atomic import commit_job, job_files
-
+def write_shard(job: ShardJob, tick) -> tuple[dict, list[str]]:
+    """Write shard ``job`` into its folder (:attr:`ShardJob.folder`, the job's own), its
+    entry last: (its index entry, its files' names relative to the staging folder). The
+    stage holds the job's lock, skips a shard already written and publishes the files
+    (:func:`packtool.storage.write.run_job`)."""
     t = job.target
-    with job_files(job.folder, shard_name(job.k)) as tmp:
-        corpora = sources(t.prefixes) if t.layout == "tokens" else None
-        writer = ShardWriter(tmp, t.dtypes, t.layout, t.mask_storage,
-                             gather=None if corpora is None else gatherer(corpora),
-                             grouped=t.grouped, trees=t.trees)
-        entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
-                             job.seg_length, tick, groups=job.groups)
-        write_new(tmp / "record.json", json.dumps(fe.shard_entry(job.digest, entry)))
-        commit_job(tmp, [(f["name"], job.folder / f["name"]) for f in entry["files"].values()],
-                   job.entry_path)
-    return entry, False
+    job.folder.mkdir(exist_ok=True)
+    corpora = sources(t.prefixes) if t.layout == "tokens" else None
+    writer = ShardWriter(job.folder, t.dtypes, t.layout, t.mask_storage,
+                         gather=None if corpora is None else gatherer(corpora),
+                         grouped=t.grouped, trees=t.trees)
+    entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
+                         job.seg_length, tick, groups=job.groups)
+    write_new(job.entry_path, json.dumps(fe.shard_entry(job.digest, entry)))
+    sub = f"{VALID}/" if job.split == "valid" else ""
+    return entry, [sub + f["name"] for f in entry["files"].values()]
 
 
 def gatherer(corpora):
@@ -287,14 +287,9 @@ def run_task(task: PackTask, tick):
     def write(folder: Path):
         here = dataclasses.replace(inner, target=dataclasses.replace(
             inner.target, staging=str(folder)))
-        result, _ = task.write(here, tick)
+        result, names = task.write(here, tick)
+        return names, name, result, {}
 
-        def files() -> list[str]:  # asked only by a bucket's publish: its scratch folder is
-            # this job's own, where a local job's folder is the staging folder that other
-            # jobs (Ray tasks) write their temporary folders in and remove meanwhile
-            return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                          if p.is_file() and not p.name.startswith("."))
-        return files, name, result, {}
-
-    return run_job(out, name.replace(".entry.json", ".lock"), inner.label(),
+    job = shard_name(inner.k) if isinstance(inner, ShardJob) else f"group-{inner.g:05d}"
+    return run_job(out, job, name.replace(".entry.json", ".lock"), inner.label(),
                    lambda: check_job(inner, out)[0], skipped, write)

@@ -156,26 +156,18 @@ def _split_stats(layout, job: GroupJob, shards: list[dict]) -> dict:
             "tokens_used": used_tokens.tolist(), "docs_used": used_docs.tolist()}
 
 
-def write_group(job: GroupJob, tick) -> tuple[int, bool]:
-    """Plan and write group ``job``: its shards, then its entry (the stage holds the job's
-    lock and skips a group already written). Returns (the group's number, False): finalize
-    reads the entries from where they were published, and an executor keeps every job's
-    result (a group's entry holds its length histogram, ~40 KB: 0.3 B a document at
-    10^5-document groups)."""
-    from ..storage.atomic import commit_job, job_files
-
-    staging = Path(job.target.staging)
-    with job_files(staging, f"group-{job.g:05d}") as tmp:
-        entry = _plan_and_write(job, tmp, tick)
-        write_new(tmp / "record.json", json.dumps(entry))
-        moves = []
-        for split, stats in entry["splits"].items():
-            folder = staging / VALID if split == "valid" else staging
-            folder.mkdir(exist_ok=True)
-            moves += [(f["name"], folder / f["name"]) for sh in stats["shards"]
-                      for f in sh["files"].values()]
-        commit_job(tmp, moves, job.entry_path)
-    return job.g, False
+def write_group(job: GroupJob, tick) -> tuple[int, list[str]]:
+    """Plan and write group ``job`` into its folder (the job's own): its shards, then its
+    entry (the stage holds the job's lock, skips a group already written and publishes the
+    files). Returns (the group's number, its files' names): finalize reads the entries from
+    where they were published, and an executor keeps every job's result (a group's entry
+    holds its length histogram, ~40 KB: 0.3 B a document at 10^5-document groups)."""
+    folder = Path(job.target.staging)
+    entry = _plan_and_write(job, folder, tick)
+    write_new(job.entry_path, json.dumps(entry))
+    return job.g, [(f"{VALID}/" if split == "valid" else "") + f["name"]
+                   for split, stats in entry["splits"].items() for sh in stats["shards"]
+                   for f in sh["files"].values()]
 
 
 def _plan_and_write(job: GroupJob, tmp: Path, tick) -> dict:
@@ -206,10 +198,11 @@ def _plan_and_write(job: GroupJob, tmp: Path, tick) -> dict:
 def _rename(tmp: Path, entry: dict, split: str, g: int, k: int) -> dict:
     """Name a group's shard after the group: shard-GGGGG-KKK (valid ones with a v)."""
     name = f"shard-{g:05d}-{'v' if split == 'valid' else ''}{k:03d}"
-    files = {}
+    files, sub = {}, tmp / VALID if split == "valid" else tmp
+    sub.mkdir(exist_ok=True)
     for array, f in entry["files"].items():
         new = f["name"].replace(entry["name"], name, 1)
-        os.replace(tmp / f["name"], tmp / new)
+        os.replace(tmp / f["name"], sub / new)
         files[array] = {**f, "name": new}
     return {**entry, "name": name, "files": files}
 

@@ -12,10 +12,12 @@ What a user can observe, whatever kills a run (SIGKILL included) and whenever:
   commit finds a journal of its key left by a dead run with one ``stat``, not by listing the
   folder (a listing per part commit made a plan of 2,000 parts quadratic: 10,000 entries
   listed 2,000 times).
-- **One commit point.** Several files (token files) are committed from a journal written once
-  every temporary is complete: the old manifest leaves first, the data files move in, the new
-  manifest moves in last, so a reader that trusts only what a manifest names never sees one
-  run's data beside another's manifest. A directory (``pack``) is swapped in with one
+- **One commit point.** Several files (part records and a corpus manifest, an export's
+  files and sidecar) are committed from a journal written once every temporary is complete:
+  the old files move aside, the new ones in, the manifest last, so a reader that trusts only
+  what a manifest names never sees one run's data beside another's manifest. A job's files
+  are published from its own folder by renames, its record last (:func:`commit_job`). A
+  directory (``pack``, a directory export) is swapped in with one
   ``renameat2(RENAME_EXCHANGE)``, falling back to the journaled rename-aside + rename. Ctrl-C
   and SIGTERM are deferred during a commit and, if one arrived, the commit is undone.
 - **Recovery on the next run** (:mod:`packtool.storage.temps`). Under the lock, a journal left by a
@@ -39,7 +41,6 @@ import errno
 import json
 import os
 import secrets
-import shutil
 import sys
 from pathlib import Path
 
@@ -200,6 +201,12 @@ def _commit(entries: list[tuple[Path | None, Path, Path | None]], journal: Path)
         finish(entries, journal)
 
 
+def commit(moves: list[tuple[Path, Path]], key: Path) -> None:
+    """Files (temporary, final) renamed in as one journaled commit of ``key`` (each final
+    already there moved aside first), the last one the commit point."""
+    _commit([(t, f, tagged_name(f, "old")) for t, f in moves], journal_path(key))
+
+
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
     kernel, libc or file system lacks it."""
@@ -241,127 +248,62 @@ def commit_dir(tmp: Path, path: Path) -> None:
 @contextlib.contextmanager
 def job_files(folder: Path, name: str):
     """A temporary folder of this pid in ``folder`` for one job's files (a part, a shard, a
-    group of shards); removed on exit, whatever happened (a killed run's is reclaimed by
-    the next run). Commit what was written with :func:`commit_job`."""
+    group of shards), ``.NAME.tmp-PID-RAND``; removed on exit, whatever happened (a killed
+    run's is reclaimed by the next run). Publish what was written with :func:`commit_job`."""
     folder.mkdir(exist_ok=True)
     tmp = folder / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
     tmp.mkdir()
     try:
         yield tmp
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with _signals.deferred():  # a second Ctrl-C must not stop the clean-up half-way
+            _remove(tmp)
 
 
-def commit_job(tmp: Path, moves: list[tuple[str, Path]], record: Path) -> None:
-    """A finished job's files into place, its record last: every file (and ``tmp``'s
-    ``record.json``) fsynced, each ``(name in tmp, final path)`` renamed in, then the record,
-    then the folders fsynced. A job is finished when its record is there and lists files of
-    the sizes and checksums it gives; one killed before the record is done again."""
+def commit_job(tmp: Path, names: list[str], record: str, dest: Path) -> None:
+    """A finished job's files (``names`` relative to ``tmp``) renamed into ``dest``, its
+    ``record`` last: every file fsynced first, the folders after the renames, signals deferred
+    throughout (a Ctrl-C never leaves half a job without its record). A job is finished when
+    its record is there and lists files of the sizes and checksums it gives; one killed before
+    the record is done again."""
     fsync_tree(tmp)
-    folders = set()
-    for name, final in moves:
-        os.replace(tmp / name, final)
-        folders.add(final.parent)
-    for d in folders:
-        fsync_path(d)
-    os.replace(tmp / "record.json", record)
-    fsync_path(record.parent)
+    with _signals.deferred():
+        folders = set()
+        for name in names:
+            final = dest / name
+            final.parent.mkdir(exist_ok=True)  # valid/ of a staging folder
+            os.replace(tmp / name, final)
+            folders.add(final.parent)
+        for d in folders:
+            fsync_path(d)
+        os.replace(tmp / record, dest / record)
+        fsync_path((dest / record).parent)
+    _signals.check()
 
 
 # ---------------------------------------------------------------------------------- api
-def refuse_existing_files(paths: list[Path], overwrite: bool) -> None:
-    existing = [str(p) for p in paths if p.exists()]
-    if existing and not overwrite:
-        raise PacktoolError(
-            f"output already exists: {', '.join(existing)}; pass --overwrite to replace it "
-            "or choose another --out"
-        )
-
-
-def _key(paths: list[Path]) -> Path:
-    """The output several files make up: ``o`` for o.bin, o.boundaries, o.json."""
-    if len(paths) == 1:
-        return paths[0]
-    common = os.path.commonprefix([p.name for p in paths])
-    return paths[0].with_name(common[:-1] if common.endswith(".") else common or paths[0].name)
-
-
 @contextlib.contextmanager
-def atomic_files(paths: list[Path], overwrite: bool = False, *, key: Path | None = None,
-                 remove: list[Path] = (), label: Path | None = None, scan: bool = True,
-                 owned=None, kept=None):
+def atomic_files(paths: list[Path]):
     """Yield temporary paths for ``paths``; on success commit them all, else delete them.
-
-    The last path is the commit point: make it the manifest. ``remove``: files of a previous
-    output that the new one does not have (deleted in the same commit). The output's lock
-    (``key``, default the common prefix of the names) is held throughout; errors name
-    ``label`` (default ``key``), the output the user asked for. ``scan=False``: a commit of
-    one part of a larger output, whose run reclaims the folder (see :func:`reclaim`).
-    ``owned(existing)``: with ``overwrite``, the writer's proof that the files already at
-    ``paths`` are its own output (it raises, naming what is not); without it the caller has
-    proven them before (a tokenize part, from the manifests that list it). ``kept()``: what
-    of the output stays if the disk fills up (finished parts), for the error.
-    """
+    The last path is the commit point (make it the manifest) and its lock is held
+    throughout; a full disk is said of it."""
     paths = [Path(os.path.abspath(p)) for p in paths]
-    key = Path(os.path.abspath(key)) if key else _key(paths)
-    with output_lock(key, scan=scan) as notes:
+    key = paths[-1]
+    with output_lock(key) as notes:
         for note in notes:
             print(f"packtool: {note}", file=sys.stderr)
-        refuse_existing_files(paths, overwrite)
-        existing = [p for p in paths if p.exists() or p.is_symlink()]
-        if existing and owned is not None:
-            owned(existing)
-        tag = f"{os.getpid()}-{secrets.token_hex(3)}"
-        temps = [tagged_name(p, "tmp", tag) for p in paths]
-        try:
+        temps = [tagged_name(p) for p in paths]
+        try:  # to the end of the commit, a signal still finds the temporaries removed
             yield temps
+            commit(list(zip(temps, paths, strict=True)), key)
         except BaseException as e:
-            _discard(e, label or key, temps, kept)
-        try:  # from the body's end to the commit, a signal still finds the temporaries removed
-            entries = [(None, Path(os.path.abspath(p)), tagged_name(Path(p), "old", tag))
-                       for p in remove if Path(p).exists()]
-            entries += [(t, p, tagged_name(p, "old", tag))
-                        for t, p in zip(temps, paths, strict=True)]
-            _commit(entries, journal_path(key))
-        except BaseException as e:
-            _discard(e, label or key, temps, kept)
-
-
-def _discard(e: BaseException, label: Path, temps: list[Path], kept=None):
-    """Remove a failed run's temporaries and re-raise (a full disk as a clear error naming
-    ``label``, the output the user asked for, and what ``kept()`` says stays)."""
-    with _signals.deferred():  # a second Ctrl-C must not stop the clean-up half-way
-        if is_enospc(e):
-            err = no_space(e, label, temps, kept() if kept else None)
-        else:
-            err = None
-            for t in temps:
-                _remove(t)
-    if err is not None:
-        raise err from None
-    raise e
-
-
-@contextlib.contextmanager
-def atomic_dir(path: Path, overwrite: bool = False, owned=None):
-    """Yield a fresh temporary directory that becomes ``path`` on success.
-
-    An existing non-empty ``path`` is refused unless ``overwrite``, and even then only if
-    ``owned(path)`` (the format's proof that every entry in it is ours) passes: --overwrite
-    never deletes a directory of the user's other files.
-    """
-    path = Path(os.path.abspath(path))
-    with output_lock(path) as notes:
-        for note in notes:
-            print(f"packtool: {note}", file=sys.stderr)
-        check_replaceable(path, overwrite, owned)
-        tmp = tagged_name(path)
-        try:  # made inside: a signal right after mkdir still finds it removed
-            tmp.mkdir()
-            yield tmp
-            commit_dir(tmp, path)
-        except BaseException as e:
-            _discard(e, path, [tmp])
+            with _signals.deferred():  # a second Ctrl-C must not stop the clean-up half-way
+                err = no_space(e, key, temps) if is_enospc(e) else None
+                for t in temps:
+                    _remove(t)
+            if err is not None:
+                raise err from None
+            raise
 
 
 def check_replaceable(path: Path, overwrite: bool, owned) -> None:

@@ -10,10 +10,10 @@ each does where::
     lock(shared)           flock of .NAME.lock                 lock object, conditional put
     place                  reads and listings of the folder    the same, through fsspec
     job_lock(name)         flock, waited for                   lock object, waited for
-    scratch()              the folder itself: a job commits    a scratch folder of this
-                           its files in place (atomic)         process (storage.stage_out)
-    finish_job(...)        the job's result: already in place  a PendingUpload: each file
-                                                               uploaded, verified, the
+    scratch(name)          the job's own folder beside its     a scratch folder of this
+                           files (.NAME.tmp-PID-RAND)          process (storage.stage_out)
+    finish_job(...)        publish: renamed in, the record     a PendingUpload: each file
+                           last (signals deferred)             uploaded, verified, the
                                                                record last
     put(name, data)        written whole                       one put, its size checked
     commit(files)          one journaled commit                puts in order, the last commits
@@ -87,6 +87,34 @@ class Output:
         """The path (or URL) of ``name`` inside the output's folder."""
         return join(self.path, name)
 
+    def claim_plan(self, marker: str, body: dict, run, overwrite: bool) -> None:
+        """The run's plan marker ``marker`` (``body``: its format, ``digest``...), one way
+        for every stage: until a job's record is there, it vouches for the job's files. The
+        array tasks of one plan share it (the first puts it); another plan's is refused
+        (finish that run) unless a whole run's --overwrite discards it."""
+        import json
+
+        data = json.dumps(body).encode()
+        if run.one_task:
+            self.put_new(marker, data)
+        try:
+            current = json.loads(self.place.read_bytes(marker))
+        except FileNotFoundError:
+            current = None
+        except (OSError, ValueError):
+            current = {}
+        if current is not None and (current if isinstance(current, dict) else {}).get(
+                "digest") != body["digest"]:
+            if not overwrite or run.one_task:
+                raise PacktoolError(
+                    f"{self.path} is being written from another plan ({marker}: other "
+                    "inputs, options or version); finish that run (the same command, or "
+                    "--finalize after its array tasks) or pass --overwrite to a whole run to "
+                    "discard it")
+            self.remove([marker])
+        if not run.one_task:
+            self.put(marker, data)
+
     def remove(self, names) -> list[str]:
         """Remove ``names`` (relative to the place) where they exist; those removed."""
         gone = []
@@ -97,9 +125,48 @@ class Output:
         return gone
 
 
+    # ---------------------------------------------------------------------- exports
+    @contextlib.contextmanager
+    def export_session(self, check_existing):
+        """Under the output's lock, a folder of the export's own (beside the output, or a
+        scratch folder for a bucket) and what the output holds (``check_existing(self,
+        old)`` proves what is there ours first); a full disk said of the output."""
+        import sys
+
+        from .temps import is_enospc
+
+        with self.lock() as notes:
+            for note in notes:
+                print(f"packtool: {note}", file=sys.stderr)
+            old = self.as_folder().place.names()
+            check_existing(self, old)
+            with self.scratch(self.name) as folder:
+                try:
+                    yield folder, old
+                except OSError as e:
+                    if not is_enospc(e):
+                        raise
+                    raise self.no_space(e, folder, None) from None
+
+    def publish_export(self, folder: Path, info: dict, old: set, marker: str, side: str
+                       ) -> dict:
+        """What the writer wrote into ``folder`` published, a directory export's ``marker``
+        or a single-file export's sidecar ``side`` last: renamed in, or uploaded
+        (:meth:`_publish_dir`, :meth:`_publish_files`); its files named where they now are."""
+        target = folder / self.name
+        if target.is_dir():
+            notes = self._publish_dir(target, old, marker)
+            files = [self.child(Path(f).relative_to(target).as_posix()) for f in info["files"]]
+        else:
+            notes = self._publish_files(folder, side)
+            files = [self.place.path(Path(f).name) for f in info["files"]]
+        return {**info, "files": files, "notes": list(info.get("notes", [])) + notes}
+
+
 class FolderOutput(Output):
-    """A local folder: every job commits its files in place (packtool.storage.atomic), so a
-    job is finished when its files are written, and manifests are committed journaled."""
+    """A local folder: a job is written in a folder of its own beside the output and
+    published by renames, its record last (packtool.storage.atomic); manifests are
+    committed journaled."""
 
     # ------------------------------------------------------------------ the prefix
     def check_prefix(self) -> Path:
@@ -166,9 +233,13 @@ class FolderOutput(Output):
 
     # ----------------------------------------------------------------------- a job
     @contextlib.contextmanager
-    def scratch(self):
-        """The folder a job writes its files in: the output's own (committed in place)."""
-        yield Path(self.place.folder)
+    def scratch(self, name: str):
+        """The job's own folder, ``.NAME.tmp-PID-RAND`` beside its files (reclaimed if the
+        job is killed): on the same disk, so publishing is a rename."""
+        from .atomic import job_files
+
+        with job_files(Path(self.place.folder), name) as folder:
+            yield folder
 
     @property
     def store_place(self):
@@ -177,8 +248,26 @@ class FolderOutput(Output):
         return None
 
     def finish_job(self, held, folder, names, record, result, *, retire=(), report=False):
-        """The job's ``(result, skipped)``: its files are committed in place already."""
+        """The job published: ``retire`` removed, then its files renamed in, the record
+        last; its ``(result, skipped)``."""
+        from .atomic import commit_job
+
+        self.remove(list(retire))
+        commit_job(folder, names, record, Path(self.place.folder))
         return result, False
+
+    def abandon(self, names: list[str]) -> None:
+        """A failed run's plan marker (``names``) removed: a folder's jobs are published by
+        renames under deferred signals, whole or not at all, so none is left half-published
+        for it to vouch for (a killed run's marker stays)."""
+        self.remove(names)
+
+    def no_space(self, e: OSError, folder: Path, kept: str | None) -> PacktoolError:
+        """A full disk while a job wrote ``folder``, said of the output (never a temporary
+        name: a local pack's staging folder is named as its dataset)."""
+        from .temps import final_name, no_space
+
+        return no_space(e, final_name(self.path), [folder], kept)
 
     def published(self, text: str) -> None:
         """What publishing did, for the result: nothing, locally."""
@@ -191,9 +280,6 @@ class FolderOutput(Output):
             from .. import _signals
 
             _signals.commits_to(self.place.path(manifest), finished_here)
-
-    def mark_plan(self, name: str, body: bytes) -> None:
-        """Nothing: a journaled commit vouches for a job's files locally."""
 
     # ------------------------------------------------------------------- manifests
     def put(self, name: str, data: bytes) -> None:
@@ -216,7 +302,7 @@ class FolderOutput(Output):
         from .atomic import atomic_files
 
         paths = [Path(self.place.path(n)) for n, _ in files]
-        with atomic_files(paths, True, key=paths[-1]) as tmps:
+        with atomic_files(paths) as tmps:
             for tmp, (_, data) in zip(tmps, files, strict=True):
                 with create(tmp) as f:
                     f.write(data)
@@ -262,7 +348,7 @@ class FolderOutput(Output):
         return self.sibling(out.with_name(f".{out.name}.staging-{digest[:16]}"))
 
     def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
-              body: bytes, manifests: list[str]) -> list[str]:
+              body: dict, manifests: list[str]) -> list[str]:
         """The staging folder of this plan, ready. Another plan's staging folder is refused
         (finish it with --finalize) unless --overwrite discards it, which only a whole run
         (holding the lock alone) may do."""
@@ -315,15 +401,21 @@ class FolderOutput(Output):
             remove_path(target.path)
 
     # ---------------------------------------------------------------------- exports
-    @contextlib.contextmanager
-    def export_session(self, check_existing=None):
-        """(the folder a writer writes into, what is there for it to replace): the
-        output's own folder, the writer committing atomically and proving ours what it
-        replaces (so nothing listed here)."""
-        yield Path(self.place.folder), set()
+    def _publish_dir(self, target: Path, old: set, marker: str) -> list[str]:
+        """A directory export swapped in for the output (proven ours under the lock)."""
+        from .atomic import check_replaceable, commit_dir
 
-    def publish_export(self, folder: Path, info: dict, old: set, last) -> dict:
-        return info
+        check_replaceable(Path(self.path), True, lambda p: None)  # no link, no file
+        commit_dir(target, Path(self.path))
+        return []
+
+    def _publish_files(self, folder: Path, side: str) -> list[str]:
+        """Single files renamed in as one journaled commit, the sidecar ``side`` last."""
+        from .atomic import commit
+
+        names = [p.name for p in sorted(folder.iterdir()) if p.name != side] + [side]
+        commit([(folder / n, Path(self.place.path(n))) for n in names], Path(self.path))
+        return []
 
 
 class BucketOutput(Output):
@@ -380,7 +472,7 @@ class BucketOutput(Output):
 
     # ----------------------------------------------------------------------- a job
     @contextlib.contextmanager
-    def scratch(self):
+    def scratch(self, name: str = ""):
         """A scratch folder of this process, removed when the job is published."""
         from .stage_out import scratch_dir
 
@@ -409,6 +501,15 @@ class BucketOutput(Output):
 
         return PendingUpload(publish, held.pop_all())
 
+    def abandon(self, names: list[str]) -> None:
+        """Nothing: an upload stopped half-way leaves objects the plan marker vouches for."""
+
+    def no_space(self, e: OSError, folder: Path, kept: str | None) -> PacktoolError:
+        """This machine's disk filled up while a job bound for the store was written."""
+        from .temps import no_space
+
+        return no_space(e, folder / self.name, [folder], kept)
+
     def publish(self, folder: Path, names: list[str], record: str | None, sent=None) -> None:
         """A job's files (``names``, relative to ``folder``) uploaded and verified, then its
         ``record``."""
@@ -430,11 +531,6 @@ class BucketOutput(Output):
         from .. import _signals
 
         _signals.commits_to(self.place.path(manifest), published, exists=lambda: self.committed)
-
-    def mark_plan(self, name: str, body: bytes) -> None:
-        """No journaled commit in a bucket: until a job's record is there, the plan marker
-        vouches for its objects."""
-        self.put(name, body)
 
     # ------------------------------------------------------------------- manifests
     def put(self, name: str, data: bytes) -> None:
@@ -479,24 +575,12 @@ class BucketOutput(Output):
         return self  # no rename: the jobs publish straight to the output
 
     def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
-              body: bytes, manifests: list[str]) -> list[str]:
-        """The plan marker of this plan put (another plan's refused unless a whole run's
-        --overwrite discards it), and with --overwrite the old ``manifests`` removed:
-        readers stop seeing the old output."""
-        import json
-
+              body: dict, manifests: list[str]) -> list[str]:
+        """The plan marker of this plan claimed (:meth:`claim_plan`), and with --overwrite
+        the old ``manifests`` removed: readers stop seeing the old output."""
         if run.finalize:
             return []
-        try:
-            current = json.loads(self.place.read_bytes(marker))
-        except (FileNotFoundError, ValueError):
-            current = {}
-        current = current if isinstance(current, dict) else {}
-        if current and current.get("digest") != digest and (not overwrite or run.one_task):
-            raise PacktoolError(f"{self.path} is being assembled from another plan ({marker}); "
-                                "finish that run (the same command, or --finalize after its "
-                                "array tasks) or pass --overwrite to a whole run to discard it")
-        self.put(marker, body)
+        self.claim_plan(marker, body, run, overwrite)
         if overwrite and self.place.is_file(manifests[0]) and not run.one_task:
             self.remove(manifests)
         return []
@@ -520,47 +604,32 @@ class BucketOutput(Output):
         """Nothing undone: the objects published stay for a re-run."""
 
     # ---------------------------------------------------------------------- exports
-    @contextlib.contextmanager
-    def export_session(self, check_existing=None):
-        """Under the output's lock, a scratch folder the writer writes into, and the
-        objects already at the output (``check_existing(self)`` proves single files ours)."""
-        with self.lock(), self.scratch() as folder:
-            old = self.as_folder().place.names()
-            if check_existing is not None:
-                check_existing(self, old)
-            yield folder, old
-
-    def publish_export(self, folder: Path, info: dict, old: set, last) -> dict:
-        """What the writer wrote into ``folder`` uploaded: a directory export's data objects,
-        then its markers (``last``), then the previous export's objects it does not list
-        removed; single files with their sidecar (the last of ``last``) sent last."""
+    def _publish_dir(self, target: Path, old: set, marker: str) -> list[str]:
+        """A directory export's data objects uploaded, then its ``marker``, then the
+        previous export's objects it does not list removed."""
         from .publish import Published
 
-        sent, target, inside = Published(str(self.path)), folder / self.name, self.as_folder()
-        if target.is_dir():
-            names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
-                           if p.is_file())
-            final = [n for n in names if n in last]
-            inside.publish(target, [n for n in names if n not in final], None, sent)
-            for n in final:
-                inside.put(n, (target / n).read_bytes())
-            removed = inside.remove(sorted(old - set(names) - {n for n in old
-                                                               if n.endswith(".lock")}))
-            files = [f"{self.path}/{Path(f).relative_to(target).as_posix()}"
-                     for f in info["files"]]
-        else:
-            side = last[-1]
-            names = sorted(p.name for p in folder.iterdir() if p.is_file()
-                           and not p.name.endswith(".lock") and not p.name.startswith("."))
-            self.publish(folder, names, side if (folder / side).is_file() else None, sent)
-            removed = []
-            files = [str(self.place.path(Path(f).name)) for f in info["files"]]
-        notes = list(info.get("notes", [])) + [self.published(
-            f"{sent.uploaded:,} objects uploaded ({sent.bytes_sent / 1e6:,.1f} MB), each "
-            "verified, the marker last"
-            + (f"; {len(removed):,} objects of the previous export removed" if removed
-               else ""))]
-        return {**info, "files": files, "notes": notes}
+        sent, inside = Published(str(self.path)), self.as_folder()
+        names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
+                       if p.is_file())
+        inside.publish(target, [n for n in names if n != marker], marker, sent)
+        removed = inside.remove(sorted(n for n in old - set(names) if not n.endswith(".lock")))
+        return [self._sent(sent) + (f"; {len(removed):,} objects of the previous export "
+                                    "removed" if removed else "")]
+
+    def _publish_files(self, folder: Path, side: str) -> list[str]:
+        """Single files uploaded, their sidecar ``side`` last."""
+        from .publish import Published
+
+        sent = Published(str(self.path))
+        self.publish(folder, sorted(p.name for p in folder.iterdir() if p.name != side), side,
+                     sent)
+        return [self._sent(sent)]
+
+    def _sent(self, sent) -> str:
+        return self.published(f"{sent.uploaded:,} objects uploaded "
+                              f"({sent.bytes_sent / 1e6:,.1f} MB), each verified, the marker "
+                              "last")
 
 
 class PendingUpload:

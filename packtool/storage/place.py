@@ -209,9 +209,20 @@ class Place:
         is checked when it is fetched)."""
         return None if self.remote else self.path(name)
 
-    def local(self, name: str, expect: dict) -> Path:
-        """A local path to the file: itself (local), or its verified copy in the cache."""
+    def in_place(self, names: list[str]) -> dict[str, Path]:
+        """The files of ``names`` a reader reads where they are, so checks itself before use
+        (a folder's: each, by its path); a store's none: each is checked (size, digest) as
+        :meth:`local` fetches it into the cache."""
+        return {} if self.remote else {n: self.path(n) for n in names}
+
+    def local(self, name: str, expect: dict, check=None) -> Path:
+        """A local path to the file, checked against ``expect`` (a manifest's ``bytes``
+        and digests): a folder's file itself, ``check(path, expect)`` run on it when given
+        (the reader's once-per-process check); a store's object, its copy in the cache,
+        verified when fetched."""
         if not self.remote:
+            if check is not None:
+                check(self.path(name), expect)
             return self.path(name)
         return self.cache.get(self.fs, self._remote(name), str(self.path(name)), expect)
 

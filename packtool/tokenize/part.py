@@ -1,13 +1,14 @@
 """One part of a tokenize plan, as a job: idempotent and atomic.
 
-    tokenize_part(job) -> part k's .bin/.boundaries/.mask and .NAME.part.json, renamed into
-                          place together (the part manifest last)
+    tokenize_part(job) -> part k's .bin/.boundaries/.mask and .NAME.part.json (the part
+                          manifest last), in the folder the stage gives it
     check_part(plan, k) -> its manifest when a part's files match it, of the same digest,
                           from inputs whose content hash still matches (resume skips it)
 
 The stage (:mod:`.stage`) runs a part against its output, local or in a bucket: under the
 part's lock (two writers of one part, array tasks given the same part, serialize: the second
-finds it finished and skips it), in place or in a scratch folder, then published.
+finds it finished and skips it), in a folder of its own, then published (renamed in, or
+uploaded), the part manifest last.
 
 The tokenizer is loaded once per process, the engine selected (its load-time probe run) once
 per run and per Ray worker process, and both reused by every part it writes (:mod:`.prepare`),
@@ -35,10 +36,8 @@ from ..formats.tokens import (
     verify_part_files,
 )
 from ..formats.tokens.schema import IMAGE_KEYS
-from ..formats.tokens.writer import GROUP_KEYS
 from ..options import TokenizeOptions
 from ..sources import as_input, content_unchanged
-from ..storage.atomic import atomic_files
 from . import pipeline
 from .plan import TokenizePlan
 from .prepare import setup
@@ -185,37 +184,26 @@ def data_keys(opts: TokenizeOptions) -> list[str]:
 
 
 def _write(job: PartJob, tick, s) -> dict:
+    """The part's files and, last, its manifest, into the folder ``job.plan.prefix`` names
+    (the job's own: the stage publishes them, :func:`packtool.storage.write.run_job`)."""
     plan, opts, part = job.plan, job.opts, job.part
     paths = [as_input(p) for p in part.inputs]
     files = prefix_paths(plan.part_prefix(part))
     workers = opts.workers or os.cpu_count() or 1
-    # the part's manifest goes last: a part whose manifest exists has all its files. The
-    # commit's lock and journal get a name of their own (not an output's, and not the run's
-    # output lock, which a Ray driver may hold while its workers write parts)
     keys = data_keys(opts)
     with_mask = "mask" in keys
-    outputs = [files[k] for k in keys] + [plan.part_manifest(part)]
-    # an overwritten SFT or group part's extra files go too
-    stale = [files[k] for k in ("mask", *GROUP_KEYS, "tree", *IMAGE_KEYS) if k not in keys]
-    if opts.overwrite:  # the manifest being replaced leaves in the first part's commit
-        stale.append(plan.json_path)
-    prefix = plan.part_prefix(part)
-    key = prefix.with_name(f"{prefix.name}.part-commit")
-    with atomic_files(outputs, True, key=key, remove=stale, label=plan.prefix, scan=False,
-                      kept=lambda: finished_parts(plan, job.k)) as tmp:
-        writer = TokenWriter(dict(zip([*keys, "json"], tmp, strict=True)), with_mask)
-        reader = pipeline.Reader(paths, s.read_opts, opts.batch_size, opts.batch_bytes,
-                                 maxsize=2 * workers, warn_bytes=opts.long_record_warn_bytes)
-        try:
-            pipeline.run(reader, s.encode, writer, s.engine, workers, tick)
-        except BaseException:
-            writer.abort()
-            raise
-        entry = writer.finish(part.name, job.k, part.digest,
-                              [st.to_json() for st in reader.stats])
-        manifest = {"format": PART_FORMAT, "version": PART_VERSION, "index": job.k,
-                    "digest": part.digest, "plan_digest": plan.digest, "part": entry,
-                    "meta": {**s.meta, "engine": engine_manifest(s.engine)}}
-        write_new(tmp[-1], manifest_text(manifest, ensure_ascii=False))
+    writer = TokenWriter({k: files[k] for k in keys}, with_mask)
+    reader = pipeline.Reader(paths, s.read_opts, opts.batch_size, opts.batch_bytes,
+                             maxsize=2 * workers, warn_bytes=opts.long_record_warn_bytes)
+    try:
+        pipeline.run(reader, s.encode, writer, s.engine, workers, tick)
+    except BaseException:
+        writer.abort()
+        raise
+    entry = writer.finish(part.name, job.k, part.digest, [st.to_json() for st in reader.stats])
+    manifest = {"format": PART_FORMAT, "version": PART_VERSION, "index": job.k,
+                "digest": part.digest, "plan_digest": plan.digest, "part": entry,
+                "meta": {**s.meta, "engine": engine_manifest(s.engine)}}
+    write_new(plan.part_manifest(part), manifest_text(manifest, ensure_ascii=False))
     manifest["warnings"] = list(s.warnings)
     return manifest

@@ -3,9 +3,10 @@
 the parts' own manifests: the commit point. Written once over an output
 (:class:`packtool.storage.output.Output`), a local prefix or one in a bucket::
 
-    run         the output's lock; array tasks register their plan in .PREFIX.plan.json
-    part job    tokenized where it runs (in place, or a scratch folder for a bucket), its
-                .bin, .boundaries (.mask) published, .PREFIX.part-K.part.json last
+    run         the output's lock; the plan registered in .PREFIX.plan.json
+    part job    tokenized where it runs (a folder of its own, beside the prefix or a
+                scratch folder for a bucket), its .bin, .boundaries (.mask) published
+                (renamed in, or uploaded), .PREFIX.part-K.part.json last
     finalize    every part's record checked, PREFIX.json last (the commit), stale parts
                 of ours removed, the plan marker and the retired list removed
 
@@ -13,10 +14,11 @@ Who may write an output at once: a whole run holds the output's lock alone; the 
 of one run hold it together, and the plan they share is registered in ``.PREFIX.plan.json``,
 so a task or a run with another plan is refused while one is in progress (``--overwrite``
 discards it, from a whole run only). ``--overwrite`` lists the previous manifest's parts in
-``.PREFIX.retired.json`` (they stay provably ours) and the manifest leaves with the first
-new part (journaled with it locally; deleted before its upload in a bucket), so no reader
-ever sees new data under an old manifest, and a run that fails before its first part leaves
-the old corpus as it was.
+``.PREFIX.retired.json`` (they stay provably ours) and the manifest leaves before the first
+new part is published, so no reader ever sees new data under an old manifest, and a run
+that fails before its first part leaves the old corpus as it was. Until a part's record is
+there, the plan marker vouches for its files; a folder's failed run removes it (its parts
+are published whole or not at all), a bucket's keeps it (an upload may stop half-way).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from ..formats.tokens.ownership import (
     refuse_foreign,
     retired_list,
 )
+from ..formats.tokens.schema import IMAGE_KEYS
+from ..formats.tokens.writer import GROUP_KEYS
 from ..options import TokenizeOptions
 from ..storage import default_options
 from ..storage.output import Output, open_output
@@ -117,15 +121,19 @@ def run_task(task: PartTask, tick) -> tuple[dict, bool]:
         manifest = tokenize_part(PartJob(here, k, task.opts), tick)
         # read back: the bytes there are those hashed while writing (crc32 suffices)
         verify_part_files(here.part_prefix(part), manifest["part"], strong=False)
-        # in a bucket the manifest being replaced leaves first (locally it left with the
-        # part's journaled commit)
-        return ([f"{part.name}.{key}" for key in manifest["part"]["checksums"]],
-                here.part_manifest(part).name, manifest,
-                {"report": True,
-                 "retire": [f"{plan.prefix.name}.json"] if task.opts.overwrite else []})
+        keys = manifest["part"]["checksums"]
+        # what leaves first: an overwritten part's files this one has not (an SFT part's
+        # mask), and with --overwrite the manifest being replaced
+        stale = [f"{part.name}.{key}" for key in ("mask", *GROUP_KEYS, "tree", *IMAGE_KEYS)
+                 if key not in keys]
+        retire = [n for n, size in out.place.sizes(stale).items() if size is not None]
+        return ([f"{part.name}.{key}" for key in keys], here.part_manifest(part).name,
+                manifest, {"report": True, "retire": retire + (
+                    [f"{plan.prefix.name}.json"] if task.opts.overwrite else [])})
 
-    return run_job(out, f".{part.name}.part.lock", f"part {part.name}",
-                   lambda: finished(plan, k, out)[0], skipped, write)
+    return run_job(out, part.name, f".{part.name}.part.lock", f"part {part.name}",
+                   lambda: finished(plan, k, out)[0], skipped, write,
+                   lambda: finished_parts(plan, k))
 
 
 def finished(plan: TokenizePlan, k: int, out: Output) -> tuple[dict | None, str]:
@@ -159,6 +167,8 @@ def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
         with contextlib.suppress(Exception):  # a store that is down: the error is the one above
             if out.place.is_file(f"{stem}.json"):  # the old manifest is there: nothing to vouch
                 out.remove([retired_list(stem)])       # for
+            if not run.one_task:
+                out.abandon([plan_marker(stem)])
         raise
     # what killed writers (a Ray worker killed mid-part, then retried) left beside the
     # parts: removed under the run's exclusive lock, once every part is in
@@ -215,26 +225,10 @@ def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptio
                                 f"packtool token manifest ({e}); move it away if it is yours, "
                                 "or choose another --out") from None
     refuse_foreign(out.place, stem, [q.name for q in plan.parts])
-    registered = plan_marker(stem)
-    body = json.dumps({"format": PLAN_FORMAT, "digest": plan.digest, "n_parts": len(plan.parts),
-                       "parts": sorted(our_parts(out.place, stem) | {q.name for q in plan.parts})
-                       }).encode()
-    if run.one_task:  # registered whole, unless a task got there first
-        out.put_new(registered, body)
-    try:
-        current = json.loads(place.read_bytes(registered)) if place.is_file(registered) else None
-    except (OSError, ValueError):
-        current = {}
-    if current is not None and current.get("digest") != plan.digest:
-        if not opts.overwrite or run.one_task:
-            raise PacktoolError(
-                f"{out.path} is being written from another plan (other inputs, options or "
-                f"tokenizer; {registered}); finish that run (the same command, or "
-                "--finalize after its array tasks) or pass --overwrite to a whole run to "
-                "discard it")
-        out.remove([registered])
-    if not run.one_task:  # a bucket's: until a part's record is there, it vouches for
-        out.mark_plan(registered, body)  # the part's objects
+    out.claim_plan(plan_marker(stem), {
+        "format": PLAN_FORMAT, "digest": plan.digest, "n_parts": len(plan.parts),
+        "parts": sorted(our_parts(out.place, stem) | {q.name for q in plan.parts})},
+        run, opts.overwrite)
     if opts.overwrite and place.exists(manifest):
         _retire(out, plan)
 

@@ -69,7 +69,7 @@ class TokenPart:
     @property
     def cached(self) -> bool:
         """Its files are cached copies of a store\'s objects (never hard-linked out)."""
-        return self.place.remote
+        return not self.place.in_place([f"{self.name}.bin"])
 
     @property
     def prefix(self):
@@ -80,9 +80,10 @@ class TokenPart:
         """``NAME.key`` as a user sees it."""
         return self.place.path(f"{self.name}.{key}")
 
-    def file(self, key: str) -> Path:
-        """A local path to ``NAME.key`` (for a remote part, its verified cached copy)."""
-        return self.place.local(f"{self.name}.{key}", self.entry["checksums"][key])
+    def file(self, key: str, check=None) -> Path:
+        """A local path to ``NAME.key`` (for a remote part, its verified cached copy;
+        ``check(path, want)``: how a file read in place is checked)."""
+        return self.place.local(f"{self.name}.{key}", self.entry["checksums"][key], check)
 
     def _map(self, key: str) -> np.ndarray:
         """The map of ``NAME.key``, made on first use of that key alone: a part in a store
@@ -118,8 +119,8 @@ class TokenPart:
         """The map of ``NAME.key``, its file checked once per map (a reader reads it per
         pack: the check's stat and path resolution cost ~10 us a call)."""
         array = self._map(key)
-        if self.checksums and not self.place.remote and key not in self._verified:
-            check_file(self.path(key), self.entry["checksums"][key])  # remote: when fetched
+        if self.checksums and key not in self._verified:
+            self.file(key, check_file)  # a store's object: checked when it was fetched
             self._verified.add(key)
         return array
 
@@ -191,14 +192,11 @@ class TokenPart:
         file is fetched, and so verified, into the cache; a cached copy, with ``strong``,
         hashed again, however often this process checked it). ``strong``: sha256 too, not
         only the crc32 a first read checks (see :func:`check_file`)."""
-        if self.place.remote:
-            from ...storage.cache import rehashing
+        from ...storage.cache import rehashing
 
-            with rehashing() if strong else contextlib.nullcontext():
-                for key in self.entry["checksums"]:
-                    self.file(key)
-        else:
-            verify_part_files(self.prefix, self.entry, strong)
+        with rehashing() if strong else contextlib.nullcontext():
+            for key in self.entry["checksums"]:
+                self.file(key, lambda path, want: check_file(path, want, strong))
 
 
 def verify_part_files(prefix: Path, entry: dict, strong: bool = True) -> None:

@@ -92,15 +92,9 @@ def _find_part_manifest(place, names: list[str]):
     written under: a corpus renamed a.* -> b.* may leave its hidden files as they were)."""
     for name in names:
         hidden = part_manifest_path(Path("."), name).name
-        if place.remote:
-            path, found = place.path(hidden), place.is_file(hidden)
-        else:
-            path = part_manifest_path(place.folder, name)
-            found = path.is_file() and not path.is_symlink()
-        if found:
-            return path, True
-    return (place.path(part_manifest_path(Path("."), names[0]).name) if place.remote
-            else part_manifest_path(place.folder, names[0])), False
+        if place.is_file(hidden) and not place.is_link(hidden):
+            return place.path(hidden), True
+    return place.path(part_manifest_path(Path("."), names[0]).name), False
 
 
 def _check_part_manifest(place, names: list[str], k: int, entry: dict, meta: dict) -> None:
@@ -113,7 +107,7 @@ def _check_part_manifest(place, names: list[str], k: int, entry: dict, meta: dic
             f"{path} is missing: the corpus is incomplete (each part's own manifest, hidden "
             f"beside its files, is part of it: copy the folder, or {name}.* with "
             f".{name}.part.json); restore it or re-run packtool tokenize")
-    m = load_json(path, place.read_bytes if place.remote else None)
+    m = load_json(path, place.reader)
     check(m, PART_MANIFEST, path, FIX)
     same = (m["index"] == entry["index"] and m["digest"] == entry["digest"]
             and m["plan_digest"] == meta["plan"]["digest"] and m["part"] == entry)
@@ -172,20 +166,18 @@ def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
         raise FormatError(f"{manifest}: the corpus has a mask but part {name!r} lists no mask "
                           f"checksum; {FIX}")
     n_docs, n_tokens = entry["n_docs"], entry["n_tokens"]
-    if place.remote:  # fetched now (8 bytes a document), verified whole; .bin on first use
-        ends = part.file("boundaries")
-        check_boundaries(memmap(ends, np.dtype("<i8"), n_docs), n_tokens,
-                         part.path("boundaries"), n_empty=entry.get("n_empty"))
-        return part
-    sizes = [("bin", n_tokens * dtype.itemsize), ("boundaries", n_docs * 8)]
+    sizes = {"bin": n_tokens * dtype.itemsize, "boundaries": n_docs * 8}
     if with_mask:
-        sizes.append(("mask", n_tokens))
-    sizes += [(k, n_docs * PER_DOC_DTYPES[k].itemsize)
-              for k in ("roles", "prompt", "rewards", "tree") if k in entry["checksums"]]
-    sizes += [(k, part.layout(k)[0].itemsize * part.layout(k)[1]) for k in IMAGE_KEYS
-              if k in entry["checksums"]]
-    for key, want in sizes:
-        path = confined_file(part.path(key), manifest or place.path(f"{name}.json"))
+        sizes["mask"] = n_tokens
+    sizes |= {k: n_docs * PER_DOC_DTYPES[k].itemsize
+              for k in ("roles", "prompt", "rewards", "tree") if k in entry["checksums"]}
+    sizes |= {k: part.layout(k)[0].itemsize * part.layout(k)[1] for k in IMAGE_KEYS
+              if k in entry["checksums"]}
+    # the files read in place, checked now (a store's: each as it is fetched, the
+    # boundaries now, 8 bytes a document, the .bin on first use)
+    for name_key, here in place.in_place([f"{name}.{k}" for k in sizes]).items():
+        want = sizes[name_key[len(name) + 1:]]
+        path = confined_file(here, manifest or place.path(f"{name}.json"))
         try:
             got = path.stat().st_size
         except FileNotFoundError:
@@ -194,9 +186,9 @@ def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
             raise FormatError(
                 f"{path} has {got:,} bytes but the manifest says {want:,}; the file is "
                 f"truncated or belongs to another corpus. {FIX[0].upper()}{FIX[1:]}")
-    if checksums:  # 8 bytes a document, read anyway: a shifted boundary is never silent
-        check_file(part.path("boundaries"), entry["checksums"]["boundaries"])
-    check_boundaries(memmap(part.path("boundaries"), np.dtype("<i8"), n_docs), n_tokens,
+    # checked even without ``checksums``: 8 bytes a document, a shifted boundary never silent
+    ends = part.file("boundaries", check_file if checksums else None)
+    check_boundaries(memmap(ends, np.dtype("<i8"), n_docs), n_tokens,
                      part.path("boundaries"), n_empty=entry.get("n_empty"))
     return part
 
@@ -231,8 +223,7 @@ def open_tokens(prefix, checksums: bool = True, storage_options: dict | None = N
     place, stem = place_of(prefix, storage_options, cache)
     path = place.path(f"{stem}.json")
     raw: list = []
-    meta = read_manifest(path, FORMAT, READABLE, place.read_bytes if place.remote else None,
-                         raw=raw)
+    meta = read_manifest(path, FORMAT, READABLE, place.reader, raw=raw)
     entries = _part_entries(meta, path)
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")
     parts = []
@@ -280,15 +271,9 @@ def read_corpus_manifest(path, place=None) -> dict:
     proves a manifest packtool's before --overwrite replaces it, in a local folder or a
     bucket alike (``place``: a :class:`packtool.storage.place.Place`, ``path`` its name
     there)."""
-    if place is not None and place.remote:
-        where = place.path(str(path))
-        meta = read_manifest(where, FORMAT, READABLE, read=place.read_bytes)
-        _part_entries(meta, where)
-        return meta
-    if place is not None:
-        path = place.path(str(path))
-    meta = read_manifest(path, FORMAT, READABLE)
-    _part_entries(meta, path)
+    where = path if place is None else place.path(str(path))
+    meta = read_manifest(where, FORMAT, READABLE, read=None if place is None else place.reader)
+    _part_entries(meta, where)
     return meta
 
 
