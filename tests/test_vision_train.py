@@ -17,6 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
+from synth import MAX_PIXELS, image_records, png, tokenize_vision  # noqa: E402
+
 import packtool  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
 from packtool.formats.packed.batching import collate_numpy, pad_example  # noqa: E402
@@ -24,13 +26,6 @@ from packtool.train import attention as at  # noqa: E402
 from packtool.train import conformance as cf  # noqa: E402
 from packtool.train.torch import model_inputs  # noqa: E402
 from packtool.train.vision import ImageCollator, read_image  # noqa: E402
-
-
-def png(w, h, seed=0) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def ref(uri, data, **kw):
@@ -176,48 +171,11 @@ def test_qwen_vl_models_see_packed_documents_alone():
 
 
 # ------------------------------------------------------------------ packed rows with images
-SPECIALS = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<image>", "</s>"]
-MAX_PIXELS = 28 * 28 * 64
-
-
-def tokenized(d, records):
-    """``records`` (prompt, completion, images) tokenized into ``d / "corpus"`` with --vision
-    qwen2-vl at a small max_pixels (4-64 image tokens an image)."""
-    from conftest import TOKENIZER, write_jsonl
-    from tokenizers import Tokenizer
-
-    from packtool.tokenize import TokenizeOptions, tokenize_files
-
-    tok = Tokenizer.from_file(str(TOKENIZER))
-    tok.add_special_tokens(SPECIALS)
-    tok.save(str(d / "tokenizer.json"))
-    src = write_jsonl(d / "in.jsonl", records)
-    tokenize_files([str(src)], d / "tokenizer.json", d / "corpus", TokenizeOptions(
-        prompt_field="prompt", completion_field="completion", vision="qwen2-vl",
-        images_field="images", eos="</s>", max_pixels=MAX_PIXELS))
-    return d
-
-
 @pytest.fixture(scope="module")
 def image_corpus(tmp_path_factory):
     """24 records with 0-3 images of varied sizes (files and inline base64)."""
     d = tmp_path_factory.mktemp("vision")
-    rng = np.random.default_rng(1)
-    (d / "img").mkdir()
-    records = []
-    for r in range(24):
-        images = []
-        for k in range(int(rng.integers(0, 4))):
-            data = png(int(rng.integers(30, 300)), int(rng.integers(30, 300)), seed=r * 4 + k)
-            if k == 2:
-                images.append("data:image/png;base64," + base64.b64encode(data).decode())
-            else:
-                (d / f"img/{r}-{k}.png").write_bytes(data)
-                images.append(f"img/{r}-{k}.png")
-        words = " ".join(["word"] * int(rng.integers(3, 60)))
-        records.append({"prompt": " ".join(["<image>"] * len(images)) + f" {words}?",
-                        "completion": words, "images": images})
-    tokenized(d, records)
+    tokenize_vision(d, image_records(d, 24))
     pack(d, "packed", "--seq-len", "1024")  # whole documents, 24 in a few rows
     return d
 
@@ -277,7 +235,7 @@ def test_a_split_document_keeps_its_images_whole_and_its_pieces_alone(tmp_path):
     (tmp_path / "a.png").write_bytes(png(200, 120))
     (tmp_path / "b.png").write_bytes(png(60, 90, seed=1))
     words = " ".join(["word"] * 150)
-    tokenized(tmp_path, [{"prompt": f"<image> {words}", "completion": f"{words} <image> end",
+    tokenize_vision(tmp_path, [{"prompt": f"<image> {words}", "completion": f"{words} <image> end",
                           "images": ["a.png", "b.png"]}])
     c = packtool.open_tokens(tmp_path / "corpus")
     (a, n), (b, m) = c.images(0)["span"].tolist()
