@@ -156,3 +156,62 @@ def write_docs(prefix, docs: list, masks: list | None = None, vocab_size: int = 
     ``masks`` their loss masks): records whose tokens a test chooses (shared prefixes)."""
     return write_token_corpus(prefix, [len(d) for d in docs], vocab_size=vocab_size,
                               mask=masks is not None, docs=(docs, masks))
+
+
+# ------------------------------------------------------------------------ images (issue 42)
+VISION_SPECIALS = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<image>", "</s>"]
+MAX_PIXELS = 28 * 28 * 64  # 4-64 image tokens an image under --vision qwen2-vl
+
+
+def png(w: int, h: int, seed: int = 0) -> bytes:
+    """A ``w`` x ``h`` PNG of seeded random pixels (Pillow)."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def image_records(d, n: int, seed: int = 1, max_words: int = 60) -> list[dict]:
+    """``n`` prompt/completion records with 0-3 ``<image>`` each, of 30-300 px a side: files
+    under ``d / "img"`` and every third image inline base64 (a data URI)."""
+    import base64
+
+    rng = np.random.default_rng(seed)
+    (d / "img").mkdir(exist_ok=True)
+    records = []
+    for r in range(n):
+        images = []
+        for k in range(int(rng.integers(0, 4))):
+            data = png(int(rng.integers(30, 300)), int(rng.integers(30, 300)), seed=r * 4 + k)
+            if k == 2:
+                images.append("data:image/png;base64," + base64.b64encode(data).decode())
+            else:
+                (d / f"img/{r}-{k}.png").write_bytes(data)
+                images.append(f"img/{r}-{k}.png")
+        words = " ".join(["word"] * int(rng.integers(3, max_words)))
+        records.append({"prompt": " ".join(["<image>"] * len(images)) + f" {words}?",
+                        "completion": words, "images": images})
+    return records
+
+
+def tokenize_vision(d, records, out: str = "corpus"):
+    """``records`` (prompt, completion, images) tokenized into ``d / out`` with --vision
+    qwen2-vl at :data:`MAX_PIXELS`, by the test tokenizer with the image tokens added
+    (``d / "tokenizer.json"``). Returns ``d``."""
+    from conftest import TOKENIZER, write_jsonl
+    from tokenizers import Tokenizer
+
+    from packtool.tokenize import TokenizeOptions, tokenize_files
+
+    tok = Tokenizer.from_file(str(TOKENIZER))
+    tok.add_special_tokens(VISION_SPECIALS)
+    tok.save(str(d / "tokenizer.json"))
+    src = write_jsonl(d / f"{out}.jsonl", records)
+    tokenize_files([str(src)], d / "tokenizer.json", d / out, TokenizeOptions(
+        prompt_field="prompt", completion_field="completion", vision="qwen2-vl",
+        images_field="images", eos="</s>", max_pixels=MAX_PIXELS))
+    return d

@@ -17,6 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
+from synth import MAX_PIXELS, image_records, png, tokenize_vision  # noqa: E402
+
 import packtool  # noqa: E402
 from packtool.errors import PacktoolError  # noqa: E402
 from packtool.formats.packed.batching import collate_numpy, pad_example  # noqa: E402
@@ -24,13 +26,6 @@ from packtool.train import attention as at  # noqa: E402
 from packtool.train import conformance as cf  # noqa: E402
 from packtool.train.torch import model_inputs  # noqa: E402
 from packtool.train.vision import ImageCollator, read_image  # noqa: E402
-
-
-def png(w, h, seed=0) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def ref(uri, data, **kw):
@@ -176,48 +171,11 @@ def test_qwen_vl_models_see_packed_documents_alone():
 
 
 # ------------------------------------------------------------------ packed rows with images
-SPECIALS = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<image>", "</s>"]
-MAX_PIXELS = 28 * 28 * 64
-
-
-def tokenized(d, records):
-    """``records`` (prompt, completion, images) tokenized into ``d / "corpus"`` with --vision
-    qwen2-vl at a small max_pixels (4-64 image tokens an image)."""
-    from conftest import TOKENIZER, write_jsonl
-    from tokenizers import Tokenizer
-
-    from packtool.tokenize import TokenizeOptions, tokenize_files
-
-    tok = Tokenizer.from_file(str(TOKENIZER))
-    tok.add_special_tokens(SPECIALS)
-    tok.save(str(d / "tokenizer.json"))
-    src = write_jsonl(d / "in.jsonl", records)
-    tokenize_files([str(src)], d / "tokenizer.json", d / "corpus", TokenizeOptions(
-        prompt_field="prompt", completion_field="completion", vision="qwen2-vl",
-        images_field="images", eos="</s>", max_pixels=MAX_PIXELS))
-    return d
-
-
 @pytest.fixture(scope="module")
 def image_corpus(tmp_path_factory):
     """24 records with 0-3 images of varied sizes (files and inline base64)."""
     d = tmp_path_factory.mktemp("vision")
-    rng = np.random.default_rng(1)
-    (d / "img").mkdir()
-    records = []
-    for r in range(24):
-        images = []
-        for k in range(int(rng.integers(0, 4))):
-            data = png(int(rng.integers(30, 300)), int(rng.integers(30, 300)), seed=r * 4 + k)
-            if k == 2:
-                images.append("data:image/png;base64," + base64.b64encode(data).decode())
-            else:
-                (d / f"img/{r}-{k}.png").write_bytes(data)
-                images.append(f"img/{r}-{k}.png")
-        words = " ".join(["word"] * int(rng.integers(3, 60)))
-        records.append({"prompt": " ".join(["<image>"] * len(images)) + f" {words}?",
-                        "completion": words, "images": images})
-    tokenized(d, records)
+    tokenize_vision(d, image_records(d, 24))
     pack(d, "packed", "--seq-len", "1024")  # whole documents, 24 in a few rows
     return d
 
@@ -277,7 +235,7 @@ def test_a_split_document_keeps_its_images_whole_and_its_pieces_alone(tmp_path):
     (tmp_path / "a.png").write_bytes(png(200, 120))
     (tmp_path / "b.png").write_bytes(png(60, 90, seed=1))
     words = " ".join(["word"] * 150)
-    tokenized(tmp_path, [{"prompt": f"<image> {words}", "completion": f"{words} <image> end",
+    tokenize_vision(tmp_path, [{"prompt": f"<image> {words}", "completion": f"{words} <image> end",
                           "images": ["a.png", "b.png"]}])
     c = packtool.open_tokens(tmp_path / "corpus")
     (a, n), (b, m) = c.images(0)["span"].tolist()
@@ -365,13 +323,11 @@ def test_the_cost_model_counts_the_vision_encoder(image_corpus):
                                 ).sum()) for r in rows])
     text = attention_costs(ds, vision=0)
     assert np.allclose(attention_costs(ds, vision=0.5) - text, 0.5 * patches2)
-    # balance="attention" on rows with images: both terms (the stored classes, language
-    # alone, are not used), the fingerprint of what it balances
+    # balance="attention" on rows with images: both terms, the fingerprint of what it balances
     assert np.allclose(attention_costs(ds), text + patches2)
-    assert ds.cost_classes(1.1) is None
     from packtool.formats.packed.balance import cost_table
 
-    table, costs = cost_table(ds, "attention", 1.1, len(ds))
+    table, costs = cost_table(ds, "attention", 1.2, len(ds))  # computed: no stored grid of 1.2
     assert np.allclose(costs, text + patches2) and table.fingerprint == ds.costs_fingerprint()
     sums = ds.image_sums()
     assert sums["images"].tolist() == [len(r["image_refs"]) for r in rows]
@@ -383,6 +339,59 @@ def test_the_cost_model_counts_the_vision_encoder(image_corpus):
     assert v["images_per_row"]["max"] == max(len(r["image_refs"]) for r in rows)
     assert abs(v["vision_cost_share"] - patches2.sum() / (patches2.sum() + text.sum())) < 1e-9
     assert 0 < v["vision_token_share"] < 1
+
+
+def test_stored_cost_classes_count_the_vision_term(image_corpus, tmp_path, monkeypatch):
+    """index.json's cost_classes count language and vision (cost_vision 1.0), so a balanced
+    sampler starts from the counts, no segment table read, with the classes and fingerprint
+    it would compute; verify recomputes them with its own code and catches counts of the
+    language term alone. Before, datasets with images stored language-only classes and
+    skipped them."""
+    from packtool.formats.packed import index_digest
+    from packtool.formats.packed.balance import CostClasses, cost_table
+    from packtool.formats.packed.costs import dataset_digest, digest, shard_entry
+    from packtool.train.sampler import PackSampler
+    from packtool.verify import verify_packed
+
+    ds = pack(image_corpus, "costs", "--seq-len", "512", "--overflow", "drop")
+    assert ds.index["cost_vision"] == 1.0
+    both = ds.attention_costs()
+    assert both.tolist() != ds.attention_costs(vision=0).tolist()
+    shards = ds.index["shards"]
+    cuts = np.cumsum([0] + [sh["n_packs"] for sh in shards])
+    for sh, a, b in zip(shards, cuts[:-1], cuts[1:], strict=True):
+        assert {k: sh[k] for k in ("cost_classes", "costs_sha256")} == shard_entry(both[a:b])
+    computed = CostClasses.from_costs(both, 1.1, dataset_digest(
+        [digest(both[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]))
+    fresh = packtool.open_packed(image_corpus / "costs")
+    monkeypatch.setattr(type(fresh), "shard_costs", lambda *a, **k: 1 / 0)  # nothing read
+    table, costs = cost_table(fresh, "attention", 1.1, len(fresh))
+    assert costs is None and table.sizes.tolist() == computed.sizes.tolist()
+    assert table.fingerprint == computed.fingerprint
+    sampler = PackSampler(fresh, rank=0, world_size=2, balance="attention")
+    monkeypatch.undo()
+    assert sampler.fingerprint == computed.fingerprint == ds.costs_fingerprint()
+    assert sampler.class_sizes.tolist() == computed.sizes.tolist()
+    verify_packed(image_corpus / "costs")
+    import shutil
+
+    shutil.copytree(image_corpus / "costs", tmp_path / "bad")
+    text = ds.attention_costs(vision=0)
+    index = json.loads((tmp_path / "bad/index.json").read_text())
+    index["shards"][0].update(shard_entry(text[:cuts[1]]))  # the language term alone
+    index["index_sha256"] = index_digest(index)
+    (tmp_path / "bad/index.json").write_text(json.dumps(index))
+    with pytest.raises(PacktoolError, match="cost_classes is not its packs'"):
+        verify_packed(tmp_path / "bad")
+    # a dataset packed before cost_vision (classes of the language term alone): not used
+    for sh, a, b in zip(index["shards"], cuts[:-1], cuts[1:], strict=True):
+        sh.update(shard_entry(text[a:b]))
+    del index["cost_vision"]
+    index["index_sha256"] = index_digest(index)
+    (tmp_path / "bad/index.json").write_text(json.dumps(index))
+    old = packtool.open_packed(tmp_path / "bad")
+    assert old.cost_classes(1.1) is None and old.costs_fingerprint() == digest(both)
+    verify_packed(tmp_path / "bad")
 
 
 def test_exports_carry_images_or_refuse_them_by_name(image_corpus, tmp_path):

@@ -156,7 +156,7 @@ def plan_flow(corpora, factors, options: PackOptions, digest: str, stored: dict,
     trees = bool(options.share_prompt or options.share_prefix)
     target = pj.Target(staging, tuple(str(c.prefix) for c in corpora), stored["dtypes"],
                        options.layout, stored["mask_storage"], table is not None or trees,
-                       trees)
+                       trees, images)
     flow = StreamedPlan(corpora, factors, options, target, digest) if options.group_docs else \
         WholeCorpusPlan(corpora, factors, options, target, digest, table)
     pj.provide_sources(target.prefixes, corpora)

@@ -142,6 +142,7 @@ def index_meta(layout: PackLayout, corpora: list, factors: list[float], split: s
             "shuffle": opts.shuffle, "overflow": recorded_overflow(layout), **stored,
             "group_docs": opts.group_docs, "n_packs": layout.n_packs, **layout.counts,
             **metrics(layout), "attention_imbalance": imbalance(layout), "cost_ratio": COST_RATIO,
+            **({"cost_vision": 1.0} if any(c.vision for c in corpora) else {}),
             "solver": rep.to_json(),
             "split": split, "held_out": held_out,
             "sources": source_entries(layout, corpora, factors, folder), **vsl_entry(layout),

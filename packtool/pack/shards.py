@@ -47,6 +47,7 @@ class Target:
     mask_storage: str | None
     grouped: bool = False      # pairs/groups: seg_group and seg_role beside the segments
     trees: bool = False        # prefix trees (version 6): seg_up too
+    images: bool = False       # sources with images: their vision term in the cost classes
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,17 @@ def sources(prefixes: tuple[str, ...]) -> list:
     return _SOURCES[prefixes]
 
 
+def image_table(prefixes: tuple[str, ...]):
+    """The sources' image table, made once per opening of them (16 bytes an image)."""
+    corpora = sources(prefixes)
+    made = _SOURCES.get(("images", prefixes))
+    if made is None or made[0] is not corpora:
+        from ..formats.packed.images import ImageTable
+
+        made = _SOURCES[("images", prefixes)] = (corpora, ImageTable(corpora))
+    return made[1]
+
+
 # ------------------------------------------------------------------------ one shard
 def write_shard(job: ShardJob, tick) -> tuple[dict, list[str]]:
     """Write shard ``job`` into its folder (:attr:`ShardJob.folder`, the job's own), its
@@ -186,7 +198,8 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, list[str]]:
     corpora = sources(t.prefixes) if t.layout == "tokens" else None
     writer = ShardWriter(job.folder, t.dtypes, t.layout, t.mask_storage,
                          gather=None if corpora is None else gatherer(corpora),
-                         grouped=t.grouped, trees=t.trees)
+                         grouped=t.grouped, trees=t.trees,
+                         images=image_table(t.prefixes) if t.images else None)
     entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
                          job.seg_length, tick, groups=job.groups)
     write_new(job.entry_path, json.dumps(fe.shard_entry(job.digest, entry)))

@@ -9,6 +9,11 @@ c tokens after its group's prompt of p also attends to the prompt's p tokens: p 
 2 p c in that unit (the prompt itself counted once, p^2). A row holding a prompt of 40 tokens
 and completions of 10 and 20 costs 40^2 + 10^2 + 20^2 + 2 * 40 * (10 + 20) = 4,500, where the
 segments alone (each a document) give 2,100.
+
+Rows with images (index.json's ``cost_vision``: 1.0) add the vision encoder's attention, which
+runs per image frame: t (h w)^2 for an image of grid (t, h, w), summed over the images whose
+tokens lie inside the row's segments (read here from each document's own image table): a row
+of 40 text tokens around one image of grid (1, 4, 6) (6 image tokens) costs 40^2 + 24^2.
 """
 
 from __future__ import annotations
@@ -58,14 +63,40 @@ def _ancestors_seen(sh) -> np.ndarray:
     return seen
 
 
+def vision_seen(ds, k: int) -> np.ndarray:
+    """Per pack of shard ``k``: sum of t (h w)^2 over the images inside its segments, by a
+    loop over segments and each document's images (0 without ``cost_vision``)."""
+    sh = ds.shard(k)
+    ps = np.asarray(sh.pack_seg, np.int64)
+    out = np.zeros(ps.size - 1, np.float64)
+    if not ds.index.get("cost_vision"):
+        return out
+    sources = ds.sources()
+    base = np.cumsum([0] + [len(c) for c in sources]).tolist()
+    for j in range(ps.size - 1):
+        for s in range(int(ps[j]), int(ps[j + 1])):
+            doc, off = int(sh.seg_doc[s]), int(sh.seg_offset[s])
+            src = max(i for i, b in enumerate(base[:-1]) if b <= doc)
+            if not sources[src].vision:
+                continue
+            im = sources[src].images(doc - base[src])
+            for (a, n), (t, h, w) in zip(np.asarray(im["span"]).tolist(),
+                                         np.asarray(im["grid"]).tolist(), strict=True):
+                if off <= a and a + n <= off + int(sh.seg_length[s]):
+                    out[j] += float(t * (h * w) ** 2)
+    return out
+
+
 def shard_costs(ds, k: int) -> np.ndarray:
-    """Per pack of shard ``k``: sum over its segments of x^2 + 2 x (prompt seen)."""
+    """Per pack of shard ``k``: sum over its segments of x^2 + 2 x (prompt seen), plus its
+    images' t (h w)^2 where the index's classes count them."""
     sh = ds.shard(k)
     ps = np.asarray(sh.pack_seg, np.int64)
     x = np.asarray(sh.seg_length, np.float64)
     pack = np.repeat(np.arange(ps.size - 1), np.diff(ps))
-    return np.bincount(pack, weights=x * x + 2.0 * x * prompt_seen(ds, k),
-                       minlength=ps.size - 1)
+    costs = np.bincount(pack, weights=x * x + 2.0 * x * prompt_seen(ds, k),
+                        minlength=ps.size - 1)
+    return costs + vision_seen(ds, k) if ds.index.get("cost_vision") else costs
 
 
 def check_stored_costs(ds) -> None:

@@ -4,7 +4,9 @@ A pack's attention cost is the sum of its squared segment lengths, plus 2 a c fo
 segment of c tokens that attends to ancestors of a tokens (a prefix tree, ``pack
 --share-prompt``/``--share-prefix``: :func:`packtool.formats.packed.layout.ancestor_terms`),
 i.e. 2 x the
-(query, key) pairs its mask attends - its tokens. A balanced sampler
+(query, key) pairs its mask attends - its tokens; where the sources hold images, plus the
+vision encoder's sum over the pack's images of t (h w)^2 patches (index.json's
+``cost_vision``: 1.0, :mod:`packtool.formats.packed.images`). A balanced sampler
 (``PackSampler(balance="attention")``, :mod:`packtool.formats.packed.balance`) takes a step's packs
 from one *cost class*, costs within ``ratio`` of each other. Classes are cells of one fixed
 grid, ``[ratio^k, ratio^(k+1))`` for every integer k, so a shard's classes follow from its own

@@ -101,12 +101,12 @@ class ImageTable:
                 span = np.asarray(q.per_doc("img_span"), np.int64).reshape(-1, 2)
                 coords.append(first[doc] + span[:, 0])
                 tokens.append(span[:, 1])
-                costs.append(image_cost(q.per_doc("img_grid")))
+                costs.append(image_cost(q.per_doc("img_grid")).astype(np.int64))
             base += int(ends[-1]) if ends.size else 0
         self.doc_start = np.concatenate(starts) if starts else np.zeros(0, np.int64)
         self.coord = np.concatenate(coords) if coords else np.zeros(0, np.int64)
-        self.cum = {k: np.concatenate([[0], np.cumsum(np.concatenate(v))]) if v else
-                    np.zeros(1) for k, v in (("tokens", tokens), ("cost", costs))}
+        self.cum = {k: np.concatenate([[0], np.cumsum(np.concatenate(v))]) if v else  # exact
+                    np.zeros(1, np.int64) for k, v in (("tokens", tokens), ("cost", costs))}
 
     def segment_sums(self, seg_doc, seg_offset, seg_length) -> dict:
         """Per segment: ``images``, ``tokens`` (image tokens) and ``cost`` (:func:`image_cost`
@@ -115,4 +115,11 @@ class ImageTable:
         a = np.searchsorted(self.coord, lo, side="left")
         b = np.searchsorted(self.coord, lo + np.asarray(seg_length, np.int64), side="left")
         return {"images": b - a, "tokens": (self.cum["tokens"][b] - self.cum["tokens"][a]),
-                "cost": self.cum["cost"][b] - self.cum["cost"][a]}
+                "cost": (self.cum["cost"][b] - self.cum["cost"][a]).astype(np.float64)}
+
+    def pack_sums(self, pack_seg, seg_doc, seg_offset, seg_length) -> dict:
+        """:meth:`segment_sums` summed per pack (``pack_seg``: each pack's first segment,
+        then the segment count)."""
+        at = np.asarray(pack_seg[:-1], np.int64)
+        return {k: np.add.reduceat(v, at) if v.size else v for k, v in
+                self.segment_sums(seg_doc, seg_offset, seg_length).items()}

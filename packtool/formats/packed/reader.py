@@ -73,6 +73,7 @@ class PackedReader:
         self.align, self.pad_id = alignment(self.index)  # (1, 0): rows without pads
         self.vsl = vsl_bounds(self.index)  # (MIN, MAX) of a --vsl dataset, else None
         self._row_lengths = None
+        self._image_table = None
         self._images = None
 
     def __len__(self) -> int:
@@ -249,15 +250,19 @@ class PackedReader:
         """First global pack of each shard, then the pack count."""
         return self._pack_starts
 
-    def shard_costs(self, k: int, linear: float = 0.0) -> np.ndarray:
+    def shard_costs(self, k: int, linear: float = 0.0, vision: float = 1.0) -> np.ndarray:
         """Per pack of shard ``k``: the sum of its squared segment lengths (plus ``linear`` x
         its tokens, and in a tree each segment's attention to its ancestors), from its segment
-        table alone."""
+        table alone; where the rows hold images, plus ``vision`` x its images' encoder cost
+        (:meth:`image_sums`; 1.0: what the index's ``cost_classes`` count)."""
         from .layout import attention_costs
 
         sh = self.shard(k)
-        return attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear,
-                               seg_up=self.seg_ups(sh) if "seg_group" in sh.arrays else None)
+        costs = attention_costs(np.asarray(sh.seg_length), sh.pack_seg, linear,
+                                seg_up=self.seg_ups(sh) if "seg_group" in sh.arrays else None)
+        if vision and self.images[0]:
+            costs = costs + vision * self._image_sums(sh)["cost"]
+        return costs
 
     def row_lengths(self) -> np.ndarray:
         """Every row's slot length (int64): seq_len for a fixed-length dataset; for a --vsl
@@ -287,38 +292,36 @@ class PackedReader:
         from the segment tables alone; for a dataset with images plus ``vision`` (default
         1.0, 0 for the language term alone) x its images' encoder cost (:meth:`image_sums`):
         what ``balance="attention"`` balances."""
-        out = [self.shard_costs(k, linear) for k in range(self.n_shards)]
-        costs = np.concatenate(out) if out else np.zeros(0)
-        if vision is None:
-            vision = 1.0
-        if vision and self.images[0]:
-            costs = costs + vision * self.image_sums()["cost"]
-        return costs
+        vision = 1.0 if vision is None else vision
+        out = [self.shard_costs(k, linear, vision) for k in range(self.n_shards)]
+        return np.concatenate(out) if out else np.zeros(0)
 
     def image_sums(self) -> dict:
         """Per pack of a dataset with images: ``images``, ``tokens`` (image tokens) and
         ``cost`` (the vision encoder's attention cost, sum over images of t (h w)^2 patches:
         :mod:`.images`), from the segment tables and the sources' image tables, no reference
         parsed."""
-        from .images import ImageTable
-
-        table = ImageTable(self.sources())
         parts = {"images": [], "tokens": [], "cost": []}
         for k in range(self.n_shards):
-            sh = self.shard(k)
-            seg = table.segment_sums(sh.seg_doc, sh.seg_offset, sh.seg_length)
-            at = np.asarray(sh.pack_seg[:-1], np.int64)
-            for key, v in seg.items():
-                parts[key].append(np.add.reduceat(v, at) if v.size else v)
+            for key, v in self._image_sums(self.shard(k)).items():
+                parts[key].append(v)
         return {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
+
+    def _image_sums(self, sh) -> dict:
+        if self._image_table is None:
+            from .images import ImageTable
+
+            self._image_table = ImageTable(self.sources())
+        return self._image_table.pack_sums(sh.pack_seg, sh.seg_doc, sh.seg_offset,
+                                           sh.seg_length)
 
     def costs_fingerprint(self) -> str:
         """The attention costs' fingerprint a sampler state records: from the shards'
         digests (the index's where it stores them)."""
         from .costs import dataset_digest, digest
 
-        if self.images[0]:  # the stored digests are of the language term alone
-            return digest(self.attention_costs())
+        if self.images[0] and not self.index.get("cost_vision"):  # stored before the vision
+            return digest(self.attention_costs())                     # term was: language
         return dataset_digest([sh.get("costs_sha256") or digest(self.shard_costs(k))
                                for k, sh in enumerate(self.index["shards"])])
 
@@ -330,9 +333,10 @@ class PackedReader:
         from .costs import StoredClasses
 
         shards = self.index["shards"]
-        if self.index.get("cost_ratio") != ratio or not shards or self.images[0] \
-                or not all("cost_classes" in sh for sh in shards):
-            return None  # rows with images: the stored classes count the language term alone
+        if self.index.get("cost_ratio") != ratio or not shards or not all(
+                "cost_classes" in sh for sh in shards) or (
+                self.images[0] and self.index.get("cost_vision") != 1.0):
+            return None  # rows with images packed before cost_vision: language alone
         st = StoredClasses(self, ratio)
         return CostClasses(float(ratio), st.sizes, st, st.class_of, st.costs_of, st.fingerprint)
 

@@ -249,6 +249,8 @@ INDEX_KEYS = {  # every key of index.json, documented in docs/FORMAT.md (a test 
                           "sequence)"),
     "cost_ratio": Key(number(1), "the grid of the shards' cost_classes (see "
                       "packtool.formats.packed.costs)", optional=True),
+    "cost_vision": Key(number(0), "the vision term's weight in the shards' cost_classes: 1.0 "
+                       "where the sources hold images", optional=True),
     "attention_imbalance": Key(nullable(number(0)), "max/mean pack attention cost over "
                                "consecutive packs, one per rank (see docs/TRAINING.md)",
                                optional=True),

@@ -51,12 +51,15 @@ class ShardWriter:
 
     ``dtypes``: role -> dtype (:func:`packtool.formats.packed.schema.v2_dtypes`);
     ``gather(doc, offset, length, dst, dst_start, dst_mask)`` copies segments' tokens (and
-    masks) from the sources: only the ``tokens`` layout calls it."""
+    masks) from the sources: only the ``tokens`` layout calls it. ``images``: the sources'
+    :class:`~packtool.formats.packed.images.ImageTable` where they hold images, whose vision
+    term the stored cost classes then count (what ``balance="attention"`` balances)."""
 
     def __init__(self, directory: Path, dtypes: dict, layout: str, mask_storage: str | None,
-                 gather: Callable | None = None, grouped: bool = False, trees: bool = False):
+                 gather: Callable | None = None, grouped: bool = False, trees: bool = False,
+                 images=None):
         self.directory, self.dtypes, self.layout = Path(directory), dtypes, layout
-        self.mask_storage, self.gather = mask_storage, gather
+        self.mask_storage, self.gather, self.images = mask_storage, gather, images
         self.arrays = shard_arrays({"version": VERSION, "layout": layout,
                                     "mask_storage": mask_storage,
                                     "groups": {} if grouped else None,
@@ -80,10 +83,13 @@ class ShardWriter:
             files.update(self._tokens(name, po, table, tick))
         elif tick is not None:
             tick(n_tok)
+        costs = attention_costs(np.asarray(seg_length), pack_seg,
+                                seg_up=(groups or {}).get("seg_up"))
+        if self.images is not None:  # + 1.0 x the vision term, as the reader adds it
+            costs = costs + self.images.pack_sums(pack_seg, seg_doc, seg_offset,
+                                                  seg_length)["cost"]
         return {"name": name, "n_packs": n_packs, "n_segments": n_seg, "n_tokens": n_tok,
-                "files": {a.name: files[a.name] for a in self.arrays},
-                **shard_entry(attention_costs(
-                    np.asarray(seg_length), pack_seg, seg_up=(groups or {}).get("seg_up")))}
+                "files": {a.name: files[a.name] for a in self.arrays}, **shard_entry(costs)}
 
     def _small(self, name, array, values, n_tok, n_packs, n_seg) -> dict:
         dtype = np.dtype(self.dtypes.get(array.dtype, array.dtype))
