@@ -274,15 +274,16 @@ def test_ray_matches_local_for_tokenize_and_pack(ray_instance, inputs, reference
 @pytest.mark.ray
 @pytest.mark.slow  # with the start of Ray, ~6 s
 def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, tmp_path):
-    """SIGKILL the Ray worker writing a part (its pid is in the temporary file's name): Ray
+    """SIGKILL the Ray worker writing a part (its pid is in its part folder's name): Ray
     retries the task, the output is the same bytes."""
     killed = []
 
     def killer():
         deadline = time.monotonic() + 120
         while not killed and time.monotonic() < deadline:
-            for name in os.listdir(tmp_path):
-                if ".bin.tmp-" in name:
+            for name in os.listdir(tmp_path):  # a part's own folder: .NAME.tmp-PID-RAND/
+                if ".tmp-" in name and any(f.endswith(".bin")
+                                           for f in _listdir(tmp_path / name)):
                     pid = int(name.split(".tmp-")[1].split("-")[0])
                     if pid != os.getpid():
                         os.kill(pid, signal.SIGKILL)
@@ -298,6 +299,13 @@ def test_ray_worker_killed_mid_part_is_retried(ray_instance, inputs, reference, 
     assert killed, "no worker was caught mid-part"
     assert data_files(tmp_path / "c") == data_files(reference / "c")
     assert leftovers(tmp_path) == []  # the killed worker's temporaries and part lock
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):  # gone, or a file
+        return []
 
 
 def leftovers(folder: Path) -> list[str]:

@@ -76,10 +76,14 @@ class TokenWriter:
         self.n_vision_tokens += int(np.asarray(b.spans, np.int64)[:, 1].sum())
 
     def abort(self) -> None:
+        """Close and remove the files (each created here, exclusively, in the job's own
+        folder): an attempt made again (an engine's fallback) starts from nothing."""
         for w in (self.bin, self.boundaries, self.mask, self.tree, *self.groups.values(),
                   *self.images.values()):
             if w is not None:
                 w.abort()
+        for path in self.paths.values():
+            Path(path).unlink(missing_ok=True)
 
     def finish(self, name: str, index: int, digest: str, inputs: list[dict]) -> dict:
         """Close the files; the part's entry: position, digest, counts, inputs, checksums."""
