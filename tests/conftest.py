@@ -266,9 +266,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def launch_ranks(script: Path, args: list, world: int) -> None:
     """Start ``python script *args`` once per rank of a ``torch.distributed`` group of
     ``world`` processes on this machine (RANK, WORLD_SIZE, a free MASTER_PORT) and wait for
-    all; a rank that fails fails the test with its output's tail."""
+    all; a rank that fails fails the test with its output's tail. The ranks are forked from
+    an interpreter that has imported torch and transformers (tests/warm.py: ~5 s of CPU less
+    a rank), started with OMP_NUM_THREADS=1 as each rank is."""
     import socket
-    import subprocess
+
+    from warm import ranks
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -277,8 +280,7 @@ def launch_ranks(script: Path, args: list, world: int) -> None:
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        procs.append(ranks().start([script, *args], cwd=os.getcwd(), env=env))
     for p in procs:
-        out, _ = p.communicate(timeout=600)  # a hung collective fails instead of blocking CI
-        assert p.returncode == 0, out.decode()[-3000:]
+        r = p.wait(timeout=600)  # a hung collective fails instead of blocking CI
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

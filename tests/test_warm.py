@@ -37,3 +37,22 @@ def test_python_m_packtool_and_the_subprocess_stand_in(tmp_path):
     r = python(["-m", "packtool", "verify", tmp_path / "nothing"], cwd=tmp_path,
                env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 1 and "Traceback" not in r.stderr and "nothing" in r.stderr
+
+
+def test_children_run_side_by_side_and_take_signals(tmp_path):
+    """Two children that each wait for the other's file (the ranks of tests/test_distributed
+    start so), and a child stopped by SIGTERM as a fresh process is."""
+    from warm import shared
+
+    code = ("import pathlib, sys, time\nme, other = sys.argv[1:]\npathlib.Path(me).touch()\n"
+            "t = time.monotonic() + 60\n"
+            "while not pathlib.Path(other).exists() and time.monotonic() < t:\n"
+            "    time.sleep(0.01)\nsys.exit(0 if pathlib.Path(other).exists() else 5)\n")
+    a, b = tmp_path / "a", tmp_path / "b"
+    kids = [shared().start(["-c", code, x, y], cwd=tmp_path, env=dict(os.environ))
+            for x, y in ((a, b), (b, a))]
+    assert [k.wait(120).returncode for k in kids] == [0, 0]
+    sleeper = shared().start(["-c", "import time; time.sleep(60)"], cwd=tmp_path,
+                             env=dict(os.environ))
+    sleeper.send_signal(15)
+    assert sleeper.wait(60).returncode == -15

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,9 +30,10 @@ from pathlib import Path
 
 # The server: preloads the modules named on its command line (then runs numba's first
 # compilation, its one-time set-up of ~0.5 s, if numba is among them), then forks one child
-# per request line ({"argv", "out", "err", "cwd", "env"}) and answers {"pid"}, then {"rc"}.
+# per request line ({"id", "argv", "out", "err", "cwd", "env"}) and answers {"id", "pid"},
+# then, once that child has ended, {"id", "rc", "cpu"}; children run side by side.
 _SERVER = r"""
-import importlib, json, os, sys
+import importlib, json, os, select, sys
 
 for name in sys.argv[1:]:
     try:
@@ -40,7 +42,7 @@ for name in sys.argv[1:]:
         pass
 if "numba" in sys.modules:
     sys.modules["numba"].njit(lambda x: x + 1)(1)
-requests, answers = sys.stdin, os.fdopen(os.dup(1), "w", buffering=1)
+answers = os.fdopen(os.dup(1), "w", buffering=1)
 
 
 def child(req):  # its names local: a -c child empties the module's
@@ -93,15 +95,26 @@ def child(req):  # its names local: a -c child empties the module's
         os._exit(code)
 
 
-for line in requests:
-    req = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        child(req)
-    answers.write(json.dumps({"pid": pid}) + "\n")
-    _, status, use = os.wait4(pid, 0)
-    answers.write(json.dumps({"rc": os.waitstatus_to_exitcode(status),
-                              "cpu": use.ru_utime + use.ru_stime}) + "\n")
+running, pending, reading = {}, b"", True  # one thread: nothing else to fork with
+while reading or running:
+    ready, _, _ = select.select([0] if reading else [], [], [], 0.01 if running else None)
+    if ready:
+        data = os.read(0, 1 << 16)
+        reading, pending = bool(data), pending + data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                child(req)
+            running[pid] = req["id"]
+            answers.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+    while running:
+        pid, status, use = os.wait4(-1, os.WNOHANG)
+        if not pid:
+            break
+        answers.write(json.dumps({"id": running.pop(pid), "rc": os.waitstatus_to_exitcode(
+            status), "cpu": use.ru_utime + use.ru_stime}) + "\n")
 """
 
 
@@ -109,61 +122,96 @@ class Warm:
     """A server started in ``cwd`` with ``env`` that has imported ``preload``. ``run(argv,
     cwd=, env=, timeout=)`` is ``subprocess.run([sys.executable, *argv], cwd=cwd, env=env,
     capture_output=True, text=True, timeout=timeout)``, forked from it (the server's folder
-    and environment where not given)."""
+    and environment where not given); ``start`` is its ``Popen``."""
 
     def __init__(self, cwd: Path, env: dict, preload: list[str], scratch: Path | None = None):
+        self.own = scratch is None  # a folder of its own, removed on close
         self.scratch = Path(scratch or tempfile.mkdtemp(prefix="warm-"))
         self.n, self.cpu = 0, 0.0  # the children's CPU seconds, added up
-        self.lock = threading.Lock()
+        self.answers: dict[int, dict] = {}
+        self.changed = threading.Condition()
         self.log = self.scratch / "server.err"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, *preload], cwd=cwd,
                                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log, text=True)
+        threading.Thread(target=self._read, daemon=True, name="warm-answers").start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.changed:
+                self.answers.setdefault(msg["id"], {}).update(msg)
+                self.changed.notify_all()
+        with self.changed:
+            self.answers[-1] = {}  # the server is gone
+            self.changed.notify_all()
+
+    def _answer(self, n: int, key: str, timeout: float | None) -> dict | None:
+        with self.changed:
+            self.changed.wait_for(lambda: key in self.answers.get(n, {}) or -1 in self.answers,
+                                  timeout)
+            if key in self.answers.get(n, {}):
+                return self.answers[n]
+            if -1 in self.answers:
+                self.proc.wait(60)
+                raise RuntimeError(f"the warm interpreter exited ({self.proc.returncode}): "
+                                   + self.log.read_text()[-3000:])
+            return None
+
+    def start(self, argv: list, cwd=None, env: dict | None = None) -> Child:
+        with self.changed:
+            self.n += 1
+            n = self.n
+            out, err = self.scratch / f"{n}.out", self.scratch / f"{n}.err"
+            self.proc.stdin.write(json.dumps({
+                "id": n, "argv": [str(a) for a in argv], "out": str(out), "err": str(err),
+                "cwd": None if cwd is None else str(cwd), "env": env}) + "\n")
+            self.proc.stdin.flush()
+        return Child(self, n, argv, self._answer(n, "pid", None)["pid"], out, err)
 
     def run(self, argv: list, cwd=None, env: dict | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
-        with self.lock:  # one child at a time: the answers come in order
-            self.n += 1
-            out, err = self.scratch / f"{self.n}.out", self.scratch / f"{self.n}.err"
-            self.proc.stdin.write(json.dumps({
-                "argv": [str(a) for a in argv], "out": str(out), "err": str(err),
-                "cwd": None if cwd is None else str(cwd), "env": env}) + "\n")
-            self.proc.stdin.flush()
-            pid = json.loads(self._line())["pid"]
-            fired = threading.Event()
-
-            def kill():
-                fired.set()
-                os.kill(pid, signal.SIGKILL)
-
-            timer = threading.Timer(timeout, kill)
-            timer.start()
-            try:
-                done = json.loads(self._line())
-                rc, self.cpu = done["rc"], self.cpu + done["cpu"]
-            finally:
-                timer.cancel()
-            result = subprocess.CompletedProcess(
-                argv, rc, out.read_text(errors="replace"), err.read_text(errors="replace"))
-            out.unlink()
-            err.unlink()
-        if fired.is_set():
-            raise subprocess.TimeoutExpired(argv, timeout, result.stdout, result.stderr)
-        return result
-
-    def _line(self) -> str:
-        line = self.proc.stdout.readline()
-        if not line:  # the server died
-            self.proc.wait(60)
-            raise RuntimeError(f"the warm interpreter exited ({self.proc.returncode}): "
-                               + self.log.read_text()[-3000:])
-        return line
+        return self.start(argv, cwd, env).wait(timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(60)
+        if self.own:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class Child:
+    """A child of the server, as a ``Popen``: ``pid``, ``send_signal``, ``poll``, and
+    ``wait`` (its CompletedProcess; killed and TimeoutExpired past ``timeout``)."""
+
+    def __init__(self, warm: Warm, n: int, argv: list, pid: int, out: Path, err: Path):
+        self.warm, self.n, self.argv, self.pid, self.out, self.err = warm, n, argv, pid, out, err
+        self.returncode = None
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def poll(self) -> int | None:
+        done = self.warm._answer(self.n, "rc", 0)
+        return None if done is None else done["rc"]
+
+    def wait(self, timeout: float | None = 600) -> subprocess.CompletedProcess:
+        done = self.warm._answer(self.n, "rc", timeout)
+        if done is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.warm._answer(self.n, "rc", None)
+        result = subprocess.CompletedProcess(self.argv, self.warm.answers[self.n]["rc"],
+                                             self.out.read_text(errors="replace"),
+                                             self.err.read_text(errors="replace"))
+        if self.returncode is None:
+            self.returncode = result.returncode
+            self.warm.cpu += self.warm.answers[self.n]["cpu"]
+        if done is None:
+            raise subprocess.TimeoutExpired(self.argv, timeout, result.stdout, result.stderr)
+        return result
 
 
 # third-party libraries a ``python -m packtool`` command imports (not packtool: see above)
@@ -197,6 +245,19 @@ class _Subprocess:
 
 
 SUBPROCESS = _Subprocess()
+
+
+def ranks() -> Warm:
+    """This process's server for the ranks of a torch.distributed test (``launch_ranks``):
+    torch and transformers imported, with OMP_NUM_THREADS=1 (read when torch loads)."""
+    if len(_SHARED) < 2:
+        shared()
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        _SHARED.append(Warm(Path.cwd(), env, ["numpy", "torch", "torch.distributed",
+                                              "transformers",
+                                              "transformers.models.llama.modeling_llama"]))
+        atexit.register(_SHARED[1].close)
+    return _SHARED[1]
 
 
 def python(argv: list, cwd=None, env: dict | None = None, timeout: float = 600,
