@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TOKENIZER, run, slow, write_jsonl
 from synth import make_documents
-from warm import SUBPROCESS
+from warm import SUBPROCESS, python
 
 from packtool import _signals
 from packtool.storage import atomic as _atomic
@@ -186,9 +186,10 @@ main()
 
 
 def _killed_at(k: int, args, exchange=True) -> int:
-    return subprocess.run([sys.executable, "-c", _KILL_AT, str(k),
-                           "exchange" if exchange else "noexchange", *map(str, args)],
-                          env=_env(), capture_output=True).returncode
+    """The exit code of a run killed at its k-th rename (a process forked warm: see
+    tests/warm.py; up to 9 a test)."""
+    return python(["-c", _KILL_AT, k, "exchange" if exchange else "noexchange", *args],
+                  env=_env()).returncode
 
 
 def _digest(paths) -> list[bytes]:
