@@ -392,7 +392,8 @@ def test_fault_injection_campaign(tmp_path):
     fi = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fi)
     # the killed runs are fresh interpreters (a kill can land in start-up); the checks after
-    # each (verify, the same command again) are forked warm (tests/warm.py): 64 s -> XX s
+    # each (verify, the same command again) are forked warm (tests/warm.py), ~1 s of CPU
+    # less each of the ~50
     fi.subprocess = SUBPROCESS
     results = fi.campaign(ROOT, tmp_path, kills=2, seed=7, n_docs=3000, log=lambda s: None)
     assert len(results) == 9  # tokenize, pack (index layout), pack-tokens x 3 signals
