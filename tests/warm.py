@@ -164,6 +164,8 @@ class Warm:
             self.n += 1
             n = self.n
             out, err = self.scratch / f"{n}.out", self.scratch / f"{n}.err"
+            out.touch()  # there even if the child is killed before it opens them
+            err.touch()
             self.proc.stdin.write(json.dumps({
                 "id": n, "argv": [str(a) for a in argv], "out": str(out), "err": str(err),
                 "cwd": None if cwd is None else str(cwd), "env": env}) + "\n")
@@ -217,15 +219,27 @@ class Child:
 # third-party libraries a ``python -m packtool`` command imports (not packtool: see above)
 THIRD_PARTY = ["numpy", "numba", "numba.np.arraymath", "pyarrow", "pyarrow.parquet",
                "tokenizers", "click", "zstandard", "fsspec", "s3fs", "botocore.session"]
-_SHARED: list[Warm] = []
+_SERVERS: dict[str, Warm] = {}
+
+
+def _server(name: str, env: dict, preload: list[str]) -> Warm:
+    if name not in _SERVERS:
+        _SERVERS[name] = Warm(Path.cwd(), env, preload)
+        atexit.register(_SERVERS[name].close)
+    return _SERVERS[name]
 
 
 def shared() -> Warm:
     """This process's server for ``python -m packtool`` commands, started on first use."""
-    if not _SHARED:
-        _SHARED.append(Warm(Path.cwd(), dict(os.environ), THIRD_PARTY))
-        atexit.register(_SHARED[0].close)
-    return _SHARED[0]
+    return _server("packtool", dict(os.environ), THIRD_PARTY)
+
+
+def ranks() -> Warm:
+    """This process's server for the ranks of a torch.distributed test (``launch_ranks``):
+    torch and transformers imported, with OMP_NUM_THREADS=1 (read when torch loads)."""
+    return _server("ranks", {**os.environ, "OMP_NUM_THREADS": "1"},
+                   ["numpy", "torch", "torch.distributed", "transformers",
+                    "transformers.models.llama.modeling_llama"])
 
 
 class _Subprocess:
@@ -247,21 +261,8 @@ class _Subprocess:
 SUBPROCESS = _Subprocess()
 
 
-def ranks() -> Warm:
-    """This process's server for the ranks of a torch.distributed test (``launch_ranks``):
-    torch and transformers imported, with OMP_NUM_THREADS=1 (read when torch loads)."""
-    if len(_SHARED) < 2:
-        shared()
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        _SHARED.append(Warm(Path.cwd(), env, ["numpy", "torch", "torch.distributed",
-                                              "transformers",
-                                              "transformers.models.llama.modeling_llama"]))
-        atexit.register(_SHARED[1].close)
-    return _SHARED[1]
-
-
-def python(argv: list, cwd=None, env: dict | None = None, timeout: float = 600,
-           **ignored) -> subprocess.CompletedProcess:
+def python(argv: list, cwd=None, env: dict | None = None,
+           timeout: float = 600) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *argv], cwd, env, capture_output=True, text=True,
     timeout)`` forked from :func:`shared`."""
     return shared().run(argv, cwd=os.getcwd() if cwd is None else cwd,
