@@ -16,15 +16,16 @@ CORPUS = FIXTURES / "corpus"
 def packtool_process(*args, env=None, check=True, cwd=ROOT):
     """``python -m packtool ARGS`` in a fresh process from the repository root (or ``cwd``,
     this checkout's packtool imported): its exit code and output (a failure with ``check``,
-    and never a traceback)."""
+    and never a traceback). The process is forked from an interpreter that has imported
+    numpy, numba and the rest (tests/warm.py): ~1.5 s of CPU less a command."""
     import os
-    import subprocess
+
+    from warm import python
 
     if Path(cwd) != ROOT:
         env = dict(os.environ if env is None else env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH")] if p)
-    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=cwd, env=env,
-                       capture_output=True, text=True)
+    r = python(["-m", "packtool", *map(str, args)], cwd=cwd, env=env)
     _RUN_IN_A_CHILD.add("packtool.__main__")  # the tier check's one module run only there
     if check:
         assert r.returncode == 0, r.stderr
@@ -265,9 +266,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def launch_ranks(script: Path, args: list, world: int) -> None:
     """Start ``python script *args`` once per rank of a ``torch.distributed`` group of
     ``world`` processes on this machine (RANK, WORLD_SIZE, a free MASTER_PORT) and wait for
-    all; a rank that fails fails the test with its output's tail."""
+    all; a rank that fails fails the test with its output's tail. The ranks are forked from
+    an interpreter that has imported torch and transformers (tests/warm.py: ~5 s of CPU less
+    a rank), started with OMP_NUM_THREADS=1 as each rank is."""
     import socket
-    import subprocess
+
+    from warm import ranks
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -276,8 +280,7 @@ def launch_ranks(script: Path, args: list, world: int) -> None:
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        procs.append(ranks().start([script, *args], cwd=os.getcwd(), env=env))
     for p in procs:
-        out, _ = p.communicate(timeout=600)  # a hung collective fails instead of blocking CI
-        assert p.returncode == 0, out.decode()[-3000:]
+        r = p.wait(timeout=600)  # a hung collective fails instead of blocking CI
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

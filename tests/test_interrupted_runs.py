@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TOKENIZER, run, slow, write_jsonl
 from synth import make_documents
+from warm import SUBPROCESS, python
 
 from packtool import _signals
 from packtool.storage import atomic as _atomic
@@ -185,9 +186,10 @@ main()
 
 
 def _killed_at(k: int, args, exchange=True) -> int:
-    return subprocess.run([sys.executable, "-c", _KILL_AT, str(k),
-                           "exchange" if exchange else "noexchange", *map(str, args)],
-                          env=_env(), capture_output=True).returncode
+    """The exit code of a run killed at its k-th rename (a process forked warm: see
+    tests/warm.py; up to 9 a test)."""
+    return python(["-c", _KILL_AT, k, "exchange" if exchange else "noexchange", *args],
+                  env=_env()).returncode
 
 
 def _digest(paths) -> list[bytes]:
@@ -389,6 +391,10 @@ def test_fault_injection_campaign(tmp_path):
                                                   ROOT / "scripts" / "fault_inject.py")
     fi = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fi)
+    # the killed runs are fresh interpreters (a kill can land in start-up); the checks after
+    # each (verify, the same command again) are forked warm (tests/warm.py), ~1 s of CPU
+    # less each of the ~50
+    fi.subprocess = SUBPROCESS
     results = fi.campaign(ROOT, tmp_path, kills=2, seed=7, n_docs=3000, log=lambda s: None)
     assert len(results) == 9  # tokenize, pack (index layout), pack-tokens x 3 signals
     failures = {k: [r for r in rows if r] for k, rows in results.items()}

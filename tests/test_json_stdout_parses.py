@@ -7,13 +7,12 @@ where best fit misses the lower bounds, so ``optimal`` really builds and solves 
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from conftest import ROOT, TOKENIZER, slow_except, write_jsonl
 from synth import write_token_corpus
+from warm import python
 
 from packtool.cli import cli
 from packtool.packers import PACKERS
@@ -22,10 +21,10 @@ L = "64"
 
 
 def run_json(*args, cwd=None) -> dict | list:
-    """Run ``packtool ARGS --json`` in a fresh process; its stdout, parsed."""
-    r = subprocess.run([sys.executable, "-m", "packtool", *map(str, args), "--json"],
-                       capture_output=True, text=True, cwd=cwd, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    """Run ``packtool ARGS --json`` in a fresh process (forked warm: tests/warm.py); its
+    stdout, parsed."""
+    r = python(["-m", "packtool", *map(str, args), "--json"], cwd=cwd, timeout=300,
+               env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-2000:]
     try:
         return json.loads(r.stdout)

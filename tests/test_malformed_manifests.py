@@ -11,6 +11,7 @@ import sys
 import pytest
 from conftest import ROOT, TOKENIZER, run, slow, slow_except, write_jsonl
 from synth import make_documents
+from warm import python
 
 import packtool
 from packtool.formats._manifest import digest
@@ -18,10 +19,10 @@ from packtool.formats.packed import index_digest
 
 
 def cli_run(*args, cwd=None):
-    """A fresh process: what a user sees, traceback included if there is one."""
-    return subprocess.run([sys.executable, "-m", "packtool", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    """A fresh process (forked warm: tests/warm.py): what a user sees, traceback included if
+    there is one."""
+    return python(["-m", "packtool", *map(str, args)], cwd=cwd,
+                  env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ docs/TRAINING.md and each page of docs/training/ show above their first snippet 
 ``fixtures/`` tokenized and packed into ``out/fixture/``; a command shown on several pages runs
 once). That leaves what the Python snippets read: ``out/corpus``, ``out/packed``,
 ``out/mega/corpus``, ``out/llmc``, ``out/mds``, ``out/packed.parquet``, ``out/fixture/...``.
-Every ```python block then runs in a fresh process in that folder. (The README's install
-block is .ci/run's, not run here.)
+Every ```python block then runs in a fresh process in that folder (forked from one that has
+imported torch, transformers and packtool, as the commands are: tests/warm.py). (The README's
+install block is .ci/run's, not run here.)
 
 A snippet defines what it uses, or uses names its page's first snippet defines (a page is read
 from the top: ``model`` and ``ds`` of a training page's opening snippet); that first snippet
@@ -25,13 +26,12 @@ import builtins
 import os
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import CORPUS, ROOT, TOKENIZER
+from warm import Warm
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((.+)\)\s*-->")
@@ -126,29 +126,39 @@ def _layout(w: Path) -> None:
     tok.save(str(w / "path" / "to" / "model" / "tokenizer.json"))
 
 
+# what most snippets and commands import, imported once: each then runs in a process forked
+# from that interpreter (tests/warm.py), with its own namespace, in the folder and the
+# environment a fresh `python` would have had (torch and transformers cost ~5 s of CPU a
+# process: the file's CPU 245 s -> 115 s, single-process on a loaded machine)
+PRELOAD = ["numpy", "pyarrow", "numba", "torch", "transformers",
+           "transformers.models.llama.modeling_llama", "packtool", "packtool.cli"]
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """The folder after the README's pipeline and EXPORT.md's exports; each command's
-    (block, argv, returncode, stderr)."""
+    (block, argv, returncode, stderr); and the warm interpreter the commands and snippets
+    are forked from."""
     w = tmp_path_factory.mktemp("snippets")
     _layout(w)
     (w / "fixtures").symlink_to(ROOT / "fixtures")  # the training pages' commands read it
+    warm = Warm(w, _env(), PRELOAD, tmp_path_factory.mktemp("warm"))
     ran, seen = [], set()
     for block in SHELL:
         for argv in packtool_lines(block):
             if tuple(argv) in seen:  # the same setup shown on several pages
                 continue
             seen.add(tuple(argv))
-            r = subprocess.run([sys.executable, "-m", "packtool", *argv[1:]], cwd=w,
-                               env=_env(), capture_output=True, text=True, timeout=600)
+            r = warm.run(["-m", "packtool", *argv[1:]], timeout=600)
             ran.append((block.id, argv, r.returncode, r.stderr))
-    return w, ran
+    yield w, ran, warm
+    warm.close()
 
 
 @pytest.mark.slow  # 19 commands, each a fresh process (stats --algos all --plot; the mds
 # exports import torch): ~20 s on 2 cores
 def test_the_readme_pipeline_and_the_export_commands_run(workspace):
-    w, ran = workspace
+    w, ran, _ = workspace
     commands = [(where.split(":")[0], argv[1]) for where, argv, _, _ in ran]
     assert commands[:5] == [("README.md", c) for c in ("tokenize", "pack", "verify", "stats",
                                                         "export")], commands
@@ -183,11 +193,10 @@ def test_skips_are_few_and_say_why():
 def test_python_snippet_runs(block, workspace, tmp_path):
     if block.skip:
         pytest.skip(f"{block.id}: {block.skip}")
-    w, _ = workspace
+    w, _, warm = workspace
     first = prelude(block)
     code = block.code if first is None else first.code + block.code
     script = tmp_path / "snippet.py"
     script.write_text(code)
-    r = subprocess.run([sys.executable, str(script)], cwd=w, env=_env(), capture_output=True,
-                       text=True, timeout=600)
+    r = warm.run([script], timeout=600)
     assert r.returncode == 0, f"{block.id} failed:\n{r.stderr[-3000:]}"

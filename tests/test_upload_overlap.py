@@ -236,7 +236,7 @@ def test_ctrl_c_after_a_job_was_published_names_what_stays_in_the_bucket(s3, buc
     assert json.loads(r.stdout)["n_parts_skipped"] >= 1
 
     packed = f"s3://{bucket}/out/packed"
-    args = ["pack", url, "-L", 256, "--layout", "tokens", "--shard-size", 2_000, "-o", packed,
+    args = ["pack", url, "-L", 256, "--layout", "tokens", "--shard-size", 20_000, "-o", packed,
             "-q"]
     err = _interrupt_upload(s3, tmp_path, args, 2)
     assert f"({packed}/index.json was not written)" in err, err
@@ -266,7 +266,7 @@ def test_ctrl_c_once_the_manifest_was_put_says_the_output_is_in_place(s3, bucket
     assert r.exit_code == 1 and "output already exists" in r.output, r.output
 
     packed = f"s3://{bucket}/out/packed"
-    args = ["pack", url, "-L", 256, "--layout", "tokens", "--shard-size", 2_000, "-o", packed,
+    args = ["pack", url, "-L", 256, "--layout", "tokens", "--shard-size", 20_000, "-o", packed,
             "-q"]
     err = _interrupt_upload(s3, tmp_path, args, "packed/index.json")
     assert "Interrupted after the output was complete: it is in place." in err, err
