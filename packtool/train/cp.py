@@ -74,8 +74,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import conflicts
 from ..errors import PacktoolError
-from ..formats.packed.batching import IGNORE_INDEX
+from ..formats.packed.batching import IGNORE_INDEX, check_int
 
 MODES = ("zigzag", "balanced")
 PER_TOKEN = ("input_ids", "labels", "position_ids", "doc_ids", "loss_mask")
@@ -87,8 +88,8 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
     """Rank ``cp_rank``'s share of one packed row (``open_packed(dir)[i]``, or one collated
     ``[1, N]`` row) under context parallelism of ``cp_size`` ranks; see the module docstring
     for the two modes and what every returned key means."""
-    cp_size = _check_int("cp_size", cp_size, 1)
-    cp_rank = _check_int("cp_rank", cp_rank, 0)
+    cp_size = check_int("cp_size", cp_size, 1)
+    cp_rank = check_int("cp_rank", cp_rank, 0)
     if cp_rank >= cp_size:
         raise PacktoolError(f"cp_rank {cp_rank} is out of range for cp_size {cp_size}: ranks "
                             f"are 0..{cp_size - 1}")
@@ -99,13 +100,9 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
     tree = None
     if is_shared(example):
         if mode == "zigzag":
-            from .. import conflicts
-
             conflicts.check({"shared_rows", "cp_zigzag"}, "this row shares prefixes")
         tree = row_tree(example)
     if "image_grid_thw" in example or "position_ids_3d" in example:
-        from .. import conflicts
-
         conflicts.check({"images", "cp_shard"}, "this row holds images")
     tokens, real, padded = _row(example)
     if mode == "zigzag":
@@ -117,12 +114,6 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
         out.update(cu_seqlens=real.astype(np.int32), cu_seqlens_padded=padded.astype(np.int32),
                    max_seqlen=int(np.diff(padded).max()) if len(padded) > 1 else 0)
     return out
-
-
-def _check_int(name: str, v, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
-    return int(v)
 
 
 def _flat(name: str, v) -> np.ndarray:

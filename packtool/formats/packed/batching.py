@@ -43,7 +43,7 @@ PER_TOKEN = ("input_ids", "labels", "position_ids", "doc_ids", "group_ids", "seq
 POSITIONS = ("position_ids", "position_ids_3d")
 
 
-def _check_int(name: str, v, lo: int) -> int:
+def check_int(name: str, v, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
         raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
     return int(v)
@@ -59,7 +59,7 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
     given) or, without ``pad_to``, up to the next multiple of ``multiple``.
     """
     if multiple is not None:
-        multiple = _check_int("pad multiple", multiple, 1)
+        multiple = check_int("pad multiple", multiple, 1)
     if per_segment and multiple is None:
         raise PacktoolError("per_segment=True pads each segment to a multiple of k: also pass "
                             "the multiple (pad_multiple=k)")
@@ -77,7 +77,7 @@ def pad_example(ex: dict, pad_to: int | None = None, multiple: int | None = None
     if per_segment and multiple > 1 and len(cu) > 1 and not aligned:
         cu = _pad_segments(ex, cu, keys, multiple, pad_id)
     n = int(cu[-1])
-    target = n if pad_to is None else _check_int("pad_to", pad_to, 0)
+    target = n if pad_to is None else check_int("pad_to", pad_to, 0)
     if multiple is not None:
         if pad_to is None:
             target = -(-n // multiple) * multiple
@@ -136,7 +136,7 @@ def _check_collate(examples, pad_multiple, per_segment, max_docs) -> int | None:
     if not examples:
         raise PacktoolError("collate needs at least one example")
     if max_docs is not None:
-        max_docs = _check_int("max_docs", max_docs, 1)
+        max_docs = check_int("max_docs", max_docs, 1)
         if pad_multiple is not None and not per_segment:
             conflicts.check({"collate_max_docs", "row_pad"}, f"max_docs={max_docs}, "
                             f"pad_multiple={pad_multiple}")
