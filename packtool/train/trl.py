@@ -44,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PacktoolError
+from .trees import as_numpy
 
 try:
     from trl import DPOTrainer, GRPOTrainer
@@ -62,8 +63,7 @@ def pack_rows(input_ids, attention_mask, completion_mask, groups="pairs"):
     alike, leaving each row one token of its own) is its root, each row's rest a child."""
     from ..formats.packed.batching import collate_numpy
 
-    ids, att, comp = (np.asarray(x.detach().cpu() if hasattr(x, "detach") else x)
-                      for x in (input_ids, attention_mask, completion_mask))
+    ids, att, comp = (as_numpy(x) for x in (input_ids, attention_mask, completion_mask))
     n_rows, width = ids.shape
     real = [np.flatnonzero(att[r]) for r in range(n_rows)]
     seqs = [ids[r, real[r]] for r in range(n_rows)]
