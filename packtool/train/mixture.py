@@ -263,9 +263,6 @@ class Mixture:
     def steps_in(self, epoch: int) -> None:
         return None  # with exhausted="stop" the stream ends where a source runs out
 
-    def new_epoch(self) -> None:
-        return None  # each source runs through its own epochs (ledger): nothing to reset
-
     def left_out(self, epoch: int) -> np.ndarray:
         return np.zeros(0, np.int64)  # every source's rows come in its own epochs, in full
 

@@ -143,8 +143,14 @@ class Sampler:
         return self.steps_in(self.epoch)
 
     def which(self, step: int, epoch: int | None = None) -> list[list]:
-        """Every rank's rows of ``step`` (counted from the epoch's start) of ``epoch``."""
-        return self.rule.rows(self.epoch if epoch is None else int(epoch), step)
+        """Every rank's rows of ``step`` (counted from the epoch's start) of ``epoch``; an
+        IndexError for a step an epoch of known length does not take."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        first, n = self.rule.first_step(epoch), self.rule.steps_in(epoch)
+        if n is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))
+                              or not first <= step < n):
+            raise IndexError(f"step {step} of {n}")
+        return self.rule.rows(epoch, step)
 
     def where(self, row: int, source: str | None = None, epoch: int | None = None) -> list:
         """Every (step, rank) where ``epoch`` takes ``row`` (of ``source``, a mixture's):
@@ -344,10 +350,7 @@ class FixedPacks:
         return self._balanced(self._epoch_order(epoch).rows(a, b))
 
     def rows(self, epoch: int, step: int) -> list[list[int]]:
-        first, n = self.first_step(epoch), self.steps_in(epoch)
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or not first <= step < n:
-            raise IndexError(f"step {step} of {n}")
+        first = self.first_step(epoch)
         return self._rows(epoch, step - first, step - first + 1)[0].tolist()
 
     def places(self, pack: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:

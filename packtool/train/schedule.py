@@ -59,9 +59,6 @@ class Segment:
     shares: tuple[int, ...]
     total: int
 
-    def weights(self) -> list[float]:
-        return [a / self.total for a in self.shares]
-
 
 def exact(value) -> Fraction:
     """A weight as the exact decimal it prints as (0.7 -> 7/10)."""
