@@ -87,6 +87,7 @@ from ..errors import PacktoolError
 from ..formats.packed.balance import COST_RATIO, balance_steps, cost_table
 from ..formats.packed.balance import attention_costs as attention_costs  # also from here (docs)
 from ..formats.packed.balance import fingerprint as fingerprint  # the state's costs_sha256
+from ..formats.packed.batching import check_int
 from .order import EpochOrder, class_keys
 from .state import check_state, dataset_identity, stamp
 
@@ -95,8 +96,7 @@ def check_shape(rank, world_size, *counts: tuple[str, object, int]) -> None:
     """Each of ``counts`` ((name, value, minimum), checked first, in order), ``world_size``
     >= 1, then ``rank`` in 0..world_size - 1, each refused by name."""
     for name, v, lo in (*counts, ("world_size", world_size, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
+        check_int(name, v, lo)
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
             or not 0 <= rank < world_size:
         raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
@@ -168,8 +168,7 @@ class Sampler:
         """Reshuffle for ``epoch`` (the same on every rank). Changing the epoch drops a pending
         resume; setting the resumed epoch again keeps it. A mixture's sources keep epochs of
         their own: its steps go on whatever the epoch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise PacktoolError(f"epoch must be an integer >= 0, got {epoch!r}")
+        check_int("epoch", epoch, 0)
         if int(epoch) != self.epoch and self.rule.per_epoch:
             self.start_step = self._handed = 0
             self.rule.new_epoch()
@@ -294,15 +293,13 @@ class FixedPacks:
 
     def _epoch_order(self, epoch: int) -> EpochOrder:
         """The steps of ``epoch`` from its ``first_step``, computed per step (cached)."""
-        done = self._consumed_before(epoch)
-        key = (epoch, None if done is None else done.tobytes())
+        done = self._done(epoch)
+        key = (epoch, done.tobytes())
         if self._cache_key != key:
-            zero = np.zeros(self.n_classes, np.int64)
             self._cache = EpochOrder(self.class_sizes,
                                      None if self._table is None else self._table.members,
                                      class_keys(self.seed, epoch, self.n_classes),
-                                     self.global_batch, zero if done is None else done,
-                                     self.drop_last)
+                                     self.global_batch, done, self.drop_last)
             self._cache_key = key
         return self._cache
 
@@ -313,21 +310,19 @@ class FixedPacks:
         small datasets; the sampler itself computes each step's packs as it deals them."""
         return self._epoch_order(self.s.epoch if epoch is None else int(epoch)).timeline()
 
-    def _consumed_before(self, epoch: int) -> np.ndarray | None:
+    def _done(self, epoch: int) -> np.ndarray:
+        """Packs per class an elastic resume of ``epoch`` consumed before it (else 0)."""
         if self._resumed is not None and self._resumed[0] == epoch:
             return self._resumed[1]
-        return None
+        return np.zeros(self.n_classes, np.int64)
 
     def first_step(self, epoch: int) -> int:
         """0, or after an elastic resume the packs already consumed // G (steps before it
         were taken under the saved shape)."""
-        done = self._consumed_before(epoch)
-        return 0 if done is None else int(done.sum()) // self.global_batch
+        return int(self._done(epoch).sum()) // self.global_batch
 
     def steps_in(self, epoch: int) -> int:
-        done = self._consumed_before(epoch)
-        rest = self.n_packs - (0 if done is None else int(done.sum()))
-        q, r = divmod(rest, self.global_batch)
+        q, r = divmod(self.n_packs - int(self._done(epoch).sum()), self.global_batch)
         return self.first_step(epoch) + (q if self.drop_last or r == 0 else q + 1)
 
     def _slots(self, steps: np.ndarray) -> np.ndarray:

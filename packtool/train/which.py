@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..formats.packed import open_packed
+from ..formats.packed.batching import check_int
 from .records import (  # noqa: F401  (record_number, document_of: also from here)
     Document,
     Sources,
@@ -90,8 +91,7 @@ def open_sampler(path, epoch: int = 0, *, world_size: int = 1, batch_size: int =
 
     for name, v, lo in (("epoch", epoch, 0), ("world-size", world_size, 1),
                         ("batch-size", batch_size, 1), ("seed", seed, 0)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise PacktoolError(f"--{name} must be an integer >= {lo}, got {v!r}")
+        check_int(f"--{name}", v, lo)
     if schedule is not None:
         data = {n: open_packed(p, checksums=False) for n, p in path.items()}
         return MixtureSampler(data, schedule, rank=0, world_size=world_size,
