@@ -186,14 +186,11 @@ class Sampler:
 
     def __iter__(self):
         """Row indices one at a time: a step counts as handed out once its last row is."""
-        step = self.start_step
-        for batch in self.steps():
+        for step, batch in enumerate(self.steps(), self.start_step):  # no step is empty
             self._handed = step
-            for j, i in enumerate(batch):
-                if j == len(batch) - 1:
-                    self._handed = step + 1
-                yield i
-            step += 1
+            yield from batch[:-1]
+            self._handed = step + 1
+            yield batch[-1]
 
     def __len__(self) -> int:
         """Row indices the next iteration yields (the rest of the epoch when resuming)."""
@@ -270,11 +267,10 @@ class FixedPacks:
         self._table, self.costs = cost_table(packs, balance, self._ratio, self.n_packs)
         self.cost_ratio = None if self._table is None else self._ratio
         # without balance: one class, nothing per pack
-        self.n_classes, self.class_sizes = 1, np.array([self.n_packs], np.int64)
-        self.fingerprint = None
-        if self._table is not None:
-            self.class_sizes = np.asarray(self._table.sizes, np.int64)
-            self.n_classes, self.fingerprint = len(self.class_sizes), self._table.fingerprint
+        table = self._table
+        self.class_sizes = np.array([self.n_packs] if table is None else table.sizes, np.int64)
+        self.n_classes = len(self.class_sizes)
+        self.fingerprint = None if table is None else table.fingerprint
         self.dataset = dataset_identity(packs)
         self._resumed = None  # (epoch, consumed per class) of an elastic resume
         self._running = None  # (epoch, step, consumed per class) as deal() hands them out

@@ -296,18 +296,17 @@ def sampler_state(loader_state: dict) -> dict:
     more; ``batch_sampler=`` or ``sampler=``), to resume under another world size, batch size or
     number of workers, where torchdata's own ``load_state_dict`` refuses (it needs the same
     ``num_workers``): ``sampler.load_state_dict(sampler_state(ckpt))`` and a fresh loader."""
-    found = []
-
-    def walk(v):
-        if isinstance(v, dict):
-            if is_state(v):
-                found.append(v)
-                return
-            for x in v.values():
-                walk(x)
-
-    walk(loader_state)
-    if not found:
+    found = next(_states(loader_state), None)
+    if found is None:
         raise PacktoolError("no PackSampler state in this loader state: was the loader built with "
                             "a packtool PackSampler / PackBatchSampler?")
-    return found[0]
+    return found
+
+
+def _states(v):
+    """The sampler states in a loader state's dicts, depth first."""
+    if is_state(v):
+        yield v
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _states(x)
