@@ -295,10 +295,10 @@ class TokenBudget:
         epoch = self.s.epoch if epoch is None else int(epoch)
         return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch)]
 
-    def places(self, row: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:
+    def places(self, row: int, epoch: int, source) -> list[tuple[int, int]]:
         """[(step, rank)] where ``epoch`` takes ``row``: one, or none (left out, or consumed
         before the resume); the step is the (i / (T / L))-th of the row's length, looked up."""
-        epoch, row = self.s.epoch if epoch is None else int(epoch), int(row)
+        row = int(row)
         if not 0 <= row < self.n_rows:
             raise PacktoolError(f"row {row} is not one of the {self.n_rows:,} rows")
         k, local = self.index.locate(row)

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import PacktoolError
 from .sampler import Sampler
 from .schedule import Segment, check_schedule, counts_after, deal, least_step
-from .state import check_mixture_state
+from .state import check_mixture_state, dataset_identity
 
 EXHAUSTED = ("next_epoch", "stop")
 
@@ -70,8 +70,7 @@ class Source:
             raise PacktoolError(f"source {name!r} has {n!r} rows: a source must be a packed "
                                 "dataset (open_packed(dir)) or a row count >= 1")
         self.name, self.n, self.data = name, int(n), data
-        index = getattr(data, "index", None)
-        sha = index.get("index_sha256") if isinstance(index, Mapping) else None
+        sha = dataset_identity(data)
         self.identity = {"index_sha256": sha} if sha else {"n_rows": self.n}
         self.seq_len = getattr(data, "seq_len", None) or seq_len
         self.tokens_from = ("pack lengths" if hasattr(data, "shard") else

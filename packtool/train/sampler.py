@@ -344,9 +344,8 @@ class FixedPacks:
         first = self.first_step(epoch)
         return self._rows(epoch, step - first, step - first + 1)[0].tolist()
 
-    def places(self, pack: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:
+    def places(self, pack: int, epoch: int, source) -> list[tuple[int, int]]:
         """By the inverse permutation: no schedule is built."""
-        epoch = self.s.epoch if epoch is None else int(epoch)
         pack = int(pack)
         if not 0 <= pack < self.n_packs:
             raise PacktoolError(f"pack {pack} is not one of the {self.n_packs:,} packs")

@@ -152,17 +152,19 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, **settings)
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))
                              or not 0 <= rank < world_size):
         raise PacktoolError(f"--rank {rank!r}: must be from 0 to {world_size - 1}")
-    n_steps = sampler.steps_in(epoch)
-    if n_steps is not None and (isinstance(step, bool) or not isinstance(
-            step, (int, np.integer)) or not 0 <= step < n_steps):
+    try:
+        ranks = sampler.which(step, epoch)  # an IndexError: a step the epoch does not take
+    except IndexError:
+        n_steps = sampler.steps_in(epoch)
         left = len(sampler.left_out(epoch)) if settings.get("drop_last", True) else 0
         raise PacktoolError(
             f"step {step}: the sampler takes steps 0..{n_steps - 1} of epoch {epoch} at "
             f"{shown}"
             + (f"; it leaves out the epoch's last {left:,} packs (fewer than a step), "
                "--no-drop-last fills a last step with the epoch's first packs instead"
-               if left and step == n_steps and settings.get("tokens_per_step") is None else ""))
-    ranks, sources = sampler.which(step, epoch), {n: Sources(ds) for n, ds in data.items()}
+               if left and step == n_steps and settings.get("tokens_per_step") is None else "")
+        ) from None
+    sources = {n: Sources(ds) for n, ds in data.items()}
     res = WhichResult(_label(path, data), ("" if None not in data else f"epoch {epoch} ")
                       + f"step {step}" + (f" rank {rank}" if rank is not None else "")
                       + f" ({_shown(shown, data, settings)})")
