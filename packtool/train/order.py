@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import PacktoolError
 from .permute import ROUNDS, Feistel
+from .schedule import least_step
 
 W = 1 << 31  # the time line: t_k(i) < W for every class, and (x + 1) * m_k < 2^62
 
@@ -94,14 +95,7 @@ class EpochOrder:
 
     def _time_of_full(self, s: int) -> int:
         """The time of full step ``s`` (0-based): the least x with s + 1 full steps <= x."""
-        lo, hi = 0, W - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if int(self._full_upto(mid).sum()) >= s + 1:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return least_step(0, lambda x: int(self._full_upto(x).sum()) >= s + 1, W - 1)
 
     def _full_before(self, s: int) -> np.ndarray:
         """Per class, its full steps among the first ``s``."""
