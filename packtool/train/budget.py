@@ -71,9 +71,7 @@ def _rows_by_length(rows) -> RowsByLength:
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
         raise PacktoolError(f"row lengths must be a 1-D integer array, got {lengths.dtype} of "
                             f"shape {lengths.shape}")
-    if lengths.dtype != np.int64:
-        lengths = lengths.astype(np.int64)
-    return RowsByLength(lengths)
+    return RowsByLength(lengths.astype(np.int64, copy=False))
 
 
 class TokenBudget:

@@ -339,11 +339,8 @@ class Mixture:
     def fields(self, epoch: int, step: int, roll: bool) -> dict:
         """Per source its identity and position (epoch, rows of it taken), the schedule's
         segment and its counters, and the origin (step, rows) where this sampler began."""
-        cur = self._cursor_at(step)
+        cur, total = self._cursor_at(step), self._total(step)
         seg = self.segments[cur.seg]
-        total = [_stream(e, p, src.n) for e, p, src in zip(cur.epoch, cur.pos, self.sources,
-                                                            strict=True)]
-        rows0 = sum(self._total0)
         return {"step": cur.step,
                 "world_size": self.world_size, "batch_size": self.batch_size,
                 "seed": self.seed, "exhausted": self.exhausted,
@@ -352,7 +349,7 @@ class Mixture:
                             "counts": dict(zip(self.names, cur.counts, strict=True)),
                             "positions": {n: t - c for n, t, c in zip(
                                 self.names, total, cur.counts, strict=True)}},
-                "origin": {"step": self._origin.step, "rows": rows0},
+                "origin": {"step": self._origin.step, "rows": sum(self._total0)},
                 "sources": {s.name: {**s.identity, "n_rows": s.n, "epoch": cur.epoch[i],
                                      "position": cur.pos[i]}
                             for i, s in enumerate(self.sources)}}

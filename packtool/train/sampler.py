@@ -86,7 +86,6 @@ import numpy as np
 from ..errors import PacktoolError
 from ..formats.packed.balance import COST_RATIO, balance_steps, cost_table
 from ..formats.packed.balance import attention_costs as attention_costs  # also from here (docs)
-from ..formats.packed.balance import fingerprint as fingerprint  # the state's costs_sha256
 from ..formats.packed.batching import check_int
 from .order import EpochOrder, class_keys
 from .state import check_state, dataset_identity, stamp
