@@ -231,9 +231,8 @@ def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
     t = count(state["tokens_per_step"], "tokens_per_step", 1)
     _same_rows(state, sampler)
     consumed = _per_length(state["consumed"], "consumed", sampler, bounded=True)
-    origin = state["origin"]
-    if not isinstance(origin, Mapping) or not {"step", "tokens"} <= set(origin) <= {
-            "step", "tokens", "consumed"}:
+    origin = state["origin"]  # a dict (read_state): with the keys it must have
+    if not {"step", "tokens"} <= set(origin) <= {"step", "tokens", "consumed"}:
         raise PacktoolError(f"sampler state has origin={origin!r}: it must be {{'step': S, "
                             "'tokens': N, 'consumed': {length: rows}}; the state is corrupt, "
                             "save it again")
@@ -329,7 +328,7 @@ def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> Non
 def check_mixture_state(state, sampler):
     """(step, saved segment, its rows taken and counts, epochs, positions) of a well-formed
     state of ``sampler``'s sources, or a PacktoolError naming what is wrong."""
-    read_state(state, "mixture", sampler)
+    read_state(state, "mixture", sampler)  # sources and segment are dicts from here on
     step = count(state["step"], "step")
     epoch, pos = _sources(state["sources"], sampler)
     seg, taken, counts = _segment(state["segment"], sampler.names, step)
@@ -391,9 +390,6 @@ def _agree(state, sampler, step: int, seg: Segment, taken: int, counts: tuple,
 
 def _sources(saved, sampler) -> tuple[tuple, tuple]:
     """Per source (in the sampler's name order) its saved epoch and position."""
-    if not isinstance(saved, Mapping):
-        raise PacktoolError(f"sampler state has sources={saved!r}: it must be a dict by source "
-                            "name; the state is corrupt, save it again")
     missing = [n for n in sampler.names if n not in saved]
     extra = sorted(str(n) for n in saved if n not in sampler.names)
     if missing or extra:
@@ -424,9 +420,8 @@ def _sources(saved, sampler) -> tuple[tuple, tuple]:
 
 def _segment(seg, names: list[str], step: int) -> tuple[Segment, int, tuple]:
     """The saved segment (start, weights) and its counters."""
-    ok = isinstance(seg, Mapping) and all(k in seg for k in ("start", "weights", "rows",
-                                                             "counts"))
-    if not ok or not isinstance(seg["weights"], Mapping) or \
+    if not all(k in seg for k in ("start", "weights", "rows", "counts")) \
+            or not isinstance(seg["weights"], Mapping) or \
             not isinstance(seg["counts"], Mapping) or \
             set(seg["weights"]) != set(names) or set(seg["counts"]) != set(names):
         raise PacktoolError(f"sampler state has segment={seg!r}: it must hold start, weights "
