@@ -91,17 +91,6 @@ from .order import EpochOrder, class_keys
 from .state import check_state, dataset_identity, stamp
 
 
-def check_shape(rank, world_size, *counts: tuple[str, object, int]) -> None:
-    """Each of ``counts`` ((name, value, minimum), checked first, in order), ``world_size``
-    >= 1, then ``rank`` in 0..world_size - 1, each refused by name."""
-    for name, v, lo in (*counts, ("world_size", world_size, 1)):
-        check_int(name, v, lo)
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
-            or not 0 <= rank < world_size:
-        raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
-                            f"got {rank!r}")
-
-
 class Sampler:
     """This rank's rows, step by step, as ``rule`` deals them (see the module docstring).
 
@@ -114,7 +103,14 @@ class Sampler:
     """
 
     def __init__(self, sources, *, rule, rank: int, world_size: int, seed: int = 0):
-        check_shape(rank, world_size, *rule.counts(sources), ("seed", seed, 0))
+        # the rule's counts first, then seed, world_size and rank, each refused by name
+        for name, v, lo in (*rule.counts(sources), ("seed", seed, 0),
+                            ("world_size", world_size, 1)):
+            check_int(name, v, lo)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+                or not 0 <= rank < world_size:
+            raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size "
+                                f"{world_size}), got {rank!r}")
         self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
         self.epoch = self.start_step = self._handed = 0
         self.rule = copy.copy(rule)  # a rule value is bound to one sampler
