@@ -319,11 +319,8 @@ def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> Non
 
 
 # ------------------------------------------------------------------ a mixture of sources
-# the sources by name and identity (a packed dataset's ``index_sha256``, else its row count)
-# with each one's epoch and position, the schedule segment (start, weights, rows, counts, the
-# positions where it began) and the origin (step, rows) where the run began, every count in
-# range and all of them what the schedule computes from each other. World size, batch size,
-# ``exhausted`` and the schedule may change at a resume.
+# (the fields: Mixture.fields). World size, batch size, ``exhausted`` and the schedule may
+# change at a resume.
 
 def check_mixture_state(state, sampler):
     """(step, saved segment, its rows taken and counts, epochs, positions) of a well-formed
@@ -339,10 +336,7 @@ def check_mixture_state(state, sampler):
 
 def _agree(state, sampler, step: int, seg: Segment, taken: int, counts: tuple,
            total: list[int]) -> None:
-    """The counts, positions and step are what the schedule computes from each other: the
-    segment's counts are the deadline order's after its rows; each source's rows since the
-    segment began are its count; every step since the state's origin (0, or where a resume
-    began) took ``world_size x batch_size`` rows. A state of packtool before issue 38 has no
+    """The module docstring's ``mixture`` rule. A state of packtool before issue 38 has no
     origin (nor the segment's start positions): its step is checked to be at most its rows, and
     its positions against the counts where its segment began at step 0."""
     names = sampler.names
