@@ -173,22 +173,19 @@ class EpochOrder:
         """Packs [b - a, G] of steps a..b (counted from the resume point), in slot order; with
         ``classes``, also the class of every slot."""
         a, b = max(0, a), min(b, self.n_steps)
-        ks, parts = [], []
+        ks, pos = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]  # (class, position) a slot
         if a < min(b, self.n_full):
             k, first = self._full_rows(a, min(b, self.n_full))
-            k = np.repeat(k, self.g)
-            ks.append(k)
-            parts.append(self.packs(k, (first[:, None] + np.arange(self.g)).ravel()))
+            ks.append(np.repeat(k, self.g))
+            pos.append((first[:, None] + np.arange(self.g)).ravel())
         if b > max(a, self.n_full):
             lo, hi = (max(a, self.n_full) - self.n_full) * self.g, (b - self.n_full) * self.g
             kc = self._left_slots(lo, hi)
             ks.append(kc[:, 0])
-            parts.append(self.packs(kc[:, 0], kc[:, 1]))
-        out = np.concatenate(parts).reshape(-1, self.g) if parts else \
-            np.zeros((0, self.g), np.int64)
-        if classes:
-            return out, (np.concatenate(ks) if ks else np.zeros(0, np.int64)).reshape(-1, self.g)
-        return out
+            pos.append(kc[:, 1])
+        k = np.concatenate(ks)
+        out = self.packs(k, np.concatenate(pos)).reshape(-1, self.g)
+        return (out, k.reshape(-1, self.g)) if classes else out
 
     def left_out(self) -> np.ndarray:
         """Packs no step takes (drop_last: the last leftovers, fewer than a step)."""
