@@ -34,6 +34,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import cached_property
 
 import numpy as np
 
@@ -75,22 +76,20 @@ class Source:
         self.seq_len = getattr(data, "seq_len", None) or seq_len
         self.tokens_from = ("pack lengths" if hasattr(data, "shard") else
                             "rows x seq_len" if self.seq_len else None)
-        self._lengths = None
 
+    @cached_property
     def lengths(self) -> np.ndarray:
         """Tokens of every row (pack), from the shards' segment tables (no token read)."""
-        if self._lengths is None:
-            ds = self.data
-            self._lengths = np.concatenate(
-                [np.diff(np.asarray(ds.shard(k).po, np.int64)) for k in range(ds.n_shards)])
-        return self._lengths
+        ds = self.data
+        return np.concatenate(
+            [np.diff(np.asarray(ds.shard(k).po, np.int64)) for k in range(ds.n_shards)])
 
     def tokens(self, order: np.ndarray, epoch: int, pos: int) -> int | None:
         if self.tokens_from is None:
             return None
         if self.tokens_from == "rows x seq_len":
             return (epoch * self.n + pos) * int(self.seq_len)
-        lengths = self.lengths()
+        lengths = self.lengths
         return epoch * int(lengths.sum()) + int(lengths[order[:pos]].sum())
 
 

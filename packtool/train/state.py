@@ -387,13 +387,12 @@ def _sources(saved, sampler) -> tuple[tuple, tuple]:
     missing = [n for n in sampler.names if n not in saved]
     extra = sorted(str(n) for n in saved if n not in sampler.names)
     if missing or extra:
+        lacks = [f"the {who} lacks {', '.join(names)}" for who, names in (
+            ("state", missing), ("sampler", extra)) if names]
         raise PacktoolError(
             f"mixture state is of the sources {', '.join(sorted(map(str, saved)))} but this "
-            f"sampler has {', '.join(sampler.names)}"
-            + (f" (the state lacks {', '.join(missing)}" if missing else " (")
-            + (f"{'; ' if missing else ''}the sampler lacks {', '.join(extra)})" if extra
-               else ")")
-            + ": it belongs to another mixture; build the sampler with the saved sources")
+            f"sampler has {', '.join(sampler.names)} ({'; '.join(lacks)}): it belongs to "
+            "another mixture; build the sampler with the saved sources")
     epoch, pos = [], []
     for src in sampler.sources:
         s = saved[src.name]
