@@ -122,11 +122,8 @@ def parse_schedule(text: str):
             raise PacktoolError(f"--schedule {text}: not inline JSON and not a readable file "
                                 f"({e.strerror or e})") from None
     try:
-        value = json.loads(raw)
+        return json.loads(raw)  # a point may be a JSON list: check_schedule takes [step, w]
     except ValueError as e:
         raise PacktoolError(f"--schedule {text}: not valid JSON ({e}); give an object of "
                             'weights ({"web": 0.7, "code": 0.3}) or a list of [step, weights] '
                             "points") from None
-    if isinstance(value, list):
-        return [tuple(p) if isinstance(p, list) else p for p in value]
-    return value

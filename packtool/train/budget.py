@@ -71,9 +71,7 @@ def _rows_by_length(rows) -> RowsByLength:
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
         raise PacktoolError(f"row lengths must be a 1-D integer array, got {lengths.dtype} of "
                             f"shape {lengths.shape}")
-    if lengths.dtype != np.int64:
-        lengths = lengths.astype(np.int64)
-    return RowsByLength(lengths)
+    return RowsByLength(lengths.astype(np.int64, copy=False))
 
 
 class TokenBudget:
@@ -266,9 +264,6 @@ class TokenBudget:
 
     def rows(self, epoch: int, step: int) -> list[list[int]]:
         """Every rank's rows of ``step``: [world_size][T / L / world_size]."""
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or not self.first_step(epoch) <= step < self.steps_in(epoch):
-            raise IndexError(f"step {step} of {self.steps_in(epoch)}")
         first, _, ks, _ = self._schedule(epoch)
         self._reach(epoch, step + 1)
         consumed = self._consumed_at(epoch, int(step))
@@ -298,10 +293,10 @@ class TokenBudget:
         epoch = self.s.epoch if epoch is None else int(epoch)
         return [self._deal(epoch, c, k) for _, c, k in self._walk(epoch)]
 
-    def places(self, row: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:
+    def places(self, row: int, epoch: int, source) -> list[tuple[int, int]]:
         """[(step, rank)] where ``epoch`` takes ``row``: one, or none (left out, or consumed
         before the resume); the step is the (i / (T / L))-th of the row's length, looked up."""
-        epoch, row = self.s.epoch if epoch is None else int(epoch), int(row)
+        row = int(row)
         if not 0 <= row < self.n_rows:
             raise PacktoolError(f"row {row} is not one of the {self.n_rows:,} rows")
         k, local = self.index.locate(row)

@@ -94,8 +94,7 @@ class RowsByLength:
 
     def __init__(self, lengths: np.ndarray):
         self.lengths = lengths
-        n = len(lengths)
-        if n == 0:
+        if len(lengths) == 0:
             raise PacktoolError("the dataset has no rows: a token-budget step needs rows")
         first, counts, k = _count_blocks(lengths, BLOCK, MAX_LENGTHS)
         if k > MAX_LENGTHS:

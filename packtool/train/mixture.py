@@ -34,13 +34,14 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import cached_property
 
 import numpy as np
 
 from ..errors import PacktoolError
 from .sampler import Sampler
 from .schedule import Segment, check_schedule, counts_after, deal, least_step
-from .state import check_mixture_state
+from .state import check_mixture_state, dataset_identity
 
 EXHAUSTED = ("next_epoch", "stop")
 
@@ -70,28 +71,25 @@ class Source:
             raise PacktoolError(f"source {name!r} has {n!r} rows: a source must be a packed "
                                 "dataset (open_packed(dir)) or a row count >= 1")
         self.name, self.n, self.data = name, int(n), data
-        index = getattr(data, "index", None)
-        sha = index.get("index_sha256") if isinstance(index, Mapping) else None
+        sha = dataset_identity(data)
         self.identity = {"index_sha256": sha} if sha else {"n_rows": self.n}
         self.seq_len = getattr(data, "seq_len", None) or seq_len
         self.tokens_from = ("pack lengths" if hasattr(data, "shard") else
                             "rows x seq_len" if self.seq_len else None)
-        self._lengths = None
 
+    @cached_property
     def lengths(self) -> np.ndarray:
         """Tokens of every row (pack), from the shards' segment tables (no token read)."""
-        if self._lengths is None:
-            ds = self.data
-            self._lengths = np.concatenate(
-                [np.diff(np.asarray(ds.shard(k).po, np.int64)) for k in range(ds.n_shards)])
-        return self._lengths
+        ds = self.data
+        return np.concatenate(
+            [np.diff(np.asarray(ds.shard(k).po, np.int64)) for k in range(ds.n_shards)])
 
     def tokens(self, order: np.ndarray, epoch: int, pos: int) -> int | None:
         if self.tokens_from is None:
             return None
         if self.tokens_from == "rows x seq_len":
             return (epoch * self.n + pos) * int(self.seq_len)
-        lengths = self.lengths()
+        lengths = self.lengths
         return epoch * int(lengths.sum()) + int(lengths[order[:pos]].sum())
 
 
@@ -263,9 +261,6 @@ class Mixture:
     def steps_in(self, epoch: int) -> None:
         return None  # with exhausted="stop" the stream ends where a source runs out
 
-    def new_epoch(self) -> None:
-        return None  # each source runs through its own epochs (ledger): nothing to reset
-
     def left_out(self, epoch: int) -> np.ndarray:
         return np.zeros(0, np.int64)  # every source's rows come in its own epochs, in full
 
@@ -343,11 +338,8 @@ class Mixture:
     def fields(self, epoch: int, step: int, roll: bool) -> dict:
         """Per source its identity and position (epoch, rows of it taken), the schedule's
         segment and its counters, and the origin (step, rows) where this sampler began."""
-        cur = self._cursor_at(step)
+        cur, total = self._cursor_at(step), self._total(step)
         seg = self.segments[cur.seg]
-        total = [_stream(e, p, src.n) for e, p, src in zip(cur.epoch, cur.pos, self.sources,
-                                                            strict=True)]
-        rows0 = sum(self._total0)
         return {"step": cur.step,
                 "world_size": self.world_size, "batch_size": self.batch_size,
                 "seed": self.seed, "exhausted": self.exhausted,
@@ -356,7 +348,7 @@ class Mixture:
                             "counts": dict(zip(self.names, cur.counts, strict=True)),
                             "positions": {n: t - c for n, t, c in zip(
                                 self.names, total, cur.counts, strict=True)}},
-                "origin": {"step": self._origin.step, "rows": rows0},
+                "origin": {"step": self._origin.step, "rows": sum(self._total0)},
                 "sources": {s.name: {**s.identity, "n_rows": s.n, "epoch": cur.epoch[i],
                                      "position": cur.pos[i]}
                             for i, s in enumerate(self.sources)}}

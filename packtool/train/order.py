@@ -37,9 +37,9 @@ import numpy as np
 
 from ..errors import PacktoolError
 from .permute import ROUNDS, Feistel
+from .schedule import least_step
 
 W = 1 << 31  # the time line: t_k(i) < W for every class, and (x + 1) * m_k < 2^62
-CHUNK = 1024  # full steps found per bisection while iterating
 
 
 def class_keys(seed: int, epoch: int, n_classes: int) -> list[np.ndarray]:
@@ -95,14 +95,7 @@ class EpochOrder:
 
     def _time_of_full(self, s: int) -> int:
         """The time of full step ``s`` (0-based): the least x with s + 1 full steps <= x."""
-        lo, hi = 0, W - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if int(self._full_upto(mid).sum()) >= s + 1:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return least_step(0, lambda x: int(self._full_upto(x).sum()) >= s + 1, W - 1)
 
     def _full_before(self, s: int) -> np.ndarray:
         """Per class, its full steps among the first ``s``."""
@@ -121,11 +114,8 @@ class EpochOrder:
 
     def _full_rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """(class, first position) of full steps a..b (b <= n_full)."""
-        lo, hi = self._full_before(a), self._full_before(b)
-        k = np.repeat(np.arange(len(self.sizes)), hi - lo)
-        j = np.concatenate([np.arange(x, y) for x, y in zip(lo.tolist(), hi.tolist(),
-                                                               strict=True)] or [[]])
-        first = self.done[k] + j.astype(np.int64) * self.g
+        k, j = _ranges(self._full_before(a), self._full_before(b))
+        first = self.done[k] + j * self.g
         order = np.lexsort((k, self.time(k, first + self.g - 1)))
         return k[order], first[order]
 
@@ -137,32 +127,26 @@ class EpochOrder:
         at, before = self._full_upto(x), self._full_upto(x - 1)
         return int(at[:k].sum() + before[k:].sum())
 
+    def _in_time(self, lo, hi) -> np.ndarray:
+        """(class, position) of every class's positions ``lo_k..hi_k``, in time order (ties:
+        lower class), [n, 2]."""
+        k, i = _ranges(lo, hi)
+        order = np.lexsort((k, self.time(k, i))) if len(self.sizes) > 1 else slice(None)
+        return np.stack([k[order], i[order]], axis=1)
+
     def _leftovers(self) -> np.ndarray:
         """Every class's positions after its full steps, in time order (ties: lower class)."""
-        first = self.done + self.full * self.g
-        k = np.repeat(np.arange(len(self.sizes)), self.sizes - first)
-        i = np.concatenate([np.arange(a, m) for a, m in zip(first.tolist(),
-                                                             self.sizes.tolist(),
-                                                             strict=True)] or [[]])
-        i = i.astype(np.int64)
-        order = np.lexsort((k, self.time(k, i)))
-        return np.stack([k[order], i[order]], axis=1)
+        return self._in_time(self.done + self.full * self.g, self.sizes)
 
     def head(self, t: int) -> np.ndarray:
         """The epoch's first ``t`` (class, position) on the time line, from position 0 of
         every class, again from the first when ``t`` exceeds the epoch (np.resize)."""
-        k = np.repeat(np.arange(len(self.sizes)), np.minimum(self.sizes, t))
-        i = np.concatenate([np.arange(min(m, t)) for m in self.sizes.tolist()])
-        order = np.lexsort((k, self.time(k, i)))
-        both = np.stack([k[order], i[order]], axis=1)
-        return np.resize(both, (t, 2))
+        return np.resize(self._in_time(np.zeros_like(self.sizes), np.minimum(self.sizes, t)),
+                         (t, 2))
 
     def timeline(self) -> np.ndarray:
         """Every pack of the epoch in time order (n int64: for tests and small epochs)."""
-        k = np.repeat(np.arange(len(self.sizes)), self.sizes)
-        i = np.concatenate([np.arange(m) for m in self.sizes.tolist()])
-        at = np.lexsort((k, self.time(k, i))) if len(self.sizes) > 1 else slice(None)
-        return self.packs(k[at], i[at])
+        return self.packs(*self._in_time(np.zeros_like(self.sizes), self.sizes).T)
 
     # ------------------------------------------------------------------ packs
 
@@ -189,22 +173,19 @@ class EpochOrder:
         """Packs [b - a, G] of steps a..b (counted from the resume point), in slot order; with
         ``classes``, also the class of every slot."""
         a, b = max(0, a), min(b, self.n_steps)
-        ks, parts = [], []
+        ks, pos = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]  # (class, position) a slot
         if a < min(b, self.n_full):
             k, first = self._full_rows(a, min(b, self.n_full))
-            k = np.repeat(k, self.g)
-            ks.append(k)
-            parts.append(self.packs(k, (first[:, None] + np.arange(self.g)).ravel()))
+            ks.append(np.repeat(k, self.g))
+            pos.append((first[:, None] + np.arange(self.g)).ravel())
         if b > max(a, self.n_full):
             lo, hi = (max(a, self.n_full) - self.n_full) * self.g, (b - self.n_full) * self.g
             kc = self._left_slots(lo, hi)
             ks.append(kc[:, 0])
-            parts.append(self.packs(kc[:, 0], kc[:, 1]))
-        out = np.concatenate(parts).reshape(-1, self.g) if parts else \
-            np.zeros((0, self.g), np.int64)
-        if classes:
-            return out, (np.concatenate(ks) if ks else np.zeros(0, np.int64)).reshape(-1, self.g)
-        return out
+            pos.append(kc[:, 1])
+        k = np.concatenate(ks)
+        out = self.packs(k, np.concatenate(pos)).reshape(-1, self.g)
+        return (out, k.reshape(-1, self.g)) if classes else out
 
     def left_out(self) -> np.ndarray:
         """Packs no step takes (drop_last: the last leftovers, fewer than a step)."""
@@ -240,3 +221,11 @@ class EpochOrder:
             for h in np.flatnonzero((kc[:, 0] == k) & (kc[:, 1] == i)).tolist():
                 out.append((self.n_steps - 1, len(self.left) % self.g + h))
         return out
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(class, position) of the positions ``lo[k]..hi[k]`` of every class k, class by class."""
+    k = np.repeat(np.arange(len(lo)), hi - lo)
+    i = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist(),
+                                                         strict=True)] or [[]])
+    return k, i.astype(np.int64)

@@ -43,37 +43,32 @@ class Feistel:
         z = (z ^ (z >> np.uint64(27))) * _M2
         return (z ^ (z >> np.uint64(31))) >> self.shift
 
-    def _rounds(self, x: np.ndarray, keys) -> np.ndarray:
+    def _rounds(self, x: np.ndarray, forward: bool) -> np.ndarray:
         h = np.uint64(self.half)
         left, right = x >> h, x & self.mask
-        for k in keys:
-            left, right = right, left ^ self._f(right, k)
+        for k in (self.keys if forward else self.keys[::-1]):
+            if forward:
+                left, right = right, left ^ self._f(right, k)
+            else:
+                left, right = right ^ self._f(left, k), left
         return (left << h) | right
 
-    def _back(self, x: np.ndarray, keys) -> np.ndarray:
-        h = np.uint64(self.half)
-        left, right = x >> h, x & self.mask
-        for k in keys:
-            left, right = right ^ self._f(left, k), left
-        return (left << h) | right
-
-    def _walk(self, idx, step) -> np.ndarray:
+    def _walk(self, idx, forward: bool) -> np.ndarray:
         x = np.asarray(idx, dtype=np.uint64).copy()
         if x.size and int(x.max()) >= self.n:
             raise IndexError(f"index {int(x.max())} outside 0..{self.n - 1}")
-        x = step(x)
-        out = x >= self.n
-        while out.any():  # cycle walking: each index stays on its own cycle, back into range
-            x[out] = step(x[out])
+        with np.errstate(over="ignore"):
+            x = self._rounds(x, forward)
             out = x >= self.n
+            while out.any():  # cycle walking: each index stays on its own cycle, back into range
+                x[out] = self._rounds(x[out], forward)
+                out = x >= self.n
         return x.astype(np.int64)
 
     def perm(self, idx) -> np.ndarray:
         """The elements at positions ``idx`` (int64 array)."""
-        with np.errstate(over="ignore"):
-            return self._walk(idx, lambda x: self._rounds(x, self.keys))
+        return self._walk(idx, True)
 
     def inverse(self, elems) -> np.ndarray:
         """The positions of elements ``elems``: ``inverse(perm(i)) == i``."""
-        with np.errstate(over="ignore"):
-            return self._walk(elems, lambda x: self._back(x, self.keys[::-1]))
+        return self._walk(elems, False)

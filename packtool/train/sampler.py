@@ -86,21 +86,9 @@ import numpy as np
 from ..errors import PacktoolError
 from ..formats.packed.balance import COST_RATIO, balance_steps, cost_table
 from ..formats.packed.balance import attention_costs as attention_costs  # also from here (docs)
-from ..formats.packed.balance import fingerprint as fingerprint  # the state's costs_sha256
+from ..formats.packed.batching import check_int
 from .order import EpochOrder, class_keys
 from .state import check_state, dataset_identity, stamp
-
-
-def check_shape(rank, world_size, *counts: tuple[str, object, int]) -> None:
-    """Each of ``counts`` ((name, value, minimum), checked first, in order), ``world_size``
-    >= 1, then ``rank`` in 0..world_size - 1, each refused by name."""
-    for name, v, lo in (*counts, ("world_size", world_size, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise PacktoolError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
-            or not 0 <= rank < world_size:
-        raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size {world_size}), "
-                            f"got {rank!r}")
 
 
 class Sampler:
@@ -115,7 +103,14 @@ class Sampler:
     """
 
     def __init__(self, sources, *, rule, rank: int, world_size: int, seed: int = 0):
-        check_shape(rank, world_size, *rule.counts(sources), ("seed", seed, 0))
+        # the rule's counts first, then seed, world_size and rank, each refused by name
+        for name, v, lo in (*rule.counts(sources), ("seed", seed, 0),
+                            ("world_size", world_size, 1)):
+            check_int(name, v, lo)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+                or not 0 <= rank < world_size:
+            raise PacktoolError(f"rank must be in 0..{world_size - 1} (world_size "
+                                f"{world_size}), got {rank!r}")
         self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
         self.epoch = self.start_step = self._handed = 0
         self.rule = copy.copy(rule)  # a rule value is bound to one sampler
@@ -143,8 +138,14 @@ class Sampler:
         return self.steps_in(self.epoch)
 
     def which(self, step: int, epoch: int | None = None) -> list[list]:
-        """Every rank's rows of ``step`` (counted from the epoch's start) of ``epoch``."""
-        return self.rule.rows(self.epoch if epoch is None else int(epoch), step)
+        """Every rank's rows of ``step`` (counted from the epoch's start) of ``epoch``; an
+        IndexError for a step an epoch of known length does not take."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        first, n = self.rule.first_step(epoch), self.rule.steps_in(epoch)
+        if n is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))
+                              or not first <= step < n):
+            raise IndexError(f"step {step} of {n}")
+        return self.rule.rows(epoch, step)
 
     def where(self, row: int, source: str | None = None, epoch: int | None = None) -> list:
         """Every (step, rank) where ``epoch`` takes ``row`` (of ``source``, a mixture's):
@@ -162,8 +163,7 @@ class Sampler:
         """Reshuffle for ``epoch`` (the same on every rank). Changing the epoch drops a pending
         resume; setting the resumed epoch again keeps it. A mixture's sources keep epochs of
         their own: its steps go on whatever the epoch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise PacktoolError(f"epoch must be an integer >= 0, got {epoch!r}")
+        check_int("epoch", epoch, 0)
         if int(epoch) != self.epoch and self.rule.per_epoch:
             self.start_step = self._handed = 0
             self.rule.new_epoch()
@@ -181,14 +181,11 @@ class Sampler:
 
     def __iter__(self):
         """Row indices one at a time: a step counts as handed out once its last row is."""
-        step = self.start_step
-        for batch in self.steps():
+        for step, batch in enumerate(self.steps(), self.start_step):  # no step is empty
             self._handed = step
-            for j, i in enumerate(batch):
-                if j == len(batch) - 1:
-                    self._handed = step + 1
-                yield i
-            step += 1
+            yield from batch[:-1]
+            self._handed = step + 1
+            yield batch[-1]
 
     def __len__(self) -> int:
         """Row indices the next iteration yields (the rest of the epoch when resuming)."""
@@ -265,11 +262,10 @@ class FixedPacks:
         self._table, self.costs = cost_table(packs, balance, self._ratio, self.n_packs)
         self.cost_ratio = None if self._table is None else self._ratio
         # without balance: one class, nothing per pack
-        self.n_classes, self.class_sizes = 1, np.array([self.n_packs], np.int64)
-        self.fingerprint = None
-        if self._table is not None:
-            self.class_sizes = np.asarray(self._table.sizes, np.int64)
-            self.n_classes, self.fingerprint = len(self.class_sizes), self._table.fingerprint
+        table = self._table
+        self.class_sizes = np.array([self.n_packs] if table is None else table.sizes, np.int64)
+        self.n_classes = len(self.class_sizes)
+        self.fingerprint = None if table is None else table.fingerprint
         self.dataset = dataset_identity(packs)
         self._resumed = None  # (epoch, consumed per class) of an elastic resume
         self._running = None  # (epoch, step, consumed per class) as deal() hands them out
@@ -288,15 +284,13 @@ class FixedPacks:
 
     def _epoch_order(self, epoch: int) -> EpochOrder:
         """The steps of ``epoch`` from its ``first_step``, computed per step (cached)."""
-        done = self._consumed_before(epoch)
-        key = (epoch, None if done is None else done.tobytes())
+        done = self._done(epoch)
+        key = (epoch, done.tobytes())
         if self._cache_key != key:
-            zero = np.zeros(self.n_classes, np.int64)
             self._cache = EpochOrder(self.class_sizes,
                                      None if self._table is None else self._table.members,
                                      class_keys(self.seed, epoch, self.n_classes),
-                                     self.global_batch, zero if done is None else done,
-                                     self.drop_last)
+                                     self.global_batch, done, self.drop_last)
             self._cache_key = key
         return self._cache
 
@@ -307,21 +301,19 @@ class FixedPacks:
         small datasets; the sampler itself computes each step's packs as it deals them."""
         return self._epoch_order(self.s.epoch if epoch is None else int(epoch)).timeline()
 
-    def _consumed_before(self, epoch: int) -> np.ndarray | None:
+    def _done(self, epoch: int) -> np.ndarray:
+        """Packs per class an elastic resume of ``epoch`` consumed before it (else 0)."""
         if self._resumed is not None and self._resumed[0] == epoch:
             return self._resumed[1]
-        return None
+        return np.zeros(self.n_classes, np.int64)
 
     def first_step(self, epoch: int) -> int:
         """0, or after an elastic resume the packs already consumed // G (steps before it
         were taken under the saved shape)."""
-        done = self._consumed_before(epoch)
-        return 0 if done is None else int(done.sum()) // self.global_batch
+        return int(self._done(epoch).sum()) // self.global_batch
 
     def steps_in(self, epoch: int) -> int:
-        done = self._consumed_before(epoch)
-        rest = self.n_packs - (0 if done is None else int(done.sum()))
-        q, r = divmod(rest, self.global_batch)
+        q, r = divmod(self.n_packs - int(self._done(epoch).sum()), self.global_batch)
         return self.first_step(epoch) + (q if self.drop_last or r == 0 else q + 1)
 
     def _slots(self, steps: np.ndarray) -> np.ndarray:
@@ -344,15 +336,11 @@ class FixedPacks:
         return self._balanced(self._epoch_order(epoch).rows(a, b))
 
     def rows(self, epoch: int, step: int) -> list[list[int]]:
-        first, n = self.first_step(epoch), self.steps_in(epoch)
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
-                or not first <= step < n:
-            raise IndexError(f"step {step} of {n}")
+        first = self.first_step(epoch)
         return self._rows(epoch, step - first, step - first + 1)[0].tolist()
 
-    def places(self, pack: int, epoch: int | None = None, source=None) -> list[tuple[int, int]]:
+    def places(self, pack: int, epoch: int, source) -> list[tuple[int, int]]:
         """By the inverse permutation: no schedule is built."""
-        epoch = self.s.epoch if epoch is None else int(epoch)
         pack = int(pack)
         if not 0 <= pack < self.n_packs:
             raise PacktoolError(f"pack {pack} is not one of the {self.n_packs:,} packs")

@@ -59,9 +59,6 @@ class Segment:
     shares: tuple[int, ...]
     total: int
 
-    def weights(self) -> list[float]:
-        return [a / self.total for a in self.shares]
-
 
 def exact(value) -> Fraction:
     """A weight as the exact decimal it prints as (0.7 -> 7/10)."""
@@ -169,12 +166,13 @@ def counts_after(seg: Segment, rows: int) -> tuple[int, ...]:
     return tuple(q * a + c for a, c in zip(seg.shares, counts, strict=True))
 
 
-def least_step(lo: int, pred) -> int:
+def least_step(lo: int, pred, hi: int | None = None) -> int:
     """The least step >= ``lo`` where ``pred`` (False, then True from some step on) holds:
-    doubling, then halving, O(log step) calls."""
-    hi, width = lo, 1
-    while not pred(hi):
-        lo, hi, width = hi + 1, hi + width, width * 2
+    doubling (unless ``pred(hi)`` is known to hold), then halving, O(log step) calls."""
+    if hi is None:
+        hi, width = lo, 1
+        while not pred(hi):
+            lo, hi, width = hi + 1, hi + width, width * 2
     while lo < hi:
         mid = (lo + hi) // 2
         if pred(mid):

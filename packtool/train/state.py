@@ -231,9 +231,8 @@ def check_budget_state(state, sampler) -> tuple[int, int, np.ndarray]:
     t = count(state["tokens_per_step"], "tokens_per_step", 1)
     _same_rows(state, sampler)
     consumed = _per_length(state["consumed"], "consumed", sampler, bounded=True)
-    origin = state["origin"]
-    if not isinstance(origin, Mapping) or not {"step", "tokens"} <= set(origin) <= {
-            "step", "tokens", "consumed"}:
+    origin = state["origin"]  # a dict (read_state): with the keys it must have
+    if not {"step", "tokens"} <= set(origin) <= {"step", "tokens", "consumed"}:
         raise PacktoolError(f"sampler state has origin={origin!r}: it must be {{'step': S, "
                             "'tokens': N, 'consumed': {length: rows}}; the state is corrupt, "
                             "save it again")
@@ -320,16 +319,13 @@ def _check_draws(state, sampler, epoch: int, step: int, consumed, origin) -> Non
 
 
 # ------------------------------------------------------------------ a mixture of sources
-# the sources by name and identity (a packed dataset's ``index_sha256``, else its row count)
-# with each one's epoch and position, the schedule segment (start, weights, rows, counts, the
-# positions where it began) and the origin (step, rows) where the run began, every count in
-# range and all of them what the schedule computes from each other. World size, batch size,
-# ``exhausted`` and the schedule may change at a resume.
+# (the fields: Mixture.fields). World size, batch size, ``exhausted`` and the schedule may
+# change at a resume.
 
 def check_mixture_state(state, sampler):
     """(step, saved segment, its rows taken and counts, epochs, positions) of a well-formed
     state of ``sampler``'s sources, or a PacktoolError naming what is wrong."""
-    read_state(state, "mixture", sampler)
+    read_state(state, "mixture", sampler)  # sources and segment are dicts from here on
     step = count(state["step"], "step")
     epoch, pos = _sources(state["sources"], sampler)
     seg, taken, counts = _segment(state["segment"], sampler.names, step)
@@ -340,10 +336,7 @@ def check_mixture_state(state, sampler):
 
 def _agree(state, sampler, step: int, seg: Segment, taken: int, counts: tuple,
            total: list[int]) -> None:
-    """The counts, positions and step are what the schedule computes from each other: the
-    segment's counts are the deadline order's after its rows; each source's rows since the
-    segment began are its count; every step since the state's origin (0, or where a resume
-    began) took ``world_size x batch_size`` rows. A state of packtool before issue 38 has no
+    """The module docstring's ``mixture`` rule. A state of packtool before issue 38 has no
     origin (nor the segment's start positions): its step is checked to be at most its rows, and
     its positions against the counts where its segment began at step 0."""
     names = sampler.names
@@ -391,19 +384,15 @@ def _agree(state, sampler, step: int, seg: Segment, taken: int, counts: tuple,
 
 def _sources(saved, sampler) -> tuple[tuple, tuple]:
     """Per source (in the sampler's name order) its saved epoch and position."""
-    if not isinstance(saved, Mapping):
-        raise PacktoolError(f"sampler state has sources={saved!r}: it must be a dict by source "
-                            "name; the state is corrupt, save it again")
     missing = [n for n in sampler.names if n not in saved]
     extra = sorted(str(n) for n in saved if n not in sampler.names)
     if missing or extra:
+        lacks = [f"the {who} lacks {', '.join(names)}" for who, names in (
+            ("state", missing), ("sampler", extra)) if names]
         raise PacktoolError(
             f"mixture state is of the sources {', '.join(sorted(map(str, saved)))} but this "
-            f"sampler has {', '.join(sampler.names)}"
-            + (f" (the state lacks {', '.join(missing)}" if missing else " (")
-            + (f"{'; ' if missing else ''}the sampler lacks {', '.join(extra)})" if extra
-               else ")")
-            + ": it belongs to another mixture; build the sampler with the saved sources")
+            f"sampler has {', '.join(sampler.names)} ({'; '.join(lacks)}): it belongs to "
+            "another mixture; build the sampler with the saved sources")
     epoch, pos = [], []
     for src in sampler.sources:
         s = saved[src.name]
@@ -424,9 +413,8 @@ def _sources(saved, sampler) -> tuple[tuple, tuple]:
 
 def _segment(seg, names: list[str], step: int) -> tuple[Segment, int, tuple]:
     """The saved segment (start, weights) and its counters."""
-    ok = isinstance(seg, Mapping) and all(k in seg for k in ("start", "weights", "rows",
-                                                             "counts"))
-    if not ok or not isinstance(seg["weights"], Mapping) or \
+    if not all(k in seg for k in ("start", "weights", "rows", "counts")) \
+            or not isinstance(seg["weights"], Mapping) or \
             not isinstance(seg["counts"], Mapping) or \
             set(seg["weights"]) != set(names) or set(seg["counts"]) != set(names):
         raise PacktoolError(f"sampler state has segment={seg!r}: it must hold start, weights "

@@ -34,11 +34,13 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("packtool.torch needs PyTorch: pip install 'packtool[torch]'") from e
 
+from .. import conflicts
 from ..errors import PacktoolError
 from ..formats.packed import open_packed
 from ..formats.packed.batching import collate_numpy
 from . import sampler as _sampler
 from .state import is_state
+from .trees import allowed, is_shared, row_tree
 
 MODEL_KEYS = ("input_ids", "labels", "position_ids")
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")  # packtool.train.vision's collator adds them
@@ -88,8 +90,6 @@ def collate_tensors(examples: list[dict], pad_multiple: int | None = None,
     packs cu_seqlens_padded. ``pad_multiple``, ``per_segment``: see
     ``packtool.formats.packed.batching.pad_example``; ``max_docs``: cu_seq_lens of a fixed B x K + 1
     (see ``collate_numpy``; bind them with functools.partial)."""
-    import numpy as np
-
     as_np = [{k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
               for k, v in ex.items()} for ex in examples]
     row = collate_numpy(as_np, pad_multiple=pad_multiple, per_segment=per_segment, pad_id=pad_id,
@@ -108,8 +108,6 @@ def collate_mds(samples: list[dict], pad_multiple: int | None = None,
     int32; loss_mask where the data has one, already folded into labels), so the default
     collate, which stacks, fails on them. This flattens them into one ``[1, N]`` row, the keys
     of :func:`collate_tensors` (``model_inputs(batch)`` takes it from there)."""
-    from ..errors import PacktoolError
-
     need = ("input_ids", "position_ids", "cu_seqlens", "labels")
     for j, s in enumerate(samples):
         missing = [k for k in need if k not in s]
@@ -140,9 +138,7 @@ def model_inputs(batch: dict, varlen: bool = True, position_ids_start: int = 0,
     conformance --arch qwen2_vl`` shows the leak)."""
     if mask is not None:
         return _with_4d_mask(batch, mask, position_ids_start, dtype)
-    if _shared(batch):
-        from .. import conflicts
-
+    if is_shared(batch):
         conflicts.check({"shared_rows", "varlen"}, "this batch shares prefixes")
     keys = MODEL_KEYS + (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
                          if varlen else ())
@@ -172,8 +168,6 @@ def _with_4d_mask(batch: dict, mask: str, position_ids_start: int, dtype=None) -
     dtype's minimum), which eager attention needs: it adds the mask to the scores, so a
     boolean would add 0 or 1 and mask nothing (transformers 5.24, tested). O(T^2) elements:
     64 Mi at 8,192 tokens; use block_mask with FlexAttention for long rows."""
-    from .trees import allowed
-
     if mask != "4d":
         raise PacktoolError(f"mask={mask!r}: the one mask model_inputs makes is '4d' (a "
                             "boolean [batch, 1, tokens, tokens] attention_mask)")
@@ -185,12 +179,6 @@ def _with_4d_mask(batch: dict, mask: str, position_ids_start: int, dtype=None) -
             ~m, torch.finfo(dtype).min)
     out["attention_mask"] = m
     return out
-
-
-def _shared(batch: dict) -> bool:
-    from .trees import is_shared
-
-    return is_shared(batch)
 
 
 MASK_CACHE = 8  # block masks kept: a step's layers (and micro-batches) reuse one
@@ -228,13 +216,9 @@ def block_mask(batch: dict, device=None, block_size: int = 128):
                           ) from e
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
             or block_size < 1:
-        from ..errors import PacktoolError
-
         raise PacktoolError(f"block_size must be an integer >= 1 (FlexAttention's tile, "
                             f"default 128), got {block_size!r}")
     cu, n = _segments(batch)
-    from .trees import row_tree
-
     tree = row_tree(batch)
     if device is None:
         ids = batch["input_ids"]
@@ -260,8 +244,6 @@ def block_mask(batch: dict, device=None, block_size: int = 128):
 
 def _segments(batch: dict) -> tuple[np.ndarray, int]:
     """The batch's segment boundaries (int64, padded ones first) and its row length, checked."""
-    from ..errors import PacktoolError
-
     key = next((k for k in ("cu_seq_lens_q_padded", "cu_seqlens_padded", "cu_seq_lens_q",
                             "cu_seqlens") if k in batch), None)
     if key is None or "input_ids" not in batch:
@@ -314,20 +296,17 @@ def sampler_state(loader_state: dict) -> dict:
     more; ``batch_sampler=`` or ``sampler=``), to resume under another world size, batch size or
     number of workers, where torchdata's own ``load_state_dict`` refuses (it needs the same
     ``num_workers``): ``sampler.load_state_dict(sampler_state(ckpt))`` and a fresh loader."""
-    from ..errors import PacktoolError
-
-    found = []
-
-    def walk(v):
-        if isinstance(v, dict):
-            if is_state(v):
-                found.append(v)
-                return
-            for x in v.values():
-                walk(x)
-
-    walk(loader_state)
-    if not found:
+    found = next(_states(loader_state), None)
+    if found is None:
         raise PacktoolError("no PackSampler state in this loader state: was the loader built with "
                             "a packtool PackSampler / PackBatchSampler?")
-    return found[0]
+    return found
+
+
+def _states(v):
+    """The sampler states in a loader state's dicts, depth first."""
+    if is_state(v):
+        yield v
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _states(x)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..formats.packed import open_packed
+from ..formats.packed.batching import check_int
 from .records import (  # noqa: F401  (record_number, document_of: also from here)
     Document,
     Sources,
@@ -90,8 +91,7 @@ def open_sampler(path, epoch: int = 0, *, world_size: int = 1, batch_size: int =
 
     for name, v, lo in (("epoch", epoch, 0), ("world-size", world_size, 1),
                         ("batch-size", batch_size, 1), ("seed", seed, 0)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise PacktoolError(f"--{name} must be an integer >= {lo}, got {v!r}")
+        check_int(f"--{name}", v, lo)
     if schedule is not None:
         data = {n: open_packed(p, checksums=False) for n, p in path.items()}
         return MixtureSampler(data, schedule, rank=0, world_size=world_size,
@@ -152,17 +152,19 @@ def which_step(path, epoch: int, step: int, rank: int | None = None, **settings)
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, (int, np.integer))
                              or not 0 <= rank < world_size):
         raise PacktoolError(f"--rank {rank!r}: must be from 0 to {world_size - 1}")
-    n_steps = sampler.steps_in(epoch)
-    if n_steps is not None and (isinstance(step, bool) or not isinstance(
-            step, (int, np.integer)) or not 0 <= step < n_steps):
+    try:
+        ranks = sampler.which(step, epoch)  # an IndexError: a step the epoch does not take
+    except IndexError:
+        n_steps = sampler.steps_in(epoch)
         left = len(sampler.left_out(epoch)) if settings.get("drop_last", True) else 0
         raise PacktoolError(
             f"step {step}: the sampler takes steps 0..{n_steps - 1} of epoch {epoch} at "
             f"{shown}"
             + (f"; it leaves out the epoch's last {left:,} packs (fewer than a step), "
                "--no-drop-last fills a last step with the epoch's first packs instead"
-               if left and step == n_steps and settings.get("tokens_per_step") is None else ""))
-    ranks, sources = sampler.which(step, epoch), {n: Sources(ds) for n, ds in data.items()}
+               if left and step == n_steps and settings.get("tokens_per_step") is None else "")
+        ) from None
+    sources = {n: Sources(ds) for n, ds in data.items()}
     res = WhichResult(_label(path, data), ("" if None not in data else f"epoch {epoch} ")
                       + f"step {step}" + (f" rank {rank}" if rank is not None else "")
                       + f" ({_shown(shown, data, settings)})")
