@@ -397,7 +397,6 @@ def register() -> str:
     return NAME
 
 
-
 def _no_mask(*args, **kwargs):
     return None
 

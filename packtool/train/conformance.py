@@ -307,31 +307,30 @@ def _shrink(d: dict) -> dict:
     return d
 
 
-def build_model(config):
+def build_model(config, auto: str = "AutoModelForCausalLM"):
+    """The random model of ``config`` (seed 0, float32, eager, eval mode), built by
+    transformers' ``auto`` class."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32,
-                                                          attn_implementation="eager")
+    model = getattr(transformers, auto).from_config(config, dtype=torch.float32,
+                                                    attn_implementation="eager")
     return model.eval()
 
 
 def documents(vocab: int, lengths=DOC_LENGTHS):
     """Random token ids of ``lengths`` (seed 0) and the batch packtool would collate from
-    them: one ``[1, N]`` row (collate_numpy's keys, as tensors)."""
+    them: one ``[1, N]`` row (collate_tensors')."""
     import numpy as np
-    import torch
 
-    from ..formats.packed.batching import collate_numpy
+    from .torch import collate_tensors
 
     rng = np.random.default_rng(0)
     docs = [rng.integers(1, vocab, n) for n in lengths]
     packs = [{"input_ids": d, "labels": d, "position_ids": np.arange(len(d)),
               "cu_seqlens": np.array([0, len(d)])} for d in docs]
-    row = collate_numpy(packs)
-    return docs, {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
-                  for k, v in row.items()}
+    return docs, collate_tensors(packs)
 
 
 # -- the paths ------------------------------------------------------------------------------------
@@ -354,10 +353,14 @@ def check_arch(arch: str, spec: dict) -> list[dict]:
         ref = alone(model, docs)
     except Exception as e:
         return [path_row(arch, "-", verdict="unsupported", note=f"model: {_reason(e)}")]
+    return _run_paths(arch, PATHS, model, batch, ref, TOL)
+
+
+def _run_paths(arch, paths, model, batch, ref, tol) -> list[dict]:
     rows = []
-    for path in PATHS:
+    for path in paths:
         try:
-            rows.append(RUNNERS[path](arch, model, config, batch, ref))
+            rows.append(RUNNERS[path](arch, model, batch, ref, tol))
         except Exception as e:  # the path is not one this model (or this machine) accepts
             rows.append(path_row(arch, path, verdict="unsupported", note=_reason(e)))
     return rows
@@ -381,68 +384,100 @@ def logit_diff(model, ref, **inputs) -> float:
     return (out.float() - ref.float()).abs().max().item()
 
 
-def _position_ids(arch, model, config, batch, ref):
-    model.set_attn_implementation("sdpa")
-    return path_row(arch, "position_ids", logit_diff(model, ref, input_ids=batch["input_ids"],
-                                                     position_ids=batch["position_ids"]))
+def recurrent_layers(model) -> list[str]:
+    """The class names of ``model``'s layers that keep state along the sequence."""
+    return sorted({type(m).__name__ for m in model.modules()
+                   if any(s in type(m).__name__.lower() for s in RECURRENT)})
 
 
-def _varlen(arch, model, config, batch, ref):
+def _inputs(batch, **kw) -> dict:
     from .torch import model_inputs
 
+    inputs = model_inputs(batch, **kw)
+    inputs.pop("labels")
+    return inputs
+
+
+def _diff(arch, path, model, ref, impl, inputs, tol, note=None):
+    model.set_attn_implementation(impl)
+    return path_row(arch, path, logit_diff(model, ref, **inputs), note=note, tol=tol)
+
+
+def _position_ids(arch, model, batch, ref, tol):
+    return _diff(arch, "position_ids", model, ref, "sdpa", _inputs(batch, varlen=False), tol)
+
+
+def _varlen(arch, model, batch, ref, tol):
     register()
+    inputs = _inputs(batch)
+    if "position_ids_3d" in batch:  # the mRoPE rows: the kwargs alone keep docs apart
+        inputs["position_ids"] = inputs["position_ids"][1:]
     model.set_attn_implementation(VARLEN)
     CALLS.clear()
-    inputs = model_inputs(batch)
-    inputs.pop("labels")
     diff = logit_diff(model, ref, **inputs)
     got, n = sum(CALLS), len(CALLS)
-    if n == 0:
-        return path_row(arch, "varlen", diff, note="no layer called the attention interface")
-    note = None if got == n else f"{n - got} of {n} attention calls got no cu_seq_lens_q"
-    if got == n and diff > TOL:
-        note = "every attention call got cu_seq_lens: the leak is outside attention"
-    return path_row(arch, "varlen", diff, note=note)
+    note = ("no layer called the attention interface" if n == 0 else
+            f"{n - got} of {n} attention calls got no cu_seq_lens_q" if got < n else
+            "every attention call got cu_seq_lens: the leak is outside attention" if diff > tol
+            else None)
+    return path_row(arch, "varlen", diff, note=note, tol=tol)
 
 
-def _flex(arch, model, config, batch, ref):
-    model.set_attn_implementation("flex_attention")
+def _flex(arch, model, batch, ref, tol):
     cu, n = batch["cu_seq_lens_q"], batch["input_ids"].shape[1]
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
+    window = getattr(model.config, "sliding_window", None)
+    types = getattr(model.config, "layer_types", None)
     if isinstance(types, list):  # a mask per layer kind, as the model's own mapping holds
         mask = {t: (document_block_mask(cu, n, window if "sliding" in t else None)
                     if "attention" in t and "linear" not in t else None) for t in set(types)}
     else:
         mask = document_block_mask(cu, n, window)
-    return path_row(arch, "flex_attention", logit_diff(
-        model, ref, input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-        attention_mask=mask))
+    return _diff(arch, "flex_attention", model, ref, "flex_attention",
+                 {**_inputs(batch, varlen=False), "attention_mask": mask}, tol)
 
 
-def _seq_idx(arch, model, config, batch, ref):
-    from .torch import model_inputs
-
-    layers = sorted({type(m).__name__ for m in model.modules()
-                     if any(s in type(m).__name__.lower() for s in RECURRENT)})
+def _seq_idx(arch, model, batch, ref, tol):
+    layers = recurrent_layers(model)
     if not layers:
         return path_row(arch, "seq_idx", verdict="unsupported",
-                    note="attention only: no layer reads seq_idx")
-    model.set_attn_implementation("eager")
-    inputs = model_inputs(batch)
-    inputs.pop("labels")
-    return path_row(arch, "seq_idx", logit_diff(model, ref, **inputs, seq_idx=batch["seq_idx"]),
-                note=f"recurrent layers: {', '.join(layers)}")
+                        note="attention only: no layer reads seq_idx")
+    return _diff(arch, "seq_idx", model, ref, "eager",
+                 {**_inputs(batch), "seq_idx": batch["seq_idx"]}, tol,
+                 note=f"recurrent layers: {', '.join(layers)}")
 
 
-def _control(arch, model, config, batch, ref):
-    model.set_attn_implementation("eager")
-    return path_row(arch, CONTROL, logit_diff(model, ref, input_ids=batch["input_ids"]),
-                note="control: no boundaries given, must leak")
+def _mask_4d(arch, model, batch, ref, tol):
+    import torch
+
+    return _diff(arch, "mask_4d", model, ref, "eager",
+                 _inputs(batch, mask="4d", dtype=torch.float32), tol)
 
 
+def _position_ids_3d(arch, model, batch, ref, tol):
+    inputs = _inputs(batch, varlen=False)
+    inputs["position_ids"] = inputs["position_ids"][1:]
+    return _diff(arch, "position_ids_3d", model, ref, "sdpa", inputs, tol,
+                 note="the mRoPE rows alone: no text row to split the row on")
+
+
+def _control(arch, model, batch, ref, tol):
+    import torch
+
+    ids = batch["input_ids"]
+    if "pixel_values" not in batch:
+        return _diff(arch, CONTROL, model, ref, "eager", {"input_ids": ids}, tol,
+                     note="control: no boundaries given, must leak")
+    inputs = {"input_ids": ids, "pixel_values": batch["pixel_values"],
+              "image_grid_thw": batch["image_grid_thw"],
+              "mm_token_type_ids": (ids == VISION_IDS["image_token_id"]).to(torch.int32)}
+    return _diff(arch, CONTROL, model, ref, "eager", inputs, tol,
+                 note="control: the model's positions over the whole row, must leak")
+
+
+# every path of PATHS and VISION_PATHS: (arch, model, batch, ref, tol) -> its row
 RUNNERS = {"position_ids": _position_ids, "varlen": _varlen, "flex_attention": _flex,
-           "seq_idx": _seq_idx, "none": _control}
+           "seq_idx": _seq_idx, "mask_4d": _mask_4d, "position_ids_3d": _position_ids_3d,
+           "none": _control}
 
 
 # -- vision-language models -----------------------------------------------------------------------
@@ -534,8 +569,7 @@ def check_vision_arch(arch: str) -> list[dict]:
 
     try:
         config = tiny_vision_config(arch)
-        torch.manual_seed(0)
-        model = _vision_model(config)
+        model = build_model(config, "AutoModelForImageTextToText")
         processor = image_processor(config)
         docs, blobs = vision_documents(config, processor)
         with torch.no_grad():
@@ -545,13 +579,7 @@ def check_vision_arch(arch: str) -> list[dict]:
             [row for row, _ in docs])
     except Exception as e:  # a config or model this transformers cannot build
         return [path_row(arch, "-", verdict="unsupported", note=f"model: {_reason(e)}")]
-    rows = [ids_row]
-    for path in VISION_PATHS:
-        try:
-            rows.append(VISION_RUNNERS[path](arch, model, batch, ref))
-        except Exception as e:
-            rows.append(path_row(arch, path, verdict="unsupported", note=_reason(e)))
-    return rows
+    return [ids_row, *_run_paths(arch, VISION_PATHS, model, batch, ref, VISION_TOL)]
 
 
 def _stored_ids(arch: str, model, docs) -> dict:
@@ -575,77 +603,3 @@ def _stored_ids(arch: str, model, docs) -> dict:
         diff = max(diff, int(np.abs(row["position_ids_3d"] - want).max()))
     return path_row(arch, IDS, diff, tol=0, note="packtool's stored ids against the model's "
                     "get_rope_index, each document alone")
-
-
-def _vision_model(config):
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForImageTextToText.from_config(
-        config, dtype=torch.float32, attn_implementation="eager")
-    return model.eval()
-
-
-def _inputs(batch, **kw) -> dict:
-    from .torch import model_inputs
-
-    inputs = model_inputs(batch, **kw)
-    inputs.pop("labels")
-    return inputs
-
-
-def _vl_diff(arch, path, model, ref, impl, inputs, note=None):
-    model.set_attn_implementation(impl)
-    return path_row(arch, path, logit_diff(model, ref, **inputs), note=note, tol=VISION_TOL)
-
-
-def _vl_position_ids(arch, model, batch, ref):
-    return _vl_diff(arch, "position_ids", model, ref, "sdpa", _inputs(batch, varlen=False))
-
-
-def _vl_varlen(arch, model, batch, ref):
-    register()
-    inputs = _inputs(batch)
-    inputs["position_ids"] = inputs["position_ids"][1:]  # the kwargs alone keep docs apart
-    CALLS.clear()
-    row = _vl_diff(arch, "varlen", model, ref, VARLEN, inputs)
-    if not all(CALLS):
-        row["note"] = f"{CALLS.count(False)} of {len(CALLS)} attention calls got no cu_seq_lens_q"
-    return row
-
-
-def _vl_mask_4d(arch, model, batch, ref):
-    import torch
-
-    return _vl_diff(arch, "mask_4d", model, ref, "eager",
-                    _inputs(batch, mask="4d", dtype=torch.float32))
-
-
-def _vl_position_ids_3d(arch, model, batch, ref):
-    inputs = _inputs(batch, varlen=False)
-    inputs["position_ids"] = inputs["position_ids"][1:]
-    return _vl_diff(arch, "position_ids_3d", model, ref, "sdpa", inputs,
-                    note="the mRoPE rows alone: no text row to split the row on")
-
-
-def _vl_flex(arch, model, batch, ref):
-    inputs = _inputs(batch, varlen=False)
-    inputs["attention_mask"] = document_block_mask(batch["cu_seq_lens_q"],
-                                                   batch["input_ids"].shape[1])
-    return _vl_diff(arch, "flex_attention", model, ref, "flex_attention", inputs)
-
-
-def _vl_control(arch, model, batch, ref):
-    import torch
-
-    ids = batch["input_ids"]
-    inputs = {"input_ids": ids, "pixel_values": batch["pixel_values"],
-              "image_grid_thw": batch["image_grid_thw"],
-              "mm_token_type_ids": (ids == VISION_IDS["image_token_id"]).to(torch.int32)}
-    return _vl_diff(arch, CONTROL, model, ref, "eager", inputs,
-                    note="control: the model's positions over the whole row, must leak")
-
-
-VISION_RUNNERS = {"position_ids": _vl_position_ids, "varlen": _vl_varlen,
-                  "mask_4d": _vl_mask_4d, "position_ids_3d": _vl_position_ids_3d,
-                  "flex_attention": _vl_flex, "none": _vl_control}

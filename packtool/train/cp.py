@@ -105,10 +105,7 @@ def cp_shard(example: dict, cp_size: int, cp_rank: int, mode: str = "zigzag") ->
     if "image_grid_thw" in example or "position_ids_3d" in example:
         conflicts.check({"images", "cp_shard"}, "this row holds images")
     tokens, real, padded = _row(example)
-    if mode == "zigzag":
-        starts, ends = _zigzag(padded, cp_size, cp_rank)
-    else:
-        starts, ends = _balanced(padded, cp_size, cp_rank)
+    starts, ends = (_zigzag if mode == "zigzag" else _balanced)(padded, cp_size, cp_rank)
     out = _gather(tokens, padded, starts, ends, tree)
     if mode == "zigzag":
         out.update(cu_seqlens=real.astype(np.int32), cu_seqlens_padded=padded.astype(np.int32),

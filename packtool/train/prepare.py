@@ -14,13 +14,13 @@ from __future__ import annotations
 from ..errors import PacktoolError
 from .conformance import (
     CONTROL,
-    RECURRENT,
     TOL,
     ConformanceResult,
     alone,
     documents,
     logit_diff,
     path_row,
+    recurrent_layers,
 )
 
 PROBE_LENGTHS = (23, 9, 31, 5)  # a few dozen tokens: four documents, one row
@@ -53,8 +53,7 @@ def prepare_model(model, tol: float | None = None):
     register()
     param = next(model.parameters())
     arch = type(model).__name__
-    recurrent = sorted({type(m).__name__ for m in model.modules()
-                        if any(s in type(m).__name__.lower() for s in RECURRENT)})
+    recurrent = recurrent_layers(model)
     docs, batch = documents(model.get_input_embeddings().num_embeddings, PROBE_LENGTHS)
     inputs = {k: (v.to(param.device) if isinstance(v, torch.Tensor) else v)
               for k, v in model_inputs(batch).items() if k != "labels"}

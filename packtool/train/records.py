@@ -47,9 +47,6 @@ class Sources:
             base += int(src["n_docs"])
         self.bases = np.array([e[1] for e in self.entries] + [base], np.int64)
 
-    def document(self, doc: int) -> Document:
-        return self.documents(np.array([doc], np.int64))[0]
-
     def documents(self, docs: np.ndarray) -> list[Document]:
         """Where each of the global documents ``docs`` came from (vectorised: a step of 8 x 4
         packs holds thousands of segments)."""

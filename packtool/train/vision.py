@@ -98,11 +98,8 @@ def _inline(ref: dict, storage_options) -> bytes:
     def walk(v):
         if isinstance(v, str) and v.startswith("data:") and ";base64," in v[:64]:
             found.append(base64.b64decode(v.split(",", 1)[1]))
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, list):
-            for x in v:
+        elif isinstance(v, (dict, list)):
+            for x in v.values() if isinstance(v, dict) else v:
                 walk(x)
 
     walk(json.loads(text[line - 1]))

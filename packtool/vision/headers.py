@@ -63,14 +63,15 @@ class _Reader:
     def __init__(self, src):
         self.src, self.read = src, 0
 
-    def at(self, offset: int, n: int) -> bytes:
+    def at(self, offset: int, n: int, short: bool = False) -> bytes:
+        """``n`` bytes at ``offset``; fewer only where ``short`` allows (else BadImage)."""
         if isinstance(self.src, (bytes, bytearray, memoryview)):
             got = bytes(self.src[offset:offset + n])
         else:
             self.src.seek(offset)
             got = self.src.read(n)
         self.read += len(got)
-        if len(got) < n:
+        if len(got) < n and not short:
             raise BadImage(f"the header ends at byte {offset + len(got):,} (truncated file)")
         return got
 
@@ -155,12 +156,7 @@ def _detect(head: bytes):
 
 
 def _parse(r: _Reader) -> tuple[int, int, str] | None:
-    head = r.src[:32] if isinstance(r.src, (bytes, bytearray, memoryview)) else None
-    if head is None:
-        r.src.seek(0)
-        head = r.src.read(32)
-    head = bytes(head)
-    r.read += len(head)
+    head = r.at(0, 32, short=True)
     found = _detect(head)
     if found is None:
         return None
@@ -180,6 +176,7 @@ def _pillow(src) -> tuple[int, int, str]:
         raise BadImage("not a PNG, JPEG, GIF, WebP or BMP file (other formats are sized "
                        "by Pillow: pip install pillow)") from None
     f = io.BytesIO(bytes(src)) if isinstance(src, (bytes, bytearray, memoryview)) else src
+    f.seek(0)
     try:
         with Image.open(f) as im:
             return int(im.size[0]), int(im.size[1]), str(im.format)
@@ -199,11 +196,8 @@ def image_size(src) -> tuple[int, int, str]:
         got = _parse(r)
     except struct.error:
         raise BadImage("a header cut short") from None
-    if got is None:
-        if not isinstance(src, (bytes, bytearray, memoryview)):
-            src.seek(0)
+    decoded = got is None
+    if decoded:
         got = _pillow(src)
-        COUNTER.add(r.read, decoded=True)
-        return got
-    COUNTER.add(r.read)
+    COUNTER.add(r.read, decoded=decoded)
     return got
