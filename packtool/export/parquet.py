@@ -148,25 +148,19 @@ def _export(ds, out: Path, tick, make_table, fmt: str, suffix: str, compression:
             tick(int(po[hi]) - int(po[lo]))
 
     out = Path(out)
-    if out.suffix == ".parquet":
-        with pq.ParquetWriter(out, schema, compression=compression,
-                              use_dictionary=use_dictionary) as w:
-            for k in range(len(shards)):
-                write_shard(k, w)
-        size = out.stat().st_size
-        files = [out]
-    else:
-        names = [f"{sh['name']}{suffix}" for sh in shards]
+    single = out.suffix == ".parquet"  # one file of every shard, else a folder of one a shard
+    files = [out] if single else [out / f"{sh['name']}{suffix}" for sh in shards]
+    if not single:
         out.mkdir()
-        size = 0
-        for k, name in enumerate(names):
-            with pq.ParquetWriter(out / name, schema, compression=compression,
-                                  use_dictionary=use_dictionary) as w:
+    for i, path in enumerate(files):
+        with pq.ParquetWriter(path, schema, compression=compression,
+                              use_dictionary=use_dictionary) as w:
+            for k in range(len(shards)) if single else [i]:
                 write_shard(k, w)
-            size += (out / name).stat().st_size
-        size += write_marker(out, fmt, ds, names, n_packs=len(ds), columns=schema.names,
-                             compression=compression)
-        files = [out / n for n in names]
+    size = sum(p.stat().st_size for p in files)
+    if not single:
+        size += write_marker(out, fmt, ds, [p.name for p in files], n_packs=len(ds),
+                             columns=schema.names, compression=compression)
     return {"files": files, "bytes_written": size, "notes": [],
             "details": {"columns": schema.names, "compression": compression}}
 
