@@ -289,28 +289,13 @@ def _index_sources(ds) -> None:
         c.verify_checksums()
     parts = [q for c in corpora for q in c.parts]
     for sh, s0, doc, off, length in sg.shard_chunks(ds):
-        start, end, _ = _doc_span(parts, doc)
+        start, end, _ = sg.doc_span(parts, doc)
         past = (off < 0) | (off + length > end - start)
         if past.any():
             i = int(np.flatnonzero(past)[0])
             raise VerifyError(f"{sh.name} segment {s0 + i:,}: reaches past the end of its "
                               f"source document {int(doc[i]):,} ({int(end[i] - start[i]):,} "
                               "tokens)")
-
-
-def _doc_span(parts: list, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(start, end) in its part's .bin of each document (global index), and its part, from
-    the parts' boundaries: two reads a document, nothing per document of the corpus held."""
-    base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
-    which = np.searchsorted(base, doc, side="right") - 1
-    start, end = np.zeros(doc.size, np.int64), np.zeros(doc.size, np.int64)
-    for p in np.unique(which).tolist():
-        m = which == p
-        local = doc[m] - base[p]
-        ends = parts[p].ends
-        end[m] = np.asarray(ends[local], np.int64)
-        start[m] = np.where(local > 0, np.asarray(ends[np.maximum(local - 1, 0)], np.int64), 0)
-    return start, end, which
 
 
 def _disjoint(train, valid) -> None:
@@ -381,7 +366,7 @@ def _source_tokens(corpora, doc, offset, length) -> tuple[np.ndarray, np.ndarray
     """The tokens (and loss mask, 1 without one) of segments, by plain numpy indexing into
     each part's memory map (the documents' starts read from its boundaries)."""
     parts = [q for c in corpora for q in c.parts]
-    start, _, which = _doc_span(parts, doc)
+    start, _, which = sg.doc_span(parts, doc)
     pos = np.concatenate([[0], np.cumsum(length)]).astype(np.int64)
     toks = np.empty(int(pos[-1]), np.int64)
     mask = np.ones(int(pos[-1]), np.uint8)

@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 
 from ..formats.packed import ValidationError as VerifyError
+from .segments import shard_chunks
 
 
 def check_rows(ds) -> dict:
@@ -95,10 +96,8 @@ def against_sources(ds, corpora: list) -> dict:
     want, dropped = expected_segments(corpora, idx["groups"]["share_prompt"], int(idx["seq_len"]),
                              idx["overflow"] == "drop")
     got: Counter = Counter()
-    for k in range(ds.n_shards):
-        sh = ds.shard(k)
-        got.update(zip(np.asarray(sh.seg_doc).tolist(), np.asarray(sh.seg_offset).tolist(),
-                       np.asarray(sh.seg_length).tolist(), strict=True))
+    for _, _, doc, off, length in shard_chunks(ds):
+        got.update(zip(doc.tolist(), off.tolist(), length.tolist(), strict=True))
     if got != want:
         extra, missing = got - want, want - got
         what = (f"segment {next(iter(extra))} is not one the sources make (or is there twice)"

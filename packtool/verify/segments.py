@@ -254,3 +254,17 @@ def lengths_of(corpus, a: int, b: int) -> np.ndarray:
         base += len(q)
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
+
+def doc_span(parts: list, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end) in its part's .bin of each document (global index), and its part, from
+    the parts' boundaries: two reads a document, nothing per document of the corpus held."""
+    base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
+    which = np.searchsorted(base, doc, side="right") - 1
+    start, end = np.zeros(doc.size, np.int64), np.zeros(doc.size, np.int64)
+    for p in np.unique(which).tolist():
+        m = which == p
+        local = doc[m] - base[p]
+        ends = parts[p].ends
+        end[m] = np.asarray(ends[local], np.int64)
+        start[m] = np.where(local > 0, np.asarray(ends[np.maximum(local - 1, 0)], np.int64), 0)
+    return start, end, which
