@@ -58,10 +58,7 @@ class StatsResult:
     lengths: np.ndarray | None   # for --plot (corpus reports only)
 
     def summary(self) -> str:
-        if self.report["kind"] == "packed":
-            text = render_packed(self.report)
-        else:
-            text = render_corpus(self.report)
+        text = (render_packed if self.report["kind"] == "packed" else render_corpus)(self.report)
         v = self.report.get("vsl")
         if v:
             from ..pack.result import vsl_lines

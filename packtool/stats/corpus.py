@@ -40,10 +40,8 @@ def log_histogram(lengths: np.ndarray, n_bins: int = 16) -> list[dict]:
     if lengths.size == 0:
         return []
     top = int(lengths.max()) + 1
-    edges = np.logspace(0, math.log10(max(top, 2)), n_bins + 1)
-    edges = np.unique(np.round(edges).astype(np.int64))
-    edges = np.concatenate([[0], edges[edges < top], [top]])
-    edges = np.unique(edges)
+    edges = np.round(np.logspace(0, math.log10(max(top, 2)), n_bins + 1)).astype(np.int64)
+    edges = np.unique(np.concatenate([[0], edges[edges < top], [top]]))
     counts = np.histogram(lengths, bins=edges)[0]
     nz = np.flatnonzero(counts)
     keep = slice(nz[0], nz[-1] + 1) if nz.size else slice(0, 0)  # trim empty ends
