@@ -82,10 +82,8 @@ def prefix_stats(result, paths, lengths_file, seq_lens, algos, options: dict,
     from ..pack import open_sources
 
     aligned = any(options.get(k) for k in ALIGN_OPTIONS)
-    conflicts.check({"share_prefix"} | ({"vsl"} if options.get("vsl") else set())
-                    | ({"max_docs"} if options.get("max_docs") else set())
-                    | ({"align"} if aligned else set())
-                    | ({"share_prompt"} if options.get("share_prompt") else set()))
+    conflicts.check({"share_prefix"} | {k for k in ("vsl", "max_docs", "share_prompt")
+                                        if options.get(k)} | ({"align"} if aligned else set()))
     if not share_prefix:
         raise PacktoolError(f"--min-shared {min_shared} sets what --share-prefix shares: add "
                             "--share-prefix, or drop --min-shared")
