@@ -86,16 +86,11 @@ class VerifyResult:
                        + (f"sequences of {p['n_dropped_groups']:,} groups dropped whole"
                           if "n_dropped_groups" in p else "documents dropped")
                        + " by --overflow drop" if p.get("n_dropped") else ""))
-        held = ""
-        if self.valid:
-            v = self.valid
-            held = (f"; held-out split {VALID}/ checked too: {v['n_packs']:,} packs, "
-                    f"{v['n_tokens']:,} tokens, no document in both splits")
-        aligned = ""
-        if self.align:
-            a = self.align
-            aligned = (f"; every row aligned to {a['align']} as TE's THD layout says "
-                       f"({a['n_align_tokens']:,} pads of id {a['pad_id']})")
+        v, a = self.valid, self.align
+        held = (f"; held-out split {VALID}/ checked too: {v['n_packs']:,} packs, "
+                f"{v['n_tokens']:,} tokens, no document in both splits" if v else "")
+        aligned = (f"; every row aligned to {a['align']} as TE's THD layout says "
+                   f"({a['n_align_tokens']:,} pads of id {a['pad_id']})" if a else "")
         return (f"OK {self.path}: {self.n_packs:,} packs, {self.n_tokens:,} tokens, "
                 f"{self.n_segments:,} segments in {self.n_shards} shard(s) ({self.layout} "
                 f"layout); checksums and invariants hold{aligned}{what}{held}")

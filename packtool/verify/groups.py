@@ -65,14 +65,8 @@ def expected_segments(corpora: list, share: bool, seq_len: int, drop: bool
         docs += [(base + i, int(roles[i]), int(prompt[i]), int(lengths[i]))
                  for i in range(len(c))]
         base += len(c)
-    groups, cur = [], []
-    for d in docs:
-        if d[1] in (1, 3) and cur:
-            groups.append(cur)
-            cur = []
-        cur.append(d)
-    if cur:
-        groups.append(cur)
+    starts = [i for i, d in enumerate(docs) if i == 0 or d[1] in (1, 3)]  # a group's first
+    groups = [docs[a:b] for a, b in zip(starts, starts[1:] + [len(docs)], strict=True)]
     for g in groups:
         p = g[0][2]
         segs = ([(g[0][0], 0, p)] if share else []) + [
