@@ -55,7 +55,7 @@ def _columns(ds, k: int, lo: int, hi: int) -> dict:
     if ds.index.get("trees") or (ds.index.get("groups") or {}).get("share_prompt"):
         tree = {"seq_up": r["seg_up"], "position_ids": tree_positions(r)}
     return {
-        "tokens": r["ids"].astype(np.int32), "labels": r["labels"].astype(np.int32),
+        "input_ids": r["ids"].astype(np.int32), "labels": r["labels"].astype(np.int32),
         "tok_off": r["pack_tok"].astype(np.int32), "seg_off": r["pack_seg"].astype(np.int32),
         "seg_starts": r["seg_start"].astype(np.int32),
         "seq_lengths": r["seg_length"].astype(np.int32),
@@ -81,15 +81,10 @@ def hf_table(ds, k: int, lo: int, hi: int):
 
     c = _columns(ds, k, lo, hi)
     tok_off, seg_off = pa.array(c["tok_off"]), pa.array(c["seg_off"])
-    cols = {
-        "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["tokens"])),
-        "labels": pa.ListArray.from_arrays(tok_off, pa.array(c["labels"])),
-        "position_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["position_ids"])),
-        "seq_lengths": pa.ListArray.from_arrays(seg_off, pa.array(c["seq_lengths"])),
-    }
-    for name in ("seq_group", "seq_role", "seq_up"):  # pairs and groups, trees
-        if name in c:
-            cols[name] = pa.ListArray.from_arrays(seg_off, pa.array(c[name]))
+    cols = {n: pa.ListArray.from_arrays(tok_off, pa.array(c[n]))
+            for n in ("input_ids", "labels", "position_ids")}
+    cols.update({n: pa.ListArray.from_arrays(seg_off, pa.array(c[n]))  # pairs, groups, trees
+                 for n in ("seq_lengths", "seq_group", "seq_role", "seq_up") if n in c})
     if ds.images[0]:
         cols.update(image_columns(ds, int(ds.pack_starts[k]) + lo, int(ds.pack_starts[k]) + hi))
     return pa.table(cols)
@@ -122,7 +117,7 @@ def bridge_table(ds, k: int, lo: int, hi: int):
     tok_off, seg_off = pa.array(c["tok_off"]), pa.array(c["seg_off"])
     loss_mask = (c["labels"] != IGNORE_INDEX).astype(np.uint8)
     return pa.table({
-        "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["tokens"])),
+        "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["input_ids"])),
         "loss_mask": pa.ListArray.from_arrays(tok_off, pa.array(loss_mask)),
         "seq_start_id": pa.ListArray.from_arrays(seg_off, pa.array(c["seg_starts"])),
     })
