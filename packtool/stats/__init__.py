@@ -134,8 +134,7 @@ def report(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch
         raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory "
                             "or --lengths FILE")
     seed, overflow = options.pop("seed", 0), options.pop("overflow", "split")
-    vsl = options.pop("vsl", None)
-    share = options.pop("share_prompt", False)
+    vsl, share = options.pop("vsl", None), options.pop("share_prompt", False)
     aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
     names = parse_algos(algos)
     grouped = bool(paths) and table is not None  # what pack would refuse, refused alike:

@@ -73,15 +73,13 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
     from ..formats.packed.layout import align_up
     from ..metrics import pack_metrics
     from ..pack.plan import make_segments
+    from ..seeds import rng
 
     k = alignment_at(seq_len, aligned)
     segs = make_segments(lengths, seq_len, overflow)
     seg = segs.length  # the non-empty segments; the packers get the planner's table
     n = seg.size
     kept = int(seg.sum())
-    from ..seeds import rng as seeded
-
-    rng = seeded(seed, "stats.batches")
     base = pack_metrics(seg, seq_len, 0)
     rep = {
         "seq_len": seq_len,
@@ -89,7 +87,8 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
         "n_overlong": segs.counts["n_overlong"],
         "n_segments": n,
         "padding_waste": 1.0 - kept / (n * seq_len) if n else 0.0,
-        "batch_padding_waste": batch_padding_waste(seg, seq_len, batch_size, rng.permutation(n)),
+        "batch_padding_waste": batch_padding_waste(
+            seg, seq_len, batch_size, rng(seed, "stats.batches").permutation(n)),
         "batch_padding_waste_grouped": batch_padding_waste(
             seg, seq_len, batch_size, np.argsort(seg, kind="stable")),
         "max_speedup": n * seq_len / kept if kept else 1.0,
