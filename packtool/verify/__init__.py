@@ -164,7 +164,8 @@ def _verify_packed(directory, sources) -> VerifyResult:
                             f"{up} --source ... checks both splits against the sources")
     result = VerifyResult(str(directory), "packed", index["n_tokens"], n_docs=index["n_docs"],
                           n_packs=index["n_packs"], n_segments=index["n_segments"],
-                          n_shards=len(index["shards"]), layout=ds.layout)
+                          n_shards=len(index["shards"]), layout=ds.layout,
+                          sources_checked=bool(sources))  # returned only once they are
     _unlisted(ds)
     valid = None
     if index.get("held_out"):
@@ -190,13 +191,11 @@ def _verify_packed(directory, sources) -> VerifyResult:
         check_rows(ds)
         if sources:
             result.policy = against_sources(ds, corpora)
-            result.sources_checked = True
             return result
     if ds.align > 1:
         result.align = _aligned(ds, splits, corpora)
     if sources:
         _against_sources(ds, valid, corpora)
-        result.sources_checked = True
         result.policy = {k: index[k] for k in ("n_truncated", "n_truncated_tokens",
                                                "n_dropped", "n_dropped_tokens")}
         if any(s.get("factor", 1.0) != 1.0 for s in index["sources"]):
@@ -219,7 +218,6 @@ def _trees(ds, corpora, result: VerifyResult) -> VerifyResult:
         result.policy = against_sources(ds, corpora)
         if ds.layout == "tokens":
             _compare_tokens(ds, corpora)
-        result.sources_checked = True
     check_stored_costs(ds)
     return result
 
