@@ -136,7 +136,6 @@ def against_sources(ds, corpora: list) -> dict:
             raise VerifyError(f"document {d:,}: its leaf says tree {tree:,} role {role}, the "
                               f"sources make it role {want_role}")
     missing = [d for d in range(lengths.size) if lengths[d] and d not in leaves]
-    units = set(missing) if table is None else {int(table.group[d]) for d in missing}
     if table is None and any(lengths[d] <= seq_len for d in missing):
         d = next(d for d in missing if lengths[d] <= seq_len)
         raise VerifyError(f"document {d:,} ({int(lengths[d]):,} tokens, within seq_len) is "
@@ -148,7 +147,7 @@ def against_sources(ds, corpora: list) -> dict:
                           f"tokens) were dropped, the packs miss {found[0]:,} ({found[1]:,})")
     out = {"n_dropped": found[0], "n_dropped_tokens": found[1]}
     if table is not None:
-        out["n_dropped_groups"] = len(units)
+        out["n_dropped_groups"] = len({int(table.group[d]) for d in missing})
     return out
 
 
