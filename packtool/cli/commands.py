@@ -32,8 +32,7 @@ PACK_FIELDS = ("seq_len", "algo", "layout", "source_check", "overflow", "seed", 
                "shard_size", "tokens", "valid_docs", "valid_fraction", "group_docs", "balance",
                "balance_ranks", "align", "cp", "tp", "sequence_parallel", "fp8", "pad_id",
                "max_docs", "max_images", "max_vision_tokens", "share_prompt", "share_prefix",
-               "min_shared", "max_depth",
-               "work_limit", "time_limit", "vsl")
+               "min_shared", "max_depth", "work_limit", "time_limit", "vsl")
 PACKER_FIELDS = ("max_depth", "work_limit", "time_limit")
 ALIGN_FIELDS = ("align", "cp", "tp", "sequence_parallel", "fp8", "max_docs")
 

@@ -33,9 +33,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import conflicts
 from .._progress import progress_bar
 from ..errors import PacktoolError
-from ..storage import default_options
+from ..storage import default_options, kind_of
 from ..storage.output import Output, open_output
 from .marker import MARKER, write_marker  # noqa: F401 - the marker's public names
 
@@ -125,13 +126,6 @@ class ExportResult:
         return d
 
 
-def source_kind(src: str | Path) -> str:
-    """'packed' for a directory holding index.json, else 'corpus' (a token-file prefix)."""
-    from ..storage import kind_of
-
-    return kind_of(src)
-
-
 def _open(src: str | Path, kind: str):
     if kind == "packed":
         from ..formats.packed import open_packed
@@ -182,7 +176,7 @@ def export(src: str | Path, fmt: str, out: str | Path, *, overwrite: bool = Fals
     """
     if fmt not in FORMATS:
         raise PacktoolError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    kind = source_kind(src)
+    kind = kind_of(src)  # "packed": a directory holding index.json; "corpus": a prefix
     writer = WRITERS.get((fmt, kind))
     if writer is None:
         takes = [k for f, k in WRITERS if f == fmt]
@@ -235,8 +229,6 @@ def refuse_groups(source, kind: str, fmt: str, src) -> None:
     groups = source.groups if kind == "corpus" else source.index.get("groups")
     trees = None if kind == "corpus" else source.index.get("trees")
     if trees and trees.get("min_shared") and fmt != "parquet":
-        from .. import conflicts
-
         conflicts.check({"share_prefix", "export_segments"},
                         f"{src} holds prefix trees; --format {fmt} cannot carry them")
     if not groups:
@@ -245,8 +237,6 @@ def refuse_groups(source, kind: str, fmt: str, src) -> None:
     what = "preference pairs" if groups["kind"] == "pairs" else "groups of completions"
     shared = " packed with --share-prompt" if groups.get("share_prompt") else ""
     if reason is None and shared and fmt != "parquet":
-        from .. import conflicts
-
         conflicts.check({"share_prompt", "export_segments"},
                         f"{src} holds {what}{shared}; --format {fmt} cannot carry them")
     if reason is not None:
@@ -294,7 +284,7 @@ def _owned_there(out: Output, old: set, overwrite: bool, side: str) -> None:
         raise PacktoolError(f"output already exists: {out.path}; pass --overwrite to "
                             "replace it")
     if old:
-        export_owned(out.path, out.as_folder().place)
+        export_owned(out.as_folder().place)
     single = [f"{out.name}.bin", f"{out.name}.idx", f"{out.name}.parquet"]
     found = [n for n in single if out.place.exists(n)]
     if out.place.is_file(out.name) or out.place.is_link(out.name):

@@ -172,7 +172,6 @@ def export_corpus(corpus, out: Path, *, tick, shard_tokens: int | None = None,
     if total == 0:
         raise PacktoolError(f"{corpus.prefix} holds no tokens; nothing to export")
     out = Path(out)
-    stream = None
     buf_in = np.empty(TOKEN_CHUNK, dtype=np.uint16)
     buf_out = np.empty(TOKEN_CHUNK + TOKEN_CHUNK // 8, dtype=np.uint16)
     out.mkdir()

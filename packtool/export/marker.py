@@ -45,36 +45,44 @@ _SPEC = obj({"export_format": string(True), "source": string(), "files": list_of
 
 def write_marker(directory: Path, fmt: str, source, files: list[str], **extra) -> int:
     """Write the marker into ``directory``; returns its size in bytes."""
+    return _write(directory / MARKER, MARKER_FORMAT, MARKER_VERSION, fmt, source, files, extra)
+
+
+def _write(path: Path, form: str, version: int, fmt: str, source, files: list, extra: dict
+           ) -> int:
+    """A marker or sidecar at ``path``, its digest over its content; returns its bytes."""
     from .._io import write_new
 
     src = getattr(source, "directory", None) or getattr(source, "prefix", None)
-    body = {"format": MARKER_FORMAT, "version": MARKER_VERSION, "export_format": fmt,
-            "source": str(src), "files": files, **extra}
+    body = {"format": form, "version": version, "export_format": fmt, "source": str(src),
+            "files": files, **extra}
     body[DIGEST_KEY] = digest(body, DIGEST_KEY)
     text = manifest_text(body)
-    write_new(directory / MARKER, text)
+    write_new(path, text)
     return len(text.encode())
 
 
-def export_owned(folder, place=None) -> None:
-    """Prove ``folder`` an export of ours, a local folder or a bucket alike (``place``: its
-    :class:`packtool.storage.place.Place`): a valid marker (format, schema, digest) and
+def _read(place, name: str, form: str, version: int, spec, fix: str) -> dict:
+    """A marker or sidecar read from ``place`` and proven: format, schema, digest."""
+    path = place.path(name)
+    body = read_manifest(path, form, version, place.reader)
+    check(body, spec, path, fix)
+    check_digest(body, DIGEST_KEY, path, fix)
+    return body
+
+
+def export_owned(place) -> None:
+    """Prove the folder of ``place`` (a :class:`packtool.storage.place.Place`: a local folder
+    or a bucket's) an export of ours: a valid marker (format, schema, digest) and
     nothing in the folder but the marker and the files it lists (and packtool's own hidden
     files); an export made before the marker was renamed is proven by its marker under the
     old name."""
-    from ..storage.place import Place
-
-    place = place if place is not None else Place(folder)
     there = place.names()
     marker = OLD_MARKER if MARKER not in there and OLD_MARKER in there else MARKER
-    path = place.path(marker)
-    fix = "choose another --out"
     try:
-        body = read_manifest(path, MARKER_FORMAT, MARKER_VERSION, place.reader)
-        check(body, _SPEC, path, fix)
-        check_digest(body, DIGEST_KEY, path, fix)
+        body = _read(place, marker, MARKER_FORMAT, MARKER_VERSION, _SPEC, "choose another --out")
         for name in body["files"]:
-            confined_name(name, path)
+            confined_name(name, place.path(marker))
     except PacktoolError as e:
         raise PacktoolError(f"--overwrite refused: {place.folder} holds other files "
                             f"({listing(there)}), not a packtool export ({e}); choose another "
@@ -107,36 +115,23 @@ def sidecar_path(key: Path) -> Path:
 def write_sidecar(folder: Path, side: str, fmt: str, source) -> None:
     """The sidecar ``side`` of a single-file export written into ``folder``, listing every
     file there with its size and modification time (which the rename into place keeps)."""
-    from .._io import write_new
-
     files = [{"name": p.name, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
              for p in sorted(folder.iterdir()) if p.name != side
              and stat.S_ISREG((st := os.lstat(p)).st_mode)]
-    src = getattr(source, "directory", None) or getattr(source, "prefix", None)
-    body = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "export_format": fmt,
-            "source": str(src), "files": files}
-    body[DIGEST_KEY] = digest(body, DIGEST_KEY)
-    write_new(folder / side, manifest_text(body))
+    _write(folder / side, SIDECAR_FORMAT, SIDECAR_VERSION, fmt, source, files, {})
 
 
-def files_owned(side, found: list, place=None) -> None:
+def files_owned(side: str, found: list, place) -> None:
     """Prove the files ``found`` at an export's names our previous export: its sidecar
     ``side`` is valid (format, schema, digest) and lists each, a regular file of the size
-    (and, where the folder keeps one, the modification time) it was committed with. Local
-    paths, or (``place``: a bucket's folder) names in it. Else a refusal naming them."""
-    from ..storage.place import Place
-
-    if place is None:
-        place, side, found = Place(Path(side).parent), Path(side).name, [
-            Path(p).name for p in found]
+    (and, where the folder keeps one, the modification time) it was committed with; names in
+    ``place`` (a local folder or a bucket's). Else a refusal naming them."""
     names = ", ".join(str(place.path(p)) for p in found if p != side) or str(side)
     fix = "move them away if they are yours, remove them if not, or choose another --out"
     try:
         if place.is_link(side) or not place.is_file(side):
             raise PacktoolError(f"no {side} beside them says packtool wrote them")
-        body = read_manifest(place.path(side), SIDECAR_FORMAT, SIDECAR_VERSION, place.reader)
-        check(body, _SIDECAR, place.path(side), fix)
-        check_digest(body, DIGEST_KEY, place.path(side), fix)
+        body = _read(place, side, SIDECAR_FORMAT, SIDECAR_VERSION, _SIDECAR, fix)
         listed = {f["name"]: f for f in body["files"]}
         states = place.file_states([n for n in found if n != side])
         for name in found:

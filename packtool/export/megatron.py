@@ -57,14 +57,6 @@ def bin_dtype(token_dtype: np.dtype) -> str:
     return "uint16" if np.dtype(token_dtype).itemsize == 2 else "int32"
 
 
-def _pointers(lengths: np.ndarray, start: int, itemsize: int) -> np.ndarray:
-    ptr = np.empty(len(lengths), np.int64)
-    if len(lengths):
-        ptr[0] = 0
-        np.cumsum(lengths[:-1], out=ptr[1:])
-    return (ptr * itemsize) + start
-
-
 def write_index(path: Path, code: int, itemsize: int, n_seqs: int, lengths, doc_indices) -> int:
     """Write an .idx; ``lengths()`` yields int64 chunks (called twice), ``doc_indices`` yields
     int64 chunks once. Returns the bytes written."""
@@ -85,7 +77,8 @@ def write_index(path: Path, code: int, itemsize: int, n_seqs: int, lengths, doc_
             raise FormatError(f"expected {n_seqs:,} sequence lengths, found {seen:,}")
         offset = 0
         for chunk in lengths():
-            f.write(_pointers(chunk, offset, itemsize).astype("<i8").tobytes())
+            ptr = (np.cumsum(chunk) - chunk) * itemsize + offset  # each sequence's byte offset
+            f.write(ptr.astype("<i8").tobytes())
             offset += int(chunk.sum()) * itemsize
         for chunk in doc_indices:
             f.write(np.asarray(chunk, dtype="<i8").tobytes())
@@ -227,7 +220,6 @@ def export_packed(ds, out: Path, *, tick, **_) -> dict:
             yield (ps[:-1] if k < len(shards) - 1 else ps) + base
             base += int(s["n_segments"])
 
-    written = 0
     with create(bin_path) as f:
         for k, s in enumerate(shards):
             stored = ds.shard(k).arrays.get("tokens")
@@ -242,7 +234,7 @@ def export_packed(ds, out: Path, *, tick, **_) -> dict:
                     raise PacktoolError(f"{ds.directory}: token id {int(toks.max()):,} "
                                         "does not fit Megatron's int32 tokens")
                 _append_bytes(f, toks.astype(ds.token_dtype), tick)
-        written += f.tell()
+        written = f.tell()
     written += write_index(idx_path, DTYPE_CODES[dt], itemsize, n_seqs, lengths,
                            doc_indices())
     notes = []

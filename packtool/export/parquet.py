@@ -55,7 +55,7 @@ def _columns(ds, k: int, lo: int, hi: int) -> dict:
     if ds.index.get("trees") or (ds.index.get("groups") or {}).get("share_prompt"):
         tree = {"seq_up": r["seg_up"], "position_ids": tree_positions(r)}
     return {
-        "tokens": r["ids"].astype(np.int32), "labels": r["labels"].astype(np.int32),
+        "input_ids": r["ids"].astype(np.int32), "labels": r["labels"].astype(np.int32),
         "tok_off": r["pack_tok"].astype(np.int32), "seg_off": r["pack_seg"].astype(np.int32),
         "seg_starts": r["seg_start"].astype(np.int32),
         "seq_lengths": r["seg_length"].astype(np.int32),
@@ -81,15 +81,10 @@ def hf_table(ds, k: int, lo: int, hi: int):
 
     c = _columns(ds, k, lo, hi)
     tok_off, seg_off = pa.array(c["tok_off"]), pa.array(c["seg_off"])
-    cols = {
-        "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["tokens"])),
-        "labels": pa.ListArray.from_arrays(tok_off, pa.array(c["labels"])),
-        "position_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["position_ids"])),
-        "seq_lengths": pa.ListArray.from_arrays(seg_off, pa.array(c["seq_lengths"])),
-    }
-    for name in ("seq_group", "seq_role", "seq_up"):  # pairs and groups, trees
-        if name in c:
-            cols[name] = pa.ListArray.from_arrays(seg_off, pa.array(c[name]))
+    cols = {n: pa.ListArray.from_arrays(tok_off, pa.array(c[n]))
+            for n in ("input_ids", "labels", "position_ids")}
+    cols.update({n: pa.ListArray.from_arrays(seg_off, pa.array(c[n]))  # pairs, groups, trees
+                 for n in ("seq_lengths", "seq_group", "seq_role", "seq_up") if n in c})
     if ds.images[0]:
         cols.update(image_columns(ds, int(ds.pack_starts[k]) + lo, int(ds.pack_starts[k]) + hi))
     return pa.table(cols)
@@ -122,7 +117,7 @@ def bridge_table(ds, k: int, lo: int, hi: int):
     tok_off, seg_off = pa.array(c["tok_off"]), pa.array(c["seg_off"])
     loss_mask = (c["labels"] != IGNORE_INDEX).astype(np.uint8)
     return pa.table({
-        "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["tokens"])),
+        "input_ids": pa.ListArray.from_arrays(tok_off, pa.array(c["input_ids"])),
         "loss_mask": pa.ListArray.from_arrays(tok_off, pa.array(loss_mask)),
         "seq_start_id": pa.ListArray.from_arrays(seg_off, pa.array(c["seg_starts"])),
     })
@@ -148,25 +143,19 @@ def _export(ds, out: Path, tick, make_table, fmt: str, suffix: str, compression:
             tick(int(po[hi]) - int(po[lo]))
 
     out = Path(out)
-    if out.suffix == ".parquet":
-        with pq.ParquetWriter(out, schema, compression=compression,
-                              use_dictionary=use_dictionary) as w:
-            for k in range(len(shards)):
-                write_shard(k, w)
-        size = out.stat().st_size
-        files = [out]
-    else:
-        names = [f"{sh['name']}{suffix}" for sh in shards]
+    single = out.suffix == ".parquet"  # one file of every shard, else a folder of one a shard
+    files = [out] if single else [out / f"{sh['name']}{suffix}" for sh in shards]
+    if not single:
         out.mkdir()
-        size = 0
-        for k, name in enumerate(names):
-            with pq.ParquetWriter(out / name, schema, compression=compression,
-                                  use_dictionary=use_dictionary) as w:
+    for i, path in enumerate(files):
+        with pq.ParquetWriter(path, schema, compression=compression,
+                              use_dictionary=use_dictionary) as w:
+            for k in range(len(shards)) if single else [i]:
                 write_shard(k, w)
-            size += (out / name).stat().st_size
-        size += write_marker(out, fmt, ds, names, n_packs=len(ds), columns=schema.names,
-                             compression=compression)
-        files = [out / n for n in names]
+    size = sum(p.stat().st_size for p in files)
+    if not single:
+        size += write_marker(out, fmt, ds, [p.name for p in files], n_packs=len(ds),
+                             columns=schema.names, compression=compression)
     return {"files": files, "bytes_written": size, "notes": [],
             "details": {"columns": schema.names, "compression": compression}}
 

@@ -58,10 +58,7 @@ class StatsResult:
     lengths: np.ndarray | None   # for --plot (corpus reports only)
 
     def summary(self) -> str:
-        if self.report["kind"] == "packed":
-            text = render_packed(self.report)
-        else:
-            text = render_corpus(self.report)
+        text = (render_packed if self.report["kind"] == "packed" else render_corpus)(self.report)
         v = self.report.get("vsl")
         if v:
             from ..pack.result import vsl_lines
@@ -137,8 +134,7 @@ def report(paths: list[str], lengths_file: str | None = None, seq_lens=(), batch
         raise PacktoolError("nothing to report on: pass token-file prefixes, a packed directory "
                             "or --lengths FILE")
     seed, overflow = options.pop("seed", 0), options.pop("overflow", "split")
-    vsl = options.pop("vsl", None)
-    share = options.pop("share_prompt", False)
+    vsl, share = options.pop("vsl", None), options.pop("share_prompt", False)
     aligned = {k: options.pop(k) for k in ALIGN_OPTIONS if k in options}
     names = parse_algos(algos)
     grouped = bool(paths) and table is not None  # what pack would refuse, refused alike:

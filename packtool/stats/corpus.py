@@ -40,10 +40,8 @@ def log_histogram(lengths: np.ndarray, n_bins: int = 16) -> list[dict]:
     if lengths.size == 0:
         return []
     top = int(lengths.max()) + 1
-    edges = np.logspace(0, math.log10(max(top, 2)), n_bins + 1)
-    edges = np.unique(np.round(edges).astype(np.int64))
-    edges = np.concatenate([[0], edges[edges < top], [top]])
-    edges = np.unique(edges)
+    edges = np.round(np.logspace(0, math.log10(max(top, 2)), n_bins + 1)).astype(np.int64)
+    edges = np.unique(np.concatenate([[0], edges[edges < top], [top]]))
     counts = np.histogram(lengths, bins=edges)[0]
     nz = np.flatnonzero(counts)
     keep = slice(nz[0], nz[-1] + 1) if nz.size else slice(0, 0)  # trim empty ends
@@ -75,15 +73,13 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
     from ..formats.packed.layout import align_up
     from ..metrics import pack_metrics
     from ..pack.plan import make_segments
+    from ..seeds import rng
 
     k = alignment_at(seq_len, aligned)
     segs = make_segments(lengths, seq_len, overflow)
     seg = segs.length  # the non-empty segments; the packers get the planner's table
     n = seg.size
     kept = int(seg.sum())
-    from ..seeds import rng as seeded
-
-    rng = seeded(seed, "stats.batches")
     base = pack_metrics(seg, seq_len, 0)
     rep = {
         "seq_len": seq_len,
@@ -91,7 +87,8 @@ def seq_len_report(lengths: np.ndarray, seq_len: int, batch_size: int = 8, seed:
         "n_overlong": segs.counts["n_overlong"],
         "n_segments": n,
         "padding_waste": 1.0 - kept / (n * seq_len) if n else 0.0,
-        "batch_padding_waste": batch_padding_waste(seg, seq_len, batch_size, rng.permutation(n)),
+        "batch_padding_waste": batch_padding_waste(
+            seg, seq_len, batch_size, rng(seed, "stats.batches").permutation(n)),
         "batch_padding_waste_grouped": batch_padding_waste(
             seg, seq_len, batch_size, np.argsort(seg, kind="stable")),
         "max_speedup": n * seq_len / kept if kept else 1.0,

@@ -11,9 +11,7 @@ import numpy as np
 
 from .. import conflicts
 from ..metrics import packing_factor
-from .corpus import corpus_report
-
-ALIGNING = ("align", "cp", "tp", "sequence_parallel", "fp8")
+from .corpus import ALIGN_OPTIONS, corpus_report
 
 
 def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size: int,
@@ -24,7 +22,7 @@ def grouped_report(lengths: np.ndarray, table, share: bool, seq_lens, batch_size
     from ..pack.pairs import group_lengths, group_overflow
 
     conflicts.check({"groups"} | ({"max_docs"} if options.get("max_docs") else set())
-                    | ({"align"} if any(aligned.get(k) for k in ALIGNING) else set()))
+                    | ({"align"} if any(aligned.get(k) for k in ALIGN_OPTIONS) else set()))
     overflow = group_overflow(overflow)  # what pack does: "drop" or "refuse"
     items = group_lengths(lengths, table, share)
     rep = corpus_report(items, seq_lens, batch_size, algos, seed, options, source, "drop")
@@ -83,11 +81,9 @@ def prefix_stats(result, paths, lengths_file, seq_lens, algos, options: dict,
     from ..formats.tokens.groups import group_table
     from ..pack import open_sources
 
-    aligned = any(options.get(k) for k in ALIGNING)
-    conflicts.check({"share_prefix"} | ({"vsl"} if options.get("vsl") else set())
-                    | ({"max_docs"} if options.get("max_docs") else set())
-                    | ({"align"} if aligned else set())
-                    | ({"share_prompt"} if options.get("share_prompt") else set()))
+    aligned = any(options.get(k) for k in ALIGN_OPTIONS)
+    conflicts.check({"share_prefix"} | {k for k in ("vsl", "max_docs", "share_prompt")
+                                        if options.get(k)} | ({"align"} if aligned else set()))
     if not share_prefix:
         raise PacktoolError(f"--min-shared {min_shared} sets what --share-prefix shares: add "
                             "--share-prefix, or drop --min-shared")

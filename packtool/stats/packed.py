@@ -33,11 +33,10 @@ def packed_report(directory: str | Path) -> dict:
     fill = np.concatenate(fill) / idx["seq_len"] if fill else np.empty(0)
     keys = ("n_packs", "n_tokens", "n_segments", "efficiency", "lower_bound_packs", "gap_percent",
             "l2_bound_packs", "lp_bound_packs", "lp_converged", "best_bound_packs",
-            "gap_to_best_bound_percent",
-            "packing_factor", "seq_len", "algo", "overflow", "layout", "n_docs", "n_empty",
-            "n_overlong",
-            "n_split", "n_split_pieces", "n_truncated", "n_truncated_tokens", "n_dropped",
-            "n_dropped_tokens") + (("align", "pad_id", "n_align_tokens") if ds.align > 1 else ())
+            "gap_to_best_bound_percent", "packing_factor", "seq_len", "algo", "overflow",
+            "layout", "n_docs", "n_empty", "n_overlong", "n_split", "n_split_pieces",
+            "n_truncated", "n_truncated_tokens", "n_dropped", "n_dropped_tokens") + (
+                ("align", "pad_id", "n_align_tokens") if ds.align > 1 else ())
     rep = {"kind": "packed", "source": str(directory), **{k: idx.get(k) for k in keys}}
     rep["sources"] = [{k: src.get(k) for k in ("prefix", "n_docs", "n_tokens", "factor",
                                                "docs_used", "tokens_used", "token_share")}

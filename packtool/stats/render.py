@@ -99,8 +99,7 @@ def _render_algos(s: dict, batch_size: int, groups: dict | None = None) -> list[
     out.append("  attn 8x1: max/mean rank attention cost (sum of squared segment lengths), "
                "8 ranks x 1 pack per step,")
     out.append("  mean over steps: shuffled -> PackSampler(balance='attention')")
-    best = next(a for a in s["algos"] if a.get("packs") is not None) if any(
-        a.get("packs") is not None for a in s["algos"]) else None
+    best = next((a for a in s["algos"] if a.get("packs") is not None), None)
     if best and groups:
         out.append(f"  {groups_advice(best, batch_size)}")
     elif best:

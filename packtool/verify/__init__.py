@@ -86,16 +86,11 @@ class VerifyResult:
                        + (f"sequences of {p['n_dropped_groups']:,} groups dropped whole"
                           if "n_dropped_groups" in p else "documents dropped")
                        + " by --overflow drop" if p.get("n_dropped") else ""))
-        held = ""
-        if self.valid:
-            v = self.valid
-            held = (f"; held-out split {VALID}/ checked too: {v['n_packs']:,} packs, "
-                    f"{v['n_tokens']:,} tokens, no document in both splits")
-        aligned = ""
-        if self.align:
-            a = self.align
-            aligned = (f"; every row aligned to {a['align']} as TE's THD layout says "
-                       f"({a['n_align_tokens']:,} pads of id {a['pad_id']})")
+        v, a = self.valid, self.align
+        held = (f"; held-out split {VALID}/ checked too: {v['n_packs']:,} packs, "
+                f"{v['n_tokens']:,} tokens, no document in both splits" if v else "")
+        aligned = (f"; every row aligned to {a['align']} as TE's THD layout says "
+                   f"({a['n_align_tokens']:,} pads of id {a['pad_id']})" if a else "")
         return (f"OK {self.path}: {self.n_packs:,} packs, {self.n_tokens:,} tokens, "
                 f"{self.n_segments:,} segments in {self.n_shards} shard(s) ({self.layout} "
                 f"layout); checksums and invariants hold{aligned}{what}{held}")
@@ -120,9 +115,7 @@ def verify(path: str | Path, sources: list[str | Path] | None = None) -> VerifyR
         raise PacktoolError(f"{path} is not a directory (a packed dataset) nor a token-corpus "
                             f"prefix (no {p.name}.json); pass the --out of packtool pack or "
                             "packtool tokenize")
-    if sources:
-        raise PacktoolError(f"{path} is a token corpus; --source applies to packed directories")
-    return _tokens_result(validate_tokens(p))
+    return _tokens_result(p, sources, path)
 
 
 def _verify_url(path: str, sources) -> VerifyResult:
@@ -136,13 +129,15 @@ def _verify_url(path: str, sources) -> VerifyResult:
         raise PacktoolError(f"{path}: neither a packed dataset (no index.json in it) nor a "
                             f"token corpus (no {stem}.json); pass the --out of packtool pack "
                             "or packtool tokenize")
+    return _tokens_result(split_prefix(path), sources, path)
+
+
+def _tokens_result(prefix, sources, path) -> VerifyResult:
+    """A token corpus's result (``--source`` refused); one with images proved by
+    :mod:`.images` first."""
     if sources:
         raise PacktoolError(f"{path} is a token corpus; --source applies to packed directories")
-    return _tokens_result(validate_tokens(split_prefix(path)))
-
-
-def _tokens_result(corpus) -> VerifyResult:
-    """A token corpus's result; one with images proved by :mod:`.images` first."""
+    corpus = validate_tokens(prefix)
     images = None
     if corpus.vision:
         from .images import check_images
@@ -169,7 +164,8 @@ def _verify_packed(directory, sources) -> VerifyResult:
                             f"{up} --source ... checks both splits against the sources")
     result = VerifyResult(str(directory), "packed", index["n_tokens"], n_docs=index["n_docs"],
                           n_packs=index["n_packs"], n_segments=index["n_segments"],
-                          n_shards=len(index["shards"]), layout=ds.layout)
+                          n_shards=len(index["shards"]), layout=ds.layout,
+                          sources_checked=bool(sources))  # returned only once they are
     _unlisted(ds)
     valid = None
     if index.get("held_out"):
@@ -180,13 +176,12 @@ def _verify_packed(directory, sources) -> VerifyResult:
         result.valid = {"n_packs": valid.index["n_packs"], "n_tokens": valid.index["n_tokens"],
                         "n_segments": valid.index["n_segments"]}
         _disjoint(ds, valid)
+    splits = [d for d in (ds, valid) if d is not None]
     if ds.layout == "index" and not sources:
-        for d in (ds, valid):
-            if d is not None:
-                _index_sources(d)
-    for d in (ds, valid):
-        if d is not None:
-            _max_docs(d)
+        for d in splits:
+            _index_sources(d)
+    for d in splits:
+        _max_docs(d)
     corpora = _sources(index, sources) if sources else None
     if (index.get("trees") or {}).get("min_shared"):  # --share-prefix: packtool.verify.trees
         return _trees(ds, corpora, result)
@@ -196,21 +191,18 @@ def _verify_packed(directory, sources) -> VerifyResult:
         check_rows(ds)
         if sources:
             result.policy = against_sources(ds, corpora)
-            result.sources_checked = True
             return result
     if ds.align > 1:
-        result.align = _aligned(ds, valid, corpora)
+        result.align = _aligned(ds, splits, corpora)
     if sources:
         _against_sources(ds, valid, corpora)
-        result.sources_checked = True
         result.policy = {k: index[k] for k in ("n_truncated", "n_truncated_tokens",
                                                "n_dropped", "n_dropped_tokens")}
         if any(s.get("factor", 1.0) != 1.0 for s in index["sources"]):
             result.mixture = [{"prefix": s["prefix"], "factor": s.get("factor", 1.0)}
                               for s in index["sources"]]
-    for d in (ds, valid):
-        if d is not None:
-            check_stored_costs(d)
+    for d in splits:
+        check_stored_costs(d)
     return result
 
 
@@ -225,9 +217,7 @@ def _trees(ds, corpora, result: VerifyResult) -> VerifyResult:
     else:
         result.policy = against_sources(ds, corpora)
         if ds.layout == "tokens":
-            for k in range(ds.n_shards):
-                _compare_tokens(ds, k, corpora)
-        result.sources_checked = True
+            _compare_tokens(ds, corpora)
     check_stored_costs(ds)
     return result
 
@@ -260,7 +250,7 @@ def _max_docs(ds) -> None:
             raise VerifyError(f"{sh.name} pack {j:,}: {int(per[j])} segments > --max-docs {cap}")
 
 
-def _aligned(ds, valid, corpora) -> dict:
+def _aligned(ds, splits: list, corpora) -> dict:
     """Every row of an aligned dataset (and its held-out split) laid out as
     :mod:`.aligned` defines, the tokens the sources' when given; the pads counted agree
     with index.json's ``n_align_tokens``."""
@@ -274,9 +264,7 @@ def _aligned(ds, valid, corpora) -> dict:
                               "re-run packtool pack")
     tokens = (None if corpora is None else
               lambda doc, off, length: _source_tokens(corpora, doc, off, length))
-    for d in (ds, valid):
-        if d is None:
-            continue
+    for d in splits:
         pads = check_rows(d, tokens)
         if pads != d.index["n_align_tokens"]:
             raise VerifyError(f"{d.directory}/index.json: n_align_tokens is "
@@ -294,28 +282,13 @@ def _index_sources(ds) -> None:
         c.verify_checksums()
     parts = [q for c in corpora for q in c.parts]
     for sh, s0, doc, off, length in sg.shard_chunks(ds):
-        start, end = _doc_span(parts, doc)
+        start, end, _ = sg.doc_span(parts, doc)
         past = (off < 0) | (off + length > end - start)
         if past.any():
             i = int(np.flatnonzero(past)[0])
             raise VerifyError(f"{sh.name} segment {s0 + i:,}: reaches past the end of its "
                               f"source document {int(doc[i]):,} ({int(end[i] - start[i]):,} "
                               "tokens)")
-
-
-def _doc_span(parts: list, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) in its part's .bin of each document (global index), from the parts'
-    boundaries: two reads a document, nothing per document of the corpus held."""
-    base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
-    which = np.searchsorted(base, doc, side="right") - 1
-    start, end = np.zeros(doc.size, np.int64), np.zeros(doc.size, np.int64)
-    for p in np.unique(which).tolist():
-        m = which == p
-        local = doc[m] - base[p]
-        ends = parts[p].ends
-        end[m] = np.asarray(ends[local], np.int64)
-        start[m] = np.where(local > 0, np.asarray(ends[np.maximum(local - 1, 0)], np.int64), 0)
-    return start, end
 
 
 def _disjoint(train, valid) -> None:
@@ -326,11 +299,7 @@ def _disjoint(train, valid) -> None:
         both = np.intersect1d(doc, held)
         if both.size:
             raise VerifyError(f"source document {int(both[0]):,} is in the training packs and "
-                              f"in the held-out packs ({valid_dir(train)})")
-
-
-def valid_dir(ds) -> Path:
-    return join(ds.directory, VALID)
+                              f"in the held-out packs ({join(train.directory, VALID)})")
 
 
 def _sources(index: dict, specs) -> list:
@@ -383,17 +352,14 @@ def _against_sources(ds, valid, corpora) -> None:
         if bucket is not None:
             sg.name_difference(d, corpora, sel, split, bucket, want[split], got, overflow)
         if d.layout == "tokens":
-            for k in range(d.n_shards):
-                _compare_tokens(d, k, corpora)
+            _compare_tokens(d, corpora)
 
 
 def _source_tokens(corpora, doc, offset, length) -> tuple[np.ndarray, np.ndarray]:
     """The tokens (and loss mask, 1 without one) of segments, by plain numpy indexing into
     each part's memory map (the documents' starts read from its boundaries)."""
     parts = [q for c in corpora for q in c.parts]
-    base = np.cumsum([0] + [len(q) for q in parts])
-    which = np.searchsorted(base, doc, side="right") - 1
-    start = _doc_span(parts, doc)[0]
+    start, _, which = sg.doc_span(parts, doc)
     pos = np.concatenate([[0], np.cumsum(length)]).astype(np.int64)
     toks = np.empty(int(pos[-1]), np.int64)
     mask = np.ones(int(pos[-1]), np.uint8)
@@ -411,25 +377,27 @@ def _source_tokens(corpora, doc, offset, length) -> tuple[np.ndarray, np.ndarray
     return toks, mask
 
 
-def _compare_tokens(ds, k: int, corpora) -> None:
-    sh = ds.shard(k)
-    n_packs = sh.n_packs
-    lo = 0
-    while lo < n_packs:
-        hi = int(np.searchsorted(sh.po, sh.po[lo] + CHUNK_TOKENS, side="right")) - 1
-        hi = min(max(hi, lo + 1), n_packs)
-        r = ds.read_range(k, lo, hi)
-        s0, s1 = int(sh.pack_seg[lo]), int(sh.pack_seg[hi])
-        toks, mask = _source_tokens(corpora, np.asarray(sh.seg_doc[s0:s1], np.int64),
-                                    np.asarray(sh.seg_offset[s0:s1], np.int64), r["seg_length"])
-        bad = np.flatnonzero(toks != r["ids"])
-        if bad.size:
-            t = int(bad[0]) + int(sh.po[lo])
-            raise VerifyError(f"{sh.name} token {t:,}: differs from its source document")
-        if ds.index.get("loss_mask"):
-            stored = np.ones(toks.size, np.uint8) if r["mask"] is None else r["mask"]
-            bad = np.flatnonzero(stored != mask)
+def _compare_tokens(ds, corpora) -> None:
+    """Every stored token (and loss mask bit) the sources', ~CHUNK_TOKENS at a time."""
+    for k in range(ds.n_shards):
+        sh = ds.shard(k)
+        lo = 0
+        while lo < sh.n_packs:
+            hi = int(np.searchsorted(sh.po, sh.po[lo] + CHUNK_TOKENS, side="right")) - 1
+            hi = min(max(hi, lo + 1), sh.n_packs)
+            r = ds.read_range(k, lo, hi)
+            s0, s1 = int(sh.pack_seg[lo]), int(sh.pack_seg[hi])
+            toks, mask = _source_tokens(corpora, np.asarray(sh.seg_doc[s0:s1], np.int64),
+                                        np.asarray(sh.seg_offset[s0:s1], np.int64),
+                                        r["seg_length"])
+            bad = np.flatnonzero(toks != r["ids"])
             if bad.size:
-                raise VerifyError(f"{sh.name} token {int(bad[0]) + int(sh.po[lo]):,}: "
-                                  "loss_mask differs from the source's mask")
-        lo = hi
+                t = int(bad[0]) + int(sh.po[lo])
+                raise VerifyError(f"{sh.name} token {t:,}: differs from its source document")
+            if ds.index.get("loss_mask"):
+                stored = np.ones(toks.size, np.uint8) if r["mask"] is None else r["mask"]
+                bad = np.flatnonzero(stored != mask)
+                if bad.size:
+                    raise VerifyError(f"{sh.name} token {int(bad[0]) + int(sh.po[lo]):,}: "
+                                      "loss_mask differs from the source's mask")
+            lo = hi

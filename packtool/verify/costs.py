@@ -28,9 +28,9 @@ def prompt_seen(ds, k: int) -> np.ndarray:
     that it attends to (0 for a prompt, a plain sequence, or a dataset without shared
     prompts), by a loop over rows."""
     sh = ds.shard(k)
-    seen = np.zeros(len(sh.seg_length), np.float64)
     if "seg_up" in sh.arrays:  # version 6: every ancestor's tokens
         return _ancestors_seen(sh)
+    seen = np.zeros(len(sh.seg_length), np.float64)
     if not (ds.index.get("groups") or {}).get("share_prompt"):
         return seen
     ps = np.asarray(sh.pack_seg, np.int64)

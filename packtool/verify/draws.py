@@ -58,16 +58,22 @@ def choice_marks(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
 
 
 def source_lengths(corpus, chunk: int = CHUNK):
-    """A source's document lengths, a chunk at a time (int32 where they fit), read from its
-    parts' boundaries."""
+    """A source's document lengths, a chunk at a time (int32 where they fit)."""
+    for a in range(0, len(corpus), chunk):
+        d = lengths_of(corpus, a, min(a + chunk, len(corpus)))
+        yield d.astype(np.int32) if d.size and int(d.max()) < 2**31 else d
+
+
+def lengths_of(corpus, a: int, b: int) -> np.ndarray:
+    """Lengths of a source's documents a..b-1 (int64), from its parts' boundaries."""
+    out, base = [], 0
     for q in corpus.parts:
-        ends = q.ends
-        prev = 0
-        for a in range(0, len(q), chunk):
-            e = np.asarray(ends[a:a + chunk], np.int64)
-            d = np.diff(e, prepend=np.int64(prev))
-            prev = int(e[-1]) if e.size else prev
-            yield d.astype(np.int32) if d.size and int(d.max()) < 2**31 else d
+        x, y = max(a - base, 0), min(b - base, len(q))
+        if y > x:
+            e = np.asarray(q.ends[max(x - 1, 0):y], np.int64)
+            out.append(np.diff(e) if x else np.diff(e, prepend=np.int64(0)))
+        base += len(q)
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 class Selection:

@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 
 from ..formats.packed import ValidationError as VerifyError
+from .segments import shard_chunks
 
 
 def check_rows(ds) -> dict:
@@ -64,14 +65,8 @@ def expected_segments(corpora: list, share: bool, seq_len: int, drop: bool
         docs += [(base + i, int(roles[i]), int(prompt[i]), int(lengths[i]))
                  for i in range(len(c))]
         base += len(c)
-    groups, cur = [], []
-    for d in docs:
-        if d[1] in (1, 3) and cur:
-            groups.append(cur)
-            cur = []
-        cur.append(d)
-    if cur:
-        groups.append(cur)
+    starts = [i for i, d in enumerate(docs) if i == 0 or d[1] in (1, 3)]  # a group's first
+    groups = [docs[a:b] for a, b in zip(starts, starts[1:] + [len(docs)], strict=True)]
     for g in groups:
         p = g[0][2]
         segs = ([(g[0][0], 0, p)] if share else []) + [
@@ -95,10 +90,8 @@ def against_sources(ds, corpora: list) -> dict:
     want, dropped = expected_segments(corpora, idx["groups"]["share_prompt"], int(idx["seq_len"]),
                              idx["overflow"] == "drop")
     got: Counter = Counter()
-    for k in range(ds.n_shards):
-        sh = ds.shard(k)
-        got.update(zip(np.asarray(sh.seg_doc).tolist(), np.asarray(sh.seg_offset).tolist(),
-                       np.asarray(sh.seg_length).tolist(), strict=True))
+    for _, _, doc, off, length in shard_chunks(ds):
+        got.update(zip(doc.tolist(), off.tolist(), length.tolist(), strict=True))
     if got != want:
         extra, missing = got - want, want - got
         what = (f"segment {next(iter(extra))} is not one the sources make (or is there twice)"

@@ -31,7 +31,7 @@ import os
 import numpy as np
 
 from ..formats.packed import ValidationError
-from .draws import CHUNK, Selection, source_lengths
+from .draws import CHUNK, Selection, lengths_of, source_lengths
 
 BUCKETS = 4096
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -203,8 +203,8 @@ def name_difference(ds, corpora: list, sel: Selection, split: str, bucket: int,
         raise ValidationError(f"{ds.directory}: the segments of documents {lo:,}..{hi - 1:,} "
                               "differ from what the sources make")
     d, o, n = (int(v) for v in table[bad[0]])
-    if n_want[bad[0]] == 0 and not _makes(corpora, d, o, n, int(ds.index["seq_len"]),
-                                           overflow):
+    # ``rows`` holds every segment the policy makes of the bucket's documents, copies or not
+    if n_want[bad[0]] == 0 and not (rows == table[bad[0]]).all(1).any():
         raise ValidationError(
             f"{ds.directory}: segment mismatch: (document {d:,}, offset {o:,}, length {n:,}) "
             f"is not one {described(overflow)} makes of its source document: tokens lost, "
@@ -231,26 +231,16 @@ def _expected_rows(corpora, sel, split, lo, hi, seq_len, overflow):
     return np.concatenate(rows), np.concatenate(weights).astype(np.float64)
 
 
-def _makes(corpora, d: int, o: int, n: int, seq_len: int, overflow: str) -> bool:
-    """Whether (d, o, n) is a segment the policy makes of document d (of whatever copies)."""
-    base = 0
-    for c in corpora:
-        if d < base + len(c):
-            doc, off, length, _ = entries(lengths_of(c, d - base, d - base + 1), d, seq_len,
-                                          overflow)
-            return bool(((off == o) & (length == n)).any())
-        base += len(c)
-    return False
-
-
-def lengths_of(corpus, a: int, b: int) -> np.ndarray:
-    """Lengths of a source's documents a..b-1 (int64), from its parts' boundaries."""
-    out, base = [], 0
-    for q in corpus.parts:
-        x, y = max(a - base, 0), min(b - base, len(q))
-        if y > x:
-            e = np.asarray(q.ends[max(x - 1, 0):y], np.int64)
-            out.append(np.diff(e) if x else np.diff(e, prepend=np.int64(0)))
-        base += len(q)
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
-
+def doc_span(parts: list, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end) in its part's .bin of each document (global index), and its part, from
+    the parts' boundaries: two reads a document, nothing per document of the corpus held."""
+    base = np.cumsum([0] + [len(q) for q in parts]).astype(np.int64)
+    which = np.searchsorted(base, doc, side="right") - 1
+    start, end = np.zeros(doc.size, np.int64), np.zeros(doc.size, np.int64)
+    for p in np.unique(which).tolist():
+        m = which == p
+        local = doc[m] - base[p]
+        ends = parts[p].ends
+        end[m] = np.asarray(ends[local], np.int64)
+        start[m] = np.where(local > 0, np.asarray(ends[np.maximum(local - 1, 0)], np.int64), 0)
+    return start, end, which

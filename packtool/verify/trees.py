@@ -17,6 +17,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..formats.packed import ValidationError as VerifyError
+from .segments import doc_span
 
 
 def rows(ds):
@@ -135,7 +136,6 @@ def against_sources(ds, corpora: list) -> dict:
             raise VerifyError(f"document {d:,}: its leaf says tree {tree:,} role {role}, the "
                               f"sources make it role {want_role}")
     missing = [d for d in range(lengths.size) if lengths[d] and d not in leaves]
-    units = set(missing) if table is None else {int(table.group[d]) for d in missing}
     if table is None and any(lengths[d] <= seq_len for d in missing):
         d = next(d for d in missing if lengths[d] <= seq_len)
         raise VerifyError(f"document {d:,} ({int(lengths[d]):,} tokens, within seq_len) is "
@@ -147,20 +147,17 @@ def against_sources(ds, corpora: list) -> dict:
                           f"tokens) were dropped, the packs miss {found[0]:,} ({found[1]:,})")
     out = {"n_dropped": found[0], "n_dropped_tokens": found[1]}
     if table is not None:
-        out["n_dropped_groups"] = len(units)
+        out["n_dropped_groups"] = len({int(table.group[d]) for d in missing})
     return out
 
 
 def _keys(corpora: list):
     """document -> tuple of (2 id + mask bit), read by plain indexing of each part."""
     parts = [q for c in corpora for q in c.parts]
-    base = np.cumsum([0] + [len(q) for q in parts])
 
     def key(d: int) -> tuple:
-        k = int(np.searchsorted(base, d, side="right")) - 1
-        q, j = parts[k], d - int(base[k])
-        ends = np.asarray(q.ends)
-        a, b = (int(ends[j - 1]) if j else 0), int(ends[j])
+        a, b, k = (int(v[0]) for v in doc_span(parts, np.array([d], np.int64)))
+        q = parts[k]
         ids = np.asarray(q.tokens[a:b], np.int64)
         bit = np.ones(b - a, np.int64) if q.mask is None else np.asarray(q.mask[a:b], np.int64)
         return tuple((2 * ids + bit).tolist())
