@@ -8,6 +8,8 @@ invariants; llmc -> an independent reader written here from llm.c's header layou
 import json
 import os
 import struct
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -315,6 +317,22 @@ def test_mds_reads_back_with_streaming_dataset(tmp_path, which, request):
             mask = ds.read_range(k, j, j + 1)["mask"]
             assert got["loss_mask"].dtype == np.uint8
             assert got["loss_mask"].tolist() == mask.tolist()
+
+
+def test_mds_torchvision_stand_in_is_gone_after_the_import():
+    """The stand-in torchvision lives only for ``import streaming``: left in sys.modules it
+    made transformers think torchvision was there, and its image processors (Qwen-VL's, the
+    ImageCollator's) then failed importing ``InterpolationMode`` from it, in the same process
+    as an mds export."""
+    pytest.importorskip("transformers")
+    code = ("import sys\n"
+            "from packtool.export.mds import import_streaming\n"
+            "import_streaming()\n"
+            "assert not [n for n, m in sys.modules.items() if getattr(m, '__stand_in__', 0)]\n"
+            "import transformers.image_utils\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(packtool.__file__).parents[1])})
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("which", ["packed", "sft_packed"])

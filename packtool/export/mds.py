@@ -91,7 +91,23 @@ def import_streaming():
             "install --no-deps mosaicml-streaming==0.13.0 (it pins transformers<5 and "
             "numpy<2.2, which MDS does not need: docs/EXPORT.md)"
         ) from None
+    finally:
+        _stand_in_gone()
     return streaming
+
+
+def _stand_in_gone() -> None:
+    """streaming keeps the two names it took; later imports see torchvision as it is. Left in
+    place, the stand-in made transformers (imported by streaming, its availability probes
+    cached) take torchvision for installed, and its image processors then failed importing
+    ``InterpolationMode`` from it in the same process."""
+    stood_in = [n for n, m in sys.modules.items() if getattr(m, "__stand_in__", False)]
+    for name in stood_in:
+        del sys.modules[name]
+    probes = sys.modules.get("transformers.utils.import_utils") if stood_in else None
+    for name in dir(probes) if probes is not None else ():
+        if name.startswith("is_") and hasattr(getattr(probes, name), "cache_clear"):
+            getattr(probes, name).cache_clear()
 
 
 def columns(has_mask: bool, grouped: bool = False) -> dict[str, str]:
