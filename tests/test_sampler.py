@@ -916,3 +916,10 @@ def test_a_rule_is_a_value_the_call_forms_name():
     assert list(t) == [6, 7, 10, 11, 14, 15, 18, 19]
     with pytest.raises(PacktoolError, match="rank must be in 0..1"):
         Sampler(23, rule=InOrder(2), rank=2, world_size=2)
+
+    class Ragged(InOrder):  # a rule may give a rank an empty step: iteration goes on
+        def rows(self, epoch, step):
+            rows = super().rows(epoch, step)
+            return [rows[0], []] if step % 2 else rows
+
+    assert list(Sampler(23, rule=Ragged(2), rank=1, world_size=2)) == [2, 3, 10, 11, 18, 19]

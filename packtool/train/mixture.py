@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import PacktoolError
 from .sampler import Sampler
 from .schedule import Segment, check_schedule, counts_after, deal, least_step
-from .state import check_mixture_state, dataset_identity
+from .state import check_mixture_state
 
 EXHAUSTED = ("next_epoch", "stop")
 
@@ -71,7 +71,8 @@ class Source:
             raise PacktoolError(f"source {name!r} has {n!r} rows: a source must be a packed "
                                 "dataset (open_packed(dir)) or a row count >= 1")
         self.name, self.n, self.data = name, int(n), data
-        sha = dataset_identity(data)
+        index = getattr(data, "index", None)  # a wrapper (TorchPackedDataset) by its rows:
+        sha = index.get("index_sha256") if isinstance(index, Mapping) else None  # as saved
         self.identity = {"index_sha256": sha} if sha else {"n_rows": self.n}
         self.seq_len = getattr(data, "seq_len", None) or seq_len
         self.tokens_from = ("pack lengths" if hasattr(data, "shard") else

@@ -181,11 +181,12 @@ class Sampler:
 
     def __iter__(self):
         """Row indices one at a time: a step counts as handed out once its last row is."""
-        for step, batch in enumerate(self.steps(), self.start_step):  # no step is empty
+        for step, batch in enumerate(self.steps(), self.start_step):
             self._handed = step
             yield from batch[:-1]
-            self._handed = step + 1
-            yield batch[-1]
+            if batch:  # a rule of one's own may give a rank an empty step
+                self._handed = step + 1
+                yield batch[-1]
 
     def __len__(self) -> int:
         """Row indices the next iteration yields (the rest of the epoch when resuming)."""
