@@ -92,12 +92,6 @@ def probe_texts(added: list[str]) -> list[str]:
     return _PROBE + [f"a{t}b {t} x{t}{t}\n{t}" for t in added] + [" ".join(added)]
 
 
-def _spec(reference) -> dict:
-    """The reference's own ``tokenizer.json`` (truncation and padding off): what every engine
-    is given, also for a converted SentencePiece ``.model``."""
-    return tokenizer_json(reference)[1]
-
-
 def declared_refusal(name: str, spec: dict) -> str | None:
     def types(node):
         if not isinstance(node, dict):
@@ -164,7 +158,7 @@ def _refusal(name: str, path: Path, reference, need_offsets: bool, spec: dict | 
         return f"{name} would encode packtool's conversion, and there is none: {unconverted}"
     if name == "hf":
         return None
-    return declared_refusal(name, _spec(reference) if spec is None else spec)
+    return declared_refusal(name, tokenizer_json(reference)[1] if spec is None else spec)
 
 
 def first_difference(engine: Engine, reference: Engine, texts: list[str],
@@ -312,7 +306,7 @@ def select_engine(requested: str, check: str, path: Path, reference, add_special
     if requested == "sentencepiece" and ref.name != requested:
         raise PacktoolError(f"--engine sentencepiece runs a SentencePiece .model, and {path} is "
                             "not one; use --engine auto or hf")
-    spec = _spec(reference)
+    spec = tokenizer_json(reference)[1]
     fam = ranking.family(spec)
     label = f"{ref.library} {ref.version}"
     if fallback is not None or requested == ref.name:

@@ -59,10 +59,9 @@ class PartJob:
         return f"part {self.k} ({self.part.name})"
 
 
-def check_part(plan: TokenizePlan, k: int, inputs: bool = True, place=None
-               ) -> tuple[dict | None, str]:
+def check_part(plan: TokenizePlan, k: int, place=None) -> tuple[dict | None, str]:
     """(part manifest, "") when part ``k`` is finished: its manifest exists, is of this plan
-    (same digest), every data file matches its record, and (``inputs``) every input still has
+    (same digest), every data file matches its record, and every input still has
     the content hash recorded when it was read; else (None, why). A half-written part never
     passes: its manifest is put last. Locally (``place`` None) every file's size and sha256
     are checked; in a bucket (``place``: the output's), each object's size (reading them back
@@ -80,7 +79,7 @@ def check_part(plan: TokenizePlan, k: int, inputs: bool = True, place=None
     problem = _files_problem(plan, part, m["part"], place)
     if problem:
         return None, problem
-    changed = inputs_changed(m["part"]["inputs"]) if inputs else None
+    changed = inputs_changed(m["part"]["inputs"])
     return (None, changed) if changed else (m, "")
 
 

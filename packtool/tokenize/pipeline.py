@@ -155,25 +155,16 @@ def rust_parallelism_off():
             os.environ["TOKENIZERS_PARALLELISM"] = old
 
 
-def _next_batch(reader: Reader):
-    """The reader's next item, waited for a tenth of a second at a time with a look at the
-    signals received meanwhile: a Ctrl-C whose exception a library swallowed (one raised
-    inside an import can leave that module's lock held, so the reader, importing the same
-    module, never answers: a fault-injection run hung 300 s so) still ends the run."""
+def _waited(get, empty):
+    """``get(timeout=...)``'s result (the reader's next batch, a worker's encoding), waited
+    for a tenth of a second at a time with a look at the signals received meanwhile: a
+    Ctrl-C whose exception a library swallowed (one raised inside an import can leave that
+    module's lock held, so the reader or a worker, importing the same module, never answers:
+    a fault-injection run hung 300 s so) still ends the run."""
     while True:
         try:
-            return reader.queue.get(timeout=0.1)
-        except queue.Empty:
-            _signals.check()
-
-
-def _result(future):
-    """A batch's encoding, waited for as :func:`_next_batch` waits (a worker can block on
-    the same dead import lock)."""
-    while True:
-        try:
-            return future.result(timeout=0.1)
-        except FutureTimeout:
+            return get(timeout=0.1)
+        except empty:
             _signals.check()
 
 
@@ -191,7 +182,7 @@ def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
             n_submitted, sampled = 0, Sampled()
             while not done or pending:
                 while not done and len(pending) < 2 * workers:
-                    item = _next_batch(reader)
+                    item = _waited(reader.queue.get, queue.Empty)
                     if item is _DONE:
                         done = True
                     elif isinstance(item, BaseException):
@@ -207,7 +198,7 @@ def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
                 if not pending:
                     break
                 future, bytes_read = pending.popleft()
-                writer.write(*_result(future))
+                writer.write(*_waited(future.result, FutureTimeout))
                 tick(bytes_read - done_bytes)
                 done_bytes = bytes_read
     except BaseException:

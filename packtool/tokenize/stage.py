@@ -86,18 +86,12 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
 
 
 @dataclass(frozen=True)
-class PartTask:
+class PartTask(PartJob):
     """Part ``k`` of ``plan``, made where it runs and published to the output ``path``
     (picklable: a Ray worker or an array task opens the output itself)."""
 
-    plan: TokenizePlan
-    k: int
-    opts: TokenizeOptions
     path: str
     storage_options: dict
-
-    def label(self) -> str:
-        return f"part {self.k} ({self.plan.parts[self.k].name})"
 
     def output(self) -> Output:
         return open_output(self.path, self.storage_options)
@@ -118,7 +112,7 @@ def run_task(task: PartTask, tick) -> tuple[dict, bool]:
 
     def write(folder: Path):
         here = dataclasses.replace(plan, prefix=folder / plan.prefix.name)
-        manifest = tokenize_part(PartJob(here, k, task.opts), tick)
+        manifest = tokenize_part(dataclasses.replace(task, plan=here), tick)
         # read back: the bytes there are those hashed while writing (crc32 suffices)
         verify_part_files(here.part_prefix(part), manifest["part"], strong=False)
         keys = manifest["part"]["checksums"]
@@ -132,14 +126,8 @@ def run_task(task: PartTask, tick) -> tuple[dict, bool]:
                     [f"{plan.prefix.name}.json"] if task.opts.overwrite else [])})
 
     return run_job(out, part.name, f".{part.name}.part.lock", f"part {part.name}",
-                   lambda: finished(plan, k, out)[0], skipped, write,
+                   lambda: check_part(plan, k, place=out.store_place)[0], skipped, write,
                    lambda: finished_parts(plan, k))
-
-
-def finished(plan: TokenizePlan, k: int, out: Output) -> tuple[dict | None, str]:
-    """(part record, "") when part ``k`` is finished at the output and its inputs are
-    unchanged, else (None, why) (:func:`packtool.tokenize.part.check_part`)."""
-    return check_part(plan, k, place=out.store_place)
 
 
 def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
@@ -252,7 +240,7 @@ def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
     its inputs' content) and a missing or corrupt one refused, by name."""
     out = out or open_output(plan.prefix)
     if manifests is None:
-        manifests = checked_parts(plan, lambda k: finished(plan, k, out))
+        manifests = checked_parts(plan, lambda k: check_part(plan, k, place=out.store_place))
     manifest, moved = assemble(plan, manifests)
     stem = plan.prefix.name
     files = [(part_manifest_path(Path("."), q.name).name,
