@@ -161,14 +161,6 @@ def finished_parts(plan: TokenizePlan, but: int) -> str | None:
     return f"{len(done)} finished part(s) of it ({shown})"
 
 
-def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
-    t0 = time.perf_counter()
-    s = setup(job.plan.tokenizer, job.opts, fallback)
-    manifest = _write(job, tick, s)
-    manifest["seconds"] = time.perf_counter() - t0
-    return manifest
-
-
 def data_keys(opts: TokenizeOptions) -> list[str]:
     """The data files a part of this run writes: .bin, .boundaries, and the loss mask (all but
     plain text), a pair's or group's roles and prompt lengths, and its rewards."""
@@ -182,10 +174,12 @@ def data_keys(opts: TokenizeOptions) -> list[str]:
     return keys + (["tree"] if opts.tree_field else [])
 
 
-def _write(job: PartJob, tick, s) -> dict:
+def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
     """The part's files and, last, its manifest, into the folder ``job.plan.prefix`` names
     (the job's own: the stage publishes them, :func:`packtool.storage.write.run_job`)."""
+    t0 = time.perf_counter()
     plan, opts, part = job.plan, job.opts, job.part
+    s = setup(plan.tokenizer, opts, fallback)
     paths = [as_input(p) for p in part.inputs]
     files = prefix_paths(plan.part_prefix(part))
     workers = opts.workers or os.cpu_count() or 1
@@ -205,4 +199,5 @@ def _write(job: PartJob, tick, s) -> dict:
                 "meta": {**s.meta, "engine": engine_manifest(s.engine)}}
     write_new(plan.part_manifest(part), manifest_text(manifest, ensure_ascii=False))
     manifest["warnings"] = list(s.warnings)
+    manifest["seconds"] = time.perf_counter() - t0
     return manifest
