@@ -237,17 +237,13 @@ class Selection:
             raise
         else:
             self._pool.shutdown(wait=True)
-            self.finish()
+            for f in self._futures:  # every check done: raise the first difference found
+                f.result()
+            self._futures = []
+            if self._failed is not None:
+                raise self._failed
         finally:
             self._pool = None
-
-    def finish(self) -> None:
-        """Wait for every submitted check; raise the first difference found."""
-        for f in self._futures:
-            f.result()
-        self._futures = []
-        if self._failed is not None:
-            raise self._failed
 
     def encode(self, texts, add_special, dtype, pick: np.ndarray | None = None):
         """The engine's encode; the documents at ``pick`` (or all, with ``full``) are compared

@@ -118,12 +118,6 @@ def _record(line: bytes | None, size: int, opts: ReadOptions, text_field: str | 
     return opts.extract(obj)
 
 
-def _refuse_array(path, lineno: int) -> None:
-    raise PacktoolError(
-        f"{path} line {lineno}: the file is a JSON array, not JSON Lines (one object per "
-        "line); convert it, e.g. jq -c '.[]' in.json > in.jsonl")
-
-
 def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                progress) -> Iterator[str]:
     if kind != "jsonl" and input_size(path) == 0:
@@ -151,7 +145,9 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                     continue
                 if (line is not None and stats.n_docs == 0 and not stats.skipped
                         and line.lstrip(b"\xef\xbb\xbf \t").startswith(b"[")):
-                    _refuse_array(path, lineno)
+                    raise PacktoolError(
+                        f"{path} line {lineno}: the file is a JSON array, not JSON Lines (one "
+                        "object per line); convert it, e.g. jq -c '.[]' in.json > in.jsonl")
                 try:
                     text = _record(line, size, opts, text_field)
                 except BadRecord as bad:

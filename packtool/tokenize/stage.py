@@ -37,6 +37,8 @@ from ..formats._manifest import manifest_text
 from ..formats.tokens import (
     DATA_SUFFIXES,
     FORMAT,
+    PART_MANIFEST_KEYS,
+    corpus_manifest,
     part_manifest_path,
     read_corpus_manifest,
     verify_part_files,
@@ -54,7 +56,6 @@ from ..options import TokenizeOptions
 from ..storage import default_options
 from ..storage.output import Output, open_output
 from ..storage.write import run_job
-from .assemble import assemble, checked_parts
 from .part import PartJob, check_part, finished_parts, tokenize_part
 from .plan import TokenizePlan, plan_tokenize
 from .prepare import new_run
@@ -232,6 +233,50 @@ def _retire(out: Output, plan: TokenizePlan) -> None:
 
 
 # ------------------------------------------------------------------------- finalize
+def checked_parts(plan: TokenizePlan, check) -> list[dict]:
+    """Every part's manifest (``check(k)`` -> (manifest or None, why)), or an error naming
+    each part that is missing or corrupt."""
+    manifests, bad = [], []
+    for k, q in enumerate(plan.parts):
+        m, why = check(k)
+        if m is None:
+            bad.append(f"part {q.index} ({q.name}): {why}")
+        manifests.append(m)
+    if bad:
+        shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
+        raise PacktoolError(
+            f"{len(bad)} of {len(plan.parts)} parts of {plan.prefix} are not finished: "
+            f"{shown}. Run the tasks that own them again (or the same command without "
+            "--finalize): finished parts are skipped, these are redone")
+    return manifests
+
+
+def assemble(plan: TokenizePlan, manifests: list[dict]) -> tuple[dict, list]:
+    """``PREFIX.json`` of the finished parts (made with the same settings, else refused),
+    and the parts reused from an earlier plan (inputs added, removed or changed elsewhere),
+    whose own manifests still name that plan: [(part, manifest naming this plan)], to be
+    committed with it."""
+    metas = [m["meta"] for m in manifests]
+    meta = {k: v for k, v in metas[0].items() if k != "engine"}
+    for q, m in zip(plan.parts, metas, strict=True):
+        other = {k: v for k, v in m.items() if k != "engine"}
+        if other != meta:
+            diff = sorted(k for k in set(other) | set(meta) if other.get(k) != meta.get(k))
+            raise PacktoolError(f"part {q.index} ({q.name}) was made with other settings "
+                                f"than part 0 ({', '.join(diff)} differ); delete its files "
+                                f"({q.name}.*) and run it again")
+    meta["engine"] = merge_engines([m["engine"] for m in metas])
+    # each part's own manifest as it will be on disk (this plan's digest): PREFIX.json
+    # records the digest of each, binding them to it
+    bodies = [{**{k: m[k] for k in PART_MANIFEST_KEYS}, "plan_digest": plan.digest}
+              for m in manifests]  # (a run's extras: warnings, seconds, published... left)
+    manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry(),
+                               bodies)
+    moved = [(q, body) for q, m, body in zip(plan.parts, manifests, bodies, strict=True)
+             if m["plan_digest"] != plan.digest]
+    return manifest, moved
+
+
 def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
                       manifests: list[dict] | None = None) -> tuple[dict, list[str]]:
     """Write ``PREFIX.json`` once every part of ``plan`` is finished: (the manifest, the
