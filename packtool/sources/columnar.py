@@ -87,13 +87,6 @@ def _columns(path: Path, names: list[str], opts: ReadOptions) -> list[str]:
     return sorted(set(tops))
 
 
-class _Skip:
-    """A row to count as skipped (with ``--skip-bad-records``) instead of yielding."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
 def _iter_batches(path, kind, batches, size, opts, stats, progress):
     """Yield the documents of Arrow record batches, advancing ``progress`` by each batch's share
     of the file's bytes, spread over its rows by text length, so that the total is the file size."""
@@ -113,7 +106,7 @@ def _iter_batches(path, kind, batches, size, opts, stats, progress):
                 step = share * (weights[i] if weights is not None else 1) / max(total_w, 1)
                 progress(step)
                 reported += step
-                if isinstance(doc, _Skip):
+                if isinstance(doc, BadRecord):  # counted as skipped (--skip-bad-records)
                     stats.skip(row + i + 1, doc.reason)
                     continue
                 stats.n_docs += 1
@@ -125,14 +118,15 @@ def _iter_batches(path, kind, batches, size, opts, stats, progress):
     progress(size - reported)
 
 
-def _bad(path, row: int, bad: BadRecord, opts: ReadOptions):
+def _bad(path, row: int, bad: BadRecord, opts: ReadOptions) -> BadRecord:
+    """``bad``, to be counted as skipped, or with no ``--skip-bad-records`` an error."""
     if opts.skip_bad_records:
-        return _Skip(bad.reason)
+        return bad
     raise PacktoolError(f"{path} row {row}: {bad.message}{bad.hint()}")
 
 
 def _text_column(col, name: str, path, row0: int, opts: ReadOptions):
-    """The texts of one batch's column (str, or _Skip) and their sizes in bytes.
+    """The texts of one batch's column (str, or a BadRecord skipped) and their sizes in bytes.
 
     Reads string, large_string, string_view, binary (UTF-8 checked), and dictionaries of
     those. Invalid UTF-8 in a *string* column (Arrow does not check it on read) is found per
@@ -180,7 +174,7 @@ def _text_column(col, name: str, path, row0: int, opts: ReadOptions):
                  for i, b in enumerate(col.to_pylist())]
     for i, text in enumerate(texts):
         if big[i]:
-            texts[i] = _Skip("too_large")
+            texts[i] = BadRecord("too_large", "")
         elif text is None:
             texts[i] = _bad(path, row0 + i + 1, BadRecord(
                 "null", f"{key!r} is null, expected a string"), opts)
@@ -196,7 +190,7 @@ def _decode_row(b: bytes, path, row: int, opts):
 
 
 def _row_docs(batch, path, row0: int, opts: ReadOptions) -> list:
-    """prompt/completion or messages documents of one batch (or _Skip)."""
+    """prompt/completion or messages documents of one batch (or a BadRecord skipped)."""
     try:
         objs = batch.to_pylist()
     except UnicodeDecodeError:  # find the row: decode one at a time
@@ -209,7 +203,7 @@ def _row_docs(batch, path, row0: int, opts: ReadOptions) -> list:
                     "invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})"), opts))
     docs = []
     for i, obj in enumerate(objs):
-        if isinstance(obj, _Skip):
+        if isinstance(obj, BadRecord):
             docs.append(obj)
             continue
         try:
