@@ -11,13 +11,10 @@ promise kept:
    token in context) and must match the reference on every probe text, else it is refused
    with the first difference.
 2. **During the run** (``check="sample"``), the engine's output is compared with the reference
-   on a sample that is a pure function of the corpus (:mod:`.sample`): the first
-   ``FIRST_DOCS`` documents, a ``RANDOM_RATE`` of all documents drawn by a hash of their global
-   index, and the longest documents (where rare paths hide): in input order, each one more
-   than ``GROWTH`` times as long as the last so checked; all within a byte budget, so that
-   the check costs a few percent of the run. The same corpus checks the same documents
-   whatever the workers and batch size, so the manifest is byte-identical between runs.
-   ``check="full"`` re-encodes everything.
+   on a sample that is a pure function of the corpus (:mod:`.sample`: the first documents, a
+   seeded fraction, the longest, within a byte budget: a few percent of the run), so the
+   manifest is byte-identical whatever the workers and batch size. ``check="full"``
+   re-encodes everything.
 3. **On any difference** ``auto`` raises :class:`EngineMismatch`; ``tokenize_files`` discards
    the partial output and runs again with the reference, saying why. Output files are
    byte-identical whichever engine ran.
@@ -255,19 +252,17 @@ class Selection:
             return lengths, ids
         if self.check == "full":
             self._verify(texts, add_special, dtype, lengths, ids)
-            return lengths, ids
-        if pick is None or not pick.size:
-            return lengths, ids
-        ends = np.cumsum(lengths)
-        sub = [texts[i] for i in pick]
-        want = np.concatenate([ids[ends[i] - lengths[i]:ends[i]] for i in pick])
-        if self._pool is None:  # no checker threads (a direct call): check here
-            self._verify(sub, add_special, dtype, lengths[pick], want)
-            return lengths, ids
-        self._slots.acquire()
-        future = self._pool.submit(self._verify, sub, add_special, dtype, lengths[pick], want)
-        future.add_done_callback(lambda _: self._slots.release())
-        self._futures.append(future)
+        elif pick is not None and pick.size:
+            ends = np.cumsum(lengths)
+            checked = ([texts[i] for i in pick], add_special, dtype, lengths[pick],
+                       np.concatenate([ids[ends[i] - lengths[i]:ends[i]] for i in pick]))
+            if self._pool is None:  # no checker threads (a direct call): check here
+                self._verify(*checked)
+            else:
+                self._slots.acquire()
+                future = self._pool.submit(self._verify, *checked)
+                future.add_done_callback(lambda _: self._slots.release())
+                self._futures.append(future)
         return lengths, ids
 
     def _verify(self, texts, add_special, dtype, lengths, ids) -> None:

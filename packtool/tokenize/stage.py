@@ -219,26 +219,20 @@ def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptio
         "parts": sorted(our_parts(out.place, stem) | {q.name for q in plan.parts})},
         run, opts.overwrite)
     if opts.overwrite and place.exists(manifest):
-        _retire(out, plan)
-
-
-def _retire(out: Output, plan: TokenizePlan) -> None:
-    """Before an --overwrite: ``.PREFIX.retired.json`` lists the parts the old manifest
-    vouches for, so that their files stay provably ours once that manifest leaves (with
-    the first new part) until the new manifest is in place."""
-    stem = plan.prefix.name
-    names = sorted(our_parts(out.place, stem))
-    out.put(retired_list(stem), json.dumps({"format": FORMAT, "parts": [
-        {"name": n} for n in names]}).encode())
+        # .PREFIX.retired.json lists the parts the old manifest vouches for, so that their
+        # files stay provably ours once it leaves (with the first new part) until the new
+        # manifest is in place
+        out.put(retired_list(stem), json.dumps({"format": FORMAT, "parts": [
+            {"name": n} for n in sorted(our_parts(place, stem))]}).encode())
 
 
 # ------------------------------------------------------------------------- finalize
-def checked_parts(plan: TokenizePlan, check) -> list[dict]:
-    """Every part's manifest (``check(k)`` -> (manifest or None, why)), or an error naming
+def checked_parts(plan: TokenizePlan, out: Output) -> list[dict]:
+    """Every part's manifest (:func:`packtool.tokenize.part.check_part`), or an error naming
     each part that is missing or corrupt."""
     manifests, bad = [], []
     for k, q in enumerate(plan.parts):
-        m, why = check(k)
+        m, why = check_part(plan, k, place=out.store_place)
         if m is None:
             bad.append(f"part {q.index} ({q.name}): {why}")
         manifests.append(m)
@@ -285,7 +279,7 @@ def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
     its inputs' content) and a missing or corrupt one refused, by name."""
     out = out or open_output(plan.prefix)
     if manifests is None:
-        manifests = checked_parts(plan, lambda k: check_part(plan, k, place=out.store_place))
+        manifests = checked_parts(plan, out)
     manifest, moved = assemble(plan, manifests)
     stem = plan.prefix.name
     files = [(part_manifest_path(Path("."), q.name).name,
