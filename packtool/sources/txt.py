@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,12 +87,11 @@ def iter_txt(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iter
             size = input_size(path)
             data = read_all(path) if size <= limit else None
             progress(size)
-            text = _emit(data, 1, size, path, opts, stats)
-            if text is not None:
-                yield text
-            return
-        with open_input(path) as f:
+            f, pieces = contextlib.nullcontext(), [(data, 1, size)]
+        else:
+            f = open_input(path)
             pieces = (_by_line if split == "line" else _by_paragraph)(f, limit, progress)
+        with f:
             for data, first_line, size in pieces:
                 text = _emit(data, first_line, size, path, opts, stats)
                 if text is not None:

@@ -5,10 +5,7 @@
     check_part(plan, k) -> its manifest when a part's files match it, of the same digest,
                           from inputs whose content hash still matches (resume skips it)
 
-The stage (:mod:`.stage`) runs a part against its output, local or in a bucket: under the
-part's lock (two writers of one part, array tasks given the same part, serialize: the second
-finds it finished and skips it), in a folder of its own, then published (renamed in, or
-uploaded), the part manifest last.
+The stage (:mod:`.stage`) runs and publishes a part (:func:`packtool.storage.write.run_job`).
 
 The tokenizer is loaded once per process, the engine selected (its load-time probe run) once
 per run and per Ray worker process, and both reused by every part it writes (:mod:`.prepare`),
