@@ -66,13 +66,6 @@ _PROBE = [
 ]
 
 
-def _probe_texts(path: Path, reference) -> list[str]:
-    """The load probe for the tokenizer at ``path``; a ``.model`` adds its own
-    (:func:`packtool.engines.spm.probe_texts`: its pieces in context)."""
-    texts = probe_texts([t.content for t in reference.get_added_tokens_decoder().values()])
-    return texts + spm.probe_texts(path) if _is_model(path) else texts
-
-
 def _is_model(path) -> bool:
     return Path(path).suffix == ".model"
 
@@ -127,7 +120,9 @@ def load_engine(name: str, path: Path, reference, add_special: bool,
         raise EngineRefused(f"{name} is not installed (pip install 'packtool[fast]')") from None
     except Exception as e:  # the Rust side raises its own exception types
         raise EngineRefused(f"{name} cannot load it ({str(e).splitlines()[0][:200]})") from None
-    texts = _probe_texts(path, reference)
+    texts = probe_texts([t.content for t in reference.get_added_tokens_decoder().values()])
+    if _is_model(path):  # and its own: its pieces in context
+        texts += spm.probe_texts(path)
     try:
         diff = first_difference(engine, against, texts, add_special)
     except EngineRefused:
