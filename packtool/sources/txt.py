@@ -39,7 +39,7 @@ def _emit(data: bytes | None, first_line: int, size: int, path: Path, opts: Read
             stats.skip(first_line, bad.reason)
             return None
         where = "" if bad.reason == "invalid_utf8" else f"{path} line {first_line}: "
-        fix = bad.hint().replace("record", "file") if bad.hint() else ""
+        fix = bad.hint().replace("the record", "the file")  # the option keeps its name
         raise PacktoolError(f"{where}{bad.message}{fix}") from None
     stats.n_docs += 1
     stats.record = first_line
