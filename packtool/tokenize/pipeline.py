@@ -74,7 +74,7 @@ class Reader(threading.Thread):
         self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
         self.stats: list[InputStats] = []
         self.bytes_read = 0
-        self.nbytes = 0  # UTF-8 bytes in the batch being filled
+        self.batch, self.sizes, self.nbytes = [], [], 0  # being filled: records, UTF-8 bytes
         self.stop = threading.Event()
 
     def _put(self, item) -> bool:
@@ -85,6 +85,12 @@ class Reader(threading.Thread):
             except queue.Full:
                 continue
         return False
+
+    def _flush(self) -> bool:
+        """Queue the batch being filled; False when the run stopped first."""
+        item = (self.batch, self.sizes, self.bytes_read)
+        self.batch, self.sizes, self.nbytes = [], [], 0
+        return self._put(item)
 
     def _progress(self, n: int) -> None:
         self.bytes_read += n
@@ -97,22 +103,21 @@ class Reader(threading.Thread):
               f"(~{size * MEMORY_PER_RECORD_BYTE / 1e9:.1f} GB); lower --max-record-bytes to "
               "refuse such records", file=sys.stderr)
 
-    def _read(self, path: Path, batch: list, sizes: list) -> tuple[list, list] | None:
+    def _read(self, path: Path) -> bool:
         stats = InputStats(path=str(path), kind=file_kind(path))
         self.stats.append(stats)
         before = identity(path)
         try:
             for record in iter_documents(path, self.read_opts, stats, self._progress):
-                batch.append(record)
                 size = utf8_size(record)
-                sizes.append(size)
+                self.batch.append(record)
+                self.sizes.append(size)
                 self.nbytes += size
                 if self.warn_bytes is not None and size >= self.warn_bytes:
                     self._warn(path, stats, size)
-                if len(batch) >= self.batch_size or self.nbytes >= self.batch_bytes:
-                    if not self._put((batch, sizes, self.bytes_read)):
-                        return None
-                    batch, sizes, self.nbytes = [], [], 0
+                full = len(self.batch) >= self.batch_size or self.nbytes >= self.batch_bytes
+                if full and not self._flush():
+                    return False
         except Exception as e:  # a bad record read from a file being rewritten: say that
             _unchanged(path, before, e)
             raise
@@ -125,19 +130,12 @@ class Reader(threading.Thread):
         # trust tokens of the old content under the new content's hash
         _unchanged(path, before)
         stats.content = content
-        return batch, sizes
+        return True
 
     def run(self) -> None:
-        try:
-            batch, sizes = [], []
-            for path in self.paths:
-                got = self._read(path, batch, sizes)
-                if got is None:
-                    return
-                batch, sizes = got
-            if batch and not self._put((batch, sizes, self.bytes_read)):
-                return
-            self._put(_DONE)
+        try:  # every input read and queued, unless the run stopped first
+            if all(self._read(path) for path in self.paths) and (not self.batch or self._flush()):
+                self._put(_DONE)
         except BaseException as e:  # handed to the consumer, which re-raises it
             self._put(e)
 

@@ -219,11 +219,16 @@ def _begin(out: Output, plan: TokenizePlan, opts: TokenizeOptions, run: RunOptio
         "parts": sorted(our_parts(out.place, stem) | {q.name for q in plan.parts})},
         run, opts.overwrite)
     if opts.overwrite and place.exists(manifest):
-        # .PREFIX.retired.json lists the parts the old manifest vouches for, so that their
-        # files stay provably ours once it leaves (with the first new part) until the new
-        # manifest is in place
-        out.put(retired_list(stem), json.dumps({"format": FORMAT, "parts": [
-            {"name": n} for n in sorted(our_parts(place, stem))]}).encode())
+        _retire(out, plan)
+
+
+def _retire(out: Output, plan: TokenizePlan) -> None:
+    """Before an --overwrite: ``.PREFIX.retired.json`` lists the parts the old manifest
+    vouches for, so that their files stay provably ours once that manifest leaves (with
+    the first new part) until the new manifest is in place."""
+    stem = plan.prefix.name
+    out.put(retired_list(stem), json.dumps({"format": FORMAT, "parts": [
+        {"name": n} for n in sorted(our_parts(out.place, stem))]}).encode())
 
 
 # ------------------------------------------------------------------------- finalize
