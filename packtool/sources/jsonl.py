@@ -62,12 +62,6 @@ class _ZstdFrames(io.RawIOBase):
         return n
 
 
-def _decompress_errors():
-    import zstandard
-
-    return (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
-
-
 @functools.cache
 def _orjson():
     """(orjson.loads, orjson.JSONDecodeError), or None without ``packtool[fast]``; looked up
@@ -120,13 +114,15 @@ def _record(line: bytes | None, size: int, opts: ReadOptions, text_field: str | 
 
 def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                progress) -> Iterator[str]:
+    import zstandard
+
     if kind != "jsonl" and input_size(path) == 0:
         raise PacktoolError(
             f"{path}: 0 bytes, not a valid {kind.split('.')[1]} stream (even an empty corpus "
             "compresses to a few bytes); remove the file or re-compress it"
         )
     raw, f, finish = open_jsonl(path, kind)
-    errors = _decompress_errors()
+    errors = (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
     text_field = opts.text_field if opts.mode == "text" and opts.vision is None else None
     lineno = last_pos = 0
     try:
