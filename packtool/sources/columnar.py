@@ -8,12 +8,12 @@ from pathlib import Path
 
 from ..errors import PacktoolError
 from .files import input_size, is_remote, open_input
-from .records import BadRecord, InputStats, ReadOptions, corrupt, too_large, utf8_size
+from .records import BadRecord, ReadOptions, corrupt, too_large, utf8_size
 
 PARQUET_BATCH_BYTES = 64 << 20  # rows per Parquet batch: about this much decoded text
 
 
-def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+def iter_parquet(path: Path, opts: ReadOptions, progress) -> Iterator[tuple]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -36,12 +36,12 @@ def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> 
             yield batch, size * batch.num_rows / n_rows
 
     try:
-        yield from _iter_batches(path, "parquet", batches(), size, opts, stats, progress)
+        yield from _iter_batches(path, "parquet", batches(), size, opts, progress)
     finally:
         pf.close()
 
 
-def iter_arrow(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+def iter_arrow(path: Path, opts: ReadOptions, progress) -> Iterator[tuple]:
     """Arrow IPC: the file format (starts with ``ARROW1``) or the stream format (what
     ``datasets.save_to_disk`` writes), read one record batch at a time from a memory map (an
     object in a store: from its stream)."""
@@ -71,7 +71,7 @@ def iter_arrow(path: Path, opts: ReadOptions, stats: InputStats, progress) -> It
             last = pos
 
     with src:
-        yield from _iter_batches(path, "arrow", batches(), size, opts, stats, progress)
+        yield from _iter_batches(path, "arrow", batches(), size, opts, progress)
 
 
 def _columns(path: Path, names: list[str], opts: ReadOptions) -> list[str]:
@@ -87,9 +87,10 @@ def _columns(path: Path, names: list[str], opts: ReadOptions) -> list[str]:
     return sorted(set(tops))
 
 
-def _iter_batches(path, kind, batches, size, opts, stats, progress):
-    """Yield the documents of Arrow record batches, advancing ``progress`` by each batch's share
-    of the file's bytes, spread over its rows by text length, so that the total is the file size."""
+def _iter_batches(path, kind, batches, size, opts, progress):
+    """``(row number, document or BadRecord)`` of each row of Arrow record batches,
+    advancing ``progress`` by each batch's share of the file's bytes, spread over its rows by
+    text length, so that the total is the file size."""
     import pyarrow as pa
 
     row, reported = 0, 0.0
@@ -106,12 +107,7 @@ def _iter_batches(path, kind, batches, size, opts, stats, progress):
                 step = share * (weights[i] if weights is not None else 1) / max(total_w, 1)
                 progress(step)
                 reported += step
-                if isinstance(doc, BadRecord):  # counted as skipped (--skip-bad-records)
-                    stats.skip(row + i + 1, doc.reason)
-                    continue
-                stats.n_docs += 1
-                stats.record = row + i + 1
-                yield doc
+                yield row + i + 1, doc
             row += batch.num_rows
     except (pa.ArrowException, OSError) as e:
         raise corrupt(path, kind, e) from None

@@ -113,7 +113,8 @@ def _record(line: bytes | None, size: int, opts: ReadOptions, text_field: str | 
 
 
 def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
-               progress) -> Iterator[str]:
+               progress) -> Iterator[tuple]:
+    """``(line number, document or BadRecord)`` of each record; blank lines into ``stats``."""
     import zstandard
 
     if kind != "jsonl" and input_size(path) == 0:
@@ -145,19 +146,13 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                         f"{path} line {lineno}: the file is a JSON array, not JSON Lines (one "
                         "object per line); convert it, e.g. jq -c '.[]' in.json > in.jsonl")
                 try:
-                    text = _record(line, size, opts, text_field)
+                    doc = _record(line, size, opts, text_field)
                 except BadRecord as bad:
-                    if opts.skip_bad_records:
-                        stats.skip(lineno, bad.reason)
-                        continue
-                    raise PacktoolError(
-                        f"{path} line {lineno}: {bad.message}{bad.hint()}") from None
-                stats.n_docs += 1
-                stats.record = lineno
+                    doc = bad
                 pos = raw.tell()
                 progress(pos - last_pos)
                 last_pos = pos
-                yield text
+                yield lineno, doc
             progress(raw.tell() - last_pos)
             stats.content = finish()  # every byte, as read (a gzip member's padding too)
     except OSError as e:

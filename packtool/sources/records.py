@@ -148,6 +148,21 @@ class BadRecord(Exception):
         return "; fix the record or pass --skip-bad-records"
 
 
+def counted(path, unit: str, records, skip: bool, stats: InputStats):
+    """The documents of a reader's ``records`` (``(number, document or BadRecord)`` in
+    order), counted into ``stats``: a bad record skipped and counted (``skip``), else an
+    error naming the file and the ``unit`` (line, row) it is."""
+    for number, doc in records:
+        if not isinstance(doc, BadRecord):
+            stats.n_docs += 1
+            stats.record = number
+            yield doc
+        elif skip:
+            stats.skip(number, doc.reason)
+        else:
+            raise PacktoolError(f"{path} {unit} {number}: {doc.message}{doc.hint()}")
+
+
 def too_large(size: int, limit: int) -> BadRecord:
     return BadRecord(
         "too_large",
