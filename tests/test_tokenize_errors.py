@@ -177,7 +177,8 @@ def test_invalid_utf8(tmp_path):
     p.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
     assert_fails(tmp_path, "a.jsonl line 2: invalid UTF-8", p)
     (tmp_path / "b.txt").write_bytes(b"line one\nline two \xc3\x28 here\n")
-    assert_fails(tmp_path, "b.txt line 2: invalid UTF-8", tmp_path / "b.txt")
+    out = assert_fails(tmp_path, "b.txt line 2: invalid UTF-8", tmp_path / "b.txt")
+    assert "fix the file or pass --skip-bad-records" in out  # the option by its real name
 
 
 def test_unreadable_tokenizer(tmp_path):

@@ -62,6 +62,30 @@ def narrow(ids: np.ndarray, dtype) -> np.ndarray:
     return ids.astype(dtype)
 
 
+def wrap_docs(lengths, ids, mask, prefix, suffix):
+    """(lengths, ids, mask) with the ids ``prefix`` inserted before and ``suffix`` after each
+    document's ids; a loss ``mask`` (or None) gets 0 on the prefix and 1 on the suffix (the
+    model must learn to stop)."""
+    if not prefix and not suffix:
+        return lengths, ids, mask
+    lengths = lengths + len(prefix) + len(suffix)
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, ids.dtype)
+    out_mask = None if mask is None else np.empty(len(out), np.uint8)
+    keep = np.ones(len(out), bool)
+    places = [(ends - lengths + k, tid, 0) for k, tid in enumerate(prefix)]
+    places += [(ends - len(suffix) + k, tid, 1) for k, tid in enumerate(suffix)]
+    for where, tid, m in places:
+        out[where] = tid
+        keep[where] = False
+        if out_mask is not None:
+            out_mask[where] = m
+    out[keep] = ids
+    if out_mask is not None:
+        out_mask[keep] = mask
+    return lengths, out, out_mask
+
+
 def hf(path, reference) -> Engine:
     """The `tokenizers` library's own batch call: the reference for a ``tokenizer.json``, a
     checked engine for a SentencePiece ``.model``'s conversion."""

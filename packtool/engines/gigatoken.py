@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Engine, EngineRefused, narrow, version
+from .base import Engine, EngineRefused, narrow, version, wrap_docs
 from .tokenizer import tokenizer_json
 
 UNSUPPORTED = {"model": {"WordPiece", "Unigram", "WordLevel"}}
@@ -64,25 +64,6 @@ def _wrap(reference) -> tuple[list[int], list[int]] | None:
     return list(prefix), list(suffix)
 
 
-def _add(lengths, ids, prefix, suffix):
-    """Insert ``prefix`` before and ``suffix`` after each document's ids."""
-    n_extra = len(prefix) + len(suffix)
-    new = lengths + n_extra
-    ends = np.cumsum(new)
-    starts = ends - new
-    out = np.empty(int(ends[-1]) if len(ends) else 0, ids.dtype)
-    keep = np.ones(len(out), bool)
-    for k, tid in enumerate(prefix):
-        out[starts + k] = tid
-        keep[starts + k] = False
-    for k, tid in enumerate(suffix):
-        where = ends - len(suffix) + k
-        out[where] = tid
-        keep[where] = False
-    out[keep] = ids
-    return new, out
-
-
 def load(path, reference) -> Engine:
     import gigatoken
 
@@ -98,8 +79,7 @@ def load(path, reference) -> Engine:
             if wrap is None:
                 raise EngineRefused("gigatoken has no post-processor, and this one is not a "
                                     "constant prefix/suffix packtool can add")
-            if wrap[0] or wrap[1]:
-                lengths, ids = _add(lengths, ids, *wrap)
+            lengths, ids, _ = wrap_docs(lengths, ids, None, *wrap)
         return lengths, narrow(ids, dtype)
 
     return Engine("gigatoken", version("gigatoken"), encode, offsets=False)

@@ -65,10 +65,3 @@ def order(fam: str) -> tuple[str, ...]:
     measured = tuple(name for name, *_ in row if name != "hf")
     return measured + tuple(n for n in FAST_ENGINES if n not in measured)
 
-
-def speed(fam: str, engine: str) -> float | None:
-    """Measured M tokens/s (prose and code averaged) of ``engine`` on ``fam``, if measured."""
-    for name, prose, code in MEASURED.get(fam, ()):
-        if name == engine and prose:
-            return (prose + code) / 2
-    return None

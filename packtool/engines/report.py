@@ -45,10 +45,8 @@ def engine_summary(entry: dict, tokens_per_second: float | None = None) -> str:
 def _short(reason: str) -> str:
     """A reason's gist: the engine's own name and version dropped, cut at 90 characters."""
     words = reason.split(" ")
-    if len(words) > 2 and words[0] in LOADERS and words[1][:1].isdigit():
-        reason = " ".join(words[2:])
-    elif words and words[0] in LOADERS:
-        reason = " ".join(words[1:])
+    if words[0] in LOADERS:
+        reason = " ".join(words[2 if len(words) > 2 and words[1][:1].isdigit() else 1:])
     return reason if len(reason) <= 90 else reason[:87] + "..."
 
 

@@ -11,13 +11,10 @@ promise kept:
    token in context) and must match the reference on every probe text, else it is refused
    with the first difference.
 2. **During the run** (``check="sample"``), the engine's output is compared with the reference
-   on a sample that is a pure function of the corpus (:mod:`.sample`): the first
-   ``FIRST_DOCS`` documents, a ``RANDOM_RATE`` of all documents drawn by a hash of their global
-   index, and the longest documents (where rare paths hide): in input order, each one more
-   than ``GROWTH`` times as long as the last so checked; all within a byte budget, so that
-   the check costs a few percent of the run. The same corpus checks the same documents
-   whatever the workers and batch size, so the manifest is byte-identical between runs.
-   ``check="full"`` re-encodes everything.
+   on a sample that is a pure function of the corpus (:mod:`.sample`: the first documents, a
+   seeded fraction, the longest, within a byte budget: a few percent of the run), so the
+   manifest is byte-identical whatever the workers and batch size. ``check="full"``
+   re-encodes everything.
 3. **On any difference** ``auto`` raises :class:`EngineMismatch`; ``tokenize_files`` discards
    the partial output and runs again with the reference, saying why. Output files are
    byte-identical whichever engine ran.
@@ -69,13 +66,6 @@ _PROBE = [
 ]
 
 
-def _probe_texts(path: Path, reference) -> list[str]:
-    """The load probe for the tokenizer at ``path``; a ``.model`` adds its own
-    (:func:`packtool.engines.spm.probe_texts`: its pieces in context)."""
-    texts = probe_texts([t.content for t in reference.get_added_tokens_decoder().values()])
-    return texts + spm.probe_texts(path) if _is_model(path) else texts
-
-
 def _is_model(path) -> bool:
     return Path(path).suffix == ".model"
 
@@ -90,12 +80,6 @@ def probe_texts(added: list[str]) -> list[str]:
     """The load probe: fixed texts, then each added token (``added``: their texts) in
     context, then all of them together."""
     return _PROBE + [f"a{t}b {t} x{t}{t}\n{t}" for t in added] + [" ".join(added)]
-
-
-def _spec(reference) -> dict:
-    """The reference's own ``tokenizer.json`` (truncation and padding off): what every engine
-    is given, also for a converted SentencePiece ``.model``."""
-    return tokenizer_json(reference)[1]
 
 
 def declared_refusal(name: str, spec: dict) -> str | None:
@@ -136,7 +120,9 @@ def load_engine(name: str, path: Path, reference, add_special: bool,
         raise EngineRefused(f"{name} is not installed (pip install 'packtool[fast]')") from None
     except Exception as e:  # the Rust side raises its own exception types
         raise EngineRefused(f"{name} cannot load it ({str(e).splitlines()[0][:200]})") from None
-    texts = _probe_texts(path, reference)
+    texts = probe_texts([t.content for t in reference.get_added_tokens_decoder().values()])
+    if _is_model(path):  # and its own: its pieces in context
+        texts += spm.probe_texts(path)
     try:
         diff = first_difference(engine, against, texts, add_special)
     except EngineRefused:
@@ -164,7 +150,7 @@ def _refusal(name: str, path: Path, reference, need_offsets: bool, spec: dict | 
         return f"{name} would encode packtool's conversion, and there is none: {unconverted}"
     if name == "hf":
         return None
-    return declared_refusal(name, _spec(reference) if spec is None else spec)
+    return declared_refusal(name, tokenizer_json(reference)[1] if spec is None else spec)
 
 
 def first_difference(engine: Engine, reference: Engine, texts: list[str],
@@ -243,17 +229,13 @@ class Selection:
             raise
         else:
             self._pool.shutdown(wait=True)
-            self.finish()
+            for f in self._futures:  # every check done: raise the first difference found
+                f.result()
+            self._futures = []
+            if self._failed is not None:
+                raise self._failed
         finally:
             self._pool = None
-
-    def finish(self) -> None:
-        """Wait for every submitted check; raise the first difference found."""
-        for f in self._futures:
-            f.result()
-        self._futures = []
-        if self._failed is not None:
-            raise self._failed
 
     def encode(self, texts, add_special, dtype, pick: np.ndarray | None = None):
         """The engine's encode; the documents at ``pick`` (or all, with ``full``) are compared
@@ -265,19 +247,17 @@ class Selection:
             return lengths, ids
         if self.check == "full":
             self._verify(texts, add_special, dtype, lengths, ids)
-            return lengths, ids
-        if pick is None or not pick.size:
-            return lengths, ids
-        ends = np.cumsum(lengths)
-        sub = [texts[i] for i in pick]
-        want = np.concatenate([ids[ends[i] - lengths[i]:ends[i]] for i in pick])
-        if self._pool is None:  # no checker threads (a direct call): check here
-            self._verify(sub, add_special, dtype, lengths[pick], want)
-            return lengths, ids
-        self._slots.acquire()
-        future = self._pool.submit(self._verify, sub, add_special, dtype, lengths[pick], want)
-        future.add_done_callback(lambda _: self._slots.release())
-        self._futures.append(future)
+        elif pick is not None and pick.size:
+            ends = np.cumsum(lengths)
+            checked = ([texts[i] for i in pick], add_special, dtype, lengths[pick],
+                       np.concatenate([ids[ends[i] - lengths[i]:ends[i]] for i in pick]))
+            if self._pool is None:  # no checker threads (a direct call): check here
+                self._verify(*checked)
+            else:
+                self._slots.acquire()
+                future = self._pool.submit(self._verify, *checked)
+                future.add_done_callback(lambda _: self._slots.release())
+                self._futures.append(future)
         return lengths, ids
 
     def _verify(self, texts, add_special, dtype, lengths, ids) -> None:
@@ -312,7 +292,7 @@ def select_engine(requested: str, check: str, path: Path, reference, add_special
     if requested == "sentencepiece" and ref.name != requested:
         raise PacktoolError(f"--engine sentencepiece runs a SentencePiece .model, and {path} is "
                             "not one; use --engine auto or hf")
-    spec = _spec(reference)
+    spec = tokenizer_json(reference)[1]
     fam = ranking.family(spec)
     label = f"{ref.library} {ref.version}"
     if fallback is not None or requested == ref.name:

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PacktoolError
-from .base import Engine, narrow
+from .base import Engine, narrow, version
 
 # sentencepiece_model.proto field numbers
 _PIECES, _TRAINER, _NORMALIZER = 1, 2, 3
@@ -220,8 +220,6 @@ def reference(path: Path) -> Engine:
     each: 8.0M tokens/s, one: 6.9M; one call of two threads: 15.3M; 32k Unigram, 20 MB of
     prose, 2 cores). No BOS/EOS (packtool adds them with ``--bos``/``--eos``, and the
     conversion has no post-processor either: ``--special-tokens`` changes nothing)."""
-    from importlib import metadata
-
     sp = processor(path)
     threads = os.cpu_count() or 1
 
@@ -235,7 +233,7 @@ def reference(path: Path) -> Engine:
         out = sp.encode(list(texts), return_type="offset_mapping", num_threads=threads)
         return [(d["ids"], d["offsets"]) for d in out]
 
-    return Engine("sentencepiece", metadata.version("sentencepiece"), encode, offsets=True,
+    return Engine("sentencepiece", version("sentencepiece"), encode, offsets=True,
                   with_offsets=with_offsets)
 
 
@@ -287,8 +285,6 @@ def load_model(path: Path):
     does not convert it a vocabulary of its pieces (:func:`conversion_refused`). Returns
     ``(tokenizer, sentencepiece version)``; whether the conversion encodes like the library
     is decided where an engine is chosen (:mod:`.select`), not here."""
-    from importlib import metadata
-
     data = path.read_bytes()
     try:
         pieces = parse_model(data)["pieces"]
@@ -308,4 +304,4 @@ def load_model(path: Path):
         tok = convert(data)
     except Exception as e:  # whatever the conversion cannot do, the reference still serves
         tok = _vocabulary(pieces, f"packtool does not convert this model ({e})")
-    return tok, metadata.version("sentencepiece")
+    return tok, version("sentencepiece")

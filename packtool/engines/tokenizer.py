@@ -70,12 +70,10 @@ _JSON: dict[int, tuple] = {}  # id -> (tokenizer, text, spec), for what load_tok
 
 
 def _remember(tokenizer) -> tuple[str, dict]:
-    text = tokenizer.to_str()
-    entry = (tokenizer, text, parse_json(text))
     while len(_JSON) >= 4:
         del _JSON[next(iter(_JSON))]
-    _JSON[id(tokenizer)] = entry
-    return entry[1], entry[2]
+    _JSON[id(tokenizer)] = (tokenizer, *tokenizer_json(tokenizer))
+    return _JSON[id(tokenizer)][1:]
 
 
 def tokenizer_json(tokenizer) -> tuple[str, dict]:

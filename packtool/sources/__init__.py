@@ -40,6 +40,7 @@ from .records import (
     MEMORY_PER_RECORD_BYTE,
     InputStats,
     ReadOptions,
+    counted,
     utf8_size,
 )
 from .txt import TXT_SPLITS, iter_txt
@@ -60,17 +61,18 @@ def iter_documents(path, opts: ReadOptions, stats: InputStats, progress=lambda n
 def _records(path, opts: ReadOptions, stats: InputStats, progress):
     kind = file_kind(path)
     if kind in ("jsonl", "jsonl.gz", "jsonl.zst"):
-        return iter_jsonl(path, kind, opts, stats, progress)
-    if kind == "parquet":
-        return iter_parquet(path, opts, stats, progress)
-    if kind == "arrow":
-        return iter_arrow(path, opts, stats, progress)
-    if kind == "txt":
+        records = iter_jsonl(path, kind, opts, stats, progress)
+    elif kind in ("parquet", "arrow"):
+        records = (iter_parquet if kind == "parquet" else iter_arrow)(path, opts, progress)
+    elif kind == "txt":
         if opts.mode != "text":
             raise PacktoolError(f"{path}: .txt files hold plain text; prompt/completion and "
                                 "messages need JSONL or Parquet records")
-        return iter_txt(path, opts, stats, progress)
-    raise PacktoolError(f"{path}: unsupported file type; supported: {SUPPORTED}")
+        records = iter_txt(path, opts, progress)
+    else:
+        raise PacktoolError(f"{path}: unsupported file type; supported: {SUPPORTED}")
+    unit = "row" if kind in ("parquet", "arrow") else "line"
+    return counted(path, unit, records, opts.skip_bad_records, stats)
 
 
 def _located(path, opts: ReadOptions, stats: InputStats, progress):

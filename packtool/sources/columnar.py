@@ -8,12 +8,12 @@ from pathlib import Path
 
 from ..errors import PacktoolError
 from .files import input_size, is_remote, open_input
-from .records import BadRecord, InputStats, ReadOptions, corrupt, too_large, utf8_size
+from .records import BadRecord, ReadOptions, corrupt, too_large, utf8_size
 
 PARQUET_BATCH_BYTES = 64 << 20  # rows per Parquet batch: about this much decoded text
 
 
-def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+def iter_parquet(path: Path, opts: ReadOptions, progress) -> Iterator[tuple]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -36,12 +36,12 @@ def iter_parquet(path: Path, opts: ReadOptions, stats: InputStats, progress) -> 
             yield batch, size * batch.num_rows / n_rows
 
     try:
-        yield from _iter_batches(path, "parquet", batches(), size, opts, stats, progress)
+        yield from _iter_batches(path, "parquet", batches(), size, opts, progress)
     finally:
         pf.close()
 
 
-def iter_arrow(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+def iter_arrow(path: Path, opts: ReadOptions, progress) -> Iterator[tuple]:
     """Arrow IPC: the file format (starts with ``ARROW1``) or the stream format (what
     ``datasets.save_to_disk`` writes), read one record batch at a time from a memory map (an
     object in a store: from its stream)."""
@@ -71,7 +71,7 @@ def iter_arrow(path: Path, opts: ReadOptions, stats: InputStats, progress) -> It
             last = pos
 
     with src:
-        yield from _iter_batches(path, "arrow", batches(), size, opts, stats, progress)
+        yield from _iter_batches(path, "arrow", batches(), size, opts, progress)
 
 
 def _columns(path: Path, names: list[str], opts: ReadOptions) -> list[str]:
@@ -87,16 +87,10 @@ def _columns(path: Path, names: list[str], opts: ReadOptions) -> list[str]:
     return sorted(set(tops))
 
 
-class _Skip:
-    """A row to count as skipped (with ``--skip-bad-records``) instead of yielding."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
-def _iter_batches(path, kind, batches, size, opts, stats, progress):
-    """Yield the documents of Arrow record batches, advancing ``progress`` by each batch's share
-    of the file's bytes, spread over its rows by text length, so that the total is the file size."""
+def _iter_batches(path, kind, batches, size, opts, progress):
+    """``(row number, document or BadRecord)`` of each row of Arrow record batches,
+    advancing ``progress`` by each batch's share of the file's bytes, spread over its rows by
+    text length, so that the total is the file size."""
     import pyarrow as pa
 
     row, reported = 0, 0.0
@@ -113,26 +107,22 @@ def _iter_batches(path, kind, batches, size, opts, stats, progress):
                 step = share * (weights[i] if weights is not None else 1) / max(total_w, 1)
                 progress(step)
                 reported += step
-                if isinstance(doc, _Skip):
-                    stats.skip(row + i + 1, doc.reason)
-                    continue
-                stats.n_docs += 1
-                stats.record = row + i + 1
-                yield doc
+                yield row + i + 1, doc
             row += batch.num_rows
     except (pa.ArrowException, OSError) as e:
         raise corrupt(path, kind, e) from None
     progress(size - reported)
 
 
-def _bad(path, row: int, bad: BadRecord, opts: ReadOptions):
+def _bad(path, row: int, bad: BadRecord, opts: ReadOptions) -> BadRecord:
+    """``bad``, to be counted as skipped, or with no ``--skip-bad-records`` an error."""
     if opts.skip_bad_records:
-        return _Skip(bad.reason)
+        return bad
     raise PacktoolError(f"{path} row {row}: {bad.message}{bad.hint()}")
 
 
 def _text_column(col, name: str, path, row0: int, opts: ReadOptions):
-    """The texts of one batch's column (str, or _Skip) and their sizes in bytes.
+    """The texts of one batch's column (str, or a BadRecord skipped) and their sizes in bytes.
 
     Reads string, large_string, string_view, binary (UTF-8 checked), and dictionaries of
     those. Invalid UTF-8 in a *string* column (Arrow does not check it on read) is found per
@@ -180,7 +170,7 @@ def _text_column(col, name: str, path, row0: int, opts: ReadOptions):
                  for i, b in enumerate(col.to_pylist())]
     for i, text in enumerate(texts):
         if big[i]:
-            texts[i] = _Skip("too_large")
+            texts[i] = BadRecord("too_large", "")
         elif text is None:
             texts[i] = _bad(path, row0 + i + 1, BadRecord(
                 "null", f"{key!r} is null, expected a string"), opts)
@@ -196,7 +186,7 @@ def _decode_row(b: bytes, path, row: int, opts):
 
 
 def _row_docs(batch, path, row0: int, opts: ReadOptions) -> list:
-    """prompt/completion or messages documents of one batch (or _Skip)."""
+    """prompt/completion or messages documents of one batch (or a BadRecord skipped)."""
     try:
         objs = batch.to_pylist()
     except UnicodeDecodeError:  # find the row: decode one at a time
@@ -209,7 +199,7 @@ def _row_docs(batch, path, row0: int, opts: ReadOptions) -> list:
                     "invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})"), opts))
     docs = []
     for i, obj in enumerate(objs):
-        if isinstance(obj, _Skip):
+        if isinstance(obj, BadRecord):
             docs.append(obj)
             continue
         try:

@@ -61,21 +61,16 @@ def expand_inputs(inputs: list[str], tokenizer: str | Path | None = None) -> lis
     out: list = []
     found_in: dict = {}  # a file found in a folder or by a glob -> that argument
     for arg in inputs:
+        p = Path(arg)
         if is_url(arg):
             found = _expand_remote(str(arg))
-            out.extend(found)
-            found_in.update((f, arg) for f in found if str(f) != str(arg))
-            continue
-        p = Path(arg)
-        if p.is_dir():
+        elif p.is_dir():
             models: list[Path] = []
             found = sorted(_walk(p, set(), models))
             if models:
                 _refuse_tokenizer_file(models[0], arg)
             if not found:
                 raise PacktoolError(f"directory {p} holds no supported files ({SUPPORTED})")
-            out.extend(found)
-            found_in.update((f, arg) for f in found)
         elif p.exists():
             if file_kind(p) is None:
                 raise PacktoolError(
@@ -83,16 +78,17 @@ def expand_inputs(inputs: list[str], tokenizer: str | Path | None = None) -> lis
                     "(rename the file or convert it)"
                 )
             out.append(p)
+            continue
         elif glob.has_magic(arg):
             found = sorted(Path(f) for f in glob.glob(arg, recursive=True))
             found = [f for f in found if file_kind(f) and _is_file(f)
                      and not _is_dataset_metadata(f)]
             if not found:
                 raise PacktoolError(f"pattern {arg!r} matches no supported files ({SUPPORTED})")
-            out.extend(found)
-            found_in.update((f, arg) for f in found)
         else:
             raise PacktoolError(f"{p}: no such file or directory")
+        out.extend(found)  # found in a folder, under a prefix or by a glob
+        found_in.update((f, arg) for f in found if str(f) != str(arg))
     for f, arg in found_in.items():
         if f.name in TOKENIZER_FILES:
             _refuse_tokenizer_file(f, arg)

@@ -62,12 +62,6 @@ class _ZstdFrames(io.RawIOBase):
         return n
 
 
-def _decompress_errors():
-    import zstandard
-
-    return (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
-
-
 @functools.cache
 def _orjson():
     """(orjson.loads, orjson.JSONDecodeError), or None without ``packtool[fast]``; looked up
@@ -118,21 +112,18 @@ def _record(line: bytes | None, size: int, opts: ReadOptions, text_field: str | 
     return opts.extract(obj)
 
 
-def _refuse_array(path, lineno: int) -> None:
-    raise PacktoolError(
-        f"{path} line {lineno}: the file is a JSON array, not JSON Lines (one object per "
-        "line); convert it, e.g. jq -c '.[]' in.json > in.jsonl")
-
-
 def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
-               progress) -> Iterator[str]:
+               progress) -> Iterator[tuple]:
+    """``(line number, document or BadRecord)`` of each record; blank lines into ``stats``."""
+    import zstandard
+
     if kind != "jsonl" and input_size(path) == 0:
         raise PacktoolError(
             f"{path}: 0 bytes, not a valid {kind.split('.')[1]} stream (even an empty corpus "
             "compresses to a few bytes); remove the file or re-compress it"
         )
     raw, f, finish = open_jsonl(path, kind)
-    errors = _decompress_errors()
+    errors = (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
     text_field = opts.text_field if opts.mode == "text" and opts.vision is None else None
     lineno = last_pos = 0
     try:
@@ -151,21 +142,17 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
                     continue
                 if (line is not None and stats.n_docs == 0 and not stats.skipped
                         and line.lstrip(b"\xef\xbb\xbf \t").startswith(b"[")):
-                    _refuse_array(path, lineno)
-                try:
-                    text = _record(line, size, opts, text_field)
-                except BadRecord as bad:
-                    if opts.skip_bad_records:
-                        stats.skip(lineno, bad.reason)
-                        continue
                     raise PacktoolError(
-                        f"{path} line {lineno}: {bad.message}{bad.hint()}") from None
-                stats.n_docs += 1
-                stats.record = lineno
+                        f"{path} line {lineno}: the file is a JSON array, not JSON Lines (one "
+                        "object per line); convert it, e.g. jq -c '.[]' in.json > in.jsonl")
+                try:
+                    doc = _record(line, size, opts, text_field)
+                except BadRecord as bad:
+                    doc = bad
                 pos = raw.tell()
                 progress(pos - last_pos)
                 last_pos = pos
-                yield text
+                yield lineno, doc
             progress(raw.tell() - last_pos)
             stats.content = finish()  # every byte, as read (a gzip member's padding too)
     except OSError as e:

@@ -102,20 +102,15 @@ class ReadOptions:
     def _extract(self, obj):
         if self.mode == "text":
             return check_text(get_field(obj, self.text_field), self.text_field)
-        if self.mode in ("pairs", "completions"):  # .groups.extract_group, set by the caller
-            try:
-                return self.group(obj, self)
-            except PacktoolError as e:  # the template refused this prompt
-                raise BadRecord(getattr(e, "reason", "chat_template"), str(e)) from None
         if self.mode == "prompt_completion":
             return (check_text(get_field(obj, self.prompt_field), self.prompt_field),
                     check_text(get_field(obj, self.completion_field), self.completion_field))
-        messages = check_messages(get_field(obj, self.messages_field), self.messages_field)
-        if self.render is None:
-            return messages
-        try:
-            return self.render(messages)
-        except PacktoolError as e:  # the template refused this conversation
+        try:  # a group (.groups.extract_group, set by the caller), or a conversation rendered
+            if self.mode in ("pairs", "completions"):
+                return self.group(obj, self)
+            messages = check_messages(get_field(obj, self.messages_field), self.messages_field)
+            return messages if self.render is None else self.render(messages)
+        except PacktoolError as e:  # the template refused this prompt or conversation
             raise BadRecord(getattr(e, "reason", "chat_template"), str(e)) from None
 
 
@@ -151,6 +146,21 @@ class BadRecord(Exception):
         if self.reason in ("missing_field", "too_large"):
             return ""
         return "; fix the record or pass --skip-bad-records"
+
+
+def counted(path, unit: str, records, skip: bool, stats: InputStats):
+    """The documents of a reader's ``records`` (``(number, document or BadRecord)`` in
+    order), counted into ``stats``: a bad record skipped and counted (``skip``), else an
+    error naming the file and the ``unit`` (line, row) it is."""
+    for number, doc in records:
+        if not isinstance(doc, BadRecord):
+            stats.n_docs += 1
+            stats.record = number
+            yield doc
+        elif skip:
+            stats.skip(number, doc.reason)
+        else:
+            raise PacktoolError(f"{path} {unit} {number}: {doc.message}{doc.hint()}")
 
 
 def too_large(size: int, limit: int) -> BadRecord:

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import PacktoolError
 from .files import input_size, open_input, read_all
-from .records import BadRecord, InputStats, ReadOptions, read_lines, too_large
+from .records import BadRecord, ReadOptions, read_lines, too_large
 
 TXT_SPLITS = ("file", "line", "blank-line")
 
@@ -24,25 +25,21 @@ def _decode_txt(data: bytes, path: Path, first_line: int) -> str:
                          f"{path} line {line}: invalid UTF-8 ({e.reason})") from None
 
 
-def _emit(data: bytes | None, first_line: int, size: int, path: Path, opts: ReadOptions,
-          stats: InputStats) -> str | None:
-    """The document of ``data`` (``None``: over the record limit, not held), counted; None
-    when it was a bad record skipped."""
+def _emit(data: bytes | None, first_line: int, size: int, path: Path,
+          opts: ReadOptions) -> str | BadRecord:
+    """The document of ``data`` (``None``: over the record limit, not held), or with
+    ``--skip-bad-records`` the bad record to count."""
     limit = opts.max_record_bytes
     try:
         if data is None or len(data) > limit:
             raise too_large(size if data is None else len(data), limit)
-        text = _decode_txt(data, path, first_line)
+        return _decode_txt(data, path, first_line)
     except BadRecord as bad:
         if opts.skip_bad_records:
-            stats.skip(first_line, bad.reason)
-            return None
+            return bad
         where = "" if bad.reason == "invalid_utf8" else f"{path} line {first_line}: "
-        fix = bad.hint().replace("record", "file") if bad.hint() else ""
+        fix = bad.hint().replace("the record", "the file")  # the option keeps its name
         raise PacktoolError(f"{where}{bad.message}{fix}") from None
-    stats.n_docs += 1
-    stats.record = first_line
-    return text
 
 
 def _by_line(f, limit: int, progress):
@@ -76,7 +73,8 @@ def _by_paragraph(f, limit: int, progress):
         yield (None if para is None else b"".join(para).rstrip(b"\r\n")), para_line, para_size
 
 
-def iter_txt(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iterator[str]:
+def iter_txt(path: Path, opts: ReadOptions, progress) -> Iterator[tuple]:
+    """``(first line number, document or BadRecord)`` of each document."""
     split = opts.txt_split
     if split not in TXT_SPLITS:
         raise PacktoolError(f"--txt-split {split!r}: choose one of {', '.join(TXT_SPLITS)}")
@@ -86,15 +84,12 @@ def iter_txt(path: Path, opts: ReadOptions, stats: InputStats, progress) -> Iter
             size = input_size(path)
             data = read_all(path) if size <= limit else None
             progress(size)
-            text = _emit(data, 1, size, path, opts, stats)
-            if text is not None:
-                yield text
-            return
-        with open_input(path) as f:
+            f, pieces = contextlib.nullcontext(), [(data, 1, size)]
+        else:
+            f = open_input(path)
             pieces = (_by_line if split == "line" else _by_paragraph)(f, limit, progress)
+        with f:
             for data, first_line, size in pieces:
-                text = _emit(data, first_line, size, path, opts, stats)
-                if text is not None:
-                    yield text
+                yield first_line, _emit(data, first_line, size, path, opts)
     except OSError as e:
         raise PacktoolError(f"{path}: read error ({e})") from None

@@ -1,13 +1,12 @@
 """Stage 1: raw corpora -> token files (``PREFIX.json`` and its parts' ``.bin``,
 ``.boundaries``, ``.mask``): a plan of parts (:mod:`.plan`), each a job (:mod:`.part`) run by
 the pipeline (:mod:`.pipeline`, :mod:`.encode`), and the stage that runs them and writes the
-manifest (:mod:`.stage`).
+manifest, ``PREFIX.json`` from the parts' own manifests (:mod:`.stage`).
 
 Besides: :mod:`.prepare` what every part needs once per process (tokenizer, ids,
 encoder, engine), :mod:`.groups` pairs and groups to sequences (the prompt encoded once),
-:mod:`.assemble` ``PREFIX.json`` from the parts' manifests, :mod:`.result` what a run
-reports, :mod:`.images` records with images (``--vision``): image tokens expanded, their
-spans and 3-D positions.
+:mod:`.result` what a run reports, :mod:`.images` records with images (``--vision``):
+image tokens expanded, their spans and 3-D positions.
 """
 
 from ..options import TokenizeOptions

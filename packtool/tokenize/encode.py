@@ -21,40 +21,14 @@ from itertools import chain
 import numpy as np
 
 from ..engines import Selection
-from ..engines.base import hf
+from ..engines.base import hf, wrap_docs
+from .groups import encode_groups, interleave
 
 
 def add_bos_eos(lengths, ids, mask, dtype, bos_id, eos_id):
     """Insert BOS (mask 0) / EOS (mask 1) around each document."""
-    n_extra = (bos_id is not None) + (eos_id is not None)
-    if not n_extra:
-        return lengths, ids, mask
-    lengths = lengths + n_extra
-    ends = np.cumsum(lengths)
-    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
-    out_mask = None if mask is None else np.empty(len(out), np.uint8)
-    keep = np.ones(len(out), dtype=bool)
-    for tid, where, m in ((bos_id, ends - lengths, 0), (eos_id, ends - 1, 1)):
-        if tid is not None:
-            out[where] = tid
-            keep[where] = False
-            if out_mask is not None:
-                out_mask[where] = m
-    out[keep] = ids
-    if out_mask is not None:
-        out_mask[keep] = mask
-    return lengths, out, out_mask
-
-
-def _prompt_completion(batch, records, dtype, pick):
-    lp, ip = batch([r[0] for r in records], False, dtype, pick)
-    lc, ic = batch([r[1] for r in records], False, dtype, pick)
-    lengths = lp + lc
-    owner = np.repeat(np.arange(2 * len(records)), np.stack([lp, lc], 1).ravel())
-    ids = np.empty(int(lengths.sum()), dtype)
-    is_c = (owner % 2).astype(bool)
-    ids[~is_c], ids[is_c] = ip, ic
-    return lengths, ids, is_c.astype(np.uint8)
+    return wrap_docs(lengths, ids.astype(dtype, copy=False), mask,
+                     [] if bos_id is None else [bos_id], [] if eos_id is None else [eos_id])
 
 
 def _messages(with_offsets, rendered, dtype):
@@ -108,14 +82,14 @@ def make_encoder(tokenizer, dtype: np.dtype, add_special: bool, bos_id, eos_id,
 
     def encode(records, pick=None):
         if mode in ("pairs", "completions"):
-            from .groups import encode_groups
-
             return encode_groups(batch, records, dtype, pick, bos_id, eos_id)
         if mode == "text":
             lengths, ids = batch(records, add_special, dtype, pick)
             mask = None
         elif mode == "prompt_completion":
-            lengths, ids, mask = _prompt_completion(batch, records, dtype, pick)
+            lengths, ids, mask = interleave(*batch([r[0] for r in records], False, dtype, pick),
+                                            *batch([r[1] for r in records], False, dtype, pick),
+                                            dtype)
         else:
             rendered = records if renderer is None else [renderer(r) for r in records]
             lengths, ids, mask = _messages(engine.engine.with_offsets, rendered, dtype)

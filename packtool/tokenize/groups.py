@@ -17,6 +17,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines.base import wrap_docs
+
+
+def interleave(lp, ip, lc, ic, dtype):
+    """(lengths, ids, mask) of documents each made of a prompt (``lp`` lengths of ``ip``
+    ids, mask 0) then a completion (``lc`` of ``ic``, mask 1)."""
+    lengths = lp + lc
+    owner = np.repeat(np.arange(2 * len(lp)), np.stack([lp, lc], 1).ravel())
+    ids = np.empty(int(lengths.sum()), dtype)
+    is_c = (owner % 2).astype(bool)
+    ids[~is_c], ids[is_c] = ip, ic
+    return lengths, ids, is_c.astype(np.uint8)
+
 
 def encode_groups(batch, records, dtype, pick, bos_id, eos_id):
     """(lengths, ids, mask, (roles, prompt lengths, rewards or None)) of the sequences of
@@ -28,32 +41,17 @@ def encode_groups(batch, records, dtype, pick, bos_id, eos_id):
     first = np.concatenate([[0], np.cumsum(n_seq)[:-1]]).astype(np.int64)
     lc, ic = batch([c for r in records for c in r.completions], False, dtype,
                    None if pick is None else first[pick])
-    extra_p = int(bos_id is not None)
-    extra_c = int(eos_id is not None)
-    p_len = np.repeat(lp.astype(np.int64) + extra_p, n_seq)
-    lengths = p_len + lc + extra_c
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    ids = np.empty(int(ends[-1]) if ends.size else 0, dtype)
-    mask = np.zeros(ids.size, np.uint8)
-    p_starts = np.concatenate([[0], np.cumsum(lp)[:-1]]).astype(np.int64)
-    c_starts = np.concatenate([[0], np.cumsum(lc)[:-1]]).astype(np.int64)
-    owner = np.repeat(np.arange(len(records)), n_seq)
-    for s in range(lengths.size):
-        at, r = int(starts[s]), int(owner[s])
-        if extra_p:
-            ids[at] = bos_id
-        n = int(lp[r])
-        ids[at + extra_p:at + extra_p + n] = ip[p_starts[r]:p_starts[r] + n]
-        at += int(p_len[s])
-        m = int(lc[s])
-        ids[at:at + m] = ic[c_starts[s]:c_starts[s] + m]
-        if extra_c:
-            ids[at + m] = eos_id
-        mask[at:at + m + extra_c] = 1
+    # each sequence's copy of its record's prompt: a ragged gather from ip
+    lps = lp.astype(np.int64)[np.repeat(np.arange(len(records)), n_seq)]
+    starts = np.repeat(np.cumsum(lp) - lp, n_seq)
+    at = np.repeat(starts - (np.cumsum(lps) - lps), lps) + np.arange(int(lps.sum()))
+    lengths, ids, mask = wrap_docs(*interleave(lps, ip[at], lc, ic, dtype),
+                                   [] if bos_id is None else [bos_id],
+                                   [] if eos_id is None else [eos_id])
     roles = np.fromiter((c for r in records for c in r.roles), np.uint16, int(n_seq.sum()))
     rewards = None
     if records and records[0].rewards is not None:
         rewards = np.fromiter((x for r in records for x in r.rewards), np.float32,
                               int(n_seq.sum()))
+    p_len = lps + int(bos_id is not None)
     return lengths, ids, mask, (roles, p_len.astype(np.uint32), rewards)

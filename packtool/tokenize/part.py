@@ -5,10 +5,7 @@
     check_part(plan, k) -> its manifest when a part's files match it, of the same digest,
                           from inputs whose content hash still matches (resume skips it)
 
-The stage (:mod:`.stage`) runs a part against its output, local or in a bucket: under the
-part's lock (two writers of one part, array tasks given the same part, serialize: the second
-finds it finished and skips it), in a folder of its own, then published (renamed in, or
-uploaded), the part manifest last.
+The stage (:mod:`.stage`) runs and publishes a part (:func:`packtool.storage.write.run_job`).
 
 The tokenizer is loaded once per process, the engine selected (its load-time probe run) once
 per run and per Ray worker process, and both reused by every part it writes (:mod:`.prepare`),
@@ -59,10 +56,9 @@ class PartJob:
         return f"part {self.k} ({self.part.name})"
 
 
-def check_part(plan: TokenizePlan, k: int, inputs: bool = True, place=None
-               ) -> tuple[dict | None, str]:
+def check_part(plan: TokenizePlan, k: int, place=None) -> tuple[dict | None, str]:
     """(part manifest, "") when part ``k`` is finished: its manifest exists, is of this plan
-    (same digest), every data file matches its record, and (``inputs``) every input still has
+    (same digest), every data file matches its record, and every input still has
     the content hash recorded when it was read; else (None, why). A half-written part never
     passes: its manifest is put last. Locally (``place`` None) every file's size and sha256
     are checked; in a bucket (``place``: the output's), each object's size (reading them back
@@ -80,7 +76,7 @@ def check_part(plan: TokenizePlan, k: int, inputs: bool = True, place=None
     problem = _files_problem(plan, part, m["part"], place)
     if problem:
         return None, problem
-    changed = inputs_changed(m["part"]["inputs"]) if inputs else None
+    changed = inputs_changed(m["part"]["inputs"])
     return (None, changed) if changed else (m, "")
 
 
@@ -162,14 +158,6 @@ def finished_parts(plan: TokenizePlan, but: int) -> str | None:
     return f"{len(done)} finished part(s) of it ({shown})"
 
 
-def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
-    t0 = time.perf_counter()
-    s = setup(job.plan.tokenizer, job.opts, fallback)
-    manifest = _write(job, tick, s)
-    manifest["seconds"] = time.perf_counter() - t0
-    return manifest
-
-
 def data_keys(opts: TokenizeOptions) -> list[str]:
     """The data files a part of this run writes: .bin, .boundaries, and the loss mask (all but
     plain text), a pair's or group's roles and prompt lengths, and its rewards."""
@@ -183,10 +171,12 @@ def data_keys(opts: TokenizeOptions) -> list[str]:
     return keys + (["tree"] if opts.tree_field else [])
 
 
-def _write(job: PartJob, tick, s) -> dict:
+def _write_part(job: PartJob, tick, fallback: str | None = None) -> dict:
     """The part's files and, last, its manifest, into the folder ``job.plan.prefix`` names
     (the job's own: the stage publishes them, :func:`packtool.storage.write.run_job`)."""
+    t0 = time.perf_counter()
     plan, opts, part = job.plan, job.opts, job.part
+    s = setup(plan.tokenizer, opts, fallback)
     paths = [as_input(p) for p in part.inputs]
     files = prefix_paths(plan.part_prefix(part))
     workers = opts.workers or os.cpu_count() or 1
@@ -206,4 +196,5 @@ def _write(job: PartJob, tick, s) -> dict:
                 "meta": {**s.meta, "engine": engine_manifest(s.engine)}}
     write_new(plan.part_manifest(part), manifest_text(manifest, ensure_ascii=False))
     manifest["warnings"] = list(s.warnings)
+    manifest["seconds"] = time.perf_counter() - t0
     return manifest

@@ -74,7 +74,7 @@ class Reader(threading.Thread):
         self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
         self.stats: list[InputStats] = []
         self.bytes_read = 0
-        self.nbytes = 0  # UTF-8 bytes in the batch being filled
+        self.batch, self.sizes, self.nbytes = [], [], 0  # being filled: records, UTF-8 bytes
         self.stop = threading.Event()
 
     def _put(self, item) -> bool:
@@ -85,6 +85,12 @@ class Reader(threading.Thread):
             except queue.Full:
                 continue
         return False
+
+    def _flush(self) -> bool:
+        """Queue the batch being filled; False when the run stopped first."""
+        item = (self.batch, self.sizes, self.bytes_read)
+        self.batch, self.sizes, self.nbytes = [], [], 0
+        return self._put(item)
 
     def _progress(self, n: int) -> None:
         self.bytes_read += n
@@ -97,22 +103,21 @@ class Reader(threading.Thread):
               f"(~{size * MEMORY_PER_RECORD_BYTE / 1e9:.1f} GB); lower --max-record-bytes to "
               "refuse such records", file=sys.stderr)
 
-    def _read(self, path: Path, batch: list, sizes: list) -> tuple[list, list] | None:
+    def _read(self, path: Path) -> bool:
         stats = InputStats(path=str(path), kind=file_kind(path))
         self.stats.append(stats)
         before = identity(path)
         try:
             for record in iter_documents(path, self.read_opts, stats, self._progress):
-                batch.append(record)
                 size = utf8_size(record)
-                sizes.append(size)
+                self.batch.append(record)
+                self.sizes.append(size)
                 self.nbytes += size
                 if self.warn_bytes is not None and size >= self.warn_bytes:
                     self._warn(path, stats, size)
-                if len(batch) >= self.batch_size or self.nbytes >= self.batch_bytes:
-                    if not self._put((batch, sizes, self.bytes_read)):
-                        return None
-                    batch, sizes, self.nbytes = [], [], 0
+                full = len(self.batch) >= self.batch_size or self.nbytes >= self.batch_bytes
+                if full and not self._flush():
+                    return False
         except Exception as e:  # a bad record read from a file being rewritten: say that
             _unchanged(path, before, e)
             raise
@@ -125,19 +130,12 @@ class Reader(threading.Thread):
         # trust tokens of the old content under the new content's hash
         _unchanged(path, before)
         stats.content = content
-        return batch, sizes
+        return True
 
     def run(self) -> None:
-        try:
-            batch, sizes = [], []
-            for path in self.paths:
-                got = self._read(path, batch, sizes)
-                if got is None:
-                    return
-                batch, sizes = got
-            if batch and not self._put((batch, sizes, self.bytes_read)):
-                return
-            self._put(_DONE)
+        try:  # every input read and queued, unless the run stopped first
+            if all(self._read(path) for path in self.paths) and (not self.batch or self._flush()):
+                self._put(_DONE)
         except BaseException as e:  # handed to the consumer, which re-raises it
             self._put(e)
 
@@ -155,25 +153,16 @@ def rust_parallelism_off():
             os.environ["TOKENIZERS_PARALLELISM"] = old
 
 
-def _next_batch(reader: Reader):
-    """The reader's next item, waited for a tenth of a second at a time with a look at the
-    signals received meanwhile: a Ctrl-C whose exception a library swallowed (one raised
-    inside an import can leave that module's lock held, so the reader, importing the same
-    module, never answers: a fault-injection run hung 300 s so) still ends the run."""
+def _waited(get, empty):
+    """``get(timeout=...)``'s result (the reader's next batch, a worker's encoding), waited
+    for a tenth of a second at a time with a look at the signals received meanwhile: a
+    Ctrl-C whose exception a library swallowed (one raised inside an import can leave that
+    module's lock held, so the reader or a worker, importing the same module, never answers:
+    a fault-injection run hung 300 s so) still ends the run."""
     while True:
         try:
-            return reader.queue.get(timeout=0.1)
-        except queue.Empty:
-            _signals.check()
-
-
-def _result(future):
-    """A batch's encoding, waited for as :func:`_next_batch` waits (a worker can block on
-    the same dead import lock)."""
-    while True:
-        try:
-            return future.result(timeout=0.1)
-        except FutureTimeout:
+            return get(timeout=0.1)
+        except empty:
             _signals.check()
 
 
@@ -191,7 +180,7 @@ def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
             n_submitted, sampled = 0, Sampled()
             while not done or pending:
                 while not done and len(pending) < 2 * workers:
-                    item = _next_batch(reader)
+                    item = _waited(reader.queue.get, queue.Empty)
                     if item is _DONE:
                         done = True
                     elif isinstance(item, BaseException):
@@ -207,7 +196,7 @@ def run(reader: Reader, encode, writer, engine, workers: int, tick) -> None:
                 if not pending:
                     break
                 future, bytes_read = pending.popleft()
-                writer.write(*_result(future))
+                writer.write(*_waited(future.result, FutureTimeout))
                 tick(bytes_read - done_bytes)
                 done_bytes = bytes_read
     except BaseException:

@@ -33,10 +33,6 @@ GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_
                 "image_check")
 
 
-def _sha(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-
 @dataclass(frozen=True)
 class Part:
     index: int
@@ -126,8 +122,9 @@ def plan_tokenize(inputs: list[str], tokenizer: str | Path, out: str | Path,
     for k, g in enumerate(groups):
         name = part_name(prefix.name, k, len(groups))
         files = [[str(paths[i]), *ids[i][:2]] for i in g]
+        digest = json.dumps({**common, "name": name, "files": files}, sort_keys=True)
         parts.append(Part(k, name, tuple(str(paths[i]) for i in g), sum(ids[i][0] for i in g),
-                          _sha({**common, "name": name, "files": files})))
+                          hashlib.sha256(digest.encode()).hexdigest()))
     policy = ("one part per input file" if opts.part_bytes == 1
               else f"consecutive input files grouped up to {opts.part_bytes:,} bytes")
     plan = TokenizePlan(prefix, str(tokenizer), tuple(parts), policy,

@@ -6,6 +6,7 @@ Ray worker process) and handed to each part (:mod:`.part`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..formats.tokens import token_dtype
 from ..options import TokenizeOptions
 from ..sources import ReadOptions
 from ..storage import local_file
-from .encode import make_encoder
+from .encode import make_encoder, tree_encoder
 
 
 @lru_cache(maxsize=4)
@@ -70,18 +71,10 @@ def new_run() -> None:
     _selected.cache_clear()
 
 
-def _stamp(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_mtime_ns, st.st_size
-
-
 @dataclass
 class Setup:
-    """What a part needs besides its inputs: the tokenizer, ids, the encoder, the engine."""
+    """What a part needs besides its inputs: the manifest's settings, the encoder, the engine."""
 
-    tok: object
-    tok_path: Path
-    dtype: object
     meta: dict
     read_opts: ReadOptions
     engine: object
@@ -99,34 +92,15 @@ def _read_opts(opts: TokenizeOptions) -> ReadOptions:
 
         vision = VisionReader(RULES[opts.vision], opts.images_field, opts.min_pixels,
                               opts.max_pixels, opts.image_check or "sha256")
-    return ReadOptions(opts.text_field, opts.txt_split, opts.skip_bad_records,
-                       prompt_field=opts.prompt_field, completion_field=opts.completion_field,
-                       messages_field=opts.messages_field,
-                       max_record_bytes=opts.max_record_bytes, chosen_field=opts.chosen_field,
-                       rejected_field=opts.rejected_field,
-                       completions_field=opts.completions_field,
-                       rewards_field=opts.rewards_field, tree_field=opts.tree_field,
-                       group=extract_group if opts.group_kind else None,
-                       images_field=opts.images_field, vision=vision)
+    same = {f.name: getattr(opts, f.name) for f in dataclasses.fields(ReadOptions)
+            if hasattr(opts, f.name)}  # the record fields and limits, by their own names
+    return ReadOptions(**{**same, "vision": vision},
+                       group=extract_group if opts.group_kind else None)
 
 
-def _meta(tokenizer, tok_path: Path, tok_sha256: str, vocab_size: int, dtype, bos_id, eos_id,
-          opts: TokenizeOptions, template_from) -> dict:
-    return {"dtype": dtype.name, "vocab_size": vocab_size,
-            "tokenizer": {"path": str(tok_path) if local_file(tokenizer) else str(tokenizer),
-                          "sha256": tok_sha256},
-            "bos_id": bos_id, "eos_id": eos_id,
-            "options": {"text_field": opts.text_field, "txt_split": opts.txt_split,
-                        "skip_bad_records": opts.skip_bad_records,
-                        "max_record_bytes": opts.max_record_bytes, "bos": opts.bos,
-                        "eos": opts.eos, "special_tokens": opts.special_tokens,
-                        "mode": opts.mode, "prompt_field": opts.prompt_field,
-                        "completion_field": opts.completion_field,
-                        "messages_field": opts.messages_field, "chat_template": template_from,
-                        "train_on": opts.train_on if opts.mode == "messages" else None,
-                        **{k: getattr(opts, k) for k in GROUP_FIELDS if getattr(opts, k)}}}
-
-
+# the manifest's options, in this order, then the chat template and the group fields given
+OPTIONS = ("text_field", "txt_split", "skip_bad_records", "max_record_bytes", "bos", "eos",
+           "special_tokens", "mode", "prompt_field", "completion_field", "messages_field")
 GROUP_FIELDS = ("chosen_field", "rejected_field", "completions_field", "rewards_field",
                 "tree_field")
 
@@ -159,7 +133,8 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
     tok, tok_path = tokenizer_for(tokenizer)
     bos_id = special_token_id(tok, opts.bos, "--bos") if opts.bos else None
     eos_id = special_token_id(tok, opts.eos, "--eos") if opts.eos else None
-    vocab_size, tok_sha256 = _tokenizer_facts(str(tok_path), *_stamp(tok_path))
+    st = tok_path.stat()
+    vocab_size, tok_sha256 = _tokenizer_facts(str(tok_path), st.st_mtime_ns, st.st_size)
     dtype = token_dtype(vocab_size)
     mode = opts.mode
     read_opts = _read_opts(opts)
@@ -179,11 +154,14 @@ def setup(tokenizer: str | Path, opts: TokenizeOptions, fallback: str | None = N
     encode = make_encoder(tok, dtype, opts.special_tokens, bos_id,
                           None if mode == "messages" else eos_id, mode, engine=engine)
     if opts.tree_field:  # records tagged with their tree id: packtool.sources.records
-        from .encode import tree_encoder
-
         encode = tree_encoder(encode)
-    meta = _meta(tokenizer, tok_path, tok_sha256, vocab_size, dtype, bos_id, eos_id, opts,
-                 template_from)
+    meta = {"dtype": dtype.name, "vocab_size": vocab_size,
+            "tokenizer": {"path": str(tok_path) if local_file(tokenizer) else str(tokenizer),
+                          "sha256": tok_sha256},
+            "bos_id": bos_id, "eos_id": eos_id,
+            "options": {**{k: getattr(opts, k) for k in OPTIONS}, "chat_template": template_from,
+                        "train_on": opts.train_on if mode == "messages" else None,
+                        **{k: getattr(opts, k) for k in GROUP_FIELDS if getattr(opts, k)}}}
     if opts.vision:
         encode, meta["images"] = _vision(tok, opts, encode)
-    return Setup(tok, tok_path, dtype, meta, read_opts, engine, encode, warnings)
+    return Setup(meta, read_opts, engine, encode, warnings)

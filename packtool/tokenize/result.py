@@ -114,9 +114,7 @@ def merge_engines(engines: list[dict]) -> dict:
            for e in engines):
         return {"per_part": engines}
     out = {k: engines[0].get(k) for k in keys}
-    for k in ("reference", "family"):
-        if k in engines[0]:
-            out[k] = engines[0][k]
+    out.update({k: engines[0][k] for k in ("reference", "family") if k in engines[0]})
     if "checked_docs" in engines[0]:
         out["checked_docs"] = sum(e.get("checked_docs", 0) for e in engines)
         out["checked_tokens"] = sum(e.get("checked_tokens", 0) for e in engines)

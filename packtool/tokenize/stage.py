@@ -37,6 +37,8 @@ from ..formats._manifest import manifest_text
 from ..formats.tokens import (
     DATA_SUFFIXES,
     FORMAT,
+    PART_MANIFEST_KEYS,
+    corpus_manifest,
     part_manifest_path,
     read_corpus_manifest,
     verify_part_files,
@@ -54,7 +56,6 @@ from ..options import TokenizeOptions
 from ..storage import default_options
 from ..storage.output import Output, open_output
 from ..storage.write import run_job
-from .assemble import assemble, checked_parts
 from .part import PartJob, check_part, finished_parts, tokenize_part
 from .plan import TokenizePlan, plan_tokenize
 from .prepare import new_run
@@ -86,18 +87,12 @@ def tokenize_files(inputs: list[str], tokenizer: str | Path, out: str | Path,
 
 
 @dataclass(frozen=True)
-class PartTask:
+class PartTask(PartJob):
     """Part ``k`` of ``plan``, made where it runs and published to the output ``path``
     (picklable: a Ray worker or an array task opens the output itself)."""
 
-    plan: TokenizePlan
-    k: int
-    opts: TokenizeOptions
     path: str
     storage_options: dict
-
-    def label(self) -> str:
-        return f"part {self.k} ({self.plan.parts[self.k].name})"
 
     def output(self) -> Output:
         return open_output(self.path, self.storage_options)
@@ -118,7 +113,7 @@ def run_task(task: PartTask, tick) -> tuple[dict, bool]:
 
     def write(folder: Path):
         here = dataclasses.replace(plan, prefix=folder / plan.prefix.name)
-        manifest = tokenize_part(PartJob(here, k, task.opts), tick)
+        manifest = tokenize_part(dataclasses.replace(task, plan=here), tick)
         # read back: the bytes there are those hashed while writing (crc32 suffices)
         verify_part_files(here.part_prefix(part), manifest["part"], strong=False)
         keys = manifest["part"]["checksums"]
@@ -132,14 +127,8 @@ def run_task(task: PartTask, tick) -> tuple[dict, bool]:
                     [f"{plan.prefix.name}.json"] if task.opts.overwrite else [])})
 
     return run_job(out, part.name, f".{part.name}.part.lock", f"part {part.name}",
-                   lambda: finished(plan, k, out)[0], skipped, write,
+                   lambda: check_part(plan, k, place=out.store_place)[0], skipped, write,
                    lambda: finished_parts(plan, k))
-
-
-def finished(plan: TokenizePlan, k: int, out: Output) -> tuple[dict | None, str]:
-    """(part record, "") when part ``k`` is finished at the output and its inputs are
-    unchanged, else (None, why) (:func:`packtool.tokenize.part.check_part`)."""
-    return check_part(plan, k, place=out.store_place)
 
 
 def _tokenize(inputs, tokenizer, out: Output, opts: TokenizeOptions, progress,
@@ -238,12 +227,55 @@ def _retire(out: Output, plan: TokenizePlan) -> None:
     vouches for, so that their files stay provably ours once that manifest leaves (with
     the first new part) until the new manifest is in place."""
     stem = plan.prefix.name
-    names = sorted(our_parts(out.place, stem))
     out.put(retired_list(stem), json.dumps({"format": FORMAT, "parts": [
-        {"name": n} for n in names]}).encode())
+        {"name": n} for n in sorted(our_parts(out.place, stem))]}).encode())
 
 
 # ------------------------------------------------------------------------- finalize
+def checked_parts(plan: TokenizePlan, out: Output) -> list[dict]:
+    """Every part's manifest (:func:`packtool.tokenize.part.check_part`), or an error naming
+    each part that is missing or corrupt."""
+    manifests, bad = [], []
+    for k, q in enumerate(plan.parts):
+        m, why = check_part(plan, k, place=out.store_place)
+        if m is None:
+            bad.append(f"part {q.index} ({q.name}): {why}")
+        manifests.append(m)
+    if bad:
+        shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
+        raise PacktoolError(
+            f"{len(bad)} of {len(plan.parts)} parts of {plan.prefix} are not finished: "
+            f"{shown}. Run the tasks that own them again (or the same command without "
+            "--finalize): finished parts are skipped, these are redone")
+    return manifests
+
+
+def assemble(plan: TokenizePlan, manifests: list[dict]) -> tuple[dict, list]:
+    """``PREFIX.json`` of the finished parts (made with the same settings, else refused),
+    and the parts reused from an earlier plan (inputs added, removed or changed elsewhere),
+    whose own manifests still name that plan: [(part, manifest naming this plan)], to be
+    committed with it."""
+    metas = [m["meta"] for m in manifests]
+    meta = {k: v for k, v in metas[0].items() if k != "engine"}
+    for q, m in zip(plan.parts, metas, strict=True):
+        other = {k: v for k, v in m.items() if k != "engine"}
+        if other != meta:
+            diff = sorted(k for k in set(other) | set(meta) if other.get(k) != meta.get(k))
+            raise PacktoolError(f"part {q.index} ({q.name}) was made with other settings "
+                                f"than part 0 ({', '.join(diff)} differ); delete its files "
+                                f"({q.name}.*) and run it again")
+    meta["engine"] = merge_engines([m["engine"] for m in metas])
+    # each part's own manifest as it will be on disk (this plan's digest): PREFIX.json
+    # records the digest of each, binding them to it
+    bodies = [{**{k: m[k] for k in PART_MANIFEST_KEYS}, "plan_digest": plan.digest}
+              for m in manifests]  # (a run's extras: warnings, seconds, published... left)
+    manifest = corpus_manifest(meta, [m["part"] for m in manifests], plan.manifest_entry(),
+                               bodies)
+    moved = [(q, body) for q, m, body in zip(plan.parts, manifests, bodies, strict=True)
+             if m["plan_digest"] != plan.digest]
+    return manifest, moved
+
+
 def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
                       manifests: list[dict] | None = None) -> tuple[dict, list[str]]:
     """Write ``PREFIX.json`` once every part of ``plan`` is finished: (the manifest, the
@@ -252,7 +284,7 @@ def finalize_tokenize(plan: TokenizePlan, out: Output | None = None,
     its inputs' content) and a missing or corrupt one refused, by name."""
     out = out or open_output(plan.prefix)
     if manifests is None:
-        manifests = checked_parts(plan, lambda k: finished(plan, k, out))
+        manifests = checked_parts(plan, out)
     manifest, moved = assemble(plan, manifests)
     stem = plan.prefix.name
     files = [(part_manifest_path(Path("."), q.name).name,
