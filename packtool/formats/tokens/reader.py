@@ -281,15 +281,12 @@ def read_part_manifest(path, place=None) -> dict | None:
     """A part's own manifest, checked against its schema; None when there is none
     (``place``: a :class:`packtool.storage.place.Place` it is read from, ``path`` its name
     there)."""
-    if place is not None:
-        if not place.exists(str(path)):
-            return None
-        where = place.path(str(path))
-        m = load_json(where, place.read_bytes)
-        check(m, PART_MANIFEST, where, FIX)
-        return m
-    if not path.exists() and not path.is_symlink():
+    from ...storage.place import place_of
+
+    place, name = place_of(path) if place is None else (place, str(path))
+    if not place.exists(name):
         return None
-    m = load_json(path)
-    check(m, PART_MANIFEST, path, FIX)
+    where = place.path(name)
+    m = load_json(where, place.reader)
+    check(m, PART_MANIFEST, where, FIX)
     return m
