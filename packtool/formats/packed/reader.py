@@ -185,7 +185,7 @@ class PackedReader:
         ``positions`` and ``labels`` per token: the stored tokens, or with ``pads`` an
         aligned dataset's rows as a trainer takes them (:func:`.layout.pad_range`); a grouped
         dataset's ``seg_group``, ``seg_role`` and ``seg_up`` per segment."""
-        from .layout import pad_range, positions, range_labels, segment_starts
+        from .layout import labels_from, pad_range, positions, segment_starts, token_ends
 
         sh = self.shard(k)
         s0, s1 = int(sh.pack_seg[lo]), int(sh.pack_seg[hi])
@@ -199,7 +199,7 @@ class PackedReader:
         r = {"ids": ids, "mask": mask, "seg_length": seg_length,
              "seg_start": segment_starts(seg_length, pack_seg), "pack_seg": pack_seg,
              "pack_tok": sh.po[lo:hi + 1] - sh.po[lo], "positions": positions(seg_length),
-             "labels": range_labels(ids, seg_length, mask)}
+             "labels": labels_from(ids, token_ends(seg_length), mask)}
         if "seg_group" in sh.arrays:  # pairs and groups: each segment's group and role
             r["seg_group"] = np.asarray(sh.arrays["seg_group"][s0:s1], np.int64)
             r["seg_role"] = np.asarray(sh.arrays["seg_role"][s0:s1], np.int32)
