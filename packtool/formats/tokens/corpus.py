@@ -141,10 +141,14 @@ class TokenPart:
     def per_doc(self, key: str) -> np.ndarray | None:  # roles, prompt, rewards, or None
         return self._checked(key) if key in self.entry["checksums"] else None
 
+    def span(self, j: int, key: str = "boundaries") -> tuple[int, int]:
+        """(start, end) of document ``j``'s tokens (of its images: ``key`` "images")."""
+        ends = self.ends if key == "boundaries" else self._checked(key)
+        return (int(ends[j - 1]) if j else 0), int(ends[j])
+
     def images(self, j: int) -> dict:
         """Document ``j``'s images: ``grid`` [k, 3], ``span`` [k, 2], ``refs`` (dicts)."""
-        ends = self._checked("images")
-        a, b = (int(ends[j - 1]) if j else 0), int(ends[j])
+        a, b = self.span(j, "images")
         refs = self._refs()
         raw = self._checked("img_ref.jsonl")
         return {"grid": self._checked("img_grid").reshape(-1, 3)[a:b],
@@ -166,8 +170,7 @@ class TokenPart:
 
     def positions3(self, j: int) -> np.ndarray:
         """int32 [3, len] mRoPE positions of document ``j``."""
-        ends = self.ends
-        a, b = (int(ends[j - 1]) if j else 0), int(ends[j])
+        a, b = self.span(j)
         return self._checked("pos3").reshape(-1, 3)[a:b].T
 
     @property
@@ -217,11 +220,8 @@ def check_file(path: Path, want: dict, strong: bool = False) -> None:
     names = [a for a in ("sha256", "crc32") if a in want] if strong else fast
 
     def check_now():
-        size = path.stat().st_size
-        if "bytes" in want and size != want["bytes"]:
-            raise FormatError(f"{path} has {size:,} bytes but the manifest says "
-                              f"{want['bytes']:,}; the file is truncated or belongs to another "
-                              f"corpus. {FIX[0].upper()}{FIX[1:]}")
+        if "bytes" in want:
+            check_size(path, want["bytes"])
         got = file_digests(path, names)
         for a in names:
             if got[a] != want[a]:
@@ -230,6 +230,17 @@ def check_file(path: Path, want: dict, strong: bool = False) -> None:
                     f"{want[a][:12]}...; the file is corrupt, {FIX}")
 
     check_once(path, _key(want, names), check_now, also=(_key(want, fast),))
+
+
+def check_size(path: Path, want: int) -> None:
+    """``path`` holds the ``want`` bytes its manifest says, else a FormatError naming it."""
+    try:
+        got = path.stat().st_size
+    except FileNotFoundError:
+        raise FormatError(f"{path} is missing (the manifest expects it)") from None
+    if got != want:
+        raise FormatError(f"{path} has {got:,} bytes but the manifest says {want:,}; the file "
+                          f"is truncated or belongs to another corpus. {FIX[0].upper()}{FIX[1:]}")
 
 
 def _key(want: dict, names) -> str:
@@ -362,25 +373,14 @@ class TokenCorpus:
 
     def __getitem__(self, i: int) -> np.ndarray:
         part, j = self.locate(i)
-        ends = part.ends
-        start = int(ends[j - 1]) if j else 0
-        return part.tokens[start:int(ends[j])]
+        a, b = part.span(j)
+        return part.tokens[a:b]
 
     def doc_mask(self, i: int) -> np.ndarray:
         """Loss mask of document i (all ones for a corpus without one)."""
         part, j = self.locate(i)
-        ends = part.ends
-        start = int(ends[j - 1]) if j else 0
-        if part.mask is None:
-            return np.ones(int(ends[j]) - start, np.uint8)
-        return part.mask[start:int(ends[j])]
-
-    def gather(self, doc: np.ndarray, offset: np.ndarray, length: np.ndarray, dst: np.ndarray,
-               dst_start: np.ndarray, dst_mask: np.ndarray | None = None) -> None:
-        """Copy segments (document, offset, length) into ``dst`` at ``dst_start`` (and their
-        loss masks into ``dst_mask``; 1 for a corpus without one). Segments are checked
-        against their documents here, so no kernel reads outside a source file."""
-        gather([self], doc, offset, length, dst, dst_start, dst_mask)
+        a, b = part.span(j)
+        return np.ones(b - a, np.uint8) if part.mask is None else part.mask[a:b]
 
     def data_files(self) -> list[Path]:
         """Every data file of every part (what a copy of the corpus must carry)."""
@@ -439,8 +439,10 @@ def read_lengths_range(corpora: list[TokenCorpus], lo: int, hi: int) -> np.ndarr
 def gather(corpora: list[TokenCorpus], doc: np.ndarray, offset: np.ndarray,
            length: np.ndarray, dst: np.ndarray, dst_start: np.ndarray,
            dst_mask: np.ndarray | None = None) -> None:
-    """:meth:`TokenCorpus.gather` over several corpora whose documents are numbered one after
-    another (the sources of a pack, in order)."""
+    """Copy segments (document, offset, length) of ``corpora``, whose documents are numbered
+    one after another (the sources of a pack, in order), into ``dst`` at ``dst_start`` (and
+    their loss masks into ``dst_mask``; 1 for a corpus without one). Segments are checked
+    against their documents here, so no kernel reads outside a source file."""
     from .._kernels import fill, gather
 
     parts = [q for c in corpora for q in c.parts]

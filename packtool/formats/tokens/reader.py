@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import FormatError
 from .._manifest import check, check_digest, confined_file, confined_name, load_json, read_manifest
-from .corpus import PER_DOC_DTYPES, TokenCorpus, TokenPart, check_file, memmap
+from .corpus import PER_DOC_DTYPES, TokenCorpus, TokenPart, check_file, check_size, memmap
 from .schema import (
     DIGEST_KEY,
     FIX,
@@ -176,16 +176,8 @@ def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
     # the files read in place, checked now (a store's: each as it is fetched, the
     # boundaries now, 8 bytes a document, the .bin on first use)
     for name_key, here in place.in_place([f"{name}.{k}" for k in sizes]).items():
-        want = sizes[name_key[len(name) + 1:]]
-        path = confined_file(here, manifest or place.path(f"{name}.json"))
-        try:
-            got = path.stat().st_size
-        except FileNotFoundError:
-            raise FormatError(f"{path} is missing (the manifest expects it)") from None
-        if got != want:
-            raise FormatError(
-                f"{path} has {got:,} bytes but the manifest says {want:,}; the file is "
-                f"truncated or belongs to another corpus. {FIX[0].upper()}{FIX[1:]}")
+        check_size(confined_file(here, manifest or place.path(f"{name}.json")),
+                   sizes[name_key[len(name) + 1:]])
     # checked even without ``checksums``: 8 bytes a document, a shifted boundary never silent
     ends = part.file("boundaries", check_file if checksums else None)
     check_boundaries(memmap(ends, np.dtype("<i8"), n_docs), n_tokens,

@@ -196,18 +196,14 @@ _V1 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count
 _V2 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count(),
            "parts": list_of(_PART_V2), "tokenizer": obj({"sha256": hexstr(64)}),
            "mask": Key(boolean(), "", optional=True), "plan": Key(obj({}), "", optional=True)})
+_BOUND = {"parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
+          DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY]}
 _V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups",
-                                                                  "images")} | {
-    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
-    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY]})
-_V4 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "images")} | {
-    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
-    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY],
-    "groups": _GROUPS})
-_V5 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups")} | {
-    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
-    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY],
-    "images": _IMAGES})
+                                                                  "images")} | _BOUND)
+_V4 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "images")}
+          | _BOUND | {"groups": _GROUPS})
+_V5 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups")}
+          | _BOUND | {"images": _IMAGES})
 SPECS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 PART_MANIFEST_KEYS = ("format", "version", "index", "digest", "plan_digest", "part", "meta")
