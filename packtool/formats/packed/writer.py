@@ -23,7 +23,7 @@ import numpy as np
 
 from ... import __version__
 from ..._io import NpyWriter
-from .._manifest import digest
+from .._manifest import seal
 from .costs import shard_entry
 from .layout import attention_costs, pack_offsets
 from .schema import (
@@ -200,8 +200,4 @@ def index(meta: dict, shards: list[dict]) -> dict:
                VSL_VERSION if meta.get("vsl") else VERSION)
     body = {"format": FORMAT, "version": version, **meta, "shards": shards,
             "created_by": f"packtool {__version__}"}
-    unknown = set(body) - set(INDEX_KEYS)
-    if unknown:  # a key must be documented in INDEX_KEYS (and so in FORMAT.md)
-        raise RuntimeError(f"index.json keys not in the schema: {sorted(unknown)}")
-    body[DIGEST_KEY] = digest(body, DIGEST_KEY)
-    return body
+    return seal(body, INDEX_KEYS, DIGEST_KEY, "index.json")

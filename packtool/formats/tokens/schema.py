@@ -264,7 +264,7 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict,
     """The version-3 ``PREFIX.json`` of ``parts`` (entries in order) around the caller's
     ``meta`` (dtype, tokenizer, options, engine...): totals are the parts' sums, the digests
     of the parts' own manifests (``part_manifests``, as on disk), and its own digest last."""
-    from .._manifest import digest
+    from .._manifest import seal
 
     with_mask = "mask" in parts[0]["checksums"] if parts else False
     grouped = bool(parts) and "roles" in parts[0]["checksums"]
@@ -289,11 +289,7 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict,
                 "parts": parts, "plan": plan, "created_by": f"packtool {__version__}"}
     if part_manifests is not None:
         manifest[PARTS_KEY] = [part_manifest_digest(m) for m in part_manifests]
-    unknown = set(manifest) - set(MANIFEST_KEYS)
-    if unknown:  # a key must be documented in MANIFEST_KEYS (and so in FORMAT.md)
-        raise RuntimeError(f"manifest keys not in the schema: {sorted(unknown)}")
     for q in parts:
         if set(q) - set(PART_KEYS):
             raise RuntimeError(f"part keys not in the schema: {sorted(set(q) - set(PART_KEYS))}")
-    manifest[DIGEST_KEY] = digest(manifest, DIGEST_KEY)
-    return manifest
+    return seal(manifest, MANIFEST_KEYS, DIGEST_KEY, "manifest")
