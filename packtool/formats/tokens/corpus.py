@@ -17,14 +17,8 @@ import numpy as np
 
 from ..._io import check_once, file_digests
 from ...errors import FormatError
-from .schema import DATA_KEYS, FIX, prefix_paths
+from .schema import DATA_KEYS, FILES, FIX, prefix_paths
 
-PER_DOC_DTYPES = {k: np.dtype(v) for k, v in (("boundaries", "<i8"), ("roles", "<u2"),
-                                              ("prompt", "<u4"), ("rewards", "<f4"),
-                                              ("tree", "<u8"))}
-# images (version 5): key -> (dtype, the entry's count it follows, items per counted unit)
-IMAGE_LAYOUT = {"images": ("<i8", "n_docs", 1), "img_grid": ("<u4", "n_images", 3),
-                "img_span": ("<i8", "n_images", 2), "pos3": ("<i4", "n_tokens", 3)}
 OPEN_PARTS = 32  # parts whose memory maps stay open at once (3 descriptors each at most)
 _open: OrderedDict = OrderedDict()  # id(part) -> part, least recently used first
 _open_lock = threading.Lock()
@@ -106,14 +100,13 @@ class TokenPart:
             return array
 
     def layout(self, key: str) -> tuple[np.dtype, int]:
-        """(dtype, items) of ``NAME.key`` as this entry says it is."""
-        if key == "img_ref.jsonl":
+        """(dtype, items) of ``NAME.key`` as this entry says it is (:data:`.schema.SCHEMA`)."""
+        f = FILES[key]
+        if f.dtype == "json":
             return np.dtype("u1"), self.entry["checksums"][key]["bytes"]
-        if key in IMAGE_LAYOUT:
-            dtype, unit, per = IMAGE_LAYOUT[key]
-            return np.dtype(dtype), self.entry.get(unit, 0) * per
-        count = self.entry["n_tokens" if key in ("bin", "mask") else "n_docs"]
-        return {"bin": self.dtype, **PER_DOC_DTYPES, "mask": np.dtype("u1")}[key], count
+        count = self.entry.get({"token": "n_tokens", "document": "n_docs"}.get(f.per, "n_images"),
+                               0)
+        return (self.dtype if f.dtype == "tokens" else np.dtype(f.dtype)), count * f.width
 
     def _checked(self, key: str) -> np.ndarray:
         """The map of ``NAME.key``, its file checked once per map (a reader reads it per

@@ -13,13 +13,13 @@ import numpy as np
 
 from ...errors import FormatError
 from .._manifest import check, check_digest, confined_file, confined_name, load_json, read_manifest
-from .corpus import PER_DOC_DTYPES, TokenCorpus, TokenPart, check_file, check_size, memmap
+from .corpus import TokenCorpus, TokenPart, check_file, check_size, memmap
 from .schema import (
+    DATA_KEYS,
     DIGEST_KEY,
     FIX,
     FORMAT,
     IMAGE_COUNTS,
-    IMAGE_KEYS,
     PART_MANIFEST,
     PARTS_KEY,
     READABLE,
@@ -166,13 +166,8 @@ def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
         raise FormatError(f"{manifest}: the corpus has a mask but part {name!r} lists no mask "
                           f"checksum; {FIX}")
     n_docs, n_tokens = entry["n_docs"], entry["n_tokens"]
-    sizes = {"bin": n_tokens * dtype.itemsize, "boundaries": n_docs * 8}
-    if with_mask:
-        sizes["mask"] = n_tokens
-    sizes |= {k: n_docs * PER_DOC_DTYPES[k].itemsize
-              for k in ("roles", "prompt", "rewards", "tree") if k in entry["checksums"]}
-    sizes |= {k: part.layout(k)[0].itemsize * part.layout(k)[1] for k in IMAGE_KEYS
-              if k in entry["checksums"]}
+    sizes = {k: part.layout(k)[0].itemsize * part.layout(k)[1] for k in DATA_KEYS
+             if k in entry["checksums"] and (k != "mask" or with_mask)}  # bin, boundaries: all
     # the files read in place, checked now (a store's: each as it is fetched, the
     # boundaries now, 8 bytes a document, the .bin on first use)
     for name_key, here in place.in_place([f"{name}.{k}" for k in sizes]).items():

@@ -56,9 +56,10 @@ FIX = "re-run packtool tokenize"
 class File:
     suffix: str
     dtype: str      # "tokens" (from the manifest's dtype) or a numpy dtype string
-    per: str        # "token" or "document"
+    per: str        # "token", "document" or "image"
     doc: str
     optional: str | None = None  # present only when the manifest has this key true
+    width: int = 1  # items per token, document or image
 
 
 SCHEMA = (
@@ -77,19 +78,21 @@ SCHEMA = (
     File(".images", "<i8", "document", "version 5: cumulative end of each document's images "
          "in the part's images", optional="images"),
     File(".img_grid", "<u4", "image", "version 5: 3 per image, its (t, h, w) in patches",
-         optional="images"),
+         optional="images", width=3),
     File(".img_span", "<i8", "image", "version 5: 2 per image, the offset in its document of "
-         "its first image token and the count of its image tokens", optional="images"),
+         "its first image token and the count of its image tokens", optional="images",
+         width=2),
     File(".img_ref.jsonl", "json", "image", "version 5: one JSON object per image: where its "
          "bytes are and their sha256, never the pixels", optional="images"),
     File(".pos3", "<i4", "token", "version 5 with an mRoPE rule: 3 per token, row-major "
          "[n_tokens, 3]: (temporal, height, width) positions, from 0 in every document",
-         optional="images"),
+         optional="images", width=3),
 )
 IMAGE_KEYS = ("images", "img_grid", "img_span", "img_ref.jsonl", "pos3")
 DATA_SUFFIXES = tuple(f.suffix for f in SCHEMA)
 SUFFIXES = (*DATA_SUFFIXES, ".json")
 DATA_KEYS = tuple(f.suffix[1:] for f in SCHEMA)  # "bin", "boundaries", "mask"
+FILES = dict(zip(DATA_KEYS, SCHEMA, strict=True))
 
 _SHA = obj({"sha256": hexstr(64), "bytes": count(), "crc32": Key(hexstr(8), "", optional=True)})
 _CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True),
