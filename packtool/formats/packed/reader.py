@@ -297,11 +297,9 @@ class PackedReader:
         ``cost`` (the vision encoder's attention cost, sum over images of t (h w)^2 patches:
         :mod:`.images`), from the segment tables and the sources' image tables, no reference
         parsed."""
-        parts = {"images": [], "tokens": [], "cost": []}
-        for k in range(self.n_shards):
-            for key, v in self._image_sums(self.shard(k)).items():
-                parts[key].append(v)
-        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
+        sums = [self._image_sums(self.shard(k)) for k in range(self.n_shards)]
+        return {k: np.concatenate([s[k] for s in sums]) if sums else np.zeros(0)
+                for k in ("images", "tokens", "cost")}
 
     def _image_sums(self, sh) -> dict:
         if self._image_table is None:

@@ -412,21 +412,16 @@ def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray
 def read_lengths_range(corpora: list[TokenCorpus], lo: int, hi: int) -> np.ndarray:
     """The lengths of global documents lo..hi-1 over ``corpora`` (int64), read from the
     boundaries of the parts they fall in: what a group of documents needs, nothing more."""
-    out = np.empty(hi - lo, np.int64)
-    at, base = 0, 0
+    out, base = [np.zeros(0, np.int64)], 0
     for q in (q for c in corpora for q in c.parts):
-        a, b = max(lo, base), min(hi, base + len(q))
+        a, b = max(lo - base, 0), min(hi - base, len(q))  # its documents a..b-1
         if b > a:
-            ends = q.ends
-            e = np.asarray(ends[max(a - base - 1, 0):b - base], np.int64)
-            if a - base == 0:
-                e = np.concatenate([[0], e])
-            out[at:at + b - a] = np.diff(e)
-            at += b - a
+            e = np.asarray(q.ends[max(a - 1, 0):b], np.int64)
+            out.append(np.diff(e, prepend=np.int64(0)) if a == 0 else np.diff(e))
         base += len(q)
         if base >= hi:
             break
-    return out
+    return np.concatenate(out)
 
 
 def gather(corpora: list[TokenCorpus], doc: np.ndarray, offset: np.ndarray,
