@@ -177,7 +177,7 @@ def array_dtype(array: Array, index: dict) -> np.dtype:
 
 
 # ------------------------------------------------------------------------- index.json
-_FILE = obj({"name": string(True), "crc32": hexstr(8), "bytes": count()})
+SHARD_FILE = obj({"name": string(True), "crc32": hexstr(8), "bytes": count()})
 
 
 def _cells(v) -> str | None:
@@ -192,7 +192,7 @@ SHARD_KEYS = {
     "name": Key(string(True), "the shard's name (shard-KKKKK)"),
     "n_packs": Key(count(), "packs"), "n_segments": Key(count(), "segments"),
     "n_tokens": Key(count(), "tokens"),
-    "files": Key(dict_of(_FILE), "per array: {name, crc32, bytes}"),
+    "files": Key(dict_of(SHARD_FILE), "per array: {name, crc32, bytes}"),
     "cost_classes": Key(_cells, "packs per attention-cost cell: [k0, n0, n1, ...], n_i packs in "
                         "cell k0 + i, which holds costs in [cost_ratio^k, cost_ratio^(k+1))",
                         optional=True),
@@ -365,4 +365,3 @@ def vsl_bounds(index: dict) -> tuple[int, int] | None:
     if int(index["version"]) != VSL_VERSION or not index.get("vsl"):
         return None  # version 4 of pairs and groups: fixed-length rows
     return int(index["vsl"]["min"]), int(index["vsl"]["max"])
-SHARD_FILE = _FILE

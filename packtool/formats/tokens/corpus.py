@@ -390,9 +390,7 @@ def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray
     """Every document's length over ``corpora`` in order, read from the boundaries files a
     chunk at a time into one int32 array (int64 if a document holds 2**31 tokens or more):
     4 bytes a document, nothing cached (``TokenCorpus.lengths`` keeps int64 copies)."""
-    n = sum(len(c) for c in corpora)
-    longest = 0
-    out = np.empty(n, np.int32)
+    out = np.empty(sum(len(c) for c in corpora), np.int32)
     at = 0
     for q in (q for c in corpora for q in c.parts):
         ends = q.ends
@@ -400,8 +398,7 @@ def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray
         for a in range(0, len(q), chunk):
             e = np.asarray(ends[a:a + chunk], np.int64)
             d = np.diff(e, prepend=prev)
-            longest = max(longest, int(d.max()) if d.size else 0)
-            if longest >= 2**31:
+            if d.size and int(d.max()) >= 2**31:
                 return np.concatenate([c.lengths for c in corpora])
             out[at:at + d.size] = d
             at += d.size
