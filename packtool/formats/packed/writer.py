@@ -25,7 +25,7 @@ from ... import __version__
 from ..._io import NpyWriter
 from .._manifest import seal
 from .costs import shard_entry
-from .layout import attention_costs, pack_offsets
+from .layout import attention_costs, pack_offsets, token_ends
 from .schema import (
     ALIGNED_VERSION,
     DIGEST_KEY,
@@ -179,8 +179,7 @@ class _Fill:
         dst = self.bufs[k][:t_b - t_a]
         mask = None if self.masks[k] is None else self.masks[k][:t_b - t_a]
         lengths = np.asarray(self.table["seg_length"][a:b], np.int64)  # the chunk's only
-        starts = np.zeros(lengths.size, np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
+        starts = token_ends(lengths)[:-1]
         doc = np.asarray(self.table["seg_doc"][a:b], np.int64)
         by_source = np.argsort(doc, kind="stable")  # read the sources in order: ~30% faster
         self.writer.gather(doc[by_source],
