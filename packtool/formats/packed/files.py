@@ -47,7 +47,6 @@ def read_index(directory, place=None) -> dict:
     index = read_manifest(path, FORMAT, READABLE, place.reader)
     check_digest(index, DIGEST_KEY, path, FIX)
     check(index, SPECS[index["version"]], path, FIX)
-    _check_overflow(index, path)
     if (why := disagreement(index)) is not None:
         raise FormatError(f"{path}: {why}; {FIX}")
     want = {a.name for a in shard_arrays(index)}
@@ -60,17 +59,6 @@ def read_index(directory, place=None) -> dict:
             if (here := place.file_here(confined_name(f["name"], path))) is not None:
                 confined_file(here, path)
     return index
-
-
-def _check_overflow(index: dict, path) -> None:
-    """A group is never cut: a dataset of pairs or groups records "refuse" or "drop" (or
-    "split", what packtool wrote before it said so, meaning the same refusal), and "refuse"
-    belongs to such a dataset only."""
-    grouped = bool(index.get("groups") or index.get("trees"))
-    overflow = index["overflow"]
-    if (grouped and overflow == "truncate") or (not grouped and overflow == "refuse"):
-        raise FormatError(f"{path}: overflow {overflow!r} in a dataset "
-                          f"{'of' if grouped else 'without'} pairs or groups; {FIX}")
 
 
 def load_array(path: Path, dtype: np.dtype, n: int, name=None) -> np.ndarray:

@@ -329,7 +329,14 @@ def disagreement(index: dict) -> str | None:
     """What in an index (its digest recomputed, so consistent-looking) contradicts itself, or
     None: alignment keys outside version 3 (an aligned dataset relabelled version 2 would be
     served unaligned), a K that the parallel sizes it records do not divide into, a --vsl MAX
-    that is not seq_len."""
+    that is not seq_len, an overflow a dataset of its kind never has (a group is never cut:
+    pairs or groups record "refuse" or "drop", or "split", what packtool wrote before it
+    said so, meaning the same refusal; "refuse" belongs to such a dataset only)."""
+    grouped = bool(index.get("groups") or index.get("trees"))
+    if (grouped and index["overflow"] == "truncate") or (
+            not grouped and index["overflow"] == "refuse"):
+        return (f"overflow {index['overflow']!r} in a dataset "
+                f"{'of' if grouped else 'without'} pairs or groups")
     version = int(index["version"])
     if version >= 2:
         for v, keys in VERSION_KEYS.items():
