@@ -218,7 +218,6 @@ def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
     return slots
 
 
-
 def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,
                    seed: int = 0) -> float:
     """Mean over an epoch's steps of the costliest rank's cost over the mean rank's cost, for

@@ -55,8 +55,7 @@ def _part_entries(meta: dict, path: Path) -> list[dict]:
                               f"{'groups' if unit == 'n_groups' else 'documents'} but its "
                               f"inputs' add up to {sum(i['n_docs'] for i in q['inputs']):,}"
                               f"; {FIX}")
-        if not q["n_trained_tokens" if "n_trained_tokens" in q else "n_tokens"] <= q[
-                "n_tokens"] or ("n_empty" in q and q["n_empty"] > q["n_docs"]):
+        if q.get("n_trained_tokens", 0) > q["n_tokens"] or q.get("n_empty", 0) > q["n_docs"]:
             raise FormatError(f"{path}: part {q['name']!r}: counts out of range; {FIX}")
     names = [q["name"] for q in parts]
     if len(set(names)) != len(names):
