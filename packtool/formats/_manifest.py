@@ -236,6 +236,15 @@ def digest(body: dict, key: str) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
 
 
+def seal(body: dict, keys: dict, key: str, what: str) -> dict:
+    """``body`` with its own digest under ``key``, once every key of it is one the schema
+    documents (``keys``; and so docs/FORMAT.md): an undocumented key is packtool's bug."""
+    if set(body) - set(keys):
+        raise RuntimeError(f"{what} keys not in the schema: {sorted(set(body) - set(keys))}")
+    body[key] = digest(body, key)
+    return body
+
+
 def check_digest(body: dict, key: str, path: Path, fix: str) -> None:
     if body.get(key) != digest(body, key):
         raise FormatError(f"{path}: content does not match its {key}; the file was modified "

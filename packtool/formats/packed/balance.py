@@ -15,13 +15,12 @@ describes (the reader's stored classes, the packers' order), the trainer only us
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .costs import COST_RATIO, cost_cells
+from .costs import COST_RATIO, cost_cells, digest
 
 
 @dataclass(frozen=True)
@@ -85,10 +84,8 @@ def attention_costs(packed, linear: float = 0.0, vision: float | None = None) ->
 
 
 def fingerprint(costs: np.ndarray | None) -> str | None:
-    """First 16 hex digits of the sha256 of the costs (float64, little-endian)."""
-    if costs is None:
-        return None
-    return hashlib.sha256(np.ascontiguousarray(costs, dtype="<f8").tobytes()).hexdigest()[:16]
+    """:func:`.costs.digest` of the costs, None for none."""
+    return None if costs is None else digest(costs)
 
 
 def cost_table(packs, balance, ratio: float, n_packs: int):
@@ -219,7 +216,6 @@ def balance_steps(costs: np.ndarray, world_size: int, batch_size: int,
         a, b = slots[active, hi, i], slots[active, lo, k]
         slots[active, hi, i], slots[active, lo, k] = b, a
     return slots
-
 
 
 def step_imbalance(costs, world_size: int = 8, batch_size: int = 1, balanced: bool = False,

@@ -38,19 +38,15 @@ class ValidationError(FormatError):
 def read_index(directory, place=None) -> dict:
     """index.json, checked: schema of its version, digest, every file name confined
     (``place``: a :class:`packtool.storage.place.Place` of a remote ``directory``)."""
-    if place is not None and place.remote:
-        path = place.path(INDEX)
-        index = read_manifest(path, FORMAT, READABLE, place.read_bytes)
-    else:
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise FormatError(f"{directory} is not a directory; pass the --out of packtool "
-                              "pack")
-        path = directory / INDEX
-        index = read_manifest(path, FORMAT, READABLE)
+    from ...storage.place import Place
+
+    place = Place(directory) if place is None else place
+    path = place.path(INDEX)
+    if place.file_here(INDEX) is not None and not place.folder.is_dir():
+        raise FormatError(f"{place.folder} is not a directory; pass the --out of packtool pack")
+    index = read_manifest(path, FORMAT, READABLE, place.reader)
     check_digest(index, DIGEST_KEY, path, FIX)
     check(index, SPECS[index["version"]], path, FIX)
-    _check_overflow(index, path)
     if (why := disagreement(index)) is not None:
         raise FormatError(f"{path}: {why}; {FIX}")
     want = {a.name for a in shard_arrays(index)}
@@ -60,21 +56,9 @@ def read_index(directory, place=None) -> dict:
                               f"the format has {sorted(want)}; {FIX}")
         for f in sh["files"].values():
             check(f, SHARD_FILE, path, FIX)
-            name = confined_name(f["name"], path)
-            if place is None or not place.remote:
-                confined_file(Path(directory) / name, path)
+            if (here := place.file_here(confined_name(f["name"], path))) is not None:
+                confined_file(here, path)
     return index
-
-
-def _check_overflow(index: dict, path) -> None:
-    """A group is never cut: a dataset of pairs or groups records "refuse" or "drop" (or
-    "split", what packtool wrote before it said so, meaning the same refusal), and "refuse"
-    belongs to such a dataset only."""
-    grouped = bool(index.get("groups") or index.get("trees"))
-    overflow = index["overflow"]
-    if (grouped and overflow == "truncate") or (not grouped and overflow == "refuse"):
-        raise FormatError(f"{path}: overflow {overflow!r} in a dataset "
-                          f"{'of' if grouped else 'without'} pairs or groups; {FIX}")
 
 
 def load_array(path: Path, dtype: np.dtype, n: int, name=None) -> np.ndarray:
@@ -106,28 +90,32 @@ def check_crc(path: Path, want: str) -> None:
     check_once(path, want, check_now)
 
 
+def _check_size(path: Path, want: dict) -> None:
+    """A shard file read in place: confined to its folder, and of the size the index says."""
+    confined_file(path, path.parent / INDEX)
+    size = path.stat().st_size if path.is_file() else None
+    if size == 0:
+        raise ValidationError(f"{path} is empty (0 bytes): the shard is damaged; {FIX}")
+    if size is not None and size != want["bytes"]:
+        raise ValidationError(f"{path}: {size:,} bytes, {INDEX} says {want['bytes']:,}; the "
+                              f"file is truncated or replaced, {FIX}")
+
+
 def open_shard_arrays(directory, index: dict, k: int, checksums: bool, place=None) -> dict:
     """Shard ``k``'s arrays as memory maps, checked: names, sizes, dtypes, shapes, crc32 (a
     remote shard's files are fetched into the cache, their size and crc32 checked then)."""
+    from ...storage.place import Place
+
+    place = Place(directory) if place is None else place
     sh = index["shards"][k]
     arrays = {}
     for a in shard_arrays(index):
         f = sh["files"][a.name]
         n = array_length(a, sh["n_tokens"], sh["n_packs"], sh["n_segments"])
-        if place is not None and place.remote:
-            local = place.local(f["name"], {"bytes": f["bytes"], "crc32": f["crc32"]})
-            arrays[a.name] = load_array(local, array_dtype(a, index), n, place.path(f["name"]))
-            continue
-        path = confined_file(Path(directory) / f["name"], Path(directory) / INDEX)
-        size = path.stat().st_size if path.is_file() else None
-        if size == 0:
-            raise ValidationError(f"{path} is empty (0 bytes): the shard is damaged; {FIX}")
-        if size is not None and size != f["bytes"]:
-            raise ValidationError(f"{path}: {size:,} bytes, {INDEX} says {f['bytes']:,}; the "
-                                  f"file is truncated or replaced, {FIX}")
-        arrays[a.name] = load_array(path, array_dtype(a, index), n)
-        if checksums:
-            check_crc(path, f["crc32"])
+        local = place.local(f["name"], {"bytes": f["bytes"], "crc32": f["crc32"]}, _check_size)
+        arrays[a.name] = load_array(local, array_dtype(a, index), n, place.path(f["name"]))
+        if checksums and place.file_here(f["name"]) is not None:  # a store's: when fetched
+            check_crc(local, f["crc32"])
     return arrays
 
 

@@ -282,15 +282,16 @@ def pad_range(r: dict, k: int, pad_id: int) -> dict:
     ps = r["pack_seg"]
     return {"ids": spread(r["ids"], pad_id, np.int64),
             "labels": spread(r["labels"], IGNORE_INDEX, np.int64),
-            "positions": np.arange(total, dtype=np.int64) - np.repeat(ends_pad[:-1], padded),
+            "positions": positions(padded),
             "mask": None if r["mask"] is None else spread(r["mask"], 0, np.uint8),
             "seg_length": padded, "real_length": real, "pack_seg": ps,
             "seg_start": segment_starts(padded, ps), "pack_tok": ends_pad[ps] - ends_pad[ps[0]]}
 
 
 def labels_from(input_ids: np.ndarray, cu: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """The label rule alone (for formats that store tokens and cu_seqlens): -100 at each
-    segment's first token and where the loss mask is 0."""
+    """The label rule alone (for formats that store tokens and cu_seqlens, and for
+    consecutive segments: ``cu`` their :func:`token_ends`): -100 at each segment's first
+    token and where the loss mask is 0."""
     labels = np.array(input_ids, dtype=np.int64)
     if mask is not None:
         labels[np.asarray(mask) == 0] = IGNORE_INDEX
@@ -310,17 +311,6 @@ def positions(seg_length: np.ndarray) -> np.ndarray:
     """Position of every token in its segment (int64), for consecutive segments."""
     ends = token_ends(seg_length)
     return np.arange(ends[-1], dtype=np.int64) - np.repeat(ends[:-1], seg_length)
-
-
-def range_labels(ids: np.ndarray, seg_length: np.ndarray, mask: np.ndarray | None
-                 ) -> np.ndarray:
-    """The label rule over consecutive segments: -100 at each segment's first token and
-    where the mask is 0."""
-    labels = np.asarray(ids, np.int64).copy()
-    if mask is not None:
-        labels[np.asarray(mask) == 0] = IGNORE_INDEX
-    labels[token_ends(seg_length)[:-1]] = IGNORE_INDEX
-    return labels
 
 
 def unpack_mask(bits: np.ndarray, t0: int, t1: int) -> np.ndarray:

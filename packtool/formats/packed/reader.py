@@ -67,7 +67,8 @@ class PackedReader:
         self._last = -1           # the shard used last (the common case: the same again)
         self._span = (0, 0, -1)   # its packs' global range, for locate
         counts = [s["n_packs"] for s in self.index["shards"]]
-        self._pack_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # first global pack of each shard, then the pack count
+        self.pack_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         mask = self.index.get("mask_storage")
         self._shift = fold_shift(self.token_dtype) if mask == "folded" else 0
         self.align, self.pad_id = alignment(self.index)  # (1, 0): rows without pads
@@ -77,7 +78,7 @@ class PackedReader:
         self._images = None
 
     def __len__(self) -> int:
-        return int(self._pack_starts[-1])
+        return int(self.pack_starts[-1])
 
     @property
     def token_dtype(self) -> np.dtype:
@@ -137,9 +138,9 @@ class PackedReader:
         if not -n <= i < n:
             raise IndexError(f"pack {i} out of range for a dataset of {n:,} packs")
         i %= n
-        k = int(np.searchsorted(self._pack_starts, i, side="right") - 1)
-        lo = int(self._pack_starts[k])
-        self._span = (lo, int(self._pack_starts[k + 1]), k)
+        k = int(np.searchsorted(self.pack_starts, i, side="right") - 1)
+        lo = int(self.pack_starts[k])
+        self._span = (lo, int(self.pack_starts[k + 1]), k)
         return k, i - lo
 
     def segments(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -185,7 +186,7 @@ class PackedReader:
         ``positions`` and ``labels`` per token: the stored tokens, or with ``pads`` an
         aligned dataset's rows as a trainer takes them (:func:`.layout.pad_range`); a grouped
         dataset's ``seg_group``, ``seg_role`` and ``seg_up`` per segment."""
-        from .layout import pad_range, positions, range_labels, segment_starts
+        from .layout import labels_from, pad_range, positions, segment_starts, token_ends
 
         sh = self.shard(k)
         s0, s1 = int(sh.pack_seg[lo]), int(sh.pack_seg[hi])
@@ -199,7 +200,7 @@ class PackedReader:
         r = {"ids": ids, "mask": mask, "seg_length": seg_length,
              "seg_start": segment_starts(seg_length, pack_seg), "pack_seg": pack_seg,
              "pack_tok": sh.po[lo:hi + 1] - sh.po[lo], "positions": positions(seg_length),
-             "labels": range_labels(ids, seg_length, mask)}
+             "labels": labels_from(ids, token_ends(seg_length), mask)}
         if "seg_group" in sh.arrays:  # pairs and groups: each segment's group and role
             r["seg_group"] = np.asarray(sh.arrays["seg_group"][s0:s1], np.int64)
             r["seg_role"] = np.asarray(sh.arrays["seg_role"][s0:s1], np.int32)
@@ -244,11 +245,6 @@ class PackedReader:
         return np.concatenate([np.zeros(0, np.int64)] + [ups_from_roles(
             sh.arrays["seg_group"][a:b], sh.arrays["seg_role"][a:b])
             for a, b in zip(ps[:-1], ps[1:], strict=True)])
-
-    @property
-    def pack_starts(self) -> np.ndarray:
-        """First global pack of each shard, then the pack count."""
-        return self._pack_starts
 
     def shard_costs(self, k: int, linear: float = 0.0, vision: float = 1.0) -> np.ndarray:
         """Per pack of shard ``k``: the sum of its squared segment lengths (plus ``linear`` x
@@ -301,11 +297,9 @@ class PackedReader:
         ``cost`` (the vision encoder's attention cost, sum over images of t (h w)^2 patches:
         :mod:`.images`), from the segment tables and the sources' image tables, no reference
         parsed."""
-        parts = {"images": [], "tokens": [], "cost": []}
-        for k in range(self.n_shards):
-            for key, v in self._image_sums(self.shard(k)).items():
-                parts[key].append(v)
-        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
+        sums = [self._image_sums(self.shard(k)) for k in range(self.n_shards)]
+        return {k: np.concatenate([s[k] for s in sums]) if sums else np.zeros(0)
+                for k in ("images", "tokens", "cost")}
 
     def _image_sums(self, sh) -> dict:
         if self._image_table is None:

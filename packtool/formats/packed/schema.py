@@ -177,7 +177,7 @@ def array_dtype(array: Array, index: dict) -> np.dtype:
 
 
 # ------------------------------------------------------------------------- index.json
-_FILE = obj({"name": string(True), "crc32": hexstr(8), "bytes": count()})
+SHARD_FILE = obj({"name": string(True), "crc32": hexstr(8), "bytes": count()})
 
 
 def _cells(v) -> str | None:
@@ -192,7 +192,7 @@ SHARD_KEYS = {
     "name": Key(string(True), "the shard's name (shard-KKKKK)"),
     "n_packs": Key(count(), "packs"), "n_segments": Key(count(), "segments"),
     "n_tokens": Key(count(), "tokens"),
-    "files": Key(dict_of(_FILE), "per array: {name, crc32, bytes}"),
+    "files": Key(dict_of(SHARD_FILE), "per array: {name, crc32, bytes}"),
     "cost_classes": Key(_cells, "packs per attention-cost cell: [k0, n0, n1, ...], n_i packs in "
                         "cell k0 + i, which holds costs in [cost_ratio^k, cost_ratio^(k+1))",
                         optional=True),
@@ -329,7 +329,14 @@ def disagreement(index: dict) -> str | None:
     """What in an index (its digest recomputed, so consistent-looking) contradicts itself, or
     None: alignment keys outside version 3 (an aligned dataset relabelled version 2 would be
     served unaligned), a K that the parallel sizes it records do not divide into, a --vsl MAX
-    that is not seq_len."""
+    that is not seq_len, an overflow a dataset of its kind never has (a group is never cut:
+    pairs or groups record "refuse" or "drop", or "split", what packtool wrote before it
+    said so, meaning the same refusal; "refuse" belongs to such a dataset only)."""
+    grouped = bool(index.get("groups") or index.get("trees"))
+    if (grouped and index["overflow"] == "truncate") or (
+            not grouped and index["overflow"] == "refuse"):
+        return (f"overflow {index['overflow']!r} in a dataset "
+                f"{'of' if grouped else 'without'} pairs or groups")
     version = int(index["version"])
     if version >= 2:
         for v, keys in VERSION_KEYS.items():
@@ -365,4 +372,3 @@ def vsl_bounds(index: dict) -> tuple[int, int] | None:
     if int(index["version"]) != VSL_VERSION or not index.get("vsl"):
         return None  # version 4 of pairs and groups: fixed-length rows
     return int(index["vsl"]["min"]), int(index["vsl"]["max"])
-SHARD_FILE = _FILE

@@ -150,13 +150,6 @@ def _check_vsl(sh, lo: int, hi: int, tally: dict) -> None:
     tally["n_slot_tokens"] += int(np.maximum(tokens, lo).sum())
 
 
-def _check_vsl_totals(index: dict, tally: dict, where: str) -> None:
-    want = {k: index["vsl"][k] for k in tally}
-    if want != tally:
-        raise ValidationError(f"{where}: vsl says {want}, the shards hold {tally}; the index was "
-                              "edited or the shards are another dataset's: re-run packtool pack")
-
-
 def validate_packed(directory: str | Path, checksums: bool = True):
     """Check a packed directory against the schema: index digest and keys, file names,
     sizes, dtypes, crc32, every invariant of every pack. Returns the opened reader (its
@@ -199,6 +192,7 @@ def validate_packed(directory: str | Path, checksums: bool = True):
     for key, n in totals.items():
         if index[key] != n:
             raise ValidationError(f"{INDEX}: {key} is {index[key]:,} but the shards hold {n:,}")
-    if vsl is not None:
-        _check_vsl_totals(index, rows, where)
+    if vsl is not None and (want := {k: index["vsl"][k] for k in rows}) != rows:
+        raise ValidationError(f"{where}: vsl says {want}, the shards hold {rows}; the index was "
+                              "edited or the shards are another dataset's: re-run packtool pack")
     return ds

@@ -23,9 +23,9 @@ import numpy as np
 
 from ... import __version__
 from ..._io import NpyWriter
-from .._manifest import digest
+from .._manifest import seal
 from .costs import shard_entry
-from .layout import attention_costs, pack_offsets
+from .layout import attention_costs, pack_offsets, token_ends
 from .schema import (
     ALIGNED_VERSION,
     DIGEST_KEY,
@@ -179,8 +179,7 @@ class _Fill:
         dst = self.bufs[k][:t_b - t_a]
         mask = None if self.masks[k] is None else self.masks[k][:t_b - t_a]
         lengths = np.asarray(self.table["seg_length"][a:b], np.int64)  # the chunk's only
-        starts = np.zeros(lengths.size, np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
+        starts = token_ends(lengths)[:-1]
         doc = np.asarray(self.table["seg_doc"][a:b], np.int64)
         by_source = np.argsort(doc, kind="stable")  # read the sources in order: ~30% faster
         self.writer.gather(doc[by_source],
@@ -200,8 +199,4 @@ def index(meta: dict, shards: list[dict]) -> dict:
                VSL_VERSION if meta.get("vsl") else VERSION)
     body = {"format": FORMAT, "version": version, **meta, "shards": shards,
             "created_by": f"packtool {__version__}"}
-    unknown = set(body) - set(INDEX_KEYS)
-    if unknown:  # a key must be documented in INDEX_KEYS (and so in FORMAT.md)
-        raise RuntimeError(f"index.json keys not in the schema: {sorted(unknown)}")
-    body[DIGEST_KEY] = digest(body, DIGEST_KEY)
-    return body
+    return seal(body, INDEX_KEYS, DIGEST_KEY, "index.json")

@@ -17,14 +17,8 @@ import numpy as np
 
 from ..._io import check_once, file_digests
 from ...errors import FormatError
-from .schema import DATA_KEYS, FIX, prefix_paths
+from .schema import DATA_KEYS, FILES, FIX, prefix_paths
 
-PER_DOC_DTYPES = {k: np.dtype(v) for k, v in (("boundaries", "<i8"), ("roles", "<u2"),
-                                              ("prompt", "<u4"), ("rewards", "<f4"),
-                                              ("tree", "<u8"))}
-# images (version 5): key -> (dtype, the entry's count it follows, items per counted unit)
-IMAGE_LAYOUT = {"images": ("<i8", "n_docs", 1), "img_grid": ("<u4", "n_images", 3),
-                "img_span": ("<i8", "n_images", 2), "pos3": ("<i4", "n_tokens", 3)}
 OPEN_PARTS = 32  # parts whose memory maps stay open at once (3 descriptors each at most)
 _open: OrderedDict = OrderedDict()  # id(part) -> part, least recently used first
 _open_lock = threading.Lock()
@@ -106,14 +100,13 @@ class TokenPart:
             return array
 
     def layout(self, key: str) -> tuple[np.dtype, int]:
-        """(dtype, items) of ``NAME.key`` as this entry says it is."""
-        if key == "img_ref.jsonl":
+        """(dtype, items) of ``NAME.key`` as this entry says it is (:data:`.schema.SCHEMA`)."""
+        f = FILES[key]
+        if f.dtype == "json":
             return np.dtype("u1"), self.entry["checksums"][key]["bytes"]
-        if key in IMAGE_LAYOUT:
-            dtype, unit, per = IMAGE_LAYOUT[key]
-            return np.dtype(dtype), self.entry.get(unit, 0) * per
-        count = self.entry["n_tokens" if key in ("bin", "mask") else "n_docs"]
-        return {"bin": self.dtype, **PER_DOC_DTYPES, "mask": np.dtype("u1")}[key], count
+        count = self.entry.get({"token": "n_tokens", "document": "n_docs"}.get(f.per, "n_images"),
+                               0)
+        return (self.dtype if f.dtype == "tokens" else np.dtype(f.dtype)), count * f.width
 
     def _checked(self, key: str) -> np.ndarray:
         """The map of ``NAME.key``, its file checked once per map (a reader reads it per
@@ -141,10 +134,14 @@ class TokenPart:
     def per_doc(self, key: str) -> np.ndarray | None:  # roles, prompt, rewards, or None
         return self._checked(key) if key in self.entry["checksums"] else None
 
+    def span(self, j: int, key: str = "boundaries") -> tuple[int, int]:
+        """(start, end) of document ``j``'s tokens (of its images: ``key`` "images")."""
+        ends = self.ends if key == "boundaries" else self._checked(key)
+        return (int(ends[j - 1]) if j else 0), int(ends[j])
+
     def images(self, j: int) -> dict:
         """Document ``j``'s images: ``grid`` [k, 3], ``span`` [k, 2], ``refs`` (dicts)."""
-        ends = self._checked("images")
-        a, b = (int(ends[j - 1]) if j else 0), int(ends[j])
+        a, b = self.span(j, "images")
         refs = self._refs()
         raw = self._checked("img_ref.jsonl")
         return {"grid": self._checked("img_grid").reshape(-1, 3)[a:b],
@@ -166,8 +163,7 @@ class TokenPart:
 
     def positions3(self, j: int) -> np.ndarray:
         """int32 [3, len] mRoPE positions of document ``j``."""
-        ends = self.ends
-        a, b = (int(ends[j - 1]) if j else 0), int(ends[j])
+        a, b = self.span(j)
         return self._checked("pos3").reshape(-1, 3)[a:b].T
 
     @property
@@ -217,11 +213,8 @@ def check_file(path: Path, want: dict, strong: bool = False) -> None:
     names = [a for a in ("sha256", "crc32") if a in want] if strong else fast
 
     def check_now():
-        size = path.stat().st_size
-        if "bytes" in want and size != want["bytes"]:
-            raise FormatError(f"{path} has {size:,} bytes but the manifest says "
-                              f"{want['bytes']:,}; the file is truncated or belongs to another "
-                              f"corpus. {FIX[0].upper()}{FIX[1:]}")
+        if "bytes" in want:
+            check_size(path, want["bytes"])
         got = file_digests(path, names)
         for a in names:
             if got[a] != want[a]:
@@ -230,6 +223,17 @@ def check_file(path: Path, want: dict, strong: bool = False) -> None:
                     f"{want[a][:12]}...; the file is corrupt, {FIX}")
 
     check_once(path, _key(want, names), check_now, also=(_key(want, fast),))
+
+
+def check_size(path: Path, want: int) -> None:
+    """``path`` holds the ``want`` bytes its manifest says, else a FormatError naming it."""
+    try:
+        got = path.stat().st_size
+    except FileNotFoundError:
+        raise FormatError(f"{path} is missing (the manifest expects it)") from None
+    if got != want:
+        raise FormatError(f"{path} has {got:,} bytes but the manifest says {want:,}; the file "
+                          f"is truncated or belongs to another corpus. {FIX[0].upper()}{FIX[1:]}")
 
 
 def _key(want: dict, names) -> str:
@@ -362,25 +366,14 @@ class TokenCorpus:
 
     def __getitem__(self, i: int) -> np.ndarray:
         part, j = self.locate(i)
-        ends = part.ends
-        start = int(ends[j - 1]) if j else 0
-        return part.tokens[start:int(ends[j])]
+        a, b = part.span(j)
+        return part.tokens[a:b]
 
     def doc_mask(self, i: int) -> np.ndarray:
         """Loss mask of document i (all ones for a corpus without one)."""
         part, j = self.locate(i)
-        ends = part.ends
-        start = int(ends[j - 1]) if j else 0
-        if part.mask is None:
-            return np.ones(int(ends[j]) - start, np.uint8)
-        return part.mask[start:int(ends[j])]
-
-    def gather(self, doc: np.ndarray, offset: np.ndarray, length: np.ndarray, dst: np.ndarray,
-               dst_start: np.ndarray, dst_mask: np.ndarray | None = None) -> None:
-        """Copy segments (document, offset, length) into ``dst`` at ``dst_start`` (and their
-        loss masks into ``dst_mask``; 1 for a corpus without one). Segments are checked
-        against their documents here, so no kernel reads outside a source file."""
-        gather([self], doc, offset, length, dst, dst_start, dst_mask)
+        a, b = part.span(j)
+        return np.ones(b - a, np.uint8) if part.mask is None else part.mask[a:b]
 
     def data_files(self) -> list[Path]:
         """Every data file of every part (what a copy of the corpus must carry)."""
@@ -397,9 +390,7 @@ def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray
     """Every document's length over ``corpora`` in order, read from the boundaries files a
     chunk at a time into one int32 array (int64 if a document holds 2**31 tokens or more):
     4 bytes a document, nothing cached (``TokenCorpus.lengths`` keeps int64 copies)."""
-    n = sum(len(c) for c in corpora)
-    longest = 0
-    out = np.empty(n, np.int32)
+    out = np.empty(sum(len(c) for c in corpora), np.int32)
     at = 0
     for q in (q for c in corpora for q in c.parts):
         ends = q.ends
@@ -407,8 +398,7 @@ def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray
         for a in range(0, len(q), chunk):
             e = np.asarray(ends[a:a + chunk], np.int64)
             d = np.diff(e, prepend=prev)
-            longest = max(longest, int(d.max()) if d.size else 0)
-            if longest >= 2**31:
+            if d.size and int(d.max()) >= 2**31:
                 return np.concatenate([c.lengths for c in corpora])
             out[at:at + d.size] = d
             at += d.size
@@ -419,28 +409,25 @@ def read_lengths(corpora: list[TokenCorpus], chunk: int = 1 << 20) -> np.ndarray
 def read_lengths_range(corpora: list[TokenCorpus], lo: int, hi: int) -> np.ndarray:
     """The lengths of global documents lo..hi-1 over ``corpora`` (int64), read from the
     boundaries of the parts they fall in: what a group of documents needs, nothing more."""
-    out = np.empty(hi - lo, np.int64)
-    at, base = 0, 0
+    out, base = [np.zeros(0, np.int64)], 0
     for q in (q for c in corpora for q in c.parts):
-        a, b = max(lo, base), min(hi, base + len(q))
+        a, b = max(lo - base, 0), min(hi - base, len(q))  # its documents a..b-1
         if b > a:
-            ends = q.ends
-            e = np.asarray(ends[max(a - base - 1, 0):b - base], np.int64)
-            if a - base == 0:
-                e = np.concatenate([[0], e])
-            out[at:at + b - a] = np.diff(e)
-            at += b - a
+            e = np.asarray(q.ends[max(a - 1, 0):b], np.int64)
+            out.append(np.diff(e, prepend=np.int64(0)) if a == 0 else np.diff(e))
         base += len(q)
         if base >= hi:
             break
-    return out
+    return np.concatenate(out)
 
 
 def gather(corpora: list[TokenCorpus], doc: np.ndarray, offset: np.ndarray,
            length: np.ndarray, dst: np.ndarray, dst_start: np.ndarray,
            dst_mask: np.ndarray | None = None) -> None:
-    """:meth:`TokenCorpus.gather` over several corpora whose documents are numbered one after
-    another (the sources of a pack, in order)."""
+    """Copy segments (document, offset, length) of ``corpora``, whose documents are numbered
+    one after another (the sources of a pack, in order), into ``dst`` at ``dst_start`` (and
+    their loss masks into ``dst_mask``; 1 for a corpus without one). Segments are checked
+    against their documents here, so no kernel reads outside a source file."""
     from .._kernels import fill, gather
 
     parts = [q for c in corpora for q in c.parts]

@@ -63,7 +63,7 @@ def group_table(corpora: list) -> GroupTable | None:
                           for c in corpora)
         raise FormatError(f"the sources mix pairs, groups and plain documents ({names}); "
                           "pack each kind on its own")
-    roles, prompt, lengths = [], [], []
+    roles, prompt = [], []
     for c in corpora:
         r, p = c.per_doc("roles"), c.per_doc("prompt")
         check_roles(r, c.prefix)
@@ -75,7 +75,6 @@ def group_table(corpora: list) -> GroupTable | None:
                               f"tokens but holds {int(ln[i]):,}; {FIX}")
         roles.append(r)
         prompt.append(p.astype(np.int64))
-        lengths.append(ln)
     role = np.concatenate(roles)
     starts = (role == CHOSEN) | (role == FIRST)
     group = np.cumsum(starts) - 1

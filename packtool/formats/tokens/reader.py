@@ -13,13 +13,13 @@ import numpy as np
 
 from ...errors import FormatError
 from .._manifest import check, check_digest, confined_file, confined_name, load_json, read_manifest
-from .corpus import PER_DOC_DTYPES, TokenCorpus, TokenPart, check_file, memmap
+from .corpus import TokenCorpus, TokenPart, check_file, check_size, memmap
 from .schema import (
+    DATA_KEYS,
     DIGEST_KEY,
     FIX,
     FORMAT,
     IMAGE_COUNTS,
-    IMAGE_KEYS,
     PART_MANIFEST,
     PARTS_KEY,
     READABLE,
@@ -55,8 +55,7 @@ def _part_entries(meta: dict, path: Path) -> list[dict]:
                               f"{'groups' if unit == 'n_groups' else 'documents'} but its "
                               f"inputs' add up to {sum(i['n_docs'] for i in q['inputs']):,}"
                               f"; {FIX}")
-        if not q["n_trained_tokens" if "n_trained_tokens" in q else "n_tokens"] <= q[
-                "n_tokens"] or ("n_empty" in q and q["n_empty"] > q["n_docs"]):
+        if q.get("n_trained_tokens", 0) > q["n_tokens"] or q.get("n_empty", 0) > q["n_docs"]:
             raise FormatError(f"{path}: part {q['name']!r}: counts out of range; {FIX}")
     names = [q["name"] for q in parts]
     if len(set(names)) != len(names):
@@ -166,26 +165,13 @@ def open_part(place, name: str, entry: dict, dtype: np.dtype, with_mask: bool,
         raise FormatError(f"{manifest}: the corpus has a mask but part {name!r} lists no mask "
                           f"checksum; {FIX}")
     n_docs, n_tokens = entry["n_docs"], entry["n_tokens"]
-    sizes = {"bin": n_tokens * dtype.itemsize, "boundaries": n_docs * 8}
-    if with_mask:
-        sizes["mask"] = n_tokens
-    sizes |= {k: n_docs * PER_DOC_DTYPES[k].itemsize
-              for k in ("roles", "prompt", "rewards", "tree") if k in entry["checksums"]}
-    sizes |= {k: part.layout(k)[0].itemsize * part.layout(k)[1] for k in IMAGE_KEYS
-              if k in entry["checksums"]}
+    sizes = {k: part.layout(k)[0].itemsize * part.layout(k)[1] for k in DATA_KEYS
+             if k in entry["checksums"] and (k != "mask" or with_mask)}  # bin, boundaries: all
     # the files read in place, checked now (a store's: each as it is fetched, the
     # boundaries now, 8 bytes a document, the .bin on first use)
     for name_key, here in place.in_place([f"{name}.{k}" for k in sizes]).items():
-        want = sizes[name_key[len(name) + 1:]]
-        path = confined_file(here, manifest or place.path(f"{name}.json"))
-        try:
-            got = path.stat().st_size
-        except FileNotFoundError:
-            raise FormatError(f"{path} is missing (the manifest expects it)") from None
-        if got != want:
-            raise FormatError(
-                f"{path} has {got:,} bytes but the manifest says {want:,}; the file is "
-                f"truncated or belongs to another corpus. {FIX[0].upper()}{FIX[1:]}")
+        check_size(confined_file(here, manifest or place.path(f"{name}.json")),
+                   sizes[name_key[len(name) + 1:]])
     # checked even without ``checksums``: 8 bytes a document, a shifted boundary never silent
     ends = part.file("boundaries", check_file if checksums else None)
     check_boundaries(memmap(ends, np.dtype("<i8"), n_docs), n_tokens,
@@ -281,15 +267,12 @@ def read_part_manifest(path, place=None) -> dict | None:
     """A part's own manifest, checked against its schema; None when there is none
     (``place``: a :class:`packtool.storage.place.Place` it is read from, ``path`` its name
     there)."""
-    if place is not None:
-        if not place.exists(str(path)):
-            return None
-        where = place.path(str(path))
-        m = load_json(where, place.read_bytes)
-        check(m, PART_MANIFEST, where, FIX)
-        return m
-    if not path.exists() and not path.is_symlink():
+    from ...storage.place import place_of
+
+    place, name = place_of(path) if place is None else (place, str(path))
+    if not place.exists(name):
         return None
-    m = load_json(path)
-    check(m, PART_MANIFEST, path, FIX)
+    where = place.path(name)
+    m = load_json(where, place.reader)
+    check(m, PART_MANIFEST, where, FIX)
     return m

@@ -56,9 +56,10 @@ FIX = "re-run packtool tokenize"
 class File:
     suffix: str
     dtype: str      # "tokens" (from the manifest's dtype) or a numpy dtype string
-    per: str        # "token" or "document"
+    per: str        # "token", "document" or "image"
     doc: str
     optional: str | None = None  # present only when the manifest has this key true
+    width: int = 1  # items per token, document or image
 
 
 SCHEMA = (
@@ -77,19 +78,21 @@ SCHEMA = (
     File(".images", "<i8", "document", "version 5: cumulative end of each document's images "
          "in the part's images", optional="images"),
     File(".img_grid", "<u4", "image", "version 5: 3 per image, its (t, h, w) in patches",
-         optional="images"),
+         optional="images", width=3),
     File(".img_span", "<i8", "image", "version 5: 2 per image, the offset in its document of "
-         "its first image token and the count of its image tokens", optional="images"),
+         "its first image token and the count of its image tokens", optional="images",
+         width=2),
     File(".img_ref.jsonl", "json", "image", "version 5: one JSON object per image: where its "
          "bytes are and their sha256, never the pixels", optional="images"),
     File(".pos3", "<i4", "token", "version 5 with an mRoPE rule: 3 per token, row-major "
          "[n_tokens, 3]: (temporal, height, width) positions, from 0 in every document",
-         optional="images"),
+         optional="images", width=3),
 )
 IMAGE_KEYS = ("images", "img_grid", "img_span", "img_ref.jsonl", "pos3")
 DATA_SUFFIXES = tuple(f.suffix for f in SCHEMA)
 SUFFIXES = (*DATA_SUFFIXES, ".json")
 DATA_KEYS = tuple(f.suffix[1:] for f in SCHEMA)  # "bin", "boundaries", "mask"
+FILES = dict(zip(DATA_KEYS, SCHEMA, strict=True))
 
 _SHA = obj({"sha256": hexstr(64), "bytes": count(), "crc32": Key(hexstr(8), "", optional=True)})
 _CHECKSUMS = obj({"bin": _SHA, "boundaries": _SHA, "mask": Key(_SHA, "", optional=True),
@@ -196,18 +199,14 @@ _V1 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count
 _V2 = obj({"dtype": MANIFEST_KEYS["dtype"], "n_docs": count(), "n_tokens": count(),
            "parts": list_of(_PART_V2), "tokenizer": obj({"sha256": hexstr(64)}),
            "mask": Key(boolean(), "", optional=True), "plan": Key(obj({}), "", optional=True)})
+_BOUND = {"parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
+          DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY]}
 _V3 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups",
-                                                                  "images")} | {
-    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
-    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY]})
-_V4 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "images")} | {
-    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
-    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY],
-    "groups": _GROUPS})
-_V5 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups")} | {
-    "parts": MANIFEST_KEYS["parts"].spec, "plan": MANIFEST_KEYS["plan"].spec,
-    DIGEST_KEY: MANIFEST_KEYS[DIGEST_KEY].spec, PARTS_KEY: MANIFEST_KEYS[PARTS_KEY],
-    "images": _IMAGES})
+                                                                  "images")} | _BOUND)
+_V4 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "images")}
+          | _BOUND | {"groups": _GROUPS})
+_V5 = obj({k: v for k, v in MANIFEST_KEYS.items() if k not in ("checksums", "groups")}
+          | _BOUND | {"images": _IMAGES})
 SPECS = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 PART_MANIFEST_KEYS = ("format", "version", "index", "digest", "plan_digest", "part", "meta")
@@ -268,7 +267,7 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict,
     """The version-3 ``PREFIX.json`` of ``parts`` (entries in order) around the caller's
     ``meta`` (dtype, tokenizer, options, engine...): totals are the parts' sums, the digests
     of the parts' own manifests (``part_manifests``, as on disk), and its own digest last."""
-    from .._manifest import digest
+    from .._manifest import seal
 
     with_mask = "mask" in parts[0]["checksums"] if parts else False
     grouped = bool(parts) and "roles" in parts[0]["checksums"]
@@ -293,11 +292,7 @@ def corpus_manifest(meta: dict, parts: list[dict], plan: dict,
                 "parts": parts, "plan": plan, "created_by": f"packtool {__version__}"}
     if part_manifests is not None:
         manifest[PARTS_KEY] = [part_manifest_digest(m) for m in part_manifests]
-    unknown = set(manifest) - set(MANIFEST_KEYS)
-    if unknown:  # a key must be documented in MANIFEST_KEYS (and so in FORMAT.md)
-        raise RuntimeError(f"manifest keys not in the schema: {sorted(unknown)}")
     for q in parts:
         if set(q) - set(PART_KEYS):
             raise RuntimeError(f"part keys not in the schema: {sorted(set(q) - set(PART_KEYS))}")
-    manifest[DIGEST_KEY] = digest(manifest, DIGEST_KEY)
-    return manifest
+    return seal(manifest, MANIFEST_KEYS, DIGEST_KEY, "manifest")

@@ -24,14 +24,11 @@ class TokenWriter:
 
     def __init__(self, paths: dict[str, Path], with_mask: bool):
         self.paths, self.with_mask = paths, with_mask
-        self.bin = HashingWriter(paths["bin"], DIGESTS)
-        self.boundaries = HashingWriter(paths["boundaries"], DIGESTS)
-        self.mask = HashingWriter(paths["mask"], DIGESTS) if with_mask else None
-        # pairs/groups (version 4): per document its role, prompt length (and reward)
-        self.groups = {k: HashingWriter(paths[k], DIGESTS) for k in GROUP_KEYS if k in paths}
-        self.tree = HashingWriter(paths["tree"], DIGESTS) if "tree" in paths else None
-        # images (version 5): per document its images' end, per image grid, span, reference
-        self.images = {k: HashingWriter(paths[k], DIGESTS) for k in IMAGE_KEYS if k in paths}
+        # in the order an entry lists their checksums; pairs/groups (version 4): per
+        # document its role, prompt length (and reward); images (version 5): per document
+        # its images' end, per image grid, span, reference
+        self.files = {k: HashingWriter(paths[k], DIGESTS) for k in FILE_KEYS
+                      if k in paths and (k != "mask" or with_mask)}
         self.n_docs = self.n_tokens = self.n_empty = self.n_trained = self.n_groups = 0
         self.n_images = self.n_vision_tokens = 0
 
@@ -42,28 +39,29 @@ class TokenWriter:
         for pairs/groups, ``groups`` = (roles, prompt lengths, rewards or None); with
         --tree-field, ``trees``: each document's tree id; with images, their
         :class:`ImageBatch`)."""
-        if self.tree is not None:
-            self.tree.write(np.asarray(trees, "<u8"))
-        if self.images:
+        w = self.files
+        if "tree" in w:
+            w["tree"].write(np.asarray(trees, "<u8"))
+        if "images" in w:
             self._write_images(images)
-        if self.groups:
+        if "roles" in w:
             roles, prompt, rewards = groups
-            self.groups["roles"].write(roles.astype("<u2", copy=False))
-            self.groups["prompt"].write(prompt.astype("<u4", copy=False))
-            if "rewards" in self.groups:
-                self.groups["rewards"].write(rewards.astype("<f4", copy=False))
+            w["roles"].write(roles.astype("<u2", copy=False))
+            w["prompt"].write(prompt.astype("<u4", copy=False))
+            if "rewards" in w:
+                w["rewards"].write(rewards.astype("<f4", copy=False))
             self.n_groups += int(np.count_nonzero(group_starts(roles)))
-        self.bin.write(ids)
-        if self.mask is not None:
-            self.mask.write(mask)
+        w["bin"].write(ids)
+        if "mask" in w:
+            w["mask"].write(mask)
             self.n_trained += int(mask.sum())
-        self.boundaries.write((np.cumsum(lengths) + self.n_tokens).astype("<i8", copy=False))
+        w["boundaries"].write((np.cumsum(lengths) + self.n_tokens).astype("<i8", copy=False))
         self.n_docs += len(lengths)
         self.n_tokens += int(ids.size)
         self.n_empty += int(np.count_nonzero(lengths == 0))
 
     def _write_images(self, b: ImageBatch) -> None:
-        w = self.images
+        w = self.files
         w["images"].write((np.cumsum(b.counts, dtype=np.int64) + self.n_images).astype("<i8"))
         w["img_grid"].write(np.ascontiguousarray(b.grids, "<u4").ravel())
         w["img_span"].write(np.ascontiguousarray(b.spans, "<i8").ravel())
@@ -78,34 +76,27 @@ class TokenWriter:
     def abort(self) -> None:
         """Close and remove the files (each created here, exclusively, in the job's own
         folder): an attempt made again (an engine's fallback) starts from nothing."""
-        for w in (self.bin, self.boundaries, self.mask, self.tree, *self.groups.values(),
-                  *self.images.values()):
-            if w is not None:
-                w.abort()
+        for w in self.files.values():
+            w.abort()
         for path in self.paths.values():
             Path(path).unlink(missing_ok=True)
 
     def finish(self, name: str, index: int, digest: str, inputs: list[dict]) -> dict:
         """Close the files; the part's entry: position, digest, counts, inputs, checksums."""
-        checksums = {"bin": self.bin.close(), "boundaries": self.boundaries.close()}
-        if self.mask is not None:
-            checksums["mask"] = self.mask.close()
-        for k, w in (*self.groups.items(), *self.images.items()):
-            checksums[k] = w.close()
-        if self.tree is not None:
-            checksums["tree"] = self.tree.close()
         entry = {"name": name, "index": index, "digest": digest, "n_docs": self.n_docs,
                  "n_tokens": self.n_tokens, "n_empty": self.n_empty,
                  "n_trained_tokens": self.n_trained if self.with_mask else self.n_tokens,
-                 "inputs": inputs, "checksums": checksums}
-        if self.groups:
+                 "inputs": inputs,
+                 "checksums": {k: w.close() for k, w in self.files.items()}}
+        if "roles" in self.files:
             entry["n_groups"] = self.n_groups
-        if self.images:
+        if "images" in self.files:
             entry["n_images"], entry["n_vision_tokens"] = self.n_images, self.n_vision_tokens
         return entry
 
 
 GROUP_KEYS = ("roles", "prompt", "rewards")
+FILE_KEYS = ("bin", "boundaries", "mask", *GROUP_KEYS, *IMAGE_KEYS, "tree")
 
 
 @dataclass
