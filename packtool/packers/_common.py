@@ -25,19 +25,12 @@ def counting_order_as(lengths, capacity, descending, idx):
     counts = np.zeros(capacity + 2, np.int64)
     for i in range(n):
         counts[lengths[i] + 1] += 1
-    if descending:
-        # start of each length's run when lengths run from C down to 0
-        start = np.zeros(capacity + 1, np.int64)
-        acc = 0
-        for v in range(capacity, -1, -1):
-            start[v] = acc
-            acc += counts[v + 1]
-    else:
-        start = np.zeros(capacity + 1, np.int64)
-        acc = 0
-        for v in range(capacity + 1):
-            start[v] = acc
-            acc += counts[v + 1]
+    start = np.zeros(capacity + 1, np.int64)  # each length's run, in the order asked for
+    acc = 0
+    for j in range(capacity + 1):
+        v = capacity - j if descending else j
+        start[v] = acc
+        acc += counts[v + 1]
     order = np.empty(n, idx)
     for i in range(n):
         v = lengths[i]
