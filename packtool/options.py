@@ -221,11 +221,6 @@ class TokenizeOptions:
                 raise PacktoolError(f"{', '.join(given)} describe images: pass --vision "
                                     f"({', '.join(VISION_RULES)}) or drop them")
             return
-        for name, value, allowed in (("--vision", self.vision, VISION_RULES),
-                                     ("--image-check", self.image_check or "sha256",
-                                      IMAGE_CHECKS)):
-            if value not in allowed:
-                raise PacktoolError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
         if self.vision == "llava" and (self.min_pixels or self.max_pixels):
             raise PacktoolError("--vision llava gives every image 576 tokens whatever its "
                                 "size; drop --min-pixels/--max-pixels")
