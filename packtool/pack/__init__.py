@@ -43,7 +43,7 @@ from .flow import SourceCheck, open_sources, plan_flow, plan_sources, with_targe
 from .meta import held_out_entry
 from .plan import PackOptions
 from .result import PackResult, run_warnings
-from .shards import PackTasks, check_job, run_task
+from .shards import PackTasks, check_job, remove_entries, run_task
 
 __all__ = ["PackResult", "dataset_files", "open_sources", "ours_hidden", "owned", "pack",
            "pack_corpus"]
@@ -119,7 +119,7 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
             inner, target, checksums=run.finalize))
         if check is not None:
             check.wait()
-        idx, removed = _commit(out, target, splits, overwrite, flow.remove_entries)
+        idx, removed = _commit(out, target, splits, overwrite)
     except BaseException as e:
         out.failed(e, target, whole_run=not run.one_task and not run.finalize)
         raise
@@ -148,7 +148,7 @@ def _vouched(out: Output, names: set[str]) -> None:
                             "write the dataset to a folder of its own")
 
 
-def _commit(out: Output, target: Output, splits: dict, overwrite: bool, remove_entries
+def _commit(out: Output, target: Output, splits: dict, overwrite: bool
             ) -> tuple[dict, list[str]]:
     """index.json of each split (OUT/valid's first, the training index names it) written
     into the jobs' folder, the training index last with the output's own commit: a staging

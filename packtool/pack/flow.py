@@ -37,16 +37,8 @@ from .result import PackResult
 
 def longest_document(corpora) -> int:
     """The longest document's tokens, from the boundaries (a streaming pass)."""
-    longest = 0
-    for c in corpora:
-        for q in c.parts:
-            prev = np.int64(0)
-            for a in range(0, len(q), 1 << 20):
-                e = np.asarray(q.ends[a:a + (1 << 20)], np.int64)
-                if e.size:
-                    longest = max(longest, int(np.diff(e, prepend=prev).max()))
-                    prev = e[-1]
-    return longest
+    chunks = pj.length_chunks(corpora)
+    return max((int(x.max()) for k in range(len(corpora)) for x in chunks(k)), default=0)
 
 
 def with_targets(sources: list[dict], prefixes) -> list[dict]:
@@ -169,41 +161,36 @@ class WholeCorpusPlan:
     def __init__(self, corpora, factors, options: PackOptions, target, digest, table=None):
         t0 = time.perf_counter()
         self.corpora, self.factors, self.options = corpora, factors, options
-        lengths = read_lengths(corpora)
+        lengths, self.layouts = read_lengths(corpora), {}
         if options.share_prefix:  # prefix trees: packtool.pack.trees
             from .trees import plan_trees
 
             self.layout = plan_trees(lengths, options, table, corpora)
-            self._ready({"train": self.layout}, digest, target, t0)
-            return
-        if table is not None:  # pairs and groups: packtool.pack.pairs
+        elif table is not None:  # pairs and groups: packtool.pack.pairs
             from .pairs import plan_grouped
 
             self.layout = plan_grouped(lengths, options, table)
-            self._ready({"train": self.layout}, digest, target, t0)
-            return
-        sizes, names = [len(c) for c in corpora], [str(c.prefix) for c in corpora]
-        repeats, held = None, None  # a plain pack: no mask of held-out documents (1 B/doc)
-        if any(f != 1 for f in factors) or options.valid_docs or options.valid_fraction:
-            repeats, held = mixture_plan(lengths, sizes, factors, options, names)
-        else:  # each document once: a source with none is refused all the same
-            at = np.cumsum([0, *sizes])
-            nonempty = [int(np.count_nonzero(lengths[a:b]))
-                        for a, b in zip(at[:-1], at[1:], strict=True)]
-            refuse_idle(nonempty, nonempty, factors, names)
-        images = DocImages.of(corpora)  # None: no image in any source
-        self.layout = plan_pack(lengths, options, repeats, images=images)
-        valid = (plan_pack(lengths, options, held.astype(np.int64), images=images)
-                 if held is not None and held.any() else None)
-        del lengths, repeats, held
-        self._ready({"valid": valid, "train": self.layout} if valid is not None
-                    else {"train": self.layout}, digest, target, t0)
-
-    def _ready(self, layouts: dict, digest: str, target, t0: float) -> None:
-        refuse_empty(layouts["train"].n_packs, self.options)
+        else:
+            sizes, names = [len(c) for c in corpora], [str(c.prefix) for c in corpora]
+            repeats, held = None, None  # a plain pack: no mask of held-out documents (1 B/doc)
+            if any(f != 1 for f in factors) or options.valid_docs or options.valid_fraction:
+                repeats, held = mixture_plan(lengths, sizes, factors, options, names)
+            else:  # each document once: a source with none is refused all the same
+                at = np.cumsum([0, *sizes])
+                nonempty = [int(np.count_nonzero(lengths[a:b]))
+                            for a, b in zip(at[:-1], at[1:], strict=True)]
+                refuse_idle(nonempty, nonempty, factors, names)
+            images = DocImages.of(corpora)  # None: no image in any source
+            self.layout = plan_pack(lengths, options, repeats, images=images)
+            if held is not None and held.any():
+                self.layouts["valid"] = plan_pack(lengths, options, held.astype(np.int64),
+                                                  images=images)
+            del repeats, held
+        del lengths
+        self.layouts["train"] = self.layout
+        refuse_empty(self.layout.n_packs, options)
         self.assign_seconds = time.perf_counter() - t0
-        self.layouts = layouts
-        self.shards = pj.shard_jobs(self.layouts, {"plan": digest}, target)
+        self.shards = pj.ShardJobs(self.layouts, {"plan": digest}, target)
 
     def jobs(self) -> Jobs:
         return Jobs(self.shards, pj.write_shard, self.shards.weights, lambda j: j.label(),
@@ -225,10 +212,6 @@ class WholeCorpusPlan:
                     lay, self.corpora, self.factors, sp, held, final, stored),
                         [entries[(split, k)] for k in range(layout.n_shards)], layout.options)
                 for split, layout in self.layouts.items()}
-
-    @staticmethod
-    def remove_entries(staging: Path) -> None:
-        pj.remove_entries(staging)
 
     def result(self, out: Path, seconds: float, warnings: list[str],
                idx: dict | None = None) -> PackResult:
@@ -281,9 +264,6 @@ class StreamedPlan:
                     c, self.options, self.corpora, self.factors, split, held, final, stored),
                         c["shards"], self.options)
                 for split, c in self.combined.items() if c is not None}
-
-    def remove_entries(self, staging: Path) -> None:
-        self.g.remove_group_entries(staging)
 
     def result(self, out: Path, seconds: float, warnings: list[str],
                idx: dict | None = None) -> PackResult:

@@ -155,10 +155,6 @@ def stored(values: np.ndarray, dtype) -> np.ndarray:
     return values.astype(dtype, copy=False)
 
 
-def shard_jobs(layouts: dict, common: dict, target: Target) -> ShardJobs:
-    return ShardJobs(layouts, common, target)
-
-
 # ------------------------------------------------------------------------ the sources
 _SOURCES: dict = {}  # prefixes -> opened corpora: sources are opened once per process
 
@@ -174,6 +170,19 @@ def sources(prefixes: tuple[str, ...]) -> list:
 
         _SOURCES[prefixes] = [open_tokens(p) for p in prefixes]
     return _SOURCES[prefixes]
+
+
+def length_chunks(corpora, chunk: int = 1 << 20):
+    """``chunks(k)``: source k's document lengths, ``chunk`` at a time, from its boundaries
+    (a streaming pass)."""
+    def chunks(k):
+        for q in corpora[k].parts:
+            prev = np.int64(0)
+            for a in range(0, len(q), chunk):
+                e = np.asarray(q.ends[a:a + chunk], np.int64)
+                yield np.diff(e, prepend=prev)
+                prev = e[-1]
+    return chunks
 
 
 def image_table(prefixes: tuple[str, ...]):
@@ -217,11 +226,12 @@ def gatherer(corpora):
 
 
 def remove_entries(folder: Path) -> None:
-    """The shards' entries and locks, once index.json vouches for the shards."""
+    """The jobs' entries (a shard's, or a --group-docs group's), once index.json vouches for
+    the shards."""
     for sub in (folder, folder / VALID):
         if not sub.is_dir():
             continue
-        for p in sub.glob(".shard-*.entry.json"):
+        for p in (*sub.glob(".shard-*.entry.json"), *sub.glob(".group-*.entry.json")):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 

@@ -22,7 +22,6 @@ Measured on synthetic corpora (scripts/bench_scale_memory.py): see docs/SCALE.md
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from . import entries as fe
 from .meta import histogram
 from .plan import plan_pack
 from .selection import get_bits, selection_bits
-from .shards import Target, gatherer, sources
+from .shards import Target, gatherer, length_chunks, sources
 
 
 @dataclass(frozen=True)
@@ -67,23 +66,11 @@ class GroupJob:
         return Path(self.target.staging) / fe.group_entry_name(self.g)
 
 
-def _source_chunks(corpora, chunk: int = 1 << 20):
-    def chunks(k):
-        for q in corpora[k].parts:
-            ends = q.ends
-            prev = np.int64(0)
-            for a in range(0, len(q), chunk):
-                e = np.asarray(ends[a:a + chunk], np.int64)
-                yield np.diff(e, prepend=prev)
-                prev = e[-1]
-    return chunks
-
-
 def group_jobs(corpora, factors: list[float], options: PackOptions, target: Target,
                digest: str) -> list[GroupJob]:
     sizes = [len(c) for c in corpora]
     base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    held, extra = selection_bits(_source_chunks(corpora), sizes, factors, options,
+    held, extra = selection_bits(length_chunks(corpora), sizes, factors, options,
                                  [str(c.prefix) for c in corpora])
     g_size = options.group_docs
     jobs = []
@@ -246,9 +233,3 @@ class SplitTotals:
                 "hist": self.hist, "report": self.report, "warnings": list(self.warnings),
                 "imbalance": self.ratio / self.blocks if self.blocks else None,
                 "tokens_used": self.tokens_used.tolist(), "docs_used": self.docs_used.tolist()}
-
-
-def remove_group_entries(staging: Path) -> None:
-    for p in staging.glob(".group-*.entry.json"):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
