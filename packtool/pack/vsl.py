@@ -105,20 +105,10 @@ class VslSegments(Segments):
     split_lengths: np.ndarray = None
     vsl: tuple = (1, 1)
 
-    def locate(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        doc, _ = super().locate(index)
-        index = np.asarray(index, np.int64)
-        off = np.zeros(index.size, np.int64)
-        if self.split_docs.size:
-            j = np.searchsorted(self.split_first, index, side="right") - 1
-            jj = np.maximum(j, 0)
-            inside = (j >= 0) & (index < self.split_first[jj] + self.split_pieces[jj])
-            at = np.flatnonzero(inside)
-            piece = index[at] - self.split_first[jj[at]]
-            got = np.empty(at.size, np.int64)
-            _offsets(self.split_lengths[jj[at]], piece, self.vsl[0], self.vsl[1], got)
-            off[at] = got
-        return doc, off
+    def piece_offsets(self, split: np.ndarray, piece: np.ndarray) -> np.ndarray:
+        out = np.empty(piece.size, np.int64)
+        _offsets(self.split_lengths[split], piece, self.vsl[0], self.vsl[1], out)
+        return out
 
 
 def cut(lengths: np.ndarray, vsl: tuple[int, int]) -> VslSegments:
