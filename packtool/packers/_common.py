@@ -163,3 +163,19 @@ def expand_groups(lengths, capacity, group_count, group_parent, group_len):
         if packs[i] >= 0:
             packs[i] = used[packs[i]]
     return packs, n_packs
+
+
+def expand_patterns(lengths, capacity, patterns: list, copies) -> tuple[np.ndarray, int]:
+    """:func:`expand_groups` of ``copies[j]`` packs of each pattern ``patterns[j]`` (its
+    lengths, each a node of one chain)."""
+    g_count, g_parent, g_len = [], [], []
+    for pattern, c in zip(patterns, copies, strict=True):
+        parent = -1
+        for v in pattern:
+            g_count.append(0)
+            g_parent.append(parent)
+            g_len.append(int(v))
+            parent = len(g_len) - 1
+        g_count[-1] = int(c)
+    return expand_groups(lengths, capacity, np.array(g_count, np.int64),
+                         np.array(g_parent, np.int64), np.array(g_len, np.int64))
