@@ -115,7 +115,7 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
             return flow.result(out.path, time.perf_counter() - t0, [
                 f"{run.describe()}: wrote its share of the shards; run --finalize once every "
                 "task is done to write index.json"])
-        splits = flow.finalize(out.path, stored, run, check=lambda inner: check_job(
+        splits = flow.finalize(out.path, stored, check=lambda inner: check_job(
             inner, target, checksums=run.finalize))
         if check is not None:
             check.wait()
@@ -162,10 +162,9 @@ def _commit(out: Output, target: Output, splits: dict, overwrite: bool
         sub = f"{VALID}/" if split == "valid" else ""
         idx = index(make_meta(held, out.child(VALID) if split == "valid" else out.path), shards)
         data = manifest_text(idx).encode()
-        if split == "valid":
-            target.put(sub + INDEX, data)
         keep |= {sub + INDEX} | {sub + f["name"] for sh in shards for f in sh["files"].values()}
         if split == "valid":
+            target.put(sub + INDEX, data)
             held = held_out_entry(options, idx)
     removed = out.swap_in(target, (INDEX, data), overwrite=overwrite, owned=owned, keep=keep,
                           ours=ours, remove_entries=remove_entries)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import __version__, conflicts
 from ..errors import PacktoolError
-from ..executors import Jobs, RunOptions
+from ..executors import Jobs
 from ..formats.tokens import open_tokens, read_lengths
 from ..storage import local_file
 from . import shards as pj
@@ -196,18 +196,13 @@ class WholeCorpusPlan:
         return Jobs(self.shards, pj.write_shard, self.shards.weights, lambda j: j.label(),
                     "pack")
 
-    def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
+    def finalize(self, out, stored: dict, check) -> dict:
         """Every shard of the plan checked (``check(job)``: its entry and files where they
         were written, :func:`packtool.pack.shards.check_job`);
         {split: (index meta without held_out, shard entries)}."""
-        entries, bad = {}, []
-        for i in range(len(self.shards)):
-            job = self.shards.header(i)
-            entry, why = check(job)
-            if entry is None:
-                bad.append(f"{job.label()}: {why}")
-            entries[(job.split, job.k)] = entry
-        refuse_missing(out, bad, len(self.shards), "shards")
+        headers = map(self.shards.header, range(len(self.shards)))
+        entries = {(job.split, job.k): entry for job, entry in
+                   checked(headers, len(self.shards), check, out, "shards")}
         return {split: (lambda held, final, lay=layout, sp=split: index_meta(
                     lay, self.corpora, self.factors, sp, held, final, stored),
                         [entries[(split, k)] for k in range(layout.n_shards)], layout.options)
@@ -248,16 +243,11 @@ class StreamedPlan:
         return Jobs(self.groups, self.g.write_group, [j.n_tokens for j in self.groups],
                     lambda j: j.label(), "pack")
 
-    def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
-        folded, bad = {s: self.g.SplitTotals() for s in ("valid", "train")}, []
-        for job in self.groups:  # folded as checked: one entry in memory at a time
-            entry, why = check(job)
-            if entry is None:
-                bad.append(f"{job.label()}: {why}")
-                continue
-            for split, part in entry["splits"].items():
+    def finalize(self, out, stored: dict, check) -> dict:
+        folded = {s: self.g.SplitTotals() for s in ("valid", "train")}
+        for _, entry in checked(self.groups, len(self.groups), check, out, "groups"):
+            for split, part in entry["splits"].items():  # folded as checked: one in memory
                 folded[split].add(part)
-        refuse_missing(out, bad, len(self.groups), "groups")
         self.combined = {s: c.result() for s, c in folded.items()}
         refuse_empty((self.combined["train"] or {}).get("n_packs", 0), self.options)
         return {split: (lambda held, final, c=c, split=split: group_index_meta(
@@ -291,7 +281,16 @@ def refuse_empty(n_packs: int, options: PackOptions) -> None:
             "dropped); raise --seq-len, or use --overflow split for plain documents")
 
 
-def refuse_missing(out: Path, bad: list[str], n: int, what: str) -> None:
+def checked(jobs, n: int, check, out: Path, what: str):
+    """(job, its entry) of each of the ``n`` jobs written (``check(job)``: (entry or None,
+    why)); the others refused together once all are checked, each named."""
+    bad = []
+    for job in jobs:
+        entry, why = check(job)
+        if entry is None:
+            bad.append(f"{job.label()}: {why}")
+        else:
+            yield job, entry
     if bad:
         shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
         raise PacktoolError(f"{len(bad)} of {n} {what} of {out} are not written: {shown}. "
