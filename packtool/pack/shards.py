@@ -74,10 +74,6 @@ class ShardJob:
         base = Path(self.target.staging)
         return base / VALID if self.split == "valid" else base
 
-    @property
-    def entry_path(self) -> Path:
-        return self.folder / fe.shard_entry_name(self.k)
-
     def label(self) -> str:
         return f"{self.split} shard {self.k} ({shard_name(self.k)})"
 
@@ -211,7 +207,7 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, list[str]]:
                          images=image_table(t.prefixes) if t.images else None)
     entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
                          job.seg_length, tick, groups=job.groups)
-    write_new(job.entry_path, json.dumps(fe.shard_entry(job.digest, entry)))
+    write_new(Path(t.staging) / entry_name(job), json.dumps(fe.shard_entry(job.digest, entry)))
     sub = f"{VALID}/" if job.split == "valid" else ""
     return entry, [sub + f["name"] for f in entry["files"].values()]
 

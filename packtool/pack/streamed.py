@@ -37,7 +37,7 @@ from . import entries as fe
 from .meta import histogram
 from .plan import plan_pack
 from .selection import get_bits, selection_bits
-from .shards import Target, gatherer, length_chunks, sources
+from .shards import Target, entry_name, gatherer, length_chunks, sources
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,6 @@ class GroupJob:
 
     def label(self) -> str:
         return f"group {self.g} (documents {self.lo:,}..{self.hi - 1:,})"
-
-    @property
-    def entry_path(self) -> Path:
-        return Path(self.target.staging) / fe.group_entry_name(self.g)
 
 
 def group_jobs(corpora, factors: list[float], options: PackOptions, target: Target,
@@ -151,7 +147,7 @@ def write_group(job: GroupJob, tick) -> tuple[int, list[str]]:
     holds its length histogram, ~40 KB: 0.3 B a document at 10^5-document groups)."""
     folder = Path(job.target.staging)
     entry = _plan_and_write(job, folder, tick)
-    write_new(job.entry_path, json.dumps(entry))
+    write_new(folder / entry_name(job), json.dumps(entry))
     return job.g, [(f"{VALID}/" if split == "valid" else "") + f["name"]
                    for split, stats in entry["splits"].items() for sh in stats["shards"]
                    for f in sh["files"].values()]
