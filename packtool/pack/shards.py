@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -213,12 +214,10 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, list[str]]:
 
 
 def gatherer(corpora):
+    """The writer's ``gather(doc, offset, length, dst, dst_start, dst_mask)``."""
     from ..formats.tokens import gather
 
-    def fill(doc, offset, length, dst, dst_start, dst_mask):
-        gather(corpora, doc, offset, length, dst, dst_start, dst_mask)
-
-    return fill
+    return functools.partial(gather, corpora)
 
 
 def remove_entries(folder: Path) -> None:
