@@ -244,7 +244,7 @@ class StreamedPlan:
                     lambda j: j.label(), "pack")
 
     def finalize(self, out, stored: dict, check) -> dict:
-        folded = {s: self.g.SplitTotals() for s in ("valid", "train")}
+        folded = {s: self.g.SplitTotals(self.options.seq_len) for s in ("valid", "train")}
         for _, entry in checked(self.groups, len(self.groups), check, out, "groups"):
             for split, part in entry["splits"].items():  # folded as checked: one in memory
                 folded[split].add(part)

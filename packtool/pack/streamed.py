@@ -195,8 +195,9 @@ class SplitTotals:
     checked, so finalize holds the shards' entries (what index.json lists) and one
     histogram, never every group's entry (~40 KB each: 4 GB at 10^5 groups)."""
 
-    def __init__(self):
-        self.shards, self.n_packs, self.counts, self.hist = [], 0, {}, np.zeros(1, np.int64)
+    def __init__(self, seq_len: int):
+        self.shards, self.n_packs, self.counts = [], 0, {}
+        self.hist = np.zeros(seq_len + 1, np.int64)  # segments per length
         self.report, self.warnings, self.ratio, self.blocks = None, {}, 0.0, 0
         self.tokens_used = self.docs_used = None
         self.parts = 0
@@ -207,12 +208,8 @@ class SplitTotals:
         self.n_packs += part["n_packs"]
         for k, v in part["counts"].items():
             self.counts[k] = self.counts.get(k, 0) + v
-        if part["hist"]:
-            top = 1 + max(int(v) for v in part["hist"])
-            if top > self.hist.size:
-                self.hist = np.concatenate([self.hist, np.zeros(top - self.hist.size, np.int64)])
-            for v, c in part["hist"].items():
-                self.hist[int(v)] += c
+        for v, c in part["hist"].items():
+            self.hist[int(v)] += c
         self.report = self.report or part["report"]
         self.warnings.update(dict.fromkeys(part["report"].get("warnings", [])))
         self.ratio += part["imbalance"][0]
