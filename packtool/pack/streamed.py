@@ -76,7 +76,7 @@ def group_jobs(corpora, factors: list[float], options: PackOptions, target: Targ
                 for b in (held, extra))
         jobs.append(GroupJob(g, lo, hi, h, e, tuple(int(f) for f in factors),
                              tuple(int(b) for b in base), options, target, digest,
-                             _range_tokens(corpora, lo, hi)))
+                             _token_offset(corpora, hi) - _token_offset(corpora, lo)))
     return jobs
 
 
@@ -92,10 +92,6 @@ def _token_offset(corpora, d: int) -> int:
             total += int(q.entry["n_tokens"])
             d -= len(q)
     return total
-
-
-def _range_tokens(corpora, lo: int, hi: int) -> int:
-    return _token_offset(corpora, hi) - _token_offset(corpora, lo)
 
 
 def _repeats(job: GroupJob) -> tuple[np.ndarray | None, np.ndarray]:
