@@ -35,23 +35,6 @@ from .segments import Segments
 
 
 @njit
-def _count(lengths, lo, hi, pieces):
-    """Table entries per document: its chunks, its remnant (if any), 1 for an empty one."""
-    for d in range(lengths.shape[0]):
-        n = np.int64(lengths[d])
-        r = n % hi
-        c = n // hi
-        b = hi >> 1
-        while b >= lo:
-            if r & b:
-                c += 1
-            b >>= 1
-        if n % lo:
-            c += 1
-        pieces[d] = max(c, 1)
-
-
-@njit
 def _fill(lengths, lo, hi, first, table):
     """Each document's chunks longest first, then its remnant, from table entry first[d]."""
     for d in range(lengths.shape[0]):
@@ -118,8 +101,12 @@ def cut(lengths: np.ndarray, vsl: tuple[int, int]) -> VslSegments:
     lengths = np.asarray(lengths)
     n_docs = lengths.size
     src = lengths.astype(np.int64, copy=False)
-    pieces = np.empty(n_docs, np.int64)
-    _count(src, lo, hi, pieces)
+    pieces = src // hi + (src % lo > 0)  # per document: its chunks, its remnant, 1 if empty
+    b = hi >> 1
+    while b >= lo:  # a chunk per bit of n % MAX from MIN up (n & b is (n % MAX) & b)
+        pieces += (src & b) > 0
+        b >>= 1
+    np.maximum(pieces, 1, out=pieces)
     first = np.zeros(n_docs, np.int64)
     np.cumsum(pieces[:-1], out=first[1:])
     total = int(first[-1] + pieces[-1]) if n_docs else 0
