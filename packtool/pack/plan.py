@@ -16,7 +16,7 @@ segment are derived shard by shard (:meth:`PackLayout.shard_segments`), never he
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -279,8 +279,6 @@ def _merge_reports(a: PackerReport | None, b: PackerReport) -> PackerReport:
     is no bound of the whole, so LP figures are kept only for a single round."""
     if a is None:
         return b
-    from dataclasses import replace
-
     return replace(a, n_packs=a.n_packs + b.n_packs, lp_value=None, lp_bound=None,
                    lp_converged=None, warnings=list(dict.fromkeys(a.warnings + b.warnings)))
 
