@@ -124,19 +124,13 @@ def read_entry(name: str, kind: str, place) -> tuple[dict | None, str]:
                       f"version {version}")
     try:
         check(m, obj(keys), path, FIX)
-        for sh in shards_of(m):
+        for sh in [m["entry"]] if kind == SHARD_ENTRY else [
+                sh for s in m["splits"].values() for sh in s["shards"]]:
             for f in sh["files"].values():
                 confined_name(f["name"], path)
     except FormatError as e:
         return None, str(e)
     return m, ""
-
-
-def shards_of(entry: dict) -> list[dict]:
-    """The shard entries a job entry lists (every split of a group)."""
-    if entry["format"] == SHARD_ENTRY:
-        return [entry["entry"]]
-    return [sh for s in entry["splits"].values() for sh in s["shards"]]
 
 
 def check_files(place, prefix: str, shards: list[dict], checksums: bool = True) -> str:
