@@ -13,14 +13,9 @@ from .._numba import njit
 
 
 @njit
-def counting_order(lengths, capacity, descending):
-    """Stable order of documents by length (O(n + C)): ties keep input order."""
-    return counting_order_as(lengths, capacity, descending, np.int64)
-
-
-@njit
-def counting_order_as(lengths, capacity, descending, idx):
-    """:func:`counting_order` as indices of type ``idx`` (np.int32 halves its memory)."""
+def counting_order(lengths, capacity, descending, idx):
+    """Stable order of documents by length (O(n + C)): ties keep input order; indices of type
+    ``idx`` (np.int32 halves its memory)."""
     n = lengths.shape[0]
     counts = np.zeros(capacity + 2, np.int64)
     for i in range(n):
@@ -121,7 +116,7 @@ def expand_groups(lengths, capacity, group_count, group_parent, group_len):
     left entirely empty get no id (NNLS strategies may over-provision).
     """
     n = lengths.shape[0]
-    order = counting_order(lengths, capacity, False)
+    order = counting_order(lengths, capacity, False, np.int64)
     nxt = np.zeros(capacity + 2, np.int64)
     for i in range(n):
         nxt[lengths[i] + 1] += 1
