@@ -124,10 +124,7 @@ def expand_groups(lengths, capacity, group_count, group_parent, group_len):
         nxt[v] += nxt[v - 1]
     # documents of length v are order[nxt[v]:nxt[v + 1]]
     end = nxt[1:].copy()
-    total = 0
-    for g in range(group_count.shape[0]):
-        if group_count[g] > 0:
-            total += group_count[g]
+    total = group_count[group_count > 0].sum()
     packs = np.full(n, -1, np.int64)
     used = np.zeros(total, np.int64)
     base = 0
