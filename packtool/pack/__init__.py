@@ -107,9 +107,8 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
                       {"format": PLAN_FORMAT, "digest": digest}, [INDEX, f"{VALID}/{INDEX}"])
     out.commits_to(INDEX, lambda: finished_jobs("shard"))
     try:
-        jobs = flow.jobs()
-        run_jobs(Jobs(PackTasks(jobs.items, jobs.run, str(target.path),
-                                out.place.storage_options or {}), run_task, jobs.weights,
+        run_jobs(Jobs(PackTasks(flow.items, flow.write, str(target.path),
+                                out.place.storage_options or {}), run_task, flow.weights,
                       lambda j: j.label(), "pack"), run, progress)
         if run.one_task:
             return flow.result(out.path, time.perf_counter() - t0, [

@@ -1,9 +1,9 @@
 """How a pack run's plan becomes jobs and an index: :class:`WholeCorpusPlan` plans the whole
 corpus in this process and hands out one job per shard (:mod:`.shards`); :class:`StreamedPlan`
 (``--group-docs G``) hands out one job per group of documents, each planning and writing its
-own shards (:mod:`.streamed`). Both check every job's output at finalize, wherever it was
-written (the staging folder, or a store: ``check``), and say what the index of each split
-holds."""
+own shards (:mod:`.streamed`). Both hold the jobs as ``items`` (each run by ``write``, of
+``weights`` tokens), check every job's output at finalize, wherever it was written (the
+staging folder, or a store: ``check``), and say what the index of each split holds."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import numpy as np
 
 from .. import __version__, conflicts
 from ..errors import PacktoolError
-from ..executors import Jobs
 from ..formats.tokens import open_tokens, read_lengths
 from ..storage import local_file
 from . import shards as pj
@@ -190,19 +189,16 @@ class WholeCorpusPlan:
         self.layouts["train"] = self.layout
         refuse_empty(self.layout.n_packs, options)
         self.assign_seconds = time.perf_counter() - t0
-        self.shards = pj.ShardJobs(self.layouts, {"plan": digest}, target)
-
-    def jobs(self) -> Jobs:
-        return Jobs(self.shards, pj.write_shard, self.shards.weights, lambda j: j.label(),
-                    "pack")
+        self.items = pj.ShardJobs(self.layouts, {"plan": digest}, target)  # the jobs
+        self.write, self.weights = pj.write_shard, self.items.weights
 
     def finalize(self, out, stored: dict, check) -> dict:
         """Every shard of the plan checked (``check(job)``: its entry and files where they
         were written, :func:`packtool.pack.shards.check_job`);
         {split: (index meta without held_out, shard entries)}."""
-        headers = map(self.shards.header, range(len(self.shards)))
+        headers = map(self.items.header, range(len(self.items)))
         entries = {(job.split, job.k): entry for job, entry in
-                   checked(headers, len(self.shards), check, out, "shards")}
+                   checked(headers, len(self.items), check, out, "shards")}
         return {split: (lambda held, final, lay=layout, sp=split: index_meta(
                     lay, self.corpora, self.factors, sp, held, final, stored),
                         [entries[(split, k)] for k in range(layout.n_shards)], layout.options)
@@ -235,17 +231,14 @@ class StreamedPlan:
         t0 = time.perf_counter()
         self.g = streamed
         self.corpora, self.factors, self.options = corpora, factors, options
-        self.groups = streamed.group_jobs(corpora, factors, options, target, digest)
+        self.items = streamed.group_jobs(corpora, factors, options, target, digest)
+        self.write, self.weights = streamed.write_group, [j.n_tokens for j in self.items]
         self.combined: dict = {}  # per split, what finalize folded from the groups' entries
         self.assign_seconds = time.perf_counter() - t0
 
-    def jobs(self) -> Jobs:
-        return Jobs(self.groups, self.g.write_group, [j.n_tokens for j in self.groups],
-                    lambda j: j.label(), "pack")
-
     def finalize(self, out, stored: dict, check) -> dict:
         folded = {s: self.g.SplitTotals(self.options.seq_len) for s in ("valid", "train")}
-        for _, entry in checked(self.groups, len(self.groups), check, out, "groups"):
+        for _, entry in checked(self.items, len(self.items), check, out, "groups"):
             for split, part in entry["splits"].items():  # folded as checked: one in memory
                 folded[split].add(part)
         self.combined = {s: c.result() for s, c in folded.items()}
