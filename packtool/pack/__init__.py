@@ -43,7 +43,7 @@ from .flow import SourceCheck, open_sources, plan_flow, plan_sources, with_targe
 from .meta import held_out_entry
 from .plan import PackOptions
 from .result import PackResult, run_warnings
-from .shards import PackTasks, check_job, run_task
+from .shards import PackTasks, check_job, remove_entries, run_task
 
 __all__ = ["PackResult", "dataset_files", "open_sources", "ours_hidden", "owned", "pack",
            "pack_corpus"]
@@ -107,19 +107,18 @@ def _pack(prefixes, out: Output, options, run, overwrite, progress, verify_sourc
                       {"format": PLAN_FORMAT, "digest": digest}, [INDEX, f"{VALID}/{INDEX}"])
     out.commits_to(INDEX, lambda: finished_jobs("shard"))
     try:
-        jobs = flow.jobs()
-        run_jobs(Jobs(PackTasks(jobs.items, jobs.run, str(target.path),
-                                out.place.storage_options or {}), run_task, jobs.weights,
+        run_jobs(Jobs(PackTasks(flow.items, flow.write, str(target.path),
+                                out.place.storage_options or {}), run_task, flow.weights,
                       lambda j: j.label(), "pack"), run, progress)
         if run.one_task:
             return flow.result(out.path, time.perf_counter() - t0, [
                 f"{run.describe()}: wrote its share of the shards; run --finalize once every "
                 "task is done to write index.json"])
-        splits = flow.finalize(out.path, stored, run, check=lambda inner: check_job(
+        splits = flow.finalize(out.path, stored, check=lambda inner: check_job(
             inner, target, checksums=run.finalize))
         if check is not None:
             check.wait()
-        idx, removed = _commit(out, target, splits, overwrite, flow.remove_entries)
+        idx, removed = _commit(out, target, splits, overwrite)
     except BaseException as e:
         out.failed(e, target, whole_run=not run.one_task and not run.finalize)
         raise
@@ -148,7 +147,7 @@ def _vouched(out: Output, names: set[str]) -> None:
                             "write the dataset to a folder of its own")
 
 
-def _commit(out: Output, target: Output, splits: dict, overwrite: bool, remove_entries
+def _commit(out: Output, target: Output, splits: dict, overwrite: bool
             ) -> tuple[dict, list[str]]:
     """index.json of each split (OUT/valid's first, the training index names it) written
     into the jobs' folder, the training index last with the output's own commit: a staging
@@ -162,10 +161,9 @@ def _commit(out: Output, target: Output, splits: dict, overwrite: bool, remove_e
         sub = f"{VALID}/" if split == "valid" else ""
         idx = index(make_meta(held, out.child(VALID) if split == "valid" else out.path), shards)
         data = manifest_text(idx).encode()
-        if split == "valid":
-            target.put(sub + INDEX, data)
         keep |= {sub + INDEX} | {sub + f["name"] for sh in shards for f in sh["files"].values()}
         if split == "valid":
+            target.put(sub + INDEX, data)
             held = held_out_entry(options, idx)
     removed = out.swap_in(target, (INDEX, data), overwrite=overwrite, owned=owned, keep=keep,
                           ours=ours, remove_entries=remove_entries)

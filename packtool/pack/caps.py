@@ -37,13 +37,8 @@ def _cap(packs, n_packs, lengths, weights, limits, capacity):
         p = packs[i]
         if p < 0:
             continue
-        ok = True
-        for k in range(m):
-            if load[k, p] + weights[k, i] > limits[k]:
-                ok = False
-        if ok:
-            for k in range(m):
-                load[k, p] += weights[k, i]
+        if _fits(load, p, weights, i, limits):
+            load[:, p] += weights[:, i]
         else:
             moved[i] = True
     idx = np.flatnonzero(moved)
@@ -53,22 +48,24 @@ def _cap(packs, n_packs, lengths, weights, limits, capacity):
     used = 0
     for i in idx:  # first fit decreasing over the new rows
         b = 0
-        while b < used:
-            if fill[b] + lengths[i] <= capacity:
-                ok = True
-                for k in range(m):
-                    if cap[k, b] + weights[k, i] > limits[k]:
-                        ok = False
-                if ok:
-                    break
+        while b < used and not (fill[b] + lengths[i] <= capacity
+                                and _fits(cap, b, weights, i, limits)):
             b += 1
         if b == used:
             used += 1
         fill[b] += lengths[i]
-        for k in range(m):
-            cap[k, b] += weights[k, i]
+        cap[:, b] += weights[:, i]
         out[i] = n_packs + b
     return out, used
+
+
+@njit
+def _fits(load, p, weights, i, limits):
+    """Whether entry i's weights fit pack p's ``load`` under every limit."""
+    for k in range(limits.shape[0]):  # noqa: SIM110 (a loop numba compiles, no temporary)
+        if load[k, p] + weights[k, i] > limits[k]:
+            return False
+    return True
 
 
 def cap_packs(packs: np.ndarray, lengths: np.ndarray, capacity: int, caps: dict

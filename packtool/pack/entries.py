@@ -66,8 +66,8 @@ GROUP_ENTRY_KEYS = {  # .group-GGGGG.entry.json
     "g": Key(count(), "the group's number: documents g*G .. (g+1)*G-1"),
     "splits": Key(dict_of(obj(SPLIT_KEYS)), '"train" and, with a held-out split, "valid"'),
 }
-_SPECS = {SHARD_ENTRY: (SHARD_ENTRY_VERSION, obj(SHARD_ENTRY_KEYS)),
-          GROUP_ENTRY: (GROUP_ENTRY_VERSION, obj(GROUP_ENTRY_KEYS))}
+_SPECS = {SHARD_ENTRY: (SHARD_ENTRY_VERSION, SHARD_ENTRY_KEYS),
+          GROUP_ENTRY: (GROUP_ENTRY_VERSION, GROUP_ENTRY_KEYS)}
 
 
 def shard_entry_name(k: int) -> str:
@@ -92,14 +92,13 @@ def group_entry(digest: str, g: int, splits: dict) -> dict:
 
 def _made(kind: str, body: dict) -> dict:
     """A writer's entry checked against its schema (a key the schema lacks is a bug here)."""
-    spec = _SPECS[kind][1]
-    keys = SHARD_ENTRY_KEYS if kind == SHARD_ENTRY else GROUP_ENTRY_KEYS
+    keys = _SPECS[kind][1]
     unknown = set(body) - set(keys)
     if kind == GROUP_ENTRY:
         unknown |= {k for s in body["splits"].values() for k in s} - set(SPLIT_KEYS)
     if unknown:
         raise RuntimeError(f"{kind} entry keys not in the schema: {sorted(unknown)}")
-    check(json.loads(json.dumps(body)), spec, kind, "a bug in packtool")
+    check(json.loads(json.dumps(body)), obj(keys), kind, "a bug in packtool")
     return body
 
 
@@ -107,7 +106,7 @@ def read_entry(name: str, kind: str, place) -> tuple[dict | None, str]:
     """(the entry, "") of the job entry ``name`` of ``kind`` in ``place`` (a
     :class:`packtool.storage.place.Place`) that is readable and fits its schema, else
     (None, why): "missing", or what is wrong with it."""
-    version, spec = _SPECS[kind]
+    version, keys = _SPECS[kind]
     path = place.path(name)
     try:
         if place.is_link(name):
@@ -124,20 +123,14 @@ def read_entry(name: str, kind: str, place) -> tuple[dict | None, str]:
         return None, (f"{path}: {kind} version {m.get('version')!r}, this packtool reads "
                       f"version {version}")
     try:
-        check(m, spec, path, FIX)
-        for sh in shards_of(m):
+        check(m, obj(keys), path, FIX)
+        for sh in [m["entry"]] if kind == SHARD_ENTRY else [
+                sh for s in m["splits"].values() for sh in s["shards"]]:
             for f in sh["files"].values():
                 confined_name(f["name"], path)
     except FormatError as e:
         return None, str(e)
     return m, ""
-
-
-def shards_of(entry: dict) -> list[dict]:
-    """The shard entries a job entry lists (every split of a group)."""
-    if entry["format"] == SHARD_ENTRY:
-        return [entry["entry"]]
-    return [sh for s in entry["splits"].values() for sh in s["shards"]]
 
 
 def check_files(place, prefix: str, shards: list[dict], checksums: bool = True) -> str:

@@ -1,9 +1,9 @@
 """How a pack run's plan becomes jobs and an index: :class:`WholeCorpusPlan` plans the whole
 corpus in this process and hands out one job per shard (:mod:`.shards`); :class:`StreamedPlan`
 (``--group-docs G``) hands out one job per group of documents, each planning and writing its
-own shards (:mod:`.streamed`). Both check every job's output at finalize, wherever it was
-written (the staging folder, or a store: ``check``), and say what the index of each split
-holds."""
+own shards (:mod:`.streamed`). Both hold the jobs as ``items`` (each run by ``write``, of
+``weights`` tokens), check every job's output at finalize, wherever it was written (the
+staging folder, or a store: ``check``), and say what the index of each split holds."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import numpy as np
 
 from .. import __version__, conflicts
 from ..errors import PacktoolError
-from ..executors import Jobs, RunOptions
 from ..formats.tokens import open_tokens, read_lengths
 from ..storage import local_file
 from . import shards as pj
@@ -37,16 +36,8 @@ from .result import PackResult
 
 def longest_document(corpora) -> int:
     """The longest document's tokens, from the boundaries (a streaming pass)."""
-    longest = 0
-    for c in corpora:
-        for q in c.parts:
-            prev = np.int64(0)
-            for a in range(0, len(q), 1 << 20):
-                e = np.asarray(q.ends[a:a + (1 << 20)], np.int64)
-                if e.size:
-                    longest = max(longest, int(np.diff(e, prepend=prev).max()))
-                    prev = e[-1]
-    return longest
+    chunks = pj.length_chunks(corpora)
+    return max((int(x.max()) for k in range(len(corpora)) for x in chunks(k)), default=0)
 
 
 def with_targets(sources: list[dict], prefixes) -> list[dict]:
@@ -169,66 +160,49 @@ class WholeCorpusPlan:
     def __init__(self, corpora, factors, options: PackOptions, target, digest, table=None):
         t0 = time.perf_counter()
         self.corpora, self.factors, self.options = corpora, factors, options
-        lengths = read_lengths(corpora)
+        lengths, self.layouts = read_lengths(corpora), {}
         if options.share_prefix:  # prefix trees: packtool.pack.trees
             from .trees import plan_trees
 
             self.layout = plan_trees(lengths, options, table, corpora)
-            self._ready({"train": self.layout}, digest, target, t0)
-            return
-        if table is not None:  # pairs and groups: packtool.pack.pairs
+        elif table is not None:  # pairs and groups: packtool.pack.pairs
             from .pairs import plan_grouped
 
             self.layout = plan_grouped(lengths, options, table)
-            self._ready({"train": self.layout}, digest, target, t0)
-            return
-        sizes, names = [len(c) for c in corpora], [str(c.prefix) for c in corpora]
-        repeats, held = None, None  # a plain pack: no mask of held-out documents (1 B/doc)
-        if any(f != 1 for f in factors) or options.valid_docs or options.valid_fraction:
-            repeats, held = mixture_plan(lengths, sizes, factors, options, names)
-        else:  # each document once: a source with none is refused all the same
-            at = np.cumsum([0, *sizes])
-            nonempty = [int(np.count_nonzero(lengths[a:b]))
-                        for a, b in zip(at[:-1], at[1:], strict=True)]
-            refuse_idle(nonempty, nonempty, factors, names)
-        images = DocImages.of(corpora)  # None: no image in any source
-        self.layout = plan_pack(lengths, options, repeats, images=images)
-        valid = (plan_pack(lengths, options, held.astype(np.int64), images=images)
-                 if held is not None and held.any() else None)
-        del lengths, repeats, held
-        self._ready({"valid": valid, "train": self.layout} if valid is not None
-                    else {"train": self.layout}, digest, target, t0)
-
-    def _ready(self, layouts: dict, digest: str, target, t0: float) -> None:
-        refuse_empty(layouts["train"].n_packs, self.options)
+        else:
+            sizes, names = [len(c) for c in corpora], [str(c.prefix) for c in corpora]
+            repeats, held = None, None  # a plain pack: no mask of held-out documents (1 B/doc)
+            if any(f != 1 for f in factors) or options.valid_docs or options.valid_fraction:
+                repeats, held = mixture_plan(lengths, sizes, factors, options, names)
+            else:  # each document once: a source with none is refused all the same
+                at = np.cumsum([0, *sizes])
+                nonempty = [int(np.count_nonzero(lengths[a:b]))
+                            for a, b in zip(at[:-1], at[1:], strict=True)]
+                refuse_idle(nonempty, nonempty, factors, names)
+            images = DocImages.of(corpora)  # None: no image in any source
+            self.layout = plan_pack(lengths, options, repeats, images=images)
+            if held is not None and held.any():
+                self.layouts["valid"] = plan_pack(lengths, options, held.astype(np.int64),
+                                                  images=images)
+            del repeats, held
+        del lengths
+        self.layouts["train"] = self.layout
+        refuse_empty(self.layout.n_packs, options)
         self.assign_seconds = time.perf_counter() - t0
-        self.layouts = layouts
-        self.shards = pj.shard_jobs(self.layouts, {"plan": digest}, target)
+        self.items = pj.ShardJobs(self.layouts, {"plan": digest}, target)  # the jobs
+        self.write, self.weights = pj.write_shard, self.items.weights
 
-    def jobs(self) -> Jobs:
-        return Jobs(self.shards, pj.write_shard, self.shards.weights, lambda j: j.label(),
-                    "pack")
-
-    def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
+    def finalize(self, out, stored: dict, check) -> dict:
         """Every shard of the plan checked (``check(job)``: its entry and files where they
         were written, :func:`packtool.pack.shards.check_job`);
         {split: (index meta without held_out, shard entries)}."""
-        entries, bad = {}, []
-        for i in range(len(self.shards)):
-            job = self.shards.header(i)
-            entry, why = check(job)
-            if entry is None:
-                bad.append(f"{job.label()}: {why}")
-            entries[(job.split, job.k)] = entry
-        refuse_missing(out, bad, len(self.shards), "shards")
+        headers = map(self.items.header, range(len(self.items)))
+        entries = {(job.split, job.k): entry for job, entry in
+                   checked(headers, len(self.items), check, out, "shards")}
         return {split: (lambda held, final, lay=layout, sp=split: index_meta(
                     lay, self.corpora, self.factors, sp, held, final, stored),
                         [entries[(split, k)] for k in range(layout.n_shards)], layout.options)
                 for split, layout in self.layouts.items()}
-
-    @staticmethod
-    def remove_entries(staging: Path) -> None:
-        pj.remove_entries(staging)
 
     def result(self, out: Path, seconds: float, warnings: list[str],
                idx: dict | None = None) -> PackResult:
@@ -257,33 +231,22 @@ class StreamedPlan:
         t0 = time.perf_counter()
         self.g = streamed
         self.corpora, self.factors, self.options = corpora, factors, options
-        self.groups = streamed.group_jobs(corpora, factors, options, target, digest)
+        self.items = streamed.group_jobs(corpora, factors, options, target, digest)
+        self.write, self.weights = streamed.write_group, [j.n_tokens for j in self.items]
         self.combined: dict = {}  # per split, what finalize folded from the groups' entries
         self.assign_seconds = time.perf_counter() - t0
 
-    def jobs(self) -> Jobs:
-        return Jobs(self.groups, self.g.write_group, [j.n_tokens for j in self.groups],
-                    lambda j: j.label(), "pack")
-
-    def finalize(self, out, stored: dict, run: RunOptions, check) -> dict:
-        folded, bad = {s: self.g.SplitTotals() for s in ("valid", "train")}, []
-        for job in self.groups:  # folded as checked: one entry in memory at a time
-            entry, why = check(job)
-            if entry is None:
-                bad.append(f"{job.label()}: {why}")
-                continue
-            for split, part in entry["splits"].items():
+    def finalize(self, out, stored: dict, check) -> dict:
+        folded = {s: self.g.SplitTotals(self.options.seq_len) for s in ("valid", "train")}
+        for _, entry in checked(self.items, len(self.items), check, out, "groups"):
+            for split, part in entry["splits"].items():  # folded as checked: one in memory
                 folded[split].add(part)
-        refuse_missing(out, bad, len(self.groups), "groups")
         self.combined = {s: c.result() for s, c in folded.items()}
         refuse_empty((self.combined["train"] or {}).get("n_packs", 0), self.options)
         return {split: (lambda held, final, c=c, split=split: group_index_meta(
                     c, self.options, self.corpora, self.factors, split, held, final, stored),
                         c["shards"], self.options)
                 for split, c in self.combined.items() if c is not None}
-
-    def remove_entries(self, staging: Path) -> None:
-        self.g.remove_group_entries(staging)
 
     def result(self, out: Path, seconds: float, warnings: list[str],
                idx: dict | None = None) -> PackResult:
@@ -311,7 +274,16 @@ def refuse_empty(n_packs: int, options: PackOptions) -> None:
             "dropped); raise --seq-len, or use --overflow split for plain documents")
 
 
-def refuse_missing(out: Path, bad: list[str], n: int, what: str) -> None:
+def checked(jobs, n: int, check, out: Path, what: str):
+    """(job, its entry) of each of the ``n`` jobs written (``check(job)``: (entry or None,
+    why)); the others refused together once all are checked, each named."""
+    bad = []
+    for job in jobs:
+        entry, why = check(job)
+        if entry is None:
+            bad.append(f"{job.label()}: {why}")
+        else:
+            yield job, entry
     if bad:
         shown = "; ".join(bad[:20]) + (f"; and {len(bad) - 20} more" if len(bad) > 20 else "")
         raise PacktoolError(f"{len(bad)} of {n} {what} of {out} are not written: {shown}. "

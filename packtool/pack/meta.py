@@ -238,8 +238,6 @@ def group_index_meta(combined: dict, options: PackOptions, corpora: list, factor
     from ..packers import PackerReport
 
     seq_len = options.seq_len
-    hist = np.zeros(seq_len + 1, np.int64)
-    hist[:combined["hist"].size] = combined["hist"]
     report = PackerReport(**{**combined["report"], "n_packs": combined["n_packs"],
                              "lp_value": None, "lp_bound": None, "lp_converged": None,
                              "warnings": combined["warnings"]})
@@ -253,6 +251,6 @@ def group_index_meta(combined: dict, options: PackOptions, corpora: list, factor
             "seed": options.seed, "shuffle": options.shuffle,
             "overflow": options.overflow, **stored, "group_docs": options.group_docs,
             "n_packs": combined["n_packs"], **combined["counts"],
-            **histogram_metrics(hist, seq_len, combined["n_packs"]),
+            **histogram_metrics(combined["hist"], seq_len, combined["n_packs"]),
             "attention_imbalance": combined["imbalance"], "solver": report.to_json(),
             "split": split, "held_out": held_out, "sources": sources}

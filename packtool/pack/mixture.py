@@ -44,27 +44,33 @@ def resolve_source(spec: str) -> tuple[str, float]:
     prefix, factor = parse_source(spec)
     if local_file(spec) is None:
         return prefix, factor
-    whole = Path(f"{split_prefix(spec)}.json")
     if prefix != str(spec):
-        head = Path(f"{split_prefix(prefix)}.json")
-        if whole.exists() and head.exists():
-            raise PacktoolError(
-                f"{spec} is ambiguous: {whole} (the corpus {spec}) and {head} (the corpus "
-                f"{prefix} with repeat factor {factor:g}) both exist; rename one of them")
-        if whole.exists():
-            return str(spec), 1.0
-        if not head.exists():
-            raise PacktoolError(
-                f"{head} not found: in {spec}, ':{spec.rpartition(':')[2]}' was read as a "
-                f"repeat factor of the corpus {prefix}; give the --out PREFIX of packtool "
-                "tokenize (PREFIX:FACTOR to repeat it)")
-        return prefix, factor
+        whole = _whole(spec, prefix, "repeat factor", factor, "PREFIX:FACTOR to repeat it")
+        return (str(spec), 1.0) if whole else (prefix, factor)
+    whole = Path(f"{split_prefix(spec)}.json")
     if not whole.exists() and Path(spec).is_file():
         raise PacktoolError(
             f"{spec} is not token files (no {whole.name}): pack takes the --out PREFIX of "
             f"packtool tokenize; tokenize it first: packtool tokenize {spec} --tokenizer "
             f"TOKENIZER --out PREFIX, then packtool pack PREFIX")
     return prefix, factor
+
+
+def _whole(spec: str, prefix: str, what: str, value: float, form: str) -> bool:
+    """Whether the files there make ``spec`` a corpus of its own (True) rather than the
+    corpus ``prefix`` with a ``what`` of ``value`` (False); both, or neither, refused."""
+    from ..formats.tokens import split_prefix
+
+    whole, head = Path(f"{split_prefix(spec)}.json"), Path(f"{split_prefix(prefix)}.json")
+    if whole.exists() and head.exists():
+        raise PacktoolError(f"{spec} is ambiguous: {whole} (the corpus {spec}) and {head} (the "
+                            f"corpus {prefix} with {what} {value:g}) both exist; rename one of "
+                            "them")
+    if not whole.exists() and not head.exists():
+        raise PacktoolError(f"{head} not found: in {spec}, '{spec[len(prefix):]}' was read as "
+                            f"a {what} of the corpus {prefix}; give the --out PREFIX of "
+                            f"packtool tokenize ({form})")
+    return whole.exists()
 
 
 def _sub_seed(seed: int, domain: int, k: int) -> np.random.Generator:
@@ -227,24 +233,12 @@ def parse_share(spec: str) -> tuple[str, float] | None:
 def resolve_share(spec: str) -> tuple[str, float] | None:
     """:func:`parse_share`, checked against the files there as :func:`resolve_source` checks
     ``PREFIX:FACTOR`` (a corpus named ``c=0.5`` is a corpus, not a share)."""
-    from ..formats.tokens import split_prefix
     from ..storage import local_file
 
     parsed = parse_share(spec)
     if parsed is None or local_file(spec) is None:
         return parsed
-    whole, head = Path(f"{split_prefix(spec)}.json"), Path(f"{split_prefix(parsed[0])}.json")
-    if whole.exists() and head.exists():
-        raise PacktoolError(f"{spec} is ambiguous: {whole} (the corpus {spec}) and {head} (the "
-                            f"corpus {parsed[0]} with target share {parsed[1]:g}) both exist; "
-                            "rename one of them")
-    if whole.exists():
-        return None
-    if not head.exists():
-        raise PacktoolError(f"{head} not found: in {spec}, '={spec.rpartition('=')[2]}' was "
-                            f"read as a target share of the corpus {parsed[0]}; give the --out "
-                            "PREFIX of packtool tokenize (PREFIX=SHARE)")
-    return parsed
+    return None if _whole(spec, parsed[0], "target share", parsed[1], "PREFIX=SHARE") else parsed
 
 
 def resolve_sources(prefixes, tokens: int | None = None):

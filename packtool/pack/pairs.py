@@ -121,15 +121,23 @@ def group_segments(lengths: np.ndarray, table: GroupTable, share: bool, seq_len:
         kc = np.cumsum(seg_len > 0)
         pe = at[table.group[seg_doc]]
         up = np.where(~is_p & (seg_len > 0) & (seg_len[pe] > 0), kc - kc[pe], 0)
-    counts = {"n_docs": n_docs, "n_empty": int(np.count_nonzero(lengths == 0)),
-              "n_overlong": int(np.isin(table.group, over).sum()), "n_split": 0,
-              "n_split_pieces": 0, "n_truncated": 0, "n_truncated_tokens": 0,
-              "n_dropped": int(np.isin(table.group, over).sum()),
-              "n_dropped_tokens": int(lengths[np.isin(table.group, over)].sum()),
-              "n_segments": int(np.count_nonzero(seg_len)), "n_tokens": int(seg_len.sum())}
-    segs = GroupSegments(seg_len, seg_doc, seg_off, group, role, seq_len, counts,
-                         n_dropped_groups=int(over.size), up=up)
+    segs = whole_segments(lengths, np.isin(table.group, over), seq_len, seg_len, seg_doc,
+                          seg_off, group, role, up, int(over.size))
     return segs, group, items
+
+
+def whole_segments(lengths: np.ndarray, dropped: np.ndarray, seq_len: int, length, doc,
+                   offset, group, role, up, n_dropped_groups: int) -> GroupSegments:
+    """The :class:`GroupSegments` of items never cut, with make_segments' counts: the
+    documents ``dropped`` (over --seq-len, or in a group that is) dropped whole."""
+    n = int(dropped.sum())
+    counts = {"n_docs": int(lengths.size), "n_empty": int(np.count_nonzero(lengths == 0)),
+              "n_overlong": n, "n_split": 0, "n_split_pieces": 0, "n_truncated": 0,
+              "n_truncated_tokens": 0, "n_dropped": n,
+              "n_dropped_tokens": int(lengths[dropped].sum()),
+              "n_segments": int(np.count_nonzero(length)), "n_tokens": int(length.sum())}
+    return GroupSegments(length, doc, offset, group, role, seq_len, counts,
+                         n_dropped_groups=n_dropped_groups, up=up)
 
 
 def plan_grouped(lengths: np.ndarray, options: PackOptions, table: GroupTable) -> PackLayout:

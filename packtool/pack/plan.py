@@ -16,7 +16,7 @@ segment are derived shard by shard (:meth:`PackLayout.shard_segments`), never he
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -106,11 +106,11 @@ class PackLayout:
     def seg_length(self) -> np.ndarray:
         return self.segments()[2]
 
-    def ordered_lengths(self) -> np.ndarray:
-        """Every segment's length, in output order."""
+    def ordered_lengths(self, a: int = 0, b: int | None = None) -> np.ndarray:
+        """The lengths of output segments a..b-1 (every segment's by default)."""
         if len(self.rounds) == 1:
-            return self.rounds[0].table_length[self.order]
-        return self.segments()[2]
+            return self.rounds[0].table_length[self.order[a:b]]
+        return self.segments(a, b)[2]
 
     def pack_chunks(self, chunk: int = 1 << 20):
         """(first pack, end pack, their segments' first index, their lengths) about ``chunk``
@@ -121,9 +121,7 @@ class PackLayout:
             p1 = int(np.searchsorted(first, first[p0] + chunk, side="right")) - 1
             p1 = min(max(p1, p0 + 1), self.n_packs)
             a, b = int(first[p0]), int(first[p1])
-            yield p0, p1, first[p0:p1] - a, (self.rounds[0].table_length[self.order[a:b]]
-                                             if len(self.rounds) == 1
-                                             else self.segments(a, b)[2])
+            yield p0, p1, first[p0:p1] - a, self.ordered_lengths(a, b)
             p0 = p1
 
     def pack_sums(self) -> tuple[np.ndarray, np.ndarray]:
@@ -281,8 +279,6 @@ def _merge_reports(a: PackerReport | None, b: PackerReport) -> PackerReport:
     is no bound of the whole, so LP figures are kept only for a single round."""
     if a is None:
         return b
-    from dataclasses import replace
-
     return replace(a, n_packs=a.n_packs + b.n_packs, lp_value=None, lp_bound=None,
                    lp_converged=None, warnings=list(dict.fromkeys(a.warnings + b.warnings)))
 

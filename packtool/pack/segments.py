@@ -46,8 +46,14 @@ class Segments:
         jj = np.maximum(j, 0)
         inside = (j >= 0) & (index < self.split_first[jj] + self.split_pieces[jj])
         doc = np.where(inside, self.split_docs[jj], index - extra[j + 1])
-        offset = np.where(inside, (index - self.split_first[jj]) * self.seq_len, 0)
-        return doc.astype(np.int64), offset.astype(np.int64)
+        offset = np.zeros(index.size, np.int64)
+        at = np.flatnonzero(inside)
+        offset[at] = self.piece_offsets(jj[at], index[at] - self.split_first[jj[at]])
+        return doc.astype(np.int64), offset
+
+    def piece_offsets(self, split: np.ndarray, piece: np.ndarray) -> np.ndarray:
+        """Offset of piece ``piece`` of split document ``split`` (an index into split_*)."""
+        return piece * self.seq_len
 
     @property
     def _nonempty(self) -> np.ndarray:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -73,10 +74,6 @@ class ShardJob:
     def folder(self) -> Path:
         base = Path(self.target.staging)
         return base / VALID if self.split == "valid" else base
-
-    @property
-    def entry_path(self) -> Path:
-        return self.folder / fe.shard_entry_name(self.k)
 
     def label(self) -> str:
         return f"{self.split} shard {self.k} ({shard_name(self.k)})"
@@ -155,10 +152,6 @@ def stored(values: np.ndarray, dtype) -> np.ndarray:
     return values.astype(dtype, copy=False)
 
 
-def shard_jobs(layouts: dict, common: dict, target: Target) -> ShardJobs:
-    return ShardJobs(layouts, common, target)
-
-
 # ------------------------------------------------------------------------ the sources
 _SOURCES: dict = {}  # prefixes -> opened corpora: sources are opened once per process
 
@@ -174,6 +167,19 @@ def sources(prefixes: tuple[str, ...]) -> list:
 
         _SOURCES[prefixes] = [open_tokens(p) for p in prefixes]
     return _SOURCES[prefixes]
+
+
+def length_chunks(corpora, chunk: int = 1 << 20):
+    """``chunks(k)``: source k's document lengths, ``chunk`` at a time, from its boundaries
+    (a streaming pass)."""
+    def chunks(k):
+        for q in corpora[k].parts:
+            prev = np.int64(0)
+            for a in range(0, len(q), chunk):
+                e = np.asarray(q.ends[a:a + chunk], np.int64)
+                yield np.diff(e, prepend=prev)
+                prev = e[-1]
+    return chunks
 
 
 def image_table(prefixes: tuple[str, ...]):
@@ -202,26 +208,25 @@ def write_shard(job: ShardJob, tick) -> tuple[dict, list[str]]:
                          images=image_table(t.prefixes) if t.images else None)
     entry = writer.write(job.k, job.pack_seg, job.seg_doc, job.seg_offset,
                          job.seg_length, tick, groups=job.groups)
-    write_new(job.entry_path, json.dumps(fe.shard_entry(job.digest, entry)))
+    write_new(Path(t.staging) / entry_name(job), json.dumps(fe.shard_entry(job.digest, entry)))
     sub = f"{VALID}/" if job.split == "valid" else ""
     return entry, [sub + f["name"] for f in entry["files"].values()]
 
 
 def gatherer(corpora):
+    """The writer's ``gather(doc, offset, length, dst, dst_start, dst_mask)``."""
     from ..formats.tokens import gather
 
-    def fill(doc, offset, length, dst, dst_start, dst_mask):
-        gather(corpora, doc, offset, length, dst, dst_start, dst_mask)
-
-    return fill
+    return functools.partial(gather, corpora)
 
 
 def remove_entries(folder: Path) -> None:
-    """The shards' entries and locks, once index.json vouches for the shards."""
+    """The jobs' entries (a shard's, or a --group-docs group's), once index.json vouches for
+    the shards."""
     for sub in (folder, folder / VALID):
         if not sub.is_dir():
             continue
-        for p in sub.glob(".shard-*.entry.json"):
+        for p in (*sub.glob(".shard-*.entry.json"), *sub.glob(".group-*.entry.json")):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 

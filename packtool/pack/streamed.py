@@ -22,7 +22,6 @@ Measured on synthetic corpora (scripts/bench_scale_memory.py): see docs/SCALE.md
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from . import entries as fe
 from .meta import histogram
 from .plan import plan_pack
 from .selection import get_bits, selection_bits
-from .shards import Target, gatherer, sources
+from .shards import Target, entry_name, gatherer, length_chunks, sources
 
 
 @dataclass(frozen=True)
@@ -62,28 +61,12 @@ class GroupJob:
     def label(self) -> str:
         return f"group {self.g} (documents {self.lo:,}..{self.hi - 1:,})"
 
-    @property
-    def entry_path(self) -> Path:
-        return Path(self.target.staging) / fe.group_entry_name(self.g)
-
-
-def _source_chunks(corpora, chunk: int = 1 << 20):
-    def chunks(k):
-        for q in corpora[k].parts:
-            ends = q.ends
-            prev = np.int64(0)
-            for a in range(0, len(q), chunk):
-                e = np.asarray(ends[a:a + chunk], np.int64)
-                yield np.diff(e, prepend=prev)
-                prev = e[-1]
-    return chunks
-
 
 def group_jobs(corpora, factors: list[float], options: PackOptions, target: Target,
                digest: str) -> list[GroupJob]:
     sizes = [len(c) for c in corpora]
     base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    held, extra = selection_bits(_source_chunks(corpora), sizes, factors, options,
+    held, extra = selection_bits(length_chunks(corpora), sizes, factors, options,
                                  [str(c.prefix) for c in corpora])
     g_size = options.group_docs
     jobs = []
@@ -93,7 +76,7 @@ def group_jobs(corpora, factors: list[float], options: PackOptions, target: Targ
                 for b in (held, extra))
         jobs.append(GroupJob(g, lo, hi, h, e, tuple(int(f) for f in factors),
                              tuple(int(b) for b in base), options, target, digest,
-                             _range_tokens(corpora, lo, hi)))
+                             _token_offset(corpora, hi) - _token_offset(corpora, lo)))
     return jobs
 
 
@@ -109,10 +92,6 @@ def _token_offset(corpora, d: int) -> int:
             total += int(q.entry["n_tokens"])
             d -= len(q)
     return total
-
-
-def _range_tokens(corpora, lo: int, hi: int) -> int:
-    return _token_offset(corpora, hi) - _token_offset(corpora, lo)
 
 
 def _repeats(job: GroupJob) -> tuple[np.ndarray | None, np.ndarray]:
@@ -164,7 +143,7 @@ def write_group(job: GroupJob, tick) -> tuple[int, list[str]]:
     holds its length histogram, ~40 KB: 0.3 B a document at 10^5-document groups)."""
     folder = Path(job.target.staging)
     entry = _plan_and_write(job, folder, tick)
-    write_new(job.entry_path, json.dumps(entry))
+    write_new(folder / entry_name(job), json.dumps(entry))
     return job.g, [(f"{VALID}/" if split == "valid" else "") + f["name"]
                    for split, stats in entry["splits"].items() for sh in stats["shards"]
                    for f in sh["files"].values()]
@@ -212,8 +191,9 @@ class SplitTotals:
     checked, so finalize holds the shards' entries (what index.json lists) and one
     histogram, never every group's entry (~40 KB each: 4 GB at 10^5 groups)."""
 
-    def __init__(self):
-        self.shards, self.n_packs, self.counts, self.hist = [], 0, {}, np.zeros(1, np.int64)
+    def __init__(self, seq_len: int):
+        self.shards, self.n_packs, self.counts = [], 0, {}
+        self.hist = np.zeros(seq_len + 1, np.int64)  # segments per length
         self.report, self.warnings, self.ratio, self.blocks = None, {}, 0.0, 0
         self.tokens_used = self.docs_used = None
         self.parts = 0
@@ -224,12 +204,8 @@ class SplitTotals:
         self.n_packs += part["n_packs"]
         for k, v in part["counts"].items():
             self.counts[k] = self.counts.get(k, 0) + v
-        if part["hist"]:
-            top = 1 + max(int(v) for v in part["hist"])
-            if top > self.hist.size:
-                self.hist = np.concatenate([self.hist, np.zeros(top - self.hist.size, np.int64)])
-            for v, c in part["hist"].items():
-                self.hist[int(v)] += c
+        for v, c in part["hist"].items():
+            self.hist[int(v)] += c
         self.report = self.report or part["report"]
         self.warnings.update(dict.fromkeys(part["report"].get("warnings", [])))
         self.ratio += part["imbalance"][0]
@@ -246,9 +222,3 @@ class SplitTotals:
                 "hist": self.hist, "report": self.report, "warnings": list(self.warnings),
                 "imbalance": self.ratio / self.blocks if self.blocks else None,
                 "tokens_used": self.tokens_used.tolist(), "docs_used": self.docs_used.tolist()}
-
-
-def remove_group_entries(staging: Path) -> None:
-    for p in staging.glob(".group-*.entry.json"):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()

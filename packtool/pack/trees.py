@@ -48,7 +48,7 @@ import numpy as np
 
 from ..errors import PacktoolError
 from ..formats.packed.schema import ROLE_RECORD, ROLE_SHARED
-from .pairs import GroupSegments
+from .pairs import whole_segments
 
 MIN_SHARED = 16
 LOOKAHEAD = 64  # records tried past the first that does not fit a record set's row
@@ -184,7 +184,9 @@ def tree_segments(lengths: np.ndarray, read, table, options, tree_ids=None) -> t
                                    len(items), m))
                 if items[-1] > seq_len:  # a planner bug never reaches disk
                     raise RuntimeError("a record set over --seq-len")
-    segs = _segments(t, lengths, over, seq_len, dropped_groups)
+    segs = whole_segments(lengths, over, seq_len, *(np.asarray(c, np.int64) for c in (
+        t.length, t.doc, t.offset, t.group)), np.asarray(t.role, np.uint16),
+        np.asarray(t.up, np.int64), dropped_groups)
     kept = lengths[~over]
     source = "groups" if table is not None else "records" if tree_ids is None else "tree_field"
     trees = {"source": source, "min_shared": m,
@@ -198,21 +200,6 @@ def _drop_last_item(t: TreeTable, item: int) -> None:
     while t.item and t.item[-1] == item:
         for col in (t.doc, t.offset, t.length, t.up, t.role, t.group, t.item):
             col.pop()
-
-
-def _segments(t: TreeTable, lengths, over, seq_len: int, dropped_groups: int):
-    n_docs = int(lengths.size)
-    counts = {"n_docs": n_docs, "n_empty": int(np.count_nonzero(lengths == 0)),
-              "n_overlong": int(over.sum()), "n_split": 0, "n_split_pieces": 0,
-              "n_truncated": 0, "n_truncated_tokens": 0, "n_dropped": int(over.sum()),
-              "n_dropped_tokens": int(lengths[over].sum()), "n_segments": len(t.doc),
-              "n_tokens": int(sum(t.length))}
-    segs = GroupSegments(np.asarray(t.length, np.int64), np.asarray(t.doc, np.int64),
-                         np.asarray(t.offset, np.int64), np.asarray(t.group, np.int64),
-                         np.asarray(t.role, np.uint16), seq_len, counts,
-                         n_dropped_groups=dropped_groups)
-    segs.up = np.asarray(t.up, np.int64)
-    return segs
 
 
 def buckets(lengths: np.ndarray, skip: np.ndarray, read, m: int) -> list[list[int]]:

@@ -35,23 +35,6 @@ from .segments import Segments
 
 
 @njit
-def _count(lengths, lo, hi, pieces):
-    """Table entries per document: its chunks, its remnant (if any), 1 for an empty one."""
-    for d in range(lengths.shape[0]):
-        n = np.int64(lengths[d])
-        r = n % hi
-        c = n // hi
-        b = hi >> 1
-        while b >= lo:
-            if r & b:
-                c += 1
-            b >>= 1
-        if n % lo:
-            c += 1
-        pieces[d] = max(c, 1)
-
-
-@njit
 def _fill(lengths, lo, hi, first, table):
     """Each document's chunks longest first, then its remnant, from table entry first[d]."""
     for d in range(lengths.shape[0]):
@@ -105,20 +88,10 @@ class VslSegments(Segments):
     split_lengths: np.ndarray = None
     vsl: tuple = (1, 1)
 
-    def locate(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        doc, _ = super().locate(index)
-        index = np.asarray(index, np.int64)
-        off = np.zeros(index.size, np.int64)
-        if self.split_docs.size:
-            j = np.searchsorted(self.split_first, index, side="right") - 1
-            jj = np.maximum(j, 0)
-            inside = (j >= 0) & (index < self.split_first[jj] + self.split_pieces[jj])
-            at = np.flatnonzero(inside)
-            piece = index[at] - self.split_first[jj[at]]
-            got = np.empty(at.size, np.int64)
-            _offsets(self.split_lengths[jj[at]], piece, self.vsl[0], self.vsl[1], got)
-            off[at] = got
-        return doc, off
+    def piece_offsets(self, split: np.ndarray, piece: np.ndarray) -> np.ndarray:
+        out = np.empty(piece.size, np.int64)
+        _offsets(self.split_lengths[split], piece, self.vsl[0], self.vsl[1], out)
+        return out
 
 
 def cut(lengths: np.ndarray, vsl: tuple[int, int]) -> VslSegments:
@@ -128,8 +101,12 @@ def cut(lengths: np.ndarray, vsl: tuple[int, int]) -> VslSegments:
     lengths = np.asarray(lengths)
     n_docs = lengths.size
     src = lengths.astype(np.int64, copy=False)
-    pieces = np.empty(n_docs, np.int64)
-    _count(src, lo, hi, pieces)
+    pieces = src // hi + (src % lo > 0)  # per document: its chunks, its remnant, 1 if empty
+    b = hi >> 1
+    while b >= lo:  # a chunk per bit of n % MAX from MIN up (n & b is (n % MAX) & b)
+        pieces += (src & b) > 0
+        b >>= 1
+    np.maximum(pieces, 1, out=pieces)
     first = np.zeros(n_docs, np.int64)
     np.cumsum(pieces[:-1], out=first[1:])
     total = int(first[-1] + pieces[-1]) if n_docs else 0

@@ -13,31 +13,19 @@ from .._numba import njit
 
 
 @njit
-def counting_order(lengths, capacity, descending):
-    """Stable order of documents by length (O(n + C)): ties keep input order."""
-    return counting_order_as(lengths, capacity, descending, np.int64)
-
-
-@njit
-def counting_order_as(lengths, capacity, descending, idx):
-    """:func:`counting_order` as indices of type ``idx`` (np.int32 halves its memory)."""
+def counting_order(lengths, capacity, descending, idx):
+    """Stable order of documents by length (O(n + C)): ties keep input order; indices of type
+    ``idx`` (np.int32 halves its memory)."""
     n = lengths.shape[0]
     counts = np.zeros(capacity + 2, np.int64)
     for i in range(n):
         counts[lengths[i] + 1] += 1
-    if descending:
-        # start of each length's run when lengths run from C down to 0
-        start = np.zeros(capacity + 1, np.int64)
-        acc = 0
-        for v in range(capacity, -1, -1):
-            start[v] = acc
-            acc += counts[v + 1]
-    else:
-        start = np.zeros(capacity + 1, np.int64)
-        acc = 0
-        for v in range(capacity + 1):
-            start[v] = acc
-            acc += counts[v + 1]
+    start = np.zeros(capacity + 1, np.int64)  # each length's run, in the order asked for
+    acc = 0
+    for j in range(capacity + 1):
+        v = capacity - j if descending else j
+        start[v] = acc
+        acc += counts[v + 1]
     order = np.empty(n, idx)
     for i in range(n):
         v = lengths[i]
@@ -128,7 +116,7 @@ def expand_groups(lengths, capacity, group_count, group_parent, group_len):
     left entirely empty get no id (NNLS strategies may over-provision).
     """
     n = lengths.shape[0]
-    order = counting_order(lengths, capacity, False)
+    order = counting_order(lengths, capacity, False, np.int64)
     nxt = np.zeros(capacity + 2, np.int64)
     for i in range(n):
         nxt[lengths[i] + 1] += 1
@@ -136,10 +124,7 @@ def expand_groups(lengths, capacity, group_count, group_parent, group_len):
         nxt[v] += nxt[v - 1]
     # documents of length v are order[nxt[v]:nxt[v + 1]]
     end = nxt[1:].copy()
-    total = 0
-    for g in range(group_count.shape[0]):
-        if group_count[g] > 0:
-            total += group_count[g]
+    total = group_count[group_count > 0].sum()
     packs = np.full(n, -1, np.int64)
     used = np.zeros(total, np.int64)
     base = 0
@@ -170,3 +155,19 @@ def expand_groups(lengths, capacity, group_count, group_parent, group_len):
         if packs[i] >= 0:
             packs[i] = used[packs[i]]
     return packs, n_packs
+
+
+def expand_patterns(lengths, capacity, patterns: list, copies) -> tuple[np.ndarray, int]:
+    """:func:`expand_groups` of ``copies[j]`` packs of each pattern ``patterns[j]`` (its
+    lengths, each a node of one chain)."""
+    g_count, g_parent, g_len = [], [], []
+    for pattern, c in zip(patterns, copies, strict=True):
+        parent = -1
+        for v in pattern:
+            g_count.append(0)
+            g_parent.append(parent)
+            g_len.append(int(v))
+            parent = len(g_len) - 1
+        g_count[-1] = int(c)
+    return expand_groups(lengths, capacity, np.array(g_count, np.int64),
+                         np.array(g_parent, np.int64), np.array(g_len, np.int64))

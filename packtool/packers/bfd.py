@@ -18,7 +18,7 @@ import numpy as np
 
 from .._numba import njit
 from . import PackerOptions, Packing, report
-from ._common import counting_order_as, tree_first_at_least, tree_set, tree_size
+from ._common import counting_order, tree_first_at_least, tree_set, tree_size
 
 
 @njit
@@ -26,7 +26,7 @@ def _bfd(lengths, capacity, idx, cap):
     """``cap`` > 0: at most that many documents a pack (a full pack leaves the buckets, so the
     best fit is taken among the packs still open; the per-pack count exists only then)."""
     n = lengths.shape[0]
-    order = counting_order_as(lengths, capacity, True, idx)
+    order = counting_order(lengths, capacity, True, idx)
     size = tree_size(capacity + 1)
     tree = np.zeros(2 * size, np.int64)
     head = np.full(capacity + 1, -1, np.int64)  # bucket r: packs with r tokens of room

@@ -24,7 +24,7 @@ from ._common import counting_order, tree_size
 def _ffd(lengths, capacity, max_packs, cap):
     """``cap`` > 0: at most that many documents a pack (a full one's room is set to 0)."""
     n = lengths.shape[0]
-    order = counting_order(lengths, capacity, True)
+    order = counting_order(lengths, capacity, True, np.int64)
     size = tree_size(max(max_packs, 1))
     # tree[i] = max remaining capacity in the subtree; unopened packs have full capacity
     # int32 halves the memory traffic of the descent (capacities are < 2**31)

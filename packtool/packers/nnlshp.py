@@ -29,7 +29,7 @@ import numpy as np
 from .._progress import activity
 from ..errors import PacktoolError
 from . import PackerOptions, Packing, depth_warning, report
-from ._common import expand_groups
+from ._common import expand_patterns
 
 DEFAULT_MAX_DEPTH = 3
 MAX_STRATEGIES = 25_000
@@ -132,20 +132,9 @@ def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
             repeat.append(0)
         repeat[index[pair]] += int(residual[u - 1])
     repeat = np.array(repeat, dtype=np.int64)
-    # groups: one chain of nodes per used strategy
-    g_count, g_parent, g_len = [], [], []
-    for j in np.flatnonzero(repeat > 0):
-        parent = -1
-        for u in strats[j]:
-            g_count.append(0)
-            g_parent.append(parent)
-            g_len.append(u)
-            parent = len(g_len) - 1
-        g_count[-1] = repeat[j]
-    packs, _ = expand_groups(
-        doc_units.astype(np.int64), units, np.array(g_count, np.int64),
-        np.array(g_parent, np.int64), np.array(g_len, np.int64),
-    )
+    used = np.flatnonzero(repeat > 0)
+    packs, _ = expand_patterns(doc_units.astype(np.int64), units, [strats[j] for j in used],
+                               repeat[used])
     rep = report("nnlshp", packs, options, grid_step=step)
     rep.options.update(max_depth=depth, max_strategies=max_strategies)
     rep.warnings = depth_warning("nnlshp", lengths, capacity, depth, rep.n_packs)

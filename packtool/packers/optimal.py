@@ -41,7 +41,7 @@ from .._numba import njit
 from .._progress import activity
 from ..errors import PacktoolError
 from . import PackerOptions, Packing, bfd, report
-from ._common import expand_groups
+from ._common import expand_groups, expand_patterns
 from ._lp import (
     DEFAULT_WORK_LIMIT,
     MAX_COLUMNS,
@@ -153,18 +153,9 @@ def _round(master, x, weights, demand, units_cap, budget, max_columns) -> dict[i
 def _documents(chosen, master, weights, u, units_cap, lengths, capacity):
     """Patterns -> groups -> documents; what no pattern took, by best fit; then the emptiest
     packs re-packed. (pack ids, pack count)."""
-    g_count, g_parent, g_len = [], [], []
-    for j in sorted(chosen):
-        parent = -1
-        for i in np.flatnonzero(master.columns[j]):
-            for _ in range(int(master.columns[j][i])):
-                g_count.append(0)
-                g_parent.append(parent)
-                g_len.append(int(weights[i]))
-                parent = len(g_len) - 1
-        g_count[-1] = chosen[j]
-    packs, n_packs = expand_groups(u, units_cap, np.array(g_count, np.int64),
-                                   np.array(g_parent, np.int64), np.array(g_len, np.int64))
+    packs, n_packs = expand_patterns(
+        u, units_cap, [np.repeat(weights, master.columns[j]) for j in sorted(chosen)],
+        [chosen[j] for j in sorted(chosen)])
     rest = np.flatnonzero((packs < 0) & (lengths > 0))
     if rest.size:
         sub = bfd.bfd_ids(lengths[rest], capacity)

@@ -35,6 +35,6 @@ def random(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packin
 
 def sorted_(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     """Longest first (stable), next fit."""
-    packs = next_fit(lengths, counting_order(lengths, capacity, True), capacity,
+    packs = next_fit(lengths, counting_order(lengths, capacity, True, np.int64), capacity,
                      options.max_docs or 0)
     return Packing(packs, report("sorted", packs, options))

@@ -34,10 +34,6 @@ from ._common import expand_groups, tree_last, tree_set, tree_size
 DEFAULT_MAX_DEPTH = 12  # the paper's setting for wikipedia
 
 
-def histogram(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    return np.bincount(lengths, minlength=capacity + 1).astype(np.int64)
-
-
 @njit
 def _spfhp(hist, capacity, max_depth, strict):
     """Returns (group_count, group_parent, group_len) describing the packs."""
@@ -130,8 +126,8 @@ def pack(lengths: np.ndarray, capacity: int, options: PackerOptions) -> Packing:
     depth = DEFAULT_MAX_DEPTH if options.max_depth is None else int(options.max_depth)
     if depth < 1:
         raise PacktoolError(f"--max-depth must be >= 1, got {depth}")
-    counts, parents, lens = _spfhp(histogram(lengths, capacity), capacity, depth,
-                                   bool(options.strict))
+    hist = np.bincount(lengths, minlength=capacity + 1).astype(np.int64)
+    counts, parents, lens = _spfhp(hist, capacity, depth, bool(options.strict))
     packs, n_packs = expand_groups(lengths, capacity, counts, parents, lens)
     rep = report("spfhp", packs, options)
     rep.options["max_depth"] = depth

@@ -71,22 +71,27 @@ def _sift_down(heap, pos, key, i):
 
 
 @njit
-def _deal(units, tokens, costs, docs, n_bins, max_tokens, max_docs, bin_of, cost):
+def _deal(units, tokens, costs, docs, n_bins, max_tokens, max_docs, bin_of, cost,
+          first_fit=False):
     """Each unit of ``units`` into the cheapest bin with room for its tokens and documents
     (the heap's root, else a scan); False when one has no room anywhere. ``cost``: the bins'
-    costs, filled in."""
+    costs, filled in. ``first_fit``: first fit decreasing by tokens instead, where the
+    cost-led deal finds no room (tighter)."""
     heap = np.arange(n_bins)
     pos = np.arange(n_bins)
     cost[:] = 0.0
     fill = np.zeros(n_bins, np.int64)
     count = np.zeros(n_bins, np.int64)
+    if first_fit:
+        units = units[np.argsort(-tokens[units], kind="mergesort")]
     for u in units:
-        b = heap[0]
-        if fill[b] + tokens[u] > max_tokens or count[b] + docs[u] > max_docs:
+        b = -1 if first_fit else heap[0]
+        if b < 0 or fill[b] + tokens[u] > max_tokens or count[b] + docs[u] > max_docs:
             b = -1
             for c in range(n_bins):
                 room = fill[c] + tokens[u] <= max_tokens and count[c] + docs[u] <= max_docs
-                if room and (b < 0 or cost[c] < cost[b] or (cost[c] == cost[b] and c < b)):
+                if room and (b < 0 or not first_fit and (
+                        cost[c] < cost[b] or (cost[c] == cost[b] and c < b))):
                     b = c
             if b < 0:
                 return False
@@ -95,26 +100,6 @@ def _deal(units, tokens, costs, docs, n_bins, max_tokens, max_docs, bin_of, cost
         count[b] += docs[u]
         cost[b] += costs[u]
         _sift_down(heap, pos, cost, pos[b])
-    return True
-
-
-@njit
-def _first_fit(units, tokens, costs, docs, n_bins, max_tokens, max_docs, bin_of, cost):
-    """First fit decreasing by tokens, where the cost-led deal finds no room (tighter)."""
-    fill = np.zeros(n_bins, np.int64)
-    count = np.zeros(n_bins, np.int64)
-    cost[:] = 0.0
-    for u in units[np.argsort(-tokens[units], kind="mergesort")]:
-        b = 0
-        while b < n_bins and (fill[b] + tokens[u] > max_tokens
-                              or count[b] + docs[u] > max_docs):
-            b += 1
-        if b == n_bins:
-            return False
-        bin_of[u] = b
-        fill[b] += tokens[u]
-        count[b] += docs[u]
-        cost[b] += costs[u]
     return True
 
 
@@ -208,8 +193,8 @@ def _plan(order, tokens, costs, docs, world_size, m, max_tokens, max_docs, slot_
     for r in range(world_size):
         units = by_rank[starts[r]:starts[r + 1]]
         if not (_deal(units, tokens, costs, docs, m, max_tokens, max_docs, bin_of, cost)
-                or _first_fit(units, tokens, costs, docs, m, max_tokens, max_docs, bin_of,
-                              cost)):
+                or _deal(units, tokens, costs, docs, m, max_tokens, max_docs, bin_of, cost,
+                         True)):
             return False
         _improve(units, tokens, costs, docs, m, max_tokens, max_docs, bin_of, cost, 2 * m, True)
         slot = np.empty(m, np.int64)
