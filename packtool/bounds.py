@@ -27,8 +27,10 @@ def l1_bound(lengths: np.ndarray, capacity: int) -> int:
 
 def l2_bound(lengths: np.ndarray, capacity: int) -> int:
     """Martello-Toth L2 for lengths <= capacity (O(n + L) through the length histogram)."""
-    return l2_bound_hist(np.bincount(np.asarray(lengths, np.int64),
-                                     minlength=int(capacity) + 1), capacity)
+    lengths = np.asarray(lengths)
+    if lengths.size == 0:
+        return 0
+    return l2_bound_hist(np.bincount(lengths, minlength=int(capacity) + 1), capacity)
 
 
 def l2_bound_hist(hist: np.ndarray, capacity: int) -> int:

@@ -23,7 +23,9 @@ import numpy as np
 def pack_metrics(seg_lengths: np.ndarray, seq_len: int, n_packs: int,
                  lp_bound: int | None = None, lp_converged: bool | None = None) -> dict:
     """Efficiency, bounds and gaps for segments of ``seg_lengths`` in ``n_packs`` packs."""
-    hist = np.bincount(np.asarray(seg_lengths, np.int64), minlength=seq_len + 1)
+    seg_lengths = np.asarray(seg_lengths)
+    hist = (np.bincount(seg_lengths, minlength=seq_len + 1) if seg_lengths.size
+            else np.zeros(seq_len + 1, np.int64))
     return histogram_metrics(hist, seq_len, n_packs, lp_bound, lp_converged)
 
 

@@ -125,3 +125,15 @@ def test_large_capacity_stays_tractable(capacity):
     assert info["grid_step"] == step
     # the budget is checked between pricing calls: at most one call (<= cells) beyond it
     assert info["work"] <= 2_000_000_000 + MAX_DP_CELLS
+
+
+def test_bounds_take_integer_lengths_and_none():
+    """An empty array (of any dtype) bounds 0 packs; float lengths are refused, never cut
+    down to integers (3.7 tokens bounded as 3)."""
+    from packtool.metrics import pack_metrics
+
+    assert l2_bound(np.array([]), 10) == 0 and pack_metrics([], 10, 0)["l2_bound_packs"] == 0
+    with pytest.raises(TypeError):
+        l2_bound(np.array([3.7, 5.2]), 10)
+    with pytest.raises(TypeError):
+        pack_metrics(np.array([3.7, 5.2]), 10, 1)

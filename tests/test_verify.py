@@ -143,3 +143,13 @@ def test_a_packed_folder_holding_unlisted_files_fails_verify(sources, tmp_path):
     (p / "valid" / "stray.npy").write_bytes(b"")
     with pytest.raises(VerifyError, match=r"holds 1 file\(s\) .*\(valid/stray.npy\)"):
         verify_packed(p)
+
+
+def test_expected_segments_of_no_documents_is_empty():
+    """verify's own group loop over sources without a document expects no segment (it
+    raised on zip(strict=True) of its group starts)."""
+    from collections import Counter
+
+    from packtool.verify.groups import expected_segments
+
+    assert expected_segments([], False, 100, False) == (Counter(), Counter())

@@ -66,7 +66,8 @@ def expected_segments(corpora: list, share: bool, seq_len: int, drop: bool
                  for i in range(len(c))]
         base += len(c)
     starts = [i for i, d in enumerate(docs) if i == 0 or d[1] in (1, 3)]  # a group's first
-    groups = [docs[a:b] for a, b in zip(starts, starts[1:] + [len(docs)], strict=True)]
+    ends = starts[1:] + [len(docs)] if docs else []
+    groups = [docs[a:b] for a, b in zip(starts, ends, strict=True)]
     for g in groups:
         p = g[0][2]
         segs = ([(g[0][0], 0, p)] if share else []) + [
