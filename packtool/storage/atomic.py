@@ -48,17 +48,14 @@ from .. import _signals
 from .._io import create
 from ..errors import PacktoolError
 from . import flock
-from .temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this module's API too
-    clear_temporaries,
-    final_name,
+from .temps import (
+    final_name,  # noqa: F401 - the CLI names a temporary's output with it
     finish,
     is_enospc,
     journal_path,
     no_space,
     reclaim,
     remove_path,
-    size_of,
-    tagged_name,
     temp_name,
     undo,
 )
@@ -66,27 +63,23 @@ from .temps import (  # noqa: F401 - temp_name, final_name, reclaim...: this mod
 EXCHANGE = True  # use renameat2(RENAME_EXCHANGE) where the kernel and file system have it
 FSYNC = os.environ.get("PACKTOOL_FSYNC", "1") != "0"  # durable commits (0: off, to measure)
 
-_remove = remove_path
+_remove = remove_path  # one name for a test to watch the removals of this module
 
 
 # ---------------------------------------------------------------------------------- lock
-lock_path = flock.lock_path
-
-
 @contextlib.contextmanager
-def output_lock(output: str | Path, shared: bool = False, scan: bool = True):
+def output_lock(output: str | Path, shared: bool = False):
     """Hold ``output``'s lock (re-entrant; ``shared``: the array tasks of one run hold it
     together); yield the notes of what was recovered and reclaimed from dead runs (an empty
-    list for a shared holder, which leaves that to the run that finalizes; ``scan=False``:
-    only ``output``'s own journal, see :func:`reclaim`). Missing parent folders are created,
-    and removed again if the run fails and they are still empty."""
+    list for a shared holder, which leaves that to the run that finalizes). Missing parent
+    folders are created, and removed again if the run fails and they are still empty."""
     output = Path(os.path.abspath(output))
     check_output_name(output)
-    lock = lock_path(output)
+    lock = flock.lock_path(output)
     created = make_parents(output)
     try:
         with flock.hold(lock, "shared" if shared else "exclusive", f"output {output}"):
-            yield [] if shared else reclaim(output, scan=scan)
+            yield [] if shared else reclaim(output)
     except BaseException:
         for d in created:  # deepest first; only what this run made and left empty
             with contextlib.suppress(OSError):
@@ -128,7 +121,7 @@ def make_parents(output: Path) -> list[Path]:
 def _write_journal(journal: Path, entries) -> None:
     # its own kind: with a one-file output the key is that file, whose data temporary is
     # ``.NAME.tmp-TAG``; the journal's must not be the same name (reclaimable too)
-    tmp = tagged_name(journal.with_name(journal.name[1:-len(".journal")]), "jtmp")
+    tmp = temp_name(journal.with_name(journal.name[1:-len(".journal")]), "jtmp")
     try:
         with create(tmp) as f:
             f.write(json.dumps([[str(x) if x else None for x in e] for e in entries]).encode())
@@ -204,7 +197,7 @@ def _commit(entries: list[tuple[Path | None, Path, Path | None]], journal: Path)
 def commit(moves: list[tuple[Path, Path]], key: Path) -> None:
     """Files (temporary, final) renamed in as one journaled commit of ``key`` (each final
     already there moved aside first), the last one the commit point."""
-    _commit([(t, f, tagged_name(f, "old")) for t, f in moves], journal_path(key))
+    _commit([(t, f, temp_name(f, "old")) for t, f in moves], journal_path(key))
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -241,7 +234,7 @@ def commit_dir(tmp: Path, path: Path) -> None:
             fsync_path(path.parent)
             _remove(tmp)  # the previous output, now under the temporary name
             return None
-    return _commit([(tmp, path, tagged_name(path, "old"))], journal_path(path))
+    return _commit([(tmp, path, temp_name(path, "old"))], journal_path(path))
 
 
 # ------------------------------------------------------------------------------- a job
@@ -292,7 +285,7 @@ def atomic_files(paths: list[Path]):
     with output_lock(key) as notes:
         for note in notes:
             print(f"packtool: {note}", file=sys.stderr)
-        temps = [tagged_name(p) for p in paths]
+        temps = [temp_name(p) for p in paths]
         try:  # to the end of the commit, a signal still finds the temporaries removed
             yield temps
             commit(list(zip(temps, paths, strict=True)), key)

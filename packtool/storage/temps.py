@@ -21,15 +21,17 @@ from pathlib import Path
 from ..errors import PacktoolError
 from . import flock
 
-TEMP_KINDS = "tmp|old|commit|jtmp"
+TEMP_KINDS = "tmp|old|jtmp"
 # the files of one prefix share its lock
 _SUFFIXES = (r"(?:\.(?:bin|boundaries|mask|roles|prompt|rewards|tree|images|img_grid|img_span|"
              r"img_ref\.jsonl|pos3|json|idx))?")
 
 
-def tagged_name(path: Path, kind: str = "tmp", tag: str | None = None) -> Path:
-    tag = tag or f"{os.getpid()}-{secrets.token_hex(3)}"
-    return path.with_name(f".{path.name}.{kind}-{tag}")
+def temp_name(path: Path, kind: str = "tmp") -> Path:
+    """A new temporary name for ``path`` (``.NAME.tmp-PID-RAND``), reclaimed once its pid
+    is dead."""
+    path = Path(os.path.abspath(path))
+    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(3)}")
 
 
 def journal_path(key: Path) -> Path:
@@ -57,9 +59,6 @@ def remove_path(path: Path) -> None:
             path.unlink()
 
 
-_remove = remove_path
-
-
 def size_of(path: Path) -> int:
     try:
         if path.is_dir() and not path.is_symlink():
@@ -85,7 +84,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-_OUR_TEMP = re.compile(rf"\.[\w.-]+?\.(?:{TEMP_KINDS})-(\d+)-[0-9a-f]+")
+_OUR_TEMP = re.compile(rf"\.[\w.-]+?\.({TEMP_KINDS})-(\d+)-[0-9a-f]+")
 _OUR_LOCK = re.compile(r"\.[\w.-]+\.lock")
 
 
@@ -97,46 +96,43 @@ def left_by_us(path: Path) -> bool:
     if _OUR_LOCK.fullmatch(path.name):
         return flock.is_lock_file(path)
     m = _OUR_TEMP.fullmatch(path.name)
-    return bool(m) and not pid_alive(int(m.group(1)))
+    return bool(m) and not pid_alive(int(m.group(2)))
 
 
 # ------------------------------------------------------------------------------ recovery
 def _leftovers(output: Path) -> list[tuple[Path, str, int]]:
     """Temporaries of ``output``: of its own files (``.o.bin.tmp-PID-X``), and of the parts of
     a multi-part corpus and their manifests (``.o.part-00001.bin.tmp-…``,
-    ``..o.part.json.tmp-…``, a part commit's journal ``.o.part-commit.commit-…``)."""
+    ``..o.part.json.tmp-…``, a part commit's journal ``.o.part-00001.journal``)."""
     name = re.escape(output.name)
     stem = rf"\.(?:{name}{_SUFFIXES}|\.?{name}\.(?:part[-.][\w.-]*|plan\.json|export\.json))"
-    pattern = re.compile(rf"{stem}\.({TEMP_KINDS})-(\d+)-[0-9a-f]+")
-    journal = re.compile(rf"{stem}\.journal")
-    lock = re.compile(rf"{stem}\.lock")
-    found = []
-    for n in os.listdir(output.parent):
-        m = pattern.fullmatch(n)
-        if m:
-            found.append((output.parent / n, m.group(1), int(m.group(2))))
-        elif journal.fullmatch(n):
-            found.append((output.parent / n, "journal", 0))
-        elif lock.fullmatch(n):
-            found.append((output.parent / n, "lock", 0))
-    return found
+    return _found(output.parent, re.compile(rf"{stem}\.({TEMP_KINDS})-(\d+)-[0-9a-f]+"),
+                  re.compile(rf"{stem}\.lock"), re.compile(rf"{stem}\.journal"))
 
 
 def _inner_leftovers(folder: Path) -> list[tuple[Path, str, int]]:
     """Temporaries of dead jobs inside an output being assembled (a pack's staging folder:
     ``.shard-00003.tmp-PID-X``, ``.index.tmp-PID-X``)."""
     found = []
-    if not folder.is_dir() or folder.is_symlink():
-        return found
-    for sub in (folder, folder / "valid"):
-        if not sub.is_dir() or sub.is_symlink():
-            continue
-        for p in sub.iterdir():
-            m = re.fullmatch(rf"\.[\w.-]+?\.({TEMP_KINDS})-(\d+)-[0-9a-f]+", p.name)
-            if m:
-                found.append((p, m.group(1), int(m.group(2))))
-            elif re.fullmatch(r"\.[\w.-]+\.lock", p.name):
-                found.append((p, "lock", 0))
+    if folder.is_dir() and not folder.is_symlink():
+        for sub in (folder, folder / "valid"):
+            if sub.is_dir() and not sub.is_symlink():
+                found += _found(sub, _OUR_TEMP, _OUR_LOCK)
+    return found
+
+
+def _found(folder: Path, temp, lock, journal=None) -> list[tuple[Path, str, int]]:
+    """(path, kind, pid) of the entries of ``folder`` the patterns match: a temporary
+    (``temp``: its kind and pid), a journal, a lock (pid 0)."""
+    found = []
+    for n in os.listdir(folder):
+        m = temp.fullmatch(n)
+        if m:
+            found.append((folder / n, m.group(1), int(m.group(2))))
+        elif journal is not None and journal.fullmatch(n):
+            found.append((folder / n, "journal", 0))
+        elif lock.fullmatch(n):
+            found.append((folder / n, "lock", 0))
     return found
 
 
@@ -148,27 +144,17 @@ def clear_temporaries(folder: Path) -> None:
         if kind == "lock":
             flock.remove_if_free(path)
         else:
-            _remove(path)
+            remove_path(path)
 
 
-def temp_name(path: Path, kind: str = "tmp") -> Path:
-    """A new temporary name for ``path`` (``.NAME.tmp-PID-RAND``), reclaimed once its pid
-    is dead."""
-    return tagged_name(Path(os.path.abspath(path)), kind)
-
-
-def reclaim(output: Path, inside: Path | None = None, scan: bool = True) -> list[str]:
+def reclaim(output: Path, inside: Path | None = None) -> list[str]:
     """Under ``output``'s lock: finish or undo commits of dead runs, then remove their
     temporaries (beside ``output``, and inside ``inside``, an output being assembled).
-    ``scan=False``: only this output's own journal (one ``stat``: a part's commit), the
-    temporaries are left to the run's own reclaim. Returns one note per action, for the
-    run's warnings."""
+    Returns one note per action, for the run's warnings."""
     notes = []
     own = journal_path(output)
     if own.exists():
         notes.append(f"{output}: " + _recover(own) + " (a run was killed mid-commit)")
-    if not scan:
-        return notes
     found = _leftovers(output) + (_inner_leftovers(inside) if inside is not None else [])
     for path, kind, _ in found:
         if kind == "journal" and path != own:
@@ -176,17 +162,13 @@ def reclaim(output: Path, inside: Path | None = None, scan: bool = True) -> list
     for path, kind, _ in found:  # a part's or a commit's lock left by a killed process
         if kind == "lock":
             flock.remove_if_free(path)
-    leftovers = [x for x in found if x[1] not in ("journal", "lock")
-                 and not pid_alive(x[2])]
-    for path, kind, pid in leftovers:
-        if kind == "commit":  # a journal named by its pid (written by an older packtool)
-            notes.append(f"{output}: " + _recover(path) + f" (pid {pid} was killed mid-commit)")
     nbytes, pids = 0, set()
-    for path, kind, pid in leftovers:
-        if kind != "commit" and (path.exists() or path.is_symlink()):
+    for path, kind, pid in found:
+        if kind not in ("journal", "lock") and not pid_alive(pid) and (
+                path.exists() or path.is_symlink()):
             nbytes += size_of(path)
             pids.add(pid)
-            _remove(path)
+            remove_path(path)
     if pids:
         notes.append(f"reclaimed {nbytes:,} bytes of temporary files beside {output} left by "
                      f"{len(pids)} interrupted run(s) (pid {', '.join(map(str, sorted(pids)))})")
@@ -210,13 +192,13 @@ def _recover(journal: Path) -> str:
     try:
         entries = [[Path(x) if x else None for x in e] for e in json.loads(journal.read_text())]
     except (OSError, ValueError):  # killed while writing the journal: nothing was renamed yet
-        _remove(journal)
+        remove_path(journal)
         return "removed an incomplete commit journal; the previous output is unchanged"
     if _committed(entries):
         finish(entries, journal)
         return "completed an interrupted commit: its new output was already in place"
     undo(entries)
-    _remove(journal)
+    remove_path(journal)
     return "undid an interrupted commit: the previous output is back in place"
 
 
@@ -226,10 +208,10 @@ def _committed(entries) -> bool:
 
 
 def finish(entries, journal: Path) -> None:
-    _remove(journal)
+    remove_path(journal)
     for _, _, aside in entries:
         if aside is not None:
-            _remove(aside)
+            remove_path(aside)
 
 
 def undo(entries) -> None:
@@ -237,11 +219,11 @@ def undo(entries) -> None:
     temporary is gone is the new one (remove it); an aside is the old one (put it back)."""
     for temp, final, aside in entries:
         if temp is not None and not temp.exists() and final.exists():
-            _remove(final)
+            remove_path(final)
         if aside is not None and aside.exists():
             os.replace(aside, final)
         if temp is not None:
-            _remove(temp)
+            remove_path(temp)
 
 
 # ----------------------------------------------------------------------------- full disk
