@@ -18,8 +18,8 @@ fetched files, :mod:`.output` where a stage writes (``open_output``: a FolderOut
 BucketOutput, chosen once), :mod:`.write` one job of a stage written to an output,
 :mod:`.atomic` a local folder's commits (temporary names, a journal, the swap),
 :mod:`.temps` its temporaries and what a dead run left, :mod:`.flock` local file locks,
-:mod:`.publish` the commit to a store, :mod:`.lock` the lock object of a store without
-locks, :mod:`.stage_out` local scratch folders for outputs bound for a store.
+:mod:`.publish` the commit to a store (from local scratch folders), :mod:`.lock` the lock
+object of a store without locks.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ each does where::
     place                  reads and listings of the folder    the same, through fsspec
     job_lock(name)         flock, waited for                   lock object, waited for
     scratch(name)          the job's own folder beside its     a scratch folder of this
-                           files (.NAME.tmp-PID-RAND)          process (storage.stage_out)
+                           files (.NAME.tmp-PID-RAND)          process (storage.publish)
     finish_job(...)        publish: renamed in, the record     a PendingUpload: each file
                            last (signals deferred)             uploaded, verified, the
                                                                record last
@@ -44,7 +44,6 @@ from ..errors import PacktoolError
 from . import atomic, basename, flock, is_url, join, local_path, parent, publish, temps
 from .lock import StoreLock
 from .place import Place
-from .stage_out import scratch_dir
 
 
 def open_output(url, storage_options: dict | None = None) -> Output:
@@ -431,7 +430,7 @@ class BucketOutput(Output):
     @contextlib.contextmanager
     def scratch(self, name: str = ""):
         """A scratch folder of this process, removed when the job is published."""
-        with scratch_dir(str(self.path)) as folder:
+        with publish.scratch_dir(str(self.path)) as folder:
             yield folder
 
     @property
