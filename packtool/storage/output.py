@@ -73,20 +73,15 @@ class Output:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!s})"
 
-    def _folder_at(self, path) -> Output:
+    def as_folder(self, path=None) -> Output:
+        """The output (or ``path``, another folder written the same way: a local staging
+        folder) as a folder of its own (a packed dataset, a directory export): its files are
+        named relative to it."""
         out = object.__new__(type(self))
-        out.given, out.path, out.name = path, path, ""
-        out.place = Place(path, self.place.storage_options)
+        out.given = out.path = self.path if path is None else path
+        out.name = ""
+        out.place = Place(out.path, self.place.storage_options)
         return out
-
-    def as_folder(self) -> Output:
-        """The output as a folder of its own (a packed dataset, a directory export): its
-        files are named relative to it."""
-        return self._folder_at(self.path)
-
-    def sibling(self, path) -> Output:
-        """Another folder written the same way (a local staging folder)."""
-        return self._folder_at(path)
 
     def child(self, name: str):
         """The path (or URL) of ``name`` inside the output's folder."""
@@ -126,7 +121,6 @@ class Output:
                 self._remove_one(name)
                 gone.append(name)
         return gone
-
 
     # ---------------------------------------------------------------------- exports
     @contextlib.contextmanager
@@ -314,8 +308,8 @@ class FolderOutput(Output):
         named by the plan, which every task (and a re-run, which resumes) finds."""
         out = Path(self.path)
         if run.executor == "local" and run.tasks is None and not run.finalize:
-            return self.sibling(temps.temp_name(out))
-        return self.sibling(out.with_name(f".{out.name}.staging-{digest[:16]}"))
+            return self.as_folder(temps.temp_name(out))
+        return self.as_folder(out.with_name(f".{out.name}.staging-{digest[:16]}"))
 
     def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
               body: dict, manifests: list[str]) -> list[str]:
@@ -460,15 +454,12 @@ class BucketOutput(Output):
         """This machine's disk filled up while a job bound for the store was written."""
         return temps.no_space(e, folder / self.name, [folder], kept)
 
-    def publish(self, folder: Path, names: list[str], record: str | None, sent=None) -> None:
+    def publish(self, folder: Path, names: list[str], record: str, sent) -> None:
         """A job's files (``names``, relative to ``folder``) uploaded and verified, then its
-        ``record``."""
-        sent = sent if sent is not None else publish.Published(str(self.path))
-        root = self.place.root
-        publish.upload(self.place.fs, [(folder / n, f"{root}/{n}") for n in names], sent)
-        if record is not None:
-            publish.put_object(self.place.fs, f"{root}/{record}", (folder / record).read_bytes(),
-                       str(self.place.path(record)))
+        ``record``; ``sent`` (a :class:`~packtool.storage.publish.Published`) counts them."""
+        publish.upload(self.place.fs, [(folder / n, f"{self.place.root}/{n}") for n in names],
+                       sent)
+        self.put(record, (folder / record).read_bytes())
 
     def published(self, text: str) -> str:
         return f"published to {self.path}: {text}"
