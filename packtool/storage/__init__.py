@@ -243,11 +243,9 @@ def filesystem(url: str, storage_options: dict | None = None):
 def kind_of(path) -> str:
     """'packed' for a folder holding index.json (local or remote), else 'corpus' (a token
     corpus prefix)."""
-    if is_url(path):
-        from .place import Place
+    from .place import Place
 
-        return "packed" if Place(path).is_file("index.json") else "corpus"
-    return "packed" if (Path(path) / "index.json").is_file() else "corpus"
+    return "packed" if Place(path).is_file("index.json") else "corpus"
 
 
 def join(base, *names: str):

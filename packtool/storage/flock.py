@@ -145,26 +145,14 @@ def _attempt(lock: Path, op: int, into: list) -> list[int] | None:
 
 def release(lock: Path, fd: int, remove: bool = True) -> None:
     """Release; an exclusive holder removes the file, a shared one closes its descriptor and
-    then removes the file if it can take it exclusively (no other holder is left): of
-    several tasks releasing at once, the last to close removes it."""
+    then removes the file if nobody holds it any more (:func:`remove_if_free`): of several
+    tasks releasing at once, the last to close removes it."""
     if remove:
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()
-        os.close(fd)
-        return
     os.close(fd)
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if _same_file(fd, lock):  # a newcomer that opened it retries on its own file
-            lock.unlink()
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    if not remove:
+        remove_if_free(lock)
 
 
 def remove_if_free(lock: Path) -> bool:
