@@ -16,8 +16,8 @@ Writing: :mod:`.publish` (data objects first, each verified, the manifest last: 
 Modules: :mod:`.place` a folder as the readers see it, :mod:`.cache` the local cache of
 fetched files, :mod:`.output` where a stage writes (``open_output``: a FolderOutput or a
 BucketOutput, chosen once), :mod:`.write` one job of a stage written to an output,
-:mod:`.atomic` a local folder's commits (temporary names, a journal, the swap),
-:mod:`.temps` its temporaries and what a dead run left, :mod:`.flock` local file locks,
+:mod:`.atomic` a local folder's commits (temporary names, a journal, the swap) and what
+a dead run left, :mod:`.flock` local file locks,
 :mod:`.publish` the commit to a store (from local scratch folders), :mod:`.lock` the lock
 object of a store without locks.
 """

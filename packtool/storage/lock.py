@@ -22,8 +22,8 @@ import time
 from .. import _signals
 from ..errors import PacktoolError
 from . import put
+from .atomic import pid_alive
 from .place import protocols
-from .temps import pid_alive
 
 LOCK_ENV = "PACKTOOL_UNSAFE_STORE_LOCK"
 

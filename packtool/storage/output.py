@@ -41,7 +41,7 @@ from pathlib import Path
 from .. import _signals
 from .._io import create, write_new
 from ..errors import PacktoolError
-from . import atomic, basename, flock, is_url, join, local_path, parent, publish, temps
+from . import atomic, basename, flock, is_url, join, local_path, parent, publish
 from .lock import StoreLock
 from .place import Place
 
@@ -137,7 +137,7 @@ class Output:
                 try:
                     yield folder, old
                 except OSError as e:
-                    if not temps.is_enospc(e):
+                    if not atomic.is_enospc(e):
                         raise
                     raise self.no_space(e, folder, None) from None
 
@@ -196,33 +196,27 @@ class FolderOutput(Output):
         Path(self.place.folder).mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------- locks
-    @contextlib.contextmanager
     def lock(self, shared: bool = False):
         """The whole run's lock on the output (``shared``: the array tasks of one run hold
         it together); yields the notes of what was recovered from dead runs."""
-        with atomic.output_lock(self.path, shared=shared) as notes:
-            yield notes
+        return atomic.output_lock(self.path, shared=shared)
 
-    @contextlib.contextmanager
     def job_lock(self, name: str, label: str):
         """One job's lock (``name``, a hidden file beside the job's files): a second writer
         of the same job waits, then finds it done."""
         lock = Path(self.place.path(name))
         lock.parent.mkdir(exist_ok=True)  # valid/ of a staging folder, made by its first job
-        with flock.waiting(lock, label):
-            yield
+        return flock.waiting(lock, label)
 
     def reclaim(self) -> list[str]:
         """What killed writers left beside the output, removed (under the run's lock)."""
-        return temps.reclaim(Path(self.path))
+        return atomic.reclaim(Path(self.path))
 
     # ----------------------------------------------------------------------- a job
-    @contextlib.contextmanager
     def scratch(self, name: str):
         """The job's own folder, ``.NAME.tmp-PID-RAND`` beside its files (reclaimed if the
         job is killed): on the same disk, so publishing is a rename."""
-        with atomic.job_files(Path(self.place.folder), name) as folder:
-            yield folder
+        return atomic.job_files(Path(self.place.folder), name)
 
     @property
     def store_place(self):
@@ -246,7 +240,7 @@ class FolderOutput(Output):
     def no_space(self, e: OSError, folder: Path, kept: str | None) -> PacktoolError:
         """A full disk while a job wrote ``folder``, said of the output (never a temporary
         name: a local pack's staging folder is named as its dataset)."""
-        return temps.no_space(e, temps.final_name(self.path), [folder], kept)
+        return atomic.no_space(e, atomic.final_name(self.path), [folder], kept)
 
     def published(self, text: str) -> None:
         """What publishing did, for the result: nothing, locally."""
@@ -283,7 +277,7 @@ class FolderOutput(Output):
         """``name`` written whole unless it exists (the first of several tasks wins): True
         if this call wrote it."""
         final = Path(self.place.path(name))
-        tmp = temps.temp_name(final)
+        tmp = atomic.temp_name(final)
         write_new(tmp, data.decode("utf-8"))
         try:
             os.link(tmp, final)
@@ -308,7 +302,7 @@ class FolderOutput(Output):
         named by the plan, which every task (and a re-run, which resumes) finds."""
         out = Path(self.path)
         if run.executor == "local" and run.tasks is None and not run.finalize:
-            return self.as_folder(temps.temp_name(out))
+            return self.as_folder(atomic.temp_name(out))
         return self.as_folder(out.with_name(f".{out.name}.staging-{digest[:16]}"))
 
     def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
@@ -325,7 +319,7 @@ class FolderOutput(Output):
                 "sources, options or version); finish that run (the same command with "
                 "--finalize) or pass --overwrite to discard it")
         for p in others:
-            temps.remove_path(p)
+            atomic.remove_path(p)
         if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
             raise PacktoolError(f"{staging} is a symbolic link or not a folder; packtool "
                                 f"assembles {path} only in a real folder of its own (never "
@@ -334,7 +328,7 @@ class FolderOutput(Output):
             raise PacktoolError(f"--finalize: no task of this plan has run for {path} (no "
                                 f"{staging.name}); run the array tasks first (--tasks N "
                                 "--task K)")
-        notes = [] if run.one_task else temps.reclaim(path, inside=staging)  # before ours exists
+        notes = [] if run.one_task else atomic.reclaim(path, inside=staging)  # before ours exists
         staging.mkdir(exist_ok=True)
         return notes
 
@@ -345,7 +339,7 @@ class FolderOutput(Output):
         target.put(*manifest)
         staging = Path(target.path)
         remove_entries(staging)
-        temps.clear_temporaries(staging)
+        atomic.clear_temporaries(staging)
         atomic.check_replaceable(Path(self.path), overwrite, owned)
         atomic.commit_dir(staging, Path(self.path))
         return []
@@ -353,10 +347,10 @@ class FolderOutput(Output):
     def failed(self, e: BaseException, target: Output, whole_run: bool) -> None:
         """A run failing: a full disk said as such; a whole run's staging folder undone
         (nothing half-written)."""
-        if temps.is_enospc(e):
-            raise temps.no_space(e, self.path, [target.path] if whole_run else []) from None
+        if atomic.is_enospc(e):
+            raise atomic.no_space(e, self.path, [target.path] if whole_run else []) from None
         if whole_run:
-            temps.remove_path(target.path)
+            atomic.remove_path(target.path)
 
     # ---------------------------------------------------------------------- exports
     def _publish_dir(self, target: Path, old: set, marker: str) -> list[str]:
@@ -411,21 +405,17 @@ class BucketOutput(Output):
         with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name))):
             yield []
 
-    @contextlib.contextmanager
     def job_lock(self, name: str, label: str):
-        with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name)),
-                       wait=True):
-            yield
+        return StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name)),
+                         wait=True)
 
     def reclaim(self) -> list[str]:
         return []  # a bucket's leftovers are swept after the commit
 
     # ----------------------------------------------------------------------- a job
-    @contextlib.contextmanager
     def scratch(self, name: str = ""):
         """A scratch folder of this process, removed when the job is published."""
-        with publish.scratch_dir(str(self.path)) as folder:
-            yield folder
+        return publish.scratch_dir(str(self.path))
 
     @property
     def store_place(self):
@@ -452,7 +442,7 @@ class BucketOutput(Output):
 
     def no_space(self, e: OSError, folder: Path, kept: str | None) -> PacktoolError:
         """This machine's disk filled up while a job bound for the store was written."""
-        return temps.no_space(e, folder / self.name, [folder], kept)
+        return atomic.no_space(e, folder / self.name, [folder], kept)
 
     def publish(self, folder: Path, names: list[str], record: str, sent) -> None:
         """A job's files (``names``, relative to ``folder``) uploaded and verified, then its

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..errors import PacktoolError
 from . import basename, filesystem, is_url, join, local_path, normalize, parent
+from .atomic import left_by_us
 from .cache import Cache, default_dir
-from .temps import left_by_us
 
 # backends whose find() filters names by a prefix on the server (s3fs, gcsfs): the objects of
 # one job, named alike, are looked up in one listing request
@@ -190,7 +190,7 @@ class Place:
 
     def hidden_ours(self, name: str, bucket_pattern: str) -> bool:
         """Whether ``name`` is a hidden file packtool leaves: locally a lock or a dead run's
-        temporary, shaped as packtool's are (packtool.storage.temps.left_by_us); in a bucket,
+        temporary, shaped as packtool's are (packtool.storage.atomic.left_by_us); in a bucket,
         a name ``bucket_pattern`` matches (a format's locks, markers and job entries)."""
         if not self.remote:
             return left_by_us(self.path(name))

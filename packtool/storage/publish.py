@@ -37,9 +37,9 @@ from pathlib import Path
 from .. import _signals
 from ..errors import PacktoolError
 from . import put
+from .atomic import pid_alive
 from .cache import default_dir
 from .place import object_states
-from .temps import pid_alive
 
 CHUNK = 64 << 20      # multipart part size (s3fs's own default is 50 MiB)
 
