@@ -237,7 +237,7 @@ def _recover(journal: Path) -> str:
 
 def _committed(entries) -> bool:
     temp, final, _ = entries[-1]  # the manifest (or the one directory) moves in last
-    return temp is not None and not temp.exists() and final.exists()
+    return not temp.exists() and final.exists()
 
 
 def finish(entries, journal: Path) -> None:
@@ -251,12 +251,11 @@ def undo(entries) -> None:
     """Back to the state before the commit, whatever step it stopped at: a final whose
     temporary is gone is the new one (remove it); an aside is the old one (put it back)."""
     for temp, final, aside in entries:
-        if temp is not None and not temp.exists() and final.exists():
+        if not temp.exists() and final.exists():
             remove_path(final)
         if aside is not None and aside.exists():
             os.replace(aside, final)
-        if temp is not None:
-            remove_path(temp)
+        remove_path(temp)
 
 
 # ----------------------------------------------------------------------------- full disk
@@ -382,13 +381,13 @@ def fsync_tree(folder: Path) -> None:
         fsync_path(d)
 
 
-def _commit(entries: list[tuple[Path | None, Path, Path | None]], journal: Path) -> None:
-    """Move each ``temp`` to ``final``, an existing ``final`` first to ``aside`` (``temp``
-    None: only remove ``final``). The last entry is the commit point. Data (and the folders
+def _commit(entries: list[tuple[Path, Path, Path | None]], journal: Path) -> None:
+    """Move each ``temp`` to ``final``, an existing ``final`` first to ``aside``. The last
+    entry is the commit point. Data (and the folders
     it goes to) are fsynced before the journal, the folders again after the last rename.
     Signals are deferred throughout; one that arrived undoes the commit, then ends the run."""
     for temp, _, _ in entries:
-        if temp is not None and temp.exists():
+        if temp.exists():
             fsync_tree(temp) if temp.is_dir() else fsync_path(temp)
     folders = {final.parent for _, final, _ in entries}
     for d in folders:
@@ -397,16 +396,12 @@ def _commit(entries: list[tuple[Path | None, Path, Path | None]], journal: Path)
         _signals.check()
         _write_journal(journal, entries)
         try:
-            # what only leaves (a manifest being replaced) leaves first, then the manifest,
-            # then the data; the new manifest comes in last
-            leaving = [e for e in entries if e[0] is None] + [
-                e for e in reversed(entries) if e[0] is not None]
-            for _, final, aside in leaving:
+            # the old manifest leaves first, then the data; the new manifest comes in last
+            for _, final, aside in reversed(entries):
                 if aside is not None and (final.exists() or final.is_symlink()):
                     os.replace(final, aside)
-            for temp, final, _ in entries:  # ... and comes in last
-                if temp is not None:
-                    os.replace(temp, final)
+            for temp, final, _ in entries:
+                os.replace(temp, final)
             for d in folders:
                 fsync_path(d)
             _signals.check()
@@ -539,7 +534,4 @@ def check_replaceable(path: Path, overwrite: bool, owned) -> None:
     if not overwrite:
         raise PacktoolError(f"output directory {path} is not empty; pass --overwrite to "
                             "replace it or choose another --out")
-    if owned is None:
-        raise PacktoolError(f"output directory {path} is not empty and --overwrite cannot "
-                            "prove it a packtool output; choose another --out")
     owned(path)

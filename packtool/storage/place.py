@@ -128,19 +128,12 @@ class Place:
     def read_text(self, name: str) -> str:
         return self.read_bytes(name).decode("utf-8")
 
-    def size(self, name: str) -> int | None:
-        """Bytes, or None if there is no such file."""
-        try:
-            if self.remote:
-                return int(self.fs.info(self._remote(name))["size"])
-            return self.path(name).stat().st_size
-        except FileNotFoundError:
-            return None
-
     def sizes(self, names: list[str]) -> dict[str, int | None]:
-        """:meth:`size` of each of ``names``: for a store, in one listing where it can."""
+        """Bytes of each of ``names``, None where there is no such file: for a store, in one
+        listing where it can."""
         if not self.remote:
-            return {n: self.size(n) for n in names}
+            return {n: p.stat().st_size if (p := self.path(n)).exists() else None
+                    for n in names}
         states = object_states(self.fs, [self._remote(n) for n in names])
         return {n: None if (s := states[self._remote(n)]) is None else s[0] for n in names}
 
