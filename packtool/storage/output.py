@@ -98,11 +98,10 @@ class Output:
         try:
             current = json.loads(self.place.read_bytes(marker))
         except FileNotFoundError:
-            current = None
+            current = body  # none yet: ours is the one
         except (OSError, ValueError):
             current = {}
-        if current is not None and (current if isinstance(current, dict) else {}).get(
-                "digest") != body["digest"]:
+        if not isinstance(current, dict) or current.get("digest") != body["digest"]:
             if not overwrite or run.one_task:
                 raise PacktoolError(
                     f"{self.path} is being written from another plan ({marker}: other "

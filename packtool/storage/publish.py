@@ -71,6 +71,8 @@ def _md5_etags(path: Path, chunk: int) -> set[str]:
 
 
 def _same(state, size: int, etags: set[str]) -> bool:
+    """The object (``state``: its size and ETag, None if absent) holds these bytes: their
+    size, and their MD5 where the ETag is one."""
     if state is None or state[0] != size:
         return False
     return state[1] is None or state[1] in etags or not _looks_md5(state[1])
@@ -111,9 +113,7 @@ def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
             sent.append((local, rpath, size))
         after = object_states(fs, [r for _, r, _ in sent]) if sent else {}
         for local, rpath, size in sent:
-            state = after[rpath]
-            if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
-                                                     and state[1] not in md5s[rpath].result()):
+            if not _same(after[rpath], size, md5s[rpath].result()):
                 raise PacktoolError(f"{fs.unstrip_protocol(rpath)}: the uploaded object does "
                                     f"not match {local} "
                                     "(size or MD5 differs); nothing was committed: run the "
