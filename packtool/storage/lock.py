@@ -178,15 +178,16 @@ class StoreLock:
         except OSError as e:
             if not _lost_race(e):
                 raise
-            raise _Held(f"{self.url}: another run took over the dead run's lock just now; "
-                        "wait for it") from None
-        try:  # a store that ignored If-Match would show another token here
-            mine = json.loads(self.fs.cat_file(self.rpath)).get("token") == self.token
-        except Exception:
-            mine = False
-        if not mine:
+        if not self._mine():  # the race lost, or a store that ignored If-Match
             raise _Held(f"{self.url}: another run took over the dead run's lock just now; "
                         "wait for it")
+
+    def _mine(self) -> bool:
+        """The lock object holds our token (one unreadable is not ours)."""
+        try:
+            return json.loads(self.fs.cat_file(self.rpath)).get("token") == self.token
+        except Exception:
+            return False
 
     def __exit__(self, *exc):
         _HELD.discard(self.token)
@@ -194,7 +195,7 @@ class StoreLock:
             # keeps it: stale, see above; a second Ctrl-C does not stop the release half-way
             # only our own: a lock object some other run holds now (taken over as stale,
             # wrongly, after a pid was reused) stays its holder's
-            if json.loads(self.fs.cat_file(self.rpath)).get("token") == self.token:
+            if self._mine():
                 self.fs.rm_file(self.rpath)
         return False
 
