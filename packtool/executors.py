@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._progress import progress_bar
+from ._progress import no_step, progress_bar
 from .errors import PacktoolError
 from .options import opt
 from .storage.output import PendingUpload
@@ -224,7 +224,7 @@ def finished_jobs(noun: str) -> str | None:
 
 
 def _run_local(jobs: Jobs, mine: list[int], run: RunOptions, bar, outcomes: dict) -> None:
-    tick = bar.update if bar is not None else _no_tick
+    tick = bar.update if bar is not None else no_step
     with _Behind(outcomes) as behind:
         for k in mine:
             before = bar.n if bar is not None else 0
@@ -239,10 +239,6 @@ def _run_local(jobs: Jobs, mine: list[int], run: RunOptions, bar, outcomes: dict
                 bar.update(max(0, before + int(jobs.weights[k]) - bar.n))
 
 
-def _no_tick(n: int) -> None:
-    """The progress callback of a job run without a bar (or on a Ray worker)."""
-
-
 # what the driver's environment gives every job, wherever it runs (a Ray worker started
 # before this run, or on another node, has its own environment)
 CARRIED_ENV = ("PACKTOOL_STORAGE_OPTIONS",)
@@ -254,7 +250,7 @@ def _ray_job(run, item, env: dict):
             os.environ[k] = env[k]
         else:
             os.environ.pop(k, None)
-    return settle(run(item, _no_tick))
+    return settle(run(item, no_step))
 
 
 def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar, outcomes: dict) -> None:
