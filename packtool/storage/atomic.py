@@ -123,11 +123,14 @@ _OUR_LOCK = re.compile(r"\.[\w.-]+\.lock")
 
 def left_by_us(path: Path) -> bool:
     """A hidden entry packtool provably left in an output: a lock file shaped as its locks
-    are (an empty regular file of one link, see :func:`packtool.flock.lock_like`), or a
+    are (an empty regular file of one link, see :func:`.flock.lock_like`), or a
     temporary of its naming (``.NAME.tmp-PID-HEX``) whose pid is dead, as reclaim requires.
     A user's ``.notes.lock`` with content, or a live process's file, is not ours."""
     if _OUR_LOCK.fullmatch(path.name):
-        return flock.is_lock_file(path)
+        try:
+            return flock.lock_like(os.lstat(path))  # the path itself, never followed
+        except OSError:
+            return False
     m = _OUR_TEMP.fullmatch(path.name)
     return bool(m) and not pid_alive(int(m.group(2)))
 

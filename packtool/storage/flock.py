@@ -61,14 +61,6 @@ def lock_like(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and not st.st_size
 
 
-def is_lock_file(path: Path) -> bool:
-    """``path`` (not followed) is shaped as packtool's lock files are (:func:`lock_like`)."""
-    try:
-        return lock_like(os.lstat(path))
-    except OSError:
-        return False
-
-
 def _open(lock: Path) -> int:
     """Open (or create) a lock file: never through a symbolic link, only a regular file of
     one link, never truncated."""
