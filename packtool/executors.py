@@ -152,11 +152,6 @@ def run_jobs(jobs: Jobs, run: RunOptions, progress: bool = False) -> tuple[dict,
             sum(bool(was_done) for _, was_done in outcomes.values()))
 
 
-def settle(outcome):
-    """A job's ``(result, skipped)``, its tail (if any) run here."""
-    return outcome() if isinstance(outcome, PendingUpload) else outcome
-
-
 class _Behind:
     """The one tail in flight in a local run, in a daemon thread (a second Ctrl-C, or the
     CLI's exit, does not wait for it). Its error is raised in the main thread when the next
@@ -250,7 +245,8 @@ def _ray_job(run, item, env: dict):
             os.environ[k] = env[k]
         else:
             os.environ.pop(k, None)
-    return settle(run(item, no_step))
+    outcome = run(item, no_step)  # a job's tail (its upload) runs here, in its task
+    return outcome() if isinstance(outcome, PendingUpload) else outcome
 
 
 def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar, outcomes: dict) -> None:

@@ -46,10 +46,6 @@ def _stale(lock: dict) -> bool:
 ATOMIC_CREATE = {"s3", "s3a", "gs", "gcs"}
 
 
-def atomic_create(fs) -> bool:
-    return bool(ATOMIC_CREATE & protocols(fs))
-
-
 # backends whose pipe_file passes If-Match to the put (s3fs: put_object's IfMatch; AWS S3,
 # R2, MinIO and moto honour it), so a dead run's lock is replaced only if unchanged. gcsfs's
 # ifGenerationMatch for a replace is not reachable through pipe_file as far as tested here:
@@ -90,7 +86,7 @@ class StoreLock:
         self.before_takeover = before_takeover
 
     def _put(self, body: bytes) -> None:
-        if not atomic_create(self.fs) and os.environ.get(LOCK_ENV) != "1":
+        if not (ATOMIC_CREATE & protocols(self.fs)) and os.environ.get(LOCK_ENV) != "1":
             raise PacktoolError(
                 f"{self.url}: this store's fsspec backend has no atomic create-if-absent "
                 "(fsspec's default checks, then writes), so two writers could not be kept "
