@@ -30,7 +30,7 @@ checks every import, lazy ones included)::
   the random streams, ``bounds``/``lengths``/``metrics`` packing arithmetic, ``conflicts``
   which features cannot be used together (one table), ``chat`` chat templates.
 - 2: ``storage``: local folders and buckets behind one interface, chosen once
-  (``open_output``), and the local commit (``atomic``, ``temps``, ``flock``).
+  (``open_output``), and the local commit (``atomic``, ``flock``).
 - 3: ``sources``: the input readers (txt, jsonl, parquet, pairs and groups); ``vision``
   images: their size from the header, vision tokens per model, mRoPE positions.
 - 4: ``formats``: packtool's own formats (``tokens``, ``packed``), each with schema, writer,

@@ -11,17 +11,18 @@ import shutil
 import stat
 import threading
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ._crc import hasher
+
+if TYPE_CHECKING:  # numpy loads with the first writer, not with `packtool --help`
+    import numpy as np
 
 
 def create(path: Path, mode: str = "wb"):
     """A new file opened for writing: refused if anything (a file, a symbolic link) is already
     at ``path`` (``O_EXCL | O_NOFOLLOW``), so packtool never writes through a planted link."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, mode)
 
 
@@ -72,6 +73,8 @@ class HashingWriter:
         """Hash ``array``'s bytes, to be :meth:`put` next, in the order hashed: a thread
         that fills buffers hashes each while it is still in cache and leaves the writing
         thread only the write (see packtool.formats.packed.writer)."""
+        import numpy as np
+
         buf = memoryview(np.ascontiguousarray(array)).cast("B")
         for h in self._hs:
             h.update(buf)
@@ -99,6 +102,8 @@ def sha256_file(path: Path, chunk: int = 1 << 23) -> str:
 def npy_header(dtype: np.dtype, n: int) -> bytes:
     import io
 
+    import numpy as np
+
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(
         buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)}
@@ -116,6 +121,8 @@ class NpyWriter(HashingWriter):
 
     def __init__(self, path: Path, dtype: np.dtype, n: int, reserve_space: bool = False,
                  label: str | Path | None = None):
+        import numpy as np
+
         super().__init__(path, ("crc32",))
         self.dtype, self.n, self.written = dtype, n, 0
         header = np.frombuffer(npy_header(dtype, n), dtype=np.uint8)
@@ -128,6 +135,8 @@ class NpyWriter(HashingWriter):
         self.put(HashingWriter.hash(self, header))  # not counted as elements
 
     def hash(self, array: np.ndarray) -> memoryview:
+        import numpy as np
+
         array = np.asarray(array)
         if array.dtype != self.dtype:
             array = array.astype(self.dtype)

@@ -65,8 +65,9 @@ def shown(enabled: bool = True):
         _SHOWN.reset(token)
 
 
-def _no_step(n: int = 1, **postfix) -> None:
-    """The step callback of an activity nobody watches."""
+def no_step(n: int = 1, **postfix) -> None:
+    """The step (or tick) callback of work nobody watches: an activity not shown, a job run
+    without a bar."""
 
 
 @contextlib.contextmanager
@@ -79,7 +80,7 @@ def activity(desc: str, unit: str | None = None, delay: float = 1.0):
     ``delay=0`` so the line says what is running before it starts). Elsewhere nothing is
     shown and ``step`` costs a call."""
     if not _SHOWN.get():
-        yield _no_step
+        yield no_step
         return
     from tqdm import tqdm
 

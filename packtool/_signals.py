@@ -26,21 +26,15 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that temporary files are removed on the way out."""
 
 
-def _on_sigterm(signum, frame):
+def _on_signal(signum, frame):
     received.append(signum)
     if not _deferring:
-        raise Terminated()
-
-
-def _on_sigint(signum, frame):
-    received.append(signum)
-    if not _deferring:
-        raise KeyboardInterrupt()
+        check()  # Terminated for SIGTERM, KeyboardInterrupt for Ctrl-C
 
 
 def install() -> None:
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    signal.signal(signal.SIGINT, _on_sigint)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
 
 
 def check() -> None:

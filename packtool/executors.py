@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._progress import progress_bar
+from ._progress import no_step, progress_bar
 from .errors import PacktoolError
 from .options import opt
 from .storage.output import PendingUpload
@@ -141,18 +141,15 @@ def run_jobs(jobs: Jobs, run: RunOptions, progress: bool = False) -> tuple[dict,
     total = sum(int(jobs.weights[k]) for k in mine)
     desc = jobs.desc + (" (ray)" if run.executor == "ray" else "")
     bar = progress_bar(total, desc, jobs.unit, progress)
+    outcomes: dict = {}  # job index -> (result, skipped)
+    FINISHED.clear()
     try:
-        if run.executor == "ray":
-            return _run_ray(jobs, mine, run, bar)
-        return _run_local(jobs, mine, bar)
+        (_run_ray if run.executor == "ray" else _run_local)(jobs, mine, run, bar, outcomes)
     finally:
         if bar is not None:
             bar.close()
-
-
-def settle(outcome):
-    """A job's ``(result, skipped)``, its tail (if any) run here."""
-    return outcome() if isinstance(outcome, PendingUpload) else outcome
+    return ({k: result for k, (result, _) in outcomes.items()},
+            sum(bool(was_done) for _, was_done in outcomes.values()))
 
 
 class _Behind:
@@ -221,10 +218,8 @@ def finished_jobs(noun: str) -> str | None:
     return f"{len(done)} finished {noun}(s) of it ({shown})"
 
 
-def _run_local(jobs: Jobs, mine: list[int], bar) -> tuple[dict, int]:
-    outcomes: dict = {}
-    tick = bar.update if bar is not None else _no_tick
-    FINISHED.clear()
+def _run_local(jobs: Jobs, mine: list[int], run: RunOptions, bar, outcomes: dict) -> None:
+    tick = bar.update if bar is not None else no_step
     with _Behind(outcomes) as behind:
         for k in mine:
             before = bar.n if bar is not None else 0
@@ -237,12 +232,6 @@ def _run_local(jobs: Jobs, mine: list[int], bar) -> tuple[dict, int]:
                 FINISHED.append(jobs.label(item))
             if bar is not None:  # a skipped job ticks nothing: count its weight now
                 bar.update(max(0, before + int(jobs.weights[k]) - bar.n))
-    return ({k: result for k, (result, _) in outcomes.items()},
-            sum(bool(was_done) for _, was_done in outcomes.values()))
-
-
-def _no_tick(n: int) -> None:
-    """The progress callback of a job run without a bar (or on a Ray worker)."""
 
 
 # what the driver's environment gives every job, wherever it runs (a Ray worker started
@@ -256,14 +245,13 @@ def _ray_job(run, item, env: dict):
             os.environ[k] = env[k]
         else:
             os.environ.pop(k, None)
-    return settle(run(item, _no_tick))
+    outcome = run(item, no_step)  # a job's tail (its upload) runs here, in its task
+    return outcome() if isinstance(outcome, PendingUpload) else outcome
 
 
-def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, int]:
+def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar, outcomes: dict) -> None:
     """One Ray task per job (``run.ray_cpus`` CPUs each), retried on worker death; the first
     failure cancels the rest."""
-    results, skipped = {}, 0
-    FINISHED.clear()
     with ray_session(run.ray_address) as ray:
         remote = ray.remote(num_cpus=run.ray_cpus, max_retries=run.max_retries)(_ray_job)
         fn = ray.put(jobs.run)
@@ -275,10 +263,9 @@ def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, i
                 for ref in done:
                     k = refs.pop(ref)
                     try:
-                        results[k], was_done = ray.get(ref)
+                        outcomes[k] = ray.get(ref)
                     except Exception as e:
                         raise _ray_error(e, jobs.label(jobs.items[k])) from None
-                    skipped += bool(was_done)
                     FINISHED.append(jobs.label(jobs.items[k]))  # published, for a bucket
                     if bar is not None:
                         bar.update(int(jobs.weights[k]))
@@ -287,7 +274,6 @@ def _run_ray(jobs: Jobs, mine: list[int], run: RunOptions, bar) -> tuple[dict, i
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
             raise
-    return results, skipped
 
 
 def _ray_error(e: Exception, what: str) -> Exception:
@@ -315,8 +301,7 @@ def _reachable(address: str, timeout: float) -> None:
     hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise PacktoolError(f"--ray-address {address}: expected HOST:PORT, ray://HOST:PORT or "
-                            "auto")
+        raise PacktoolError(f"--ray-address {address}: expected HOST:PORT, ray://HOST:PORT or auto")
     t0 = time.monotonic()
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):

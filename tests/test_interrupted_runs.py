@@ -335,7 +335,7 @@ def test_signal_during_commit_undoes_it(tmp_path, corpus, monkeypatch, step):
         n[0] += 1
         if n[0] == step:
             with _signals.deferred():
-                _signals._on_sigterm(signal.SIGTERM, None)  # as if delivered right here
+                _signals._on_signal(signal.SIGTERM, None)  # as if delivered right here
         real(a, b)
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(_signals.Terminated):
@@ -365,7 +365,7 @@ def test_signal_beside_an_overwrite_leaves_nothing(tmp_path, corpus, monkeypatch
         if where == "_retire":
             real(*args)
         assert (tmp_path / ".out.retired.json").exists()  # what the run must not leave
-        _signals._on_sigterm(signal.SIGTERM, None)  # delivered right here
+        _signals._on_signal(signal.SIGTERM, None)  # delivered right here
         if where != "_retire":
             return real(*args)
         return None
@@ -597,7 +597,7 @@ def test_signal_in_a_parts_cleanup_or_before_its_commit_leaves_no_temporary(
 
         def remove(path):
             if ".tmp-" in path.name and not _signals.received:
-                _signals._on_sigint(signal.SIGINT, None)
+                _signals._on_signal(signal.SIGINT, None)
             real_remove(path)
         monkeypatch.setattr(pipeline, "iter_documents", docs)
         monkeypatch.setattr(_atomic, "_remove", remove)
@@ -606,7 +606,7 @@ def test_signal_in_a_parts_cleanup_or_before_its_commit_leaves_no_temporary(
 
         def fsync_tree(folder):
             if "part-00001" in folder.name and not _signals.received:
-                _signals._on_sigint(signal.SIGINT, None)
+                _signals._on_signal(signal.SIGINT, None)
             return real_fsync(folder)
         monkeypatch.setattr(_atomic, "fsync_tree", fsync_tree)
     with pytest.raises(KeyboardInterrupt):

@@ -131,7 +131,7 @@ def test_overwrite_replaces_only_our_own_dataset(s3, bucket, tmp_path):
 
 @pytest.mark.slow
 def test_a_second_writer_is_refused_by_the_lock_object(s3, bucket, tmp_path):
-    from packtool.storage.publish import StoreLock
+    from packtool.storage.lock import StoreLock
 
     env = env_of(s3, tmp_path)
     with StoreLock(s3.fs, f"{bucket}/p/.packtool.lock", f"s3://{bucket}/p/.packtool.lock"):

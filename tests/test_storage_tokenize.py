@@ -122,7 +122,7 @@ def test_objects_not_ours_are_never_replaced(s3, bucket, tmp_path):
 
 @pytest.mark.slow
 def test_a_second_writer_is_refused_by_the_lock_object(s3, bucket, tmp_path):
-    from packtool.storage.publish import StoreLock
+    from packtool.storage.lock import StoreLock
 
     env = {**s3.env, "PACKTOOL_CACHE_DIR": str(tmp_path / "cache")}
     lock = f"{bucket}/out/.c.lock"

@@ -15,12 +15,12 @@ from ..errors import PacktoolError
 def resolve_tokenizer_path(tok: str | Path) -> Path:
     """A ``tokenizer.json``, a SentencePiece ``*.model``, or a folder holding one (the
     ``tokenizer.json`` first, as Hugging Face loads it), local or at a URL (fetched once into
-    the cache: :func:`packtool.storage.stage_out.fetch_tokenizer`)."""
+    the cache: :func:`packtool.storage.place.fetch_tokenizer`)."""
     from ..storage import is_url, local_path
 
     tok = local_path(tok)
     if is_url(tok):
-        from ..storage.stage_out import fetch_tokenizer
+        from ..storage.place import fetch_tokenizer
 
         return fetch_tokenizer(str(tok))
     p = Path(tok)

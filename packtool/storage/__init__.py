@@ -16,10 +16,10 @@ Writing: :mod:`.publish` (data objects first, each verified, the manifest last: 
 Modules: :mod:`.place` a folder as the readers see it, :mod:`.cache` the local cache of
 fetched files, :mod:`.output` where a stage writes (``open_output``: a FolderOutput or a
 BucketOutput, chosen once), :mod:`.write` one job of a stage written to an output,
-:mod:`.atomic` a local folder's commits (temporary names, a journal, the swap),
-:mod:`.temps` its temporaries and what a dead run left, :mod:`.flock` local file locks,
-:mod:`.publish` the commit to a store, :mod:`.lock` the lock object of a store without
-locks, :mod:`.stage_out` local scratch folders for outputs bound for a store.
+:mod:`.atomic` a local folder's commits (temporary names, a journal, the swap) and what
+a dead run left, :mod:`.flock` local file locks,
+:mod:`.publish` the commit to a store (from local scratch folders), :mod:`.lock` the lock
+object of a store without locks.
 """
 
 from __future__ import annotations
@@ -216,8 +216,7 @@ def filesystem(url: str, storage_options: dict | None = None):
             extra = EXTRAS.get(proto)
             how = (f"pip install 'packtool[{extra}]' (it installs {PIP[extra]})" if extra
                    else "install the fsspec backend for it")
-            raise PacktoolError(f"{url}: no filesystem for {proto}:// here ({e}); {how}"
-                                ) from None
+            raise PacktoolError(f"{url}: no filesystem for {proto}:// here ({e}); {how}") from None
         # no listings cache: other processes (Ray workers, array tasks) write the same
         # prefixes, and a stale listing would hide their objects from a resume or finalize
         options = bounded(proto, storage_options)
@@ -243,11 +242,9 @@ def filesystem(url: str, storage_options: dict | None = None):
 def kind_of(path) -> str:
     """'packed' for a folder holding index.json (local or remote), else 'corpus' (a token
     corpus prefix)."""
-    if is_url(path):
-        from .place import Place
+    from .place import Place
 
-        return "packed" if Place(path).is_file("index.json") else "corpus"
-    return "packed" if (Path(path) / "index.json").is_file() else "corpus"
+    return "packed" if Place(path).is_file("index.json") else "corpus"
 
 
 def join(base, *names: str):

@@ -76,35 +76,6 @@ def rehashing():
             _strict["depth"] -= 1
 
 
-def _digests_of(expect: dict, strict: bool) -> list[str]:
-    """The digests to compute of an entry's bytes: crc32 always (the entry's record), and
-    under :func:`rehashing` each one its manifest records."""
-    return ["crc32", *(a for a in ("sha256",) if strict and a in expect)]
-
-
-class _Hash:
-    """A fetched file's hashes as it streams in: crc32 (the entry's record, and the check
-    where the manifest records one: ~10x faster than sha256), sha256 where the manifest
-    records only that one, or every recorded digest under :func:`rehashing`."""
-
-    def __init__(self, expect: dict, strict: bool):
-        self.want = {a: expect[a] for a in ("crc32", "sha256") if a in expect}
-        if not strict and "crc32" in self.want:
-            self.want = {"crc32": self.want["crc32"]}
-        self._h = {a: hasher(a) for a in {"crc32", *self.want}}
-
-    def update(self, data) -> None:
-        for h in self._h.values():
-            h.update(data)
-
-    def crc32(self) -> str:
-        return self._h["crc32"].hexdigest()
-
-    def bad(self) -> str | None:
-        """The first digest that does not match the manifest, or None."""
-        return next((a for a, v in self.want.items() if self._h[a].hexdigest() != v), None)
-
-
 def _warn(text: str) -> None:
     print(f"packtool: warning: {text}", file=sys.stderr, flush=True)
 
@@ -117,8 +88,7 @@ class Cache:
         self.dir = Path(cache_dir) if cache_dir is not None else default_dir()
         self.limit = DEFAULT_LIMIT if cache_limit is None else int(cache_limit)
         if self.limit < 1:
-            raise PacktoolError(f"cache_limit {cache_limit!r}: must be a positive number of "
-                                "bytes")
+            raise PacktoolError(f"cache_limit {cache_limit!r}: must be a positive number of bytes")
         for sub in ("objects", "checks", "locks"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
 
@@ -142,8 +112,7 @@ class Cache:
             if fault is None:
                 return local
             if fault != _ABSENT:
-                _warn(f"cache entry {local} (a copy of {url}) {fault}; removed, fetching it "
-                      "again")
+                _warn(f"cache entry {local} (a copy of {url}) {fault}; removed, fetching it again")
                 self._drop(key)
             self._fetch(fs, path, url, expect, key)
         self._evict(keep=local)
@@ -172,7 +141,8 @@ class Cache:
             strict = _strict["depth"] > 0
             if ident in (_strict["done"] if strict else _checked):
                 return None
-        algorithms = _digests_of(expect, strict)
+        # crc32 always (the entry's record), under rehashing() each digest the manifest records
+        algorithms = ["crc32", *(a for a in ("sha256",) if strict and a in expect)]
         try:
             got = file_digests(local, algorithms, follow=False)
         except OSError as e:
@@ -203,39 +173,46 @@ class Cache:
         tmp = local.with_name(f".{local.name}.tmp-{os.getpid()}")
         with _lock:
             strict = _strict["depth"] > 0
-        h, size = _Hash(expect, strict), 0
+        # crc32 (the entry's record, and the check where the manifest records one: ~10x
+        # faster than sha256), sha256 where the manifest records only that one, or every
+        # recorded digest under rehashing()
+        want = {a: expect[a] for a in ("crc32", "sha256") if a in expect}
+        if not strict and "crc32" in want:
+            want = {"crc32": want["crc32"]}
+        hashes, size = {a: hasher(a) for a in {"crc32", *want}}, 0
         try:
             with fs.open(path, "rb") as src, create(tmp) as dst:
                 while block := src.read(CHUNK):
-                    h.update(block)
+                    for h in hashes.values():
+                        h.update(block)
                     dst.write(block)
                     size += len(block)
+            if "bytes" in expect and size != expect["bytes"]:
+                raise FormatError(f"{url}: {size:,} bytes, its manifest says "
+                                  f"{expect['bytes']:,}; the object is truncated or replaced: "
+                                  "write it again")
+            got = {a: h.hexdigest() for a, h in hashes.items()}
+            bad = next((a for a, v in want.items() if got[a] != v), None)
+            if bad:
+                raise FormatError(f"{url}: {bad} does not match its manifest; the object is "
+                                  "corrupt: write it again (packtool verify names every one)")
         except FileNotFoundError:
             tmp.unlink(missing_ok=True)
             raise FormatError(f"{url} is missing (its manifest lists it)") from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        if "bytes" in expect and size != expect["bytes"]:
-            tmp.unlink()
-            raise FormatError(f"{url}: {size:,} bytes, its manifest says {expect['bytes']:,}; "
-                              "the object is truncated or replaced: write it again")
-        bad = h.bad()
-        if bad:
-            tmp.unlink()
-            raise FormatError(f"{url}: {bad} does not match its manifest; the object is "
-                              "corrupt: write it again (packtool verify names every one)")
         record = self.dir / "checks" / key
         rtmp = record.with_name(f".{key}.tmp-{os.getpid()}")
         try:
             with create(rtmp) as f:
-                f.write(json.dumps({"bytes": size, "crc32": h.crc32()}).encode())
+                f.write(json.dumps({"bytes": size, "crc32": got["crc32"]}).encode())
             os.replace(rtmp, record)  # the record first: an entry never lacks its own
         finally:
             rtmp.unlink(missing_ok=True)
         os.replace(tmp, local)
         st = os.lstat(local)
-        self._mark((st.st_dev, st.st_ino, size, h.crc32()), strict)
+        self._mark((st.st_dev, st.st_ino, size, got["crc32"]), strict)
 
     def _evict(self, keep: Path) -> None:
         with flock.hold(self.dir / ".cache.lock", "wait", f"cache {self.dir}"):

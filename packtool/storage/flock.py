@@ -61,14 +61,6 @@ def lock_like(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and not st.st_size
 
 
-def is_lock_file(path: Path) -> bool:
-    """``path`` (not followed) is shaped as packtool's lock files are (:func:`lock_like`)."""
-    try:
-        return lock_like(os.lstat(path))
-    except OSError:
-        return False
-
-
 def _open(lock: Path) -> int:
     """Open (or create) a lock file: never through a symbolic link, only a regular file of
     one link, never truncated."""
@@ -145,26 +137,14 @@ def _attempt(lock: Path, op: int, into: list) -> list[int] | None:
 
 def release(lock: Path, fd: int, remove: bool = True) -> None:
     """Release; an exclusive holder removes the file, a shared one closes its descriptor and
-    then removes the file if it can take it exclusively (no other holder is left): of
-    several tasks releasing at once, the last to close removes it."""
+    then removes the file if nobody holds it any more (:func:`remove_if_free`): of several
+    tasks releasing at once, the last to close removes it."""
     if remove:
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()
-        os.close(fd)
-        return
     os.close(fd)
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if _same_file(fd, lock):  # a newcomer that opened it retries on its own file
-            lock.unlink()
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    if not remove:
+        remove_if_free(lock)
 
 
 def remove_if_free(lock: Path) -> bool:

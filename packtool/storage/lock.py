@@ -22,8 +22,8 @@ import time
 from .. import _signals
 from ..errors import PacktoolError
 from . import put
+from .atomic import pid_alive
 from .place import protocols
-from .temps import pid_alive
 
 LOCK_ENV = "PACKTOOL_UNSAFE_STORE_LOCK"
 
@@ -44,10 +44,6 @@ def _stale(lock: dict) -> bool:
 # (If-None-Match: *; AWS S3, R2, MinIO) and gcsfs (ifGenerationMatch=0). fsspec's default
 # checks that the object is absent, then writes: two writers can both pass.
 ATOMIC_CREATE = {"s3", "s3a", "gs", "gcs"}
-
-
-def atomic_create(fs) -> bool:
-    return bool(ATOMIC_CREATE & protocols(fs))
 
 
 # backends whose pipe_file passes If-Match to the put (s3fs: put_object's IfMatch; AWS S3,
@@ -90,7 +86,7 @@ class StoreLock:
         self.before_takeover = before_takeover
 
     def _put(self, body: bytes) -> None:
-        if not atomic_create(self.fs) and os.environ.get(LOCK_ENV) != "1":
+        if not (ATOMIC_CREATE & protocols(self.fs)) and os.environ.get(LOCK_ENV) != "1":
             raise PacktoolError(
                 f"{self.url}: this store's fsspec backend has no atomic create-if-absent "
                 "(fsspec's default checks, then writes), so two writers could not be kept "
@@ -178,15 +174,16 @@ class StoreLock:
         except OSError as e:
             if not _lost_race(e):
                 raise
-            raise _Held(f"{self.url}: another run took over the dead run's lock just now; "
-                        "wait for it") from None
-        try:  # a store that ignored If-Match would show another token here
-            mine = json.loads(self.fs.cat_file(self.rpath)).get("token") == self.token
-        except Exception:
-            mine = False
-        if not mine:
+        if not self._mine():  # the race lost, or a store that ignored If-Match
             raise _Held(f"{self.url}: another run took over the dead run's lock just now; "
                         "wait for it")
+
+    def _mine(self) -> bool:
+        """The lock object holds our token (one unreadable is not ours)."""
+        try:
+            return json.loads(self.fs.cat_file(self.rpath)).get("token") == self.token
+        except Exception:
+            return False
 
     def __exit__(self, *exc):
         _HELD.discard(self.token)
@@ -194,7 +191,7 @@ class StoreLock:
             # keeps it: stale, see above; a second Ctrl-C does not stop the release half-way
             # only our own: a lock object some other run holds now (taken over as stale,
             # wrongly, after a pid was reused) stays its holder's
-            if json.loads(self.fs.cat_file(self.rpath)).get("token") == self.token:
+            if self._mine():
                 self.fs.rm_file(self.rpath)
         return False
 

@@ -11,7 +11,7 @@ each does where::
     place                  reads and listings of the folder    the same, through fsspec
     job_lock(name)         flock, waited for                   lock object, waited for
     scratch(name)          the job's own folder beside its     a scratch folder of this
-                           files (.NAME.tmp-PID-RAND)          process (storage.stage_out)
+                           files (.NAME.tmp-PID-RAND)          process (storage.publish)
     finish_job(...)        publish: renamed in, the record     a PendingUpload: each file
                            last (signals deferred)             uploaded, verified, the
                                                                record last
@@ -32,12 +32,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import _signals
+from .._io import create, write_new
 from ..errors import PacktoolError
-from . import basename, is_url, join, local_path, parent
+from . import atomic, basename, flock, is_url, join, local_path, parent, publish
+from .lock import StoreLock
 from .place import Place
 
 
@@ -68,20 +73,15 @@ class Output:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!s})"
 
-    def _folder_at(self, path) -> Output:
+    def as_folder(self, path=None) -> Output:
+        """The output (or ``path``, another folder written the same way: a local staging
+        folder) as a folder of its own (a packed dataset, a directory export): its files are
+        named relative to it."""
         out = object.__new__(type(self))
-        out.given, out.path, out.name = path, path, ""
-        out.place = Place(path, self.place.storage_options)
+        out.given = out.path = self.path if path is None else path
+        out.name = ""
+        out.place = Place(out.path, self.place.storage_options)
         return out
-
-    def as_folder(self) -> Output:
-        """The output as a folder of its own (a packed dataset, a directory export): its
-        files are named relative to it."""
-        return self._folder_at(self.path)
-
-    def sibling(self, path) -> Output:
-        """Another folder written the same way (a local staging folder)."""
-        return self._folder_at(path)
 
     def child(self, name: str):
         """The path (or URL) of ``name`` inside the output's folder."""
@@ -92,19 +92,16 @@ class Output:
         for every stage: until a job's record is there, it vouches for the job's files. The
         array tasks of one plan share it (the first puts it); another plan's is refused
         (finish that run) unless a whole run's --overwrite discards it."""
-        import json
-
         data = json.dumps(body).encode()
         if run.one_task:
             self.put_new(marker, data)
         try:
             current = json.loads(self.place.read_bytes(marker))
         except FileNotFoundError:
-            current = None
+            current = body  # none yet: ours is the one
         except (OSError, ValueError):
             current = {}
-        if current is not None and (current if isinstance(current, dict) else {}).get(
-                "digest") != body["digest"]:
+        if not isinstance(current, dict) or current.get("digest") != body["digest"]:
             if not overwrite or run.one_task:
                 raise PacktoolError(
                     f"{self.path} is being written from another plan ({marker}: other "
@@ -124,17 +121,12 @@ class Output:
                 gone.append(name)
         return gone
 
-
     # ---------------------------------------------------------------------- exports
     @contextlib.contextmanager
     def export_session(self, check_existing):
         """Under the output's lock, a folder of the export's own (beside the output, or a
         scratch folder for a bucket) and what the output holds (``check_existing(self,
         old)`` proves what is there ours first); a full disk said of the output."""
-        import sys
-
-        from .temps import is_enospc
-
         with self.lock() as notes:
             for note in notes:
                 print(f"packtool: {note}", file=sys.stderr)
@@ -144,7 +136,7 @@ class Output:
                 try:
                     yield folder, old
                 except OSError as e:
-                    if not is_enospc(e):
+                    if not atomic.is_enospc(e):
                         raise
                     raise self.no_space(e, folder, None) from None
 
@@ -172,13 +164,11 @@ class FolderOutput(Output):
     def check_prefix(self) -> Path:
         """``--out`` is a prefix, not a folder, and a name the file system can hold; the
         prefix (absolute)."""
-        from .atomic import check_output_name
-
         given = self.given
         if str(given).endswith(("/", "\\")) or Path(given).is_dir():
             raise PacktoolError(f"--out {given} is a directory; give a prefix inside it, e.g. "
                                 f"{Path(given) / 'corpus'}")
-        check_output_name(Path(self.path))  # the rule every command's --out obeys
+        atomic.check_output_name(Path(self.path))  # the rule every command's --out obeys
         return Path(self.path)
 
     def file_ids(self, names) -> set[tuple[int, int]]:
@@ -205,41 +195,27 @@ class FolderOutput(Output):
         Path(self.place.folder).mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------- locks
-    @contextlib.contextmanager
     def lock(self, shared: bool = False):
         """The whole run's lock on the output (``shared``: the array tasks of one run hold
         it together); yields the notes of what was recovered from dead runs."""
-        from .atomic import output_lock
+        return atomic.output_lock(self.path, shared=shared)
 
-        with output_lock(self.path, shared=shared) as notes:
-            yield notes
-
-    @contextlib.contextmanager
     def job_lock(self, name: str, label: str):
         """One job's lock (``name``, a hidden file beside the job's files): a second writer
         of the same job waits, then finds it done."""
-        from . import flock
-
         lock = Path(self.place.path(name))
         lock.parent.mkdir(exist_ok=True)  # valid/ of a staging folder, made by its first job
-        with flock.waiting(lock, label):
-            yield
+        return flock.waiting(lock, label)
 
     def reclaim(self) -> list[str]:
         """What killed writers left beside the output, removed (under the run's lock)."""
-        from .atomic import reclaim
-
-        return reclaim(Path(self.path))
+        return atomic.reclaim(Path(self.path))
 
     # ----------------------------------------------------------------------- a job
-    @contextlib.contextmanager
     def scratch(self, name: str):
         """The job's own folder, ``.NAME.tmp-PID-RAND`` beside its files (reclaimed if the
         job is killed): on the same disk, so publishing is a rename."""
-        from .atomic import job_files
-
-        with job_files(Path(self.place.folder), name) as folder:
-            yield folder
+        return atomic.job_files(Path(self.place.folder), name)
 
     @property
     def store_place(self):
@@ -250,10 +226,8 @@ class FolderOutput(Output):
     def finish_job(self, held, folder, names, record, result, *, retire=(), report=False):
         """The job published: ``retire`` removed, then its files renamed in, the record
         last; its ``(result, skipped)``."""
-        from .atomic import commit_job
-
         self.remove(list(retire))
-        commit_job(folder, names, record, Path(self.place.folder))
+        atomic.commit_job(folder, names, record, Path(self.place.folder))
         return result, False
 
     def abandon(self, names: list[str]) -> None:
@@ -265,9 +239,7 @@ class FolderOutput(Output):
     def no_space(self, e: OSError, folder: Path, kept: str | None) -> PacktoolError:
         """A full disk while a job wrote ``folder``, said of the output (never a temporary
         name: a local pack's staging folder is named as its dataset)."""
-        from .temps import final_name, no_space
-
-        return no_space(e, final_name(self.path), [folder], kept)
+        return atomic.no_space(e, atomic.final_name(self.path), [folder], kept)
 
     def published(self, text: str) -> None:
         """What publishing did, for the result: nothing, locally."""
@@ -277,8 +249,6 @@ class FolderOutput(Output):
         """The run is complete only once ``manifest`` is committed; ``finished_here()``
         says what a stopped run leaves (None: its jobs are staged, so nothing stays)."""
         if finished_here is not None:
-            from .. import _signals
-
             _signals.commits_to(self.place.path(manifest), finished_here)
 
     # ------------------------------------------------------------------- manifests
@@ -286,23 +256,17 @@ class FolderOutput(Output):
         """A small file (a staging folder's index, the retired list), written whole in
         place, not yet vouched for by anything: written under the run's lock and removed
         by the run's clean-up if it fails."""
-        from .._io import write_new
-        from .atomic import fsync_path
-
         final = Path(self.place.path(name))
         final.parent.mkdir(exist_ok=True)
         final.unlink(missing_ok=True)
         write_new(final, data.decode("utf-8"))
-        fsync_path(final)
+        atomic.fsync_path(final)
 
     def commit(self, files: list[tuple[str, bytes]]) -> None:
         """Small files (records, then the manifest) written together, the last one the
         commit point: one journaled commit (all or none, whatever kills the run)."""
-        from .._io import create
-        from .atomic import atomic_files
-
         paths = [Path(self.place.path(n)) for n, _ in files]
-        with atomic_files(paths) as tmps:
+        with atomic.atomic_files(paths) as tmps:
             for tmp, (_, data) in zip(tmps, files, strict=True):
                 with create(tmp) as f:
                     f.write(data)
@@ -311,11 +275,8 @@ class FolderOutput(Output):
     def put_new(self, name: str, data: bytes) -> bool:
         """``name`` written whole unless it exists (the first of several tasks wins): True
         if this call wrote it."""
-        from .._io import write_new
-        from .atomic import temp_name
-
         final = Path(self.place.path(name))
-        tmp = temp_name(final)
+        tmp = atomic.temp_name(final)
         write_new(tmp, data.decode("utf-8"))
         try:
             os.link(tmp, final)
@@ -332,28 +293,22 @@ class FolderOutput(Output):
     def check_replaceable(self, overwrite: bool, owned, manifest: str, vouched) -> None:
         """The folder may be written: nothing is there, or (``overwrite``) what ``owned``
         proves ours."""
-        from .atomic import check_replaceable
-
-        check_replaceable(Path(self.path), overwrite, owned)
+        atomic.check_replaceable(Path(self.path), overwrite, owned)
 
     def staging(self, digest: str, run) -> Output:
         """Where the jobs are assembled: a temporary of this process for a local run
         (removed if it fails, reclaimed if it is killed); for Ray or array tasks a folder
         named by the plan, which every task (and a re-run, which resumes) finds."""
-        from .atomic import temp_name
-
         out = Path(self.path)
         if run.executor == "local" and run.tasks is None and not run.finalize:
-            return self.sibling(temp_name(out))
-        return self.sibling(out.with_name(f".{out.name}.staging-{digest[:16]}"))
+            return self.as_folder(atomic.temp_name(out))
+        return self.as_folder(out.with_name(f".{out.name}.staging-{digest[:16]}"))
 
     def begin(self, target: Output, digest: str, run, overwrite: bool, marker: str,
               body: dict, manifests: list[str]) -> list[str]:
         """The staging folder of this plan, ready. Another plan's staging folder is refused
         (finish it with --finalize) unless --overwrite discards it, which only a whole run
         (holding the lock alone) may do."""
-        from .atomic import reclaim, remove_path
-
         path, staging = Path(self.path), Path(target.path)
         others = [p for p in path.parent.glob(f".{path.name}.staging-*")
                   if p != staging and p.is_dir() and not p.is_symlink()]
@@ -363,7 +318,7 @@ class FolderOutput(Output):
                 "sources, options or version); finish that run (the same command with "
                 "--finalize) or pass --overwrite to discard it")
         for p in others:
-            remove_path(p)
+            atomic.remove_path(p)
         if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
             raise PacktoolError(f"{staging} is a symbolic link or not a folder; packtool "
                                 f"assembles {path} only in a real folder of its own (never "
@@ -372,7 +327,7 @@ class FolderOutput(Output):
             raise PacktoolError(f"--finalize: no task of this plan has run for {path} (no "
                                 f"{staging.name}); run the array tasks first (--tasks N "
                                 "--task K)")
-        notes = [] if run.one_task else reclaim(path, inside=staging)  # before ours exists
+        notes = [] if run.one_task else atomic.reclaim(path, inside=staging)  # before ours exists
         staging.mkdir(exist_ok=True)
         return notes
 
@@ -380,41 +335,33 @@ class FolderOutput(Output):
                 keep, ours, remove_entries) -> list[str]:
         """The staging folder made the output: its ``manifest`` (name, bytes) written, the
         job entries and temporaries removed, then swapped in for the output (the commit)."""
-        from .atomic import check_replaceable, clear_temporaries, commit_dir
-
         target.put(*manifest)
         staging = Path(target.path)
         remove_entries(staging)
-        clear_temporaries(staging)
-        check_replaceable(Path(self.path), overwrite, owned)
-        commit_dir(staging, Path(self.path))
+        atomic.clear_temporaries(staging)
+        atomic.check_replaceable(Path(self.path), overwrite, owned)
+        atomic.commit_dir(staging, Path(self.path))
         return []
 
     def failed(self, e: BaseException, target: Output, whole_run: bool) -> None:
         """A run failing: a full disk said as such; a whole run's staging folder undone
         (nothing half-written)."""
-        from .atomic import is_enospc, no_space, remove_path
-
-        if is_enospc(e):
-            raise no_space(e, self.path, [target.path] if whole_run else []) from None
+        if atomic.is_enospc(e):
+            raise atomic.no_space(e, self.path, [target.path] if whole_run else []) from None
         if whole_run:
-            remove_path(target.path)
+            atomic.remove_path(target.path)
 
     # ---------------------------------------------------------------------- exports
     def _publish_dir(self, target: Path, old: set, marker: str) -> list[str]:
         """A directory export swapped in for the output (proven ours under the lock)."""
-        from .atomic import check_replaceable, commit_dir
-
-        check_replaceable(Path(self.path), True, lambda p: None)  # no link, no file
-        commit_dir(target, Path(self.path))
+        atomic.check_replaceable(Path(self.path), True, lambda p: None)  # no link, no file
+        atomic.commit_dir(target, Path(self.path))
         return []
 
     def _publish_files(self, folder: Path, side: str) -> list[str]:
         """Single files renamed in as one journaled commit, the sidecar ``side`` last."""
-        from .atomic import commit
-
         names = [p.name for p in sorted(folder.iterdir()) if p.name != side] + [side]
-        commit([(folder / n, Path(self.place.path(n))) for n in names], Path(self.path))
+        atomic.commit([(folder / n, Path(self.place.path(n))) for n in names], Path(self.path))
         return []
 
 
@@ -453,31 +400,21 @@ class BucketOutput(Output):
         if shared:
             yield []
             return
-        from .lock import StoreLock
-
         name = f".{self.name}.lock" if self.name else ".packtool.lock"
         with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name))):
             yield []
 
-    @contextlib.contextmanager
     def job_lock(self, name: str, label: str):
-        from .lock import StoreLock
-
-        with StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name)),
-                       wait=True):
-            yield
+        return StoreLock(self.place.fs, f"{self.place.root}/{name}", str(self.place.path(name)),
+                         wait=True)
 
     def reclaim(self) -> list[str]:
         return []  # a bucket's leftovers are swept after the commit
 
     # ----------------------------------------------------------------------- a job
-    @contextlib.contextmanager
     def scratch(self, name: str = ""):
         """A scratch folder of this process, removed when the job is published."""
-        from .stage_out import scratch_dir
-
-        with scratch_dir(str(self.path)) as folder:
-            yield folder
+        return publish.scratch_dir(str(self.path))
 
     @property
     def store_place(self):
@@ -488,39 +425,28 @@ class BucketOutput(Output):
         (``retire``: what leaves first; ``report``: the result gains what was sent), holding
         the job's lock and scratch folder until then: uploaded while the next job is
         written."""
-        from .publish import Published
-
         self.remove(list(retire))
         names = names() if callable(names) else names  # a job may list its files lazily
 
-        def publish() -> tuple:
-            sent = Published(str(self.path))
+        def send() -> tuple:
+            sent = publish.Published(str(self.path))
             self.publish(folder, names, record, sent)
-            return ({**result, "published": dataclasses.asdict(sent)} if report else result,
-                    False)
+            return ({**result, "published": dataclasses.asdict(sent)} if report else result, False)
 
-        return PendingUpload(publish, held.pop_all())
+        return PendingUpload(send, held.pop_all())
 
     def abandon(self, names: list[str]) -> None:
         """Nothing: an upload stopped half-way leaves objects the plan marker vouches for."""
 
     def no_space(self, e: OSError, folder: Path, kept: str | None) -> PacktoolError:
         """This machine's disk filled up while a job bound for the store was written."""
-        from .temps import no_space
+        return atomic.no_space(e, folder / self.name, [folder], kept)
 
-        return no_space(e, folder / self.name, [folder], kept)
-
-    def publish(self, folder: Path, names: list[str], record: str | None, sent=None) -> None:
+    def publish(self, folder: Path, names: list[str], record: str, sent) -> None:
         """A job's files (``names``, relative to ``folder``) uploaded and verified, then its
-        ``record``."""
-        from .publish import Published, put_object, upload
-
-        sent = sent if sent is not None else Published(str(self.path))
-        root = self.place.root
-        upload(self.place.fs, [(folder / n, f"{root}/{n}") for n in names], sent)
-        if record is not None:
-            put_object(self.place.fs, f"{root}/{record}", (folder / record).read_bytes(),
-                       str(self.place.path(record)))
+        ``record``; ``sent`` (a :class:`~packtool.storage.publish.Published`) counts them."""
+        publish.upload(self.place.fs, [(folder / n, f"{self.place.root}/{n}") for n in names], sent)
+        self.put(record, (folder / record).read_bytes())
 
     def published(self, text: str) -> str:
         return f"published to {self.path}: {text}"
@@ -528,21 +454,16 @@ class BucketOutput(Output):
     def commits_to(self, manifest: str, published, finished_here=None) -> None:
         """The run's objects stay for a re-run (``published()`` says which); the
         manifest's put is the commit."""
-        from .. import _signals
-
         _signals.commits_to(self.place.path(manifest), published, exists=lambda: self.committed)
 
     # ------------------------------------------------------------------- manifests
     def put(self, name: str, data: bytes) -> None:
         """One verified put."""
-        from .publish import put_object
-
-        put_object(self.place.fs, f"{self.place.root}/{name}", data, str(self.place.path(name)))
+        publish.put_object(self.place.fs, f"{self.place.root}/{name}", data,
+                           str(self.place.path(name)))
 
     def commit(self, files: list[tuple[str, bytes]]) -> None:
         """Puts in order: the last put commits (a reader trusts only it)."""
-        from .. import _signals
-
         with _signals.deferred():  # a put stopped half-way may or may not have landed:
             for name, data in files:  # a signal waits, the caller checks after it
                 self.put(name, data)
@@ -590,8 +511,6 @@ class BucketOutput(Output):
         """The ``manifest`` (name, bytes) put: the commit. Then every leftover of ours not
         in ``keep`` (job entries, the plan marker, an earlier run's objects) removed; a
         signal waits for this clean-up, as tokenize's does. The data objects removed."""
-        from .. import _signals
-
         target.commit([manifest])
         with _signals.deferred():
             stale = [n for n in self.place.names() if n not in keep and not n.endswith(".lock")
@@ -607,11 +526,8 @@ class BucketOutput(Output):
     def _publish_dir(self, target: Path, old: set, marker: str) -> list[str]:
         """A directory export's data objects uploaded, then its ``marker``, then the
         previous export's objects it does not list removed."""
-        from .publish import Published
-
-        sent, inside = Published(str(self.path)), self.as_folder()
-        names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
-                       if p.is_file())
+        sent, inside = publish.Published(str(self.path)), self.as_folder()
+        names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
         inside.publish(target, [n for n in names if n != marker], marker, sent)
         removed = inside.remove(sorted(n for n in old - set(names) if not n.endswith(".lock")))
         return [self._sent(sent) + (f"; {len(removed):,} objects of the previous export "
@@ -619,11 +535,8 @@ class BucketOutput(Output):
 
     def _publish_files(self, folder: Path, side: str) -> list[str]:
         """Single files uploaded, their sidecar ``side`` last."""
-        from .publish import Published
-
-        sent = Published(str(self.path))
-        self.publish(folder, sorted(p.name for p in folder.iterdir() if p.name != side), side,
-                     sent)
+        sent = publish.Published(str(self.path))
+        self.publish(folder, sorted(p.name for p in folder.iterdir() if p.name != side), side, sent)
         return [self._sent(sent)]
 
     def _sent(self, sent) -> str:

@@ -6,15 +6,25 @@ data files as local paths to memory-map (remote ones fetched into the cache, ver
     path = place.local("web.bin", {"bytes": ..., "sha256": ...})   # a verified local copy
 
 For a local folder ``local`` is the file itself (its checksum is checked by the reader, once
-per process, as before); nothing is copied.
+per process, as before); nothing is copied. A tokenizer at a URL is fetched once into the
+cache too (:func:`fetch_tokenizer`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import secrets
+import shutil
+import stat
 from pathlib import Path
 
+from ..errors import PacktoolError
 from . import basename, filesystem, is_url, join, local_path, normalize, parent
+from .atomic import left_by_us
+from .cache import Cache, default_dir
 
 # backends whose find() filters names by a prefix on the server (s3fs, gcsfs): the objects of
 # one job, named alike, are looked up in one listing request
@@ -66,8 +76,6 @@ class Place:
     @property
     def cache(self):
         if self._cache is None:
-            from .cache import Cache
-
             self._cache = Cache()
         return self._cache
 
@@ -85,8 +93,7 @@ class Place:
     def at(self, relative: str) -> Place:
         """The place of a path a manifest recorded relative to this folder (``../corpus``'s
         folder)."""
-        return Place(parent(normalize(self.folder, relative)), self.storage_options,
-                     self._cache)
+        return Place(parent(normalize(self.folder, relative)), self.storage_options, self._cache)
 
     def _remote(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -120,19 +127,11 @@ class Place:
     def read_text(self, name: str) -> str:
         return self.read_bytes(name).decode("utf-8")
 
-    def size(self, name: str) -> int | None:
-        """Bytes, or None if there is no such file."""
-        try:
-            if self.remote:
-                return int(self.fs.info(self._remote(name))["size"])
-            return self.path(name).stat().st_size
-        except FileNotFoundError:
-            return None
-
     def sizes(self, names: list[str]) -> dict[str, int | None]:
-        """:meth:`size` of each of ``names``: for a store, in one listing where it can."""
+        """Bytes of each of ``names``, None where there is no such file: for a store, in one
+        listing where it can."""
         if not self.remote:
-            return {n: self.size(n) for n in names}
+            return {n: p.stat().st_size if (p := self.path(n)).exists() else None for n in names}
         states = object_states(self.fs, [self._remote(n) for n in names])
         return {n: None if (s := states[self._remote(n)]) is None else s[0] for n in names}
 
@@ -142,8 +141,6 @@ class Place:
         something other than a regular file)."""
         if self.remote:
             return {n: None if s is None else (s, None) for n, s in self.sizes(names).items()}
-        import stat
-
         out = {}
         for n in names:
             try:
@@ -184,14 +181,10 @@ class Place:
 
     def hidden_ours(self, name: str, bucket_pattern: str) -> bool:
         """Whether ``name`` is a hidden file packtool leaves: locally a lock or a dead run's
-        temporary, shaped as packtool's are (packtool.storage.temps.left_by_us); in a bucket,
+        temporary, shaped as packtool's are (packtool.storage.atomic.left_by_us); in a bucket,
         a name ``bucket_pattern`` matches (a format's locks, markers and job entries)."""
         if not self.remote:
-            from .temps import left_by_us
-
             return left_by_us(self.path(name))
-        import re
-
         return re.fullmatch(bucket_pattern, name) is not None
 
     @property
@@ -231,3 +224,42 @@ def place_of(path, storage_options: dict | None = None, cache=None) -> tuple[Pla
     """(the folder's place, the file or prefix name) of a path or URL."""
     path = local_path(path)
     return Place(parent(path), storage_options, cache), basename(path)
+
+
+def fetch_tokenizer(url: str) -> Path:
+    """A tokenizer at a URL (a ``tokenizer.json``, a ``.model``, or a model folder holding
+    one, with its ``tokenizer_config.json``: the chat template), copied into
+    ``CACHE_DIR/tokenizers/<hash of URL and ETags>/`` once, and its local path. Each Ray
+    worker or array task fetches its own copy: no shared file system is needed."""
+    fs, path = filesystem(url)
+    path = path.rstrip("/")
+    wanted = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    if fs.isdir(path):
+        files = {n: f"{path}/{n}" for n in wanted if fs.isfile(f"{path}/{n}")}
+        if not ({"tokenizer.json", "tokenizer.model"} & set(files)):
+            raise PacktoolError(f"tokenizer {url}: holds no tokenizer.json or tokenizer.model")
+    elif fs.isfile(path):
+        folder = path.rsplit("/", 1)[0]
+        files = {basename(path): path}
+        if fs.isfile(f"{folder}/tokenizer_config.json"):
+            files["tokenizer_config.json"] = f"{folder}/tokenizer_config.json"
+    else:
+        raise PacktoolError(f"tokenizer {url}: no such object or prefix")
+    tags = [str(info.get("ETag") or info.get("size"))
+            for info in (fs.info(p) for p in files.values())]
+    key = hashlib.sha256(json.dumps([url, sorted(files), tags]).encode()).hexdigest()[:20]
+    dest = default_dir() / "tokenizers" / key
+    if not dest.is_dir():
+        tmp = dest.with_name(f".{key}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+        tmp.mkdir(parents=True)
+        try:
+            for name, rpath in files.items():
+                fs.get_file(rpath, str(tmp / name))
+            os.replace(tmp, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    main = next(n for n in ("tokenizer.json", "tokenizer.model", *files) if n in files)
+    return dest / main

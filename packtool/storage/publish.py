@@ -1,7 +1,8 @@
 """Writing to object storage, where there is no rename. An output is made of jobs (tokenize
 parts, pack shards); each job is written on this machine's disk by the ordinary local code
-(its checks, temporaries and atomic commit), then *published*, and its local files removed
-(local disk holds the jobs in flight, not the output):
+(its checks, temporaries and atomic commit), in a scratch folder of the process
+(:func:`scratch_dir`), then *published*, and its local files removed (local disk holds the
+jobs in flight, not the output):
 
 1. **Lock**: a lock object (``.NAME.lock``) created with a conditional put (``If-None-Match:
    *``, which S3, GCS and R2 honour): a second writer of the output is refused, naming the
@@ -23,7 +24,12 @@ parts, pack shards); each job is written on this machine's disk by the ordinary 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import secrets
+import shutil
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +37,8 @@ from pathlib import Path
 from .. import _signals
 from ..errors import PacktoolError
 from . import put
-from .lock import (  # noqa: F401  (moved to lock.py; imports from here keep working)
-    ATOMIC_CREATE,
-    LOCK_ENV,
-    StoreLock,
-    atomic_create,
-)
+from .atomic import pid_alive
+from .cache import default_dir
 from .place import object_states
 
 CHUNK = 64 << 20      # multipart part size (s3fs's own default is 50 MiB)
@@ -69,6 +71,8 @@ def _md5_etags(path: Path, chunk: int) -> set[str]:
 
 
 def _same(state, size: int, etags: set[str]) -> bool:
+    """The object (``state``: its size and ETag, None if absent) holds these bytes: their
+    size, and their MD5 where the ETag is one."""
     if state is None or state[0] != size:
         return False
     return state[1] is None or state[1] in etags or not _looks_md5(state[1])
@@ -101,20 +105,41 @@ def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
         for local, rpath in files:
             _signals.check()  # a signal stops a job's upload (in a thread: see executors)
             size, state = local.stat().st_size, before[rpath]
-            if state is not None and state[0] == size and _same(state, size,
-                                                                 md5s[rpath].result()):
+            if state is not None and state[0] == size and _same(state, size, md5s[rpath].result()):
                 result.skipped += 1
                 continue
             put(fs, rpath, local=str(local), chunksize=CHUNK)
             sent.append((local, rpath, size))
         after = object_states(fs, [r for _, r, _ in sent]) if sent else {}
         for local, rpath, size in sent:
-            state = after[rpath]
-            if state is None or state[0] != size or (state[1] and _looks_md5(state[1])
-                                                     and state[1] not in md5s[rpath].result()):
+            if not _same(after[rpath], size, md5s[rpath].result()):
                 raise PacktoolError(f"{fs.unstrip_protocol(rpath)}: the uploaded object does "
                                     f"not match {local} "
                                     "(size or MD5 differs); nothing was committed: run the "
                                     "command again")
             result.uploaded += 1
             result.bytes_sent += size
+
+
+@contextlib.contextmanager
+def scratch_dir(url: str):
+    """A folder of this process for jobs bound for ``url`` (``CACHE_DIR/staging/<hash of the
+    URL>/<host>-<pid>-<random>/``), removed on exit; what killed processes of this host left
+    there is removed on entry. A Ray worker on another node has its own: local disk holds
+    the jobs in flight, not the output."""
+    base = default_dir() / "staging" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    if base.is_symlink():
+        raise PacktoolError(f"{base} is a symbolic link; packtool stages only in a folder of "
+                            "its own: remove it")
+    base.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    for old in base.iterdir():
+        h, _, rest = old.name.rpartition("-")[0].rpartition("-")
+        if h == host and rest.isdigit() and int(rest) != os.getpid() and not pid_alive(int(rest)):
+            shutil.rmtree(old, ignore_errors=True)
+    folder = base / f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
+    folder.mkdir()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
+from .atomic import is_enospc
 from .output import Output
-from .temps import is_enospc
 
 
 def run_job(out: Output, name: str, lock: str, label: str, finished: Callable,
