@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # numpy loads with the first writer, not with `packtool --hel
 def create(path: Path, mode: str = "wb"):
     """A new file opened for writing: refused if anything (a file, a symbolic link) is already
     at ``path`` (``O_EXCL | O_NOFOLLOW``), so packtool never writes through a planted link."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
     return os.fdopen(fd, mode)
 
 

@@ -301,7 +301,8 @@ def _reachable(address: str, timeout: float) -> None:
     hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise PacktoolError(f"--ray-address {address}: expected HOST:PORT, ray://HOST:PORT or auto")
+        raise PacktoolError(f"--ray-address {address}: expected HOST:PORT, ray://HOST:PORT or "
+                            "auto")
     t0 = time.monotonic()
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):

@@ -216,7 +216,8 @@ def filesystem(url: str, storage_options: dict | None = None):
             extra = EXTRAS.get(proto)
             how = (f"pip install 'packtool[{extra}]' (it installs {PIP[extra]})" if extra
                    else "install the fsspec backend for it")
-            raise PacktoolError(f"{url}: no filesystem for {proto}:// here ({e}); {how}") from None
+            raise PacktoolError(f"{url}: no filesystem for {proto}:// here ({e}); {how}"
+                                ) from None
         # no listings cache: other processes (Ray workers, array tasks) write the same
         # prefixes, and a stale listing would hide their objects from a resume or finalize
         options = bounded(proto, storage_options)

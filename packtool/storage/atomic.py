@@ -273,7 +273,8 @@ def no_space(err: OSError, output: Path, temps: list[Path], kept: str | None = N
     free = shutil.disk_usage(output.parent).free
     more = getattr(err, "needed", None)
     if more:
-        need = f"it needs {written + more:,} bytes, {free:,} bytes are free on its file system"
+        need = (f"it needs {written + more:,} bytes, {free:,} bytes are free on its file "
+                "system")
     else:
         need = (f"it needs more than the free space ({free:,} bytes are free on its file "
                 f"system; it filled up after {written:,} bytes of the output were written)")
@@ -529,7 +530,8 @@ def check_replaceable(path: Path, overwrite: bool, owned) -> None:
     if not path.exists():
         return
     if not path.is_dir():
-        raise PacktoolError(f"output {path} exists and is not a directory; choose another --out")
+        raise PacktoolError(f"output {path} exists and is not a directory; choose another "
+                            "--out")
     if not any(path.iterdir()):
         return
     if not overwrite:

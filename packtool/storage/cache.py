@@ -88,7 +88,8 @@ class Cache:
         self.dir = Path(cache_dir) if cache_dir is not None else default_dir()
         self.limit = DEFAULT_LIMIT if cache_limit is None else int(cache_limit)
         if self.limit < 1:
-            raise PacktoolError(f"cache_limit {cache_limit!r}: must be a positive number of bytes")
+            raise PacktoolError(f"cache_limit {cache_limit!r}: must be a positive number of "
+                                "bytes")
         for sub in ("objects", "checks", "locks"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
 
@@ -112,7 +113,8 @@ class Cache:
             if fault is None:
                 return local
             if fault != _ABSENT:
-                _warn(f"cache entry {local} (a copy of {url}) {fault}; removed, fetching it again")
+                _warn(f"cache entry {local} (a copy of {url}) {fault}; removed, fetching it "
+                      "again")
                 self._drop(key)
             self._fetch(fs, path, url, expect, key)
         self._evict(keep=local)

@@ -431,7 +431,8 @@ class BucketOutput(Output):
         def send() -> tuple:
             sent = publish.Published(str(self.path))
             self.publish(folder, names, record, sent)
-            return ({**result, "published": dataclasses.asdict(sent)} if report else result, False)
+            return ({**result, "published": dataclasses.asdict(sent)} if report else result,
+                    False)
 
         return PendingUpload(send, held.pop_all())
 
@@ -445,7 +446,8 @@ class BucketOutput(Output):
     def publish(self, folder: Path, names: list[str], record: str, sent) -> None:
         """A job's files (``names``, relative to ``folder``) uploaded and verified, then its
         ``record``; ``sent`` (a :class:`~packtool.storage.publish.Published`) counts them."""
-        publish.upload(self.place.fs, [(folder / n, f"{self.place.root}/{n}") for n in names], sent)
+        publish.upload(self.place.fs, [(folder / n, f"{self.place.root}/{n}") for n in names],
+                       sent)
         self.put(record, (folder / record).read_bytes())
 
     def published(self, text: str) -> str:
@@ -527,7 +529,8 @@ class BucketOutput(Output):
         """A directory export's data objects uploaded, then its ``marker``, then the
         previous export's objects it does not list removed."""
         sent, inside = publish.Published(str(self.path)), self.as_folder()
-        names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
+        names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*")
+                       if p.is_file())
         inside.publish(target, [n for n in names if n != marker], marker, sent)
         removed = inside.remove(sorted(n for n in old - set(names) if not n.endswith(".lock")))
         return [self._sent(sent) + (f"; {len(removed):,} objects of the previous export "
@@ -536,7 +539,8 @@ class BucketOutput(Output):
     def _publish_files(self, folder: Path, side: str) -> list[str]:
         """Single files uploaded, their sidecar ``side`` last."""
         sent = publish.Published(str(self.path))
-        self.publish(folder, sorted(p.name for p in folder.iterdir() if p.name != side), side, sent)
+        self.publish(folder, sorted(p.name for p in folder.iterdir() if p.name != side), side,
+                     sent)
         return [self._sent(sent)]
 
     def _sent(self, sent) -> str:

@@ -93,7 +93,8 @@ class Place:
     def at(self, relative: str) -> Place:
         """The place of a path a manifest recorded relative to this folder (``../corpus``'s
         folder)."""
-        return Place(parent(normalize(self.folder, relative)), self.storage_options, self._cache)
+        return Place(parent(normalize(self.folder, relative)), self.storage_options,
+                     self._cache)
 
     def _remote(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -131,7 +132,8 @@ class Place:
         """Bytes of each of ``names``, None where there is no such file: for a store, in one
         listing where it can."""
         if not self.remote:
-            return {n: p.stat().st_size if (p := self.path(n)).exists() else None for n in names}
+            return {n: p.stat().st_size if (p := self.path(n)).exists() else None
+                    for n in names}
         states = object_states(self.fs, [self._remote(n) for n in names])
         return {n: None if (s := states[self._remote(n)]) is None else s[0] for n in names}
 

@@ -105,7 +105,8 @@ def upload(fs, files: list[tuple[Path, str]], result: Published) -> None:
         for local, rpath in files:
             _signals.check()  # a signal stops a job's upload (in a thread: see executors)
             size, state = local.stat().st_size, before[rpath]
-            if state is not None and state[0] == size and _same(state, size, md5s[rpath].result()):
+            if state is not None and state[0] == size and _same(state, size,
+                                                                 md5s[rpath].result()):
                 result.skipped += 1
                 continue
             put(fs, rpath, local=str(local), chunksize=CHUNK)
@@ -135,7 +136,8 @@ def scratch_dir(url: str):
     host = socket.gethostname()
     for old in base.iterdir():
         h, _, rest = old.name.rpartition("-")[0].rpartition("-")
-        if h == host and rest.isdigit() and int(rest) != os.getpid() and not pid_alive(int(rest)):
+        if h == host and rest.isdigit() and int(rest) != os.getpid() \
+                and not pid_alive(int(rest)):
             shutil.rmtree(old, ignore_errors=True)
     folder = base / f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
     folder.mkdir()
