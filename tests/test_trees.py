@@ -295,3 +295,34 @@ def test_tree_field_records_each_conversation_and_pack_groups_by_it(tmp_path):
     verify_packed(tmp_path / "p", [tmp_path / "chat"])
     flat = sum(len(c[d]) for d in range(len(c)))
     assert ds.index["n_tokens"] < flat / 2
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "txt"])
+def test_tree_field_on_plain_text_records_of_every_reader(tmp_path, kind):
+    """--tree-field on text records: the readers' fast paths (orjson's bare string, Parquet's
+    text column) handed on the text without its tree id (a traceback in the encoder, or a
+    Parquet column refused); a .txt file, which has no fields, is refused by name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from conftest import TOKENIZER
+    from conftest import run as run_cli
+
+    texts = [f"the same opening words of every record, then record {i}" for i in range(12)]
+    convs = [f"c{i % 3}" for i in range(12)]
+    src = tmp_path / f"t.{kind}"
+    if kind == "jsonl":
+        src.write_text("".join(json.dumps({"text": t, "conv": c}) + "\n"
+                               for t, c in zip(texts, convs, strict=True)))
+    elif kind == "parquet":
+        pq.write_table(pa.table({"text": texts, "conv": convs}), src)
+    else:
+        src.write_text("\n".join(texts))
+    r = run_cli("tokenize", src, "-t", TOKENIZER, "--eos", "<|eos|>", "--tree-field", "conv",
+                "-o", tmp_path / "c", "-q", catch_exceptions=False)
+    if kind == "txt":
+        assert r.exit_code == 1 and "--tree-field need JSONL or Parquet" in r.output, r.output
+        return
+    assert r.exit_code == 0, r.output
+    c = packtool.open_tokens(tmp_path / "c")
+    from packtool.sources.records import tree_id
+    assert c.per_doc("tree").tolist() == [tree_id(v, "f") for v in convs]

@@ -65,9 +65,9 @@ def _records(path, opts: ReadOptions, stats: InputStats, progress):
     elif kind in ("parquet", "arrow"):
         records = (iter_parquet if kind == "parquet" else iter_arrow)(path, opts, progress)
     elif kind == "txt":
-        if opts.mode != "text":
-            raise PacktoolError(f"{path}: .txt files hold plain text; prompt/completion and "
-                                "messages need JSONL or Parquet records")
+        if opts.mode != "text" or opts.tree_field:
+            raise PacktoolError(f"{path}: .txt files hold plain text; prompt/completion, "
+                                "messages and --tree-field need JSONL or Parquet records")
         records = iter_txt(path, opts, progress)
     else:
         raise PacktoolError(f"{path}: unsupported file type; supported: {SUPPORTED}")

@@ -96,7 +96,7 @@ def _iter_batches(path, kind, batches, size, opts, progress):
     row, reported = 0, 0.0
     try:
         for batch, share in batches:
-            if opts.mode == "text" and opts.vision is None:
+            if opts.plain_text:
                 docs, weights = _text_column(batch.column(0), batch.schema.names[0], path,
                                              row, opts)
             else:

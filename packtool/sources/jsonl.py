@@ -124,7 +124,7 @@ def iter_jsonl(path: Path, kind: str, opts: ReadOptions, stats: InputStats,
         )
     raw, f, finish = open_jsonl(path, kind)
     errors = (gzip.BadGzipFile, EOFError, zlib.error, zstandard.ZstdError)
-    text_field = opts.text_field if opts.mode == "text" and opts.vision is None else None
+    text_field = opts.text_field if opts.plain_text else None
     lineno = last_pos = 0
     try:
         with raw:

@@ -80,6 +80,12 @@ class ReadOptions:
                             self.rewards_field, self.images_field) if f] + tree
 
     @property
+    def plain_text(self) -> bool:
+        """Text records with nothing else to read (no tree id, no images): the readers' fast
+        paths hand on the bare string."""
+        return self.mode == "text" and self.vision is None and self.tree_field is None
+
+    @property
     def mode(self) -> str:
         if self.chosen_field or self.completions_field:
             return "pairs" if self.chosen_field else "completions"
