@@ -110,3 +110,6 @@ def test_gather_copies_exactly_the_segments(tmp_path_factory, lengths, data):
     gather([c], doc, off, n, dst, start)
     want = np.concatenate([c[int(a)][int(b):int(b) + int(k)] for a, b, k in seg])
     assert dst[:n.sum()].tolist() == want.tolist() and (dst[n.sum():] == 0).all()
+    again = np.zeros_like(dst)
+    c.gather(doc, off, n, again, start)  # the corpus' own method (public on TokenCorpus)
+    assert again.tolist() == dst.tolist()

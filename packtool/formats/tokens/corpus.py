@@ -375,6 +375,13 @@ class TokenCorpus:
         a, b = part.span(j)
         return np.ones(b - a, np.uint8) if part.mask is None else part.mask[a:b]
 
+    def gather(self, doc: np.ndarray, offset: np.ndarray, length: np.ndarray, dst: np.ndarray,
+               dst_start: np.ndarray, dst_mask: np.ndarray | None = None) -> None:
+        """Copy segments (document, offset, length) into ``dst`` at ``dst_start`` (and their
+        loss masks into ``dst_mask``; 1 for a corpus without one). Segments are checked
+        against their documents here, so no kernel reads outside a source file."""
+        gather([self], doc, offset, length, dst, dst_start, dst_mask)
+
     def data_files(self) -> list[Path]:
         """Every data file of every part (what a copy of the corpus must carry)."""
         return [f for q in self.parts for f in q.files()]
