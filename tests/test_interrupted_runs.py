@@ -682,3 +682,39 @@ def test_ctrl_c_during_numba_compilation_waits_for_its_end():
     assert r.stdout.split() == ["interrupted", "after", "the", "compilation", "1"], \
         r.stdout + r.stderr
     assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def _files(d: Path) -> dict:
+    return {p.name: p.read_text() for p in sorted(d.iterdir())}
+
+
+def test_journals_of_older_packtools_are_undone_never_swept(tmp_path):
+    """Journals an older packtool left when killed mid-commit: one with an "only remove"
+    entry (no temporary: tokenize's stale parts) and one named by its pid
+    (``.o.commit-PID-HEX``). Both are undone, the previous files back in place; neither
+    raises, and the pid-named one's set-aside files are not swept as temporaries (the
+    previous output would be lost)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    tag = f"{_dead_pid()}-abcdef"
+    (a / f".o.stale.old-{tag}").write_text("old stale")
+    (a / f".o.old-{tag}").write_text("old o")
+    (a / f".o.tmp-{tag}").write_text("new o")
+    (a / ".o.journal").write_text(json.dumps([
+        [None, str(a / "o.stale"), str(a / f".o.stale.old-{tag}")],
+        [str(a / f".o.tmp-{tag}"), str(a / "o"), str(a / f".o.old-{tag}")]]))
+    (b / f".o.old-{tag}").write_text("old o")
+    (b / f".o.tmp-{tag}").write_text("new o")
+    (b / f".o.commit-{tag}").write_text(json.dumps([
+        [str(b / f".o.tmp-{tag}"), str(b / "o"), str(b / f".o.old-{tag}")]]))
+    for d, want in ((a, {"o": "old o", "o.stale": "old stale"}), (b, {"o": "old o"})):
+        with _atomic.output_lock(d / "o") as notes:
+            assert any("undid an interrupted commit" in n for n in notes), notes
+        assert _files(d) == want

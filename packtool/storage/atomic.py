@@ -51,7 +51,7 @@ from .._io import create
 from ..errors import PacktoolError
 from . import flock
 
-TEMP_KINDS = "tmp|old|jtmp"
+TEMP_KINDS = "tmp|old|commit|jtmp"  # commit: the pid-named journal of older packtools
 # the files of one prefix share its lock
 _SUFFIXES = (r"(?:\.(?:bin|boundaries|mask|roles|prompt|rewards|tree|images|img_grid|img_span|"
              r"img_ref\.jsonl|pos3|json|idx))?")
@@ -198,10 +198,13 @@ def reclaim(output: Path, inside: Path | None = None) -> list[str]:
     for path, kind, _ in found:  # a part's or a commit's lock left by a killed process
         if kind == "lock":
             flock.remove_if_free(path)
+    leftovers = [x for x in found if x[1] not in ("journal", "lock") and not pid_alive(x[2])]
+    for path, kind, pid in leftovers:  # a journal named by its pid (an older packtool's):
+        if kind == "commit":  # undone before its set-aside files could be swept as temporaries
+            notes.append(f"{output}: " + _recover(path) + f" (pid {pid} was killed mid-commit)")
     nbytes, pids = 0, set()
-    for path, kind, pid in found:
-        if kind not in ("journal", "lock") and not pid_alive(pid) and (
-                path.exists() or path.is_symlink()):
+    for path, kind, pid in leftovers:
+        if kind != "commit" and (path.exists() or path.is_symlink()):
             nbytes += size_of(path)
             pids.add(pid)
             remove_path(path)
@@ -240,7 +243,7 @@ def _recover(journal: Path) -> str:
 
 def _committed(entries) -> bool:
     temp, final, _ = entries[-1]  # the manifest (or the one directory) moves in last
-    return not temp.exists() and final.exists()
+    return temp is not None and not temp.exists() and final.exists()
 
 
 def finish(entries, journal: Path) -> None:
@@ -254,11 +257,12 @@ def undo(entries) -> None:
     """Back to the state before the commit, whatever step it stopped at: a final whose
     temporary is gone is the new one (remove it); an aside is the old one (put it back)."""
     for temp, final, aside in entries:
-        if not temp.exists() and final.exists():
+        if temp is not None and not temp.exists() and final.exists():
             remove_path(final)
         if aside is not None and aside.exists():
             os.replace(aside, final)
-        remove_path(temp)
+        if temp is not None:  # None: an older packtool's "only remove final" entry
+            remove_path(temp)
 
 
 # ----------------------------------------------------------------------------- full disk

@@ -132,10 +132,15 @@ class Place:
         """Bytes of each of ``names``, None where there is no such file: for a store, in one
         listing where it can."""
         if not self.remote:
-            return {n: p.stat().st_size if (p := self.path(n)).exists() else None
-                    for n in names}
+            return {n: self._local_size(n) for n in names}
         states = object_states(self.fs, [self._remote(n) for n in names])
         return {n: None if (s := states[self._remote(n)]) is None else s[0] for n in names}
+
+    def _local_size(self, name: str) -> int | None:
+        try:  # one stat: a file removed meanwhile is missing, a path under a file an error
+            return self.path(name).stat().st_size
+        except FileNotFoundError:
+            return None
 
     def file_states(self, names: list[str]) -> dict[str, tuple[int, int | None] | None]:
         """(bytes, modification time in ns) of each regular file of ``names`` (a store's
