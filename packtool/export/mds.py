@@ -104,10 +104,11 @@ def _stand_in_gone() -> None:
     stood_in = [n for n, m in sys.modules.items() if getattr(m, "__stand_in__", False)]
     for name in stood_in:
         del sys.modules[name]
-    probes = sys.modules.get("transformers.utils.import_utils") if stood_in else None
-    for name in dir(probes) if probes is not None else ():
-        if name.startswith("is_") and hasattr(getattr(probes, name), "cache_clear"):
-            getattr(probes, name).cache_clear()
+    probes = sys.modules.get("transformers.utils.import_utils")
+    if stood_in and probes is not None:
+        for probe in (getattr(probes, n) for n in dir(probes) if n.startswith("is_")):
+            if hasattr(probe, "cache_clear"):
+                probe.cache_clear()
 
 
 def columns(has_mask: bool, grouped: bool = False) -> dict[str, str]:

@@ -16,14 +16,13 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import stat
 from pathlib import Path
 
 from ..errors import PacktoolError
 from . import basename, filesystem, is_url, join, local_path, normalize, parent
-from .atomic import left_by_us
+from .atomic import left_by_us, temp_name
 from .cache import Cache, default_dir
 
 # backends whose find() filters names by a prefix on the server (s3fs, gcsfs): the objects of
@@ -257,7 +256,7 @@ def fetch_tokenizer(url: str) -> Path:
     key = hashlib.sha256(json.dumps([url, sorted(files), tags]).encode()).hexdigest()[:20]
     dest = default_dir() / "tokenizers" / key
     if not dest.is_dir():
-        tmp = dest.with_name(f".{key}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+        tmp = temp_name(dest)
         tmp.mkdir(parents=True)
         try:
             for name, rpath in files.items():
